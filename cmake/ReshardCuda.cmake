@@ -1,0 +1,23 @@
+# Detects the CUDA runtime and NCCL without requiring them. Sets RESHARD_HAVE_CUDA and
+# RESHARD_HAVE_NCCL and, when found, the imported targets CUDA::cudart and reshard_nccl.
+# Never links libcuda (the driver): binaries must start on machines without a GPU driver.
+set(RESHARD_HAVE_CUDA OFF)
+set(RESHARD_HAVE_NCCL OFF)
+option(RESHARD_WITH_CUDA "Use CUDA and NCCL when found" ON)
+if(RESHARD_WITH_CUDA)
+  if(NOT CUDAToolkit_ROOT AND EXISTS /usr/local/cuda)
+    set(CUDAToolkit_ROOT /usr/local/cuda)
+  endif()
+  find_package(CUDAToolkit QUIET)
+  if(CUDAToolkit_FOUND)
+    set(RESHARD_HAVE_CUDA ON)
+    find_path(RESHARD_NCCL_INCLUDE nccl.h HINTS ${CUDAToolkit_INCLUDE_DIRS} ${CUDAToolkit_ROOT}/include)
+    find_library(RESHARD_NCCL_LIBRARY nccl HINTS ${CUDAToolkit_LIBRARY_DIR} ${CUDAToolkit_ROOT}/lib64)
+    if(RESHARD_NCCL_INCLUDE AND RESHARD_NCCL_LIBRARY)
+      set(RESHARD_HAVE_NCCL ON)
+      add_library(reshard_nccl INTERFACE IMPORTED)
+      target_include_directories(reshard_nccl INTERFACE ${RESHARD_NCCL_INCLUDE})
+      target_link_libraries(reshard_nccl INTERFACE ${RESHARD_NCCL_LIBRARY})
+    endif()
+  endif()
+endif()

@@ -1,0 +1,67 @@
+// A small JSON reader that remembers where every value came from.
+//
+// Spec errors must name the line and column of the offending value, which general-purpose JSON
+// libraries on Debian 12 do not expose; this reader keeps a position on every node. It accepts
+// RFC 8259 JSON only (no comments, no trailing commas) and rejects duplicate object keys.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace reshard::json {
+
+class Value {
+ public:
+  enum class Type { kNull, kBool, kNumber, kString, kArray, kObject };
+
+  Type type() const { return type_; }
+  bool is_null() const { return type_ == Type::kNull; }
+  bool is_bool() const { return type_ == Type::kBool; }
+  bool is_number() const { return type_ == Type::kNumber; }
+  bool is_string() const { return type_ == Type::kString; }
+  bool is_array() const { return type_ == Type::kArray; }
+  bool is_object() const { return type_ == Type::kObject; }
+  // True for numbers written without fraction or exponent that fit in int64.
+  bool is_integer() const { return type_ == Type::kNumber && integral_; }
+
+  bool as_bool() const { return bool_; }
+  double as_double() const { return number_; }
+  int64_t as_int() const { return integer_; }
+  const std::string& as_string() const { return string_; }
+  const std::vector<Value>& items() const { return items_; }
+  const std::vector<std::pair<std::string, Value>>& members() const { return members_; }
+  // Member lookup; nullptr when absent (or when this is not an object).
+  const Value* Find(std::string_view key) const;
+
+  int line() const { return line_; }
+  int column() const { return column_; }
+  // "line L, column C" for error messages.
+  std::string Where() const;
+  static const char* TypeName(Type t);
+
+ private:
+  friend class Parser;
+  Type type_ = Type::kNull;
+  bool bool_ = false;
+  bool integral_ = false;
+  double number_ = 0;
+  int64_t integer_ = 0;
+  std::string string_;
+  std::vector<Value> items_;
+  std::vector<std::pair<std::string, Value>> members_;
+  int line_ = 0;
+  int column_ = 0;
+};
+
+// Parses a whole document. Errors are InvalidArgument: "line L, column C: what is wrong".
+[[nodiscard]] absl::StatusOr<Value> Parse(std::string_view text);
+
+// Writes `s` as a JSON string literal (with quotes), escaping as needed.
+std::string Quote(std::string_view s);
+
+}  // namespace reshard::json

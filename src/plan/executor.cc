@@ -1,0 +1,107 @@
+#include "src/plan/executor.h"
+
+#include <cstring>
+
+#include "absl/strings/str_format.h"
+#include "src/common/status.h"
+#include "src/plan/fill.h"
+
+namespace reshard::plan {
+namespace {
+constexpr uint8_t kPoison = 0xA5;
+}
+
+absl::StatusOr<LocalWorld> LocalWorld::Create(const Plan& plan, int64_t max_bytes) {
+  LocalWorld world(plan);
+  const int32_t n = plan.world_size();
+  std::vector<std::vector<int64_t>> sizes(n);
+  for (int32_t r = 0; r < n; ++r) {
+    sizes[r] = plan.BufferBytes(r);
+    for (int64_t b : sizes[r]) world.total_bytes_ += b;
+  }
+  if (world.total_bytes_ > max_bytes) {
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "verifying in process needs %d bytes of buffers, more than the limit of %d",
+        world.total_bytes_, max_bytes));
+  }
+  world.buffers_.resize(n);
+  for (int32_t r = 0; r < n; ++r) {
+    world.buffers_[r].resize(sizes[r].size());
+    for (size_t b = 0; b < sizes[r].size(); ++b) world.buffers_[r][b].assign(sizes[r][b], 0);
+  }
+  return world;
+}
+
+void LocalWorld::Prepare(uint64_t epoch) {
+  const RefitSpec& spec = plan_->spec();
+  for (auto& rank : buffers_) {
+    for (size_t b = 0; b < rank.size(); ++b) {
+      if (plan_->buffers()[b].side == Side::kDst) std::memset(rank[b].data(), kPoison, rank[b].size());
+    }
+  }
+  for (size_t t = 0; t < spec.tensors.size(); ++t) {
+    const uint32_t id = plan_->buffer_of(t, Side::kSrc);
+    ForEachTile(spec, t, Side::kSrc, [&](int32_t rank, const Box& box) {
+      FillTile(spec, t, Side::kSrc, box, epoch, buffer(rank, id));
+    });
+  }
+}
+
+void LocalWorld::Execute() {
+  // Transfers are emitted so that a dependency always precedes its dependants.
+  for (const Transfer& tr : plan_->transfers()) {
+    const Region& r = plan_->region(tr.region);
+    const uint8_t* from = buffer(tr.from_rank, plan_->buffer_of(tr.tensor, tr.from_side));
+    uint8_t* to = buffer(tr.to_rank, plan_->buffer_of(tr.tensor, Side::kDst));
+    ForEachRun(r, plan_->region_dims(r), [&](int64_t f, int64_t t, int64_t n) {
+      std::memcpy(to + t, from + f, n);
+    });
+  }
+}
+
+absl::Status LocalWorld::Verify(uint64_t epoch) const {
+  const RefitSpec& spec = plan_->spec();
+  // Coverage of destination views, to check that nothing outside them was written.
+  std::vector<std::vector<std::vector<bool>>> covered(buffers_.size());
+  for (size_t r = 0; r < buffers_.size(); ++r) covered[r].resize(buffers_[r].size());
+  for (size_t t = 0; t < spec.tensors.size(); ++t) {
+    const uint32_t id = plan_->buffer_of(t, Side::kDst);
+    const int elem = DTypeSize(spec.tensors[t].dtype);
+    absl::Status status;
+    ForEachTile(spec, t, Side::kDst, [&](int32_t rank, const Box& box) {
+      if (!status.ok()) return;
+      status = VerifyTile(spec, t, box, epoch, rank, buffers_[rank][id].data());
+      auto& mask = covered[rank][id];
+      mask.resize(buffers_[rank][id].size(), false);
+      ForEachElement(spec.tensors[t].dst, spec.tensors[t].shape, box, [&](int64_t off, int64_t) {
+        for (int i = 0; i < elem; ++i) mask[off * elem + i] = true;
+      });
+    });
+    RESHARD_RETURN_IF_ERROR(status);
+  }
+  for (size_t r = 0; r < buffers_.size(); ++r) {
+    for (size_t b = 0; b < buffers_[r].size(); ++b) {
+      if (plan_->buffers()[b].side != Side::kDst) continue;
+      const auto& bytes = buffers_[r][b];
+      const auto& mask = covered[r][b];
+      for (size_t i = 0; i < bytes.size(); ++i) {
+        if ((i >= mask.size() || !mask[i]) && bytes[i] != kPoison) {
+          return absl::DataLossError(absl::StrFormat(
+              "buffer \"%s\": rank %d byte %d lies outside every destination view but was written",
+              plan_->buffers()[b].name, r, i));
+        }
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status VerifyPlanInProcess(const Plan& plan, int64_t max_bytes) {
+  RESHARD_ASSIGN_OR_RETURN(LocalWorld world, LocalWorld::Create(plan, max_bytes));
+  constexpr uint64_t kEpoch = 1;
+  world.Prepare(kEpoch);
+  world.Execute();
+  return world.Verify(kEpoch);
+}
+
+}  // namespace reshard::plan

@@ -1,0 +1,148 @@
+// The plan: every copy that one refit performs, per rank, computed deterministically from a spec.
+//
+// Planning has two steps. Overlap (overlap.h) finds, for every destination tile, the minimal set
+// of pieces (boxes of one source tile) covering it. Assignment decides which holder of a
+// replicated source tile sends each piece to which destination rank, and emits Transfers.
+// The result is byte-identical on every rank for the same spec, summarised by a 64-bit
+// fingerprint that ranks compare before moving any data.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "src/plan/region.h"
+#include "src/plan/spec.h"
+
+namespace reshard::plan {
+
+enum class TransferKind : uint8_t {
+  kLocal = 0,    // Source and destination on the same rank: a memory copy.
+  kNetwork = 1,  // Between ranks: a one-sided put over the network.
+  kFanout = 2,   // Inside a domain, from a rank that already received the data.
+};
+const char* TransferKindName(TransferKind k);
+
+// One copy of one region. `from_side` says which of the sender's buffers it reads (a fan-out
+// reads the destination buffer the data landed in). `after` is the index of the transfer whose
+// arrival this one waits for, or -1.
+struct Transfer {
+  uint32_t tensor = 0;
+  uint32_t region = 0;
+  int32_t from_rank = 0;
+  int32_t to_rank = 0;
+  int32_t after = -1;
+  TransferKind kind = TransferKind::kNetwork;
+  Side from_side = Side::kSrc;
+};
+
+// A per-rank buffer: every rank holding a tile of a tensor on `side` has one buffer of this name.
+struct BufferInfo {
+  std::string name;
+  Side side = Side::kSrc;
+  int elem_bytes = 1;
+};
+
+struct TensorStats {
+  int64_t pieces = 0;           // Transfers into destination ranks (one per rank and source).
+  int64_t bytes = 0;            // Bytes landing in destination buffers.
+  int64_t runs = 0;             // Contiguous runs over all transfers.
+  int64_t contiguous = 0;       // Transfers that are one contiguous run.
+  int64_t max_sources = 0;      // Most distinct source ranks feeding one destination rank.
+  int64_t dst_ranks = 0;        // Destination ranks with a non-empty tile.
+};
+
+struct PlanStats {
+  int64_t tensors = 0;
+  int64_t pieces = 0;
+  int64_t regions = 0;
+  int64_t runs = 0;
+  int64_t bytes_dst_total = 0;  // Bytes that land in destination buffers.
+  int64_t bytes_network = 0;    // Bytes moved by network transfers.
+  int64_t bytes_local = 0;      // Bytes copied within a rank.
+  int64_t bytes_fanout = 0;     // Bytes copied inside domains after landing.
+};
+
+class Plan {
+ public:
+  const RefitSpec& spec() const { return *spec_; }
+  std::shared_ptr<const RefitSpec> shared_spec() const { return spec_; }
+  int32_t world_size() const { return world_size_; }
+  uint64_t fingerprint() const { return fingerprint_; }
+  const PlanStats& stats() const { return stats_; }
+  const std::vector<TensorStats>& tensor_stats() const { return tensor_stats_; }
+
+  const std::vector<BufferInfo>& buffers() const { return buffers_; }
+  // Buffer id of `tensor` on `side`.
+  uint32_t buffer_of(size_t tensor, Side side) const {
+    return tensor_buffer_[static_cast<int>(side)][tensor];
+  }
+
+  const std::vector<Transfer>& transfers() const { return transfers_; }
+  const Region& region(uint32_t i) const { return regions_[i]; }
+  const RegionDim* region_dims(const Region& r) const { return region_dims_.data() + r.dims_begin; }
+  size_t num_regions() const { return regions_.size(); }
+
+  // Indices into transfers() of what `rank` sends (from_rank == rank), in plan order.
+  std::pair<const uint32_t*, const uint32_t*> sends(int32_t rank) const {
+    return {by_sender_.data() + sender_begin_[rank], by_sender_.data() + sender_begin_[rank + 1]};
+  }
+  // Indices into transfers() of what lands on `rank` (to_rank == rank), in plan order.
+  std::pair<const uint32_t*, const uint32_t*> receives(int32_t rank) const {
+    return {by_receiver_.data() + receiver_begin_[rank],
+            by_receiver_.data() + receiver_begin_[rank + 1]};
+  }
+
+  // Bytes of every buffer on `rank` (indexed by buffer id; 0 when the rank holds no tile of it).
+  // O(tensors x mesh size).
+  std::vector<int64_t> BufferBytes(int32_t rank) const;
+
+ private:
+  friend class PlanBuilder;
+  std::shared_ptr<const RefitSpec> spec_;
+  int32_t world_size_ = 0;
+  uint64_t fingerprint_ = 0;
+  PlanStats stats_;
+  std::vector<TensorStats> tensor_stats_;
+  std::vector<BufferInfo> buffers_;
+  std::vector<uint32_t> tensor_buffer_[2];
+  std::vector<Region> regions_;
+  std::vector<RegionDim> region_dims_;
+  std::vector<Transfer> transfers_;
+  std::vector<uint32_t> sender_begin_, by_sender_, receiver_begin_, by_receiver_;
+};
+
+struct PlanOptions {
+  // Spread pieces of replicated source tiles over their holders (least bytes sent so far);
+  // otherwise the first holder sends everything. A holder on the destination rank always wins.
+  bool spread_replicas = true;
+};
+
+// Plans a spec that passed Validate(). Errors: InvalidArgument when the spec is invalid,
+// ResourceExhausted when the plan would exceed 2^32 transfers or regions.
+[[nodiscard]] absl::StatusOr<Plan> BuildPlan(std::shared_ptr<const RefitSpec> spec,
+                                             const PlanOptions& options = {});
+
+// Calls fn(rank, box) for every rank holding a tile of `tensor` on `side`, empty tiles included.
+template <typename Fn>
+void ForEachTile(const RefitSpec& spec, size_t tensor, Side side, Fn&& fn);
+
+}  // namespace reshard::plan
+
+#include "src/plan/tiling.h"
+
+template <typename Fn>
+void reshard::plan::ForEachTile(const RefitSpec& spec, size_t tensor, Side side, Fn&& fn) {
+  const Layout& layout = spec.layout(tensor, side);
+  TileGrid grid(layout, spec.tensors[tensor].shape);
+  for (int64_t flat = 0; flat < grid.num_cells(); ++flat) {
+    const TileGrid::Cell cell = grid.CellAt(flat);
+    const Box box = grid.CellBox(cell);
+    const int64_t base = grid.CellBaseIndex(cell);
+    for (int64_t j = 0; j < grid.num_replicas(); ++j) {
+      fn(layout.mesh.ranks[base + grid.replica_offset(j)], box);
+    }
+  }
+}

@@ -1,0 +1,243 @@
+// BuildPlan: overlap -> assignment -> per-rank indexes -> fingerprint.
+#include <algorithm>
+#include <limits>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_format.h"
+#include "src/common/hash.h"
+#include "src/common/status.h"
+#include "src/plan/overlap.h"
+#include "src/plan/plan.h"
+
+namespace reshard::plan {
+
+const char* TransferKindName(TransferKind k) {
+  switch (k) {
+    case TransferKind::kLocal: return "local";
+    case TransferKind::kNetwork: return "network";
+    case TransferKind::kFanout: return "fanout";
+  }
+  return "?";
+}
+
+std::vector<int64_t> Plan::BufferBytes(int32_t rank) const {
+  std::vector<int64_t> bytes(buffers_.size(), 0);
+  for (size_t t = 0; t < spec_->tensors.size(); ++t) {
+    for (Side side : {Side::kSrc, Side::kDst}) {
+      const Layout& layout = spec_->layout(t, side);
+      if (layout.mesh.IndexOf(rank) < 0) continue;
+      TileGrid grid(layout, spec_->tensors[t].shape);
+      const Box box = grid.CellBox(*grid.CellOfRank(rank));
+      const uint32_t b = buffer_of(t, side);
+      bytes[b] = std::max(bytes[b], TileExtent(layout, box) * buffers_[b].elem_bytes);
+    }
+  }
+  return bytes;
+}
+
+class PlanBuilder {
+ public:
+  PlanBuilder(std::shared_ptr<const RefitSpec> spec, const PlanOptions& options)
+      : options_(options) {
+    plan_.spec_ = std::move(spec);
+  }
+
+  absl::StatusOr<Plan> Build() {
+    const RefitSpec& spec = *plan_.spec_;
+    plan_.world_size_ = spec.WorldSize();
+    load_.assign(plan_.world_size_, 0);
+    AssignBuffers();
+    plan_.tensor_stats_.resize(spec.tensors.size());
+    for (size_t t = 0; t < spec.tensors.size(); ++t) {
+      RESHARD_RETURN_IF_ERROR(PlanTensor(t));
+    }
+    BuildIndexes();
+    ComputeStats();
+    ComputeFingerprint();
+    return std::move(plan_);
+  }
+
+ private:
+  void AssignBuffers() {
+    const RefitSpec& spec = *plan_.spec_;
+    absl::flat_hash_map<std::pair<int, std::string>, uint32_t> ids;
+    for (Side side : {Side::kSrc, Side::kDst}) {
+      auto& per_tensor = plan_.tensor_buffer_[static_cast<int>(side)];
+      per_tensor.resize(spec.tensors.size());
+      for (size_t t = 0; t < spec.tensors.size(); ++t) {
+        const TensorSpec& ts = spec.tensors[t];
+        const std::string& name = side == Side::kSrc ? ts.src_buffer() : ts.dst_buffer();
+        auto [it, inserted] =
+            ids.try_emplace(std::make_pair(static_cast<int>(side), name),
+                            static_cast<uint32_t>(plan_.buffers_.size()));
+        if (inserted) plan_.buffers_.push_back({name, side, DTypeSize(ts.dtype)});
+        per_tensor[t] = it->second;
+      }
+    }
+  }
+
+  absl::Status PlanTensor(size_t t) {
+    const RefitSpec& spec = *plan_.spec_;
+    const TensorSpec& ts = spec.tensors[t];
+    const int elem = DTypeSize(ts.dtype);
+    TileGrid src(ts.src, ts.shape);
+    TileGrid dst(ts.dst, ts.shape);
+    TensorStats& stats = plan_.tensor_stats_[t];
+    const int64_t src_replicas = src.num_replicas();
+    const int64_t dst_replicas = dst.num_replicas();
+    std::vector<int32_t> src_holders(src_replicas);
+    // Distinct sources per destination cell, for the explain table.
+    int64_t current_dst_cell = -1, sources_in_cell = 0;
+    auto dst_flat = [&](const TileGrid::Cell& c) {
+      int64_t f = 0;
+      for (int d = 0; d < dst.ndim(); ++d) f = f * static_cast<int64_t>(dst.intervals(d).size()) + c[d];
+      return f;
+    };
+    for (int64_t flat = 0; flat < dst.num_cells(); ++flat) {
+      if (!dst.CellBox(dst.CellAt(flat)).empty()) stats.dst_ranks += dst_replicas;
+    }
+    ForEachPiece(src, dst, [&](const TileGrid::Cell& dcell, const Box& dbox,
+                               const TileGrid::Cell& scell, const Box& sbox, const Box& piece) {
+      const int64_t df = dst_flat(dcell);
+      if (df != current_dst_cell) {
+        current_dst_cell = df;
+        sources_in_cell = 0;
+      }
+      ++sources_in_cell;
+      stats.max_sources = std::max(stats.max_sources, sources_in_cell);
+      const uint32_t region_index = static_cast<uint32_t>(plan_.regions_.size());
+      plan_.regions_.push_back(MakeRegion(piece, MakeTileAddress(ts.src, sbox),
+                                          MakeTileAddress(ts.dst, dbox), elem, plan_.region_dims_));
+      const Region& region = plan_.regions_.back();
+      const int64_t sbase = src.CellBaseIndex(scell);
+      for (int64_t j = 0; j < src_replicas; ++j) {
+        src_holders[j] = ts.src.mesh.ranks[sbase + src.replica_offset(j)];
+      }
+      const int64_t dbase = dst.CellBaseIndex(dcell);
+      for (int64_t j = 0; j < dst_replicas; ++j) {
+        const int32_t to = ts.dst.mesh.ranks[dbase + dst.replica_offset(j)];
+        const int32_t from = ChooseSource(src_holders, to);
+        load_[from] += region.bytes;
+        Transfer tr;
+        tr.tensor = static_cast<uint32_t>(t);
+        tr.region = region_index;
+        tr.from_rank = from;
+        tr.to_rank = to;
+        tr.kind = from == to ? TransferKind::kLocal : TransferKind::kNetwork;
+        tr.from_side = Side::kSrc;
+        plan_.transfers_.push_back(tr);
+        ++stats.pieces;
+        stats.bytes += region.bytes;
+        stats.runs += region.num_runs();
+        if (region.ndims == 0) ++stats.contiguous;
+      }
+    });
+    if (plan_.transfers_.size() >= std::numeric_limits<uint32_t>::max() ||
+        plan_.regions_.size() >= std::numeric_limits<uint32_t>::max() ||
+        plan_.region_dims_.size() >= std::numeric_limits<uint32_t>::max()) {
+      return absl::ResourceExhaustedError(absl::StrFormat(
+          "tensor \"%s\": the plan exceeds 2^32 transfers or regions; split the spec", ts.name));
+    }
+    return absl::OkStatus();
+  }
+
+  int32_t ChooseSource(const std::vector<int32_t>& holders, int32_t to) const {
+    if (holders.size() == 1) return holders[0];
+    for (int32_t h : holders) {
+      if (h == to) return h;
+    }
+    if (!options_.spread_replicas) return holders[0];
+    int32_t best = holders[0];
+    for (int32_t h : holders) {
+      if (load_[h] < load_[best]) best = h;
+    }
+    return best;
+  }
+
+  // Counting sort of transfer indices by sender and by receiver, stable in plan order.
+  void BuildIndexes() {
+    const size_t world = static_cast<size_t>(plan_.world_size_);
+    auto build = [&](auto rank_of, std::vector<uint32_t>& begin, std::vector<uint32_t>& order) {
+      begin.assign(world + 1, 0);
+      for (const Transfer& tr : plan_.transfers_) ++begin[rank_of(tr) + 1];
+      for (size_t r = 0; r < world; ++r) begin[r + 1] += begin[r];
+      order.resize(plan_.transfers_.size());
+      std::vector<uint32_t> next(begin.begin(), begin.end() - 1);
+      for (uint32_t i = 0; i < plan_.transfers_.size(); ++i) {
+        order[next[rank_of(plan_.transfers_[i])]++] = i;
+      }
+    };
+    build([](const Transfer& tr) { return tr.from_rank; }, plan_.sender_begin_, plan_.by_sender_);
+    build([](const Transfer& tr) { return tr.to_rank; }, plan_.receiver_begin_, plan_.by_receiver_);
+  }
+
+  void ComputeStats() {
+    PlanStats& s = plan_.stats_;
+    s.tensors = static_cast<int64_t>(plan_.spec_->tensors.size());
+    s.regions = static_cast<int64_t>(plan_.regions_.size());
+    for (const Transfer& tr : plan_.transfers_) {
+      const Region& r = plan_.regions_[tr.region];
+      s.runs += r.num_runs();
+      switch (tr.kind) {
+        case TransferKind::kLocal:
+          s.bytes_local += r.bytes;
+          break;
+        case TransferKind::kNetwork:
+          s.bytes_network += r.bytes;
+          break;
+        case TransferKind::kFanout:
+          s.bytes_fanout += r.bytes;
+          break;
+      }
+      ++s.pieces;
+      s.bytes_dst_total += r.bytes;
+    }
+  }
+
+  void ComputeFingerprint() {
+    Fingerprint fp;
+    const RefitSpec& spec = *plan_.spec_;
+    fp.Add(static_cast<uint64_t>(plan_.world_size_));
+    fp.Add(spec.tensors.size());
+    for (const TensorSpec& ts : spec.tensors) {
+      fp.Add(ts.name);
+      fp.Add(static_cast<uint64_t>(ts.dtype));
+    }
+    for (const BufferInfo& b : plan_.buffers_) {
+      fp.Add(b.name);
+      fp.Add(static_cast<uint64_t>(b.side));
+    }
+    for (const Region& r : plan_.regions_) {
+      fp.Add(static_cast<uint64_t>(r.from_offset));
+      fp.Add(static_cast<uint64_t>(r.to_offset));
+      fp.Add(static_cast<uint64_t>(r.run_bytes));
+      fp.Add(static_cast<uint64_t>(r.bytes));
+      fp.Add(static_cast<uint64_t>(r.ndims));
+      const RegionDim* dims = plan_.region_dims(r);
+      for (int i = 0; i < r.ndims; ++i) {
+        fp.Add(static_cast<uint64_t>(dims[i].count));
+        fp.Add(static_cast<uint64_t>(dims[i].from_stride));
+        fp.Add(static_cast<uint64_t>(dims[i].to_stride));
+      }
+    }
+    for (const Transfer& tr : plan_.transfers_) {
+      fp.Add((static_cast<uint64_t>(tr.tensor) << 32) | tr.region);
+      fp.Add((static_cast<uint64_t>(static_cast<uint32_t>(tr.from_rank)) << 32) |
+             static_cast<uint32_t>(tr.to_rank));
+      fp.Add((static_cast<uint64_t>(static_cast<uint32_t>(tr.after)) << 16) |
+             (static_cast<uint64_t>(tr.kind) << 8) | static_cast<uint64_t>(tr.from_side));
+    }
+    plan_.fingerprint_ = fp.value();
+  }
+
+  PlanOptions options_;
+  Plan plan_;
+  std::vector<int64_t> load_;  // Bytes each rank sends so far, for spreading replicas.
+};
+
+absl::StatusOr<Plan> BuildPlan(std::shared_ptr<const RefitSpec> spec, const PlanOptions& options) {
+  RESHARD_RETURN_IF_ERROR(Validate(*spec));
+  return PlanBuilder(std::move(spec), options).Build();
+}
+
+}  // namespace reshard::plan

@@ -1,0 +1,77 @@
+// A region: one box of a tensor expressed as memory on both ends of a copy.
+//
+// The innermost `run_bytes` are contiguous on both sides; `ndims` outer dims (outermost first)
+// repeat the run with their own byte strides on each side. Dims are merged wherever both sides
+// stay contiguous, so a fully contiguous piece has ndims == 0 and a row-by-row piece has one
+// outer dim. A region is never expanded per element.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <vector>
+
+#include "src/plan/spec.h"
+#include "src/plan/tiling.h"
+
+namespace reshard::plan {
+
+struct RegionDim {
+  int64_t count = 0;
+  int64_t from_stride = 0;  // Bytes.
+  int64_t to_stride = 0;    // Bytes.
+};
+
+struct Region {
+  int64_t from_offset = 0;  // Bytes from the start of the sending buffer.
+  int64_t to_offset = 0;    // Bytes from the start of the receiving buffer.
+  int64_t run_bytes = 0;    // Contiguous bytes per run.
+  int64_t bytes = 0;        // Total bytes.
+  uint32_t dims_begin = 0;  // Index of the outermost dim in the plan's dim pool.
+  uint8_t ndims = 0;        // Number of outer dims.
+
+  int64_t num_runs() const { return run_bytes == 0 ? 0 : bytes / run_bytes; }
+};
+
+// Where a tile lives in its buffer: tile origin in global coordinates, element offset and
+// element strides of the tile's view.
+struct TileAddress {
+  Box tile;
+  int64_t offset = 0;
+  std::array<int64_t, kMaxTensorDims> strides{};
+};
+
+TileAddress MakeTileAddress(const Layout& layout, const Box& tile);
+
+// Builds the region that copies `box` (inside both tiles) from `from` to `to`; outer dims are
+// appended to `dim_pool`.
+Region MakeRegion(const Box& box, const TileAddress& from, const TileAddress& to, int elem_bytes,
+                  std::vector<RegionDim>& dim_pool);
+
+// Calls fn(from_byte_offset, to_byte_offset, bytes) for every contiguous run, in order.
+template <typename Fn>
+void ForEachRun(const Region& r, const RegionDim* dims, Fn&& fn) {
+  if (r.bytes == 0) return;
+  if (r.ndims == 0) {
+    fn(r.from_offset, r.to_offset, r.run_bytes);
+    return;
+  }
+  std::array<int64_t, kMaxTensorDims> idx{};
+  int64_t from = r.from_offset, to = r.to_offset;
+  const int n = r.ndims;
+  while (true) {
+    fn(from, to, r.run_bytes);
+    int k = n - 1;
+    while (k >= 0) {
+      from += dims[k].from_stride;
+      to += dims[k].to_stride;
+      if (++idx[k] < dims[k].count) break;
+      from -= dims[k].from_stride * dims[k].count;
+      to -= dims[k].to_stride * dims[k].count;
+      idx[k] = 0;
+      --k;
+    }
+    if (k < 0) return;
+  }
+}
+
+}  // namespace reshard::plan

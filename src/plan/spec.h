@@ -1,0 +1,110 @@
+// The refit spec: every tensor's layout on the source (trainer) and destination (inference)
+// side, and the topology that groups ranks into fast local domains. DESIGN §2 and §7.
+//
+// Placement semantics follow PyTorch DTensor: per mesh axis `R` (replicate) or `S(d)` (shard
+// tensor dim d). Uneven dims split like torch.chunk (ceil chunks, trailing shards smaller or
+// empty); several mesh axes sharding one dim nest in mesh-axis order.
+//
+// A spec is plain data. Validate() checks everything that the planner relies on and returns
+// InvalidArgument with one sentence naming the tensor and the field.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "src/plan/dtype.h"
+
+namespace reshard::plan {
+
+inline constexpr int kMaxMeshDims = 8;
+inline constexpr int kMaxTensorDims = 8;
+
+struct Placement {
+  enum class Kind : uint8_t { kReplicate, kShard };
+  Kind kind = Kind::kReplicate;
+  int dim = -1;  // Only for kShard.
+
+  static Placement Replicate() { return {Kind::kReplicate, -1}; }
+  static Placement Shard(int d) { return {Kind::kShard, d}; }
+  bool is_shard() const { return kind == Kind::kShard; }
+  std::string ToString() const;  // "R" or "S(d)"
+  bool operator==(const Placement&) const = default;
+};
+
+// An N-D array of global ranks, row-major. shape.size() is the mesh ndim (1..8).
+struct Mesh {
+  std::vector<int64_t> shape;
+  std::vector<int32_t> ranks;
+
+  int ndim() const { return static_cast<int>(shape.size()); }
+  int64_t size() const { return static_cast<int64_t>(ranks.size()); }
+  // Index into `ranks` of `rank`, or -1 when the rank is not in the mesh. O(size).
+  int64_t IndexOf(int32_t rank) const;
+  bool operator==(const Mesh&) const = default;
+};
+
+// Where a rank's tile lives in its buffer: element (i0, i1, ...) of the local tile is at
+// element offset + sum(i_k * strides[k]). Empty strides mean row-major contiguous.
+struct View {
+  int64_t offset = 0;
+  std::vector<int64_t> strides;
+  bool operator==(const View&) const = default;
+};
+
+struct Layout {
+  Mesh mesh;
+  std::vector<Placement> placements;  // One per mesh axis.
+  // Per-rank buffer the tile lives in. Empty: a buffer of its own, named after the tensor.
+  // Buffers are per side: a source buffer and a destination buffer never alias.
+  std::string buffer;
+  View view;
+  bool has_view = false;  // True when the spec gave a view (even a contiguous one).
+};
+
+struct TensorSpec {
+  std::string name;
+  DType dtype = DType::kFp32;
+  std::vector<int64_t> shape;
+  Layout src;
+  Layout dst;
+
+  const std::string& src_buffer() const { return src.buffer.empty() ? name : src.buffer; }
+  const std::string& dst_buffer() const { return dst.buffer.empty() ? name : dst.buffer; }
+};
+
+// Which ranks share a fast local fabric (an NVLink domain; on a CPU host, one host), and the
+// bandwidths the schedule and simulator use. Ranks in no listed domain are domains of their own.
+struct Topology {
+  std::vector<std::vector<int32_t>> domains;  // Explicit grouping, or empty.
+  int64_t ranks_per_domain = 0;               // Consecutive grouping when > 0.
+  double nic_gbytes_per_s = 50.0;             // Per rank, per direction.
+  double nvlink_gbytes_per_s = 450.0;         // Per rank, per direction.
+
+  // Domain id of `rank`: dense ids in order of first appearance are not needed by callers, so
+  // this returns the smallest rank of the domain, which is stable and unique.
+  int32_t DomainOf(int32_t rank) const;
+};
+
+enum class Side : uint8_t { kSrc = 0, kDst = 1 };
+inline const char* SideName(Side s) { return s == Side::kSrc ? "src" : "dst"; }
+
+struct RefitSpec {
+  std::string comment;
+  Topology topology;
+  std::vector<TensorSpec> tensors;
+
+  const Layout& layout(size_t tensor, Side side) const {
+    return side == Side::kSrc ? tensors[tensor].src : tensors[tensor].dst;
+  }
+  // 1 + the largest rank named anywhere in the spec (meshes and topology).
+  int32_t WorldSize() const;
+};
+
+// Checks a spec for everything the planner relies on. Errors are InvalidArgument and name the
+// tensor and field, e.g. `tensor "w": dst.placements[1] shards dim 2 of a 2-D tensor`.
+[[nodiscard]] absl::Status Validate(const RefitSpec& spec);
+
+}  // namespace reshard::plan

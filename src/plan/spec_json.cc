@@ -1,0 +1,342 @@
+#include "src/plan/spec_json.h"
+
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "src/common/json.h"
+#include "src/common/status.h"
+
+namespace reshard::plan {
+namespace {
+
+using json::Value;
+
+// Builds "line L, column C: tensor "w": field: message".
+class Context {
+ public:
+  explicit Context(std::string tensor = "") : tensor_(std::move(tensor)) {}
+  absl::Status Error(const Value& at, const std::string& field, const std::string& message) const {
+    std::string prefix = at.Where() + ": ";
+    if (!tensor_.empty()) absl::StrAppend(&prefix, "tensor \"", tensor_, "\": ");
+    return absl::InvalidArgumentError(absl::StrCat(prefix, field, " ", message));
+  }
+  void set_tensor(std::string name) { tensor_ = std::move(name); }
+
+ private:
+  std::string tensor_;
+};
+
+std::string JoinKeys(std::initializer_list<std::string_view> keys) {
+  std::string out;
+  for (std::string_view k : keys) {
+    if (!out.empty()) out += ", ";
+    out += k;
+  }
+  return out;
+}
+
+absl::Status CheckKeys(const Context& ctx, const Value& obj, const std::string& field,
+                       std::initializer_list<std::string_view> allowed) {
+  for (const auto& [key, value] : obj.members()) {
+    bool ok = false;
+    for (std::string_view a : allowed) ok = ok || key == a;
+    if (!ok) {
+      return ctx.Error(value, field.empty() ? std::string("spec") : field,
+                       absl::StrCat("has unknown key \"", key, "\" (allowed: ",
+                                    JoinKeys(allowed), ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Expect(const Context& ctx, const Value& v, const std::string& field, Value::Type type) {
+  if (v.type() != type) {
+    return ctx.Error(v, field,
+                     absl::StrCat("must be ", Value::TypeName(type), ", not ",
+                                  Value::TypeName(v.type())));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<const Value*> Require(const Context& ctx, const Value& obj, const std::string& key,
+                                     const std::string& field) {
+  const Value* v = obj.Find(key);
+  if (v == nullptr) return ctx.Error(obj, field, absl::StrCat("is missing \"", std::string(key), "\""));
+  return v;
+}
+
+absl::StatusOr<int64_t> Integer(const Context& ctx, const Value& v, const std::string& field) {
+  if (!v.is_integer()) return ctx.Error(v, field, "must be an integer");
+  return v.as_int();
+}
+
+absl::StatusOr<std::vector<int64_t>> IntegerList(const Context& ctx, const Value& v,
+                                                 const std::string& field) {
+  RESHARD_RETURN_IF_ERROR(Expect(ctx, v, field, Value::Type::kArray));
+  std::vector<int64_t> out;
+  for (size_t i = 0; i < v.items().size(); ++i) {
+    RESHARD_ASSIGN_OR_RETURN(int64_t x, Integer(ctx, v.items()[i], absl::StrFormat("%s[%d]", field, i)));
+    out.push_back(x);
+  }
+  return out;
+}
+
+// Nested list of ranks -> mesh shape and row-major ranks. Ragged lists are errors.
+absl::Status ParseMeshLevel(const Context& ctx, const Value& v, const std::string& field,
+                            size_t depth, Mesh& mesh) {
+  if (v.is_integer()) {
+    if (depth != mesh.shape.size()) {
+      return ctx.Error(v, field, "is ragged: ranks appear at different nesting depths");
+    }
+    if (v.as_int() < 0 || v.as_int() > INT32_MAX) {
+      return ctx.Error(v, field, absl::StrCat("rank ", v.as_int(), " is not a valid rank"));
+    }
+    mesh.ranks.push_back(static_cast<int32_t>(v.as_int()));
+    return absl::OkStatus();
+  }
+  if (!v.is_array()) return ctx.Error(v, field, "must contain only arrays and integer ranks");
+  if (v.items().empty()) return ctx.Error(v, field, "has an empty axis");
+  if (depth == mesh.shape.size()) {
+    if (!mesh.ranks.empty()) {
+      return ctx.Error(v, field, "is ragged: ranks appear at different nesting depths");
+    }
+    if (depth >= static_cast<size_t>(kMaxMeshDims)) {
+      return ctx.Error(v, field, absl::StrFormat("has more than %d axes", kMaxMeshDims));
+    }
+    mesh.shape.push_back(static_cast<int64_t>(v.items().size()));
+  } else if (mesh.shape[depth] != static_cast<int64_t>(v.items().size())) {
+    return ctx.Error(v, field,
+                     absl::StrFormat("is ragged: axis %d has %d entries here and %d elsewhere",
+                                     depth, v.items().size(), mesh.shape[depth]));
+  }
+  for (size_t i = 0; i < v.items().size(); ++i) {
+    RESHARD_RETURN_IF_ERROR(
+        ParseMeshLevel(ctx, v.items()[i], absl::StrFormat("%s[%d]", field, i), depth + 1, mesh));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Placement> ParsePlacement(const Context& ctx, const Value& v,
+                                         const std::string& field) {
+  RESHARD_RETURN_IF_ERROR(Expect(ctx, v, field, Value::Type::kString));
+  const std::string& s = v.as_string();
+  if (s == "R") return Placement::Replicate();
+  if (s.size() >= 4 && s[0] == 'S' && s[1] == '(' && s.back() == ')') {
+    const std::string digits = s.substr(2, s.size() - 3);
+    bool all_digits = !digits.empty() && digits.size() <= 3;
+    for (char c : digits) all_digits = all_digits && c >= '0' && c <= '9';
+    if (all_digits) return Placement::Shard(std::stoi(digits));
+  }
+  return ctx.Error(v, field, absl::StrCat("is \"", s, "\"; a placement is \"R\" or \"S(d)\""));
+}
+
+absl::Status ParseLayout(const Context& ctx, const Value& v, const std::string& side,
+                         Layout& layout) {
+  RESHARD_RETURN_IF_ERROR(Expect(ctx, v, side, Value::Type::kObject));
+  RESHARD_RETURN_IF_ERROR(CheckKeys(ctx, v, side, {"mesh", "placements", "buffer", "view"}));
+  RESHARD_ASSIGN_OR_RETURN(const Value* mesh, Require(ctx, v, "mesh", side));
+  RESHARD_RETURN_IF_ERROR(Expect(ctx, *mesh, side + ".mesh", Value::Type::kArray));
+  RESHARD_RETURN_IF_ERROR(ParseMeshLevel(ctx, *mesh, side + ".mesh", 0, layout.mesh));
+  RESHARD_ASSIGN_OR_RETURN(const Value* placements, Require(ctx, v, "placements", side));
+  RESHARD_RETURN_IF_ERROR(Expect(ctx, *placements, side + ".placements", Value::Type::kArray));
+  for (size_t i = 0; i < placements->items().size(); ++i) {
+    RESHARD_ASSIGN_OR_RETURN(
+        Placement p,
+        ParsePlacement(ctx, placements->items()[i], absl::StrFormat("%s.placements[%d]", side, i)));
+    layout.placements.push_back(p);
+  }
+  if (const Value* buffer = v.Find("buffer")) {
+    RESHARD_RETURN_IF_ERROR(Expect(ctx, *buffer, side + ".buffer", Value::Type::kString));
+    if (buffer->as_string().empty()) return ctx.Error(*buffer, side + ".buffer", "is empty");
+    layout.buffer = buffer->as_string();
+  }
+  if (const Value* view = v.Find("view")) {
+    RESHARD_RETURN_IF_ERROR(Expect(ctx, *view, side + ".view", Value::Type::kObject));
+    RESHARD_RETURN_IF_ERROR(CheckKeys(ctx, *view, side + ".view", {"offset", "strides"}));
+    layout.has_view = true;
+    if (const Value* offset = view->Find("offset")) {
+      RESHARD_ASSIGN_OR_RETURN(layout.view.offset, Integer(ctx, *offset, side + ".view.offset"));
+    }
+    if (const Value* strides = view->Find("strides")) {
+      RESHARD_ASSIGN_OR_RETURN(layout.view.strides,
+                               IntegerList(ctx, *strides, side + ".view.strides"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ParseTopology(const Context& ctx, const Value& v, Topology& topo) {
+  RESHARD_RETURN_IF_ERROR(Expect(ctx, v, "topology", Value::Type::kObject));
+  RESHARD_RETURN_IF_ERROR(CheckKeys(ctx, v, "topology",
+                                    {"domains", "ranks_per_domain", "nic_gbytes_per_s",
+                                     "nvlink_gbytes_per_s"}));
+  if (const Value* domains = v.Find("domains")) {
+    RESHARD_RETURN_IF_ERROR(Expect(ctx, *domains, "topology.domains", Value::Type::kArray));
+    for (size_t i = 0; i < domains->items().size(); ++i) {
+      const std::string field = absl::StrFormat("topology.domains[%d]", i);
+      RESHARD_ASSIGN_OR_RETURN(std::vector<int64_t> ranks,
+                               IntegerList(ctx, domains->items()[i], field));
+      std::vector<int32_t> domain;
+      for (int64_t r : ranks) {
+        if (r < 0 || r > INT32_MAX) {
+          return ctx.Error(domains->items()[i], field, absl::StrCat("rank ", r, " is not valid"));
+        }
+        domain.push_back(static_cast<int32_t>(r));
+      }
+      topo.domains.push_back(std::move(domain));
+    }
+  }
+  if (const Value* n = v.Find("ranks_per_domain")) {
+    RESHARD_ASSIGN_OR_RETURN(topo.ranks_per_domain, Integer(ctx, *n, "topology.ranks_per_domain"));
+    if (topo.ranks_per_domain < 1) return ctx.Error(*n, "topology.ranks_per_domain", "must be >= 1");
+  }
+  for (auto [key, out] : {std::pair{"nic_gbytes_per_s", &topo.nic_gbytes_per_s},
+                          std::pair{"nvlink_gbytes_per_s", &topo.nvlink_gbytes_per_s}}) {
+    if (const Value* bw = v.Find(key)) {
+      const std::string field = absl::StrCat("topology.", key);
+      if (!bw->is_number() || !(bw->as_double() > 0)) {
+        return ctx.Error(*bw, field, "must be a positive number");
+      }
+      *out = bw->as_double();
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ParseTensor(const Value& v, size_t index, TensorSpec& t) {
+  Context ctx;
+  const std::string field = absl::StrFormat("tensors[%d]", index);
+  RESHARD_RETURN_IF_ERROR(Expect(ctx, v, field, Value::Type::kObject));
+  RESHARD_ASSIGN_OR_RETURN(const Value* name, Require(ctx, v, "name", field));
+  RESHARD_RETURN_IF_ERROR(Expect(ctx, *name, field + ".name", Value::Type::kString));
+  if (name->as_string().empty()) return ctx.Error(*name, field + ".name", "is empty");
+  t.name = name->as_string();
+  ctx.set_tensor(t.name);
+  RESHARD_RETURN_IF_ERROR(CheckKeys(ctx, v, "", {"name", "dtype", "shape", "src", "dst"}));
+  RESHARD_ASSIGN_OR_RETURN(const Value* dtype, Require(ctx, v, "dtype", "tensor"));
+  RESHARD_RETURN_IF_ERROR(Expect(ctx, *dtype, "dtype", Value::Type::kString));
+  auto parsed = ParseDType(dtype->as_string());
+  if (!parsed) {
+    return ctx.Error(*dtype, "dtype", absl::StrCat("\"", dtype->as_string(),
+                                                   "\" is unknown (known: ", std::string(DTypeNames()), ")"));
+  }
+  t.dtype = *parsed;
+  RESHARD_ASSIGN_OR_RETURN(const Value* shape, Require(ctx, v, "shape", "tensor"));
+  RESHARD_ASSIGN_OR_RETURN(t.shape, IntegerList(ctx, *shape, "shape"));
+  RESHARD_ASSIGN_OR_RETURN(const Value* src, Require(ctx, v, "src", "tensor"));
+  RESHARD_RETURN_IF_ERROR(ParseLayout(ctx, *src, "src", t.src));
+  RESHARD_ASSIGN_OR_RETURN(const Value* dst, Require(ctx, v, "dst", "tensor"));
+  RESHARD_RETURN_IF_ERROR(ParseLayout(ctx, *dst, "dst", t.dst));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<RefitSpec> ParseSpecJson(std::string_view text) {
+  RESHARD_ASSIGN_OR_RETURN(Value doc, json::Parse(text));
+  Context ctx;
+  RESHARD_RETURN_IF_ERROR(Expect(ctx, doc, "spec", Value::Type::kObject));
+  RESHARD_RETURN_IF_ERROR(CheckKeys(ctx, doc, "", {"comment", "topology", "tensors"}));
+  RefitSpec spec;
+  if (const Value* comment = doc.Find("comment")) {
+    RESHARD_RETURN_IF_ERROR(Expect(ctx, *comment, "comment", Value::Type::kString));
+    spec.comment = comment->as_string();
+  }
+  if (const Value* topo = doc.Find("topology")) {
+    RESHARD_RETURN_IF_ERROR(ParseTopology(ctx, *topo, spec.topology));
+  }
+  RESHARD_ASSIGN_OR_RETURN(const Value* tensors, Require(ctx, doc, "tensors", "spec"));
+  RESHARD_RETURN_IF_ERROR(Expect(ctx, *tensors, "tensors", Value::Type::kArray));
+  spec.tensors.resize(tensors->items().size());
+  for (size_t i = 0; i < spec.tensors.size(); ++i) {
+    RESHARD_RETURN_IF_ERROR(ParseTensor(tensors->items()[i], i, spec.tensors[i]));
+  }
+  RESHARD_RETURN_IF_ERROR(Validate(spec));
+  return spec;
+}
+
+absl::StatusOr<RefitSpec> LoadSpecFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open the spec file"));
+  std::stringstream buffer;
+  buffer << in.rdbuf();
+  auto spec = ParseSpecJson(buffer.str());
+  if (!spec.ok()) {
+    return absl::Status(spec.status().code(), absl::StrCat(path, ": ", spec.status().message()));
+  }
+  return spec;
+}
+
+namespace {
+
+void AppendMesh(std::string& out, const Mesh& mesh, size_t axis, int64_t& next) {
+  if (axis == mesh.shape.size()) {
+    absl::StrAppend(&out, mesh.ranks[next++]);
+    return;
+  }
+  out += '[';
+  for (int64_t i = 0; i < mesh.shape[axis]; ++i) {
+    if (i) out += ", ";
+    AppendMesh(out, mesh, axis + 1, next);
+  }
+  out += ']';
+}
+
+void AppendLayout(std::string& out, const Layout& l) {
+  out += "{\"mesh\": ";
+  int64_t next = 0;
+  AppendMesh(out, l.mesh, 0, next);
+  out += ", \"placements\": [";
+  for (size_t i = 0; i < l.placements.size(); ++i) {
+    if (i) out += ", ";
+    out += json::Quote(l.placements[i].ToString());
+  }
+  out += ']';
+  if (!l.buffer.empty()) absl::StrAppend(&out, ", \"buffer\": ", json::Quote(l.buffer));
+  if (l.has_view || !l.view.strides.empty() || l.view.offset != 0) {
+    absl::StrAppend(&out, ", \"view\": {\"offset\": ", l.view.offset);
+    if (!l.view.strides.empty()) {
+      absl::StrAppend(&out, ", \"strides\": [", absl::StrJoin(l.view.strides, ", "), "]");
+    }
+    out += '}';
+  }
+  out += '}';
+}
+
+}  // namespace
+
+std::string SpecToJson(const RefitSpec& spec) {
+  std::string out = "{\n";
+  if (!spec.comment.empty()) absl::StrAppend(&out, "  \"comment\": ", json::Quote(spec.comment), ",\n");
+  const Topology& topo = spec.topology;
+  out += "  \"topology\": {";
+  if (topo.ranks_per_domain > 0) {
+    absl::StrAppend(&out, "\"ranks_per_domain\": ", topo.ranks_per_domain, ", ");
+  } else if (!topo.domains.empty()) {
+    out += "\"domains\": [";
+    for (size_t i = 0; i < topo.domains.size(); ++i) {
+      absl::StrAppend(&out, i ? ", " : "", "[", absl::StrJoin(topo.domains[i], ", "), "]");
+    }
+    out += "], ";
+  }
+  absl::StrAppend(&out, "\"nic_gbytes_per_s\": ", topo.nic_gbytes_per_s,
+                  ", \"nvlink_gbytes_per_s\": ", topo.nvlink_gbytes_per_s, "},\n");
+  out += "  \"tensors\": [\n";
+  for (size_t i = 0; i < spec.tensors.size(); ++i) {
+    const TensorSpec& t = spec.tensors[i];
+    absl::StrAppend(&out, "    {\"name\": ", json::Quote(t.name), ", \"dtype\": \"",
+                    std::string(DTypeName(t.dtype)), "\", \"shape\": [", absl::StrJoin(t.shape, ", "),
+                    "],\n     \"src\": ");
+    AppendLayout(out, t.src);
+    out += ",\n     \"dst\": ";
+    AppendLayout(out, t.dst);
+    out += i + 1 < spec.tensors.size() ? "},\n" : "}\n";
+  }
+  out += "  ]\n}\n";
+  return out;
+}
+
+}  // namespace reshard::plan

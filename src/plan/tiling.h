@@ -1,0 +1,80 @@
+// Tiles: which box of the global tensor each rank of a layout holds.
+//
+// A layout's tiles form a grid. Along each tensor dim, the mesh axes that shard it (in mesh-axis
+// order) split the dim into nested torch.chunk intervals; a grid *cell* picks one interval per
+// dim. The ranks that hold a cell (its *holders*) differ only in their coordinates along the
+// replicate axes, so every cell has the same number of holders.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "src/plan/spec.h"
+
+namespace reshard::plan {
+
+struct Interval {
+  int64_t lo = 0;
+  int64_t hi = 0;  // Exclusive. lo == hi is an empty shard.
+  int64_t size() const { return hi - lo; }
+};
+
+// An N-D box [lo, hi) of a tensor with at most kMaxTensorDims dims.
+struct Box {
+  int ndim = 0;
+  std::array<int64_t, kMaxTensorDims> lo{};
+  std::array<int64_t, kMaxTensorDims> hi{};
+
+  int64_t extent(int d) const { return hi[d] - lo[d]; }
+  int64_t NumElements() const;
+  bool empty() const;
+};
+
+// `torch.chunk`-style split of [lo, hi) into `parts` intervals; the i-th is returned.
+Interval ChunkInterval(Interval whole, int64_t parts, int64_t i);
+
+class TileGrid {
+ public:
+  // `layout` must be valid for `shape` (see Validate). Keeps a pointer to layout.mesh.
+  TileGrid(const Layout& layout, const std::vector<int64_t>& shape);
+
+  int ndim() const { return static_cast<int>(dims_.size()); }
+  // Intervals along tensor dim d, indexed by the dim's composite shard index.
+  const std::vector<Interval>& intervals(int d) const { return dims_[d]; }
+  int64_t num_cells() const { return num_cells_; }
+  int64_t num_replicas() const { return static_cast<int64_t>(replica_offsets_.size()); }
+
+  // Cells are addressed by one composite index per tensor dim.
+  using Cell = std::array<int64_t, kMaxTensorDims>;
+  Box CellBox(const Cell& cell) const;
+  // Index into mesh.ranks of the first holder of `cell`; holder j is at that + replica_offset(j).
+  int64_t CellBaseIndex(const Cell& cell) const;
+  int64_t replica_offset(int64_t j) const { return replica_offsets_[j]; }
+  int32_t Holder(const Cell& cell, int64_t j) const {
+    return mesh_->ranks[CellBaseIndex(cell) + replica_offsets_[j]];
+  }
+  // Decomposes a flat cell number (row-major over dims) into a cell.
+  Cell CellAt(int64_t flat) const;
+  // The cell held by `rank`, or nullopt when the rank is not in the mesh.
+  std::optional<Cell> CellOfRank(int32_t rank) const;
+  // Mesh coordinates -> rank index helpers.
+  const Mesh& mesh() const { return *mesh_; }
+
+ private:
+  const Mesh* mesh_;
+  std::vector<std::vector<Interval>> dims_;
+  std::vector<std::vector<int>> dim_axes_;  // Mesh axes sharding each dim, outermost first.
+  std::vector<int64_t> mesh_strides_;       // Row-major strides of the mesh.
+  std::vector<int64_t> replica_offsets_;    // Over replicate axes, row-major.
+  int64_t num_cells_ = 1;
+};
+
+// Resolved element strides of a tile with local shape `tile_shape` under `layout`'s view.
+void TileStrides(const Layout& layout, const Box& tile, std::array<int64_t, kMaxTensorDims>& out);
+
+// The largest element offset (exclusive) a tile of `layout` touches: the buffer extent it needs.
+int64_t TileExtent(const Layout& layout, const Box& tile);
+
+}  // namespace reshard::plan

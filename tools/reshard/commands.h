@@ -1,0 +1,13 @@
+// Subcommands of the `reshard` CLI. Each returns the process exit status:
+// 0 success, 1 the operation ran and failed (verification, refit), 2 invalid input or usage.
+#pragma once
+
+namespace reshard::cli {
+
+inline constexpr int kExitOk = 0;
+inline constexpr int kExitFailed = 1;
+inline constexpr int kExitUsage = 2;
+
+int PlanCommand(int argc, char** argv);
+
+}  // namespace reshard::cli
