@@ -1,0 +1,584 @@
+// Brute-force per-element oracle over thousands of random specs.
+//
+// The oracle derives every tile from DTensor semantics directly (nested torch.chunk per mesh
+// coordinate, not through TileGrid) and addresses every element through the view by hand. It
+// then replays the plan's transfers run by run, maps every copied element back to (tensor,
+// global index) on both ends, and checks:
+//   - every destination element of every destination rank is written exactly once;
+//   - every read lies inside a tile that the sending rank holds, and reads the same global
+//     element that the write lands on (so the chosen source tile holds it);
+//   - nothing is written outside the destination views of the transfer's tensor;
+//   - fan-out reads (from a destination buffer) only read data that already landed;
+//   - transfer kinds agree with the ranks, per-rank indexes list exactly the right transfers;
+//   - executing the plan in process (LocalWorld) verifies.
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <numeric>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "src/common/hash.h"
+#include "src/plan/executor.h"
+#include "src/plan/plan.h"
+#include "src/plan/spec_json.h"
+
+namespace reshard::plan {
+namespace {
+
+constexpr uint64_t kSeed = 0x0facade5eed2026ULL;
+constexpr int kCases = 3000;
+
+class Rng {
+ public:
+  explicit Rng(uint64_t seed) : state_(seed) {}
+  uint64_t Next() { return Mix64(state_++); }
+  // Uniform in [lo, hi].
+  int64_t Uniform(int64_t lo, int64_t hi) {
+    return lo + static_cast<int64_t>(Next() % static_cast<uint64_t>(hi - lo + 1));
+  }
+  bool Coin(double p) { return static_cast<double>(Next() >> 11) * 0x1.0p-53 < p; }
+  template <typename T>
+  void Shuffle(std::vector<T>& v) {
+    for (size_t i = v.size(); i > 1; --i) std::swap(v[i - 1], v[Uniform(0, i - 1)]);
+  }
+
+ private:
+  uint64_t state_;
+};
+
+// ---------------------------------------------------------------------------------------------
+// The oracle's own tiling and addressing (independent of tiling.cc and region.cc).
+
+struct OracleTile {
+  int32_t rank;
+  std::vector<int64_t> lo, hi;
+  bool Empty() const {
+    for (size_t d = 0; d < lo.size(); ++d) {
+      if (hi[d] <= lo[d]) return true;
+    }
+    return false;
+  }
+};
+
+std::vector<OracleTile> OracleTiles(const Layout& l, const std::vector<int64_t>& shape) {
+  std::vector<OracleTile> tiles;
+  const int mesh_ndim = l.mesh.ndim();
+  for (int64_t index = 0; index < l.mesh.size(); ++index) {
+    std::vector<int64_t> coord(mesh_ndim);
+    int64_t rest = index;
+    for (int a = mesh_ndim - 1; a >= 0; --a) {
+      coord[a] = rest % l.mesh.shape[a];
+      rest /= l.mesh.shape[a];
+    }
+    OracleTile t{l.mesh.ranks[index], std::vector<int64_t>(shape.size(), 0), shape};
+    for (int a = 0; a < mesh_ndim; ++a) {
+      if (!l.placements[a].is_shard()) continue;
+      const int d = l.placements[a].dim;
+      const int64_t len = t.hi[d] - t.lo[d];
+      const int64_t k = l.mesh.shape[a];
+      const int64_t chunk = (len + k - 1) / k;
+      const int64_t lo = t.lo[d];
+      t.lo[d] = lo + std::min(coord[a] * chunk, len);
+      t.hi[d] = lo + std::min((coord[a] + 1) * chunk, len);
+    }
+    tiles.push_back(std::move(t));
+  }
+  return tiles;
+}
+
+// Element address of local index `local` of `tile` under the layout's view.
+int64_t OracleAddress(const Layout& l, const OracleTile& tile, const std::vector<int64_t>& local) {
+  int64_t address = l.view.offset;
+  if (!l.view.strides.empty()) {
+    for (size_t d = 0; d < local.size(); ++d) address += local[d] * l.view.strides[d];
+    return address;
+  }
+  int64_t stride = 1;
+  for (int d = static_cast<int>(local.size()) - 1; d >= 0; --d) {
+    address += local[d] * stride;
+    stride *= tile.hi[d] - tile.lo[d];
+  }
+  return address;
+}
+
+// Calls fn(global_flat_index, address) for every element of a non-empty tile.
+template <typename Fn>
+void OracleElements(const Layout& l, const std::vector<int64_t>& shape, const OracleTile& tile,
+                    Fn&& fn) {
+  if (tile.Empty()) return;
+  const size_t nd = shape.size();
+  std::vector<int64_t> local(nd, 0);
+  while (true) {
+    int64_t global = 0;
+    for (size_t d = 0; d < nd; ++d) global = global * shape[d] + tile.lo[d] + local[d];
+    fn(global, OracleAddress(l, tile, local));
+    int d = static_cast<int>(nd) - 1;
+    while (d >= 0) {
+      if (++local[d] < tile.hi[d] - tile.lo[d]) break;
+      local[d] = 0;
+      --d;
+    }
+    if (d < 0) return;
+  }
+}
+
+// Largest tile extent per dim over all tiles of a layout.
+std::vector<int64_t> LargestExtents(const Layout& l, const std::vector<int64_t>& shape) {
+  std::vector<int64_t> ext(shape.size(), 0);
+  for (const OracleTile& t : OracleTiles(l, shape)) {
+    for (size_t d = 0; d < shape.size(); ++d) ext[d] = std::max(ext[d], t.hi[d] - t.lo[d]);
+  }
+  return ext;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Random specs.
+
+constexpr DType kAllDTypes[] = {DType::kBool, DType::kU8,   DType::kI8,      DType::kI16,
+                                DType::kI32,  DType::kI64,  DType::kFp8E4M3, DType::kFp8E5M2,
+                                DType::kFp16, DType::kBf16, DType::kFp32,    DType::kFp64};
+
+DType RandomDType(Rng& rng, int size) {
+  std::vector<DType> options;
+  for (DType t : kAllDTypes) {
+    if (size == 0 || DTypeSize(t) == size) options.push_back(t);
+  }
+  return options[rng.Uniform(0, options.size() - 1)];
+}
+
+Layout RandomLayout(Rng& rng, const std::vector<int32_t>& pool, int tensor_ndim) {
+  Layout l;
+  const int mesh_ndim = static_cast<int>(rng.Uniform(1, 3));
+  int64_t size = 1;
+  for (int a = 0; a < mesh_ndim; ++a) {
+    int64_t n = rng.Uniform(1, 4);
+    while (size * n > static_cast<int64_t>(pool.size())) --n;
+    l.mesh.shape.push_back(n);
+    size *= n;
+  }
+  std::vector<int32_t> ranks = pool;
+  rng.Shuffle(ranks);  // Permuted rank lists; src and dst draw from one pool (shared ranks).
+  l.mesh.ranks.assign(ranks.begin(), ranks.begin() + size);
+  for (int a = 0; a < mesh_ndim; ++a) {
+    if (tensor_ndim == 0 || rng.Coin(0.3)) {
+      l.placements.push_back(Placement::Replicate());
+    } else {
+      l.placements.push_back(Placement::Shard(static_cast<int>(rng.Uniform(0, tensor_ndim - 1))));
+    }
+  }
+  return l;
+}
+
+std::vector<int64_t> RandomShape(Rng& rng, int ndim) {
+  std::vector<int64_t> shape;
+  int64_t elements = 1;
+  for (int d = 0; d < ndim; ++d) {
+    int64_t n = rng.Coin(0.04) ? 0 : rng.Uniform(1, ndim <= 2 ? 11 : 6);
+    while (n > 1 && elements * n > 700) --n;
+    shape.push_back(n);
+    elements *= std::max<int64_t>(n, 1);
+  }
+  return shape;
+}
+
+// Strides for a view holding tiles no larger than `ext`: padded, sometimes in a permuted dim
+// order (e.g. column-major), sometimes with a gap between innermost elements.
+std::vector<int64_t> RandomStrides(Rng& rng, const std::vector<int64_t>& ext) {
+  const int nd = static_cast<int>(ext.size());
+  std::vector<int> order(nd);  // Innermost first.
+  std::iota(order.rbegin(), order.rend(), 0);
+  if (rng.Coin(0.3)) rng.Shuffle(order);
+  std::vector<int64_t> strides(nd);
+  int64_t running = rng.Coin(0.2) ? 2 : 1;
+  for (int d : order) {
+    strides[d] = running;
+    running *= std::max<int64_t>(ext[d], 1) + (rng.Coin(0.4) ? rng.Uniform(1, 2) : 0);
+  }
+  return strides;
+}
+
+// Elements a view of `l` spans for tiles no larger than `ext` (an upper bound).
+int64_t ViewSpan(const Layout& l, const std::vector<int64_t>& ext) {
+  if (l.view.strides.empty()) {
+    int64_t n = 1;
+    for (int64_t e : ext) n *= e;
+    return n;
+  }
+  int64_t last = 0;
+  for (size_t d = 0; d < ext.size(); ++d) {
+    if (ext[d] == 0) return 0;
+    last += (ext[d] - 1) * l.view.strides[d];
+  }
+  return last + 1;
+}
+
+enum class ViewMode { kNone, kPadded, kFused, kInterleaved };
+
+void ApplyViews(Rng& rng, RefitSpec& spec, Side side, ViewMode mode) {
+  const size_t n = spec.tensors.size();
+  auto layout = [&](size_t t) -> Layout& {
+    return side == Side::kSrc ? spec.tensors[t].src : spec.tensors[t].dst;
+  };
+  switch (mode) {
+    case ViewMode::kNone:
+      return;
+    case ViewMode::kPadded:
+      for (size_t t = 0; t < n; ++t) {
+        if (rng.Coin(0.5)) continue;
+        Layout& l = layout(t);
+        l.has_view = true;
+        l.view.offset = rng.Uniform(0, 5);
+        l.view.strides = RandomStrides(rng, LargestExtents(l, spec.tensors[t].shape));
+      }
+      return;
+    case ViewMode::kFused: {
+      // Consecutive slices of one buffer: [t0 | gap | t1 | gap | t2].
+      int64_t base = rng.Uniform(0, 3);
+      for (size_t t = 0; t < n; ++t) {
+        Layout& l = layout(t);
+        l.buffer = "fused";
+        l.has_view = true;
+        l.view.offset = base;
+        const auto ext = LargestExtents(l, spec.tensors[t].shape);
+        if (rng.Coin(0.5)) l.view.strides = RandomStrides(rng, ext);
+        base += ViewSpan(l, ext) + rng.Uniform(0, 2);
+      }
+      return;
+    }
+    case ViewMode::kInterleaved: {
+      // Element i of tensor k at base + k + n * i: views that interleave without overlapping.
+      const size_t nd = spec.tensors[0].shape.size();
+      std::vector<int64_t> bound(nd, 1);
+      for (size_t t = 0; t < n; ++t) {
+        const auto ext = LargestExtents(layout(t), spec.tensors[t].shape);
+        for (size_t d = 0; d < nd; ++d) bound[d] = std::max(bound[d], ext[d]);
+      }
+      std::vector<int64_t> strides(nd);
+      int64_t running = static_cast<int64_t>(n);
+      for (int d = static_cast<int>(nd) - 1; d >= 0; --d) {
+        strides[d] = running;
+        running *= bound[d];
+      }
+      const int64_t base = rng.Uniform(0, 3);
+      for (size_t t = 0; t < n; ++t) {
+        Layout& l = layout(t);
+        l.buffer = "fused";
+        l.has_view = true;
+        l.view.offset = base + static_cast<int64_t>(t);
+        l.view.strides = strides;
+      }
+      return;
+    }
+  }
+}
+
+RefitSpec RandomSpec(Rng& rng) {
+  RefitSpec spec;
+  const int world = static_cast<int>(rng.Uniform(2, 12));
+  std::vector<int32_t> pool(world);
+  std::iota(pool.begin(), pool.end(), 0);
+  const size_t num_tensors = static_cast<size_t>(rng.Uniform(1, 3));
+  // Fused buffers need one element size; interleaving also needs one tensor rank.
+  const bool one_ndim = num_tensors > 1 && rng.Coin(0.35);
+  const int elem_size = num_tensors > 1 && rng.Coin(0.6) ? DTypeSize(RandomDType(rng, 0)) : 0;
+  const int common_ndim = static_cast<int>(rng.Uniform(0, 4));
+  for (size_t i = 0; i < num_tensors; ++i) {
+    TensorSpec t;
+    t.name = absl::StrCat("t", i);
+    t.dtype = RandomDType(rng, elem_size);
+    int ndim = one_ndim ? common_ndim : static_cast<int>(rng.Uniform(0, 4));
+    if (!one_ndim && ndim == 0 && rng.Coin(0.5)) ndim = 2;  // 0-D tensors: rarer.
+    t.shape = RandomShape(rng, ndim);
+    t.src = RandomLayout(rng, pool, ndim);
+    t.dst = RandomLayout(rng, pool, ndim);
+    spec.tensors.push_back(std::move(t));
+  }
+  for (Side side : {Side::kSrc, Side::kDst}) {
+    std::vector<ViewMode> modes = {ViewMode::kNone, ViewMode::kNone, ViewMode::kPadded};
+    if (elem_size != 0) {
+      modes.push_back(ViewMode::kFused);
+      modes.push_back(ViewMode::kFused);
+      if (one_ndim) modes.push_back(ViewMode::kInterleaved), modes.push_back(ViewMode::kInterleaved);
+    }
+    ApplyViews(rng, spec, side, modes[rng.Uniform(0, modes.size() - 1)]);
+  }
+  return spec;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The check.
+
+struct Owner {
+  int32_t tensor = -1;
+  int64_t global = -1;
+};
+// (side, rank, buffer name) -> owner of every element address.
+using AddressMap = std::map<std::tuple<int, int32_t, std::string>, std::vector<Owner>>;
+
+std::string Describe(const RefitSpec& spec) { return SpecToJson(spec); }
+
+// Returns an empty string when the plan passes, else the first violation.
+std::string CheckPlan(const Plan& plan, int64_t& elements_checked) {
+  const RefitSpec& spec = plan.spec();
+  AddressMap maps;
+  int64_t expected_dst_bytes = 0;
+  for (size_t t = 0; t < spec.tensors.size(); ++t) {
+    const TensorSpec& ts = spec.tensors[t];
+    for (Side side : {Side::kSrc, Side::kDst}) {
+      const Layout& l = spec.layout(t, side);
+      const std::string& buffer = side == Side::kSrc ? ts.src_buffer() : ts.dst_buffer();
+      const auto tiles = OracleTiles(l, ts.shape);
+      // The planner's tiles must be the oracle's tiles.
+      std::map<int32_t, Box> planner_tiles;
+      ForEachTile(spec, t, side, [&](int32_t rank, const Box& box) { planner_tiles[rank] = box; });
+      if (planner_tiles.size() != tiles.size()) return "ForEachTile visits the wrong ranks";
+      for (const OracleTile& tile : tiles) {
+        const Box& box = planner_tiles[tile.rank];
+        for (size_t d = 0; d < ts.shape.size(); ++d) {
+          const bool both_empty = tile.Empty() && box.empty();
+          if (!both_empty && (box.lo[d] != tile.lo[d] || box.hi[d] != tile.hi[d])) {
+            return absl::StrCat("tensor ", ts.name, " ", SideName(side), " rank ", tile.rank,
+                                ": tile dim ", d, " is [", box.lo[d], ",", box.hi[d],
+                                ") but DTensor says [", tile.lo[d], ",", tile.hi[d], ")");
+          }
+        }
+        auto& map = maps[{static_cast<int>(side), tile.rank, buffer}];
+        std::string error;
+        OracleElements(l, ts.shape, tile, [&](int64_t global, int64_t address) {
+          if (static_cast<int64_t>(map.size()) <= address) map.resize(address + 1);
+          if (map[address].tensor >= 0 && error.empty()) {
+            error = absl::StrCat("generator bug: two elements at address ", address);
+          }
+          map[address] = {static_cast<int32_t>(t), global};
+          if (side == Side::kDst) expected_dst_bytes += DTypeSize(ts.dtype);
+        });
+        if (!error.empty()) return error;
+      }
+    }
+  }
+
+  // Replay the transfers in plan order.
+  std::map<std::tuple<int, int32_t, std::string>, std::vector<uint8_t>> writes;
+  const auto& transfers = plan.transfers();
+  for (size_t i = 0; i < transfers.size(); ++i) {
+    const Transfer& tr = transfers[i];
+    const TensorSpec& ts = spec.tensors[tr.tensor];
+    const int elem = DTypeSize(ts.dtype);
+    const std::string where = absl::StrCat("transfer ", i, " (tensor ", ts.name, ", rank ",
+                                           tr.from_rank, " -> ", tr.to_rank, ")");
+    const bool local = tr.from_rank == tr.to_rank;
+    if (tr.from_side == Side::kSrc && (tr.kind == TransferKind::kLocal) != local) {
+      return where + ": kind disagrees with the ranks";
+    }
+    if (tr.from_side == Side::kDst && tr.kind != TransferKind::kFanout) {
+      return where + ": reads a destination buffer but is not a fan-out";
+    }
+    if (tr.kind == TransferKind::kFanout &&
+        (tr.after < 0 || static_cast<size_t>(tr.after) >= i)) {
+      return where + ": fan-out does not wait for an earlier transfer";
+    }
+    const std::string& from_buffer = tr.from_side == Side::kSrc ? ts.src_buffer() : ts.dst_buffer();
+    auto from_it = maps.find({static_cast<int>(tr.from_side), tr.from_rank, from_buffer});
+    auto to_it = maps.find({static_cast<int>(Side::kDst), tr.to_rank, ts.dst_buffer()});
+    if (from_it == maps.end()) return where + ": the sender holds no tile of this tensor";
+    if (to_it == maps.end()) return where + ": the receiver holds no tile of this tensor";
+    const auto& from_map = from_it->second;
+    const auto& to_map = to_it->second;
+    auto& written = writes[to_it->first];
+    written.resize(to_map.size(), 0);
+    const std::vector<uint8_t>* from_written = nullptr;
+    if (tr.from_side == Side::kDst) from_written = &writes[from_it->first];
+    const Region& r = plan.region(tr.region);
+    std::string error;
+    ForEachRun(r, plan.region_dims(r), [&](int64_t f, int64_t to, int64_t n) {
+      if (!error.empty()) return;
+      if (f % elem || to % elem || n % elem || n <= 0) {
+        error = where + ": a run is not made of whole elements";
+        return;
+      }
+      for (int64_t k = 0; k < n / elem; ++k) {
+        const int64_t fa = f / elem + k, ta = to / elem + k;
+        if (ta < 0 || ta >= static_cast<int64_t>(to_map.size()) ||
+            to_map[ta].tensor != static_cast<int32_t>(tr.tensor)) {
+          error = absl::StrCat(where, ": writes element address ", ta,
+                               " outside the destination view");
+          return;
+        }
+        if (fa < 0 || fa >= static_cast<int64_t>(from_map.size()) ||
+            from_map[fa].tensor != static_cast<int32_t>(tr.tensor)) {
+          error = absl::StrCat(where, ": reads element address ", fa,
+                               " outside every tile the sender holds");
+          return;
+        }
+        if (from_map[fa].global != to_map[ta].global) {
+          error = absl::StrCat(where, ": copies global element ", from_map[fa].global,
+                               " onto global element ", to_map[ta].global);
+          return;
+        }
+        if (from_written != nullptr &&
+            (fa >= static_cast<int64_t>(from_written->size()) || (*from_written)[fa] == 0)) {
+          error = where + ": fan-out reads data that has not landed yet";
+          return;
+        }
+        if (written[ta] == 255) {
+          error = where + ": element written too often";
+          return;
+        }
+        ++written[ta];
+      }
+    });
+    if (!error.empty()) return error;
+  }
+  int64_t dst_bytes = 0;
+  for (const auto& [key, map] : maps) {
+    if (std::get<0>(key) != static_cast<int>(Side::kDst)) continue;
+    auto it = writes.find(key);
+    for (size_t a = 0; a < map.size(); ++a) {
+      if (map[a].tensor < 0) continue;
+      const int count = it == writes.end() ? 0 : it->second[a];
+      if (count != 1) {
+        return absl::StrCat("tensor ", spec.tensors[map[a].tensor].name, ": rank ",
+                            std::get<1>(key), " global element ", map[a].global, " written ",
+                            count, " times");
+      }
+      ++elements_checked;
+      dst_bytes += DTypeSize(spec.tensors[map[a].tensor].dtype);
+    }
+  }
+  if (dst_bytes != expected_dst_bytes || plan.stats().bytes_dst_total != expected_dst_bytes) {
+    return absl::StrCat("stats.bytes_dst_total ", plan.stats().bytes_dst_total, " but ",
+                        expected_dst_bytes, " destination bytes exist");
+  }
+
+  // Per-rank indexes: exactly the transfers of each rank, in plan order.
+  size_t sent = 0, received = 0;
+  for (int32_t rank = 0; rank < plan.world_size(); ++rank) {
+    auto [sb, se] = plan.sends(rank);
+    for (const uint32_t* p = sb; p != se; ++p) {
+      if (transfers[*p].from_rank != rank || (p != sb && p[-1] >= *p)) {
+        return absl::StrCat("sends(", rank, ") is wrong");
+      }
+    }
+    auto [rb, re] = plan.receives(rank);
+    for (const uint32_t* p = rb; p != re; ++p) {
+      if (transfers[*p].to_rank != rank || (p != rb && p[-1] >= *p)) {
+        return absl::StrCat("receives(", rank, ") is wrong");
+      }
+    }
+    sent += se - sb;
+    received += re - rb;
+  }
+  if (sent != transfers.size() || received != transfers.size()) {
+    return "per-rank indexes do not cover every transfer";
+  }
+  absl::Status verified = VerifyPlanInProcess(plan, int64_t{1} << 26);
+  if (!verified.ok()) return absl::StrCat("LocalWorld: ", std::string(verified.message()));
+  return "";
+}
+
+TEST(OracleTest, RandomSpecsPlanExactly) {
+  const auto start = std::chrono::steady_clock::now();
+  Rng rng(kSeed);
+  int64_t elements = 0, transfers = 0;
+  int fused = 0, strided = 0, shared_ranks = 0, nested = 0, replicated_both = 0, empty_shards = 0;
+  for (int c = 0; c < kCases; ++c) {
+    RefitSpec spec = RandomSpec(rng);
+    // Coverage counters: the generator must actually produce the interesting layouts.
+    for (const TensorSpec& t : spec.tensors) {
+      fused += t.dst.buffer == "fused" || t.src.buffer == "fused";
+      strided += !t.src.view.strides.empty() || !t.dst.view.strides.empty();
+      bool shares = false;
+      for (int32_t r : t.src.mesh.ranks) shares = shares || t.dst.mesh.IndexOf(r) >= 0;
+      shared_ranks += shares;
+      for (const Layout* l : {&t.src, &t.dst}) {
+        std::vector<int> per_dim(t.shape.size(), 0);
+        for (const Placement& p : l->placements) {
+          if (p.is_shard()) ++per_dim[p.dim];
+        }
+        nested += std::any_of(per_dim.begin(), per_dim.end(), [](int k) { return k > 1; });
+        for (const OracleTile& tile : OracleTiles(*l, t.shape)) {
+          if (tile.Empty()) {
+            ++empty_shards;
+            break;
+          }
+        }
+      }
+      auto has_r = [](const Layout& l) {
+        return std::any_of(l.placements.begin(), l.placements.end(),
+                           [](const Placement& p) { return !p.is_shard(); });
+      };
+      replicated_both += has_r(t.src) && has_r(t.dst);
+    }
+    absl::Status valid = Validate(spec);
+    ASSERT_TRUE(valid.ok()) << "case " << c << ": " << valid << "\n" << Describe(spec);
+    PlanOptions options;
+    options.spread_replicas = c % 4 != 3;
+    auto shared = std::make_shared<const RefitSpec>(spec);
+    auto plan = BuildPlan(shared, options);
+    ASSERT_TRUE(plan.ok()) << "case " << c << ": " << plan.status();
+    const std::string error = CheckPlan(*plan, elements);
+    ASSERT_EQ(error, "") << "case " << c << "\n" << Describe(spec);
+    transfers += static_cast<int64_t>(plan->transfers().size());
+    if (c % 8 == 0) {
+      // JSON round trip plans to the same fingerprint.
+      auto reparsed = ParseSpecJson(SpecToJson(spec));
+      ASSERT_TRUE(reparsed.ok()) << "case " << c << ": " << reparsed.status();
+      auto replanned = BuildPlan(std::make_shared<const RefitSpec>(*std::move(reparsed)), options);
+      ASSERT_TRUE(replanned.ok());
+      EXPECT_EQ(replanned->fingerprint(), plan->fingerprint()) << "case " << c;
+    }
+  }
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::printf("oracle: %d cases, %lld transfers, %lld destination elements checked in %.2f s\n",
+              kCases, static_cast<long long>(transfers), static_cast<long long>(elements), seconds);
+  std::printf("coverage (tensors): fused %d, strided views %d, shared ranks %d, nested %d, "
+              "replicated both sides %d, layouts with empty shards %d\n",
+              fused, strided, shared_ranks, nested, replicated_both, empty_shards);
+  EXPECT_GT(fused, 200);
+  EXPECT_GT(strided, 300);
+  EXPECT_GT(shared_ranks, 1000);
+  EXPECT_GT(nested, 300);
+  EXPECT_GT(replicated_both, 300);
+  EXPECT_GT(empty_shards, 300);
+}
+
+// The oracle itself must catch a broken plan; otherwise passing means nothing.
+TEST(OracleTest, OracleRejectsCorruptedPlans) {
+  RefitSpec spec;
+  TensorSpec t;
+  t.name = "w";
+  t.dtype = DType::kFp32;
+  t.shape = {8, 8};
+  t.src.mesh = {{2}, {0, 1}};
+  t.src.placements = {Placement::Shard(0)};
+  t.dst.mesh = {{4}, {2, 3, 4, 5}};
+  t.dst.placements = {Placement::Shard(1)};
+  spec.tensors.push_back(t);
+  auto plan = BuildPlan(std::make_shared<const RefitSpec>(spec));
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  int64_t elements = 0;
+  ASSERT_EQ(CheckPlan(*plan, elements), "");
+  EXPECT_EQ(elements, 64);
+  EXPECT_EQ(plan->stats().pieces, 8);  // Every inference rank: a 4x2 block from each trainer.
+
+  // Same spec with a corrupted transfer: dropping a destination rank's piece must be caught.
+  Plan broken = *std::move(plan);
+  auto& transfers = const_cast<std::vector<Transfer>&>(broken.transfers());
+  std::swap(transfers[0].to_rank, transfers[2].to_rank);
+  EXPECT_NE(CheckPlan(broken, elements), "");
+  std::swap(transfers[0].to_rank, transfers[2].to_rank);
+  std::swap(transfers[0].from_rank, transfers[1].from_rank);
+  EXPECT_NE(CheckPlan(broken, elements), "");
+}
+
+}  // namespace
+}  // namespace reshard::plan
