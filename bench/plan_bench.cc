@@ -1,0 +1,223 @@
+// plan_bench: plans a synthetic whole-model refit spec and prints how long planning takes and
+// how much memory it needs. A program, not a test: it prints figures and never fails on speed.
+//
+// The model is DeepSeek-like (per-expert weight tensors dominate the tensor count) between two
+// 128-rank meshes: trainers 0..127 as [dp=16, tp=8] (tp fastest), inference 128..255 as
+// [dp=16, tp=8] numbered tp-major (a different rank order), NVL8 domains. Per layer:
+//   - replicated norms (R,R -> R,R) and a replicated fp32 router;
+//   - column-parallel projections, S(0) over tp -> S(0) over tp;
+//   - row-parallel projections on trainers, column-parallel in inference (S(1) -> S(0));
+//   - 64 routed experts as separate tensors (gate/up column, down row), each held by one trainer
+//     tp group (EP over dp) and replicated over dp in inference;
+//   - every tenth layer, 3-D expert stacks [E=160, out, in]: experts over dp (tp replicas) on
+//     trainers, out (w13) or in (w2) over tp in inference;
+//   - vocab-parallel embedding and lm_head with an uneven vocabulary of 151,937 rows.
+//
+// usage: plan_bench [--tensors N] [--repeats K]
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "src/plan/plan.h"
+
+namespace reshard::plan {
+namespace {
+
+constexpr int kDp = 16;
+constexpr int kTp = 8;
+constexpr int kInferenceBase = kDp * kTp;
+constexpr int64_t kHidden = 7168;
+constexpr int64_t kQ = 24576;
+constexpr int64_t kKv = 576;
+constexpr int64_t kSharedFfn = 2048;
+constexpr int64_t kExpertFfn = 2048;
+constexpr int kExpertsPerLayer = 64;
+constexpr int64_t kStackedExperts = 160;
+constexpr int64_t kVocab = 151937;
+
+Mesh TrainerMesh() {
+  Mesh m;
+  m.shape = {kDp, kTp};
+  for (int r = 0; r < kDp * kTp; ++r) m.ranks.push_back(r);  // rank = dp * 8 + tp
+  return m;
+}
+
+Mesh InferenceMesh() {
+  Mesh m;
+  m.shape = {kDp, kTp};
+  for (int dp = 0; dp < kDp; ++dp) {
+    for (int tp = 0; tp < kTp; ++tp) m.ranks.push_back(kInferenceBase + tp * kDp + dp);
+  }
+  return m;
+}
+
+// The tp group of trainer dp row `dp`: a 1-D mesh of 8 ranks.
+Mesh TrainerTpGroup(int dp) {
+  Mesh m;
+  m.shape = {kTp};
+  for (int tp = 0; tp < kTp; ++tp) m.ranks.push_back(dp * kTp + tp);
+  return m;
+}
+
+Placement R() { return Placement::Replicate(); }
+Placement S(int d) { return Placement::Shard(d); }
+
+class ModelBuilder {
+ public:
+  explicit ModelBuilder(size_t limit) : limit_(limit) {
+    spec_.topology.ranks_per_domain = 8;
+    spec_.tensors.reserve(limit);
+  }
+
+  bool full() const { return spec_.tensors.size() >= limit_; }
+
+  void Add(std::string name, DType dtype, std::vector<int64_t> shape, Mesh src_mesh,
+           std::vector<Placement> src, Mesh dst_mesh, std::vector<Placement> dst) {
+    if (full()) return;
+    TensorSpec t;
+    t.name = std::move(name);
+    t.dtype = dtype;
+    t.shape = std::move(shape);
+    t.src.mesh = std::move(src_mesh);
+    t.src.placements = std::move(src);
+    t.dst.mesh = std::move(dst_mesh);
+    t.dst.placements = std::move(dst);
+    spec_.tensors.push_back(std::move(t));
+  }
+
+  RefitSpec Build() {
+    const Mesh train = TrainerMesh(), infer = InferenceMesh();
+    Add("model.embed_tokens.weight", DType::kBf16, {kVocab, kHidden}, train, {R(), S(0)}, infer,
+        {R(), S(0)});
+    Add("lm_head.weight", DType::kBf16, {kVocab, kHidden}, train, {R(), S(0)}, infer, {R(), S(0)});
+    Add("model.norm.weight", DType::kBf16, {kHidden}, train, {R(), R()}, infer, {R(), R()});
+    for (int layer = 0; !full(); ++layer) {
+      const std::string p = absl::StrCat("model.layers.", layer, ".");
+      Add(p + "input_layernorm.weight", DType::kBf16, {kHidden}, train, {R(), R()}, infer,
+          {R(), R()});
+      Add(p + "self_attn.q_proj.weight", DType::kBf16, {kQ, kHidden}, train, {R(), S(0)}, infer,
+          {R(), S(0)});
+      Add(p + "self_attn.kv_proj.weight", DType::kBf16, {kKv, kHidden}, train, {R(), S(0)}, infer,
+          {R(), S(0)});
+      Add(p + "self_attn.o_proj.weight", DType::kBf16, {kHidden, kQ / 3}, train, {R(), S(1)},
+          infer, {R(), S(0)});
+      Add(p + "post_attention_layernorm.weight", DType::kBf16, {kHidden}, train, {R(), R()}, infer,
+          {R(), R()});
+      Add(p + "mlp.gate.weight", DType::kFp32, {kExpertsPerLayer, kHidden}, train, {R(), R()},
+          infer, {R(), R()});
+      Add(p + "mlp.shared_experts.gate_up_proj.weight", DType::kBf16, {2 * kSharedFfn, kHidden},
+          train, {R(), S(0)}, infer, {R(), S(0)});
+      Add(p + "mlp.shared_experts.down_proj.weight", DType::kBf16, {kHidden, kSharedFfn}, train,
+          {R(), S(1)}, infer, {R(), S(0)});
+      for (int e = 0; e < kExpertsPerLayer; ++e) {
+        const std::string x = absl::StrCat(p, "mlp.experts.", e, ".");
+        const Mesh group = TrainerTpGroup(e % kDp);
+        Add(x + "gate_proj.weight", DType::kFp8E4M3, {kExpertFfn, kHidden}, group, {S(0)}, infer,
+            {R(), S(0)});
+        Add(x + "up_proj.weight", DType::kFp8E4M3, {kExpertFfn, kHidden}, group, {S(0)}, infer,
+            {R(), S(0)});
+        Add(x + "down_proj.weight", DType::kFp8E4M3, {kHidden, kExpertFfn}, group, {S(1)}, infer,
+            {R(), S(1)});
+      }
+      if (layer % 10 == 0) {
+        Add(p + "mlp.stacked_experts.w13", DType::kBf16, {kStackedExperts, 2 * 1408, 2048}, train,
+            {S(0), R()}, infer, {R(), S(1)});
+        Add(p + "mlp.stacked_experts.w2", DType::kBf16, {kStackedExperts, 2048, 1408}, train,
+            {S(0), R()}, infer, {R(), S(2)});
+      }
+    }
+    return std::move(spec_);
+  }
+
+ private:
+  size_t limit_;
+  RefitSpec spec_;
+};
+
+int64_t PeakRssKiB() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return u.ru_maxrss;  // KiB on Linux.
+}
+
+int Main(int argc, char** argv) {
+  size_t tensors = 50000;
+  int repeats = 3;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--tensors") == 0 && i + 1 < argc) {
+      tensors = std::strtoull(argv[++i], nullptr, 10);
+    } else if (std::strcmp(argv[i], "--repeats") == 0 && i + 1 < argc) {
+      repeats = std::max(1, std::atoi(argv[++i]));
+    } else {
+      std::fprintf(stderr,
+                   "usage: plan_bench [--tensors N] [--repeats K]\n"
+                   "Plans a synthetic whole-model spec (N tensors, default 50000) between two "
+                   "128-rank meshes\nK times (default 3) on one thread and prints the median "
+                   "planning time and peak memory.\n");
+      return std::strcmp(argv[i], "--help") == 0 ? 0 : 2;
+    }
+  }
+  const auto build_start = std::chrono::steady_clock::now();
+  auto spec = std::make_shared<const RefitSpec>(ModelBuilder(tensors).Build());
+  const double build_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - build_start).count();
+  const int64_t rss_spec = PeakRssKiB();
+
+  std::vector<double> seconds;
+  PlanStats stats;
+  size_t transfers = 0;
+  uint64_t fingerprint = 0;
+  for (int i = 0; i < repeats; ++i) {
+    const auto start = std::chrono::steady_clock::now();
+    auto plan = BuildPlan(spec);
+    seconds.push_back(
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    if (!plan.ok()) {
+      std::fprintf(stderr, "plan_bench: %s\n", std::string(plan.status().message()).c_str());
+      return 1;
+    }
+    if (i > 0 && plan->fingerprint() != fingerprint) {
+      std::fprintf(stderr, "plan_bench: the plan is not deterministic across runs\n");
+      return 1;
+    }
+    stats = plan->stats();
+    transfers = plan->transfers().size();
+    fingerprint = plan->fingerprint();
+  }
+  std::sort(seconds.begin(), seconds.end());
+  const double median = seconds[seconds.size() / 2];
+  const int64_t rss = PeakRssKiB();
+
+  std::printf("plan_bench: synthetic model, trainers [dp=16, tp=8] ranks 0..127 -> inference "
+              "[dp=16, tp=8] ranks 128..255, NVL8 domains\n");
+  std::printf("tensors          %lld\n", static_cast<long long>(stats.tensors));
+  std::printf("pieces           %lld (transfers %zu)\n", static_cast<long long>(stats.pieces),
+              transfers);
+  std::printf("regions          %lld\n", static_cast<long long>(stats.regions));
+  std::printf("runs             %lld\n", static_cast<long long>(stats.runs));
+  std::printf("bytes            %.1f GiB land in destinations, %.1f GiB over the network\n",
+              stats.bytes_dst_total / double(1 << 30), stats.bytes_network / double(1 << 30));
+  std::printf("spec build       %.3f s (not timed below)\n", build_seconds);
+  std::printf("plan seconds     %.3f median of %d (min %.3f, max %.3f), one thread\n", median,
+              repeats, seconds.front(), seconds.back());
+  std::printf("pieces/s         %.3g\n", stats.pieces / median);
+  std::printf("peak RSS         %.1f MiB (%.1f MiB after building the spec)\n", rss / 1024.0,
+              rss_spec / 1024.0);
+  std::printf("fingerprint      %016llx\n", static_cast<unsigned long long>(fingerprint));
+  std::printf("targets          plan < 1 s: %s; peak < 1 GiB: %s\n", median < 1.0 ? "met" : "MISSED",
+              rss < (1 << 20) ? "met" : "MISSED");
+  return 0;
+}
+
+}  // namespace
+}  // namespace reshard::plan
+
+int main(int argc, char** argv) { return reshard::plan::Main(argc, argv); }
