@@ -1,0 +1,360 @@
+// Tests for the rendezvous stores: the same contract for TcpStore and FileStore, then the TCP
+// specifics (token, server death, unreachable or silent servers, environment).
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "gtest/gtest.h"
+#include "src/net/file_store.h"
+#include "src/net/tcp_store.h"
+
+namespace reshard::net {
+namespace {
+
+constexpr char kToken[] = "s3cret-token";
+
+std::string TempDir() {
+  std::string pattern = "/tmp/reshard-store-test-XXXXXX";
+  char* dir = mkdtemp(pattern.data());
+  EXPECT_NE(dir, nullptr);
+  return pattern;
+}
+
+// One backend under test: owns whatever the clients need (server, directory).
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::unique_ptr<Store> NewClient() = 0;
+};
+
+class TcpBackend : public Backend {
+ public:
+  TcpBackend() {
+    auto server = TcpStoreServer::Start("127.0.0.1", 0, kToken);
+    EXPECT_TRUE(server.ok()) << server.status();
+    server_ = *std::move(server);
+  }
+  std::unique_ptr<Store> NewClient() override {
+    auto client = TcpStore::Connect("127.0.0.1", server_->port(), kToken,
+                                    absl::Now() + absl::Seconds(5));
+    EXPECT_TRUE(client.ok()) << client.status();
+    return *std::move(client);
+  }
+
+ private:
+  std::unique_ptr<TcpStoreServer> server_;
+};
+
+class FileBackend : public Backend {
+ public:
+  FileBackend() : dir_(TempDir()) {}
+  ~FileBackend() override { std::system(absl::StrCat("rm -rf ", dir_).c_str()); }
+  std::unique_ptr<Store> NewClient() override {
+    auto client = FileStore::Open(dir_);
+    EXPECT_TRUE(client.ok()) << client.status();
+    return *std::move(client);
+  }
+
+ private:
+  std::string dir_;
+};
+
+class StoreContractTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    if (GetParam() == "tcp") {
+      backend_ = std::make_unique<TcpBackend>();
+    } else {
+      backend_ = std::make_unique<FileBackend>();
+    }
+  }
+  std::unique_ptr<Backend> backend_;
+};
+
+TEST_P(StoreContractTest, SetThenGetFromAnotherClient) {
+  auto a = backend_->NewClient();
+  auto b = backend_->NewClient();
+  ASSERT_TRUE(a->Set("rank/0/addr", std::string("\0bin\xff", 5)).ok());
+  auto value = b->Get("rank/0/addr", absl::Now() + absl::Seconds(1));
+  ASSERT_TRUE(value.ok()) << value.status();
+  EXPECT_EQ(*value, std::string("\0bin\xff", 5));
+  ASSERT_TRUE(b->Set("rank/0/addr", "replaced").ok());
+  EXPECT_EQ(*a->Get("rank/0/addr", absl::Now()), "replaced");
+  ASSERT_TRUE(a->Set("empty", "").ok());
+  EXPECT_EQ(*b->Get("empty", absl::Now()), "");
+}
+
+TEST_P(StoreContractTest, GetWaitsUntilAnotherClientSets) {
+  auto a = backend_->NewClient();
+  auto b = backend_->NewClient();
+  std::thread setter([&] {
+    absl::SleepFor(absl::Milliseconds(150));
+    ASSERT_TRUE(b->Set("late", "arrived").ok());
+  });
+  absl::Time start = absl::Now();
+  auto value = a->Get("late", absl::Now() + absl::Seconds(10));
+  setter.join();
+  ASSERT_TRUE(value.ok()) << value.status();
+  EXPECT_EQ(*value, "arrived");
+  EXPECT_GE(absl::Now() - start, absl::Milliseconds(100));
+}
+
+TEST_P(StoreContractTest, GetOfMissingKeyReturnsDeadlineExceeded) {
+  auto a = backend_->NewClient();
+  absl::Time start = absl::Now();
+  auto value = a->Get("never", absl::Now() + absl::Milliseconds(200));
+  EXPECT_TRUE(absl::IsDeadlineExceeded(value.status())) << value.status();
+  EXPECT_NE(std::string(value.status().message()).find("never"), std::string::npos);
+  EXPECT_GE(absl::Now() - start, absl::Milliseconds(150));
+  // A past deadline checks once without waiting.
+  EXPECT_TRUE(absl::IsDeadlineExceeded(a->Get("never", absl::InfinitePast()).status()));
+}
+
+TEST_P(StoreContractTest, ListReturnsSortedKeysWithPrefixOnly) {
+  auto a = backend_->NewClient();
+  ASSERT_TRUE(a->Set("ep/2", "c").ok());
+  ASSERT_TRUE(a->Set("ep/0", "a").ok());
+  ASSERT_TRUE(a->Set("ep/1", "b").ok());
+  ASSERT_TRUE(a->Set("epoch", "x").ok());
+  ASSERT_TRUE(a->Set("rkey/0", "y").ok());
+  auto listed = a->List("ep/");
+  ASSERT_TRUE(listed.ok()) << listed.status();
+  std::vector<std::pair<std::string, std::string>> expected = {
+      {"ep/0", "a"}, {"ep/1", "b"}, {"ep/2", "c"}};
+  EXPECT_EQ(*listed, expected);
+  EXPECT_EQ(a->List("ep")->size(), 4u);
+  EXPECT_EQ(a->List("")->size(), 5u);
+  EXPECT_TRUE(a->List("zzz")->empty());
+}
+
+TEST_P(StoreContractTest, ManyThreadsExchangeThroughOneClientEach) {
+  constexpr int kThreads = 8;
+  std::vector<std::unique_ptr<Store>> clients;
+  for (int i = 0; i < kThreads; ++i) clients.push_back(backend_->NewClient());
+  std::atomic<int> good{0};
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kThreads; ++i) {
+    threads.emplace_back([&, i] {
+      if (!clients[i]->Set(absl::StrCat("t/", i), absl::StrCat("v", i)).ok()) return;
+      for (int j = 0; j < kThreads; ++j) {
+        auto v = clients[i]->Get(absl::StrCat("t/", j), absl::Now() + absl::Seconds(10));
+        if (!v.ok() || *v != absl::StrCat("v", j)) return;
+      }
+      good.fetch_add(1);
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(good.load(), kThreads);
+}
+
+TEST_P(StoreContractTest, OneClientIsSafeAcrossThreadsWhileAGetBlocks) {
+  auto shared = backend_->NewClient();
+  std::thread waiter([&] {
+    auto v = shared->Get("from-other-thread", absl::Now() + absl::Seconds(10));
+    EXPECT_TRUE(v.ok()) << v.status();
+  });
+  absl::SleepFor(absl::Milliseconds(50));
+  // Must not queue behind the blocked Get on the same client.
+  ASSERT_TRUE(shared->Set("from-other-thread", "1").ok());
+  waiter.join();
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, StoreContractTest, ::testing::Values("tcp", "file"),
+                         [](const auto& info) { return info.param; });
+
+TEST(TcpStoreTest, WrongTokenIsRefusedAndCounted) {
+  auto server = TcpStoreServer::Start("127.0.0.1", 0, kToken);
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto bad = TcpStore::Connect("127.0.0.1", (*server)->port(), "guess",
+                               absl::Now() + absl::Seconds(5));
+  EXPECT_TRUE(absl::IsPermissionDenied(bad.status())) << bad.status();
+  auto prefix = TcpStore::Connect("127.0.0.1", (*server)->port(), "s3cret",
+                                  absl::Now() + absl::Seconds(5));
+  EXPECT_TRUE(absl::IsPermissionDenied(prefix.status())) << prefix.status();
+  EXPECT_EQ((*server)->refused_clients(), 2);
+  // The right token still works afterwards.
+  auto good = TcpStore::Connect("127.0.0.1", (*server)->port(), kToken,
+                                absl::Now() + absl::Seconds(5));
+  ASSERT_TRUE(good.ok()) << good.status();
+  EXPECT_TRUE((*good)->Set("k", "v").ok());
+}
+
+TEST(TcpStoreTest, RawClientWithoutHandshakeGetsNothing) {
+  auto server = TcpStoreServer::Start("127.0.0.1", 0, kToken);
+  ASSERT_TRUE(server.ok());
+  auto good = TcpStore::Connect("127.0.0.1", (*server)->port(), kToken,
+                                absl::Now() + absl::Seconds(5));
+  ASSERT_TRUE((*good)->Set("secret", "value").ok());
+  // A LIST frame sent before any handshake must be refused, not answered with data.
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons((*server)->port());
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  const char list_frame[] = {5, 0, 0, 0, 4, 0, 0, 0, 0};  // LIST ""
+  ASSERT_EQ(send(fd, list_frame, sizeof(list_frame), 0), static_cast<ssize_t>(sizeof(list_frame)));
+  std::string received;
+  char buf[256];
+  ssize_t n;
+  while ((n = recv(fd, buf, sizeof(buf), 0)) > 0) received.append(buf, static_cast<size_t>(n));
+  close(fd);
+  EXPECT_EQ(received.find("value"), std::string::npos);
+  EXPECT_EQ((*server)->refused_clients(), 1);
+}
+
+TEST(TcpStoreTest, StoppedServerTurnsAParkedGetIntoUnavailable) {
+  auto server = TcpStoreServer::Start("127.0.0.1", 0, kToken);
+  ASSERT_TRUE(server.ok());
+  auto client = TcpStore::Connect("127.0.0.1", (*server)->port(), kToken,
+                                  absl::Now() + absl::Seconds(5));
+  ASSERT_TRUE(client.ok());
+  std::thread stopper([&] {
+    absl::SleepFor(absl::Milliseconds(150));
+    (*server)->Stop();
+  });
+  absl::Time start = absl::Now();
+  auto value = (*client)->Get("never", absl::Now() + absl::Seconds(60));
+  stopper.join();
+  EXPECT_TRUE(absl::IsUnavailable(value.status())) << value.status();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+  EXPECT_TRUE(absl::IsUnavailable((*client)->Set("k", "v")));
+}
+
+TEST(TcpStoreTest, KilledServerProcessTurnsCallsIntoUnavailable) {
+  int pipe_fds[2];
+  ASSERT_EQ(pipe(pipe_fds), 0);
+  pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    auto server = TcpStoreServer::Start("127.0.0.1", 0, kToken);
+    int port = server.ok() ? (*server)->port() : -1;
+    if (write(pipe_fds[1], &port, sizeof(port)) != sizeof(port)) _exit(3);
+    pause();
+    _exit(0);
+  }
+  int port = -1;
+  ASSERT_EQ(read(pipe_fds[0], &port, sizeof(port)), static_cast<ssize_t>(sizeof(port)));
+  ASSERT_GT(port, 0);
+  auto client = TcpStore::Connect("127.0.0.1", port, kToken, absl::Now() + absl::Seconds(5));
+  ASSERT_TRUE(client.ok()) << client.status();
+  ASSERT_TRUE((*client)->Set("before", "1").ok());
+  std::thread killer([&] {
+    absl::SleepFor(absl::Milliseconds(150));
+    kill(child, SIGKILL);
+  });
+  absl::Time start = absl::Now();
+  auto value = (*client)->Get("never", absl::Now() + absl::Seconds(60));
+  killer.join();
+  waitpid(child, nullptr, 0);
+  close(pipe_fds[0]);
+  close(pipe_fds[1]);
+  EXPECT_TRUE(absl::IsUnavailable(value.status())) << value.status();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+  EXPECT_TRUE(absl::IsUnavailable((*client)->List("").status()));
+}
+
+TEST(TcpStoreTest, UnreachableServerIsUnavailableAtTheDeadline) {
+  // Bind then close to find a port nobody listens on.
+  int port;
+  {
+    auto server = TcpStoreServer::Start("127.0.0.1", 0, kToken);
+    ASSERT_TRUE(server.ok());
+    port = (*server)->port();
+  }
+  absl::Time start = absl::Now();
+  auto client =
+      TcpStore::Connect("127.0.0.1", port, kToken, absl::Now() + absl::Milliseconds(300));
+  EXPECT_TRUE(absl::IsUnavailable(client.status())) << client.status();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+}
+
+TEST(TcpStoreTest, SilentServerDoesNotHangTheClient) {
+  // A socket that listens (the kernel completes the TCP handshake) but never answers.
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  ASSERT_EQ(listen(fd, 4), 0);
+  socklen_t len = sizeof(addr);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  absl::Time start = absl::Now();
+  auto client = TcpStore::Connect("127.0.0.1", ntohs(addr.sin_port), kToken,
+                                  absl::Now() + absl::Milliseconds(300));
+  EXPECT_TRUE(absl::IsUnavailable(client.status())) << client.status();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+  close(fd);
+}
+
+TEST(TcpStoreTest, ConnectFromEnvironment) {
+  auto server = TcpStoreServer::Start("127.0.0.1", 0, kToken);
+  ASSERT_TRUE(server.ok());
+  setenv("RESHARD_STORE", absl::StrCat("127.0.0.1:", (*server)->port()).c_str(), 1);
+  setenv("RESHARD_STORE_TOKEN", kToken, 1);
+  setenv("RESHARD_TIMEOUT_MS", "5000", 1);
+  auto store = ConnectStoreFromEnv();
+  ASSERT_TRUE(store.ok()) << store.status();
+  EXPECT_TRUE((*store)->Set("x", "1").ok());
+  setenv("RESHARD_STORE_TOKEN", "wrong", 1);
+  EXPECT_TRUE(absl::IsPermissionDenied(ConnectStoreFromEnv().status()));
+  setenv("RESHARD_STORE", "no-port", 1);
+  EXPECT_TRUE(absl::IsInvalidArgument(ConnectStoreFromEnv().status()));
+  unsetenv("RESHARD_STORE");
+  EXPECT_TRUE(absl::IsInvalidArgument(ConnectStoreFromEnv().status()));
+  unsetenv("RESHARD_STORE_TOKEN");
+  unsetenv("RESHARD_TIMEOUT_MS");
+}
+
+TEST(TcpStoreTest, ParseHostPort) {
+  EXPECT_EQ(*ParseHostPort("10.251.0.1:2379"), std::make_pair(std::string("10.251.0.1"), 2379));
+  EXPECT_EQ(*ParseHostPort("[::1]:80"), std::make_pair(std::string("::1"), 80));
+  EXPECT_FALSE(ParseHostPort("host:0").ok());
+  EXPECT_FALSE(ParseHostPort("host:70000").ok());
+  EXPECT_FALSE(ParseHostPort(":80").ok());
+  EXPECT_FALSE(ParseHostPort("host").ok());
+}
+
+TEST(TcpStoreTest, ProcessesRendezvousThroughTheServer) {
+  auto server = TcpStoreServer::Start("127.0.0.1", 0, kToken);
+  ASSERT_TRUE(server.ok());
+  constexpr int kProcs = 4;
+  std::vector<pid_t> children;
+  for (int r = 0; r < kProcs; ++r) {
+    pid_t pid = fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      auto c = TcpStore::Connect("127.0.0.1", (*server)->port(), kToken,
+                                 absl::Now() + absl::Seconds(10));
+      if (!c.ok() || !(*c)->Set(absl::StrCat("addr/", r), absl::StrCat("worker", r)).ok()) {
+        _exit(1);
+      }
+      for (int p = 0; p < kProcs; ++p) {
+        auto v = (*c)->Get(absl::StrCat("addr/", p), absl::Now() + absl::Seconds(10));
+        if (!v.ok() || *v != absl::StrCat("worker", p)) _exit(2);
+      }
+      _exit(0);
+    }
+    children.push_back(pid);
+  }
+  for (pid_t pid : children) {
+    int status = 0;
+    ASSERT_EQ(waitpid(pid, &status, 0), pid);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "status " << status;
+  }
+}
+
+}  // namespace
+}  // namespace reshard::net
