@@ -52,7 +52,7 @@ void LocalWorld::Execute() {
   for (const Transfer& tr : plan_->transfers()) {
     const Region& r = plan_->region(tr.region);
     const uint8_t* from = buffer(tr.from_rank, plan_->buffer_of(tr.tensor, tr.from_side));
-    uint8_t* to = buffer(tr.to_rank, plan_->buffer_of(tr.tensor, Side::kDst));
+    uint8_t* to = buffer(tr.to_rank, plan_->buffer_of(tr.tensor, tr.to_side));
     ForEachRun(r, plan_->region_dims(r), [&](int64_t f, int64_t t, int64_t n) {
       std::memcpy(to + t, from + f, n);
     });

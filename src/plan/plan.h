@@ -26,8 +26,15 @@ enum class TransferKind : uint8_t {
 const char* TransferKindName(TransferKind k);
 
 // One copy of one region. `from_side` says which of the sender's buffers it reads (a fan-out
-// reads the destination buffer the data landed in). `after` is the index of the transfer whose
-// arrival this one waits for, or -1.
+// reads the destination buffer the data landed in; a relay or a forward from a staging receiver
+// reads kDst or kStage). `to_side` is kDst, or kStage when the receiver does not hold the
+// destination tile and forwards the data inside its domain. `after` is the index of the transfer
+// whose arrival this one waits for, or -1; it always precedes this transfer in plan order.
+//
+// The domain-aware schedule emits: kNetwork from a source (from_side kSrc, after -1); kNetwork
+// relays from a domain that already received the data (from_side kDst or kStage, after set);
+// kFanout inside a domain, either from the rank that took the data off the network (after set)
+// or from a source holder in the destination domain (from_side kSrc, after -1); kLocal copies.
 struct Transfer {
   uint32_t tensor = 0;
   uint32_t region = 0;
@@ -36,6 +43,7 @@ struct Transfer {
   int32_t after = -1;
   TransferKind kind = TransferKind::kNetwork;
   Side from_side = Side::kSrc;
+  Side to_side = Side::kDst;
 };
 
 // A per-rank buffer: every rank holding a tile of a tensor on `side` has one buffer of this name.
@@ -63,6 +71,9 @@ struct PlanStats {
   int64_t bytes_network = 0;    // Bytes moved by network transfers.
   int64_t bytes_local = 0;      // Bytes copied within a rank.
   int64_t bytes_fanout = 0;     // Bytes copied inside domains after landing.
+  int64_t bytes_relay = 0;      // Part of bytes_network sent by a rank that received it first.
+  int64_t bytes_staged = 0;     // Bytes landing in staging buffers (network or fan-out).
+  int64_t max_nic_bytes = 0;    // Most network bytes one rank sends or receives (per direction).
 };
 
 class Plan {
@@ -77,8 +88,18 @@ class Plan {
   const std::vector<BufferInfo>& buffers() const { return buffers_; }
   // Buffer id of `tensor` on `side`.
   uint32_t buffer_of(size_t tensor, Side side) const {
-    return tensor_buffer_[static_cast<int>(side)][tensor];
+    return side == Side::kStage ? stage_buffer_ : tensor_buffer_[static_cast<int>(side)][tensor];
   }
+  // Id of the staging buffer (BufferInfo side kStage, elem_bytes 1), or kNoBuffer when no
+  // transfer uses staging. Every rank has one; its size is stage_bytes(rank).
+  static constexpr uint32_t kNoBuffer = 0xffffffffu;
+  uint32_t stage_buffer() const { return stage_buffer_; }
+  int64_t stage_bytes(int32_t rank) const {
+    return stage_bytes_.empty() ? 0 : stage_bytes_[rank];
+  }
+  // Network bytes each rank receives and sends (indexed by rank).
+  const std::vector<int64_t>& nic_in_bytes() const { return nic_in_; }
+  const std::vector<int64_t>& nic_out_bytes() const { return nic_out_; }
 
   const std::vector<Transfer>& transfers() const { return transfers_; }
   const Region& region(uint32_t i) const { return regions_[i]; }
@@ -112,12 +133,34 @@ class Plan {
   std::vector<RegionDim> region_dims_;
   std::vector<Transfer> transfers_;
   std::vector<uint32_t> sender_begin_, by_sender_, receiver_begin_, by_receiver_;
+  uint32_t stage_buffer_ = kNoBuffer;
+  std::vector<int64_t> stage_bytes_;
+  std::vector<int64_t> nic_in_, nic_out_;
 };
 
 struct PlanOptions {
-  // Spread pieces of replicated source tiles over their holders (least bytes sent so far);
-  // otherwise the first holder sends everything. A holder on the destination rank always wins.
+  enum class Schedule : uint8_t {
+    // Every piece crosses the network once per destination domain, then fans out over the
+    // domain's fabric; see schedule.h.
+    kDomainAware,
+    // Naive baseline: every destination rank receives its own tile from a source holder.
+    kPointToPoint,
+  };
+  Schedule schedule = Schedule::kDomainAware;
+  // kPointToPoint: spread pieces of replicated source tiles over their holders (least bytes
+  // sent so far); otherwise the first holder sends everything. A holder on the destination rank
+  // always wins. kDomainAware always balances.
   bool spread_replicas = true;
+  // kDomainAware: a domain that received a piece may relay it to another domain when the source
+  // NICs are the bottleneck.
+  bool relay = true;
+  // kDomainAware: a rank that does not hold the destination tile may take a piece off the
+  // network into its staging buffer and forward it inside the domain.
+  bool staging = true;
+  // kDomainAware: pieces of at least split_min_bytes are split into parts of at least
+  // split_part_bytes received by different ranks of a domain.
+  int64_t split_min_bytes = int64_t{32} << 20;
+  int64_t split_part_bytes = int64_t{8} << 20;
 };
 
 // Plans a spec that passed Validate(). Errors: InvalidArgument when the spec is invalid,

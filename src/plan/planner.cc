@@ -8,6 +8,7 @@
 #include "src/common/status.h"
 #include "src/plan/overlap.h"
 #include "src/plan/plan.h"
+#include "src/plan/schedule.h"
 
 namespace reshard::plan {
 
@@ -32,10 +33,11 @@ std::vector<int64_t> Plan::BufferBytes(int32_t rank) const {
       bytes[b] = std::max(bytes[b], TileExtent(layout, box) * buffers_[b].elem_bytes);
     }
   }
+  if (stage_buffer_ != kNoBuffer) bytes[stage_buffer_] = stage_bytes(rank);
   return bytes;
 }
 
-class PlanBuilder {
+class PlanBuilder : public ScheduleSink {
  public:
   PlanBuilder(std::shared_ptr<const RefitSpec> spec, const PlanOptions& options)
       : options_(options) {
@@ -48,8 +50,20 @@ class PlanBuilder {
     load_.assign(plan_.world_size_, 0);
     AssignBuffers();
     plan_.tensor_stats_.resize(spec.tensors.size());
+    std::unique_ptr<DomainMap> domains;
+    if (options_.schedule == PlanOptions::Schedule::kDomainAware) {
+      domains = std::make_unique<DomainMap>(spec);
+      const LowerBound lb = ComputeLowerBound(spec, *domains);
+      scheduler_ = std::make_unique<DomainScheduler>(spec, *domains, options_, lb.max_nic_bytes);
+    }
     for (size_t t = 0; t < spec.tensors.size(); ++t) {
       RESHARD_RETURN_IF_ERROR(PlanTensor(t));
+    }
+    scheduler_.reset();
+    if (!stage_bytes_.empty()) {
+      plan_.stage_buffer_ = static_cast<uint32_t>(plan_.buffers_.size());
+      plan_.buffers_.push_back({"(staging)", Side::kStage, 1});
+      plan_.stage_bytes_ = std::move(stage_bytes_);
     }
     BuildIndexes();
     ComputeStats();
@@ -58,6 +72,30 @@ class PlanBuilder {
   }
 
  private:
+  // ScheduleSink.
+  uint32_t AddRegion(const Box& box, const TileAddress& from, const TileAddress& to) override {
+    plan_.regions_.push_back(MakeRegion(box, from, to, elem_, plan_.region_dims_));
+    return static_cast<uint32_t>(plan_.regions_.size() - 1);
+  }
+  int32_t AddTransfer(const Transfer& tr) override {
+    plan_.transfers_.push_back(tr);
+    TensorStats& stats = plan_.tensor_stats_[tr.tensor];
+    if (tr.to_side == Side::kDst) {
+      const Region& region = plan_.regions_[tr.region];
+      ++stats.pieces;
+      stats.bytes += region.bytes;
+      stats.runs += region.num_runs();
+      if (region.ndims == 0) ++stats.contiguous;
+    }
+    return static_cast<int32_t>(plan_.transfers_.size() - 1);
+  }
+  int64_t AllocateStage(int32_t rank, int64_t bytes) override {
+    if (stage_bytes_.empty()) stage_bytes_.assign(plan_.world_size_, 0);
+    const int64_t offset = stage_bytes_[rank];
+    stage_bytes_[rank] += (bytes + 63) / 64 * 64;
+    return offset;
+  }
+
   void AssignBuffers() {
     const RefitSpec& spec = *plan_.spec_;
     absl::flat_hash_map<std::pair<int, std::string>, uint32_t> ids;
@@ -96,6 +134,8 @@ class PlanBuilder {
     for (int64_t flat = 0; flat < dst.num_cells(); ++flat) {
       if (!dst.CellBox(dst.CellAt(flat)).empty()) stats.dst_ranks += dst_replicas;
     }
+    elem_ = elem;
+    std::vector<int32_t> dst_holders(dst_replicas);
     ForEachPiece(src, dst, [&](const TileGrid::Cell& dcell, const Box& dbox,
                                const TileGrid::Cell& scell, const Box& sbox, const Box& piece) {
       const int64_t df = dst_flat(dcell);
@@ -105,6 +145,20 @@ class PlanBuilder {
       }
       ++sources_in_cell;
       stats.max_sources = std::max(stats.max_sources, sources_in_cell);
+      if (scheduler_) {
+        const int64_t sbase = src.CellBaseIndex(scell);
+        for (int64_t j = 0; j < src_replicas; ++j) {
+          src_holders[j] = ts.src.mesh.ranks[sbase + src.replica_offset(j)];
+        }
+        const int64_t dbase = dst.CellBaseIndex(dcell);
+        for (int64_t j = 0; j < dst_replicas; ++j) {
+          dst_holders[j] = ts.dst.mesh.ranks[dbase + dst.replica_offset(j)];
+        }
+        scheduler_->SchedulePiece(static_cast<uint32_t>(t), elem, piece,
+                                  MakeTileAddress(ts.src, sbox), MakeTileAddress(ts.dst, dbox),
+                                  src_holders, dst_holders, *this);
+        return;
+      }
       const uint32_t region_index = static_cast<uint32_t>(plan_.regions_.size());
       plan_.regions_.push_back(MakeRegion(piece, MakeTileAddress(ts.src, sbox),
                                           MakeTileAddress(ts.dst, dbox), elem, plan_.region_dims_));
@@ -147,6 +201,7 @@ class PlanBuilder {
       if (h == to) return h;
     }
     if (!options_.spread_replicas) return holders[0];
+    // Point-to-point baseline.
     int32_t best = holders[0];
     for (int32_t h : holders) {
       if (load_[h] < load_[best]) best = h;
@@ -175,6 +230,8 @@ class PlanBuilder {
     PlanStats& s = plan_.stats_;
     s.tensors = static_cast<int64_t>(plan_.spec_->tensors.size());
     s.regions = static_cast<int64_t>(plan_.regions_.size());
+    plan_.nic_in_.assign(plan_.world_size_, 0);
+    plan_.nic_out_.assign(plan_.world_size_, 0);
     for (const Transfer& tr : plan_.transfers_) {
       const Region& r = plan_.regions_[tr.region];
       s.runs += r.num_runs();
@@ -184,13 +241,24 @@ class PlanBuilder {
           break;
         case TransferKind::kNetwork:
           s.bytes_network += r.bytes;
+          if (tr.from_side != Side::kSrc) s.bytes_relay += r.bytes;
+          plan_.nic_out_[tr.from_rank] += r.bytes;
+          plan_.nic_in_[tr.to_rank] += r.bytes;
           break;
         case TransferKind::kFanout:
           s.bytes_fanout += r.bytes;
           break;
       }
       ++s.pieces;
-      s.bytes_dst_total += r.bytes;
+      if (tr.to_side == Side::kDst) {
+        s.bytes_dst_total += r.bytes;
+      } else {
+        s.bytes_staged += r.bytes;
+      }
+    }
+    for (int32_t rank = 0; rank < plan_.world_size_; ++rank) {
+      s.max_nic_bytes =
+          std::max({s.max_nic_bytes, plan_.nic_in_[rank], plan_.nic_out_[rank]});
     }
   }
 
@@ -224,14 +292,18 @@ class PlanBuilder {
       fp.Add((static_cast<uint64_t>(tr.tensor) << 32) | tr.region);
       fp.Add((static_cast<uint64_t>(static_cast<uint32_t>(tr.from_rank)) << 32) |
              static_cast<uint32_t>(tr.to_rank));
-      fp.Add((static_cast<uint64_t>(static_cast<uint32_t>(tr.after)) << 16) |
-             (static_cast<uint64_t>(tr.kind) << 8) | static_cast<uint64_t>(tr.from_side));
+      fp.Add((static_cast<uint64_t>(static_cast<uint32_t>(tr.after)) << 24) |
+             (static_cast<uint64_t>(tr.to_side) << 16) | (static_cast<uint64_t>(tr.kind) << 8) |
+             static_cast<uint64_t>(tr.from_side));
     }
     plan_.fingerprint_ = fp.value();
   }
 
   PlanOptions options_;
   Plan plan_;
+  std::unique_ptr<DomainScheduler> scheduler_;
+  std::vector<int64_t> stage_bytes_;
+  int elem_ = 1;
   std::vector<int64_t> load_;  // Bytes each rank sends so far, for spreading replicas.
 };
 

@@ -82,14 +82,19 @@ struct Topology {
   int64_t ranks_per_domain = 0;               // Consecutive grouping when > 0.
   double nic_gbytes_per_s = 50.0;             // Per rank, per direction.
   double nvlink_gbytes_per_s = 450.0;         // Per rank, per direction.
+  int64_t gpus_per_node = 0;                  // Informational (0: unknown); one NIC per rank.
 
   // Domain id of `rank`: dense ids in order of first appearance are not needed by callers, so
   // this returns the smallest rank of the domain, which is stable and unique.
   int32_t DomainOf(int32_t rank) const;
 };
 
-enum class Side : uint8_t { kSrc = 0, kDst = 1 };
-inline const char* SideName(Side s) { return s == Side::kSrc ? "src" : "dst"; }
+// kStage is a per-rank staging buffer of the plan (a receiver that does not hold the destination
+// tile lands the piece there and forwards it); specs only ever name kSrc and kDst.
+enum class Side : uint8_t { kSrc = 0, kDst = 1, kStage = 2 };
+inline const char* SideName(Side s) {
+  return s == Side::kSrc ? "src" : s == Side::kDst ? "dst" : "stage";
+}
 
 struct RefitSpec {
   std::string comment;

@@ -172,7 +172,7 @@ absl::Status ParseTopology(const Context& ctx, const Value& v, Topology& topo) {
   RESHARD_RETURN_IF_ERROR(Expect(ctx, v, "topology", Value::Type::kObject));
   RESHARD_RETURN_IF_ERROR(CheckKeys(ctx, v, "topology",
                                     {"domains", "ranks_per_domain", "nic_gbytes_per_s",
-                                     "nvlink_gbytes_per_s"}));
+                                     "nvlink_gbytes_per_s", "gpus_per_node"}));
   if (const Value* domains = v.Find("domains")) {
     RESHARD_RETURN_IF_ERROR(Expect(ctx, *domains, "topology.domains", Value::Type::kArray));
     for (size_t i = 0; i < domains->items().size(); ++i) {
@@ -192,6 +192,10 @@ absl::Status ParseTopology(const Context& ctx, const Value& v, Topology& topo) {
   if (const Value* n = v.Find("ranks_per_domain")) {
     RESHARD_ASSIGN_OR_RETURN(topo.ranks_per_domain, Integer(ctx, *n, "topology.ranks_per_domain"));
     if (topo.ranks_per_domain < 1) return ctx.Error(*n, "topology.ranks_per_domain", "must be >= 1");
+  }
+  if (const Value* n = v.Find("gpus_per_node")) {
+    RESHARD_ASSIGN_OR_RETURN(topo.gpus_per_node, Integer(ctx, *n, "topology.gpus_per_node"));
+    if (topo.gpus_per_node < 1) return ctx.Error(*n, "topology.gpus_per_node", "must be >= 1");
   }
   for (auto [key, out] : {std::pair{"nic_gbytes_per_s", &topo.nic_gbytes_per_s},
                           std::pair{"nvlink_gbytes_per_s", &topo.nvlink_gbytes_per_s}}) {
@@ -322,6 +326,7 @@ std::string SpecToJson(const RefitSpec& spec) {
     }
     out += "], ";
   }
+  if (topo.gpus_per_node > 0) absl::StrAppend(&out, "\"gpus_per_node\": ", topo.gpus_per_node, ", ");
   absl::StrAppend(&out, "\"nic_gbytes_per_s\": ", topo.nic_gbytes_per_s,
                   ", \"nvlink_gbytes_per_s\": ", topo.nvlink_gbytes_per_s, "},\n");
   out += "  \"tensors\": [\n";

@@ -9,5 +9,6 @@ inline constexpr int kExitFailed = 1;
 inline constexpr int kExitUsage = 2;
 
 int PlanCommand(int argc, char** argv);
+int SimCommand(int argc, char** argv);
 
 }  // namespace reshard::cli

@@ -15,6 +15,7 @@ struct Command {
 
 constexpr Command kCommands[] = {
     {"plan", reshard::cli::PlanCommand, "plan a refit spec, verify it in process, explain it"},
+    {"sim", reshard::cli::SimCommand, "simulate a refit on a cluster against baselines and the bound"},
 };
 
 void PrintHelp() {

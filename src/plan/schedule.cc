@@ -1,0 +1,344 @@
+#include "src/plan/schedule.h"
+
+#include <algorithm>
+
+#include "absl/container/flat_hash_map.h"
+#include "src/plan/overlap.h"
+#include "src/plan/tiling.h"
+
+namespace reshard::plan {
+namespace {
+
+int64_t CeilDiv64(int64_t a, int64_t b) { return b <= 0 ? 0 : (a + b - 1) / b; }
+
+bool Contains(const std::vector<int32_t>& v, int32_t x) {
+  return std::find(v.begin(), v.end(), x) != v.end();
+}
+
+}  // namespace
+
+DomainMap::DomainMap(const RefitSpec& spec) {
+  const int32_t world = spec.WorldSize();
+  std::vector<bool> participates(world, false);
+  for (const TensorSpec& t : spec.tensors) {
+    for (const Layout* l : {&t.src, &t.dst}) {
+      for (int32_t r : l->mesh.ranks) participates[r] = true;
+    }
+  }
+  domain_of_.assign(world, -1);
+  absl::flat_hash_map<int32_t, int32_t> dense;  // Topology domain key -> dense id.
+  for (int32_t r = 0; r < world; ++r) {
+    if (!participates[r]) continue;
+    ++participants_;
+    auto [it, inserted] =
+        dense.try_emplace(spec.topology.DomainOf(r), static_cast<int32_t>(ranks_.size()));
+    if (inserted) ranks_.emplace_back();
+    domain_of_[r] = it->second;
+    ranks_[it->second].push_back(r);
+  }
+}
+
+LowerBound ComputeLowerBound(const RefitSpec& spec, const DomainMap& domains) {
+  LowerBound lb;
+  const int32_t nd = domains.num_domains();
+  std::vector<int64_t> ingest(nd, 0), need_sum(nd, 0);
+  absl::flat_hash_map<std::vector<int32_t>, int64_t> egress;  // Sorted holder set -> bytes.
+  std::vector<int32_t> holders, src_domains, dst_domains;
+  for (size_t t = 0; t < spec.tensors.size(); ++t) {
+    const TensorSpec& ts = spec.tensors[t];
+    const int64_t elem = DTypeSize(ts.dtype);
+    TileGrid src(ts.src, ts.shape), dst(ts.dst, ts.shape);
+    ForEachPiece(src, dst, [&](const TileGrid::Cell& dcell, const Box&, const TileGrid::Cell& scell,
+                               const Box&, const Box& piece) {
+      const int64_t bytes = piece.NumElements() * elem;
+      holders.clear();
+      src_domains.clear();
+      for (int64_t j = 0; j < src.num_replicas(); ++j) {
+        const int32_t h = src.Holder(scell, j);
+        holders.push_back(h);
+        src_domains.push_back(domains.domain_of(h));
+      }
+      dst_domains.clear();
+      for (int64_t j = 0; j < dst.num_replicas(); ++j) {
+        const int32_t r = dst.Holder(dcell, j);
+        const int32_t d = domains.domain_of(r);
+        if (!Contains(holders, r)) need_sum[d] += bytes;
+        if (!Contains(src_domains, d) && !Contains(dst_domains, d)) dst_domains.push_back(d);
+      }
+      for (int32_t d : dst_domains) {
+        ingest[d] += bytes;
+        lb.network_bytes += bytes;
+      }
+      if (!dst_domains.empty()) {
+        std::sort(holders.begin(), holders.end());
+        egress[holders] += bytes;
+      }
+    });
+  }
+  for (int32_t d = 0; d < nd; ++d) {
+    const int64_t n = static_cast<int64_t>(domains.ranks(d).size());
+    lb.domain_ingest_bytes = std::max(lb.domain_ingest_bytes, CeilDiv64(ingest[d], n));
+    lb.nvlink_bytes = std::max(lb.nvlink_bytes, CeilDiv64(std::max<int64_t>(0, need_sum[d] - ingest[d]), n));
+  }
+  for (const auto& [set, bytes] : egress) {
+    lb.source_egress_bytes =
+        std::max(lb.source_egress_bytes, CeilDiv64(bytes, static_cast<int64_t>(set.size())));
+  }
+  lb.average_bytes = CeilDiv64(lb.network_bytes, domains.num_participants());
+  lb.max_nic_bytes = std::max({lb.domain_ingest_bytes, lb.source_egress_bytes, lb.average_bytes});
+  const double nic = spec.topology.nic_gbytes_per_s * 1e9;
+  const double nvlink = spec.topology.nvlink_gbytes_per_s * 1e9;
+  lb.seconds = std::max(lb.max_nic_bytes / nic, lb.nvlink_bytes / nvlink);
+  return lb;
+}
+
+DomainScheduler::DomainScheduler(const RefitSpec& spec, const DomainMap& domains,
+                                 const PlanOptions& options, int64_t target_nic_bytes)
+    : spec_(spec), domains_(domains), options_(options), target_(target_nic_bytes) {
+  const int32_t world = domains.world_size();
+  in_.assign(world, 0);
+  out_.assign(world, 0);
+  nvlink_out_.assign(world, 0);
+  pending_.assign(world, 0);
+  // What every holder would ingest if each piece were spread evenly over the holders of its
+  // destination cell in each domain that needs it.
+  std::vector<int32_t> src_domains;
+  std::vector<std::pair<int32_t, int32_t>> dst_by_domain;
+  for (size_t t = 0; t < spec.tensors.size(); ++t) {
+    const TensorSpec& ts = spec.tensors[t];
+    const int64_t elem = DTypeSize(ts.dtype);
+    TileGrid src(ts.src, ts.shape), dst(ts.dst, ts.shape);
+    ForEachPiece(src, dst, [&](const TileGrid::Cell& dcell, const Box&, const TileGrid::Cell& scell,
+                               const Box&, const Box& piece) {
+      const double bytes = static_cast<double>(piece.NumElements() * elem);
+      src_domains.clear();
+      for (int64_t j = 0; j < src.num_replicas(); ++j) {
+        src_domains.push_back(domains.domain_of(src.Holder(scell, j)));
+      }
+      dst_by_domain.clear();
+      for (int64_t j = 0; j < dst.num_replicas(); ++j) {
+        const int32_t r = dst.Holder(dcell, j);
+        dst_by_domain.push_back({domains.domain_of(r), r});
+      }
+      std::sort(dst_by_domain.begin(), dst_by_domain.end());
+      for (size_t i = 0; i < dst_by_domain.size();) {
+        size_t j = i;
+        while (j < dst_by_domain.size() && dst_by_domain[j].first == dst_by_domain[i].first) ++j;
+        if (!Contains(src_domains, dst_by_domain[i].first)) {
+          for (size_t k = i; k < j; ++k) pending_[dst_by_domain[k].second] += bytes / (j - i);
+        }
+        i = j;
+      }
+    });
+  }
+  key_.assign(world, 0);
+  by_expected_.resize(domains.num_domains());
+  for (int32_t d = 0; d < domains.num_domains(); ++d) {
+    for (int32_t r : domains.ranks(d)) {
+      key_[r] = Expected(r);
+      by_expected_[d].insert({key_[r], r});
+    }
+  }
+}
+
+void DomainScheduler::Rekey(int32_t rank) {
+  auto& set = by_expected_[domains_.domain_of(rank)];
+  set.erase({key_[rank], rank});
+  key_[rank] = Expected(rank);
+  set.insert({key_[rank], rank});
+}
+
+TileAddress DomainScheduler::AddressOf(const Endpoint& e, const Box& part, int elem,
+                                       const TileAddress& src, const TileAddress& dst) const {
+  if (e.side == Side::kSrc) return src;
+  if (e.side == Side::kDst) return dst;
+  TileAddress a;
+  a.tile = part;
+  a.offset = e.stage_offset / elem;
+  int64_t stride = 1;
+  for (int d = part.ndim - 1; d >= 0; --d) {
+    a.strides[d] = stride;
+    stride *= part.extent(d);
+  }
+  return a;
+}
+
+void DomainScheduler::SchedulePiece(uint32_t tensor, int elem, const Box& piece,
+                                    const TileAddress& src, const TileAddress& dst,
+                                    const std::vector<int32_t>& src_holders,
+                                    const std::vector<int32_t>& dst_holders, ScheduleSink& sink) {
+  dst_by_domain_.clear();
+  for (int32_t r : dst_holders) dst_by_domain_.push_back({domains_.domain_of(r), r});
+  std::sort(dst_by_domain_.begin(), dst_by_domain_.end());
+  src_domains_.clear();
+  for (int32_t h : src_holders) src_domains_.push_back(domains_.domain_of(h));
+
+  // How many parts: as many as receivers can usefully take in the widest network domain.
+  const int64_t bytes = piece.NumElements() * elem;
+  int64_t parts = 1;
+  if (options_.split_min_bytes > 0 && bytes >= options_.split_min_bytes) {
+    int64_t widest = 1;
+    for (size_t i = 0; i < dst_by_domain_.size();) {
+      size_t j = i;
+      while (j < dst_by_domain_.size() && dst_by_domain_[j].first == dst_by_domain_[i].first) ++j;
+      const int32_t d = dst_by_domain_[i].first;
+      if (!Contains(src_domains_, d)) {
+        const int64_t candidates = options_.staging
+                                       ? static_cast<int64_t>(domains_.ranks(d).size())
+                                       : static_cast<int64_t>(j - i);
+        widest = std::max(widest, candidates);
+      }
+      i = j;
+    }
+    parts = std::min<int64_t>({widest, bytes / std::max<int64_t>(1, options_.split_part_bytes), 64});
+  }
+  int split_dim = -1;
+  if (parts > 1) {
+    for (int d = 0; d < piece.ndim; ++d) {
+      if (piece.extent(d) > 1) {
+        split_dim = d;
+        break;
+      }
+    }
+    if (split_dim < 0) parts = 1;
+    else parts = std::min(parts, piece.extent(split_dim));
+  }
+  if (parts <= 1) {
+    SchedulePart(tensor, elem, piece, src, dst, src_holders, sink);
+    return;
+  }
+  for (int64_t p = 0; p < parts; ++p) {
+    Box part = piece;
+    const Interval iv = ChunkInterval({piece.lo[split_dim], piece.hi[split_dim]}, parts, p);
+    if (iv.size() <= 0) continue;
+    part.lo[split_dim] = iv.lo;
+    part.hi[split_dim] = iv.hi;
+    SchedulePart(tensor, elem, part, src, dst, src_holders, sink);
+  }
+}
+
+void DomainScheduler::SchedulePart(uint32_t tensor, int elem, const Box& part,
+                                   const TileAddress& src, const TileAddress& dst,
+                                   const std::vector<int32_t>& src_holders, ScheduleSink& sink) {
+  const int64_t bytes = part.NumElements() * elem;
+  uint32_t region_src_dst = UINT32_MAX, region_dst_dst = UINT32_MAX;
+  auto region = [&](const Endpoint& from, const Endpoint& to) -> uint32_t {
+    const bool plain_from = from.side != Side::kStage, plain_to = to.side == Side::kDst;
+    if (plain_from && plain_to) {
+      uint32_t& cached = from.side == Side::kSrc ? region_src_dst : region_dst_dst;
+      if (cached == UINT32_MAX) {
+        cached = sink.AddRegion(part, AddressOf(from, part, elem, src, dst),
+                                AddressOf(to, part, elem, src, dst));
+      }
+      return cached;
+    }
+    return sink.AddRegion(part, AddressOf(from, part, elem, src, dst),
+                          AddressOf(to, part, elem, src, dst));
+  };
+  auto emit = [&](const Endpoint& from, const Endpoint& to, TransferKind kind, int32_t after) {
+    Transfer tr;
+    tr.tensor = tensor;
+    tr.region = region(from, to);
+    tr.from_rank = from.rank;
+    tr.to_rank = to.rank;
+    tr.after = after;
+    tr.kind = kind;
+    tr.from_side = from.side;
+    tr.to_side = to.side;
+    return sink.AddTransfer(tr);
+  };
+
+  // Domains that hold a source replica: local copies and copies over their own fabric.
+  std::vector<std::pair<size_t, size_t>> network_groups;  // [begin, end) in dst_by_domain_.
+  for (size_t i = 0; i < dst_by_domain_.size();) {
+    size_t j = i;
+    while (j < dst_by_domain_.size() && dst_by_domain_[j].first == dst_by_domain_[i].first) ++j;
+    const int32_t d = dst_by_domain_[i].first;
+    if (!Contains(src_domains_, d)) {
+      network_groups.push_back({i, j});
+      i = j;
+      continue;
+    }
+    for (size_t k = i; k < j; ++k) {
+      const int32_t to = dst_by_domain_[k].second;
+      Endpoint target{to, Side::kDst};
+      if (Contains(src_holders, to)) {
+        emit(Endpoint{to, Side::kSrc}, target, TransferKind::kLocal, -1);
+        continue;
+      }
+      int32_t best = -1;
+      for (size_t s = 0; s < src_holders.size(); ++s) {
+        if (src_domains_[s] != d) continue;
+        const int32_t h = src_holders[s];
+        if (best < 0 || nvlink_out_[h] < nvlink_out_[best]) best = h;
+      }
+      nvlink_out_[best] += bytes;
+      emit(Endpoint{best, Side::kSrc}, target, TransferKind::kFanout, -1);
+    }
+    i = j;
+  }
+  if (network_groups.empty()) return;
+
+  // Network domains, starting at a rotating position so no domain is always served first.
+  const size_t n = network_groups.size();
+  const size_t start = static_cast<size_t>(rotation_++ % n);
+  std::vector<Endpoint> direct;  // Receivers that got the part straight from a source.
+  for (size_t step = 0; step < n; ++step) {
+    const auto [begin, end] = network_groups[(start + step) % n];
+    const int32_t d = dst_by_domain_[begin].first;
+    // Receiver: the holder expected to end least loaded, or a rank of the domain expected to
+    // end with room to spare, through staging.
+    int32_t holder = -1;
+    for (size_t k = begin; k < end; ++k) {
+      const int32_t r = dst_by_domain_[k].second;
+      if (holder < 0 || Expected(r) < Expected(holder)) holder = r;
+    }
+    Endpoint receiver{holder, Side::kDst};
+    if (options_.staging) {
+      const auto& [expected, rank] = *by_expected_[d].begin();
+      if (expected + bytes <= Expected(holder)) {
+        receiver.rank = rank;
+        receiver.side = Side::kStage;
+        receiver.stage_offset = sink.AllocateStage(rank, bytes);
+      }
+    }
+    const double share = static_cast<double>(bytes) / static_cast<double>(end - begin);
+    for (size_t k = begin; k < end; ++k) {
+      const int32_t r = dst_by_domain_[k].second;
+      pending_[r] = std::max(0.0, pending_[r] - share);
+      Rekey(r);
+    }
+    // Sender: the least loaded source replica, unless it would pass the target and a domain
+    // that already has the part can relay it with less load.
+    int32_t source = src_holders[0];
+    for (int32_t h : src_holders) {
+      if (out_[h] < out_[source]) source = h;
+    }
+    Endpoint sender{source, Side::kSrc};
+    int32_t after = -1;
+    if (options_.relay && !direct.empty() && out_[source] + bytes > target_) {
+      const Endpoint* best = &direct[0];
+      for (const Endpoint& e : direct) {
+        if (out_[e.rank] < out_[best->rank]) best = &e;
+      }
+      if (out_[best->rank] + bytes <= target_ || out_[best->rank] < out_[source]) {
+        sender = *best;
+        after = best->transfer;
+      }
+    }
+    out_[sender.rank] += bytes;
+    in_[receiver.rank] += bytes;
+    Rekey(receiver.rank);
+    receiver.transfer = emit(sender, receiver, TransferKind::kNetwork, after);
+    if (after < 0) direct.push_back(receiver);
+    // Fan-out to the domain's other holders.
+    for (size_t k = begin; k < end; ++k) {
+      const int32_t to = dst_by_domain_[k].second;
+      if (to == receiver.rank && receiver.side == Side::kDst) continue;
+      nvlink_out_[receiver.rank] += bytes;
+      emit(receiver, Endpoint{to, Side::kDst}, TransferKind::kFanout, receiver.transfer);
+    }
+  }
+}
+
+}  // namespace reshard::plan

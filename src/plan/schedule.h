@@ -1,0 +1,121 @@
+// The domain-aware schedule: who sends each piece over which NIC, and how it spreads inside an
+// NVLink domain (DESIGN §1, §4; docs/simulator.md).
+//
+// For every piece (source cell x destination cell) and every destination domain that needs it
+// and holds no source replica, exactly one network transfer lands the piece (or each part of a
+// split piece) in the domain; fan-out copies then reach every other holder of the destination
+// cell in that domain. The network receiver is the least loaded holder, or, with staging, any
+// rank of the domain whose NIC is less loaded (it lands the part in its staging buffer and
+// forwards it). The sender is the least loaded source replica, or, with relays, a rank of a
+// domain that already took the part off the network directly from a source, when the source
+// NICs would exceed the lower bound. Domains holding a source replica copy locally or over
+// their own fabric. Everything is greedy in plan order with load tracking: deterministic.
+#pragma once
+
+#include <cstdint>
+#include <set>
+#include <utility>
+#include <vector>
+
+#include "src/plan/plan.h"
+#include "src/plan/region.h"
+#include "src/plan/spec.h"
+
+namespace reshard::plan {
+
+// Dense NVLink domains over the ranks that take part in a spec (ranks named by some mesh).
+// Domain ids follow the smallest participating rank; ranks() lists participants, ascending.
+class DomainMap {
+ public:
+  explicit DomainMap(const RefitSpec& spec);
+
+  int32_t world_size() const { return static_cast<int32_t>(domain_of_.size()); }
+  int32_t num_domains() const { return static_cast<int32_t>(ranks_.size()); }
+  // Dense domain id of `rank`, or -1 when the rank holds no tile on either side.
+  int32_t domain_of(int32_t rank) const { return domain_of_[rank]; }
+  const std::vector<int32_t>& ranks(int32_t domain) const { return ranks_[domain]; }
+  int64_t num_participants() const { return participants_; }
+
+ private:
+  std::vector<int32_t> domain_of_;
+  std::vector<std::vector<int32_t>> ranks_;
+  int64_t participants_ = 0;
+};
+
+// What any schedule must move, given the domain placement (formulas in docs/simulator.md).
+struct LowerBound {
+  // sum over domains d of U_d, the bytes ranks of d need that no rank of d holds: the least
+  // that crosses the network.
+  int64_t network_bytes = 0;
+  // max_d ceil(U_d / |d|): a domain ingests U_d through its |d| NICs at best evenly.
+  int64_t domain_ingest_bytes = 0;
+  // max over source replica sets S of ceil(E_S / |S|), E_S the bytes of tiles held exactly by
+  // S that some domain without a replica needs (they leave S at least once).
+  int64_t source_egress_bytes = 0;
+  // ceil(network_bytes / participating ranks): every byte leaves some NIC.
+  int64_t average_bytes = 0;
+  // max of the three terms above: the least possible load of the most loaded NIC direction.
+  int64_t max_nic_bytes = 0;
+  // max_d ceil((sum_{r in d} N_r - U_d) / |d|), N_r the bytes rank r needs and does not hold:
+  // what must move over the domain's fabric at best evenly.
+  int64_t nvlink_bytes = 0;
+  // max(max_nic_bytes / NIC bandwidth, nvlink_bytes / NVLink bandwidth).
+  double seconds = 0;
+};
+
+[[nodiscard]] LowerBound ComputeLowerBound(const RefitSpec& spec, const DomainMap& domains);
+
+// Where the schedule puts regions, transfers and staging space (implemented by the planner).
+class ScheduleSink {
+ public:
+  virtual ~ScheduleSink() = default;
+  virtual uint32_t AddRegion(const Box& box, const TileAddress& from, const TileAddress& to) = 0;
+  // Appends a transfer and returns its index.
+  virtual int32_t AddTransfer(const Transfer& transfer) = 0;
+  // Reserves `bytes` of `rank`'s staging buffer; returns the byte offset (aligned to 64).
+  virtual int64_t AllocateStage(int32_t rank, int64_t bytes) = 0;
+};
+
+class DomainScheduler {
+ public:
+  // `target_nic_bytes`: relays start once a source NIC would exceed it (the lower bound).
+  DomainScheduler(const RefitSpec& spec, const DomainMap& domains, const PlanOptions& options,
+                  int64_t target_nic_bytes);
+
+  // Schedules one piece of tensor `tensor` (element size `elem`): `src_holders` hold source
+  // tile `src` (all at the same address), `dst_holders` need destination tile `dst`.
+  void SchedulePiece(uint32_t tensor, int elem, const Box& piece, const TileAddress& src,
+                     const TileAddress& dst, const std::vector<int32_t>& src_holders,
+                     const std::vector<int32_t>& dst_holders, ScheduleSink& sink);
+
+ private:
+  struct Endpoint {
+    int32_t rank = -1;
+    Side side = Side::kDst;
+    int64_t stage_offset = 0;  // Byte offset in the staging buffer when side == kStage.
+    int32_t transfer = -1;     // The transfer that landed the data here.
+  };
+  void SchedulePart(uint32_t tensor, int elem, const Box& part, const TileAddress& src,
+                    const TileAddress& dst, const std::vector<int32_t>& src_holders,
+                    ScheduleSink& sink);
+  TileAddress AddressOf(const Endpoint& e, const Box& part, int elem, const TileAddress& src,
+                        const TileAddress& dst) const;
+  // Expected final ingress of a rank: what it received plus its share of what its cells still
+  // need (a holder-only schedule spreading every piece evenly over the domain's holders).
+  int64_t Expected(int32_t rank) const { return in_[rank] + static_cast<int64_t>(pending_[rank]); }
+  void Rekey(int32_t rank);
+
+  const RefitSpec& spec_;
+  const DomainMap& domains_;
+  PlanOptions options_;
+  int64_t target_;
+  std::vector<int64_t> in_, out_, nvlink_out_, key_;
+  std::vector<double> pending_;
+  std::vector<std::set<std::pair<int64_t, int32_t>>> by_expected_;  // Per domain.
+  uint64_t rotation_ = 0;
+  // Scratch for one piece: destination holders grouped by domain.
+  std::vector<std::pair<int32_t, int32_t>> dst_by_domain_;  // (domain, rank), sorted.
+  std::vector<int32_t> src_domains_;
+};
+
+}  // namespace reshard::plan

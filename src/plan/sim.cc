@@ -1,0 +1,344 @@
+#include "src/plan/sim.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <queue>
+
+#include "absl/container/flat_hash_map.h"
+#include "src/plan/tiling.h"
+
+namespace reshard::plan {
+namespace {
+
+uint64_t FlowKey(int32_t from, int32_t to, int32_t stage, bool nvlink) {
+  return (static_cast<uint64_t>(static_cast<uint32_t>(from)) << 42) |
+         (static_cast<uint64_t>(static_cast<uint32_t>(to)) << 20) |
+         (static_cast<uint64_t>(std::min(stage, 0x7ffff)) << 1) | (nvlink ? 1u : 0u);
+}
+
+class FlowAggregator {
+ public:
+  void Add(int32_t from, int32_t to, int32_t stage, bool nvlink, int64_t bytes) {
+    if (bytes <= 0 || from == to) return;
+    auto [it, inserted] = index_.try_emplace(FlowKey(from, to, stage, nvlink), flows_.size());
+    if (inserted) flows_.push_back({from, to, stage, nvlink, 0});
+    flows_[it->second].bytes += bytes;
+  }
+  std::vector<Flow> Take() { return std::move(flows_); }
+
+ private:
+  absl::flat_hash_map<uint64_t, size_t> index_;
+  std::vector<Flow> flows_;
+};
+
+}  // namespace
+
+std::vector<Flow> FlowsFromPlan(const Plan& plan) {
+  FlowAggregator agg;
+  const auto& transfers = plan.transfers();
+  std::vector<int32_t> stage(transfers.size(), 0);
+  for (size_t i = 0; i < transfers.size(); ++i) {
+    const Transfer& tr = transfers[i];
+    stage[i] = tr.after < 0 ? 0 : stage[tr.after] + 1;
+    if (tr.kind == TransferKind::kLocal) continue;
+    agg.Add(tr.from_rank, tr.to_rank, stage[i], tr.kind == TransferKind::kFanout,
+            plan.region(tr.region).bytes);
+  }
+  return agg.Take();
+}
+
+std::vector<Flow> GatherBroadcastFlows(const RefitSpec& spec, const DomainMap& domains) {
+  FlowAggregator agg;
+  // Gather ranks in ascending order with the bytes each broadcasts.
+  std::vector<std::pair<int32_t, int64_t>> gathered;
+  absl::flat_hash_map<int32_t, size_t> gather_index;
+  std::vector<bool> is_dst(domains.world_size(), false);
+  for (const TensorSpec& ts : spec.tensors) {
+    for (int32_t r : ts.dst.mesh.ranks) is_dst[r] = true;
+    const int32_t g = *std::min_element(ts.src.mesh.ranks.begin(), ts.src.mesh.ranks.end());
+    int64_t elements = 1;
+    for (int64_t s : ts.shape) elements *= s;
+    auto [it, inserted] = gather_index.try_emplace(g, gathered.size());
+    if (inserted) gathered.push_back({g, 0});
+    gathered[it->second].second += elements * DTypeSize(ts.dtype);
+    TileGrid grid(ts.src, ts.shape);
+    for (int64_t flat = 0; flat < grid.num_cells(); ++flat) {
+      const TileGrid::Cell cell = grid.CellAt(flat);
+      const int32_t holder = grid.Holder(cell, 0);
+      agg.Add(holder, g, 0, domains.domain_of(holder) == domains.domain_of(g),
+              grid.CellBox(cell).NumElements() * DTypeSize(ts.dtype));
+    }
+  }
+  std::sort(gathered.begin(), gathered.end());
+  // Destination ranks per domain.
+  std::vector<std::vector<int32_t>> dst_domains;
+  for (int32_t d = 0; d < domains.num_domains(); ++d) {
+    std::vector<int32_t> ranks;
+    for (int32_t r : domains.ranks(d)) {
+      if (is_dst[r]) ranks.push_back(r);
+    }
+    if (!ranks.empty()) dst_domains.push_back(std::move(ranks));
+  }
+  for (size_t i = 0; i < gathered.size(); ++i) {
+    const auto [g, bytes] = gathered[i];
+    int32_t prev = g;
+    int32_t stage = 1;
+    const size_t nd = dst_domains.size();
+    for (size_t k = 0; k < nd; ++k) {
+      const auto& ranks = dst_domains[(i + k) % nd];
+      for (size_t j = 0; j < ranks.size(); ++j) {
+        const int32_t r = ranks[(i + j) % ranks.size()];
+        if (r == prev) continue;
+        agg.Add(prev, r, stage++, domains.domain_of(prev) == domains.domain_of(r), bytes);
+        prev = r;
+      }
+    }
+  }
+  return agg.Take();
+}
+
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+class Simulator {
+ public:
+  Simulator(const std::vector<Flow>& flows, int32_t world, const Topology& topo,
+            const SimOptions& options)
+      : flows_(flows), options_(options) {
+    const double nic = topo.nic_gbytes_per_s * 1e9, nvlink = topo.nvlink_gbytes_per_s * 1e9;
+    capacity_.resize(4 * static_cast<size_t>(world));
+    for (int32_t r = 0; r < world; ++r) {
+      capacity_[4 * r + 0] = nic;
+      capacity_[4 * r + 1] = nic;
+      capacity_[4 * r + 2] = nvlink;
+      capacity_[4 * r + 3] = nvlink;
+    }
+    const size_t n = flows.size();
+    order_.resize(n);
+    for (size_t i = 0; i < n; ++i) order_[i] = static_cast<uint32_t>(i);
+    std::stable_sort(order_.begin(), order_.end(),
+                     [&](uint32_t a, uint32_t b) { return flows[a].stage < flows[b].stage; });
+    // Groups: arrivals at (rank, stage).
+    absl::flat_hash_map<uint64_t, int32_t> group_ids;
+    auto group = [&](int32_t rank, int32_t stage) {
+      const uint64_t key = (static_cast<uint64_t>(static_cast<uint32_t>(rank)) << 32) |
+                           static_cast<uint32_t>(stage);
+      auto [it, inserted] = group_ids.try_emplace(key, static_cast<int32_t>(group_total_.size()));
+      if (inserted) group_total_.push_back(0);
+      return it->second;
+    };
+    own_group_.resize(n);
+    for (size_t i = 0; i < n; ++i) {
+      own_group_[i] = group(flows[i].to, flows[i].stage);
+      group_total_[own_group_[i]] += static_cast<double>(flows[i].bytes);
+    }
+    parent_group_.assign(n, -1);
+    for (size_t i = 0; i < n; ++i) {
+      if (flows[i].stage == 0) continue;
+      auto it = group_ids.find((static_cast<uint64_t>(static_cast<uint32_t>(flows[i].from)) << 32) |
+                               static_cast<uint32_t>(flows[i].stage - 1));
+      if (it != group_ids.end()) parent_group_[i] = it->second;
+    }
+    group_sent_.assign(group_total_.size(), 0);
+    inflow_.assign(group_total_.size(), 0);
+    link_of_.resize(2 * n);
+    for (size_t i = 0; i < n; ++i) {
+      const int base = flows[i].nvlink ? 2 : 0;
+      link_of_[2 * i] = 4 * flows[i].from + base;
+      link_of_[2 * i + 1] = 4 * flows[i].to + base + 1;
+    }
+    // Flows per link (CSR).
+    link_begin_.assign(capacity_.size() + 1, 0);
+    for (uint32_t l : link_of_) ++link_begin_[l + 1];
+    for (size_t l = 0; l < capacity_.size(); ++l) link_begin_[l + 1] += link_begin_[l];
+    link_flows_.resize(link_of_.size());
+    std::vector<uint32_t> next(link_begin_.begin(), link_begin_.end() - 1);
+    for (size_t i = 0; i < link_of_.size(); ++i) link_flows_[next[link_of_[i]]++] = static_cast<uint32_t>(i / 2);
+    sent_.assign(n, 0);
+    rate_.assign(n, 0);
+    cap_.assign(n, kInf);
+    done_.assign(n, 0);
+    for (size_t i = 0; i < n; ++i) done_[i] = flows[i].bytes <= 0;
+  }
+
+  SimResult Run() {
+    SimResult result;
+    result.flows = static_cast<int64_t>(flows_.size());
+    const size_t n = flows_.size();
+    double now = 0;
+    size_t active = 0;
+    for (size_t i = 0; i < n; ++i) active += !done_[i];
+    while (active > 0) {
+      ++result.events;
+      // Rates: max-min fair with availability caps, iterated so that caps follow parent rates.
+      for (int iter = 0; iter < 3; ++iter) {
+        for (size_t i = 0; i < n; ++i) {
+          cap_[i] = kInf;
+          if (done_[i] || parent_group_[i] < 0) continue;
+          const int32_t g = parent_group_[i];
+          const double bytes = static_cast<double>(flows_[i].bytes);
+          const double avail = Available(i);
+          if (avail < bytes && sent_[i] >= avail - Tolerance(i)) {
+            cap_[i] = bytes * inflow_[g] / group_total_[g];
+          }
+        }
+        Fill();
+        std::fill(inflow_.begin(), inflow_.end(), 0.0);
+        for (size_t i = 0; i < n; ++i) {
+          if (!done_[i]) inflow_[own_group_[i]] += rate_[i];
+        }
+      }
+      // Next events: completions and dependent flows catching up with their data.
+      std::vector<double> when(n, kInf);
+      double first = kInf;
+      for (size_t i = 0; i < n; ++i) {
+        if (done_[i] || rate_[i] <= 0) continue;
+        const double bytes = static_cast<double>(flows_[i].bytes);
+        double t = (bytes - sent_[i]) / rate_[i];
+        if (parent_group_[i] >= 0) {
+          const int32_t g = parent_group_[i];
+          const double avail = Available(i);
+          const double avail_rate = bytes * inflow_[g] / group_total_[g];
+          if (avail < bytes && rate_[i] > avail_rate * (1 + 1e-9) &&
+              sent_[i] < avail - Tolerance(i)) {
+            t = std::min(t, (avail - sent_[i]) / (rate_[i] - avail_rate));
+          }
+        }
+        when[i] = t;
+        first = std::min(first, t);
+      }
+      if (first == kInf) break;  // Nothing can move: a dependency cycle (never planned).
+      const double window = first + options_.batch_fraction * (now + first);
+      double step = first;
+      for (size_t i = 0; i < n; ++i) {
+        if (when[i] <= window) step = std::max(step, when[i]);
+      }
+      // Advance in stage order so a dependent flow sees its parents' new arrivals.
+      for (uint32_t i : order_) {
+        if (done_[i]) continue;
+        const double bytes = static_cast<double>(flows_[i].bytes);
+        double s = std::min(bytes, sent_[i] + rate_[i] * step);
+        if (rate_[i] > 0 && (bytes - sent_[i]) / rate_[i] <= step * (1 + 1e-12)) s = bytes;
+        if (parent_group_[i] >= 0) s = std::min(s, std::max(sent_[i], Available(i)));
+        group_sent_[own_group_[i]] += s - sent_[i];
+        sent_[i] = s;
+        if (s >= bytes - Tolerance(i)) {
+          group_sent_[own_group_[i]] += bytes - s;
+          sent_[i] = bytes;
+          done_[i] = 1;
+          rate_[i] = 0;
+          --active;
+        }
+      }
+      now += step;
+    }
+    result.seconds = now;
+    result.nic_in.assign(capacity_.size() / 4, 0);
+    result.nic_out.assign(capacity_.size() / 4, 0);
+    for (const Flow& f : flows_) {
+      if (f.nvlink) {
+        result.nvlink_bytes += f.bytes;
+      } else {
+        result.network_bytes += f.bytes;
+        result.nic_out[f.from] += f.bytes;
+        result.nic_in[f.to] += f.bytes;
+      }
+    }
+    for (size_t r = 0; r < result.nic_in.size(); ++r) {
+      result.max_nic_bytes = std::max({result.max_nic_bytes, result.nic_in[r], result.nic_out[r]});
+    }
+    return result;
+  }
+
+ private:
+  double Tolerance(size_t i) const { return 1e-9 * static_cast<double>(flows_[i].bytes) + 1e-3; }
+
+  double Available(size_t i) const {
+    const double bytes = static_cast<double>(flows_[i].bytes);
+    const int32_t g = parent_group_[i];
+    if (g < 0 || group_total_[g] <= 0) return bytes;
+    return std::min(bytes, bytes * group_sent_[g] / group_total_[g] * (1 + 1e-12));
+  }
+
+  // Progressive filling: repeatedly saturate the link (or flow cap) with the smallest fair share.
+  void Fill() {
+    const size_t n = flows_.size();
+    const size_t links = capacity_.size();
+    remaining_.assign(capacity_.begin(), capacity_.end());
+    count_.assign(links, 0);
+    version_.assign(links, 0);
+    fixed_.assign(n, 0);
+    for (size_t i = 0; i < n; ++i) {
+      rate_[i] = 0;
+      if (done_[i]) {
+        fixed_[i] = 1;
+        continue;
+      }
+      ++count_[link_of_[2 * i]];
+      ++count_[link_of_[2 * i + 1]];
+    }
+    struct Entry {
+      double share;
+      uint64_t id;  // Link index, or links + flow index for a cap.
+      uint32_t version;
+      bool operator>(const Entry& o) const { return share > o.share || (share == o.share && id > o.id); }
+    };
+    std::priority_queue<Entry, std::vector<Entry>, std::greater<Entry>> heap;
+    for (size_t l = 0; l < links; ++l) {
+      if (count_[l] > 0) heap.push({remaining_[l] / count_[l], l, 0});
+    }
+    for (size_t i = 0; i < n; ++i) {
+      if (!done_[i] && cap_[i] < kInf) heap.push({cap_[i], links + i, 0});
+    }
+    auto fix = [&](size_t i, double rate) {
+      rate_[i] = std::max(0.0, rate);
+      fixed_[i] = 1;
+      for (int k = 0; k < 2; ++k) {
+        const uint32_t l = link_of_[2 * i + k];
+        remaining_[l] = std::max(0.0, remaining_[l] - rate_[i]);
+        --count_[l];
+        ++version_[l];
+        if (count_[l] > 0) heap.push({remaining_[l] / count_[l], l, version_[l]});
+      }
+    };
+    while (!heap.empty()) {
+      const Entry e = heap.top();
+      heap.pop();
+      if (e.id >= links) {
+        const size_t i = e.id - links;
+        if (!fixed_[i]) fix(i, e.share);
+        continue;
+      }
+      const size_t l = e.id;
+      if (e.version != version_[l] || count_[l] == 0) continue;
+      const double share = remaining_[l] / count_[l];
+      for (uint32_t k = link_begin_[l]; k < link_begin_[l + 1]; ++k) {
+        const uint32_t i = link_flows_[k];
+        if (!fixed_[i]) fix(i, share);
+      }
+    }
+  }
+
+  const std::vector<Flow>& flows_;
+  SimOptions options_;
+  std::vector<double> capacity_, remaining_;
+  std::vector<int64_t> count_;
+  std::vector<uint32_t> version_;
+  std::vector<uint32_t> order_;
+  std::vector<int32_t> own_group_, parent_group_;
+  std::vector<double> group_total_, group_sent_, inflow_;
+  std::vector<uint32_t> link_of_, link_begin_, link_flows_;
+  std::vector<double> sent_, rate_, cap_;
+  std::vector<uint8_t> done_, fixed_;
+};
+
+}  // namespace
+
+SimResult Simulate(const std::vector<Flow>& flows, int32_t world_size, const Topology& topology,
+                   const SimOptions& options) {
+  return Simulator(flows, world_size, topology, options).Run();
+}
+
+}  // namespace reshard::plan

@@ -1,0 +1,65 @@
+// A flow-level simulator of one refit on a cluster (docs/simulator.md).
+//
+// Every rank has four links: NIC egress, NIC ingress, NVLink egress and NVLink ingress, with the
+// topology's per-rank, per-direction bandwidths. Transfers become flows; flows that share sender,
+// receiver, link kind and stage (the depth of the dependency chain: 0 for data read from a
+// source buffer, k+1 for data forwarded after a stage-k arrival) are aggregated into one flow.
+// Rates are max-min fair (progressive filling). A dependent flow streams behind the data it
+// forwards: at any time it may have sent at most the fraction of its bytes equal to the fraction
+// of its sender's stage-(k-1) arrivals, so fan-out and relays start as soon as data arrives
+// (chunk-level pipelining). Local copies (same rank) are free.
+//
+// Events are batched: every flow that would finish or catch up within `batch_fraction` of the
+// current time of the earliest such event completes together, which only delays flows, so the
+// result errs on the slow side by at most that fraction.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "src/plan/plan.h"
+#include "src/plan/schedule.h"
+#include "src/plan/spec.h"
+
+namespace reshard::plan {
+
+struct Flow {
+  int32_t from = 0;
+  int32_t to = 0;
+  int32_t stage = 0;
+  bool nvlink = false;  // Inside a domain; otherwise over the NICs.
+  int64_t bytes = 0;
+};
+
+// Aggregated flows of a plan: network transfers over NICs, fan-out over NVLink, local copies
+// dropped.
+[[nodiscard]] std::vector<Flow> FlowsFromPlan(const Plan& plan);
+
+// The gather-broadcast baseline: for every tensor the first holder of each source cell sends
+// its tile to a gather rank (the smallest rank of the tensor's source mesh, one per pipeline
+// stage); each gather rank then broadcasts everything it gathered along a pipelined chain
+// through every destination rank (NCCL ring style): the chain enters each destination domain
+// once over a NIC, visits the domain's ranks over NVLink and leaves for the next domain. Chains
+// of different gather ranks enter and leave domains at different ranks. Every destination rank
+// receives whole tensors and keeps its slice.
+[[nodiscard]] std::vector<Flow> GatherBroadcastFlows(const RefitSpec& spec, const DomainMap& domains);
+
+struct SimOptions {
+  double batch_fraction = 0.01;
+};
+
+struct SimResult {
+  double seconds = 0;
+  int64_t network_bytes = 0;
+  int64_t nvlink_bytes = 0;
+  int64_t max_nic_bytes = 0;  // Most bytes through one NIC direction.
+  std::vector<int64_t> nic_in, nic_out;  // Per rank.
+  int64_t flows = 0;
+  int64_t events = 0;
+};
+
+// Simulates `flows` among `world_size` ranks with the topology's bandwidths.
+[[nodiscard]] SimResult Simulate(const std::vector<Flow>& flows, int32_t world_size,
+                                 const Topology& topology, const SimOptions& options = {});
+
+}  // namespace reshard::plan
