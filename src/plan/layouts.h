@@ -3,12 +3,15 @@
 //
 // Trainer side, ranks 0..T-1, order tp-cp-ep-dp-pp (tp fastest, pp slowest):
 //   global rank = t + tp * (c + cp * (d + dp * p)) in the dense grid; the expert grid re-splits
-//   each stage's cp x dp block as ep x edp (ep faster): rank = t' + etp * (e + ep * f) + stage base.
+//   each stage's tp*cp*dp ranks as etp x ep x edp (etp fastest, then ep):
+//   rank = stage base + t' + etp * (e + ep * f).
 //   Layers are split contiguously over pp stages (stage p holds [p*L/pp, (p+1)*L/pp)), the
 //   embedding lives on the first stage, final norm and lm_head on the last. Column-parallel
 //   weights shard dim 0 over tp, row-parallel dim 1, embedding and lm_head shard the vocab
 //   (dim 0); norms, routers and MLA down-projections are replicated over the stage. Expert
-//   stacks shard experts over ep and their intermediate dim over etp (default etp = tp).
+//   stacks shard experts over ep and their intermediate dim over etp. Default etp = tp when
+//   ep divides cp*dp; otherwise EP folds into the tp ranks (Megatron MoE parallel folding):
+//   etp = the largest divisor of tp with etp*ep dividing tp*cp*dp (tp=4,ep=16,dp=4 -> etp=1).
 // Inference side, ranks from B (T rounded up to a whole domain), rank = B + t + tp * d:
 //   dense weights sharded over tp as above and replicated over dp; fused buffers per rank:
 //   qkv_proj = [q; k; v], gate_up_proj = [gate; up], experts w13 = [E_local, 2*I_local, H]
@@ -33,7 +36,7 @@ namespace reshard::plan {
 
 struct TrainParallelism {
   int64_t tp = 1, cp = 1, ep = 1, dp = 0 /*0: derive from gpus*/, pp = 1;
-  int64_t etp = 0;   // Expert tensor parallel; 0: equal to tp.
+  int64_t etp = 0;   // Expert tensor parallel; 0: tp, folded down when ep needs the tp ranks.
   int64_t gpus = 0;  // Trainer GPU count ("gpus=N"); 0: tp*cp*dp*pp.
 };
 struct InferParallelism {
@@ -69,7 +72,7 @@ struct RankRanges {
 // layout (dst), topology from the cluster (domains of gpus_per_domain consecutive ranks,
 // bandwidths). The result passes Validate(). InvalidArgument naming the field when a
 // parallelism degree does not divide what it splits: GPUs (dp, gpus), attention heads (tp),
-// kv heads (tp), experts (ep), cp x dp (ep), layers (pp larger than the layer count).
+// kv heads (tp), experts (ep), tp*cp*dp (ep, etp), layers (pp larger than the layer count).
 [[nodiscard]] absl::StatusOr<RefitSpec> MakeModelSpec(const ModelConfig& cfg,
                                                       const TrainParallelism& train,
                                                       const InferParallelism& infer,

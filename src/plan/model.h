@@ -45,6 +45,9 @@ struct ModelParam {
   // Members of one group in one layer (and module) share one buffer, in fuse_index order.
   std::string fuse_group;
   int fuse_index = 0;
+  // Name of the fused inference parameter (vLLM's), e.g. "layers.3.self_attn.qkv_proj",
+  // "layers.3.mlp.gate_up_proj", "layers.3.mlp.experts.w13_weight"; empty when none.
+  std::string fused_name;
   // True for attention k/v projections (and their biases), whose dim 0 is kv heads x head_dim
   // and may be replicated when tp exceeds the number of kv heads.
   bool kv_heads = false;

@@ -1,0 +1,340 @@
+// Trainer (Megatron) and inference (vLLM) layouts: rank order, placements, fused views, errors,
+// and end to end: generated specs validate, plan and verify in process.
+#include "src/plan/layouts.h"
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include <gtest/gtest.h>
+
+#include "src/plan/executor.h"
+#include "src/plan/plan.h"
+#include "src/plan/tiling.h"
+
+namespace reshard::plan {
+namespace {
+
+std::string ExamplePath(const std::string& rel) {
+  return std::string(RESHARD_SOURCE_DIR) + "/examples/" + rel;
+}
+
+ModelConfig Model(const std::string& file) {
+  auto cfg = LoadModelConfig(ExamplePath("models/" + file));
+  EXPECT_TRUE(cfg.ok()) << cfg.status();
+  return cfg.ok() ? *cfg : ModelConfig{};
+}
+
+ClusterDesc Cluster(const std::string& file) {
+  auto c = LoadClusterFile(ExamplePath("clusters/" + file));
+  EXPECT_TRUE(c.ok()) << c.status();
+  return c.ok() ? *c : ClusterDesc{};
+}
+
+ClusterDesc SmallDomains(int64_t gpus_per_domain) {
+  ClusterDesc c;
+  c.name = "test";
+  c.gpus_per_node = gpus_per_domain;
+  c.gpus_per_domain = gpus_per_domain;
+  return c;
+}
+
+RefitSpec MustSpec(const ModelConfig& cfg, const std::string& train, const std::string& infer,
+                   const ClusterDesc& cluster) {
+  auto t = ParseTrainParallelism(train);
+  auto i = ParseInferParallelism(infer);
+  EXPECT_TRUE(t.ok()) << t.status();
+  EXPECT_TRUE(i.ok()) << i.status();
+  auto spec = MakeModelSpec(cfg, *t, *i, cluster);
+  EXPECT_TRUE(spec.ok()) << spec.status();
+  return spec.ok() ? *std::move(spec) : RefitSpec{};
+}
+
+const TensorSpec& Tensor(const RefitSpec& spec, const std::string& name) {
+  for (const TensorSpec& t : spec.tensors) {
+    if (t.name == name) return t;
+  }
+  ADD_FAILURE() << "no tensor " << name;
+  static TensorSpec none;
+  return none;
+}
+
+// The box of `tensor` that `rank` holds on `side`.
+Box TileOf(const TensorSpec& t, Side side, int32_t rank) {
+  const Layout& l = side == Side::kSrc ? t.src : t.dst;
+  TileGrid grid(l, t.shape);
+  auto cell = grid.CellOfRank(rank);
+  EXPECT_TRUE(cell.has_value()) << t.name << " rank " << rank;
+  return cell ? grid.CellBox(*cell) : Box{};
+}
+
+std::pair<int64_t, int64_t> Rows(const Box& b, int d = 0) { return {b.lo[d], b.hi[d]}; }
+
+TEST(ParseParallelismTest, ParsesAndRejects) {
+  auto t = ParseTrainParallelism("tp=4,pp=8,ep=16,gpus=128");
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(t->tp, 4);
+  EXPECT_EQ(t->pp, 8);
+  EXPECT_EQ(t->ep, 16);
+  EXPECT_EQ(t->dp, 0);
+  EXPECT_EQ(t->cp, 1);
+  EXPECT_EQ(t->gpus, 128);
+  auto i = ParseInferParallelism("tp=8,dp=16");
+  ASSERT_TRUE(i.ok()) << i.status();
+  EXPECT_EQ(i->tp, 8);
+  EXPECT_EQ(i->dp, 16);
+  EXPECT_EQ(i->ep, 1);
+  for (const char* bad : {"", "tp=0", "tp=4,tp=4", "tq=4", "tp", "tp=x", "tp=-2"}) {
+    auto r = ParseTrainParallelism(bad);
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+  }
+  EXPECT_FALSE(ParseInferParallelism("tp=8,pp=2").ok());
+}
+
+TEST(LayoutsTest, DerivesDpAndStartsInferenceOnAFreshDomain) {
+  auto t = ParseTrainParallelism("tp=4,pp=8,ep=16");
+  auto i = ParseInferParallelism("tp=8,dp=16");
+  ModelSpecOptions opts;
+  opts.train_gpus = 128;
+  auto ranks = ComputeRankRanges(*t, *i, Cluster("h100-nvl8.json"), opts);
+  ASSERT_TRUE(ranks.ok()) << ranks.status();
+  EXPECT_EQ(ranks->train_end, 128);
+  EXPECT_EQ(ranks->infer_begin, 128);
+  EXPECT_EQ(ranks->infer_end, 256);
+  auto t2 = ParseTrainParallelism("pp=16,ep=16,gpus=256");
+  auto i2 = ParseInferParallelism("tp=32,dp=8");
+  auto nvl72 = ComputeRankRanges(*t2, *i2, Cluster("gb200-nvl72.json"));
+  ASSERT_TRUE(nvl72.ok()) << nvl72.status();
+  EXPECT_EQ(nvl72->train_end, 256);
+  EXPECT_EQ(nvl72->infer_begin, 288);  // 256 rounded up to whole 72-GPU domains.
+  EXPECT_EQ(nvl72->infer_end, 544);
+}
+
+// tiny-moe: 5 layers (layer 0 dense), 8 heads, 2 kv heads, head_dim 16, H 64, 8 experts of 24.
+TEST(LayoutsTest, TrainerFollowsMegatronRankOrder) {
+  // tp=2, ep=2, dp=2 (derived from 8 GPUs), pp=2: stage 0 = ranks 0-3 (layers 0-1),
+  // stage 1 = ranks 4-7 (layers 2-4). Dense rank = t + 2*d + 4*p.
+  const RefitSpec spec =
+      MustSpec(Model("tiny-moe.json"), "tp=2,ep=2,pp=2,gpus=8", "tp=2,dp=2", SmallDomains(4));
+  const TensorSpec& q3 = Tensor(spec, "layers.3.self_attn.q_proj");
+  EXPECT_EQ(q3.src.mesh.shape, (std::vector<int64_t>{2, 2}));
+  EXPECT_EQ(q3.src.mesh.ranks, (std::vector<int32_t>{4, 5, 6, 7}));
+  EXPECT_EQ(q3.src.placements, (std::vector<Placement>{Placement::Replicate(), Placement::Shard(0)}));
+  EXPECT_EQ(Rows(TileOf(q3, Side::kSrc, 5)), (std::pair<int64_t, int64_t>{64, 128}));
+  const TensorSpec& o1 = Tensor(spec, "layers.1.self_attn.o_proj");
+  EXPECT_EQ(o1.src.mesh.ranks, (std::vector<int32_t>{0, 1, 2, 3}));
+  EXPECT_EQ(Rows(TileOf(o1, Side::kSrc, 3), 1), (std::pair<int64_t, int64_t>{64, 128}));
+  // Embedding on the first stage, final norm and lm_head on the last.
+  EXPECT_EQ(Tensor(spec, "embed_tokens").src.mesh.ranks, (std::vector<int32_t>{0, 1, 2, 3}));
+  EXPECT_EQ(Tensor(spec, "lm_head").src.mesh.ranks, (std::vector<int32_t>{4, 5, 6, 7}));
+  EXPECT_EQ(Tensor(spec, "norm").src.mesh.ranks, (std::vector<int32_t>{4, 5, 6, 7}));
+  EXPECT_EQ(Tensor(spec, "norm").src.placements, (std::vector<Placement>{Placement::Replicate()}));
+  // Vocab 250 over tp 2: torch.chunk rows [0,125) and [125,250).
+  EXPECT_EQ(Rows(TileOf(Tensor(spec, "lm_head"), Side::kSrc, 7)),
+            (std::pair<int64_t, int64_t>{125, 250}));
+  // Experts: expert grid rank = t + etp*e (+ stage base), edp = 1; experts over ep, I over etp.
+  const TensorSpec& w1 = Tensor(spec, "layers.4.mlp.experts.gate_proj");
+  EXPECT_EQ(w1.src.mesh.shape, (std::vector<int64_t>{2, 2}));
+  EXPECT_EQ(w1.src.placements, (std::vector<Placement>{Placement::Shard(0), Placement::Shard(1)}));
+  const Box rank6 = TileOf(w1, Side::kSrc, 6);  // e = 1, t = 0
+  EXPECT_EQ(Rows(rank6, 0), (std::pair<int64_t, int64_t>{4, 8}));
+  EXPECT_EQ(Rows(rank6, 1), (std::pair<int64_t, int64_t>{0, 12}));
+  const TensorSpec& w2 = Tensor(spec, "layers.4.mlp.experts.down_proj");
+  EXPECT_EQ(Rows(TileOf(w2, Side::kSrc, 5), 2), (std::pair<int64_t, int64_t>{12, 24}));
+  // Layer 0 is dense (mlp_only_layers) and lives on stage 0.
+  EXPECT_EQ(Tensor(spec, "layers.0.mlp.down_proj").src.mesh.ranks,
+            (std::vector<int32_t>{0, 1, 2, 3}));
+}
+
+TEST(LayoutsTest, ExpertParallelFoldsIntoTensorParallelRanksWhenDpIsTooSmall) {
+  // tp=2, dp=2, ep=4: ep does not fit in dp, so etp = 1 and experts span all 4 stage ranks.
+  const RefitSpec spec =
+      MustSpec(Model("tiny-moe.json"), "tp=2,ep=4,dp=2", "tp=2,dp=2", SmallDomains(4));
+  const TensorSpec& w1 = Tensor(spec, "layers.1.mlp.experts.gate_proj");
+  EXPECT_EQ(w1.src.mesh.ranks, (std::vector<int32_t>{0, 1, 2, 3}));
+  EXPECT_EQ(w1.src.placements, (std::vector<Placement>{Placement::Shard(0)}));
+  EXPECT_EQ(Rows(TileOf(w1, Side::kSrc, 1)), (std::pair<int64_t, int64_t>{2, 4}));
+  EXPECT_EQ(Rows(TileOf(w1, Side::kSrc, 1), 1), (std::pair<int64_t, int64_t>{0, 24}));
+}
+
+TEST(LayoutsTest, InferenceUsesVllmFusedBuffers) {
+  // Inference tp=2, dp=2 at ranks 8..11 (trainers fill the first two 4-GPU domains).
+  const RefitSpec spec =
+      MustSpec(Model("tiny-moe.json"), "tp=2,ep=2,pp=2,gpus=8", "tp=2,dp=2", SmallDomains(4));
+  EXPECT_EQ(spec.topology.ranks_per_domain, 4);
+  EXPECT_EQ(spec.topology.gpus_per_node, 4);
+  const TensorSpec& q = Tensor(spec, "layers.2.self_attn.q_proj");
+  const TensorSpec& k = Tensor(spec, "layers.2.self_attn.k_proj");
+  const TensorSpec& v = Tensor(spec, "layers.2.self_attn.v_proj");
+  EXPECT_EQ(q.dst.mesh.ranks, (std::vector<int32_t>{8, 9, 10, 11}));
+  for (const TensorSpec* t : {&q, &k, &v}) {
+    EXPECT_EQ(t->dst.buffer, "layers.2.self_attn.qkv_proj");
+    EXPECT_EQ(t->dst.view.strides, (std::vector<int64_t>{64, 1}));
+  }
+  // Per rank: q 4 heads x 16 rows, then k 16 rows, then v 16 rows, each of H = 64.
+  EXPECT_EQ(q.dst.view.offset, 0);
+  EXPECT_EQ(k.dst.view.offset, 64 * 64);
+  EXPECT_EQ(v.dst.view.offset, 80 * 64);
+  EXPECT_EQ(Rows(TileOf(k, Side::kDst, 11)), (std::pair<int64_t, int64_t>{16, 32}));
+  // Dense gate_up_proj in layer 0: [gate 48 rows; up 48 rows] per rank.
+  const TensorSpec& up = Tensor(spec, "layers.0.mlp.up_proj");
+  EXPECT_EQ(up.dst.buffer, "layers.0.mlp.gate_up_proj");
+  EXPECT_EQ(up.dst.view.offset, 48 * 64);
+  // Experts w13 = [E, 2*I_local, H]: gate rows [0, 12), up rows [12, 24) of every expert.
+  const TensorSpec& w1 = Tensor(spec, "layers.3.mlp.experts.gate_proj");
+  const TensorSpec& w3 = Tensor(spec, "layers.3.mlp.experts.up_proj");
+  EXPECT_EQ(w1.dst.buffer, "layers.3.mlp.experts.w13_weight");
+  EXPECT_EQ(w3.dst.buffer, "layers.3.mlp.experts.w13_weight");
+  EXPECT_EQ(w1.dst.view.strides, (std::vector<int64_t>{24 * 64, 64, 1}));
+  EXPECT_EQ(w3.dst.view.strides, (std::vector<int64_t>{24 * 64, 64, 1}));
+  EXPECT_EQ(w1.dst.view.offset, 0);
+  EXPECT_EQ(w3.dst.view.offset, 12 * 64);
+  const Box up_tile = TileOf(w3, Side::kDst, 9);  // tp rank 1: intermediate rows [12, 24).
+  EXPECT_EQ(Rows(up_tile, 0), (std::pair<int64_t, int64_t>{0, 8}));
+  EXPECT_EQ(Rows(up_tile, 1), (std::pair<int64_t, int64_t>{12, 24}));
+  // down_proj (w2) keeps its own buffer, intermediate dim 2 over tp.
+  EXPECT_EQ(Rows(TileOf(Tensor(spec, "layers.3.mlp.experts.down_proj"), Side::kDst, 10), 2),
+            (std::pair<int64_t, int64_t>{0, 12}));
+  // Norms and routers are replicated on every inference rank.
+  EXPECT_EQ(Tensor(spec, "layers.3.mlp.gate").dst.placements,
+            (std::vector<Placement>{Placement::Replicate()}));
+  EXPECT_EQ(Tensor(spec, "layers.3.mlp.gate").dst.mesh.size(), 4);
+}
+
+TEST(LayoutsTest, KvHeadsFewerThanTpAreReplicatedInGroups) {
+  // tiny-moe has 2 kv heads; inference tp=4: ranks {0,1} hold head 0, {2,3} head 1.
+  const RefitSpec spec =
+      MustSpec(Model("tiny-moe.json"), "tp=2,dp=2,pp=1", "tp=4,dp=1", SmallDomains(4));
+  const TensorSpec& k = Tensor(spec, "layers.1.self_attn.k_proj");
+  EXPECT_EQ(k.dst.mesh.shape, (std::vector<int64_t>{2, 2}));
+  EXPECT_EQ(k.dst.placements, (std::vector<Placement>{Placement::Shard(0), Placement::Replicate()}));
+  EXPECT_EQ(Rows(TileOf(k, Side::kDst, 5)), (std::pair<int64_t, int64_t>{0, 16}));
+  EXPECT_EQ(Rows(TileOf(k, Side::kDst, 6)), (std::pair<int64_t, int64_t>{16, 32}));
+  // qkv per rank: q 2 heads (32 rows), k 16 rows, v 16 rows.
+  EXPECT_EQ(k.dst.view.offset, 32 * 64);
+  EXPECT_EQ(Tensor(spec, "layers.1.self_attn.v_proj").dst.view.offset, 48 * 64);
+}
+
+TEST(LayoutsTest, InferenceExpertParallelShardsExperts) {
+  const RefitSpec spec =
+      MustSpec(Model("tiny-moe.json"), "tp=2,dp=2", "tp=2,dp=2,ep=4", SmallDomains(4));
+  const TensorSpec& w3 = Tensor(spec, "layers.2.mlp.experts.up_proj");
+  EXPECT_EQ(w3.dst.placements, (std::vector<Placement>{Placement::Shard(0)}));
+  const Box tile = TileOf(w3, Side::kDst, 6);  // Inference rank 2 of 4.
+  EXPECT_EQ(Rows(tile, 0), (std::pair<int64_t, int64_t>{4, 6}));
+  EXPECT_EQ(Rows(tile, 1), (std::pair<int64_t, int64_t>{0, 24}));
+  EXPECT_EQ(w3.dst.view.strides, (std::vector<int64_t>{48 * 64, 64, 1}));
+  EXPECT_EQ(w3.dst.view.offset, 24 * 64);
+}
+
+TEST(LayoutsTest, MlaFusesReplicatedDownProjections) {
+  const RefitSpec spec =
+      MustSpec(Model("tiny-mla.json"), "tp=2,ep=2,dp=2,pp=1", "tp=4,dp=1", SmallDomains(4));
+  const TensorSpec& qa = Tensor(spec, "layers.1.self_attn.q_a_proj");
+  const TensorSpec& kva = Tensor(spec, "layers.1.self_attn.kv_a_proj_with_mqa");
+  EXPECT_EQ(qa.dst.buffer, "layers.1.self_attn.fused_qkv_a_proj");
+  EXPECT_EQ(kva.dst.buffer, "layers.1.self_attn.fused_qkv_a_proj");
+  EXPECT_EQ(kva.dst.view.offset, 32 * 64);
+  EXPECT_EQ(qa.src.placements, (std::vector<Placement>{Placement::Replicate()}));
+  // kv_b_proj is column parallel: 4 heads x (8 + 8) rows over tp 4.
+  EXPECT_EQ(Rows(TileOf(Tensor(spec, "layers.1.self_attn.kv_b_proj"), Side::kDst, 7)),
+            (std::pair<int64_t, int64_t>{48, 64}));
+  EXPECT_EQ(Tensor(spec, "layers.2.mlp.shared_experts.up_proj").dst.buffer,
+            "layers.2.mlp.shared_experts.gate_up_proj");
+}
+
+struct EndToEnd {
+  const char* model;
+  const char* train;
+  const char* infer;
+  int64_t gpus_per_domain;
+};
+
+class EndToEndTest : public ::testing::TestWithParam<EndToEnd> {};
+
+TEST_P(EndToEndTest, SpecValidatesPlansAndVerifiesInProcess) {
+  const EndToEnd& c = GetParam();
+  const RefitSpec spec = MustSpec(Model(c.model), c.train, c.infer, SmallDomains(c.gpus_per_domain));
+  ASSERT_TRUE(Validate(spec).ok()) << Validate(spec);
+  auto plan = BuildPlan(std::make_shared<const RefitSpec>(spec));
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_GT(plan->stats().pieces, 0);
+  // Every destination byte is written: the destination total is the model times its replicas.
+  const absl::Status verified = VerifyPlanInProcess(*plan, int64_t{1} << 30);
+  EXPECT_TRUE(verified.ok()) << verified;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Layouts, EndToEndTest,
+    ::testing::Values(EndToEnd{"tiny-moe.json", "tp=2,ep=2,pp=2,gpus=8", "tp=2,dp=2", 4},
+                      EndToEnd{"tiny-moe.json", "tp=1,ep=4,pp=3,gpus=12", "tp=4,dp=2", 8},
+                      EndToEnd{"tiny-moe.json", "tp=2,cp=2,ep=2,dp=1,pp=1", "tp=2,dp=2,ep=4", 4},
+                      EndToEnd{"tiny-moe.json", "tp=4,ep=2,etp=1,dp=2", "tp=8,dp=1", 8},
+                      EndToEnd{"tiny-mla.json", "tp=2,ep=2,dp=2,pp=3", "tp=4,dp=2", 4},
+                      EndToEnd{"tiny-mla.json", "pp=2,ep=4,gpus=8", "tp=2,dp=2,ep=2", 8}));
+
+TEST(LayoutsTest, ErrorsNameTheField) {
+  const ModelConfig moe = Model("tiny-moe.json");  // 8 heads, 2 kv heads, 8 experts, 5 layers.
+  const ClusterDesc cluster = SmallDomains(8);
+  struct Case {
+    const char* train;
+    const char* infer;
+    const char* field;
+  };
+  for (const Case& c : std::vector<Case>{
+           {"tp=3,dp=1", "tp=2,dp=1", "train.tp"},
+           {"tp=2,dp=1", "tp=16,dp=1", "infer.tp"},
+           {"tp=2,gpus=7", "tp=2,dp=1", "train.gpus"},
+           {"tp=2,dp=2,gpus=8", "tp=2,dp=1", "train.dp"},
+           {"tp=2", "tp=2,dp=1", "train.dp"},
+           {"tp=1,ep=3,dp=3", "tp=2,dp=1", "train.ep"},
+           {"tp=1,ep=4,dp=2", "tp=2,dp=1", "train.ep"},
+           {"tp=2,ep=2,etp=2,dp=1", "tp=2,dp=1", "train.etp"},
+           {"tp=1,dp=2,pp=6", "tp=2,dp=1", "train.pp"},
+           {"tp=1,dp=2", "tp=2,dp=2,ep=3", "infer.ep"},
+           {"tp=1,dp=2", "tp=2,dp=1,ep=4", "infer.ep"},
+       }) {
+    auto t = ParseTrainParallelism(c.train);
+    auto i = ParseInferParallelism(c.infer);
+    ASSERT_TRUE(t.ok() && i.ok()) << c.train << " " << c.infer;
+    auto spec = MakeModelSpec(moe, *t, *i, cluster);
+    EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument) << c.train << " " << c.infer;
+    EXPECT_EQ(std::string(spec.status().message()).rfind(c.field, 0), 0u)
+        << c.train << " " << c.infer << ": " << spec.status();
+  }
+  // Option and parallelism disagree on the trainer GPU count.
+  ModelSpecOptions opts;
+  opts.train_gpus = 16;
+  auto spec = MakeModelSpec(moe, *ParseTrainParallelism("tp=2,gpus=8"),
+                            *ParseInferParallelism("tp=2"), cluster, opts);
+  EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// The published rows of issue 3 generate valid specs of the expected shape at full scale.
+TEST(LayoutsTest, FullScaleSpecsValidate) {
+  struct Row {
+    const char* model;
+    const char* cluster;
+    const char* train;
+    const char* infer;
+    int32_t world;
+  };
+  for (const Row& r : std::vector<Row>{
+           {"qwen3-235b-a22b.json", "h100-nvl8.json", "tp=4,pp=8,ep=16,gpus=128", "tp=8,dp=16",
+            256},
+           {"deepseek-v3.json", "h100-nvl8.json", "pp=16,ep=16,gpus=256", "tp=32,dp=8", 512},
+           {"deepseek-v3.json", "gb200-nvl72.json", "pp=16,ep=16,gpus=256", "tp=32,dp=8", 544},
+           {"kimi-k2.json", "h100-nvl8.json", "pp=16,ep=16,gpus=256", "tp=16,dp=8", 384},
+       }) {
+    SCOPED_TRACE(r.model);
+    const ModelConfig cfg = Model(r.model);
+    const RefitSpec spec = MustSpec(cfg, r.train, r.infer, Cluster(r.cluster));
+    EXPECT_EQ(spec.WorldSize(), r.world);
+    EXPECT_EQ(spec.tensors.size(), ExpandModel(cfg).size());
+    const absl::Status valid = Validate(spec);
+    EXPECT_TRUE(valid.ok()) << valid;
+  }
+}
+
+}  // namespace
+}  // namespace reshard::plan
