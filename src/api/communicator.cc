@@ -1,0 +1,185 @@
+#include "reshard/communicator.h"
+
+#include <cstdlib>
+#include <string>
+#include <utility>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "src/api/internal.h"
+#include "src/common/status.h"
+#include "src/net/tcp_store.h"
+
+namespace reshard {
+namespace {
+
+constexpr char kExitPrefix[] = "reshard/comm/exit/";
+
+class TcpImpl final : public Communicator::Impl {
+ public:
+  ~TcpImpl() override {
+    // A serving rank keeps the store up until every rank has let go of its communicator, so
+    // peers still finishing their set-up or shutdown never lose the store under them.
+    absl::Status st = client->Set(absl::StrCat(kExitPrefix, rank), "1");
+    if (server != nullptr && st.ok()) {
+      const absl::Time deadline = absl::Now() + std::min(timeout, absl::Seconds(10));
+      for (int r = 0; r < world_size; ++r) {
+        if (!client->Get(absl::StrCat(kExitPrefix, r), deadline).ok()) break;
+      }
+    }
+    client.reset();
+    server.reset();
+  }
+  net::Store& store() override { return *client; }
+
+  std::unique_ptr<net::TcpStoreServer> server;  // Outlives the client (destroyed after it).
+  std::unique_ptr<net::TcpStore> client;
+};
+
+class CallbackStore final : public net::Store {
+ public:
+  explicit CallbackStore(StoreCallbacks cb) : cb_(std::move(cb)) {}
+  absl::Status Set(const std::string& key, const std::string& value) override {
+    return cb_.set(key, value);
+  }
+  absl::StatusOr<std::string> Get(const std::string& key, absl::Time deadline) override {
+    return cb_.get(key, deadline);
+  }
+  absl::StatusOr<std::vector<std::pair<std::string, std::string>>> List(
+      const std::string& prefix) override {
+    return cb_.list(prefix);
+  }
+
+ private:
+  StoreCallbacks cb_;
+};
+
+class CallbackImpl final : public Communicator::Impl {
+ public:
+  explicit CallbackImpl(StoreCallbacks cb) : store_(std::move(cb)) {}
+  net::Store& store() override { return store_; }
+
+ private:
+  CallbackStore store_;
+};
+
+absl::Status CheckRank(int rank, int world_size) {
+  if (world_size < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("world size ", world_size, " is not positive"));
+  }
+  if (rank < 0 || rank >= world_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank ", rank, " is outside the world of ", world_size, " ranks"));
+  }
+  return absl::OkStatus();
+}
+
+const char* Env(const char* name) {
+  const char* v = std::getenv(name);
+  return v != nullptr && *v != '\0' ? v : nullptr;
+}
+
+absl::StatusOr<int> EnvInt(const char* name, const char* fallback_name) {
+  const char* used = name;
+  const char* v = Env(name);
+  if (v == nullptr && fallback_name != nullptr) {
+    used = fallback_name;
+    v = Env(fallback_name);
+  }
+  if (v == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        name, " is not set", fallback_name ? absl::StrCat(" (nor ", fallback_name, ")") : "",
+        "; set it or launch with the reshard launcher, torchrun-style variables or mpirun"));
+  }
+  int out = 0;
+  if (!absl::SimpleAtoi(v, &out)) {
+    return absl::InvalidArgumentError(absl::StrCat(used, "=\"", v, "\" is not an integer"));
+  }
+  return out;
+}
+
+}  // namespace
+
+absl::StatusOr<Communicator> Communicator::Connect(const std::string& store_address,
+                                                   const std::string& token, int rank,
+                                                   int world_size, const Options& options) {
+  RESHARD_RETURN_IF_ERROR(CheckRank(rank, world_size));
+  if (token.empty()) {
+    return absl::InvalidArgumentError("the store token is empty (RESHARD_STORE_TOKEN)");
+  }
+  RESHARD_ASSIGN_OR_RETURN(auto host_port, net::ParseHostPort(store_address));
+  auto impl = std::make_shared<TcpImpl>();
+  impl->rank = rank;
+  impl->world_size = world_size;
+  impl->timeout = options.timeout;
+  impl->description = absl::StrCat("tcp://", store_address);
+  if (options.serve_store && rank == 0) {
+    absl::StatusOr<std::unique_ptr<net::TcpStoreServer>> server =
+        net::TcpStoreServer::Start("0.0.0.0", host_port.second, token);
+    if (!server.ok()) {
+      return absl::Status(server.status().code(),
+                          absl::StrCat("rank 0 could not serve the store on port ",
+                                       host_port.second, ": ", server.status().message()));
+    }
+    impl->server = std::move(server).value();
+  }
+  absl::StatusOr<std::unique_ptr<net::TcpStore>> client = net::TcpStore::Connect(
+      host_port.first, host_port.second, token, absl::Now() + options.timeout);
+  if (!client.ok()) {
+    return absl::Status(client.status().code(),
+                        absl::StrCat("rank ", rank, " could not reach the store at ",
+                                     store_address, ": ", client.status().message()));
+  }
+  impl->client = std::move(client).value();
+  impl->client->set_op_timeout(options.timeout);
+  return Communicator(std::move(impl));
+}
+
+absl::StatusOr<Communicator> Communicator::FromCallbacks(StoreCallbacks store, int rank,
+                                                         int world_size) {
+  RESHARD_RETURN_IF_ERROR(CheckRank(rank, world_size));
+  if (!store.set || !store.get || !store.list) {
+    return absl::InvalidArgumentError(
+        "StoreCallbacks needs all three functions: set, get and list");
+  }
+  auto impl = std::make_shared<CallbackImpl>(std::move(store));
+  impl->rank = rank;
+  impl->world_size = world_size;
+  impl->description = "callbacks";
+  return Communicator(std::move(impl));
+}
+
+absl::StatusOr<Communicator> Communicator::FromEnvironment() {
+  const bool mpi = Env("OMPI_COMM_WORLD_RANK") != nullptr;
+  RESHARD_ASSIGN_OR_RETURN(int rank, EnvInt("RESHARD_RANK", "OMPI_COMM_WORLD_RANK"));
+  RESHARD_ASSIGN_OR_RETURN(int world, EnvInt("RESHARD_WORLD_SIZE", "OMPI_COMM_WORLD_SIZE"));
+  const char* store = Env("RESHARD_STORE");
+  if (store == nullptr) {
+    return absl::InvalidArgumentError(
+        "RESHARD_STORE is not set; give the rendezvous store as host:port (under mpirun: "
+        "-x RESHARD_STORE=<host of rank 0>:<port> -x RESHARD_STORE_TOKEN=<secret>)");
+  }
+  const char* token = Env("RESHARD_STORE_TOKEN");
+  if (token == nullptr) {
+    return absl::InvalidArgumentError(
+        "RESHARD_STORE_TOKEN is not set; every rank must present the store's shared secret");
+  }
+  Options options;
+  if (Env("RESHARD_TIMEOUT_MS") != nullptr) {
+    RESHARD_ASSIGN_OR_RETURN(int ms, EnvInt("RESHARD_TIMEOUT_MS", nullptr));
+    if (ms <= 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("RESHARD_TIMEOUT_MS=", ms, " must be positive"));
+    }
+    options.timeout = absl::Milliseconds(ms);
+  }
+  const char* serve = Env("RESHARD_STORE_SERVE");
+  options.serve_store = serve != nullptr ? std::string(serve) == "1" : mpi;
+  return Connect(store, token, rank, world, options);
+}
+
+int Communicator::rank() const { return impl_->rank; }
+int Communicator::world_size() const { return impl_->world_size; }
+std::string Communicator::store_description() const { return impl_->description; }
+
+}  // namespace reshard

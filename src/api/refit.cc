@@ -1,0 +1,330 @@
+#include "reshard/refit.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <utility>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "src/api/internal.h"
+#include "src/common/status.h"
+#include "src/net/refit_engine.h"
+#include "src/plan/plan.h"
+
+namespace reshard {
+
+const char* MemoryKindName(MemoryKind kind) { return kind == MemoryKind::kHost ? "host" : "cuda"; }
+
+LocalBuffers& LocalBuffers::Source(std::string name, void* data, int64_t bytes, MemoryKind kind) {
+  return Add(Side::kSource, std::move(name), Buffer{data, bytes, kind});
+}
+LocalBuffers& LocalBuffers::Destination(std::string name, void* data, int64_t bytes,
+                                        MemoryKind kind) {
+  return Add(Side::kDestination, std::move(name), Buffer{data, bytes, kind});
+}
+LocalBuffers& LocalBuffers::Add(Side side, std::string name, Buffer buffer) {
+  (side == Side::kSource ? sources_ : destinations_).emplace_back(std::move(name), buffer);
+  return *this;
+}
+
+namespace internal {
+
+std::vector<BufferRequirement> Requirements(const plan::Plan& plan, int32_t rank) {
+  std::vector<BufferRequirement> out;
+  if (rank >= plan.world_size()) return out;
+  const std::vector<int64_t> bytes = plan.BufferBytes(rank);
+  const plan::RefitSpec& spec = plan.spec();
+  for (plan::Side side : {plan::Side::kSrc, plan::Side::kDst}) {
+    for (uint32_t b = 0; b < plan.buffers().size(); ++b) {
+      const plan::BufferInfo& info = plan.buffers()[b];
+      if (info.side != side) continue;
+      BufferRequirement req;
+      for (size_t t = 0; t < spec.tensors.size(); ++t) {
+        if (plan.buffer_of(t, side) == b && spec.layout(t, side).mesh.IndexOf(rank) >= 0) {
+          req.tensors.push_back(spec.tensors[t].name);
+        }
+      }
+      if (req.tensors.empty()) continue;
+      req.name = info.name;
+      req.side = side == plan::Side::kSrc ? Side::kSource : Side::kDestination;
+      req.bytes = bytes[b];
+      out.push_back(std::move(req));
+    }
+  }
+  return out;
+}
+
+}  // namespace internal
+
+class RefitHandle::Impl {
+ public:
+  std::shared_ptr<Communicator::Impl> comm;
+  std::string name;
+  int rank = 0;
+  uint64_t fingerprint = 0;
+  std::unique_ptr<plan::Plan> plan;  // Null for a rank the spec does not name.
+  std::vector<uint8_t> staging;      // This rank's staging buffer (schedule-owned).
+  std::unique_ptr<net::RefitEngine> engine;
+
+  uint64_t epoch = 0;
+  bool in_flight = false;
+  bool failed = false;
+  absl::Status failure;
+  absl::Time started;
+  int64_t registrations_at_start = 0;
+  Stats stats;
+
+  ~Impl() {
+    if (engine != nullptr && !failed && !in_flight) {
+      // Orderly close so peers still finishing see no lost endpoint; errors do not matter here.
+      (void)engine->Shutdown(absl::Now() + std::min(comm->timeout, absl::Seconds(10)));
+    }
+    engine.reset();
+  }
+
+  std::string Who() const { return absl::StrCat("refit handle \"", name, "\" on rank ", rank); }
+};
+
+namespace {
+
+// Matches the caller's buffers with the plan's, by side and name.
+absl::StatusOr<std::vector<net::LocalBuffer>> MatchBuffers(const plan::Plan& plan, int32_t rank,
+                                                           const LocalBuffers& given,
+                                                           const HandleOptions& options,
+                                                           std::vector<uint8_t>& staging) {
+  const std::vector<int64_t> required = plan.BufferBytes(rank);
+  std::vector<net::LocalBuffer> out(plan.buffers().size());
+  for (Side side : {Side::kSource, Side::kDestination}) {
+    const plan::Side ps = side == Side::kSource ? plan::Side::kSrc : plan::Side::kDst;
+    absl::flat_hash_map<std::string, uint32_t> ids;
+    for (uint32_t b = 0; b < plan.buffers().size(); ++b) {
+      if (plan.buffers()[b].side == ps) ids[plan.buffers()[b].name] = b;
+    }
+    const auto& list = side == Side::kSource ? given.sources() : given.destinations();
+    absl::flat_hash_set<std::string> seen;
+    for (const auto& [name, buf] : list) {
+      auto it = ids.find(name);
+      if (it == ids.end()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "rank ", rank, ": no tensor of the spec lives in a ", SideName(side), " buffer named \"",
+            name, "\" (buffers are named by Layout::InBuffer, or after their tensor)"));
+      }
+      if (!seen.insert(name).second) {
+        return absl::InvalidArgumentError(absl::StrCat("rank ", rank, ": ", SideName(side),
+                                                       " buffer \"", name, "\" is given twice"));
+      }
+      const uint32_t b = it->second;
+      // Name the first tensor of this buffer the rank holds, for the message.
+      std::string tensor = name;
+      for (size_t t = 0; t < plan.spec().tensors.size(); ++t) {
+        if (plan.buffer_of(t, ps) == b && plan.spec().layout(t, ps).mesh.IndexOf(rank) >= 0) {
+          tensor = plan.spec().tensors[t].name;
+          break;
+        }
+      }
+      const int64_t want = required[b];
+      if (buf.bytes < 0 || (buf.bytes > 0 && buf.data == nullptr)) {
+        return absl::InvalidArgumentError(absl::StrCat("tensor \"", tensor, "\" on rank ", rank,
+                                                       ": ", SideName(side), " buffer \"", name,
+                                                       "\" has a null pointer or negative size"));
+      }
+      if (buf.bytes < want || (buf.bytes > want && !options.allow_larger_buffers)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "tensor \"", tensor, "\" on rank ", rank, ": ", SideName(side), " buffer \"", name,
+            "\" has ", buf.bytes, " bytes, expected ", want,
+            buf.bytes > want ? " (set HandleOptions::allow_larger_buffers to accept more)" : ""));
+      }
+      out[b] = net::LocalBuffer{buf.data, buf.bytes,
+                                buf.kind == MemoryKind::kCuda ? net::MemoryKind::kCuda
+                                                              : net::MemoryKind::kHost};
+    }
+    for (uint32_t b = 0; b < plan.buffers().size(); ++b) {
+      if (plan.buffers()[b].side != ps || required[b] == 0 || out[b].data != nullptr) continue;
+      std::string tensor;
+      for (size_t t = 0; t < plan.spec().tensors.size(); ++t) {
+        if (plan.buffer_of(t, ps) == b && plan.spec().layout(t, ps).mesh.IndexOf(rank) >= 0) {
+          tensor = plan.spec().tensors[t].name;
+          break;
+        }
+      }
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tensor \"", tensor, "\" on rank ", rank, ": no ", SideName(side), " buffer \"",
+          plan.buffers()[b].name, "\" was given (", required[b], " bytes expected)"));
+    }
+  }
+  if (plan.stage_buffer() != plan::Plan::kNoBuffer) {
+    const int64_t bytes = plan.stage_bytes(rank);
+    staging.assign(static_cast<size_t>(bytes), 0);
+    out[plan.stage_buffer()] = net::LocalBuffer{bytes > 0 ? staging.data() : nullptr, bytes,
+                                                net::MemoryKind::kHost};
+  }
+  return out;
+}
+
+void PlannedBytes(const plan::Plan& plan, int32_t rank, Stats& s) {
+  auto add = [&](uint32_t i, bool incoming) {
+    const plan::Transfer& t = plan.transfers()[i];
+    const int64_t bytes = plan.region(t.region).bytes;
+    switch (t.kind) {
+      case plan::TransferKind::kLocal:
+        if (incoming) s.planned_local += bytes;
+        break;
+      case plan::TransferKind::kNetwork:
+        (incoming ? s.planned_network_in : s.planned_network_out) += bytes;
+        break;
+      case plan::TransferKind::kFanout:
+        (incoming ? s.planned_fanout_in : s.planned_fanout_out) += bytes;
+        break;
+    }
+  };
+  auto [rb, re] = plan.receives(rank);
+  for (const uint32_t* p = rb; p != re; ++p) add(*p, true);
+  s.pieces_expected = re - rb;
+  auto [sb, se] = plan.sends(rank);
+  for (const uint32_t* p = sb; p != se; ++p) add(*p, false);
+}
+
+}  // namespace
+
+absl::StatusOr<RefitHandle> RefitHandle::Create(const Communicator& comm, const RefitSpec& spec,
+                                                LocalBuffers buffers,
+                                                const HandleOptions& options) {
+  RESHARD_RETURN_IF_ERROR(spec.Validate());
+  auto impl = std::make_unique<Impl>();
+  impl->comm = comm.impl();
+  impl->rank = comm.rank();
+  impl->name = options.name.empty() ? absl::StrCat("h", impl->comm->NextHandleNumber())
+                                    : options.name;
+  const int32_t spec_world = spec.WorldSize();
+  if (comm.world_size() < spec_world) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the spec names ranks up to ", spec_world - 1, " but the communicator has ",
+                     comm.world_size(), " ranks"));
+  }
+  auto shared = std::make_shared<const plan::RefitSpec>(internal::ToPlanSpec(spec));
+  plan::PlanOptions popts;
+  popts.schedule = options.schedule == Schedule::kPointToPoint
+                       ? plan::PlanOptions::Schedule::kPointToPoint
+                       : plan::PlanOptions::Schedule::kDomainAware;
+  RESHARD_ASSIGN_OR_RETURN(plan::Plan plan, plan::BuildPlan(shared, popts));
+  impl->fingerprint = plan.fingerprint();
+  impl->stats.fanout = "engine";
+  if (impl->rank >= plan.world_size()) {
+    // The spec does not name this rank: it has nothing to send or receive.
+    for (Side side : {Side::kSource, Side::kDestination}) {
+      const auto& list = side == Side::kSource ? buffers.sources() : buffers.destinations();
+      if (!list.empty()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("rank ", impl->rank, ": the spec names no tile on this rank, yet ",
+                         SideName(side), " buffer \"", list.front().first, "\" was given"));
+      }
+    }
+    return RefitHandle(std::move(impl));
+  }
+  RESHARD_ASSIGN_OR_RETURN(std::vector<net::LocalBuffer> local,
+                           MatchBuffers(plan, impl->rank, buffers, options, impl->staging));
+  PlannedBytes(plan, impl->rank, impl->stats);
+  impl->plan = std::make_unique<plan::Plan>(std::move(plan));
+  net::RefitEngineOptions eopts;
+  eopts.key_prefix = absl::StrCat("reshard/", impl->name);
+  eopts.setup_timeout = options.setup_timeout;
+  absl::StatusOr<std::unique_ptr<net::RefitEngine>> engine = net::RefitEngine::Create(
+      *impl->plan, impl->rank, impl->comm->store(), std::move(local), eopts);
+  if (!engine.ok()) {
+    return absl::Status(engine.status().code(), absl::StrCat(impl->Who(), ": set-up failed: ",
+                                                             engine.status().message()));
+  }
+  impl->engine = std::move(engine).value();
+  return RefitHandle(std::move(impl));
+}
+
+RefitHandle::RefitHandle(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+RefitHandle::RefitHandle(RefitHandle&&) noexcept = default;
+RefitHandle& RefitHandle::operator=(RefitHandle&&) noexcept = default;
+RefitHandle::~RefitHandle() = default;
+
+absl::Status RefitHandle::Start() {
+  Impl& h = *impl_;
+  if (h.in_flight) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(h.Who(), ": refit ", h.epoch, " is still in flight; call Wait() first"));
+  }
+  if (h.failed) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(h.Who(), ": refit ", h.epoch, " failed (", h.failure.ToString(),
+                     "); call Reset() on every rank before refitting again"));
+  }
+  ++h.epoch;
+  h.in_flight = true;
+  h.started = absl::Now();
+  h.registrations_at_start = net::RegistrationCount();
+  if (h.engine == nullptr) return absl::OkStatus();
+  absl::Status st = h.engine->Start(h.epoch);
+  h.stats.start_seconds = absl::ToDoubleSeconds(absl::Now() - h.started);
+  if (!st.ok()) {
+    h.in_flight = false;
+    h.failed = true;
+    h.failure = st;
+    return absl::Status(st.code(), absl::StrCat(h.Who(), ": refit ", h.epoch, ": ", st.message()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RefitHandle::Wait(absl::Time deadline) {
+  Impl& h = *impl_;
+  if (!h.in_flight) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(h.Who(), ": Wait() without a refit in flight; call Start() first"));
+  }
+  const absl::Time wait_start = absl::Now();
+  absl::Status st = h.engine != nullptr ? h.engine->Wait(deadline) : absl::OkStatus();
+  const absl::Time end = absl::Now();
+  h.in_flight = false;
+  Stats& s = h.stats;
+  s.epoch = h.epoch;
+  s.wait_seconds = absl::ToDoubleSeconds(end - wait_start);
+  s.total_seconds = absl::ToDoubleSeconds(end - h.started);
+  s.registrations_total = net::RegistrationCount();
+  s.registrations_this_refit = s.registrations_total - h.registrations_at_start;
+  if (h.engine != nullptr) {
+    const net::RefitStats& e = h.engine->last_stats();
+    s.bytes_network_sent = e.bytes_network_sent;
+    s.bytes_network_received = e.bytes_network_received;
+    s.bytes_local = e.bytes_local;
+    s.pieces_received = e.pieces_received;
+    s.puts = e.puts;
+    s.signals = e.signals;
+    s.transports = h.engine->Transports();
+  }
+  if (!st.ok()) {
+    h.failed = true;
+    h.failure = st;
+    return absl::Status(st.code(), absl::StrCat(h.Who(), ": refit ", h.epoch, ": ", st.message()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RefitHandle::Execute(absl::Time deadline) {
+  RESHARD_RETURN_IF_ERROR(Start());
+  return Wait(deadline);
+}
+
+void RefitHandle::Reset() {
+  Impl& h = *impl_;
+  if (h.engine != nullptr) h.engine->Reset();
+  h.failed = false;
+  h.in_flight = false;
+  h.failure = absl::OkStatus();
+}
+
+bool RefitHandle::failed() const { return impl_->failed; }
+uint64_t RefitHandle::epoch() const { return impl_->epoch; }
+const Stats& RefitHandle::stats() const { return impl_->stats; }
+int RefitHandle::rank() const { return impl_->rank; }
+uint64_t RefitHandle::plan_fingerprint() const { return impl_->fingerprint; }
+
+const char* Version() { return "0.1.0"; }
+
+}  // namespace reshard

@@ -1,0 +1,184 @@
+// RefitHandle: the persistent object that refits one spec between this rank's buffers and its
+// peers', once per training step.
+//
+//   reshard::LocalBuffers buffers;
+//   buffers.Source("w", w_ptr, w_bytes);                       // this rank's trainer tile
+//   buffers.Destination("qkv", qkv_ptr, qkv_bytes, reshard::MemoryKind::kCuda);
+//   auto handle = reshard::RefitHandle::Create(comm, spec, std::move(buffers));
+//   if (!handle.ok()) return handle.status();
+//   for (int step = 0; ...; ++step) {
+//     RESHARD_RETURN_IF_ERROR(handle->Execute(absl::Now() + absl::Seconds(60)));
+//   }
+//
+// Create() does all set-up once (collective over every rank of the spec): plans the refit
+// (deterministic; every rank computes the same plan and their fingerprints are compared, so
+// ranks with different specs fail before any byte moves), registers the buffers, exchanges
+// worker addresses and remote keys, and pre-builds every put. Refits never register memory or
+// touch the store again (Stats::registrations_this_refit stays 0).
+//
+// Every rank of the spec calls Execute() (or Start() + Wait()) the same number of times; on a
+// source rank it returns once its data is remotely complete, on a destination rank once every
+// byte it expects has landed. Source buffers must hold the new weights when Execute/Start is
+// called and stay unchanged until it returns/Wait returns; destination buffers are overwritten
+// during that time and hold the new weights afterwards.
+//
+// Ownership: RefitHandle is move-only; the caller's buffers must outlive it. It keeps the
+// Communicator's shared state alive. Destroying a handle mid-refit abandons the refit (peers
+// see Unavailable or DeadlineExceeded).
+// Thread safety: thread-compatible: one thread at a time per handle (the same thread that calls
+// Start must call Wait). Handles of one process share one UCX worker, so drive them from one
+// thread.
+// Blocking: Create, Execute and Wait block up to their deadline; Start never blocks.
+// Errors:
+//   InvalidArgument     invalid spec, a buffer missing / of the wrong size / unknown name,
+//                       rank outside the communicator's world;
+//   FailedPrecondition  ranks planned different specs (fingerprint mismatch); a refit is
+//                       already in flight; Execute/Start after a failed refit without Reset();
+//                       a memory kind this build cannot move (CUDA without CUDA support);
+//   Unavailable         a peer died or aborted (or the store is gone during Create);
+//   DeadlineExceeded    a deadline passed before the refit (or set-up) finished.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "reshard/communicator.h"
+#include "reshard/spec.h"
+
+namespace reshard {
+
+enum class MemoryKind : uint8_t {
+  kHost = 0,  // Ordinary (or pinned) host memory.
+  kCuda = 1,  // CUDA device memory of this process's current device.
+};
+const char* MemoryKindName(MemoryKind kind);
+
+// A caller-owned buffer. `data` may be null only when `bytes` is 0.
+struct Buffer {
+  void* data = nullptr;
+  int64_t bytes = 0;
+  MemoryKind kind = MemoryKind::kHost;
+};
+
+// This rank's buffers by name: the buffer name of a layout (Layout::InBuffer), which is the
+// tensor name for a tensor with a buffer of its own. Every buffer this rank holds on a side must
+// be given (RefitSpec::LocalBuffers lists them with exact sizes); unknown names are errors.
+class LocalBuffers {
+ public:
+  LocalBuffers& Source(std::string name, void* data, int64_t bytes,
+                       MemoryKind kind = MemoryKind::kHost);
+  LocalBuffers& Destination(std::string name, void* data, int64_t bytes,
+                            MemoryKind kind = MemoryKind::kHost);
+  LocalBuffers& Add(Side side, std::string name, Buffer buffer);
+
+  const std::vector<std::pair<std::string, Buffer>>& sources() const { return sources_; }
+  const std::vector<std::pair<std::string, Buffer>>& destinations() const {
+    return destinations_;
+  }
+
+ private:
+  std::vector<std::pair<std::string, Buffer>> sources_;
+  std::vector<std::pair<std::string, Buffer>> destinations_;
+};
+
+// How pieces are routed. kDomainAware is the product; kPointToPoint (every destination rank
+// receives its own tile from a source) is the naive baseline `reshard bench` compares with.
+enum class Schedule : uint8_t { kDomainAware = 0, kPointToPoint = 1 };
+
+struct HandleOptions {
+  // Names this handle's keys in the store. Empty: "h<N>" for the N-th handle created on this
+  // communicator, so every rank must create its handles in the same order (like NCCL
+  // communicators). Two live handles on one store must not share a name.
+  std::string name;
+  Schedule schedule = Schedule::kDomainAware;
+  // Deadline for Create's collective set-up.
+  absl::Duration setup_timeout = absl::Seconds(60);
+  // Accept buffers larger than required (otherwise the exact size is demanded, which catches
+  // passing a full tensor where a shard belongs).
+  bool allow_larger_buffers = false;
+};
+
+// Figures of the last refit on this rank.
+struct Stats {
+  uint64_t epoch = 0;  // 1 for the first refit.
+  // Bytes that moved, by path, as measured.
+  int64_t bytes_network_sent = 0;      // Put by this rank (includes fan-out the engine ran).
+  int64_t bytes_network_received = 0;  // Landed here from other ranks.
+  int64_t bytes_local = 0;             // Copied within this rank.
+  // Bytes this rank's plan assigns to each path (same every refit).
+  int64_t planned_network_in = 0;
+  int64_t planned_network_out = 0;
+  int64_t planned_fanout_in = 0;
+  int64_t planned_fanout_out = 0;
+  int64_t planned_local = 0;
+  int64_t pieces_received = 0;  // Pieces landed here (local copies included).
+  int64_t pieces_expected = 0;  // Pieces the plan promises this rank.
+  int64_t puts = 0;             // One-sided puts posted.
+  int64_t signals = 0;          // Completion signals sent.
+  double start_seconds = 0;     // Time inside Start (grants, first puts, local copies).
+  double wait_seconds = 0;      // Time inside Wait.
+  double total_seconds = 0;     // Start to the end of Wait.
+  // Transports UCX selected towards the peers, e.g. "tcp/lo,sysv/memory".
+  std::string transports;
+  // Who copies pieces inside a domain: "engine" (the network engine puts them itself).
+  std::string fanout;
+  int64_t registrations_total = 0;       // Memory registrations this process made so far.
+  int64_t registrations_this_refit = 0;  // Made during this refit: 0 after set-up.
+};
+
+class RefitHandle {
+ public:
+  [[nodiscard]] static absl::StatusOr<RefitHandle> Create(const Communicator& comm,
+                                                          const RefitSpec& spec,
+                                                          LocalBuffers buffers,
+                                                          const HandleOptions& options);
+  [[nodiscard]] static absl::StatusOr<RefitHandle> Create(const Communicator& comm,
+                                                          const RefitSpec& spec,
+                                                          LocalBuffers buffers) {
+    return Create(comm, spec, std::move(buffers), HandleOptions());
+  }
+
+  RefitHandle(RefitHandle&&) noexcept;
+  RefitHandle& operator=(RefitHandle&&) noexcept;
+  RefitHandle(const RefitHandle&) = delete;
+  RefitHandle& operator=(const RefitHandle&) = delete;
+  ~RefitHandle();
+
+  // One refit: Start() then Wait(deadline).
+  [[nodiscard]] absl::Status Execute(absl::Time deadline);
+  [[nodiscard]] absl::Status Execute(absl::Duration timeout) {
+    return Execute(absl::Now() + timeout);
+  }
+  // Begins the next refit without blocking. FailedPrecondition when one is in flight or the last
+  // one failed and Reset() was not called.
+  [[nodiscard]] absl::Status Start();
+  // Completes the refit begun by Start(). Blocks until done or `deadline`. FailedPrecondition
+  // when no refit is in flight.
+  [[nodiscard]] absl::Status Wait(absl::Time deadline);
+  // Forgets a failed refit so the handle may refit again (every peer must Reset too).
+  void Reset();
+
+  // Whether the last refit failed (and Reset() was not called since).
+  bool failed() const;
+  // Refits executed (successful or not).
+  uint64_t epoch() const;
+  // Figures of the last refit (valid after the first Wait).
+  const Stats& stats() const;
+  int rank() const;
+  // Fingerprint of the plan, equal on every rank.
+  uint64_t plan_fingerprint() const;
+
+  class Impl;
+
+ private:
+  explicit RefitHandle(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace reshard

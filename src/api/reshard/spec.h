@@ -1,0 +1,184 @@
+// Describing a refit: layouts that mirror PyTorch DTensor, and the spec listing every tensor with
+// its source (trainer) and destination (inference) layout.
+//
+//   reshard::RefitSpec spec;
+//   spec.AddTensor("layers.0.mlp.up_proj", reshard::DType::kBf16, {4096, 1024},
+//                  reshard::Layout(reshard::Mesh::Range(0, 2), {reshard::Shard(0)}),
+//                  reshard::Layout(reshard::Mesh({{2, 3}, {4, 5}}),
+//                                  {reshard::Replicate(), reshard::Shard(1)}));
+//   spec.SetRanksPerDomain(4);
+//
+// Semantics follow DTensor exactly: a mesh is an N-D array of global ranks; per mesh axis a
+// placement replicates the tensor or shards tensor dim d; uneven dims split like torch.chunk
+// (chunk c = ceil(n / k), shard i covers [i*c, min((i+1)*c, n)), possibly empty); several axes
+// sharding one dim nest in mesh-axis order. A layout may place every tile of one side inside a
+// larger per-rank buffer through a view (fused parameters such as qkv_proj).
+//
+// These are plain value types: copyable, thread-compatible, no I/O. Building never fails;
+// Validate() (also run by RefitHandle::Create) reports the first problem as InvalidArgument with
+// one sentence naming the tensor and the field.
+#pragma once
+
+#include <cstdint>
+#include <initializer_list>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace reshard {
+
+enum class DType : uint8_t {
+  kBool,
+  kU8,
+  kI8,
+  kI16,
+  kI32,
+  kI64,
+  kFp8E4M3,
+  kFp8E5M2,
+  kFp16,
+  kBf16,
+  kFp32,
+  kFp64,
+};
+// Size of one element in bytes.
+int DTypeSize(DType dtype);
+// Spec spelling: "bf16", "fp8e4m3", ...
+const char* DTypeName(DType dtype);
+
+// Per mesh axis: replicate, or shard tensor dim `dim`.
+struct Placement {
+  bool shard = false;
+  int dim = -1;
+  bool operator==(const Placement&) const = default;
+};
+inline Placement Shard(int dim) { return Placement{true, dim}; }
+inline Placement Replicate() { return Placement{false, -1}; }
+
+// An N-D array of global ranks (any ranks, any order), row-major, like torch's DeviceMesh.
+class Mesh {
+ public:
+  Mesh() = default;
+  // A 1-D mesh over `ranks`.
+  explicit Mesh(std::vector<int32_t> ranks);
+  // A 2-D mesh: one row per inner list (rows must have equal length; Validate checks).
+  Mesh(std::initializer_list<std::initializer_list<int32_t>> rows);
+  // An N-D mesh of `shape` over `ranks` in row-major order.
+  Mesh(std::vector<int64_t> shape, std::vector<int32_t> ranks);
+  // 1-D mesh of ranks [first, first + count).
+  static Mesh Range(int32_t first, int32_t count);
+
+  // The same ranks viewed with another shape (product must match; Validate checks).
+  Mesh Reshape(std::vector<int64_t> shape) const;
+
+  const std::vector<int64_t>& shape() const { return shape_; }
+  const std::vector<int32_t>& ranks() const { return ranks_; }
+  int ndim() const { return static_cast<int>(shape_.size()); }
+
+ private:
+  std::vector<int64_t> shape_;
+  std::vector<int32_t> ranks_;
+};
+
+// A tensor's layout on one side.
+struct Layout {
+  Layout() = default;
+  Layout(Mesh mesh, std::vector<Placement> placements)
+      : mesh(std::move(mesh)), placements(std::move(placements)) {}
+
+  // Places every tile of this side inside the per-rank buffer `buffer_name` at element
+  // `offset`, with element `strides` (empty: row-major contiguous tile). Returns *this.
+  Layout& InBuffer(std::string buffer_name, int64_t offset = 0,
+                   std::vector<int64_t> strides = {});
+
+  Mesh mesh;
+  std::vector<Placement> placements;  // One per mesh axis.
+  // Per-rank buffer holding the tile. Empty: a buffer of its own named after the tensor.
+  std::string buffer;
+  int64_t view_offset = 0;            // In elements.
+  std::vector<int64_t> view_strides;  // In elements; empty: contiguous.
+  bool has_view = false;
+};
+
+struct TensorDesc {
+  std::string name;
+  DType dtype = DType::kFp32;
+  std::vector<int64_t> shape;
+  Layout src;
+  Layout dst;
+};
+
+// Which side of the refit a buffer belongs to. A rank may hold both a source and a destination
+// buffer of the same name; they never alias.
+enum class Side : uint8_t { kSource = 0, kDestination = 1 };
+const char* SideName(Side side);
+
+// A buffer this rank must provide to RefitHandle::Create.
+struct BufferRequirement {
+  std::string name;
+  Side side = Side::kSource;
+  int64_t bytes = 0;
+  std::vector<std::string> tensors;  // Tensors whose tiles live in it.
+};
+
+// The part of one tensor that one rank holds: global box [lo, hi) and where its elements sit in
+// the rank's buffer (element (i0, i1, ...) of the tile at offset + sum(i_k * strides[k])).
+struct LocalTile {
+  std::string tensor;
+  std::string buffer;
+  Side side = Side::kSource;
+  DType dtype = DType::kFp32;
+  std::vector<int64_t> global_shape;
+  std::vector<int64_t> lo, hi;
+  int64_t offset = 0;            // In elements.
+  std::vector<int64_t> strides;  // In elements, resolved (never empty for ndim > 0).
+  int64_t num_elements() const;
+};
+
+class RefitSpec {
+ public:
+  RefitSpec() = default;
+
+  // Parses the JSON spec format (docs/spec-format in DESIGN §7). InvalidArgument with the line
+  // and column on any error; the result is valid.
+  [[nodiscard]] static absl::StatusOr<RefitSpec> FromJson(const std::string& text);
+  // Reads and parses a file; the path is named in every error.
+  [[nodiscard]] static absl::StatusOr<RefitSpec> FromFile(const std::string& path);
+  // The JSON form, which FromJson reads back to an equal spec.
+  std::string ToJson() const;
+
+  // Appends a tensor. Returns *this for chaining.
+  RefitSpec& AddTensor(std::string name, DType dtype, std::vector<int64_t> shape, Layout src,
+                       Layout dst);
+  // Topology: explicit fast-fabric domains (NVLink domains; processes of one host). Ranks in
+  // no listed domain are domains of their own.
+  RefitSpec& SetDomains(std::vector<std::vector<int32_t>> domains);
+  // Topology: consecutive ranks grouped by `n` (an NVL8 node: 8).
+  RefitSpec& SetRanksPerDomain(int64_t n);
+  RefitSpec& SetComment(std::string comment);
+
+  const std::vector<TensorDesc>& tensors() const { return tensors_; }
+  const std::vector<std::vector<int32_t>>& domains() const { return domains_; }
+  int64_t ranks_per_domain() const { return ranks_per_domain_; }
+  const std::string& comment() const { return comment_; }
+
+  // OK or InvalidArgument naming the tensor and field.
+  [[nodiscard]] absl::Status Validate() const;
+  // 1 + the largest rank the spec names.
+  int32_t WorldSize() const;
+  // The buffers `rank` must pass to RefitHandle::Create, with their exact sizes (sources first,
+  // then destinations, in order of first appearance). InvalidArgument for an invalid spec.
+  [[nodiscard]] absl::StatusOr<std::vector<BufferRequirement>> LocalBuffers(int32_t rank) const;
+  // Every tile `rank` holds on `side`, in tensor order (empty tiles of uneven shards included).
+  [[nodiscard]] absl::StatusOr<std::vector<LocalTile>> LocalTiles(int32_t rank, Side side) const;
+
+ private:
+  std::string comment_;
+  std::vector<TensorDesc> tensors_;
+  std::vector<std::vector<int32_t>> domains_;
+  int64_t ranks_per_domain_ = 0;
+};
+
+}  // namespace reshard

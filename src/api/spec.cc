@@ -1,0 +1,205 @@
+// Public spec types <-> the planner's spec (src/plan/spec.h).
+#include "reshard/spec.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "src/api/internal.h"
+#include "src/common/status.h"
+#include "src/plan/dtype.h"
+#include "src/plan/plan.h"
+#include "src/plan/spec_json.h"
+#include "src/plan/tiling.h"
+
+namespace reshard {
+
+int DTypeSize(DType dtype) { return plan::DTypeSize(static_cast<plan::DType>(dtype)); }
+const char* DTypeName(DType dtype) {
+  // DTypeName returns views of string literals, so data() is NUL-terminated.
+  return plan::DTypeName(static_cast<plan::DType>(dtype)).data();
+}
+const char* SideName(Side side) { return side == Side::kSource ? "source" : "destination"; }
+
+Mesh::Mesh(std::vector<int32_t> ranks)
+    : shape_{static_cast<int64_t>(ranks.size())}, ranks_(std::move(ranks)) {}
+
+Mesh::Mesh(std::initializer_list<std::initializer_list<int32_t>> rows) {
+  int64_t cols = rows.size() == 0 ? 0 : static_cast<int64_t>(rows.begin()->size());
+  for (const auto& row : rows) {
+    // Ragged rows: keep a shape whose product differs from the rank count, so Validate names it.
+    if (static_cast<int64_t>(row.size()) != cols) cols = -1;
+    ranks_.insert(ranks_.end(), row.begin(), row.end());
+  }
+  shape_ = {static_cast<int64_t>(rows.size()), cols};
+}
+
+Mesh::Mesh(std::vector<int64_t> shape, std::vector<int32_t> ranks)
+    : shape_(std::move(shape)), ranks_(std::move(ranks)) {}
+
+Mesh Mesh::Range(int32_t first, int32_t count) {
+  std::vector<int32_t> ranks(count > 0 ? count : 0);
+  for (int32_t i = 0; i < count; ++i) ranks[i] = first + i;
+  return Mesh(std::move(ranks));
+}
+
+Mesh Mesh::Reshape(std::vector<int64_t> shape) const { return Mesh(std::move(shape), ranks_); }
+
+Layout& Layout::InBuffer(std::string buffer_name, int64_t offset, std::vector<int64_t> strides) {
+  buffer = std::move(buffer_name);
+  view_offset = offset;
+  view_strides = std::move(strides);
+  has_view = true;
+  return *this;
+}
+
+int64_t LocalTile::num_elements() const {
+  int64_t n = 1;
+  for (size_t d = 0; d < lo.size(); ++d) n *= hi[d] - lo[d];
+  return n;
+}
+
+RefitSpec& RefitSpec::AddTensor(std::string name, DType dtype, std::vector<int64_t> shape,
+                                Layout src, Layout dst) {
+  tensors_.push_back(
+      TensorDesc{std::move(name), dtype, std::move(shape), std::move(src), std::move(dst)});
+  return *this;
+}
+RefitSpec& RefitSpec::SetDomains(std::vector<std::vector<int32_t>> domains) {
+  domains_ = std::move(domains);
+  ranks_per_domain_ = 0;
+  return *this;
+}
+RefitSpec& RefitSpec::SetRanksPerDomain(int64_t n) {
+  ranks_per_domain_ = n;
+  domains_.clear();
+  return *this;
+}
+RefitSpec& RefitSpec::SetComment(std::string comment) {
+  comment_ = std::move(comment);
+  return *this;
+}
+
+namespace {
+
+plan::Layout ToPlan(const Layout& in) {
+  plan::Layout out;
+  out.mesh.shape = in.mesh.shape();
+  out.mesh.ranks = in.mesh.ranks();
+  for (const Placement& p : in.placements) {
+    out.placements.push_back(p.shard ? plan::Placement::Shard(p.dim)
+                                     : plan::Placement::Replicate());
+  }
+  out.buffer = in.buffer;
+  out.view.offset = in.view_offset;
+  out.view.strides = in.view_strides;
+  out.has_view = in.has_view;
+  return out;
+}
+
+Layout FromPlan(const plan::Layout& in) {
+  Layout out(Mesh(in.mesh.shape, in.mesh.ranks), {});
+  for (const plan::Placement& p : in.placements) {
+    out.placements.push_back(p.is_shard() ? Shard(p.dim) : Replicate());
+  }
+  out.buffer = in.buffer;
+  out.view_offset = in.view.offset;
+  out.view_strides = in.view.strides;
+  out.has_view = in.has_view;
+  return out;
+}
+
+RefitSpec FromPlanSpec(const plan::RefitSpec& in) {
+  RefitSpec out;
+  out.SetComment(in.comment);
+  for (const plan::TensorSpec& t : in.tensors) {
+    out.AddTensor(t.name, static_cast<DType>(t.dtype), t.shape, FromPlan(t.src), FromPlan(t.dst));
+  }
+  if (!in.topology.domains.empty()) out.SetDomains(in.topology.domains);
+  if (in.topology.ranks_per_domain > 0) out.SetRanksPerDomain(in.topology.ranks_per_domain);
+  return out;
+}
+
+}  // namespace
+
+namespace internal {
+
+plan::RefitSpec ToPlanSpec(const RefitSpec& spec) {
+  plan::RefitSpec out;
+  out.comment = spec.comment();
+  out.topology.domains = spec.domains();
+  out.topology.ranks_per_domain = spec.ranks_per_domain();
+  for (const TensorDesc& t : spec.tensors()) {
+    plan::TensorSpec ts;
+    ts.name = t.name;
+    ts.dtype = static_cast<plan::DType>(t.dtype);
+    ts.shape = t.shape;
+    ts.src = ToPlan(t.src);
+    ts.dst = ToPlan(t.dst);
+    out.tensors.push_back(std::move(ts));
+  }
+  return out;
+}
+
+}  // namespace internal
+
+absl::StatusOr<RefitSpec> RefitSpec::FromJson(const std::string& text) {
+  RESHARD_ASSIGN_OR_RETURN(plan::RefitSpec spec, plan::ParseSpecJson(text));
+  return FromPlanSpec(spec);
+}
+
+absl::StatusOr<RefitSpec> RefitSpec::FromFile(const std::string& path) {
+  RESHARD_ASSIGN_OR_RETURN(plan::RefitSpec spec, plan::LoadSpecFile(path));
+  return FromPlanSpec(spec);
+}
+
+std::string RefitSpec::ToJson() const { return plan::SpecToJson(internal::ToPlanSpec(*this)); }
+
+absl::Status RefitSpec::Validate() const {
+  if (tensors_.empty()) return absl::InvalidArgumentError("the refit spec lists no tensors");
+  return plan::Validate(internal::ToPlanSpec(*this));
+}
+
+int32_t RefitSpec::WorldSize() const { return internal::ToPlanSpec(*this).WorldSize(); }
+
+absl::StatusOr<std::vector<BufferRequirement>> RefitSpec::LocalBuffers(int32_t rank) const {
+  RESHARD_RETURN_IF_ERROR(Validate());
+  auto spec = std::make_shared<plan::RefitSpec>(internal::ToPlanSpec(*this));
+  if (rank < 0) return absl::InvalidArgumentError(absl::StrCat("rank ", rank, " is negative"));
+  plan::PlanOptions options;
+  options.schedule = plan::PlanOptions::Schedule::kPointToPoint;  // Buffers do not depend on it.
+  RESHARD_ASSIGN_OR_RETURN(plan::Plan plan, plan::BuildPlan(spec, options));
+  return internal::Requirements(plan, rank);
+}
+
+absl::StatusOr<std::vector<LocalTile>> RefitSpec::LocalTiles(int32_t rank, Side side) const {
+  RESHARD_RETURN_IF_ERROR(Validate());
+  const plan::RefitSpec spec = internal::ToPlanSpec(*this);
+  const plan::Side ps = side == Side::kSource ? plan::Side::kSrc : plan::Side::kDst;
+  std::vector<LocalTile> out;
+  for (size_t t = 0; t < spec.tensors.size(); ++t) {
+    const plan::TensorSpec& ts = spec.tensors[t];
+    const plan::Layout& layout = spec.layout(t, ps);
+    plan::TileGrid grid(layout, ts.shape);
+    const std::optional<plan::TileGrid::Cell> cell = grid.CellOfRank(rank);
+    if (!cell) continue;
+    const plan::Box box = grid.CellBox(*cell);
+    std::array<int64_t, plan::kMaxTensorDims> strides{};
+    plan::TileStrides(layout, box, strides);
+    LocalTile tile;
+    tile.tensor = ts.name;
+    tile.buffer = ps == plan::Side::kSrc ? ts.src_buffer() : ts.dst_buffer();
+    tile.side = side;
+    tile.dtype = static_cast<DType>(ts.dtype);
+    tile.global_shape = ts.shape;
+    for (int d = 0; d < box.ndim; ++d) {
+      tile.lo.push_back(box.lo[d]);
+      tile.hi.push_back(box.hi[d]);
+      tile.strides.push_back(strides[d]);
+    }
+    tile.offset = layout.view.offset;
+    out.push_back(std::move(tile));
+  }
+  return out;
+}
+
+}  // namespace reshard

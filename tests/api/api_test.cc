@@ -1,0 +1,246 @@
+// The public C++ API in one process: spec builders, JSON, buffer requirements and tiles, misuse
+// errors, and real refits on a one-rank world through the UCX engine (local copies).
+#include <cstring>
+#include <map>
+#include <mutex>
+
+#include "gtest/gtest.h"
+#include "reshard/reshard.h"
+
+namespace {
+
+using reshard::DType;
+using reshard::Layout;
+using reshard::Mesh;
+using reshard::Replicate;
+using reshard::Shard;
+
+// An in-memory store shared by the ranks of one process (callbacks API).
+struct MemoryStore {
+  std::mutex mu;
+  std::map<std::string, std::string> kv;
+  reshard::StoreCallbacks Callbacks() {
+    reshard::StoreCallbacks cb;
+    cb.set = [this](const std::string& k, const std::string& v) {
+      std::lock_guard<std::mutex> lock(mu);
+      kv[k] = v;
+      return absl::OkStatus();
+    };
+    cb.get = [this](const std::string& k, absl::Time deadline) -> absl::StatusOr<std::string> {
+      while (true) {
+        {
+          std::lock_guard<std::mutex> lock(mu);
+          auto it = kv.find(k);
+          if (it != kv.end()) return it->second;
+        }
+        if (absl::Now() > deadline) return absl::DeadlineExceededError("no key " + k);
+        absl::SleepFor(absl::Milliseconds(1));
+      }
+    };
+    cb.list = [this](const std::string& prefix)
+        -> absl::StatusOr<std::vector<std::pair<std::string, std::string>>> {
+      std::lock_guard<std::mutex> lock(mu);
+      std::vector<std::pair<std::string, std::string>> out;
+      for (auto it = kv.lower_bound(prefix); it != kv.end() && it->first.rfind(prefix, 0) == 0;
+           ++it) {
+        out.push_back(*it);
+      }
+      return out;
+    };
+    return cb;
+  }
+};
+
+// 8x6 fp32 row-sharded over ranks {0,1} -> column-sharded over {2,3}; a fused "qkv" buffer.
+reshard::RefitSpec TwoByTwo() {
+  reshard::RefitSpec spec;
+  spec.AddTensor("w", DType::kFp32, {8, 6}, Layout(Mesh::Range(0, 2), {Shard(0)}),
+                 Layout(Mesh({2, 3}), {Shard(1)}));
+  spec.AddTensor("q", DType::kBf16, {4, 4}, Layout(Mesh::Range(0, 2), {Shard(0)}),
+                 Layout(Mesh({2, 3}), {Replicate()}).InBuffer("qkv", 0));
+  spec.AddTensor("k", DType::kBf16, {2, 4}, Layout(Mesh::Range(0, 2), {Replicate()}),
+                 Layout(Mesh({2, 3}), {Replicate()}).InBuffer("qkv", 16));
+  return spec;
+}
+
+TEST(SpecTest, JsonRoundTripKeepsEverything) {
+  reshard::RefitSpec spec = TwoByTwo();
+  spec.SetRanksPerDomain(2);
+  ASSERT_TRUE(spec.Validate().ok()) << spec.Validate();
+  absl::StatusOr<reshard::RefitSpec> back = reshard::RefitSpec::FromJson(spec.ToJson());
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->ToJson(), spec.ToJson());
+  EXPECT_EQ(back->tensors().size(), 3u);
+  EXPECT_EQ(back->tensors()[1].dst.buffer, "qkv");
+  EXPECT_EQ(back->ranks_per_domain(), 2);
+  EXPECT_EQ(back->WorldSize(), 4);
+}
+
+TEST(SpecTest, ValidateNamesTensorAndField) {
+  reshard::RefitSpec spec;
+  spec.AddTensor("layers.0.w", DType::kBf16, {8, 8}, Layout(Mesh::Range(0, 2), {Shard(2)}),
+                 Layout(Mesh::Range(2, 2), {Shard(0)}));
+  absl::Status st = spec.Validate();
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(std::string(st.message()).find("layers.0.w"), std::string::npos) << st;
+  EXPECT_EQ(reshard::RefitSpec().Validate().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(reshard::RefitSpec::FromJson("{\"tensors\": [}").status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(SpecTest, LocalBuffersAndTiles) {
+  const reshard::RefitSpec spec = TwoByTwo();
+  auto src = spec.LocalBuffers(0);
+  ASSERT_TRUE(src.ok()) << src.status();
+  ASSERT_EQ(src->size(), 3u);  // w, q, k sources
+  EXPECT_EQ((*src)[0].name, "w");
+  EXPECT_EQ((*src)[0].bytes, 4 * 6 * 4);
+  EXPECT_EQ((*src)[0].side, reshard::Side::kSource);
+  auto dst = spec.LocalBuffers(3);
+  ASSERT_TRUE(dst.ok()) << dst.status();
+  ASSERT_EQ(dst->size(), 2u);  // w and the fused qkv
+  EXPECT_EQ((*dst)[0].name, "w");
+  EXPECT_EQ((*dst)[0].bytes, 8 * 3 * 4);
+  EXPECT_EQ((*dst)[1].name, "qkv");
+  EXPECT_EQ((*dst)[1].bytes, 24 * 2);
+  EXPECT_EQ((*dst)[1].tensors, (std::vector<std::string>{"q", "k"}));
+
+  auto tiles = spec.LocalTiles(3, reshard::Side::kDestination);
+  ASSERT_TRUE(tiles.ok()) << tiles.status();
+  ASSERT_EQ(tiles->size(), 3u);
+  EXPECT_EQ((*tiles)[0].lo, (std::vector<int64_t>{0, 3}));
+  EXPECT_EQ((*tiles)[0].hi, (std::vector<int64_t>{8, 6}));
+  EXPECT_EQ((*tiles)[0].strides, (std::vector<int64_t>{3, 1}));
+  EXPECT_EQ((*tiles)[2].buffer, "qkv");
+  EXPECT_EQ((*tiles)[2].offset, 16);
+  EXPECT_EQ((*tiles)[2].num_elements(), 8);
+}
+
+TEST(CommunicatorTest, RejectsBadIdentityAndMissingCallbacks) {
+  MemoryStore store;
+  EXPECT_EQ(reshard::Communicator::FromCallbacks(store.Callbacks(), 2, 2).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(reshard::Communicator::FromCallbacks({}, 0, 1).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(reshard::Communicator::Connect("nohostport", "t", 0, 1).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(reshard::Communicator::Connect("127.0.0.1:1", "", 0, 1).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(CommunicatorTest, EnvironmentNamesMissingVariable) {
+  unsetenv("RESHARD_RANK");
+  unsetenv("OMPI_COMM_WORLD_RANK");
+  absl::Status st = reshard::Communicator::FromEnvironment().status();
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(std::string(st.message()).find("RESHARD_RANK"), std::string::npos) << st;
+}
+
+class HandleMisuseTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto comm = reshard::Communicator::FromCallbacks(store_.Callbacks(), 3, 4);
+    ASSERT_TRUE(comm.ok()) << comm.status();
+    comm_ = std::make_unique<reshard::Communicator>(*comm);
+  }
+  MemoryStore store_;
+  std::unique_ptr<reshard::Communicator> comm_;
+  std::vector<uint8_t> w_ = std::vector<uint8_t>(96), qkv_ = std::vector<uint8_t>(48);
+};
+
+TEST_F(HandleMisuseTest, WrongSizeNamesTensorRankAndBytes) {
+  reshard::LocalBuffers b;
+  b.Destination("w", w_.data(), 95).Destination("qkv", qkv_.data(), 48);
+  absl::Status st = reshard::RefitHandle::Create(*comm_, TwoByTwo(), b).status();
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  const std::string m(st.message());
+  EXPECT_NE(m.find("tensor \"w\" on rank 3"), std::string::npos) << m;
+  EXPECT_NE(m.find("95 bytes, expected 96"), std::string::npos) << m;
+
+  reshard::LocalBuffers bigger;
+  bigger.Destination("w", w_.data(), 96).Destination("qkv", qkv_.data(), 48 * 4);
+  st = reshard::RefitHandle::Create(*comm_, TwoByTwo(), bigger).status();
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(std::string(st.message()).find("expected 48"), std::string::npos) << st;
+}
+
+TEST_F(HandleMisuseTest, MissingUnknownAndDuplicateBuffers) {
+  reshard::LocalBuffers missing;
+  missing.Destination("w", w_.data(), 96);
+  absl::Status st = reshard::RefitHandle::Create(*comm_, TwoByTwo(), missing).status();
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(std::string(st.message()).find("tensor \"q\" on rank 3: no destination buffer \"qkv\""),
+            std::string::npos)
+      << st;
+
+  reshard::LocalBuffers unknown;
+  unknown.Destination("w", w_.data(), 96).Destination("qkv", qkv_.data(), 48);
+  unknown.Destination("wq", w_.data(), 96);
+  st = reshard::RefitHandle::Create(*comm_, TwoByTwo(), unknown).status();
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(std::string(st.message()).find("\"wq\""), std::string::npos) << st;
+
+  reshard::LocalBuffers twice;
+  twice.Destination("w", w_.data(), 96).Destination("w", w_.data(), 96);
+  st = reshard::RefitHandle::Create(*comm_, TwoByTwo(), twice).status();
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(std::string(st.message()).find("given twice"), std::string::npos) << st;
+
+  reshard::LocalBuffers wrong_side;  // rank 3 holds no source tile
+  wrong_side.Source("w", w_.data(), 96);
+  st = reshard::RefitHandle::Create(*comm_, TwoByTwo(), wrong_side).status();
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(HandleMisuseTest, WorldTooSmallForSpec) {
+  auto small = reshard::Communicator::FromCallbacks(store_.Callbacks(), 0, 2);
+  ASSERT_TRUE(small.ok());
+  absl::Status st = reshard::RefitHandle::Create(*small, TwoByTwo(), {}).status();
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(std::string(st.message()).find("2 ranks"), std::string::npos) << st;
+}
+
+// A one-rank world: rank 0 holds a row-sharded (over a 2-D mesh of itself) source and a strided
+// destination view; every refit moves real bytes through the engine (local copies).
+TEST(HandleTest, OneRankRefitsRepeatedlyWithoutRegistering) {
+  MemoryStore store;
+  auto comm = reshard::Communicator::FromCallbacks(store.Callbacks(), 0, 1);
+  ASSERT_TRUE(comm.ok()) << comm.status();
+  reshard::RefitSpec spec;
+  // Destination: a 4x5 tile inside a 4x8 row-pitched buffer at offset 2 (a fused-style view).
+  spec.AddTensor("w", DType::kI32, {4, 5}, Layout(Mesh({0}), {Replicate()}),
+                 Layout(Mesh({0}), {Replicate()}).InBuffer("fused", 2, {8, 1}));
+  auto reqs = spec.LocalBuffers(0);
+  ASSERT_TRUE(reqs.ok()) << reqs.status();
+  ASSERT_EQ(reqs->size(), 2u);
+  std::vector<int32_t> src(20), fused(static_cast<size_t>((*reqs)[1].bytes / 4), -1);
+  reshard::LocalBuffers b;
+  b.Source("w", src.data(), 80).Destination("fused", fused.data(), (*reqs)[1].bytes);
+  auto handle = reshard::RefitHandle::Create(*comm, spec, std::move(b));
+  ASSERT_TRUE(handle.ok()) << handle.status();
+  for (int step = 1; step <= 3; ++step) {
+    for (int i = 0; i < 20; ++i) src[i] = step * 1000 + i;
+    ASSERT_TRUE(handle->Execute(absl::Seconds(20)).ok());
+    for (int r = 0; r < 4; ++r) {
+      for (int c = 0; c < 5; ++c) ASSERT_EQ(fused[2 + r * 8 + c], step * 1000 + r * 5 + c);
+    }
+    EXPECT_EQ(fused[0], -1);  // Outside the view: untouched.
+    const reshard::Stats& s = handle->stats();
+    EXPECT_EQ(s.epoch, static_cast<uint64_t>(step));
+    EXPECT_EQ(s.bytes_local, 80);
+    EXPECT_EQ(s.pieces_received, s.pieces_expected);
+    EXPECT_EQ(s.registrations_this_refit, 0);
+  }
+  // Start/Wait misuse.
+  EXPECT_EQ(handle->Wait(absl::Now() + absl::Seconds(1)).code(),
+            absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(handle->Start().ok());
+  EXPECT_EQ(handle->Start().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(handle->Wait(absl::Now() + absl::Seconds(20)).ok());
+  // Move-only handle keeps working after a move.
+  reshard::RefitHandle moved = std::move(handle).value();
+  EXPECT_TRUE(moved.Execute(absl::Seconds(20)).ok());
+  EXPECT_EQ(moved.epoch(), 5u);
+}
+
+}  // namespace
