@@ -1,0 +1,79 @@
+#include "src/net/device_copy.h"
+
+#include "absl/strings/str_cat.h"
+
+#if RESHARD_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
+namespace reshard::net {
+
+#if RESHARD_HAVE_CUDA
+
+namespace {
+absl::Status CudaError(cudaError_t err, const char* call) {
+  return absl::InternalError(absl::StrCat(call, ": ", cudaGetErrorString(err)));
+}
+}  // namespace
+
+bool BuiltWithCuda() { return true; }
+
+int CudaDeviceCount(std::string* why) {
+  int count = 0;
+  const cudaError_t err = cudaGetDeviceCount(&count);
+  if (err != cudaSuccess) {
+    if (why != nullptr) {
+      *why = absl::StrCat("cudaGetDeviceCount: ", cudaGetErrorString(err), " (error ",
+                          static_cast<int>(err), ")");
+    }
+    return 0;
+  }
+  if (count == 0 && why != nullptr) *why = "cudaGetDeviceCount reports no devices";
+  return count;
+}
+
+absl::StatusOr<void*> AllocPinned(size_t bytes) {
+  void* ptr = nullptr;
+  const cudaError_t err = cudaHostAlloc(&ptr, bytes == 0 ? 1 : bytes, cudaHostAllocPortable);
+  if (err != cudaSuccess) return CudaError(err, "cudaHostAlloc");
+  return ptr;
+}
+
+void FreePinned(void* ptr) {
+  if (ptr != nullptr) cudaFreeHost(ptr);
+}
+
+absl::Status CudaCopy(void* dst, const void* src, size_t bytes) {
+  if (bytes == 0) return absl::OkStatus();
+  static thread_local cudaStream_t stream = nullptr;
+  if (stream == nullptr) {
+    const cudaError_t err = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
+    if (err != cudaSuccess) return CudaError(err, "cudaStreamCreateWithFlags");
+  }
+  cudaError_t err = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream);
+  if (err != cudaSuccess) return CudaError(err, "cudaMemcpyAsync");
+  err = cudaStreamSynchronize(stream);
+  if (err != cudaSuccess) return CudaError(err, "cudaStreamSynchronize");
+  return absl::OkStatus();
+}
+
+#else  // !RESHARD_HAVE_CUDA
+
+namespace {
+absl::Status NoCuda() {
+  return absl::FailedPreconditionError("device memory needs CUDA, and reshard was built without it");
+}
+}  // namespace
+
+bool BuiltWithCuda() { return false; }
+int CudaDeviceCount(std::string* why) {
+  if (why != nullptr) *why = "reshard was built without CUDA";
+  return 0;
+}
+absl::StatusOr<void*> AllocPinned(size_t) { return NoCuda(); }
+void FreePinned(void*) {}
+absl::Status CudaCopy(void*, const void*, size_t) { return NoCuda(); }
+
+#endif
+
+}  // namespace reshard::net

@@ -1,0 +1,32 @@
+// The few CUDA runtime calls the engine needs to stage device memory through pinned host
+// buffers when UCX cannot register device memory (Debian's UCX 1.13 has no CUDA support).
+//
+// Compiled against the CUDA runtime (CUDA::cudart, never libcuda) when the build found CUDA
+// (RESHARD_HAVE_CUDA); otherwise every call returns FailedPrecondition. Callers check
+// CudaDeviceCount() at run time: no driver or no device reads as 0 devices, never a crash.
+#pragma once
+
+#include <cstddef>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace reshard::net {
+
+// Whether this build links the CUDA runtime.
+bool BuiltWithCuda();
+
+// Number of usable CUDA devices; 0 when the build has no CUDA, there is no driver, or the
+// runtime reports an error (`why`, when given, receives the reason).
+int CudaDeviceCount(std::string* why = nullptr);
+
+// Page-locked host memory (cudaHostAlloc); FailedPrecondition without CUDA.
+[[nodiscard]] absl::StatusOr<void*> AllocPinned(size_t bytes);
+void FreePinned(void* ptr);
+
+// A synchronous copy between any two addresses the CUDA runtime understands (host, pinned or
+// device; cudaMemcpyAsync on a private stream, then synchronise).
+[[nodiscard]] absl::Status CudaCopy(void* dst, const void* src, size_t bytes);
+
+}  // namespace reshard::net

@@ -1,0 +1,160 @@
+// The refit engine: a persistent handle that executes the network stage of a plan with UCX
+// one-sided puts, once per training step (DESIGN §4).
+//
+// Set-up (Create, once per handle):
+//   1. every rank publishes its plan fingerprint under `<key_prefix>/fp/<rank>` and compares it
+//      with every other rank's; any mismatch fails every rank with FailedPrecondition before a
+//      single byte is written;
+//   2. each local buffer is registered once (ucp_mem_map of the caller's memory);
+//   3. worker addresses and packed remote keys of destination buffers are exchanged once through
+//      the store; endpoints are created to the peers the plan connects this rank with;
+//   4. put descriptors are pre-built: per peer, every contiguous run with its local address,
+//      resolved remote address and remote key.
+// Refits 2..N register nothing, unpack nothing, and touch the store not at all.
+//
+// One epoch (Start/Progress/Wait):
+//   - a destination enters the epoch and grants it to each of its sources with a small active
+//     message (no source writes into a buffer that is still in use);
+//   - a source, once granted, puts each region straight into the receiver's buffer (one put per
+//     contiguous run), keeping at most `max_outstanding_puts` in flight, and after the data of a
+//     batch of pieces is remotely complete (ucp_ep_flush_nbx) sends one completion signal carrying
+//     the epoch and the indices of those pieces;
+//   - the receiver progresses its worker and counts the pieces of THIS epoch; local transfers
+//     are memcpy; transfers with `after` >= 0 (fan-out) start once that transfer landed here.
+// Every wait is bounded by a deadline. A lost peer becomes Unavailable (peer error handling,
+// or an abort signal from a rank whose refit failed) or DeadlineExceeded on every rank; the
+// handle then records the failed epoch and refuses further epochs (FailedPrecondition) until
+// Reset().
+//
+// Fan-out hook: Progress() reports which transfers landed on this rank, so an intra-domain
+// fan-out layer can forward them as they arrive. With `execute_fanout` (the default) the engine
+// executes kFanout transfers itself, as network puts from the receiver's destination buffer.
+//
+// Memory kinds: host memory is registered directly. CUDA memory is registered directly when the
+// UCX context reports CUDA memory support; otherwise (Debian's UCX) it is staged through pinned
+// host buffers with cudaMemcpyAsync (only in builds with CUDA; FailedPrecondition otherwise).
+//
+// Thread safety: thread-compatible. All calls on one handle come from one thread, which owns the
+// process's single UCX worker (see src/net/ucx/worker.h). Start and Progress never block; Wait,
+// Execute, Create and Shutdown block until done or their deadline.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "src/net/store.h"
+#include "src/plan/plan.h"
+
+namespace reshard::net {
+
+enum class MemoryKind : uint8_t { kHost = 0, kCuda = 1 };
+const char* MemoryKindName(MemoryKind kind);
+
+// One of this rank's buffers, indexed by plan buffer id. `data` may be null when `bytes` is 0
+// (the rank holds no tile of that buffer). The memory must outlive the engine.
+struct LocalBuffer {
+  void* data = nullptr;
+  int64_t bytes = 0;
+  MemoryKind kind = MemoryKind::kHost;
+};
+
+struct RefitEngineOptions {
+  // Namespace of this handle's store keys; every rank of one handle must use the same prefix
+  // and two live handles must not.
+  std::string key_prefix = "reshard/refit";
+  // Deadline for Create (store exchange, fingerprint comparison, endpoint creation).
+  absl::Duration setup_timeout = absl::Seconds(30);
+  // Puts in flight per engine before posting waits for completions.
+  int max_outstanding_puts = 256;
+  // Pieces to one receiver are flushed and signalled in batches of at least this many bytes
+  // (0: one signal per piece). A piece is never split across batches.
+  int64_t signal_batch_bytes = int64_t{4} << 20;
+  // Execute kFanout transfers as network puts (until a fan-out backend takes them over).
+  bool execute_fanout = true;
+};
+
+// Figures of the last epoch on this rank.
+struct RefitStats {
+  uint64_t epoch = 0;
+  int64_t bytes_network_sent = 0;      // Put by this rank (network and engine-run fan-out).
+  int64_t bytes_network_received = 0;  // Landed here from other ranks.
+  int64_t bytes_local = 0;             // Copied within this rank.
+  int64_t pieces_received = 0;         // Transfers landed here, local ones included.
+  int64_t puts = 0;                    // ucp_put_nbx calls.
+  int64_t signals = 0;                 // Completion signals sent.
+  double seconds = 0;                  // Start to the end of Wait.
+};
+
+class RefitEngine {
+ public:
+  // Builds the handle for `rank` (see the set-up steps above). `buffers` has one entry per
+  // plan buffer id, each at least plan.BufferBytes(rank)[id] bytes. Errors: InvalidArgument for
+  // bad buffers or rank, FailedPrecondition for a fingerprint mismatch (naming both ranks) or
+  // an unsupported memory kind, DeadlineExceeded/Unavailable when peers or the store do not
+  // answer before setup_timeout.
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<RefitEngine>> Create(
+      const plan::Plan& plan, int32_t rank, Store& store, std::vector<LocalBuffer> buffers,
+      const RefitEngineOptions& options = {});
+
+  ~RefitEngine();
+  RefitEngine(const RefitEngine&) = delete;
+  RefitEngine& operator=(const RefitEngine&) = delete;
+
+  // Enters `epoch` (> every earlier epoch) without blocking: grants the epoch to this rank's
+  // sources, posts the puts already granted and runs the local copies. Source buffers must hold
+  // this epoch's data and destination buffers must be free to overwrite. Errors:
+  // FailedPrecondition when an epoch is in flight, a previous epoch failed (until Reset), or
+  // `epoch` does not increase.
+  [[nodiscard]] absl::Status Start(uint64_t epoch);
+
+  // Advances the epoch without blocking and appends to `landed` the indices (into
+  // plan.transfers()) of the transfers that landed on this rank since the previous call: network
+  // transfers, engine-run fan-outs and local copies. Returns the epoch's error if it failed.
+  [[nodiscard]] absl::Status Progress(std::vector<uint32_t>* landed);
+
+  // Blocks until this rank's part of the epoch is done (everything it receives landed, every
+  // put it sends is remotely complete and signalled) or `deadline` passes (DeadlineExceeded).
+  // Unavailable when a peer this epoch still depends on is lost or aborted.
+  [[nodiscard]] absl::Status Wait(absl::Time deadline);
+
+  // Start(last epoch + 1) then Wait(deadline).
+  [[nodiscard]] absl::Status Execute(absl::Time deadline);
+
+  // Forgets a failed epoch so the handle may try again (peers must do the same). Puts of the
+  // failed epoch that are still in flight are abandoned.
+  void Reset();
+
+  // True while an epoch is started and not yet finished.
+  bool in_epoch() const;
+  // The status of the last finished or failed epoch.
+  const absl::Status& last_status() const;
+  const RefitStats& last_stats() const;
+  uint64_t last_epoch() const;
+
+  // Transports UCX selected towards this rank's peers, e.g. "tcp/lo" (after the first epoch).
+  std::string Transports() const;
+  // Whether endpoints detect lost peers (see Context::peer_error_handling()).
+  bool peer_error_handling() const;
+
+  // Optional orderly shutdown: waits (through the store, until `deadline`) until every peer
+  // of this rank has finished its epochs too, then flush-closes the endpoints. Without it the
+  // destructor force-closes them.
+  [[nodiscard]] absl::Status Shutdown(absl::Time deadline);
+
+  class Impl;
+
+ private:
+  explicit RefitEngine(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// Number of memory registrations this process has made (all handles); refits after the first
+// must not change it.
+int64_t RegistrationCount();
+
+}  // namespace reshard::net

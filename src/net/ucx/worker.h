@@ -1,0 +1,50 @@
+// Owner of a UCP worker: the progress engine of one process.
+//
+// Thread model: reshard creates ONE worker per process, in UCS_THREAD_MODE_SINGLE. Every call
+// on the worker, its endpoints, remote keys and the requests they return (and every callback
+// UCX runs from Progress()) happens on the thread that owns the engine; nothing here takes a
+// lock. A caller that wants another thread to drive refits hands the whole engine over
+// (thread-compatible, not thread-safe).
+//
+// On transports that emulate RMA with active messages (Debian's UCX 1.13 over tcp and shared
+// memory), a put into this process completes only while this worker is progressed, so a
+// destination must keep calling Progress() until its refit is done.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include <ucp/api/ucp.h>
+
+#include "absl/status/statusor.h"
+#include "src/net/ucx/context.h"
+
+namespace reshard::net::ucx {
+
+class Worker {
+ public:
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<Worker>> Create(const Context& context);
+  ~Worker();
+  Worker(const Worker&) = delete;
+  Worker& operator=(const Worker&) = delete;
+
+  ucp_worker_h get() const { return worker_; }
+  // The worker address as an opaque blob, to be sent to peers through the store.
+  const std::string& address() const { return address_; }
+
+  // Runs UCX callbacks; returns the number of events processed (0 when idle).
+  unsigned Progress() { return ucp_worker_progress(worker_); }
+
+  // Registers `cb(arg, ...)` for active messages with `id`. Messages are delivered whole
+  // (UCP_AM_FLAG_WHOLE_MSG); callers keep their messages small enough for eager delivery.
+  [[nodiscard]] absl::Status SetAmHandler(unsigned id, ucp_am_recv_callback_t cb, void* arg);
+
+ private:
+  Worker(ucp_worker_h worker, std::string address)
+      : worker_(worker), address_(std::move(address)) {}
+  ucp_worker_h worker_;
+  std::string address_;
+};
+
+}  // namespace reshard::net::ucx

@@ -1,0 +1,162 @@
+#include "tools/reshard/rank.h"
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "src/common/json.h"
+#include "src/common/status.h"
+#include "src/plan/fill.h"
+#include "src/plan/spec_json.h"
+
+namespace reshard::cli {
+namespace {
+
+constexpr uint8_t kPoison = 0xA5;
+constexpr size_t kPage = 4096;
+
+struct AlignedFree {
+  void operator()(uint8_t* p) const { std::free(p); }
+};
+using AlignedBuffer = std::unique_ptr<uint8_t, AlignedFree>;
+
+}  // namespace
+
+absl::StatusOr<plan::PlanOptions> PlanOptionsForMode(const std::string& mode) {
+  plan::PlanOptions options;
+  if (mode == "ours") {
+    options.schedule = plan::PlanOptions::Schedule::kDomainAware;
+  } else if (mode == "naive") {
+    options.schedule = plan::PlanOptions::Schedule::kPointToPoint;
+  } else if (mode == "gather_broadcast") {
+    return absl::InvalidArgumentError(
+        "--plan-mode gather_broadcast is a simulated baseline (see `reshard sim`); reshard-rank "
+        "executes \"ours\" or \"naive\"");
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--plan-mode must be ours, naive or gather_broadcast, not \"", mode, "\""));
+  }
+  return options;
+}
+
+RankReport RunRank(const RankOptions& options, net::Store& store) {
+  RankReport report;
+  report.rank = options.rank;
+  auto fail = [&](const absl::Status& status, bool invalid) {
+    report.ok = false;
+    report.invalid_input = invalid;
+    report.error = std::string(status.message());
+    return report;
+  };
+
+  absl::StatusOr<plan::PlanOptions> plan_options = PlanOptionsForMode(options.plan_mode);
+  if (!plan_options.ok()) return fail(plan_options.status(), true);
+  absl::StatusOr<plan::RefitSpec> spec = plan::LoadSpecFile(options.spec_path);
+  if (!spec.ok()) return fail(spec.status(), true);
+  auto shared = std::make_shared<const plan::RefitSpec>(*std::move(spec));
+  absl::StatusOr<plan::Plan> plan = plan::BuildPlan(shared, *plan_options);
+  if (!plan.ok()) return fail(plan.status(), true);
+  if (options.world_size != plan->world_size() || options.rank < 0 ||
+      options.rank >= plan->world_size()) {
+    return fail(absl::InvalidArgumentError(absl::StrFormat(
+                    "rank %d of a world of %d ranks, but the spec %s names %d ranks",
+                    options.rank, options.world_size, options.spec_path, plan->world_size())),
+                true);
+  }
+  const plan::RefitSpec& s = plan->spec();
+  const int32_t me = options.rank;
+
+  // Buffers: page-aligned host memory, one per plan buffer id.
+  const std::vector<int64_t> bytes = plan->BufferBytes(me);
+  std::vector<AlignedBuffer> memory(bytes.size());
+  std::vector<net::LocalBuffer> buffers(bytes.size());
+  for (size_t b = 0; b < bytes.size(); ++b) {
+    if (bytes[b] == 0) continue;
+    const size_t rounded = (static_cast<size_t>(bytes[b]) + kPage - 1) / kPage * kPage;
+    memory[b].reset(static_cast<uint8_t*>(std::aligned_alloc(kPage, rounded)));
+    if (memory[b] == nullptr) {
+      return fail(absl::ResourceExhaustedError(absl::StrFormat(
+                      "rank %d cannot allocate %d bytes for buffer \"%s\"", me, bytes[b],
+                      plan->buffers()[b].name)),
+                  false);
+    }
+    std::memset(memory[b].get(), kPoison, rounded);
+    buffers[b] = net::LocalBuffer{memory[b].get(), bytes[b], net::MemoryKind::kHost};
+  }
+
+  net::RefitEngineOptions engine_options = options.engine;
+  engine_options.key_prefix = options.key_prefix;
+  engine_options.setup_timeout = options.timeout;
+  absl::StatusOr<std::unique_ptr<net::RefitEngine>> engine =
+      net::RefitEngine::Create(*plan, me, store, buffers, engine_options);
+  if (!engine.ok()) return fail(engine.status(), false);
+
+  for (int i = 0; i < options.iters; ++i) {
+    const uint64_t epoch = static_cast<uint64_t>(i) + 1;
+    for (size_t t = 0; t < s.tensors.size(); ++t) {
+      uint8_t* src = memory[plan->buffer_of(t, plan::Side::kSrc)].get();
+      plan::ForEachTile(s, t, plan::Side::kSrc, [&](int32_t rank, const plan::Box& box) {
+        if (rank == me) plan::FillTile(s, t, plan::Side::kSrc, box, epoch, src);
+      });
+    }
+    for (size_t b = 0; b < bytes.size(); ++b) {
+      if (bytes[b] > 0 && plan->buffers()[b].side != plan::Side::kSrc) {
+        std::memset(memory[b].get(), kPoison, static_cast<size_t>(bytes[b]));
+      }
+    }
+    const absl::Time start = absl::Now();
+    absl::Status status = (*engine)->Start(epoch);
+    if (status.ok()) status = (*engine)->Wait(absl::Now() + options.timeout);
+    const absl::Time end = absl::Now();
+    if (!status.ok()) {
+      fail(status, false);
+      break;
+    }
+    report.iter_ms.push_back(absl::ToDoubleMilliseconds(end - start));
+    const net::RefitStats& stats = (*engine)->last_stats();
+    report.bytes_network_sent = stats.bytes_network_sent;
+    report.bytes_network_received = stats.bytes_network_received;
+    report.pieces_received = stats.pieces_received;
+    if (i == 0) {
+      report.registrations_first = net::RegistrationCount();
+      report.transports = (*engine)->Transports();
+    }
+    for (size_t t = 0; t < s.tensors.size() && status.ok(); ++t) {
+      const uint8_t* dst = memory[plan->buffer_of(t, plan::Side::kDst)].get();
+      plan::ForEachTile(s, t, plan::Side::kDst, [&](int32_t rank, const plan::Box& box) {
+        if (rank == me && status.ok()) status = plan::VerifyTile(s, t, box, epoch, me, dst);
+      });
+    }
+    if (!status.ok()) {
+      fail(absl::DataLossError(absl::StrCat("refit ", epoch, ": ", std::string(status.message()))),
+           false);
+      break;
+    }
+  }
+  report.registrations_after_first =
+      report.iter_ms.empty() ? 0 : net::RegistrationCount() - report.registrations_first;
+  if (report.error.empty()) report.ok = true;
+  absl::Status bye = (*engine)->Shutdown(absl::Now() + options.timeout);
+  if (!bye.ok() && report.ok) {
+    std::fprintf(stderr, "reshard-rank %d: %s\n", me, std::string(bye.message()).c_str());
+  }
+  return report;
+}
+
+std::string RankReportJson(const RankReport& r) {
+  std::vector<std::string> ms;
+  for (double v : r.iter_ms) ms.push_back(absl::StrFormat("%.3f", v));
+  return absl::StrCat(
+      "{\"rank\":", r.rank, ",\"ok\":", r.ok ? "true" : "false", ",\"iter_ms\":[",
+      absl::StrJoin(ms, ","), "],\"bytes_network_sent\":", r.bytes_network_sent,
+      ",\"bytes_network_received\":", r.bytes_network_received,
+      ",\"pieces_received\":", r.pieces_received, ",\"registrations_first\":",
+      r.registrations_first, ",\"registrations_after_first\":", r.registrations_after_first,
+      ",\"transports\":", json::Quote(r.transports), ",\"error\":", json::Quote(r.error), "}");
+}
+
+}  // namespace reshard::cli

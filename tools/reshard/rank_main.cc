@@ -1,0 +1,102 @@
+// reshard-rank: one process of a multi-process refit, started by `reshard run` / the launcher.
+//
+//   reshard-rank SPEC.json --iters N [--plan-mode ours|naive|gather_broadcast]
+//
+// Environment: RESHARD_RANK, RESHARD_WORLD_SIZE, RESHARD_STORE=host:port, RESHARD_STORE_TOKEN,
+// RESHARD_TIMEOUT_MS (default 30000), RESHARD_EMULATED_NIC_RATE (informational), UCX_TLS and
+// UCX_NET_DEVICES. Prints exactly one line of JSON on stdout (see rank.h); logs go to stderr.
+// Exit status: 0 every refit verified, 1 a refit failed, 2 invalid input or usage.
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "src/net/tcp_store.h"
+#include "tools/reshard/args.h"
+#include "tools/reshard/commands.h"
+#include "tools/reshard/rank.h"
+
+namespace {
+
+int Finish(const reshard::cli::RankReport& report) {
+  std::printf("%s\n", reshard::cli::RankReportJson(report).c_str());
+  std::fflush(stdout);
+  if (!report.ok) {
+    std::fprintf(stderr, "reshard-rank %d: %s\n", report.rank, report.error.c_str());
+  }
+  if (report.ok) return reshard::cli::kExitOk;
+  return report.invalid_input ? reshard::cli::kExitUsage : reshard::cli::kExitFailed;
+}
+
+bool EnvInt(const char* name, int64_t fallback, int64_t& out, std::string& error) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == '\0') {
+    if (fallback < 0) {
+      error = absl::StrCat(name, " is not set");
+      return false;
+    }
+    out = fallback;
+    return true;
+  }
+  if (!absl::SimpleAtoi(v, &out)) {
+    error = absl::StrCat(name, "=\"", v, "\" is not an integer");
+    return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  reshard::cli::RankReport report;
+  auto usage = [&](const std::string& message) {
+    report.ok = false;
+    report.invalid_input = true;
+    report.error = message;
+    return Finish(report);
+  };
+  for (int i = 1; i < argc; ++i) {
+    if (std::string(argv[i]) == "--help" || std::string(argv[i]) == "-h") {
+      std::printf(
+          "usage: reshard-rank SPEC.json --iters N [--plan-mode ours|naive|gather_broadcast]\n"
+          "One rank of a refit run; normally started by `reshard run`. Reads RESHARD_RANK,\n"
+          "RESHARD_WORLD_SIZE, RESHARD_STORE, RESHARD_STORE_TOKEN, RESHARD_TIMEOUT_MS.\n");
+      return reshard::cli::kExitOk;
+    }
+  }
+  absl::StatusOr<reshard::cli::Args> args =
+      reshard::cli::Args::Parse(argc - 1, argv + 1, {}, {"iters", "plan-mode"});
+  if (!args.ok()) return usage(std::string(args.status().message()));
+  if (args->positional().size() != 1) return usage("expected exactly one SPEC.json argument");
+
+  reshard::cli::RankOptions options;
+  options.spec_path = args->positional()[0];
+  absl::StatusOr<int64_t> iters = args->GetInt("iters", 1);
+  if (!iters.ok()) return usage(std::string(iters.status().message()));
+  if (*iters < 1) return usage("--iters must be at least 1");
+  options.iters = static_cast<int>(*iters);
+  options.plan_mode = args->Get("plan-mode").value_or("ours");
+
+  int64_t rank = 0, world = 0, timeout_ms = 0;
+  std::string error;
+  if (!EnvInt("RESHARD_RANK", -1, rank, error) || !EnvInt("RESHARD_WORLD_SIZE", -1, world, error) ||
+      !EnvInt("RESHARD_TIMEOUT_MS", 30000, timeout_ms, error)) {
+    return usage(error);
+  }
+  report.rank = static_cast<int32_t>(rank);
+  if (timeout_ms <= 0) return usage("RESHARD_TIMEOUT_MS must be positive");
+  options.rank = static_cast<int32_t>(rank);
+  options.world_size = static_cast<int32_t>(world);
+  options.timeout = absl::Milliseconds(timeout_ms);
+
+  absl::StatusOr<std::unique_ptr<reshard::net::Store>> store =
+      reshard::net::ConnectStoreFromEnv();
+  if (!store.ok()) {
+    report.ok = false;
+    report.invalid_input = store.status().code() == absl::StatusCode::kInvalidArgument;
+    report.error = absl::StrCat("rank ", rank, ": store: ", std::string(store.status().message()));
+    return Finish(report);
+  }
+  return Finish(reshard::cli::RunRank(options, **store));
+}
