@@ -310,6 +310,26 @@ TEST(LayoutsTest, ErrorsNameTheField) {
   EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+// A real model plans at full size: every inference replica receives the whole model once.
+TEST(LayoutsTest, Qwen3MoePlansEveryByteOfEveryReplica) {
+  const ModelConfig cfg = Model("qwen3-30b-a3b.json");
+  const RefitSpec spec = MustSpec(cfg, "tp=2,pp=2,ep=2,gpus=8", "tp=2,dp=2", SmallDomains(8));
+  EXPECT_EQ(spec.WorldSize(), 12);
+  auto plan = BuildPlan(std::make_shared<const RefitSpec>(spec));
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  // Each destination tile lands once on each of its holders: sharded tensors twice (dp = 2),
+  // replicated ones (norms, routers) on all four ranks.
+  int64_t expected = 0;
+  for (const TensorSpec& t : spec.tensors) {
+    int64_t bytes = 2;  // bf16
+    for (int64_t n : t.shape) bytes *= n;
+    expected += bytes * TileGrid(t.dst, t.shape).num_replicas();
+  }
+  EXPECT_GT(expected, TotalParameters(ExpandModel(cfg)) * 2 * 2);
+  EXPECT_LT(expected, TotalParameters(ExpandModel(cfg)) * 2 * 2 * 1001 / 1000);
+  EXPECT_EQ(plan->stats().bytes_dst_total, expected);
+}
+
 // The published rows of issue 3 generate valid specs of the expected shape at full scale.
 TEST(LayoutsTest, FullScaleSpecsValidate) {
   struct Row {
