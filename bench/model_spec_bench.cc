@@ -32,8 +32,8 @@ int main(int argc, char** argv) {
       {"deepseek-v3", "gb200-nvl72", "pp=16,ep=16,gpus=256", "tp=32,dp=8"},
       {"kimi-k2", "h100-nvl8", "pp=16,ep=16,gpus=256", "tp=16,dp=8"},
   };
-  std::printf("%-16s %-12s %-26s %-12s %8s %10s %12s %12s\n", "model", "cluster", "train",
-              "infer", "tensors", "params", "spec_s", "validate_s");
+  std::printf("%-16s %-12s %-26s %-12s %8s %10s %12s %12s\n", "model", "cluster", "train", "infer",
+              "tensors", "params", "spec_s", "validate_s");
   for (const Row& r : rows) {
     auto cfg = LoadModelConfig(dir + "/models/" + r.model + ".json");
     auto cluster = LoadClusterFile(dir + "/clusters/" + r.cluster + ".json");
@@ -59,8 +59,8 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "%s: %s\n", r.model, std::string(valid.message()).c_str());
       return 1;
     }
-    std::printf("%-16s %-12s %-26s %-12s %8zu %9.1fB %12.4f %12.4f\n", r.model, r.cluster,
-                r.train, r.infer, spec->tensors.size(),
+    std::printf("%-16s %-12s %-26s %-12s %8zu %9.1fB %12.4f %12.4f\n", r.model, r.cluster, r.train,
+                r.infer, spec->tensors.size(),
                 static_cast<double>(TotalParameters(ExpandModel(*cfg))) / 1e9, spec_s, validate_s);
   }
   return 0;

@@ -12,7 +12,8 @@ namespace {
 using json::Value;
 
 absl::Status Error(const Value& at, const std::string& key, const std::string& message) {
-  return absl::InvalidArgumentError(absl::StrCat(at.Where(), ": cluster key \"", key, "\" ", message));
+  return absl::InvalidArgumentError(
+      absl::StrCat(at.Where(), ": cluster key \"", key, "\" ", message));
 }
 
 absl::Status ReadCount(const Value& v, const std::string& key, int64_t& out) {

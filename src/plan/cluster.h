@@ -19,8 +19,8 @@ namespace reshard::plan {
 struct ClusterDesc {
   std::string name;
   int64_t gpus_per_node = 8;
-  int64_t gpus_per_domain = 8;  // GPUs sharing one NVLink domain (NVL8 node, NVL72 rack).
-  double nic_gbytes_per_s = 50;     // Per GPU, per direction.
+  int64_t gpus_per_domain = 8;       // GPUs sharing one NVLink domain (NVL8 node, NVL72 rack).
+  double nic_gbytes_per_s = 50;      // Per GPU, per direction.
   double nvlink_gbytes_per_s = 450;  // Per GPU, per direction.
 };
 

@@ -39,9 +39,8 @@ absl::Status ParseKeyValues(const std::string& text, const char* what,
       absl::StrAppend(&allowed, allowed.empty() ? "" : ", ", name);
     }
     if (target == nullptr) {
-      return absl::InvalidArgumentError(absl::StrCat(what, " parallelism \"", text,
-                                                     "\": unknown key \"", key, "\" (allowed: ",
-                                                     allowed, ")"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, " parallelism \"", text, "\": unknown key \"", key, "\" (allowed: ", allowed, ")"));
     }
     if (std::find(seen.begin(), seen.end(), key) != seen.end()) {
       return absl::InvalidArgumentError(
@@ -104,8 +103,8 @@ absl::StatusOr<Resolved> Resolve(const TrainParallelism& train, const InferParal
   r.train = train;
   r.infer = infer;
   TrainParallelism& t = r.train;
-  for (const auto& [name, v] : {std::pair<const char*, int64_t>{"tp", t.tp}, {"cp", t.cp},
-                                {"ep", t.ep}, {"pp", t.pp}}) {
+  for (const auto& [name, v] :
+       {std::pair<const char*, int64_t>{"tp", t.tp}, {"cp", t.cp}, {"ep", t.ep}, {"pp", t.pp}}) {
     if (v < 1 || v > kMaxWorld) {
       return FieldError(absl::StrCat("train.", name), absl::StrCat(v, " is not a positive degree"));
     }
@@ -113,8 +112,8 @@ absl::StatusOr<Resolved> Resolve(const TrainParallelism& train, const InferParal
   if (t.dp < 0 || t.dp > kMaxWorld) return FieldError("train.dp", "must be positive");
   if (t.etp < 0 || t.etp > kMaxWorld) return FieldError("train.etp", "must be positive");
   if (t.gpus < 0 || opts.train_gpus < 0) return FieldError("train.gpus", "must be positive");
-  for (const auto& [name, v] : {std::pair<const char*, int64_t>{"tp", infer.tp},
-                                {"dp", infer.dp}, {"ep", infer.ep}}) {
+  for (const auto& [name, v] :
+       {std::pair<const char*, int64_t>{"tp", infer.tp}, {"dp", infer.dp}, {"ep", infer.ep}}) {
     if (v < 1 || v > kMaxWorld) {
       return FieldError(absl::StrCat("infer.", name), absl::StrCat(v, " is not a positive degree"));
     }
@@ -134,8 +133,10 @@ absl::StatusOr<Resolved> Resolve(const TrainParallelism& train, const InferParal
       return FieldError("train.dp", "give dp= or the trainer GPU count (gpus=) to derive it");
     }
     if (gpus % tcp != 0) {
-      return FieldError("train.gpus", absl::StrCat(gpus, " trainer GPUs are not a multiple of "
-                                                   "tp*cp*pp = ", tcp));
+      return FieldError("train.gpus", absl::StrCat(gpus,
+                                                   " trainer GPUs are not a multiple of "
+                                                   "tp*cp*pp = ",
+                                                   tcp));
     }
     t.dp = gpus / tcp;
   } else if (gpus > 0 && tcp * t.dp != gpus) {
@@ -176,13 +177,15 @@ absl::Status CheckModel(const ModelConfig& cfg, const Resolved& r) {
   for (const auto& [side, tp] : {std::pair<const char*, int64_t>{"train", t.tp}, {"infer", i.tp}}) {
     const std::string field = absl::StrCat(side, ".tp");
     if (heads % tp != 0) {
-      return FieldError(field, absl::StrCat(tp, " does not divide num_attention_heads (", heads,
-                                            ")"));
+      return FieldError(field,
+                        absl::StrCat(tp, " does not divide num_attention_heads (", heads, ")"));
     }
     const int64_t kv = cfg.num_key_value_heads;
     if (!cfg.mla && kv % tp != 0 && tp % kv != 0) {
-      return FieldError(field, absl::StrCat(tp, " neither divides nor is a multiple of "
-                                            "num_key_value_heads (", kv, ")"));
+      return FieldError(field, absl::StrCat(tp,
+                                            " neither divides nor is a multiple of "
+                                            "num_key_value_heads (",
+                                            kv, ")"));
     }
   }
   if (t.pp > cfg.num_hidden_layers) {
@@ -392,8 +395,7 @@ absl::StatusOr<RankRanges> ComputeRankRanges(const TrainParallelism& train,
 }
 
 absl::StatusOr<RefitSpec> MakeModelSpec(const ModelConfig& cfg, const TrainParallelism& train,
-                                        const InferParallelism& infer,
-                                        const ClusterDesc& cluster,
+                                        const InferParallelism& infer, const ClusterDesc& cluster,
                                         const ModelSpecOptions& opts) {
   RESHARD_ASSIGN_OR_RETURN(Resolved r, Resolve(train, infer, cluster, opts));
   RESHARD_RETURN_IF_ERROR(CheckModel(cfg, r));

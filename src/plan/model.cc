@@ -18,9 +18,9 @@ class ConfigReader {
   ConfigReader(const Value& doc, const std::string& origin) : doc_(doc), origin_(origin) {}
 
   absl::Status Error(const Value* at, const std::string& key, const std::string& message) const {
-    return absl::InvalidArgumentError(absl::StrCat(
-        origin_, at ? absl::StrCat(": ", at->Where()) : std::string(), ": config field \"", key,
-        "\" ", message));
+    return absl::InvalidArgumentError(
+        absl::StrCat(origin_, at ? absl::StrCat(": ", at->Where()) : std::string(),
+                     ": config field \"", key, "\" ", message));
   }
 
   // Reads a non-negative integer; absent or null leaves `out` unchanged unless required.
@@ -32,8 +32,9 @@ class ConfigReader {
     }
     if (!v->is_integer()) return Error(v, key, "must be an integer");
     if (v->as_int() < (positive ? 1 : 0)) {
-      return Error(v, key, absl::StrCat("must be ", positive ? "positive" : "non-negative",
-                                        ", not ", v->as_int()));
+      return Error(
+          v, key,
+          absl::StrCat("must be ", positive ? "positive" : "non-negative", ", not ", v->as_int()));
     }
     out = v->as_int();
     return absl::OkStatus();
@@ -184,15 +185,24 @@ void ExpandMoe(const ModelConfig& c, int layer, Expander& x) {
 
 const char* ParamRoleName(ParamRole role) {
   switch (role) {
-    case ParamRole::kEmbedding: return "embedding";
-    case ParamRole::kLmHead: return "lm_head";
-    case ParamRole::kNorm: return "norm";
-    case ParamRole::kColumnParallel: return "column_parallel";
-    case ParamRole::kRowParallel: return "row_parallel";
-    case ParamRole::kRouter: return "router";
-    case ParamRole::kExpertColumn: return "expert_column";
-    case ParamRole::kExpertRow: return "expert_row";
-    case ParamRole::kReplicated: return "replicated";
+    case ParamRole::kEmbedding:
+      return "embedding";
+    case ParamRole::kLmHead:
+      return "lm_head";
+    case ParamRole::kNorm:
+      return "norm";
+    case ParamRole::kColumnParallel:
+      return "column_parallel";
+    case ParamRole::kRowParallel:
+      return "row_parallel";
+    case ParamRole::kRouter:
+      return "router";
+    case ParamRole::kExpertColumn:
+      return "expert_column";
+    case ParamRole::kExpertRow:
+      return "expert_row";
+    case ParamRole::kReplicated:
+      return "replicated";
   }
   return "unknown";
 }
@@ -214,7 +224,8 @@ absl::StatusOr<ModelConfig> ParseModelConfig(std::string_view text, const std::s
     return absl::InvalidArgumentError(absl::StrCat(origin, ": ", doc.status().message()));
   }
   if (!doc->is_object()) {
-    return absl::InvalidArgumentError(absl::StrCat(origin, ": a model config must be a JSON object"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(origin, ": a model config must be a JSON object"));
   }
   ConfigReader r(*doc, origin);
   ModelConfig c;
@@ -225,7 +236,8 @@ absl::StatusOr<ModelConfig> ParseModelConfig(std::string_view text, const std::s
   c.mla = t == "deepseek_v3" || t == "kimi_k2";
   if (!dense && !qwen_moe && !c.mla) {
     return r.Error(doc->Find("model_type"), "model_type",
-                   absl::StrCat("\"", t, "\" is not supported (supported: llama, qwen2, qwen3, "
+                   absl::StrCat("\"", t,
+                                "\" is not supported (supported: llama, qwen2, qwen3, "
                                 "qwen3_moe, deepseek_v3, kimi_k2)"));
   }
   RESHARD_RETURN_IF_ERROR(r.Int("hidden_size", c.hidden_size, true, true));
@@ -244,9 +256,8 @@ absl::StatusOr<ModelConfig> ParseModelConfig(std::string_view text, const std::s
   if (!c.mla) {
     if (c.num_attention_heads % c.num_key_value_heads != 0) {
       return r.Error(doc->Find("num_key_value_heads"), "num_key_value_heads",
-                     absl::StrCat("(", c.num_key_value_heads,
-                                  ") must divide num_attention_heads (", c.num_attention_heads,
-                                  ")"));
+                     absl::StrCat("(", c.num_key_value_heads, ") must divide num_attention_heads (",
+                                  c.num_attention_heads, ")"));
     }
     if (doc->Find("head_dim") != nullptr && !doc->Find("head_dim")->is_null()) {
       RESHARD_RETURN_IF_ERROR(r.Int("head_dim", c.head_dim, true, true));

@@ -71,15 +71,15 @@ struct ModelConfig {
   std::string torch_dtype;      // As written in the config ("bfloat16"), may be empty.
 
   // Mixture of experts (0 routed experts: dense model).
-  int64_t num_experts = 0;             // qwen3_moe num_experts, deepseek n_routed_experts.
+  int64_t num_experts = 0;  // qwen3_moe num_experts, deepseek n_routed_experts.
   int64_t num_experts_per_tok = 0;
   int64_t moe_intermediate_size = 0;
-  int64_t n_shared_experts = 0;        // deepseek: shared experts of moe_intermediate_size each.
-  int64_t first_k_dense_replace = 0;   // deepseek: leading dense layers.
-  int64_t moe_layer_freq = 1;          // deepseek: MoE every k-th layer after the dense ones.
-  int64_t decoder_sparse_step = 1;     // qwen3_moe: MoE every k-th layer.
+  int64_t n_shared_experts = 0;          // deepseek: shared experts of moe_intermediate_size each.
+  int64_t first_k_dense_replace = 0;     // deepseek: leading dense layers.
+  int64_t moe_layer_freq = 1;            // deepseek: MoE every k-th layer after the dense ones.
+  int64_t decoder_sparse_step = 1;       // qwen3_moe: MoE every k-th layer.
   std::vector<int64_t> mlp_only_layers;  // qwen3_moe: layers that stay dense.
-  bool router_bias = false;            // deepseek e_score_correction_bias (noaux_tc routing).
+  bool router_bias = false;              // deepseek e_score_correction_bias (noaux_tc routing).
 
   // Multi-head latent attention (deepseek_v3, kimi_k2).
   bool mla = false;

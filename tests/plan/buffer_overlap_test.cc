@@ -37,7 +37,8 @@ TEST(BufferOverlapTest, InterleavedOverlapIsFoundWithItsOffset) {
   const absl::Status s = Validate(InterleavedW13(4, 6, 8, 2));
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(std::string(s.message()).find("overlaps tensor \"gate\" in buffer \"w13\""),
-            std::string::npos) << s;
+            std::string::npos)
+      << s;
   EXPECT_NE(std::string(s.message()).find("element offset 16"), std::string::npos) << s;
 }
 

@@ -2,11 +2,11 @@
 // and end to end: generated specs validate, plan and verify in process.
 #include "src/plan/layouts.h"
 
+#include <gtest/gtest.h>
+
 #include <chrono>
 #include <memory>
 #include <string>
-
-#include <gtest/gtest.h>
 
 #include "src/plan/executor.h"
 #include "src/plan/plan.h"
@@ -119,7 +119,8 @@ TEST(LayoutsTest, TrainerFollowsMegatronRankOrder) {
   const TensorSpec& q3 = Tensor(spec, "layers.3.self_attn.q_proj");
   EXPECT_EQ(q3.src.mesh.shape, (std::vector<int64_t>{2, 2}));
   EXPECT_EQ(q3.src.mesh.ranks, (std::vector<int32_t>{4, 5, 6, 7}));
-  EXPECT_EQ(q3.src.placements, (std::vector<Placement>{Placement::Replicate(), Placement::Shard(0)}));
+  EXPECT_EQ(q3.src.placements,
+            (std::vector<Placement>{Placement::Replicate(), Placement::Shard(0)}));
   EXPECT_EQ(Rows(TileOf(q3, Side::kSrc, 5)), (std::pair<int64_t, int64_t>{64, 128}));
   const TensorSpec& o1 = Tensor(spec, "layers.1.self_attn.o_proj");
   EXPECT_EQ(o1.src.mesh.ranks, (std::vector<int32_t>{0, 1, 2, 3}));
@@ -207,7 +208,8 @@ TEST(LayoutsTest, KvHeadsFewerThanTpAreReplicatedInGroups) {
       MustSpec(Model("tiny-moe.json"), "tp=2,dp=2,pp=1", "tp=4,dp=1", SmallDomains(4));
   const TensorSpec& k = Tensor(spec, "layers.1.self_attn.k_proj");
   EXPECT_EQ(k.dst.mesh.shape, (std::vector<int64_t>{2, 2}));
-  EXPECT_EQ(k.dst.placements, (std::vector<Placement>{Placement::Shard(0), Placement::Replicate()}));
+  EXPECT_EQ(k.dst.placements,
+            (std::vector<Placement>{Placement::Shard(0), Placement::Replicate()}));
   EXPECT_EQ(Rows(TileOf(k, Side::kDst, 5)), (std::pair<int64_t, int64_t>{0, 16}));
   EXPECT_EQ(Rows(TileOf(k, Side::kDst, 6)), (std::pair<int64_t, int64_t>{16, 32}));
   // qkv per rank: q 2 heads (32 rows), k 16 rows, v 16 rows.
@@ -254,7 +256,8 @@ class EndToEndTest : public ::testing::TestWithParam<EndToEnd> {};
 
 TEST_P(EndToEndTest, SpecValidatesPlansAndVerifiesInProcess) {
   const EndToEnd& c = GetParam();
-  const RefitSpec spec = MustSpec(Model(c.model), c.train, c.infer, SmallDomains(c.gpus_per_domain));
+  const RefitSpec spec =
+      MustSpec(Model(c.model), c.train, c.infer, SmallDomains(c.gpus_per_domain));
   ASSERT_TRUE(Validate(spec).ok()) << Validate(spec);
   auto plan = BuildPlan(std::make_shared<const RefitSpec>(spec));
   ASSERT_TRUE(plan.ok()) << plan.status();
@@ -298,7 +301,8 @@ TEST(LayoutsTest, ErrorsNameTheField) {
     auto i = ParseInferParallelism(c.infer);
     ASSERT_TRUE(t.ok() && i.ok()) << c.train << " " << c.infer;
     auto spec = MakeModelSpec(moe, *t, *i, cluster);
-    EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument) << c.train << " " << c.infer;
+    EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument)
+        << c.train << " " << c.infer;
     EXPECT_EQ(std::string(spec.status().message()).rfind(c.field, 0), 0u)
         << c.train << " " << c.infer << ": " << spec.status();
   }

@@ -1,9 +1,9 @@
 // Hugging Face configs expand to the published parameter counts, and cluster files parse.
 #include "src/plan/model.h"
 
-#include <string>
-
 #include <gtest/gtest.h>
+
+#include <string>
 
 #include "absl/container/flat_hash_set.h"
 #include "src/plan/cluster.h"
@@ -30,8 +30,8 @@ const ModelParam* Find(const std::vector<ModelParam>& params, const std::string&
 
 struct Published {
   const char* file;
-  double billions;   // Published size.
-  int64_t exact;     // What the expansion gives (pinned so changes are deliberate).
+  double billions;  // Published size.
+  int64_t exact;    // What the expansion gives (pinned so changes are deliberate).
 };
 
 class TotalsTest : public ::testing::TestWithParam<Published> {};
@@ -46,21 +46,20 @@ TEST_P(TotalsTest, MatchesPublishedSizeWithinHalfAPercent) {
   for (const ModelParam& p : params) EXPECT_TRUE(names.insert(p.name).second) << p.name;
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Models, TotalsTest,
-    ::testing::Values(Published{"qwen3-235b-a22b.json", 235.1, 235093634560},
-                      Published{"deepseek-v3.json", 671.0, 671026419200},
-                      Published{"kimi-k2.json", 1030.0, 1026408232448},
-                      Published{"qwen3-32b.json", 32.8, 32762123264},
-                      Published{"qwen3-30b-a3b.json", 30.5, 30532122624}),
-    [](const auto& info) {
-      std::string name = info.param.file;
-      name = name.substr(0, name.find(".json"));
-      for (char& c : name) {
-        if (!isalnum(static_cast<unsigned char>(c))) c = '_';
-      }
-      return name;
-    });
+INSTANTIATE_TEST_SUITE_P(Models, TotalsTest,
+                         ::testing::Values(Published{"qwen3-235b-a22b.json", 235.1, 235093634560},
+                                           Published{"deepseek-v3.json", 671.0, 671026419200},
+                                           Published{"kimi-k2.json", 1030.0, 1026408232448},
+                                           Published{"qwen3-32b.json", 32.8, 32762123264},
+                                           Published{"qwen3-30b-a3b.json", 30.5, 30532122624}),
+                         [](const auto& info) {
+                           std::string name = info.param.file;
+                           name = name.substr(0, name.find(".json"));
+                           for (char& c : name) {
+                             if (!isalnum(static_cast<unsigned char>(c))) c = '_';
+                           }
+                           return name;
+                         });
 
 TEST(ModelTest, DeepSeekV3HasMlaDenseFirstLayersSharedAndStackedExperts) {
   const ModelConfig cfg = Load("deepseek-v3.json");
