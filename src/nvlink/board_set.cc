@@ -1,0 +1,101 @@
+#include "src/nvlink/board_set.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_format.h"
+#include "src/common/status.h"
+
+namespace reshard::nvlink::internal {
+
+absl::Status BoardSet::Create(const FanoutContext& ctx, Record& record) {
+  table_ = ctx.table;
+  rank_ = ctx.rank;
+  std::map<int32_t, int64_t> next;
+  slot_of_.resize(table_->edges.size());
+  for (uint32_t i = 0; i < table_->edges.size(); ++i) {
+    const FanoutEdge& e = table_->edges[i];
+    slot_of_[i] = next[e.to_rank]++;
+    if (e.to_rank == rank_) {
+      incoming_.push_back(i);
+      peers_.push_back(e.from_rank);
+      senders_.push_back(e.from_rank);
+    }
+    if (e.from_rank == rank_) peers_.push_back(e.to_rank);
+  }
+  for (auto* v : {&peers_, &senders_}) {
+    std::sort(v->begin(), v->end());
+    v->erase(std::unique(v->begin(), v->end()), v->end());
+  }
+  RESHARD_ASSIGN_OR_RETURN(board_, SignalBoard::Create(absl::StrFormat("r%d", rank_),
+                                                       static_cast<int64_t>(incoming_.size())));
+  ++mappings_;
+  record["board"] = board_.name();
+  return absl::OkStatus();
+}
+
+absl::Status BoardSet::OpenPeer(int32_t peer, const Record& record) {
+  RESHARD_ASSIGN_OR_RETURN(std::string name, Field(record, "board", peer));
+  int64_t slots = 0;
+  for (const FanoutEdge& e : table_->edges) slots += e.to_rank == peer;
+  RESHARD_ASSIGN_OR_RETURN(PeerBoard board, PeerBoard::Open(name, slots));
+  boards_[peer] = std::move(board);
+  ++mappings_;
+  return absl::OkStatus();
+}
+
+absl::Status BoardSet::FinishSetup(const FanoutContext& ctx, const std::string& what,
+                                   absl::Time deadline) {
+  RESHARD_RETURN_IF_ERROR(PublishRecord(*ctx.store, ctx.options.key_prefix, what, rank_,
+                                        {{"ok", "1"}}));
+  for (int32_t p : senders_) {
+    RESHARD_RETURN_IF_ERROR(
+        FetchRecord(*ctx.store, ctx.options.key_prefix, what, p, deadline).status());
+  }
+  board_.Unlink();
+  return absl::OkStatus();
+}
+
+void BoardSet::Grant(uint64_t epoch) {
+  pending_in_ = incoming_;
+  last_doorbell_ = ~uint64_t{0};
+  board_.Grant(epoch);
+}
+
+bool BoardSet::Granted(int32_t peer, uint64_t epoch) const {
+  return boards_.at(peer).granted() >= epoch;
+}
+
+void BoardSet::Signal(uint32_t edge, uint64_t epoch) {
+  boards_.at(table_->edges[edge].to_rank).Signal(slot_of_[edge], epoch);
+}
+
+void BoardSet::Scan(uint64_t epoch, std::vector<uint32_t>* arrived) {
+  if (pending_in_.empty()) return;
+  // The doorbell is bumped after each slot store, so slots signalled before the doorbell value
+  // we read are all visible to the scan that follows it.
+  const uint64_t bell = board_.doorbell();
+  if (bell == last_doorbell_) return;
+  last_doorbell_ = bell;
+  size_t keep = 0;
+  for (uint32_t i : pending_in_) {
+    if (board_.Arrived(slot_of_[i], epoch)) {
+      arrived->push_back(i);
+    } else {
+      pending_in_[keep++] = i;
+    }
+  }
+  pending_in_.resize(keep);
+}
+
+absl::Status BoardSet::CheckPeers() const {
+  for (const auto& [peer, board] : boards_) {
+    if (!board.Alive()) {
+      return absl::UnavailableError(absl::StrFormat(
+          "fan-out: domain peer rank %d of rank %d exited (its signal board lock was released)",
+          peer, rank_));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace reshard::nvlink::internal

@@ -1,0 +1,50 @@
+// The signalling half shared by the host and CUDA IPC backends: this rank's SignalBoard, its
+// domain peers' boards, and the slot every fan-out edge uses on its receiver. Internal.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "src/nvlink/exchange.h"
+#include "src/nvlink/fanout.h"
+#include "src/nvlink/signal_board.h"
+
+namespace reshard::nvlink::internal {
+
+class BoardSet {
+ public:
+  // Creates this rank's board (one slot per incoming edge) and adds its name to `record`.
+  [[nodiscard]] absl::Status Create(const FanoutContext& ctx, Record& record);
+  // Ranks this rank sends to or receives from, sorted.
+  const std::vector<int32_t>& peers() const { return peers_; }
+  // Opens `peer`'s board from its record.
+  [[nodiscard]] absl::Status OpenPeer(int32_t peer, const Record& record);
+  // Barrier with the ranks that send to this one (they opened its board), then unlinks its
+  // name so nothing is left in /dev/shm whatever happens later. `what` names the barrier key.
+  [[nodiscard]] absl::Status FinishSetup(const FanoutContext& ctx, const std::string& what,
+                                         absl::Time deadline);
+
+  void Grant(uint64_t epoch);
+  bool Granted(int32_t peer, uint64_t epoch) const;
+  // Signals the receiver of table edge `edge` (call once its bytes are visible).
+  void Signal(uint32_t edge, uint64_t epoch);
+  // Appends incoming edges that arrived for `epoch` (each once per Grant()).
+  void Scan(uint64_t epoch, std::vector<uint32_t>* arrived);
+  [[nodiscard]] absl::Status CheckPeers() const;
+  int64_t mappings() const { return mappings_; }
+
+ private:
+  const FanoutTable* table_ = nullptr;
+  int32_t rank_ = 0;
+  std::vector<int64_t> slot_of_;
+  std::vector<uint32_t> incoming_, pending_in_;
+  std::vector<int32_t> peers_, senders_;
+  uint64_t last_doorbell_ = ~uint64_t{0};
+  int64_t mappings_ = 0;
+  SignalBoard board_;
+  std::map<int32_t, PeerBoard> boards_;
+};
+
+}  // namespace reshard::nvlink::internal

@@ -1,0 +1,291 @@
+#include <deque>
+#include <map>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_format.h"
+#include "src/common/status.h"
+#include "src/nvlink/board_set.h"
+#include "src/nvlink/cuda_ipc/factory.h"
+#include "src/nvlink/exchange.h"
+
+#if RESHARD_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
+namespace reshard::nvlink {
+
+#if RESHARD_HAVE_CUDA
+
+int CudaDeviceCount(std::string* why) {
+  int n = 0;
+  const cudaError_t err = cudaGetDeviceCount(&n);
+  if (err != cudaSuccess) {
+    if (why) {
+      *why = absl::StrFormat("cudaGetDeviceCount: %s (error %d)", cudaGetErrorString(err),
+                             static_cast<int>(err));
+    }
+    cudaGetLastError();  // Clear the sticky-free error so later calls start clean.
+    return 0;
+  }
+  if (n == 0 && why) *why = "cudaGetDeviceCount found no device";
+  return n;
+}
+
+namespace {
+
+using internal::Record;
+
+absl::Status CudaError(cudaError_t err, const std::string& call) {
+  return absl::InternalError(
+      absl::StrFormat("%s: %s (error %d)", call, cudaGetErrorString(err), static_cast<int>(err)));
+}
+
+#define RESHARD_CUDA_RETURN(call, what)                                  \
+  do {                                                                   \
+    const cudaError_t reshard_cuda_err_ = (call);                        \
+    if (reshard_cuda_err_ != cudaSuccess) return CudaError(reshard_cuda_err_, what); \
+  } while (0)
+
+// Base and size of the allocation holding `ptr`, through the driver's cuMemGetAddressRange
+// looked up at run time (no link against libcuda).
+absl::StatusOr<uintptr_t> AllocationBase(const void* ptr) {
+  using GetRange = int (*)(uintptr_t*, size_t*, uintptr_t);
+  static GetRange fn = nullptr;
+  if (fn == nullptr) {
+    void* sym = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    const cudaError_t err =
+        cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &sym, 12000, cudaEnableDefault, &q);
+    if (err != cudaSuccess || sym == nullptr || q != cudaDriverEntryPointSuccess) {
+      return absl::FailedPreconditionError(
+          "cuda_ipc: the driver offers no cuMemGetAddressRange entry point");
+    }
+    fn = reinterpret_cast<GetRange>(sym);
+  }
+  uintptr_t base = 0;
+  size_t size = 0;
+  if (fn(&base, &size, reinterpret_cast<uintptr_t>(ptr)) != 0) {
+    return absl::InvalidArgumentError(
+        "cuda_ipc: a destination buffer is not CUDA device memory of this process");
+  }
+  return base;
+}
+
+class CudaIpcBackend final : public FanoutBackend {
+ public:
+  static absl::StatusOr<std::unique_ptr<FanoutBackend>> Create(const FanoutContext& ctx) {
+    auto b = std::unique_ptr<CudaIpcBackend>(new CudaIpcBackend());
+    RESHARD_RETURN_IF_ERROR(b->Init(ctx));
+    return std::unique_ptr<FanoutBackend>(std::move(b));
+  }
+
+  ~CudaIpcBackend() override {
+    if (stream_ != nullptr) cudaStreamSynchronize(stream_);
+    for (auto& f : in_flight_) cudaEventDestroy(f.event);
+    for (cudaEvent_t e : free_events_) cudaEventDestroy(e);
+    for (void* p : opened_) cudaIpcCloseMemHandle(p);
+    if (stream_ != nullptr) cudaStreamDestroy(stream_);
+  }
+
+  const char* name() const override { return "cuda_ipc"; }
+
+  absl::Status Grant(uint64_t epoch) override {
+    boards_.Grant(epoch);
+    return absl::OkStatus();
+  }
+  bool Granted(int32_t peer, uint64_t epoch) override { return boards_.Granted(peer, epoch); }
+
+  absl::StatusOr<bool> Forward(uint32_t edge, uint64_t epoch) override {
+    const FanoutEdge& e = table_->edges[edge];
+    uint8_t* dst = peer_ptr_.at({e.to_rank, e.to_buffer});
+    const uint8_t* src = static_cast<const uint8_t*>(buffers_[e.from_buffer].ptr);
+    const plan::RegionDim* dims = table_->dims_of(e);
+    if (e.region.ndims == 1) {
+      RESHARD_CUDA_RETURN(
+          cudaMemcpy2DAsync(dst + e.region.to_offset, dims[0].to_stride,
+                            src + e.region.from_offset, dims[0].from_stride, e.region.run_bytes,
+                            dims[0].count, cudaMemcpyDeviceToDevice, stream_),
+          "cudaMemcpy2DAsync (fan-out)");
+    } else {
+      cudaError_t err = cudaSuccess;
+      plan::ForEachRun(e.region, dims, [&](int64_t f, int64_t t, int64_t n) {
+        if (err == cudaSuccess) {
+          err = cudaMemcpyAsync(dst + t, src + f, n, cudaMemcpyDeviceToDevice, stream_);
+        }
+      });
+      RESHARD_CUDA_RETURN(err, "cudaMemcpyAsync (fan-out)");
+    }
+    cudaEvent_t ev = nullptr;
+    if (!free_events_.empty()) {
+      ev = free_events_.back();
+      free_events_.pop_back();
+    } else {
+      RESHARD_CUDA_RETURN(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming),
+                          "cudaEventCreateWithFlags");
+    }
+    RESHARD_CUDA_RETURN(cudaEventRecord(ev, stream_), "cudaEventRecord");
+    in_flight_.push_back({edge, epoch, ev});
+    return false;
+  }
+
+  absl::Status Progress(uint64_t epoch, std::vector<uint32_t>* arrived,
+                        std::vector<uint32_t>* completed) override {
+    // One stream: copies complete in order, so stop at the first one still running.
+    while (!in_flight_.empty()) {
+      InFlight& f = in_flight_.front();
+      const cudaError_t q = cudaEventQuery(f.event);
+      if (q == cudaErrorNotReady) break;
+      if (q != cudaSuccess) return CudaError(q, "cudaEventQuery (fan-out copy)");
+      boards_.Signal(f.edge, f.epoch);
+      completed->push_back(f.edge);
+      free_events_.push_back(f.event);
+      in_flight_.pop_front();
+    }
+    boards_.Scan(epoch, arrived);
+    return absl::OkStatus();
+  }
+
+  absl::Status CheckPeers() override { return boards_.CheckPeers(); }
+  int64_t mappings_created() const override {
+    return boards_.mappings() + static_cast<int64_t>(opened_.size());
+  }
+
+ private:
+  struct InFlight {
+    uint32_t edge;
+    uint64_t epoch;
+    cudaEvent_t event;
+  };
+
+  absl::Status Init(const FanoutContext& ctx) {
+    table_ = ctx.table;
+    rank_ = ctx.rank;
+    buffers_ = ctx.buffers;
+    RESHARD_CUDA_RETURN(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking),
+                        "cudaStreamCreateWithFlags");
+    Record rec;
+    RESHARD_RETURN_IF_ERROR(boards_.Create(ctx, rec));
+    rec["host"] = internal::HostIdentity();
+    for (uint32_t b = 0; b < buffers_.size(); ++b) {
+      if (buffers_[b].ptr == nullptr || buffers_[b].kind != MemoryKind::kCuda) continue;
+      cudaIpcMemHandle_t h;
+      RESHARD_CUDA_RETURN(cudaIpcGetMemHandle(&h, buffers_[b].ptr),
+                          absl::StrFormat("cudaIpcGetMemHandle (rank %d buffer %d)", rank_, b));
+      RESHARD_ASSIGN_OR_RETURN(uintptr_t base, AllocationBase(buffers_[b].ptr));
+      rec[absl::StrFormat("buf%d", b)] = absl::StrFormat(
+          "%s,%d", absl::BytesToHexString(absl::string_view(h.reserved, sizeof(h.reserved))),
+          reinterpret_cast<uintptr_t>(buffers_[b].ptr) - base);
+    }
+    const std::string& prefix = ctx.options.key_prefix;
+    RESHARD_RETURN_IF_ERROR(internal::PublishRecord(*ctx.store, prefix, "cuda_ipc", rank_, rec));
+    const absl::Time deadline = absl::Now() + ctx.options.setup_timeout;
+    std::map<std::string, uint8_t*> opened_handles;
+    for (int32_t p : boards_.peers()) {
+      RESHARD_ASSIGN_OR_RETURN(Record pr,
+                               internal::FetchRecord(*ctx.store, prefix, "cuda_ipc", p, deadline));
+      RESHARD_ASSIGN_OR_RETURN(std::string host, internal::Field(pr, "host", p));
+      if (host != rec["host"]) {
+        return absl::FailedPreconditionError(absl::StrFormat(
+            "cuda_ipc fan-out: ranks %d and %d share a domain but run on different hosts", rank_,
+            p));
+      }
+      RESHARD_RETURN_IF_ERROR(boards_.OpenPeer(p, pr));
+      for (const FanoutEdge& e : table_->edges) {
+        if (e.from_rank != rank_ || e.to_rank != p) continue;
+        if (peer_ptr_.count({p, e.to_buffer})) continue;
+        RESHARD_ASSIGN_OR_RETURN(std::string desc,
+                                 internal::Field(pr, absl::StrFormat("buf%d", e.to_buffer), p));
+        const size_t comma = desc.find(',');
+        int64_t offset = 0;
+        if (comma == std::string::npos ||
+            !absl::SimpleAtoi(desc.substr(comma + 1), &offset)) {
+          return absl::InvalidArgumentError(absl::StrFormat(
+              "cuda_ipc fan-out: rank %d published a malformed buffer \"%s\"", p, desc));
+        }
+        const std::string handle = absl::HexStringToBytes(desc.substr(0, comma));
+        auto it = opened_handles.find(handle);
+        if (it == opened_handles.end()) {
+          cudaIpcMemHandle_t h;
+          if (handle.size() != sizeof(h.reserved)) {
+            return absl::InvalidArgumentError(absl::StrFormat(
+                "cuda_ipc fan-out: rank %d published a handle of %d bytes", p, handle.size()));
+          }
+          std::memcpy(h.reserved, handle.data(), sizeof(h.reserved));
+          void* base = nullptr;
+          RESHARD_CUDA_RETURN(
+              cudaIpcOpenMemHandle(&base, h, cudaIpcMemLazyEnablePeerAccess),
+              absl::StrFormat("cudaIpcOpenMemHandle (rank %d opening rank %d's buffer %d)", rank_,
+                              p, e.to_buffer));
+          opened_.push_back(base);
+          it = opened_handles.emplace(handle, static_cast<uint8_t*>(base)).first;
+        }
+        peer_ptr_[{p, e.to_buffer}] = it->second + offset;
+      }
+    }
+    return boards_.FinishSetup(ctx, "cuda_ipc-mapped", deadline);
+  }
+
+  const FanoutTable* table_ = nullptr;
+  int32_t rank_ = 0;
+  std::vector<LocalBuffer> buffers_;
+  cudaStream_t stream_ = nullptr;
+  internal::BoardSet boards_;
+  std::vector<void*> opened_;
+  std::map<std::pair<int32_t, uint32_t>, uint8_t*> peer_ptr_;
+  std::deque<InFlight> in_flight_;
+  std::vector<cudaEvent_t> free_events_;
+};
+
+class CudaIpcFactoryImpl final : public FanoutFactory {
+ public:
+  const char* name() const override { return "cuda_ipc"; }
+  absl::Status Viable(const FanoutContext& ctx) const override {
+    std::string why;
+    if (CudaDeviceCount(&why) == 0) return absl::FailedPreconditionError(why);
+    for (const FanoutEdge& e : ctx.table->edges) {
+      if (e.from_rank != ctx.rank && e.to_rank != ctx.rank) continue;
+      const uint32_t b = e.from_rank == ctx.rank ? e.from_buffer : e.to_buffer;
+      if (ctx.buffers[b].kind != MemoryKind::kCuda) {
+        return absl::FailedPreconditionError(absl::StrFormat(
+            "buffer %d of rank %d is host memory, not CUDA memory", b, ctx.rank));
+      }
+    }
+    return absl::OkStatus();
+  }
+  absl::StatusOr<std::unique_ptr<FanoutBackend>> Create(const FanoutContext& ctx) const override {
+    return CudaIpcBackend::Create(ctx);
+  }
+};
+
+}  // namespace
+
+#else  // !RESHARD_HAVE_CUDA
+
+int CudaDeviceCount(std::string* why) {
+  if (why) *why = "this build of reshard has no CUDA support (CUDA was not found at configure time)";
+  return 0;
+}
+
+namespace {
+class CudaIpcFactoryImpl final : public FanoutFactory {
+ public:
+  const char* name() const override { return "cuda_ipc"; }
+  absl::Status Viable(const FanoutContext&) const override {
+    return absl::FailedPreconditionError(
+        "this build of reshard has no CUDA support (CUDA was not found at configure time)");
+  }
+  absl::StatusOr<std::unique_ptr<FanoutBackend>> Create(const FanoutContext& ctx) const override {
+    return Viable(ctx);
+  }
+};
+}  // namespace
+
+#endif  // RESHARD_HAVE_CUDA
+
+const FanoutFactory& CudaIpcFactory() {
+  static const CudaIpcFactoryImpl factory;
+  return factory;
+}
+
+}  // namespace reshard::nvlink

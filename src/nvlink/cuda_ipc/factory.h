@@ -1,0 +1,26 @@
+// The CUDA IPC fan-out backend: ranks of one host whose destination buffers are device memory
+// (processes on one or several GPUs of a node, over NVLink or PCIe).
+//
+// Once per handle every rank exports each destination buffer with cudaIpcGetMemHandle (the
+// handle and the buffer's offset inside its allocation go through the store) and every sender
+// opens its receivers' handles with cudaIpcOpenMemHandle. Per piece: cudaMemcpyAsync (2-D
+// copies for row-strided regions) on a dedicated non-blocking stream, an event recorded after
+// it; when Progress() sees the event complete the receiver's SignalBoard slot is released, so
+// the receiver never sees a signal before the bytes are in its memory.
+//
+// Viable when built with CUDA (RESHARD_HAVE_CUDA), a device is visible and the buffers are
+// CUDA memory. Links CUDA::cudart only (never libcuda; the driver entry point for the
+// allocation range is looked up at run time through cudaGetDriverEntryPointByVersion).
+#pragma once
+
+#include "src/nvlink/fanout.h"
+
+namespace reshard::nvlink {
+
+const FanoutFactory& CudaIpcFactory();
+
+// Number of CUDA devices, or 0 with `why` set when none can be used (no driver, error 35, ...).
+// Always defined; 0 when built without CUDA.
+int CudaDeviceCount(std::string* why);
+
+}  // namespace reshard::nvlink

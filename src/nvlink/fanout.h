@@ -1,0 +1,225 @@
+// Intra-domain fan-out: after a piece crosses the network once into one rank of a domain (an
+// NVLink domain; on a CPU host, the processes of one host), that rank copies it into the
+// destination buffers of the domain's other ranks that need it and signals them per piece.
+// DESIGN §4 steps 6-7.
+//
+// Shape of a handle (created once, executed once per refit):
+//   Create():  pick a backend by capability, exchange mappings through the store once
+//              (shared-memory names, CUDA IPC handles, an NCCL communicator).
+//   Start(e):  grant epoch e to the peers that write into this rank (its buffers are free).
+//   Landed(t): a transfer landed on this rank; forward every fan-out copy waiting on it now,
+//              while later pieces are still on the network (overlap at piece granularity).
+//   Poll(e):   fan-out pieces that arrived on this rank, to be counted like network pieces.
+//   Wait(e):   every fan-out piece promised to this rank arrived and every copy it sends
+//              completed, or an error before the deadline.
+//
+// Thread model: a Fanout is thread-compatible (one thread drives it, normally the thread that
+// progresses the network engine). Nothing blocks except Create() and Wait(), which take
+// deadlines. Errors: InvalidArgument (the table or buffers do not match), FailedPrecondition
+// (no backend can run here, or domain ranks chose different backends), Unavailable (a peer
+// exited), DeadlineExceeded (a deadline passed), Internal (a system or CUDA/NCCL call failed).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "src/net/store.h"
+#include "src/plan/plan.h"
+
+namespace reshard::nvlink {
+
+enum class MemoryKind : uint8_t {
+  kHost = 0,  // Host memory (shared through nvlink::SharedBuffer, or private).
+  kCuda = 1,  // CUDA device memory on this process's current device.
+};
+const char* MemoryKindName(MemoryKind k);
+
+// One of this rank's buffers, indexed by the plan's buffer id (destination, and source or
+// staging buffers when fan-outs read them). Buffers this rank does not hold or no fan-out touches
+// are {nullptr, 0}. The memory must outlive the Fanout.
+struct LocalBuffer {
+  void* ptr = nullptr;
+  int64_t bytes = 0;
+  MemoryKind kind = MemoryKind::kHost;
+};
+
+// One fan-out copy: `region` read from `from_rank`'s buffer `from_buffer` (normally the
+// destination buffer the piece landed in; a staging or source buffer when the plan says so) and
+// written into `to_rank`'s buffer `to_buffer`, once transfer `after` has landed on `from_rank`.
+struct FanoutEdge {
+  uint32_t transfer = 0;  // Index in the plan's transfers(); names the piece in signals.
+  int32_t after = -1;     // Transfer that must land on from_rank first; -1: none.
+  uint32_t tensor = 0;
+  uint32_t from_buffer = 0;  // Plan buffer ids.
+  uint32_t to_buffer = 0;
+  int32_t from_rank = 0;
+  int32_t to_rank = 0;
+  plan::Region region;  // region.dims_begin indexes FanoutTable::dims.
+};
+
+// Every fan-out copy between the ranks of one domain, in plan order. Every rank of the domain
+// builds the same table (it is derived from the deterministic plan), which lets a sender know
+// where the receiver expects the signal of each piece without exchanging anything per piece.
+struct FanoutTable {
+  std::vector<FanoutEdge> edges;
+  std::vector<plan::RegionDim> dims;
+  std::vector<std::string> tensor_names;  // For error messages; indexed by FanoutEdge::tensor.
+
+  // The kFanout transfers of `plan` whose two ranks are both in `domain`.
+  static FanoutTable FromPlan(const plan::Plan& plan, const std::vector<int32_t>& domain);
+  // Appends one edge (tests and the benchmark build tables by hand).
+  void Add(uint32_t transfer, int32_t after, uint32_t tensor, uint32_t from_buffer,
+           uint32_t to_buffer, int32_t from_rank, int32_t to_rank, const plan::Region& region,
+           const plan::RegionDim* region_dims);
+  const plan::RegionDim* dims_of(const FanoutEdge& e) const {
+    return dims.data() + e.region.dims_begin;
+  }
+};
+
+struct FanoutOptions {
+  // "auto" (by capability: host memory -> host; CUDA memory -> cuda_ipc, then nccl), or the
+  // name of one backend ("host", "cuda_ipc", "nccl"); a named backend that cannot run here is
+  // FailedPrecondition, never a silent fallback.
+  std::string backend = "auto";
+  // Store keys of this handle start with this prefix (several handles may share one store).
+  std::string key_prefix = "reshard";
+  // Deadline for Create()'s exchanges through the store.
+  absl::Duration setup_timeout = absl::Seconds(30);
+  // NCCL: fan-out edges per grouped send/recv batch.
+  int nccl_batch_edges = 16;
+};
+
+// Per-epoch figures, reset by Start().
+struct FanoutStats {
+  int64_t forwards = 0;          // Fan-out copies this rank sent.
+  int64_t bytes_sent = 0;        // Bytes this rank copied into peers.
+  int64_t arrivals = 0;          // Fan-out pieces that arrived on this rank.
+  int64_t bytes_received = 0;
+  double busy_seconds = 0;       // Time this rank spent with a forward in flight.
+  double hidden_seconds = 0;     // Part of busy_seconds inside this rank's network stage.
+  double network_seconds = 0;    // Start() to the last network landing reported by Landed().
+  // hidden_seconds / busy_seconds (1 when nothing was forwarded): the share of fan-out time
+  // that hides under the network stage.
+  double hidden_fraction = 1;
+};
+
+// A backend moves bytes and signals; the Fanout drives it. Implementations live in
+// src/nvlink/<name>/ and are created through their factory.
+class FanoutBackend {
+ public:
+  virtual ~FanoutBackend() = default;
+  virtual const char* name() const = 0;
+  // Makes epoch `epoch` writable by peers (this rank's buffers are free for it).
+  [[nodiscard]] virtual absl::Status Grant(uint64_t epoch) = 0;
+  // True when `peer` granted `epoch` (a forward to it may start).
+  virtual bool Granted(int32_t peer, uint64_t epoch) = 0;
+  // Starts copying edge `edge` (index in the table) for `epoch`; the peer granted it. Returns
+  // true when the copy already completed and the peer was signalled (synchronous backends);
+  // false when Progress() will report its completion.
+  [[nodiscard]] virtual absl::StatusOr<bool> Forward(uint32_t edge, uint64_t epoch) = 0;
+  // Progresses; appends edges (table indices) that arrived on this rank for `epoch` and
+  // outgoing edges whose copy completed and was signalled.
+  [[nodiscard]] virtual absl::Status Progress(uint64_t epoch, std::vector<uint32_t>* arrived,
+                                              std::vector<uint32_t>* completed) = 0;
+  // OK while every peer lives; Unavailable naming the first one that exited.
+  [[nodiscard]] virtual absl::Status CheckPeers() = 0;
+  // Mappings created so far (shared-memory maps, opened IPC handles, communicators).
+  virtual int64_t mappings_created() const = 0;
+};
+
+// Everything a backend factory sees.
+struct FanoutContext {
+  const FanoutTable* table = nullptr;
+  int32_t rank = 0;
+  std::vector<int32_t> domain;  // Sorted ranks of this rank's domain.
+  net::Store* store = nullptr;
+  std::vector<LocalBuffer> buffers;
+  FanoutOptions options;
+};
+
+// tensorpipe-style: a backend that cannot run here says so in Viable().
+class FanoutFactory {
+ public:
+  virtual ~FanoutFactory() = default;
+  virtual const char* name() const = 0;
+  // OK when this backend can run for `ctx` on this machine (local checks only); otherwise
+  // FailedPrecondition with the reason.
+  [[nodiscard]] virtual absl::Status Viable(const FanoutContext& ctx) const = 0;
+  // Creates the backend: maps peers once. Blocks on the store until options.setup_timeout.
+  [[nodiscard]] virtual absl::StatusOr<std::unique_ptr<FanoutBackend>> Create(
+      const FanoutContext& ctx) const = 0;
+};
+
+// Every backend this build knows, in auto-selection order (host, cuda_ipc, nccl); backends not
+// compiled in are listed and say so through Viable().
+std::vector<const FanoutFactory*> AllFactories();
+
+class Fanout {
+ public:
+  // Builds this rank's fan-out for `table` (a domain's edges). Collective over the ranks of
+  // `domain` that appear in the table; ranks of the domain with no edge may skip it.
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<Fanout>> Create(
+      FanoutTable table, int32_t rank, std::vector<int32_t> domain, net::Store& store,
+      std::vector<LocalBuffer> buffers, const FanoutOptions& options = {});
+  ~Fanout();
+  Fanout(const Fanout&) = delete;
+  Fanout& operator=(const Fanout&) = delete;
+
+  const char* backend_name() const;
+  const FanoutTable& table() const { return *table_; }
+  int64_t incoming() const { return static_cast<int64_t>(incoming_.size()); }
+  int64_t outgoing() const { return static_cast<int64_t>(outgoing_.size()); }
+  // True when `transfer` is a fan-out edge this rank sends or receives.
+  bool Handles(uint32_t transfer) const;
+  int64_t mappings_created() const;
+
+  // Enters `epoch` (strictly increasing): grants it to the peers and resets the stats.
+  [[nodiscard]] absl::Status Start(uint64_t epoch);
+  // `transfer` (any kind) landed on this rank: forwards every edge waiting on it.
+  [[nodiscard]] absl::Status Landed(uint32_t transfer, uint64_t epoch);
+  // Forwards one outgoing edge, given by its plan transfer index, now or as soon as the peer
+  // granted the epoch. InvalidArgument when this rank does not send it.
+  [[nodiscard]] absl::Status Forward(uint32_t transfer, uint64_t epoch);
+  // Progresses and returns the plan transfer indices of fan-out pieces that arrived on this
+  // rank since the last call (each exactly once per epoch). Does not block.
+  [[nodiscard]] absl::StatusOr<std::vector<uint32_t>> Poll(uint64_t epoch);
+  // Blocks until every incoming piece of `epoch` arrived and every outgoing copy completed.
+  // Unavailable when a peer exited, DeadlineExceeded naming the first missing piece.
+  [[nodiscard]] absl::Status Wait(uint64_t epoch, absl::Time deadline);
+  // True when Wait() would return OK now.
+  bool Done() const;
+
+  // Figures of the current (or last) epoch; hidden_* final once Wait() returned OK.
+  const FanoutStats& stats() const { return stats_; }
+
+ private:
+  Fanout(std::unique_ptr<FanoutTable> table, int32_t rank,
+         std::unique_ptr<FanoutBackend> backend);
+  absl::Status Pump(uint64_t epoch);
+  void FinishStats();
+
+  std::unique_ptr<FanoutTable> table_;  // Backends point into it: never moves.
+  int32_t rank_;
+  std::unique_ptr<FanoutBackend> backend_;
+  std::vector<uint32_t> incoming_, outgoing_;  // Table indices.
+  // Table indices of this rank's outgoing edges per `after` transfer.
+  std::vector<std::pair<uint32_t, uint32_t>> by_after_;  // (after transfer, edge), sorted.
+  std::vector<std::pair<uint32_t, uint32_t>> by_transfer_;  // (transfer, edge), sorted.
+  uint64_t epoch_ = 0;
+  std::vector<uint32_t> waiting_grant_;  // Edges to forward once their peer granted.
+  std::vector<uint32_t> ready_arrivals_;  // Plan transfer indices not yet returned by Poll().
+  std::vector<uint8_t> arrived_, forwarded_, completed_;  // Per table edge, this epoch.
+  int64_t arrived_count_ = 0, completed_count_ = 0;
+  absl::Time epoch_start_, network_end_;
+  std::vector<std::pair<absl::Time, absl::Time>> busy_;  // Forward in flight intervals.
+  absl::Time busy_since_ = absl::InfinitePast();
+  int64_t in_flight_ = 0;
+  FanoutStats stats_;
+};
+
+}  // namespace reshard::nvlink

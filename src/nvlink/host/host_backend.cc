@@ -1,0 +1,311 @@
+#include <sys/prctl.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <random>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "src/common/status.h"
+#include "src/nvlink/board_set.h"
+#include "src/nvlink/exchange.h"
+#include "src/nvlink/host/factory.h"
+#include "src/nvlink/shared_buffer.h"
+#include "src/nvlink/signal_board.h"
+
+namespace reshard::nvlink {
+
+int YamaPtraceScope() {
+  std::ifstream in("/proc/sys/kernel/yama/ptrace_scope");
+  int scope = 0;
+  if (in >> scope) return scope;
+  return 0;
+}
+
+namespace {
+
+using internal::Record;
+
+class HostBackend final : public FanoutBackend {
+ public:
+  static absl::StatusOr<std::unique_ptr<FanoutBackend>> Create(const FanoutContext& ctx) {
+    auto b = std::unique_ptr<HostBackend>(new HostBackend());
+    RESHARD_RETURN_IF_ERROR(b->Init(ctx));
+    return std::unique_ptr<FanoutBackend>(std::move(b));
+  }
+
+  const char* name() const override { return "host"; }
+
+  absl::Status Grant(uint64_t epoch) override {
+    boards_.Grant(epoch);
+    return absl::OkStatus();
+  }
+
+  bool Granted(int32_t peer, uint64_t epoch) override { return boards_.Granted(peer, epoch); }
+
+  absl::StatusOr<bool> Forward(uint32_t edge, uint64_t epoch) override {
+    const FanoutEdge& e = table_->edges[edge];
+    const Peer& peer = peers_.at(e.to_rank);
+    const PeerBuffer& pb = peer.buffers.at(e.to_buffer);
+    const uint8_t* src = static_cast<const uint8_t*>(buffers_[e.from_buffer].ptr);
+    if (pb.mapped != nullptr) {
+      plan::ForEachRun(e.region, table_->dims_of(e), [&](int64_t f, int64_t t, int64_t n) {
+        std::memcpy(pb.mapped + t, src + f, n);
+      });
+    } else {
+      RESHARD_RETURN_IF_ERROR(WriteRemote(e, peer, pb.remote, src));
+    }
+    boards_.Signal(edge, epoch);
+    return true;
+  }
+
+  absl::Status Progress(uint64_t epoch, std::vector<uint32_t>* arrived,
+                        std::vector<uint32_t>* completed) override {
+    boards_.Scan(epoch, arrived);
+    return absl::OkStatus();
+  }
+
+  absl::Status CheckPeers() override { return boards_.CheckPeers(); }
+
+  int64_t mappings_created() const override {
+    return boards_.mappings() + static_cast<int64_t>(mappings_list_.size());
+  }
+
+ private:
+  struct PeerBuffer {
+    uint8_t* mapped = nullptr;  // Inside one of mappings_list_ when shared.
+    uintptr_t remote = 0;       // Address in the peer when private.
+  };
+  struct Peer {
+    pid_t pid = 0;
+    std::map<uint32_t, PeerBuffer> buffers;
+  };
+
+  absl::Status Init(const FanoutContext& ctx) {
+    table_ = ctx.table;
+    rank_ = ctx.rank;
+    buffers_ = ctx.buffers;
+    std::map<int32_t, std::vector<uint32_t>> buffers_to;  // peer -> buffer ids written there
+    bool private_incoming = false;
+    for (const FanoutEdge& e : table_->edges) {
+      if (e.to_rank == rank_ &&
+          !SharedBuffer::Lookup(buffers_[e.to_buffer].ptr, buffers_[e.to_buffer].bytes)) {
+        private_incoming = true;
+      }
+      if (e.from_rank == rank_) buffers_to[e.to_rank].push_back(e.to_buffer);
+    }
+    Record rec;
+    RESHARD_RETURN_IF_ERROR(boards_.Create(ctx, rec));
+    std::random_device rd;
+    probe_ = (static_cast<uint64_t>(rd()) << 32) ^ rd() ^ static_cast<uint64_t>(getpid());
+    if (private_incoming && YamaPtraceScope() == 1) {
+      // Yama restricts attach to descendants; let the domain peers (siblings) write into us.
+      prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0);
+    }
+    rec["host"] = internal::HostIdentity();
+    rec["pid"] = absl::StrFormat("%d", getpid());
+    rec["probe"] = absl::StrFormat("%d", reinterpret_cast<uintptr_t>(&probe_));
+    rec["token"] = absl::StrFormat("%d", probe_);
+    for (uint32_t b = 0; b < buffers_.size(); ++b) {
+      if (buffers_[b].ptr == nullptr || buffers_[b].bytes == 0) continue;
+      auto loc = SharedBuffer::Lookup(buffers_[b].ptr, buffers_[b].bytes);
+      rec[absl::StrFormat("buf%d", b)] =
+          loc ? absl::StrFormat("shm,%s,%d,%d,%d", loc->name, loc->offset, loc->mapped,
+                                buffers_[b].bytes)
+              : absl::StrFormat("addr,%d,%d", reinterpret_cast<uintptr_t>(buffers_[b].ptr),
+                                buffers_[b].bytes);
+    }
+    const std::string& prefix = ctx.options.key_prefix;
+    RESHARD_RETURN_IF_ERROR(internal::PublishRecord(*ctx.store, prefix, "host", rank_, rec));
+    const absl::Time deadline = absl::Now() + ctx.options.setup_timeout;
+
+    std::map<std::string, uint8_t*> mapped_objects;
+    for (int32_t p : boards_.peers()) {
+      RESHARD_ASSIGN_OR_RETURN(Record pr,
+                               internal::FetchRecord(*ctx.store, prefix, "host", p, deadline));
+      RESHARD_ASSIGN_OR_RETURN(std::string host, internal::Field(pr, "host", p));
+      if (host != rec["host"]) {
+        return absl::FailedPreconditionError(absl::StrFormat(
+            "host fan-out: ranks %d and %d share a domain but run on different hosts; give "
+            "the topology one domain per host or use a GPU backend",
+            rank_, p));
+      }
+      RESHARD_RETURN_IF_ERROR(boards_.OpenPeer(p, pr));
+      Peer peer;
+      RESHARD_ASSIGN_OR_RETURN(int64_t pid, internal::IntField(pr, "pid", p));
+      peer.pid = static_cast<pid_t>(pid);
+      auto it = buffers_to.find(p);
+      if (it != buffers_to.end()) {
+        std::vector<uint32_t> ids = it->second;
+        std::sort(ids.begin(), ids.end());
+        ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+        bool probed = false;
+        for (uint32_t b : ids) {
+          RESHARD_ASSIGN_OR_RETURN(std::string desc,
+                                   internal::Field(pr, absl::StrFormat("buf%d", b), p));
+          std::vector<std::string> parts = absl::StrSplit(desc, ',');
+          PeerBuffer pb;
+          if (parts.size() == 5 && parts[0] == "shm") {
+            int64_t offset = 0, size = 0;
+            if (!absl::SimpleAtoi(parts[2], &offset) || !absl::SimpleAtoi(parts[3], &size)) {
+              return absl::InvalidArgumentError(absl::StrFormat(
+                  "host fan-out: rank %d published a malformed buffer \"%s\"", p, desc));
+            }
+            auto m = mapped_objects.find(parts[1]);
+            if (m == mapped_objects.end()) {
+              RESHARD_ASSIGN_OR_RETURN(SharedMapping mapping, SharedMapping::Open(parts[1], size));
+              m = mapped_objects.emplace(parts[1], mapping.data()).first;
+              mappings_list_.push_back(std::move(mapping));
+            }
+            pb.mapped = m->second + offset;
+          } else if (parts.size() == 3 && parts[0] == "addr") {
+            uint64_t addr = 0;
+            if (!absl::SimpleAtoi(parts[1], &addr)) {
+              return absl::InvalidArgumentError(absl::StrFormat(
+                  "host fan-out: rank %d published a malformed buffer \"%s\"", p, desc));
+            }
+            if (!probed) {
+              RESHARD_RETURN_IF_ERROR(Probe(pr, p, peer.pid));
+              probed = true;
+            }
+            pb.remote = addr;
+          } else {
+            return absl::InvalidArgumentError(absl::StrFormat(
+                "host fan-out: rank %d published a malformed buffer \"%s\"", p, desc));
+          }
+          peer.buffers[b] = pb;
+        }
+      }
+      peers_.emplace(p, std::move(peer));
+    }
+    return boards_.FinishSetup(ctx, "host-mapped", deadline);
+  }
+
+  // Proves that process_vm_writev into `pid` is allowed and reaches the rank that published
+  // the record (not a process of another pid namespace): read its token back.
+  absl::Status Probe(const Record& pr, int32_t p, pid_t pid) {
+    RESHARD_ASSIGN_OR_RETURN(int64_t probe, internal::IntField(pr, "probe", p));
+    RESHARD_ASSIGN_OR_RETURN(std::string token_text, internal::Field(pr, "token", p));
+    uint64_t token = 0;
+    (void)absl::SimpleAtoi(token_text, &token);
+    uint64_t seen = 0;
+    struct iovec local = {&seen, sizeof(seen)};
+    struct iovec remote = {reinterpret_cast<void*>(static_cast<uintptr_t>(probe)), sizeof(seen)};
+    const ssize_t n = process_vm_readv(pid, &local, 1, &remote, 1, 0);
+    if (n != static_cast<ssize_t>(sizeof(seen)) || seen != token) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "host fan-out: rank %d cannot write into rank %d's private destination memory with "
+          "process_vm_writev (%s; yama ptrace_scope=%d); allocate destination buffers with "
+          "nvlink::SharedBuffer so peers map them instead",
+          rank_, p, n < 0 ? std::strerror(errno) : "the probe read another process's memory",
+          YamaPtraceScope()));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status WriteRemote(const FanoutEdge& e, const Peer& peer, uintptr_t remote,
+                           const uint8_t* src) {
+    constexpr int kBatch = 512;
+    std::vector<struct iovec> local, dst;
+    local.reserve(kBatch);
+    dst.reserve(kBatch);
+    absl::Status status;
+    auto flush = [&]() {
+      int64_t want = 0;
+      for (const auto& v : local) want += static_cast<int64_t>(v.iov_len);
+      size_t li = 0, ri = 0;
+      while (want > 0 && status.ok()) {
+        const ssize_t n = process_vm_writev(peer.pid, local.data() + li, local.size() - li,
+                                            dst.data() + ri, dst.size() - ri, 0);
+        if (n < 0) {
+          if (errno == EINTR) continue;
+          status = errno == ESRCH
+                       ? absl::UnavailableError(absl::StrFormat(
+                             "fan-out: domain peer rank %d of rank %d exited", e.to_rank, rank_))
+                       : absl::InternalError(absl::StrFormat(
+                             "process_vm_writev into rank %d (tensor \"%s\"): %s", e.to_rank,
+                             table_->tensor_names.size() > e.tensor
+                                 ? table_->tensor_names[e.tensor]
+                                 : "?",
+                             std::strerror(errno)));
+          break;
+        }
+        want -= n;
+        // Partial write: skip what was written (local and remote runs have equal lengths).
+        size_t left = static_cast<size_t>(n);
+        while (left > 0) {
+          const size_t take = std::min(left, local[li].iov_len);
+          local[li].iov_base = static_cast<uint8_t*>(local[li].iov_base) + take;
+          local[li].iov_len -= take;
+          dst[ri].iov_base = static_cast<uint8_t*>(dst[ri].iov_base) + take;
+          dst[ri].iov_len -= take;
+          left -= take;
+          if (local[li].iov_len == 0) {
+            ++li;
+            ++ri;
+          }
+        }
+      }
+      local.clear();
+      dst.clear();
+    };
+    plan::ForEachRun(e.region, table_->dims_of(e), [&](int64_t f, int64_t t, int64_t n) {
+      if (!status.ok()) return;
+      local.push_back({const_cast<uint8_t*>(src + f), static_cast<size_t>(n)});
+      dst.push_back({reinterpret_cast<void*>(remote + t), static_cast<size_t>(n)});
+      if (local.size() == kBatch) flush();
+    });
+    if (status.ok() && !local.empty()) flush();
+    return status;
+  }
+
+  const FanoutTable* table_ = nullptr;
+  int32_t rank_ = 0;
+  std::vector<LocalBuffer> buffers_;
+  volatile uint64_t probe_ = 0;
+  internal::BoardSet boards_;
+  std::vector<SharedMapping> mappings_list_;
+  std::map<int32_t, Peer> peers_;
+};
+
+class HostFactoryImpl final : public FanoutFactory {
+ public:
+  const char* name() const override { return "host"; }
+  absl::Status Viable(const FanoutContext& ctx) const override {
+    for (const FanoutEdge& e : ctx.table->edges) {
+      if (e.from_rank != ctx.rank && e.to_rank != ctx.rank) continue;
+      const uint32_t b = e.from_rank == ctx.rank ? e.from_buffer : e.to_buffer;
+      if (ctx.buffers[b].kind != MemoryKind::kHost) {
+        return absl::FailedPreconditionError(absl::StrFormat(
+            "buffer %d of rank %d is %s memory, not host memory", b, ctx.rank,
+            MemoryKindName(ctx.buffers[b].kind)));
+      }
+      if (e.to_rank == ctx.rank && YamaPtraceScope() >= 3 &&
+          !SharedBuffer::Lookup(ctx.buffers[b].ptr, ctx.buffers[b].bytes)) {
+        return absl::FailedPreconditionError(absl::StrFormat(
+            "buffer %d of rank %d is private memory and yama ptrace_scope=3 forbids "
+            "process_vm_writev; allocate it with nvlink::SharedBuffer",
+            b, ctx.rank));
+      }
+    }
+    return absl::OkStatus();
+  }
+  absl::StatusOr<std::unique_ptr<FanoutBackend>> Create(const FanoutContext& ctx) const override {
+    return HostBackend::Create(ctx);
+  }
+};
+
+}  // namespace
+
+const FanoutFactory& HostFactory() {
+  static const HostFactoryImpl factory;
+  return factory;
+}
+
+}  // namespace reshard::nvlink

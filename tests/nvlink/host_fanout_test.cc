@@ -1,0 +1,154 @@
+// Host fan-out backend between forked processes: byte-exact fan-out of domain-aware plans,
+// arrivals counted per epoch, mappings created once, a dying peer reported before the deadline.
+#include <gtest/gtest.h>
+
+#include "absl/strings/numbers.h"
+#include "tests/nvlink/fanout_harness.h"
+
+namespace reshard::nvlink {
+namespace {
+
+using testing::ForkRanks;
+using testing::MakeScratchDir;
+using testing::PlanFromJson;
+using testing::ReadReport;
+using testing::RunRank;
+
+// Trainer TP4 -> inference TP2 x DP2 in one domain of 4 (DESIGN §1).
+constexpr char kTp4ToTp2Dp2[] = R"json({
+  "topology": {"domains": [[0, 1, 2, 3], [4, 5, 6, 7]]},
+  "tensors": [
+    {"name": "w", "dtype": "bf16", "shape": [64, 256],
+     "src": {"mesh": [0, 1, 2, 3], "placements": ["S(1)"]},
+     "dst": {"mesh": [[4, 5], [6, 7]], "placements": ["R", "S(1)"]}},
+    {"name": "rows", "dtype": "fp32", "shape": [48, 40],
+     "src": {"mesh": [0, 1, 2, 3], "placements": ["S(0)"]},
+     "dst": {"mesh": [[4, 5], [6, 7]], "placements": ["R", "S(1)"]}}
+  ]
+})json";
+
+// 8 trainer ranks -> 8 inference ranks as TP2 x DP4 in two domains of 4.
+constexpr char kEightToTp2Dp4[] = R"json({
+  "topology": {"ranks_per_domain": 4},
+  "tensors": [
+    {"name": "w", "dtype": "bf16", "shape": [64, 512],
+     "src": {"mesh": [0, 1, 2, 3, 4, 5, 6, 7], "placements": ["S(1)"]},
+     "dst": {"mesh": [[8, 9], [10, 11], [12, 13], [14, 15]], "placements": ["R", "S(1)"]}},
+    {"name": "o", "dtype": "fp32", "shape": [40, 96],
+     "src": {"mesh": [0, 1, 2, 3, 4, 5, 6, 7], "placements": ["S(0)"]},
+     "dst": {"mesh": [[8, 9], [10, 11], [12, 13], [14, 15]], "placements": ["R", "S(1)"]}}
+  ]
+})json";
+
+enum class Memory { kShared, kPrivate };
+
+testing::MemoryOps OpsFor(Memory m) {
+  return m == Memory::kShared ? testing::SharedHostMemory() : testing::PrivateHostMemory();
+}
+
+class HostFanoutTest : public ::testing::TestWithParam<Memory> {};
+
+void RunCase(const char* json, Memory memory, int expected_domains) {
+  auto plan = PlanFromJson(json);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  ASSERT_GT(plan->stats().bytes_fanout, 0) << "the schedule emitted no fan-out";
+  const std::vector<int32_t> ranks = testing::FanoutRanks(*plan);
+  ASSERT_EQ(static_cast<int>(ranks.size()), 4 * expected_domains);
+  const std::string dir = MakeScratchDir();
+  ASSERT_FALSE(dir.empty());
+  testing::RankOptions opt;
+  opt.epochs = 3;
+  opt.backend = "host";
+  auto codes = ForkRanks(ranks, [&](int32_t rank) {
+    absl::Status s = RunRank(*plan, rank, dir, OpsFor(memory), opt);
+    if (!s.ok()) testing::Report(dir, rank, "error=" + std::string(s.message()));
+    return s.ok() ? 0 : 1;
+  });
+  int64_t incoming = 0, outgoing = 0;
+  for (int32_t r : ranks) {
+    auto rep = ReadReport(dir, r);
+    EXPECT_EQ(codes[r], 0) << "rank " << r << ": " << rep["error"];
+    EXPECT_EQ(rep["ok"], "1") << "rank " << r;
+    EXPECT_EQ(rep["backend"], "host");
+    // Mappings are created once per handle: refits 1..3 created none.
+    EXPECT_EQ(rep["mappings_create"], rep["mappings_end"]) << "rank " << r;
+    int64_t in = 0, out = 0;
+    EXPECT_TRUE(absl::SimpleAtoi(rep["incoming"], &in));
+    EXPECT_TRUE(absl::SimpleAtoi(rep["outgoing"], &out));
+    incoming += in;
+    outgoing += out;
+    for (int ep = 1; ep <= 3; ++ep) {
+      EXPECT_EQ(rep[absl::StrFormat("epoch%d", ep)].rfind(absl::StrFormat("arrivals:%d,", in), 0),
+                0u)
+          << "rank " << r << " epoch " << ep << ": " << rep[absl::StrFormat("epoch%d", ep)];
+    }
+  }
+  int64_t planned = 0;
+  for (const plan::Transfer& tr : plan->transfers()) {
+    planned += tr.kind == plan::TransferKind::kFanout;
+  }
+  EXPECT_EQ(incoming, planned);
+  EXPECT_EQ(outgoing, planned);
+}
+
+TEST_P(HostFanoutTest, TrainerTp4ToInferenceTp2Dp2OneDomain) {
+  RunCase(kTp4ToTp2Dp2, GetParam(), 1);
+}
+
+TEST_P(HostFanoutTest, EightTrainersToTp2Dp4TwoDomains) {
+  RunCase(kEightToTp2Dp4, GetParam(), 2);
+}
+
+INSTANTIATE_TEST_SUITE_P(Memory, HostFanoutTest,
+                         ::testing::Values(Memory::kShared, Memory::kPrivate),
+                         [](const auto& info) {
+                           return info.param == Memory::kShared ? std::string("SharedBuffer")
+                                                                : std::string("ProcessVmWritev");
+                         });
+
+TEST(HostFanoutFailure, DyingPeerIsUnavailableBeforeDeadline) {
+  auto plan = PlanFromJson(kTp4ToTp2Dp2);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  const std::vector<int32_t> ranks = testing::FanoutRanks(*plan);
+  // The victim: a rank that sends some fan-out piece.
+  int32_t victim = -1;
+  for (const plan::Transfer& tr : plan->transfers()) {
+    if (tr.kind == plan::TransferKind::kFanout) {
+      victim = tr.from_rank;
+      break;
+    }
+  }
+  ASSERT_GE(victim, 0);
+  const std::string dir = MakeScratchDir();
+  const absl::Time start = absl::Now();
+  auto codes = ForkRanks(ranks, [&](int32_t rank) {
+    testing::RankOptions opt;
+    opt.epochs = 1;
+    opt.die_after_create = rank == victim;
+    opt.wait_timeout = absl::Seconds(20);
+    absl::Status s = RunRank(*plan, rank, dir, testing::SharedHostMemory(), opt);
+    testing::Report(dir, rank, absl::StrFormat("code=%d", static_cast<int>(s.code())));
+    if (!s.ok()) testing::Report(dir, rank, "error=" + std::string(s.message()));
+    return s.ok() ? 0 : 1;
+  });
+  const absl::Duration took = absl::Now() - start;
+  EXPECT_EQ(codes[victim], 128 + SIGKILL);
+  // Every rank that expected a piece from the victim fails with Unavailable, well before the
+  // 20 s deadline.
+  int failed = 0;
+  for (const plan::Transfer& tr : plan->transfers()) {
+    if (tr.kind != plan::TransferKind::kFanout || tr.from_rank != victim) continue;
+    auto rep = ReadReport(dir, tr.to_rank);
+    EXPECT_EQ(codes[tr.to_rank], 1) << "rank " << tr.to_rank;
+    EXPECT_EQ(rep["code"], absl::StrFormat("%d", static_cast<int>(absl::StatusCode::kUnavailable)))
+        << rep["error"];
+    EXPECT_NE(rep["error"].find(absl::StrFormat("rank %d", victim)), std::string::npos)
+        << rep["error"];
+    ++failed;
+  }
+  EXPECT_GT(failed, 0);
+  EXPECT_LT(took, absl::Seconds(15));
+}
+
+}  // namespace
+}  // namespace reshard::nvlink
