@@ -1,0 +1,85 @@
+// The public API across real processes started by the local launcher: a byte-exact refit over
+// shared memory and tcp, a peer killed mid-run, and the trainer/inference example pair.
+#include <string>
+
+#include "gtest/gtest.h"
+#include "tools/launcher/launcher.h"
+
+namespace {
+
+using reshard::launcher::LaunchOptions;
+using reshard::launcher::LaunchResult;
+
+std::string Bin(const std::string& name) { return std::string(RESHARD_BINARY_DIR) + "/bin/" + name; }
+
+std::string Describe(const LaunchResult& r) {
+  std::string out;
+  for (const auto& rank : r.ranks) {
+    out += "rank " + std::to_string(rank.rank) + ": " + rank.Describe() + "\n" +
+           rank.stdout_text + rank.stderr_tail + "\n";
+  }
+  return out;
+}
+
+LaunchOptions Options(std::vector<std::string> argv, int world, const std::string& transport) {
+  LaunchOptions o;
+  o.argv = std::move(argv);
+  o.world_size = world;
+  o.transport = transport;  // The launcher sets UCX_TLS and UCX_NET_DEVICES for it.
+  o.deadline = absl::Seconds(120);
+  o.rank_timeout_ms = 20000;
+  o.failure_grace = absl::Seconds(20);
+  o.forward_stderr = false;
+  return o;
+}
+
+class ApiTransportTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(ApiTransportTest, RefitsAreByteExact) {
+  auto r = reshard::launcher::Run(Options({Bin("api_peer"), "--steps", "4"}, 2, GetParam()));
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_TRUE(r->ok()) << Describe(*r);
+  for (const auto& rank : r->ranks) EXPECT_NE(rank.stdout_text.find("OK rank"), std::string::npos);
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, ApiTransportTest, ::testing::Values("sm", "tcp"));
+
+TEST(ApiPeerLossTest, KilledPeerIsUnavailableThenFailedPrecondition) {
+  // tcp: shared-memory transports cannot report a lost peer (only the deadline would).
+  auto r = reshard::launcher::Run(
+      Options({Bin("api_peer"), "--steps", "4", "--die-after", "1"}, 2, "tcp"));
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->ranks.size(), 2u);
+  EXPECT_EQ(r->ranks[1].term_signal, 9) << Describe(*r);
+  EXPECT_TRUE(r->ranks[0].ok()) << Describe(*r);
+  EXPECT_NE(r->ranks[0].stdout_text.find("PEER_LOSS_REPORTED"), std::string::npos) << Describe(*r);
+  EXPECT_NE(r->ranks[0].stdout_text.find("Reset()"), std::string::npos) << Describe(*r);
+}
+
+// Two separately built programs in one world: ranks 0-1 run the trainer, 2-3 the inference
+// side (TP2 -> TP2; and TP2 -> TP1 x DP2 with replicas), ten verified refits each.
+class ExamplePairTest : public ::testing::TestWithParam<std::vector<std::string>> {};
+
+TEST_P(ExamplePairTest, TenVerifiedRefits) {
+  std::string args;
+  for (const std::string& a : GetParam()) args += " " + a;
+  const std::string cmd = "if [ \"$RESHARD_RANK\" -lt 2 ]; then exec '" +
+                          Bin("reshard-example-trainer") + "'" + args + "; else exec '" +
+                          Bin("reshard-example-inference") + "'" + args + "; fi";
+  auto r = reshard::launcher::Run(Options({"/bin/sh", "-c", cmd}, 4, "sm"));
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_TRUE(r->ok()) << Describe(*r);
+  for (int rank = 2; rank < 4; ++rank) {
+    EXPECT_NE(r->ranks[rank].stdout_text.find("10 refits verified"), std::string::npos)
+        << Describe(*r);
+    EXPECT_NE(r->ranks[rank].stdout_text.find("0 new registrations"), std::string::npos);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Layouts, ExamplePairTest,
+    ::testing::Values(std::vector<std::string>{"--train-tp", "2", "--infer-tp", "2"},
+                      std::vector<std::string>{"--train-tp", "2", "--infer-tp", "1",
+                                               "--infer-dp", "2"}));
+
+}  // namespace

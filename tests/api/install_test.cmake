@@ -1,0 +1,46 @@
+# Installs the build into a fresh prefix, then configures and builds examples/ (a standalone
+# project) against the installed package only, runs its C program, and checks reshard.pc.
+# Variables: BUILD_DIR, SOURCE_DIR, WORK_DIR.
+file(REMOVE_RECURSE ${WORK_DIR})
+set(prefix ${WORK_DIR}/prefix)
+function(run)
+  execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "failed (${rc}): ${ARGN}\n${out}\n${err}")
+  endif()
+  set(last_output "${out}" PARENT_SCOPE)
+endfunction()
+
+run(${CMAKE_COMMAND} --install ${BUILD_DIR} --prefix ${prefix})
+foreach(f include/reshard/reshard.h include/reshard/reshard_c.h lib/cmake/reshard/reshardConfig.cmake)
+  if(NOT EXISTS ${prefix}/${f})
+    message(FATAL_ERROR "not installed: ${f}")
+  endif()
+endforeach()
+# Only the public headers are installed: nothing from src/ (UCX, CUDA, internals).
+file(GLOB_RECURSE headers RELATIVE ${prefix}/include ${prefix}/include/*)
+foreach(h ${headers})
+  if(NOT h MATCHES "^reshard/")
+    message(FATAL_ERROR "unexpected installed header: ${h}")
+  endif()
+  file(READ ${prefix}/include/${h} text)
+  if(text MATCHES "#include [<\"](ucp|cuda|nccl|src/)")
+    message(FATAL_ERROR "installed header ${h} includes an internal or backend header")
+  endif()
+endforeach()
+
+run(${CMAKE_COMMAND} -S ${SOURCE_DIR}/examples -B ${WORK_DIR}/examples -DCMAKE_PREFIX_PATH=${prefix}
+    -DCMAKE_BUILD_TYPE=Release)
+run(${CMAKE_COMMAND} --build ${WORK_DIR}/examples -j2)
+run(${WORK_DIR}/examples/c_api_version)
+message(STATUS "${last_output}")
+
+find_program(PKG_CONFIG pkg-config)
+if(PKG_CONFIG)
+  set(ENV{PKG_CONFIG_PATH} ${prefix}/lib/pkgconfig)
+  run(${PKG_CONFIG} --libs --cflags reshard)
+  if(NOT last_output MATCHES "-lreshard")
+    message(FATAL_ERROR "reshard.pc gives no -lreshard: ${last_output}")
+  endif()
+endif()
+message(STATUS "installed package builds the examples")
