@@ -8,9 +8,14 @@
 //   - every read lies inside a tile that the sending rank holds, and reads the same global
 //     element that the write lands on (so the chosen source tile holds it);
 //   - nothing is written outside the destination views of the transfer's tensor;
-//   - fan-out reads (from a destination buffer) only read data that already landed;
-//   - transfer kinds agree with the ranks, per-rank indexes list exactly the right transfers;
+//   - relays and fan-outs (reads from a destination or staging buffer) only read data that a
+//     transfer on their `after` chain landed there, and staging writes stay inside the rank's
+//     staging buffer;
+//   - transfer kinds agree with the ranks and domains, per-rank indexes list exactly the right
+//     transfers;
 //   - executing the plan in process (LocalWorld) verifies.
+// Specs get random topologies, and plans random schedule options (domain-aware with and
+// without staging, relays and tiny split thresholds; point-to-point with and without spreading).
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
@@ -301,6 +306,20 @@ RefitSpec RandomSpec(Rng& rng) {
     t.dst = RandomLayout(rng, pool, ndim);
     spec.tensors.push_back(std::move(t));
   }
+  // Topology: none (every rank its own domain), consecutive groups, or a random partition.
+  const int topo = static_cast<int>(rng.Uniform(0, 2));
+  if (topo == 1) {
+    spec.topology.ranks_per_domain = rng.Uniform(2, 4);
+  } else if (topo == 2) {
+    std::vector<int32_t> ranks = pool;
+    rng.Shuffle(ranks);
+    size_t i = 0;
+    while (i < ranks.size()) {
+      const size_t n = std::min<size_t>(rng.Uniform(1, 4), ranks.size() - i);
+      if (rng.Coin(0.85)) spec.topology.domains.emplace_back(ranks.begin() + i, ranks.begin() + i + n);
+      i += n;
+    }
+  }
   for (Side side : {Side::kSrc, Side::kDst}) {
     std::vector<ViewMode> modes = {ViewMode::kNone, ViewMode::kNone, ViewMode::kPadded};
     if (elem_size != 0) {
@@ -365,74 +384,164 @@ std::string CheckPlan(const Plan& plan, int64_t& elements_checked) {
     }
   }
 
-  // Replay the transfers in plan order.
-  std::map<std::tuple<int, int32_t, std::string>, std::vector<uint8_t>> writes;
+  // Replay the transfers in plan order. Destination and staging elements remember the transfer
+  // that wrote them; staging bytes also remember what they hold.
+  struct Written {
+    int32_t count = 0;
+    int32_t writer = -1;
+  };
+  struct StageByte {
+    int32_t tensor = -1;
+    int64_t global = -1;
+    int32_t byte = 0;
+    int32_t writer = -1;
+  };
+  std::map<std::tuple<int, int32_t, std::string>, std::vector<Written>> writes;
+  std::map<int32_t, std::vector<StageByte>> stage;
   const auto& transfers = plan.transfers();
+  const Topology& topo = spec.topology;
   for (size_t i = 0; i < transfers.size(); ++i) {
     const Transfer& tr = transfers[i];
     const TensorSpec& ts = spec.tensors[tr.tensor];
     const int elem = DTypeSize(ts.dtype);
-    const std::string where = absl::StrCat("transfer ", i, " (tensor ", ts.name, ", rank ",
-                                           tr.from_rank, " -> ", tr.to_rank, ")");
-    const bool local = tr.from_rank == tr.to_rank;
-    if (tr.from_side == Side::kSrc && (tr.kind == TransferKind::kLocal) != local) {
+    const std::string where =
+        absl::StrCat("transfer ", i, " (tensor ", ts.name, ", ", TransferKindName(tr.kind),
+                     ", rank ", tr.from_rank, " ", SideName(tr.from_side), " -> ", tr.to_rank,
+                     " ", SideName(tr.to_side), ")");
+    if ((tr.kind == TransferKind::kLocal) != (tr.from_rank == tr.to_rank)) {
       return where + ": kind disagrees with the ranks";
     }
-    if (tr.from_side == Side::kDst && tr.kind != TransferKind::kFanout) {
-      return where + ": reads a destination buffer but is not a fan-out";
+    if (tr.kind == TransferKind::kFanout && topo.DomainOf(tr.from_rank) != topo.DomainOf(tr.to_rank)) {
+      return where + ": fan-out leaves its domain";
     }
-    if (tr.kind == TransferKind::kFanout &&
-        (tr.after < 0 || static_cast<size_t>(tr.after) >= i)) {
-      return where + ": fan-out does not wait for an earlier transfer";
+    if (tr.after >= static_cast<int64_t>(i) || tr.after < -1) {
+      return where + ": waits for a later transfer";
     }
-    const std::string& from_buffer = tr.from_side == Side::kSrc ? ts.src_buffer() : ts.dst_buffer();
-    auto from_it = maps.find({static_cast<int>(tr.from_side), tr.from_rank, from_buffer});
-    auto to_it = maps.find({static_cast<int>(Side::kDst), tr.to_rank, ts.dst_buffer()});
-    if (from_it == maps.end()) return where + ": the sender holds no tile of this tensor";
-    if (to_it == maps.end()) return where + ": the receiver holds no tile of this tensor";
-    const auto& from_map = from_it->second;
-    const auto& to_map = to_it->second;
-    auto& written = writes[to_it->first];
-    written.resize(to_map.size(), 0);
-    const std::vector<uint8_t>* from_written = nullptr;
-    if (tr.from_side == Side::kDst) from_written = &writes[from_it->first];
+    if (tr.from_side != Side::kSrc && tr.after < 0) {
+      return where + ": forwards received data without waiting for its arrival";
+    }
+    if (tr.to_side == Side::kSrc) return where + ": writes a source buffer";
+    // The transfers this one waits for, directly or through their own waits.
+    std::vector<int32_t> chain;
+    for (int32_t a = tr.after; a >= 0; a = transfers[a].after) chain.push_back(a);
+    auto on_chain = [&](int32_t writer) {
+      return std::find(chain.begin(), chain.end(), writer) != chain.end();
+    };
+
+    const std::vector<Owner>* from_map = nullptr;
+    const std::vector<Written>* from_written = nullptr;
+    std::vector<StageByte>* from_stage = nullptr;
+    if (tr.from_side == Side::kStage) {
+      from_stage = &stage[tr.from_rank];
+    } else {
+      const std::string& buffer = tr.from_side == Side::kSrc ? ts.src_buffer() : ts.dst_buffer();
+      auto it = maps.find({static_cast<int>(tr.from_side), tr.from_rank, buffer});
+      if (it == maps.end()) return where + ": the sender holds no tile of this tensor";
+      from_map = &it->second;
+      if (tr.from_side == Side::kDst) from_written = &writes[it->first];
+    }
+    const std::vector<Owner>* to_map = nullptr;
+    std::vector<Written>* to_written = nullptr;
+    std::vector<StageByte>* to_stage = nullptr;
+    if (tr.to_side == Side::kStage) {
+      to_stage = &stage[tr.to_rank];
+      to_stage->resize(plan.stage_bytes(tr.to_rank));
+    } else {
+      auto it = maps.find({static_cast<int>(Side::kDst), tr.to_rank, ts.dst_buffer()});
+      if (it == maps.end()) return where + ": the receiver holds no tile of this tensor";
+      to_map = &it->second;
+      to_written = &writes[it->first];
+      to_written->resize(to_map->size());
+    }
+
     const Region& r = plan.region(tr.region);
     std::string error;
+    // What the read at byte `f` holds: (global element, byte within it), or an error.
+    auto read = [&](int64_t f, int64_t& global, int32_t& byte) -> bool {
+      if (from_stage != nullptr) {
+        if (f < 0 || f >= static_cast<int64_t>(from_stage->size()) ||
+            (*from_stage)[f].tensor != static_cast<int32_t>(tr.tensor)) {
+          error = absl::StrCat(where, ": reads staging byte ", f, " that holds nothing of it");
+          return false;
+        }
+        if (!on_chain((*from_stage)[f].writer)) {
+          error = absl::StrCat(where, ": reads staging byte ", f, " without waiting for transfer ",
+                               (*from_stage)[f].writer, " that wrote it");
+          return false;
+        }
+        global = (*from_stage)[f].global;
+        byte = (*from_stage)[f].byte;
+        return true;
+      }
+      const int64_t fa = f / elem;
+      if (fa < 0 || fa >= static_cast<int64_t>(from_map->size()) ||
+          (*from_map)[fa].tensor != static_cast<int32_t>(tr.tensor)) {
+        error = absl::StrCat(where, ": reads element address ", fa,
+                             " outside every tile the sender holds");
+        return false;
+      }
+      if (from_written != nullptr) {
+        if (fa >= static_cast<int64_t>(from_written->size()) || (*from_written)[fa].count == 0) {
+          error = where + ": forwards data that has not landed";
+          return false;
+        }
+        if (!on_chain((*from_written)[fa].writer)) {
+          error = absl::StrCat(where, ": forwards element address ", fa,
+                               " without waiting for transfer ", (*from_written)[fa].writer);
+          return false;
+        }
+      }
+      global = (*from_map)[fa].global;
+      byte = static_cast<int32_t>(f % elem);
+      return true;
+    };
     ForEachRun(r, plan.region_dims(r), [&](int64_t f, int64_t to, int64_t n) {
       if (!error.empty()) return;
-      if (f % elem || to % elem || n % elem || n <= 0) {
-        error = where + ": a run is not made of whole elements";
+      if (n <= 0) {
+        error = where + ": an empty run";
+        return;
+      }
+      if (to_stage != nullptr) {
+        // Byte by byte: staging offsets need not be element-aligned.
+        if (to < 0 || to + n > static_cast<int64_t>(to_stage->size())) {
+          error = absl::StrCat(where, ": writes staging bytes [", to, ", ", to + n,
+                               ") outside the rank's staging buffer of ", to_stage->size());
+          return;
+        }
+        for (int64_t k = 0; k < n; ++k) {
+          int64_t global = -1;
+          int32_t byte = 0;
+          if (!read(f + k, global, byte)) return;
+          (*to_stage)[to + k] = {static_cast<int32_t>(tr.tensor), global, byte,
+                                 static_cast<int32_t>(i)};
+        }
+        return;
+      }
+      if (to % elem || n % elem) {
+        error = where + ": a destination run is not made of whole elements";
         return;
       }
       for (int64_t k = 0; k < n / elem; ++k) {
-        const int64_t fa = f / elem + k, ta = to / elem + k;
-        if (ta < 0 || ta >= static_cast<int64_t>(to_map.size()) ||
-            to_map[ta].tensor != static_cast<int32_t>(tr.tensor)) {
+        const int64_t ta = to / elem + k;
+        if (ta < 0 || ta >= static_cast<int64_t>(to_map->size()) ||
+            (*to_map)[ta].tensor != static_cast<int32_t>(tr.tensor)) {
           error = absl::StrCat(where, ": writes element address ", ta,
                                " outside the destination view");
           return;
         }
-        if (fa < 0 || fa >= static_cast<int64_t>(from_map.size()) ||
-            from_map[fa].tensor != static_cast<int32_t>(tr.tensor)) {
-          error = absl::StrCat(where, ": reads element address ", fa,
-                               " outside every tile the sender holds");
-          return;
+        for (int b = 0; b < elem; ++b) {
+          int64_t global = -1;
+          int32_t byte = 0;
+          if (!read(f + k * elem + b, global, byte)) return;
+          if (global != (*to_map)[ta].global || byte != b) {
+            error = absl::StrCat(where, ": copies byte ", byte, " of global element ", global,
+                                 " onto byte ", b, " of global element ", (*to_map)[ta].global);
+            return;
+          }
         }
-        if (from_map[fa].global != to_map[ta].global) {
-          error = absl::StrCat(where, ": copies global element ", from_map[fa].global,
-                               " onto global element ", to_map[ta].global);
-          return;
-        }
-        if (from_written != nullptr &&
-            (fa >= static_cast<int64_t>(from_written->size()) || (*from_written)[fa] == 0)) {
-          error = where + ": fan-out reads data that has not landed yet";
-          return;
-        }
-        if (written[ta] == 255) {
-          error = where + ": element written too often";
-          return;
-        }
-        ++written[ta];
+        Written& w = (*to_written)[ta];
+        if (w.count == 0) w.writer = static_cast<int32_t>(i);
+        ++w.count;
       }
     });
     if (!error.empty()) return error;
@@ -443,7 +552,7 @@ std::string CheckPlan(const Plan& plan, int64_t& elements_checked) {
     auto it = writes.find(key);
     for (size_t a = 0; a < map.size(); ++a) {
       if (map[a].tensor < 0) continue;
-      const int count = it == writes.end() ? 0 : it->second[a];
+      const int count = it == writes.end() || a >= it->second.size() ? 0 : it->second[a].count;
       if (count != 1) {
         return absl::StrCat("tensor ", spec.tensors[map[a].tensor].name, ": rank ",
                             std::get<1>(key), " global element ", map[a].global, " written ",
@@ -487,7 +596,7 @@ std::string CheckPlan(const Plan& plan, int64_t& elements_checked) {
 TEST(OracleTest, RandomSpecsPlanExactly) {
   const auto start = std::chrono::steady_clock::now();
   Rng rng(kSeed);
-  int64_t elements = 0, transfers = 0;
+  int64_t elements = 0, transfers = 0, kinds[3] = {0, 0, 0}, staged = 0, relays = 0;
   int fused = 0, strided = 0, shared_ranks = 0, nested = 0, replicated_both = 0, empty_shards = 0;
   for (int c = 0; c < kCases; ++c) {
     RefitSpec spec = RandomSpec(rng);
@@ -520,13 +629,41 @@ TEST(OracleTest, RandomSpecsPlanExactly) {
     absl::Status valid = Validate(spec);
     ASSERT_TRUE(valid.ok()) << "case " << c << ": " << valid << "\n" << Describe(spec);
     PlanOptions options;
-    options.spread_replicas = c % 4 != 3;
+    switch (c % 8) {
+      case 0: case 1: case 2:
+        break;  // Defaults: domain-aware.
+      case 3:
+        options.split_min_bytes = 8;  // Split nearly every piece across the domain.
+        options.split_part_bytes = 2;
+        break;
+      case 4:
+        options.staging = false;
+        options.relay = c % 16 == 4;
+        options.split_min_bytes = 16;
+        options.split_part_bytes = 4;
+        break;
+      case 5:
+        options.relay = false;
+        break;
+      case 6:
+        options.schedule = PlanOptions::Schedule::kPointToPoint;
+        break;
+      case 7:
+        options.schedule = PlanOptions::Schedule::kPointToPoint;
+        options.spread_replicas = false;
+        break;
+    }
     auto shared = std::make_shared<const RefitSpec>(spec);
     auto plan = BuildPlan(shared, options);
     ASSERT_TRUE(plan.ok()) << "case " << c << ": " << plan.status();
     const std::string error = CheckPlan(*plan, elements);
     ASSERT_EQ(error, "") << "case " << c << "\n" << Describe(spec);
     transfers += static_cast<int64_t>(plan->transfers().size());
+    for (const Transfer& tr : plan->transfers()) {
+      ++kinds[static_cast<int>(tr.kind)];
+      staged += tr.to_side == Side::kStage;
+      relays += tr.kind == TransferKind::kNetwork && tr.from_side != Side::kSrc;
+    }
     if (c % 8 == 0) {
       // JSON round trip plans to the same fingerprint.
       auto reparsed = ParseSpecJson(SpecToJson(spec));
@@ -543,6 +680,14 @@ TEST(OracleTest, RandomSpecsPlanExactly) {
   std::printf("coverage (tensors): fused %d, strided views %d, shared ranks %d, nested %d, "
               "replicated both sides %d, layouts with empty shards %d\n",
               fused, strided, shared_ranks, nested, replicated_both, empty_shards);
+  std::printf("transfers: %lld local, %lld network (%lld relays), %lld fan-out, %lld into "
+              "staging\n", static_cast<long long>(kinds[0]), static_cast<long long>(kinds[1]),
+              static_cast<long long>(relays), static_cast<long long>(kinds[2]),
+              static_cast<long long>(staged));
+  EXPECT_GT(kinds[0], 1000);
+  EXPECT_GT(kinds[1], 1000);
+  EXPECT_GT(kinds[2], 1000);
+  EXPECT_GT(staged, 100);
   EXPECT_GT(fused, 200);
   EXPECT_GT(strided, 300);
   EXPECT_GT(shared_ranks, 1000);

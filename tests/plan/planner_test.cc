@@ -148,7 +148,11 @@ TEST(PlannerTest, PerRankIndexesListExactlyEachRanksTransfersInPlanOrder) {
 }
 
 TEST(PlannerTest, StatisticsAddUp) {
-  const Plan plan = MustPlan(Spec(kRowsToColumns));
+  // Point-to-point: every destination rank gets its own pieces from a source holder, so the
+  // counts below follow from the layouts alone.
+  PlanOptions p2p;
+  p2p.schedule = PlanOptions::Schedule::kPointToPoint;
+  const Plan plan = MustPlan(Spec(kRowsToColumns), p2p);
   const PlanStats& s = plan.stats();
   EXPECT_EQ(s.tensors, 2);
   // w: 4 destination ranks x 2 trainers. b: 10 over 4 = 3, 3, 3, 1 against 10 over 2 = 5, 5;
@@ -172,6 +176,18 @@ TEST(PlannerTest, StatisticsAddUp) {
     if (tr.tensor == 1 && tr.to_rank == 3) senders_to_3.insert(tr.from_rank);
   }
   EXPECT_EQ(senders_to_3, (std::set<int32_t>{0, 1}));
+
+  // Any schedule: every byte that lands in a destination or staging buffer is counted once.
+  const Plan domain = MustPlan(Spec(kRowsToColumns));
+  const PlanStats& d = domain.stats();
+  EXPECT_EQ(d.bytes_dst_total, s.bytes_dst_total);
+  EXPECT_EQ(d.bytes_network + d.bytes_local + d.bytes_fanout, d.bytes_dst_total + d.bytes_staged);
+  EXPECT_EQ(d.pieces, static_cast<int64_t>(domain.transfers().size()));
+  int64_t dst_pieces = 0;
+  for (const TensorStats& ts : domain.tensor_stats()) dst_pieces += ts.pieces;
+  int64_t into_dst = 0;
+  for (const Transfer& tr : domain.transfers()) into_dst += tr.to_side == Side::kDst;
+  EXPECT_EQ(dst_pieces, into_dst);
 }
 
 TEST(PlannerTest, BufferBytesCoverFusedViews) {
