@@ -12,6 +12,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/match.h"
 #include "src/common/hash.h"
 #include "src/common/status.h"
 #include "src/net/device_copy.h"
@@ -38,6 +39,7 @@ using plan::TransferKind;
 constexpr unsigned kGrantAm = 11;  // destination -> source: "you may write epoch E".
 constexpr unsigned kDoneAm = 12;   // source -> destination: "pieces [..] of epoch E landed".
 constexpr unsigned kAbortAm = 13;  // any -> peers: "my epoch E failed: <reason>".
+constexpr unsigned kDataAm = 14;   // source -> destination: one run of a piece (delivery kAm).
 constexpr uint32_t kMagic = 0x52534844;  // "RSHD"
 // Piece indices per completion message, small enough to stay eager on every transport.
 constexpr size_t kMaxIndicesPerSignal = 256;
@@ -48,6 +50,34 @@ struct AmHeader {
   uint64_t handle = 0;
   uint64_t epoch = 0;
 };
+struct DataHeader {
+  AmHeader base;
+  uint32_t transfer = 0;
+  uint32_t pad = 0;
+  uint64_t to_offset = 0;  // Bytes from the start of the receiving buffer.
+};
+
+// kAuto: active messages when UCX_TLS names tcp and no RDMA transport (see the header).
+bool UseActiveMessages(RefitEngineOptions::Delivery delivery) {
+  if (const char* env = std::getenv("RESHARD_DELIVERY")) {
+    if (std::string(env) == "am") return true;
+    if (std::string(env) == "put") return false;
+  }
+  if (delivery != RefitEngineOptions::Delivery::kAuto) {
+    return delivery == RefitEngineOptions::Delivery::kActiveMessage;
+  }
+  const char* tls = std::getenv("UCX_TLS");
+  if (tls == nullptr || *tls == '\0' || *tls == '^') return false;
+  bool tcp = false;
+  for (absl::string_view token : absl::StrSplit(tls, ',', absl::SkipEmpty())) {
+    if (token == "tcp") tcp = true;
+    if (token == "all" || token == "ib" || absl::StartsWith(token, "rc") ||
+        absl::StartsWith(token, "ud") || absl::StartsWith(token, "dc")) {
+      return false;
+    }
+  }
+  return tcp;
+}
 
 std::string Hex(const std::string& bytes) {
   static constexpr char kDigits[] = "0123456789abcdef";
@@ -163,6 +193,7 @@ class RefitEngine::Impl {
   // AM handlers (called from Worker::Progress through the runtime).
   void OnGrant(const AmHeader& h);
   void OnDone(const AmHeader& h, const uint32_t* indices, size_t count);
+  void OnData(const DataHeader& h, const void* data, size_t length);
   void OnAbort(const AmHeader& h, const std::string& reason);
 
   uint64_t handle() const { return handle_; }
@@ -186,11 +217,15 @@ class RefitEngine::Impl {
   std::vector<Peer> peers_;
 
   std::vector<Run> runs_;
+  std::vector<DataHeader> data_headers_;  // One per run (delivery kActiveMessage): stable
+                                          // header memory for sends in flight.
   std::vector<SendDesc> descs_;
   std::vector<uint32_t> local_initial_;  // Local descs without dependencies.
   absl::flat_hash_map<uint32_t, std::vector<uint32_t>> dependents_;  // transfer -> descs.
   std::vector<uint32_t> received_;  // Transfers landing here that the engine executes.
   std::vector<uint64_t> landed_epoch_;  // By transfer index.
+  std::vector<int64_t> landed_bytes_;   // By transfer index (delivery kActiveMessage).
+  bool am_data_ = false;                // Delivery kActiveMessage.
 
   // Epoch state.
   uint64_t epoch_ = 0;
@@ -212,6 +247,7 @@ class RefitEngine::Impl {
   std::deque<AbortMessage> aborts_;  // Kept until destruction: sends are not awaited.
   size_t idle_spins_ = 0;
   bool abort_pending_ = false;
+  uint64_t reset_floor_ = 0;  // Aborts about epochs <= this predate the last Reset.
 
  private:
   absl::Status ExchangeFingerprints(Store& store, absl::Time deadline);
@@ -255,6 +291,7 @@ class Runtime {
     RESHARD_RETURN_IF_ERROR(runtime->worker->SetAmHandler(kGrantAm, &OnAm<kGrantAm>, runtime.get()));
     RESHARD_RETURN_IF_ERROR(runtime->worker->SetAmHandler(kDoneAm, &OnAm<kDoneAm>, runtime.get()));
     RESHARD_RETURN_IF_ERROR(runtime->worker->SetAmHandler(kAbortAm, &OnAm<kAbortAm>, runtime.get()));
+    RESHARD_RETURN_IF_ERROR(runtime->worker->SetAmHandler(kDataAm, &OnDataAm, runtime.get()));
     current = runtime;
     return runtime;
   }
@@ -265,6 +302,23 @@ class Runtime {
 
  private:
   Runtime() = default;
+
+  static ucs_status_t OnDataAm(void* arg, const void* header, size_t header_length, void* data,
+                               size_t length, const ucp_am_recv_param_t* param) {
+    auto* self = static_cast<Runtime*>(arg);
+    if (header_length != sizeof(DataHeader)) return UCS_OK;
+    DataHeader h;
+    std::memcpy(&h, header, sizeof(h));
+    if (h.base.magic != kMagic) return UCS_OK;
+    auto it = self->engines.find(h.base.handle);
+    if (it == self->engines.end()) return UCS_OK;
+    if ((param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0) {
+      it->second->OnAbort(h.base, "received a rendezvous data message (protocol error)");
+      return UCS_OK;
+    }
+    it->second->OnData(h, data, length);
+    return UCS_OK;
+  }
 
   template <unsigned kId>
   static ucs_status_t OnAm(void* arg, const void* header, size_t header_length, void* data,
@@ -326,6 +380,7 @@ absl::Status RefitEngine::Impl::Init(Store& store, std::vector<LocalBuffer> buff
     }
   }
   handle_ = HandleOf(rank_);
+  am_data_ = UseActiveMessages(options_.delivery);
 
   // 1. Fingerprints first: a mismatched rank must fail before anything is registered or written.
   RESHARD_RETURN_IF_ERROR(ExchangeFingerprints(store, deadline));
@@ -468,6 +523,7 @@ absl::Status RefitEngine::Impl::ConnectPeers(Store& store, absl::Time deadline) 
 absl::Status RefitEngine::Impl::BuildDescriptors() {
   const auto& transfers = plan_.transfers();
   landed_epoch_.assign(transfers.size(), 0);
+  landed_bytes_.assign(transfers.size(), 0);
   for (auto [it, end] = plan_.sends(rank_); it != end; ++it) {
     const uint32_t ti = *it;
     const Transfer& t = transfers[ti];
@@ -494,7 +550,8 @@ absl::Status RefitEngine::Impl::BuildDescriptors() {
             plan_.spec().tensors[t.tensor].name));
       }
       d.rkey = peer.rkeys[to_buf]->get();
-      remote_base = peer.remote_base[to_buf];
+      // Puts address the peer's memory; active messages carry the offset in its buffer.
+      remote_base = am_data_ ? 0 : peer.remote_base[to_buf];
       if (regions_[from_buf] != nullptr) d.memh = regions_[from_buf]->get();
     }
     plan::ForEachRun(region, plan_.region_dims(region),
@@ -514,6 +571,7 @@ absl::Status RefitEngine::Impl::BuildDescriptors() {
       peers_[t.to_rank].initial.push_back(di);
     }
   }
+  data_headers_.resize(am_data_ ? runs_.size() : 0);
   return absl::OkStatus();
 }
 
@@ -541,6 +599,7 @@ absl::Status RefitEngine::Impl::Start(uint64_t epoch) {
   stats_.epoch = epoch;
   started_at_ = absl::Now();
   remaining_ = static_cast<int64_t>(received_.size());
+  for (uint32_t t : received_) landed_bytes_[t] = 0;
   unsignalled_total_ = 0;
   local_ready_.assign(local_initial_.begin(), local_initial_.end());
   landed_out_.clear();
@@ -585,6 +644,13 @@ absl::Status RefitEngine::Impl::Start(uint64_t epoch) {
       return status_;
     }
     if (req != nullptr) peer.grants_in_flight++;
+  }
+  if (am_data_) {
+    // Empty pieces carry no data message: they land as soon as the epoch starts.
+    for (uint32_t t : received_) {
+      const Transfer& tr = plan_.transfers()[t];
+      if (tr.from_rank != rank_ && plan_.region(tr.region).bytes == 0) MarkLanded(t);
+    }
   }
   // Staged source buffers: device -> pinned host before any put reads them.
   for (size_t b = 0; b < buffers_.size(); ++b) {
@@ -674,8 +740,18 @@ void RefitEngine::Impl::PostPuts() {
           param.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMH;
           param.memh = d.memh;
         }
-        ucs_status_ptr_t req =
-            ucp_put_nbx(peer.endpoint->get(), run.local, run.bytes, run.remote, d.rkey, &param);
+        ucs_status_ptr_t req;
+        if (am_data_) {
+          DataHeader& h = data_headers_[peer.cursor_run];
+          h = DataHeader{AmHeader{kMagic, rank_, HandleOf(static_cast<int32_t>(r)), epoch_},
+                         d.transfer, 0, run.remote};
+          param.op_attr_mask |= UCP_OP_ATTR_FIELD_FLAGS;
+          param.flags = UCP_AM_SEND_FLAG_EAGER;
+          req = ucp_am_send_nbx(peer.endpoint->get(), kDataAm, &h, sizeof(h), run.local, run.bytes,
+                                &param);
+        } else {
+          req = ucp_put_nbx(peer.endpoint->get(), run.local, run.bytes, run.remote, d.rkey, &param);
+        }
         stats_.puts++;
         if (UCS_PTR_IS_ERR(req)) {
           Fail(ucx::ToStatus(UCS_PTR_STATUS(req), "ucp_put_nbx",
@@ -688,6 +764,14 @@ void RefitEngine::Impl::PostPuts() {
         peer.cursor_run++;
       }
       stats_.bytes_network_sent += d.bytes;
+      if (am_data_) {
+        // Landing is counted by the receiver byte by byte; nothing to flush or signal.
+        peer.unsignalled--;
+        unsignalled_total_--;
+        peer.cursor_desc = -1;
+        any = true;
+        continue;
+      }
       if (peer.open == nullptr) {
         auto batch = std::make_unique<Batch>();
         batch->engine = this;
@@ -845,7 +929,10 @@ absl::Status RefitEngine::Impl::CheckPeers() {
 }
 
 bool RefitEngine::Impl::Complete() const {
-  if (remaining_ != 0 || unsignalled_total_ != 0 || !local_ready_.empty()) return false;
+  if (remaining_ != 0 || unsignalled_total_ != 0 || !local_ready_.empty() ||
+      outstanding_puts_ != 0) {
+    return false;
+  }
   for (const Peer& peer : peers_) {
     if (peer.grants_in_flight > 0) return false;
   }
@@ -934,6 +1021,13 @@ absl::Status RefitEngine::Impl::Wait(absl::Time deadline) {
 }
 
 void RefitEngine::Impl::Reset() {
+  // Take in what peers already sent about the failed epoch (aborts, late signals) before
+  // forgetting it; later aborts about epochs up to this one are ignored.
+  const absl::Time until = absl::Now() + absl::Milliseconds(100);
+  for (int idle = 0; idle < 16 && absl::Now() < until;) {
+    idle = runtime_->worker->Progress() > 0 ? 0 : idle + 1;
+  }
+  reset_floor_ = std::max(reset_floor_, epoch_);
   failed_ = false;
   in_epoch_ = false;
   status_ = absl::OkStatus();
@@ -981,8 +1075,35 @@ void RefitEngine::Impl::OnDone(const AmHeader& h, const uint32_t* indices, size_
   }
 }
 
+void RefitEngine::Impl::OnData(const DataHeader& h, const void* data, size_t length) {
+  if (!in_epoch_ || h.base.epoch != epoch_) return;  // A failed or abandoned epoch's data.
+  const auto& transfers = plan_.transfers();
+  const uint32_t ti = h.transfer;
+  if (ti >= transfers.size() || transfers[ti].to_rank != rank_ ||
+      transfers[ti].from_rank != h.base.from_rank) {
+    Fail(absl::DataLossError(absl::StrCat("rank ", rank_, ": rank ", h.base.from_rank,
+                                          " sent data for transfer ", ti,
+                                          " that the plan does not send it here")));
+    return;
+  }
+  const Transfer& t = transfers[ti];
+  const uint32_t to_buf = plan_.buffer_of(t.tensor, t.to_side);
+  const int64_t region_bytes = plan_.region(t.region).bytes;
+  if (h.to_offset + length > static_cast<uint64_t>(buffers_[to_buf].bytes) ||
+      landed_bytes_[ti] + static_cast<int64_t>(length) > region_bytes) {
+    Fail(absl::DataLossError(absl::StrCat("rank ", rank_, ": rank ", h.base.from_rank, " sent ",
+                                          length, " bytes at offset ", h.to_offset,
+                                          " outside transfer ", ti)));
+    return;
+  }
+  if (length > 0) std::memcpy(reg_addr_[to_buf] + h.to_offset, data, length);
+  landed_bytes_[ti] += static_cast<int64_t>(length);
+  if (landed_bytes_[ti] == region_bytes) MarkLanded(ti);
+}
+
 void RefitEngine::Impl::OnAbort(const AmHeader& h, const std::string& reason) {
   if (h.from_rank < 0 || h.from_rank >= static_cast<int32_t>(peers_.size())) return;
+  if (h.epoch <= reset_floor_) return;
   Peer& peer = peers_[h.from_rank];
   peer.aborted = true;
   peer.abort_reason = absl::StrCat("rank ", rank_, ", refit epoch ", epoch_, ": peer ", reason);
@@ -1113,6 +1234,7 @@ const absl::Status& RefitEngine::last_status() const { return impl_->status_; }
 const RefitStats& RefitEngine::last_stats() const { return impl_->stats_; }
 uint64_t RefitEngine::last_epoch() const { return impl_->epoch_; }
 std::string RefitEngine::Transports() const { return impl_->Transports(); }
+const char* RefitEngine::delivery() const { return impl_->am_data_ ? "am" : "put"; }
 bool RefitEngine::peer_error_handling() const {
   return impl_->runtime_ != nullptr && impl_->runtime_->context->peer_error_handling();
 }

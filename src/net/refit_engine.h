@@ -76,6 +76,16 @@ struct RefitEngineOptions {
   int64_t signal_batch_bytes = int64_t{4} << 20;
   // Execute kFanout transfers as network puts (until a fan-out backend takes them over).
   bool execute_fanout = true;
+  // How bytes travel. kPut: ucp_put_nbx into the registered remote buffer, ep flush, then a
+  // completion signal. kActiveMessage: each run travels as an eager active message that the
+  // receiver copies into place and counts (no flush, no signal). kAuto picks kActiveMessage
+  // when UCX_TLS names tcp and no RDMA transport, kPut otherwise (override: RESHARD_DELIVERY=
+  // put|am). Why: UCX 1.13 emulates RMA over tcp with active messages, and its target-side
+  // acknowledgement aborts the whole process (ucs_fatal in ucp_put_handler) when the origin dies
+  // mid-put, so a lost peer would kill its receivers instead of failing their refit; the
+  // active-message path moves the same bytes with the same single copy at the target.
+  enum class Delivery : uint8_t { kAuto, kPut, kActiveMessage };
+  Delivery delivery = Delivery::kAuto;
 };
 
 // Figures of the last epoch on this rank.
@@ -125,8 +135,10 @@ class RefitEngine {
   // Start(last epoch + 1) then Wait(deadline).
   [[nodiscard]] absl::Status Execute(absl::Time deadline);
 
-  // Forgets a failed epoch so the handle may try again (peers must do the same). Puts of the
-  // failed epoch that are still in flight are abandoned.
+  // Forgets a failed epoch so the handle may try again with a larger epoch (every rank must
+  // Reset, then start the same epoch). Progresses the worker for up to 100 ms first to take in
+  // what peers already sent about the failed epoch; aborts about epochs up to the current one
+  // that arrive later are ignored. Puts of the failed epoch still in flight are abandoned.
   void Reset();
 
   // True while an epoch is started and not yet finished.
@@ -140,6 +152,8 @@ class RefitEngine {
   std::string Transports() const;
   // Whether endpoints detect lost peers (see Context::peer_error_handling()).
   bool peer_error_handling() const;
+  // The delivery in use: "put" or "am" (see RefitEngineOptions::delivery).
+  const char* delivery() const;
 
   // Optional orderly shutdown: waits (through the store, until `deadline`) until every peer
   // of this rank has finished its epochs too, then flush-closes the endpoints. Without it the

@@ -112,5 +112,151 @@ TEST(MultiprocRefit, ExamplesOverTcp) {
   }
 }
 
+// A random spec (world <= 8): 1-3 tensors of 1-3 dims, meshes over random rank subsets in random
+// order (1-D or 2-D), random R/S(d) placements (nested sharding included), random dtypes and
+// domain grouping. Returns "" when the draw is not a valid spec (the caller draws again).
+std::string RandomSpec(std::mt19937& rng) {
+  auto uniform = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
+  const int world = uniform(2, 8);
+  static constexpr const char* kDtypes[] = {"u8", "i16", "fp16", "bf16", "fp32", "i64", "fp64"};
+  auto mesh = [&](int ndim_tensor, std::string& placements) {
+    std::vector<int> ranks(world);
+    for (int i = 0; i < world; ++i) ranks[i] = i;
+    std::shuffle(ranks.begin(), ranks.end(), rng);
+    const int k = uniform(1, world);
+    ranks.resize(k);
+    std::string text;
+    int axes = 1;
+    if (k % 2 == 0 && k >= 4 && uniform(0, 1) == 1) {
+      axes = 2;
+      text = "[";
+      for (int a = 0; a < 2; ++a) {
+        absl::StrAppend(&text, a ? ", [" : "[");
+        for (int b = 0; b < k / 2; ++b) absl::StrAppend(&text, b ? ", " : "", ranks[a * (k / 2) + b]);
+        absl::StrAppend(&text, "]");
+      }
+      absl::StrAppend(&text, "]");
+    } else {
+      text = "[";
+      for (int i = 0; i < k; ++i) absl::StrAppend(&text, i ? ", " : "", ranks[i]);
+      absl::StrAppend(&text, "]");
+    }
+    placements = "[";
+    for (int a = 0; a < axes; ++a) {
+      const int d = uniform(-1, ndim_tensor - 1);
+      absl::StrAppend(&placements, a ? ", " : "", d < 0 ? "\"R\"" : absl::StrCat("\"S(", d, ")\""));
+    }
+    absl::StrAppend(&placements, "]");
+    return text;
+  };
+  std::string tensors;
+  const int n = uniform(1, 3);
+  for (int t = 0; t < n; ++t) {
+    const int nd = uniform(1, 3);
+    std::string shape = "[";
+    for (int d = 0; d < nd; ++d) absl::StrAppend(&shape, d ? ", " : "", uniform(1, nd == 1 ? 300 : 24));
+    absl::StrAppend(&shape, "]");
+    std::string src_pl, dst_pl;
+    const std::string src_mesh = mesh(nd, src_pl);
+    const std::string dst_mesh = mesh(nd, dst_pl);
+    absl::StrAppend(&tensors, t ? ",\n" : "", "{\"name\": \"t", t, "\", \"dtype\": \"",
+                    kDtypes[uniform(0, 6)], "\", \"shape\": ", shape, ", \"src\": {\"mesh\": ",
+                    src_mesh, ", \"placements\": ", src_pl, "}, \"dst\": {\"mesh\": ", dst_mesh,
+                    ", \"placements\": ", dst_pl, "}}");
+  }
+  const int grouping = uniform(0, 2);
+  std::string topology =
+      grouping == 0 ? "" : absl::StrCat("\"topology\": {\"ranks_per_domain\": ", grouping * 2, "},\n");
+  const std::string text = absl::StrCat("{", topology, "\"tensors\": [", tensors, "]}");
+  return plan::ParseSpecJson(text).ok() ? text : "";
+}
+
+std::vector<std::string> WriteRandomSpecs(int count, uint32_t seed) {
+  std::mt19937 rng(seed);
+  const std::string dir = absl::StrCat(::testing::TempDir(), "/reshard-random-specs-", seed);
+  std::filesystem::create_directories(dir);
+  std::vector<std::string> paths;
+  while (static_cast<int>(paths.size()) < count) {
+    const std::string text = RandomSpec(rng);
+    if (text.empty()) continue;
+    const std::string path = absl::StrCat(dir, "/spec", paths.size(), ".json");
+    std::ofstream(path) << text;
+    paths.push_back(path);
+  }
+  return paths;
+}
+
+TEST(MultiprocRefit, FiftyRandomSpecsOverSharedMemory) {
+  for (const std::string& path : WriteRandomSpecs(50, 20261129)) RunAndCheck(path, kSm, "ours");
+}
+
+TEST(MultiprocRefit, FiftyRandomSpecsOverTcp) {
+  for (const std::string& path : WriteRandomSpecs(50, 4242)) RunAndCheck(path, kTcp, "ours");
+}
+
+// A rank SIGKILLed in the middle of a long run of refits: every other rank must report an
+// error (not hang, not pass) within 10 s. tcp, where UCX detects the lost peer.
+TEST(MultiprocRefit, KilledRankFailsEveryOtherRankOverTcp) {
+  const std::string path = absl::StrCat(::testing::TempDir(), "/reshard-kill-spec.json");
+  std::ofstream(path) << R"json({"tensors": [
+    {"name": "w", "dtype": "fp32", "shape": [512, 512],
+     "src": {"mesh": [0, 1], "placements": ["S(0)"]},
+     "dst": {"mesh": [2, 3], "placements": ["S(1)"]}}]})json";
+  WorldLaunch launch;
+  launch.program = BinPath("reshard-rank");
+  launch.spec_paths = {path};
+  launch.world_size = 4;
+  launch.iters = 1000000;
+  launch.ucx_tls = kTcp.tls;
+  launch.ucx_net_devices = kTcp.devices;
+  launch.timeout_ms = 8000;
+  launch.limit = absl::Seconds(60);
+  bool killed = false;
+  launch.on_running = [&](const std::vector<pid_t>& pids) {
+    killed = kill(pids[0], SIGKILL) == 0;
+  };
+  auto results = RunWorld(launch);
+  ASSERT_TRUE(results.ok()) << results.status();
+  ASSERT_TRUE(killed);
+  EXPECT_EQ((*results)[0].signal, SIGKILL);
+  for (int r = 1; r < 4; ++r) {
+    const RankResult& res = (*results)[r];
+    EXPECT_EQ(res.exit_code, 1) << "rank " << r << ": " << res.error();
+    ASSERT_TRUE(res.parsed_ok) << res.stdout_text;
+    EXPECT_FALSE(res.report.Find("ok")->as_bool());
+    EXPECT_FALSE(res.error().empty());
+    EXPECT_LT(res.exit_seconds, 10.0) << "rank " << r << ": " << res.error();
+    std::fprintf(stderr, "rank %d failed after %.2f s: %s\n", r, res.exit_seconds,
+                 res.error().c_str());
+  }
+}
+
+// Two ranks given different specs (same world size): every rank fails before any refit.
+TEST(MultiprocRefit, MismatchedSpecsFailEveryRank) {
+  const std::string a = absl::StrCat(::testing::TempDir(), "/reshard-mismatch-a.json");
+  const std::string b = absl::StrCat(::testing::TempDir(), "/reshard-mismatch-b.json");
+  std::ofstream(a) << R"json({"tensors": [{"name": "w", "dtype": "fp32", "shape": [8, 8],
+     "src": {"mesh": [0, 1], "placements": ["S(0)"]}, "dst": {"mesh": [2, 3], "placements": ["S(1)"]}}]})json";
+  std::ofstream(b) << R"json({"tensors": [{"name": "w", "dtype": "fp32", "shape": [8, 8],
+     "src": {"mesh": [0, 1], "placements": ["S(1)"]}, "dst": {"mesh": [2, 3], "placements": ["S(1)"]}}]})json";
+  WorldLaunch launch;
+  launch.program = BinPath("reshard-rank");
+  launch.spec_paths = {a, b, a, a};
+  launch.world_size = 4;
+  launch.iters = 3;
+  launch.ucx_tls = kTcp.tls;
+  launch.ucx_net_devices = kTcp.devices;
+  launch.timeout_ms = 10000;
+  launch.limit = absl::Seconds(60);
+  auto results = RunWorld(launch);
+  ASSERT_TRUE(results.ok()) << results.status();
+  for (const RankResult& r : *results) {
+    EXPECT_EQ(r.exit_code, 1) << "rank " << r.rank << ": " << r.error();
+    EXPECT_NE(r.error().find("fingerprint mismatch"), std::string::npos) << r.error();
+    ASSERT_TRUE(r.parsed_ok);
+    EXPECT_TRUE(r.report.Find("iter_ms")->items().empty());
+  }
+}
+
 }  // namespace
 }  // namespace reshard::testing

@@ -1,0 +1,262 @@
+// RefitEngine contracts, each rank in its own forked process (UCX shared memory, a FileStore in
+// a temporary directory): fingerprint mismatch fails every rank before any write, a failed epoch
+// is remembered until Reset, Progress reports every landed transfer exactly once, buffers are
+// validated. Every child sets UCX_TLS, UCX_NET_DEVICES and uses explicit deadlines.
+#include "src/net/refit_engine.h"
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <random>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "src/common/status.h"
+#include "src/net/file_store.h"
+#include "src/net/ucx/context.h"
+#include "src/plan/fill.h"
+#include "src/plan/spec_json.h"
+
+namespace reshard::net {
+namespace {
+
+constexpr uint8_t kPoison = 0xA5;
+
+// Runs fn(rank) in `n` forked children (each killed after 60 s) and returns their exit codes
+// (-signal when killed).
+std::vector<int> RunForked(int n, const std::function<int(int)>& fn) {
+  std::vector<pid_t> pids;
+  for (int r = 0; r < n; ++r) {
+    const pid_t pid = fork();
+    if (pid == 0) {
+      alarm(60);
+      setenv("UCX_TLS", "posix,sysv,cma,self", 1);
+      setenv("UCX_NET_DEVICES", "all", 1);
+      setenv("UCX_WARN_UNUSED_ENV_VARS", "n", 1);
+      const int code = fn(r);
+      std::fflush(stderr);
+      _exit(code);
+    }
+    pids.push_back(pid);
+  }
+  std::vector<int> codes;
+  for (pid_t pid : pids) {
+    int status = 0;
+    waitpid(pid, &status, 0);
+    codes.push_back(WIFEXITED(status) ? WEXITSTATUS(status) : -WTERMSIG(status));
+  }
+  return codes;
+}
+
+std::string StoreDir(const std::string& name) {
+  std::random_device rd;
+  return absl::StrCat(::testing::TempDir(), "/reshard-engine-", name, "-", getpid(), "-", rd());
+}
+
+struct RankBuffers {
+  plan::Plan plan;
+  std::vector<std::vector<uint8_t>> memory;
+  std::vector<LocalBuffer> buffers;
+};
+
+RankBuffers MakeBuffers(const std::string& spec_text, int32_t rank) {
+  auto spec = plan::ParseSpecJson(spec_text);
+  RESHARD_CHECK(spec.ok());
+  auto plan = plan::BuildPlan(std::make_shared<const plan::RefitSpec>(*spec));
+  RESHARD_CHECK(plan.ok());
+  RankBuffers out{*std::move(plan), {}, {}};
+  const std::vector<int64_t> bytes = out.plan.BufferBytes(rank);
+  out.memory.resize(bytes.size());
+  for (size_t b = 0; b < bytes.size(); ++b) {
+    out.memory[b].assign(bytes[b], kPoison);
+    out.buffers.push_back(LocalBuffer{out.memory[b].data(), bytes[b], MemoryKind::kHost});
+  }
+  return out;
+}
+
+void Fill(RankBuffers& rb, int32_t rank, uint64_t epoch) {
+  const plan::RefitSpec& s = rb.plan.spec();
+  for (size_t t = 0; t < s.tensors.size(); ++t) {
+    uint8_t* src = rb.memory[rb.plan.buffer_of(t, plan::Side::kSrc)].data();
+    plan::ForEachTile(s, t, plan::Side::kSrc, [&](int32_t r, const plan::Box& box) {
+      if (r == rank) plan::FillTile(s, t, plan::Side::kSrc, box, epoch, src);
+    });
+  }
+}
+
+absl::Status Verify(const RankBuffers& rb, int32_t rank, uint64_t epoch) {
+  const plan::RefitSpec& s = rb.plan.spec();
+  absl::Status status;
+  for (size_t t = 0; t < s.tensors.size(); ++t) {
+    const uint8_t* dst = rb.memory[rb.plan.buffer_of(t, plan::Side::kDst)].data();
+    plan::ForEachTile(s, t, plan::Side::kDst, [&](int32_t r, const plan::Box& box) {
+      if (r == rank && status.ok()) status = plan::VerifyTile(s, t, box, epoch, rank, dst);
+    });
+  }
+  return status;
+}
+
+bool AllPoisoned(const RankBuffers& rb) {
+  for (size_t b = 0; b < rb.memory.size(); ++b) {
+    if (rb.plan.buffers()[b].side == plan::Side::kSrc) continue;
+    for (uint8_t v : rb.memory[b]) {
+      if (v != kPoison) return false;
+    }
+  }
+  return true;
+}
+
+#define CHILD_EXPECT(cond)                                                   \
+  do {                                                                       \
+    if (!(cond)) {                                                           \
+      std::fprintf(stderr, "rank %d: %s:%d: %s\n", rank, __FILE__, __LINE__, #cond); \
+      return 1;                                                              \
+    }                                                                        \
+  } while (0)
+
+constexpr char kRowsToCols[] = R"json({"tensors": [{"name": "w", "dtype": "fp32", "shape": [64, 48],
+  "src": {"mesh": [0, 1], "placements": ["S(0)"]}, "dst": {"mesh": [2, 3], "placements": ["S(1)"]}}]})json";
+constexpr char kColsToCols[] = R"json({"tensors": [{"name": "w", "dtype": "fp32", "shape": [64, 48],
+  "src": {"mesh": [0, 1], "placements": ["S(1)"]}, "dst": {"mesh": [2, 3], "placements": ["S(1)"]}}]})json";
+
+TEST(RefitEngine, PeerErrorHandlingFollowsTransports) {
+  EXPECT_TRUE(ucx::TlsSupportsPeerErrorHandling(""));
+  EXPECT_TRUE(ucx::TlsSupportsPeerErrorHandling("tcp"));
+  EXPECT_TRUE(ucx::TlsSupportsPeerErrorHandling("sm,tcp"));
+  EXPECT_TRUE(ucx::TlsSupportsPeerErrorHandling("rc,sm,self"));
+  EXPECT_TRUE(ucx::TlsSupportsPeerErrorHandling("^tcp"));
+  EXPECT_FALSE(ucx::TlsSupportsPeerErrorHandling("sm"));
+  EXPECT_FALSE(ucx::TlsSupportsPeerErrorHandling("posix,sysv,cma,self"));
+  EXPECT_FALSE(ucx::TlsSupportsPeerErrorHandling("shm,self,cuda_copy"));
+}
+
+TEST(RefitEngine, RejectsBuffersThatDoNotMatchThePlan) {
+  RankBuffers rb = MakeBuffers(kRowsToCols, 2);
+  auto store = FileStore::Open(StoreDir("buffers"));
+  ASSERT_TRUE(store.ok());
+  std::vector<LocalBuffer> short_buffers = rb.buffers;
+  for (LocalBuffer& b : short_buffers) b.bytes = b.bytes > 0 ? b.bytes - 1 : 0;
+  auto engine = RefitEngine::Create(rb.plan, 2, **store, short_buffers);
+  ASSERT_FALSE(engine.ok());
+  EXPECT_EQ(engine.status().code(), absl::StatusCode::kInvalidArgument) << engine.status();
+  EXPECT_NE(engine.status().message().find("rank 2"), absl::string_view::npos);
+  auto wrong_rank = RefitEngine::Create(rb.plan, 9, **store, rb.buffers);
+  EXPECT_EQ(wrong_rank.status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(RefitEngine, FingerprintMismatchFailsEveryRankBeforeAnyWrite) {
+  const std::string dir = StoreDir("mismatch");
+  const std::vector<int> codes = RunForked(4, [&](int rank) {
+    RankBuffers rb = MakeBuffers(rank == 1 ? kColsToCols : kRowsToCols, rank);
+    Fill(rb, rank, 1);
+    auto store = FileStore::Open(dir);
+    CHILD_EXPECT(store.ok());
+    RefitEngineOptions options;
+    options.setup_timeout = absl::Seconds(20);
+    auto engine = RefitEngine::Create(rb.plan, rank, **store, rb.buffers, options);
+    CHILD_EXPECT(!engine.ok());
+    CHILD_EXPECT(engine.status().code() == absl::StatusCode::kFailedPrecondition);
+    CHILD_EXPECT(engine.status().message().find("fingerprint mismatch") != absl::string_view::npos);
+    // Give any (wrong) writer time to write, then check nothing landed.
+    usleep(200 * 1000);
+    CHILD_EXPECT(AllPoisoned(rb));
+    return 0;
+  });
+  for (int r = 0; r < 4; ++r) EXPECT_EQ(codes[r], 0) << "rank " << r;
+}
+
+TEST(RefitEngine, FailedEpochIsRememberedUntilReset) {
+  const std::string dir = StoreDir("reset");
+  const std::vector<int> codes = RunForked(4, [&](int rank) {
+    RankBuffers rb = MakeBuffers(kRowsToCols, rank);
+    auto store = FileStore::Open(dir);
+    CHILD_EXPECT(store.ok());
+    auto engine = RefitEngine::Create(rb.plan, rank, **store, rb.buffers);
+    CHILD_EXPECT(engine.ok());
+    RefitEngine& e = **engine;
+    if (rank == 0) {
+      // Source 0 sits out epoch 1: its destinations miss their deadline.
+      usleep(1500 * 1000);
+    } else {
+      Fill(rb, rank, 1);
+      CHILD_EXPECT(e.Start(1).ok());
+      const absl::Status st = e.Wait(absl::Now() + absl::Milliseconds(500));
+      if (rank >= 2) {
+        CHILD_EXPECT(st.code() == absl::StatusCode::kDeadlineExceeded ||
+                     st.code() == absl::StatusCode::kUnavailable);
+        CHILD_EXPECT(e.last_status().code() == st.code());
+        const absl::Status again = e.Start(2);
+        CHILD_EXPECT(again.code() == absl::StatusCode::kFailedPrecondition);
+        CHILD_EXPECT(again.message().find("Reset") != absl::string_view::npos);
+      }
+    }
+    // Every rank resets (peers must do the same) and waits until all have.
+    e.Reset();
+    CHILD_EXPECT((*store)->Set(absl::StrCat("reset-done/", rank), "1").ok());
+    for (int r = 0; r < 4; ++r) {
+      CHILD_EXPECT((*store)->Get(absl::StrCat("reset-done/", r), absl::Now() + absl::Seconds(20)).ok());
+    }
+    Fill(rb, rank, 2);
+    for (size_t b = 0; b < rb.memory.size(); ++b) {
+      if (rb.plan.buffers()[b].side != plan::Side::kSrc) std::fill(rb.memory[b].begin(), rb.memory[b].end(), kPoison);
+    }
+    CHILD_EXPECT(e.Start(2).ok());
+    const absl::Status st = e.Wait(absl::Now() + absl::Seconds(20));
+    if (!st.ok()) std::fprintf(stderr, "rank %d: %s\n", rank, std::string(st.message()).c_str());
+    CHILD_EXPECT(st.ok());
+    CHILD_EXPECT(Verify(rb, rank, 2).ok());
+    CHILD_EXPECT(e.Shutdown(absl::Now() + absl::Seconds(10)).ok());
+    return 0;
+  });
+  for (int r = 0; r < 4; ++r) EXPECT_EQ(codes[r], 0) << "rank " << r;
+}
+
+// The fan-out hook: Progress reports every transfer that lands on a rank exactly once, on a
+// domain-aware plan with fan-out transfers (executed by the engine as network puts).
+TEST(RefitEngine, ProgressReportsEveryLandedTransferOnce) {
+  const std::string spec =
+      R"json({"topology": {"domains": [[0, 1, 2, 3], [4, 5, 6, 7]]}, "tensors": [
+      {"name": "w", "dtype": "bf16", "shape": [64, 256],
+       "src": {"mesh": [0, 1, 2, 3], "placements": ["S(1)"]},
+       "dst": {"mesh": [[4, 5], [6, 7]], "placements": ["R", "S(1)"]}}]})json";
+  {
+    RankBuffers rb = MakeBuffers(spec, 0);
+    bool fanout = false;
+    for (const plan::Transfer& t : rb.plan.transfers()) fanout |= t.kind == plan::TransferKind::kFanout;
+    EXPECT_TRUE(fanout) << "the domain-aware plan should fan out inside the destination domain";
+  }
+  const std::string dir = StoreDir("progress");
+  const std::vector<int> codes = RunForked(8, [&](int rank) {
+    RankBuffers rb = MakeBuffers(spec, rank);
+    auto store = FileStore::Open(dir);
+    CHILD_EXPECT(store.ok());
+    auto engine = RefitEngine::Create(rb.plan, rank, **store, rb.buffers);
+    CHILD_EXPECT(engine.ok());
+    RefitEngine& e = **engine;
+    for (uint64_t epoch = 1; epoch <= 3; ++epoch) {
+      Fill(rb, rank, epoch);
+      CHILD_EXPECT(e.Start(epoch).ok());
+      std::vector<uint32_t> landed;
+      const absl::Time deadline = absl::Now() + absl::Seconds(20);
+      while (e.in_epoch() && absl::Now() < deadline) CHILD_EXPECT(e.Progress(&landed).ok());
+      CHILD_EXPECT(e.Wait(deadline).ok());
+      CHILD_EXPECT(e.Progress(&landed).ok());
+      std::multiset<uint32_t> got(landed.begin(), landed.end());
+      auto [begin, end] = rb.plan.receives(rank);
+      std::multiset<uint32_t> want(begin, end);
+      CHILD_EXPECT(got == want);
+      CHILD_EXPECT(Verify(rb, rank, epoch).ok());
+    }
+    CHILD_EXPECT(e.Shutdown(absl::Now() + absl::Seconds(10)).ok());
+    return 0;
+  });
+  for (int r = 0; r < 8; ++r) EXPECT_EQ(codes[r], 0) << "rank " << r;
+}
+
+}  // namespace
+}  // namespace reshard::net
