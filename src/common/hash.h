@@ -39,10 +39,12 @@ inline uint64_t FillValue(uint64_t tensor_key, uint64_t global_index, uint64_t e
   return Mix64(tensor_key ^ Mix64(global_index + 0x632be59bd9b4e019ULL * (epoch + 1)));
 }
 
-// Incremental fingerprint: feed fixed-width integers in a fixed order.
+// Incremental fingerprint: feed fixed-width integers in a fixed order. One Mix64 per word (plans
+// feed it tens of millions of words): for a given state and position, v -> v * odd constant is
+// a bijection, and Mix64 is one too, so a single differing word always changes the state.
 class Fingerprint {
  public:
-  void Add(uint64_t v) { state_ = Mix64(state_ ^ Mix64(v + count_++)); }
+  void Add(uint64_t v) { state_ = Mix64(state_ ^ (v * 0xd6e8feb86659fd93ULL + count_++)); }
   void Add(std::string_view s) {
     Add(s.size());
     Add(HashString(s));

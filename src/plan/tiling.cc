@@ -55,6 +55,20 @@ TileGrid::TileGrid(const Layout& layout, const std::vector<int64_t>& shape)
     dims_[p.dim] = std::move(split);
   }
   for (const auto& d : dims_) num_cells_ *= static_cast<int64_t>(d.size());
+  base_parts_.resize(shape.size());
+  for (size_t d = 0; d < shape.size(); ++d) {
+    base_parts_[d].resize(dims_[d].size());
+    for (size_t i = 0; i < dims_[d].size(); ++i) {
+      int64_t c = static_cast<int64_t>(i), index = 0;
+      const auto& axes = dim_axes_[d];
+      for (int k = static_cast<int>(axes.size()) - 1; k >= 0; --k) {
+        const int64_t size = layout.mesh.shape[axes[k]];
+        index += (c % size) * mesh_strides_[axes[k]];
+        c /= size;
+      }
+      base_parts_[d][i] = index;
+    }
+  }
   replica_offsets_ = {0};
   for (int a : replicate_axes) {
     std::vector<int64_t> next;
@@ -78,15 +92,7 @@ Box TileGrid::CellBox(const Cell& cell) const {
 
 int64_t TileGrid::CellBaseIndex(const Cell& cell) const {
   int64_t index = 0;
-  for (int d = 0; d < ndim(); ++d) {
-    int64_t c = cell[d];
-    const auto& axes = dim_axes_[d];
-    for (int k = static_cast<int>(axes.size()) - 1; k >= 0; --k) {
-      const int64_t size = mesh_->shape[axes[k]];
-      index += (c % size) * mesh_strides_[axes[k]];
-      c /= size;
-    }
-  }
+  for (int d = 0; d < ndim(); ++d) index += base_parts_[d][cell[d]];
   return index;
 }
 

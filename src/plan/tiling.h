@@ -66,6 +66,9 @@ class TileGrid {
   const Mesh* mesh_;
   std::vector<std::vector<Interval>> dims_;
   std::vector<std::vector<int>> dim_axes_;  // Mesh axes sharding each dim, outermost first.
+  // Per dim and composite shard index: its part of the cell's base index into mesh.ranks, so
+  // CellBaseIndex (called per piece and per holder) is a sum of lookups, not divisions.
+  std::vector<std::vector<int64_t>> base_parts_;
   std::vector<int64_t> mesh_strides_;       // Row-major strides of the mesh.
   std::vector<int64_t> replica_offsets_;    // Over replicate axes, row-major.
   int64_t num_cells_ = 1;
