@@ -100,6 +100,7 @@ DomainScheduler::DomainScheduler(const RefitSpec& spec, const DomainMap& domains
   out_.assign(world, 0);
   nvlink_out_.assign(world, 0);
   pending_.assign(world, 0);
+  owed_.assign(world, 0);
   // What every holder would ingest if each piece were spread evenly over the holders of its
   // destination cell in each domain that needs it.
   std::vector<int32_t> src_domains;
@@ -121,13 +122,20 @@ DomainScheduler::DomainScheduler(const RefitSpec& spec, const DomainMap& domains
         dst_by_domain.push_back({domains.domain_of(r), r});
       }
       std::sort(dst_by_domain.begin(), dst_by_domain.end());
+      bool network = false;
       for (size_t i = 0; i < dst_by_domain.size();) {
         size_t j = i;
         while (j < dst_by_domain.size() && dst_by_domain[j].first == dst_by_domain[i].first) ++j;
         if (!Contains(src_domains, dst_by_domain[i].first)) {
+          network = true;
           for (size_t k = i; k < j; ++k) pending_[dst_by_domain[k].second] += bytes / (j - i);
         }
         i = j;
+      }
+      if (network) {
+        for (int64_t j = 0; j < src.num_replicas(); ++j) {
+          owed_[src.Holder(scell, j)] += bytes / src.num_replicas();
+        }
       }
     });
   }
@@ -278,11 +286,14 @@ void DomainScheduler::SchedulePart(uint32_t tensor, int elem, const Box& part,
     i = j;
   }
   if (network_groups.empty()) return;
+  for (int32_t h : src_holders) {
+    owed_[h] = std::max(0.0, owed_[h] - static_cast<double>(bytes) / src_holders.size());
+  }
 
   // Network domains, starting at a rotating position so no domain is always served first.
   const size_t n = network_groups.size();
   const size_t start = static_cast<size_t>(rotation_++ % n);
-  std::vector<Endpoint> direct;  // Receivers that got the part straight from a source.
+  std::vector<Endpoint> received;  // Receivers that may relay the part.
   for (size_t step = 0; step < n; ++step) {
     const auto [begin, end] = network_groups[(start + step) % n];
     const int32_t d = dst_by_domain_[begin].first;
@@ -316,12 +327,18 @@ void DomainScheduler::SchedulePart(uint32_t tensor, int elem, const Box& part,
     }
     Endpoint sender{source, Side::kSrc};
     int32_t after = -1;
-    if (options_.relay && !direct.empty() && out_[source] + bytes > target_) {
-      const Endpoint* best = &direct[0];
-      for (const Endpoint& e : direct) {
-        if (out_[e.rank] < out_[best->rank]) best = &e;
+    // A source keeps room for one send of each piece it still owes.
+    if (options_.relay && !received.empty() &&
+        static_cast<double>(out_[source] + bytes) + owed_[source] > static_cast<double>(target_)) {
+      const Endpoint* best = nullptr;
+      for (const Endpoint& e : received) {
+        if (e.depth >= kMaxRelayDepth) continue;
+        if (best == nullptr || out_[e.rank] < out_[best->rank] ||
+            (out_[e.rank] == out_[best->rank] && e.depth < best->depth)) {
+          best = &e;
+        }
       }
-      if (out_[best->rank] + bytes <= target_ || out_[best->rank] < out_[source]) {
+      if (best != nullptr && (out_[best->rank] + bytes <= target_ || out_[best->rank] < out_[source])) {
         sender = *best;
         after = best->transfer;
       }
@@ -329,8 +346,9 @@ void DomainScheduler::SchedulePart(uint32_t tensor, int elem, const Box& part,
     out_[sender.rank] += bytes;
     in_[receiver.rank] += bytes;
     Rekey(receiver.rank);
+    receiver.depth = after < 0 ? 1 : sender.depth + 1;
     receiver.transfer = emit(sender, receiver, TransferKind::kNetwork, after);
-    if (after < 0) direct.push_back(receiver);
+    received.push_back(receiver);
     // Fan-out to the domain's other holders.
     for (size_t k = begin; k < end; ++k) {
       const int32_t to = dst_by_domain_[k].second;

@@ -94,7 +94,9 @@ class DomainScheduler {
     Side side = Side::kDst;
     int64_t stage_offset = 0;  // Byte offset in the staging buffer when side == kStage.
     int32_t transfer = -1;     // The transfer that landed the data here.
+    int depth = 0;             // Network hops from the source.
   };
+  static constexpr int kMaxRelayDepth = 3;
   void SchedulePart(uint32_t tensor, int elem, const Box& part, const TileAddress& src,
                     const TileAddress& dst, const std::vector<int32_t>& src_holders,
                     ScheduleSink& sink);
@@ -111,6 +113,9 @@ class DomainScheduler {
   int64_t target_;
   std::vector<int64_t> in_, out_, nvlink_out_, key_;
   std::vector<double> pending_;
+  // Egress each source rank still owes: one send of every piece it holds that some domain
+  // without a replica needs, shared among the piece's replicas.
+  std::vector<double> owed_;
   std::vector<std::set<std::pair<int64_t, int32_t>>> by_expected_;  // Per domain.
   uint64_t rotation_ = 0;
   // Scratch for one piece: destination holders grouped by domain.

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
-#include <queue>
 
 #include "absl/container/flat_hash_map.h"
 #include "src/plan/tiling.h"
@@ -149,18 +148,32 @@ class Simulator {
       link_of_[2 * i] = 4 * flows[i].from + base;
       link_of_[2 * i + 1] = 4 * flows[i].to + base + 1;
     }
-    // Flows per link (CSR).
-    link_begin_.assign(capacity_.size() + 1, 0);
-    for (uint32_t l : link_of_) ++link_begin_[l + 1];
-    for (size_t l = 0; l < capacity_.size(); ++l) link_begin_[l + 1] += link_begin_[l];
-    link_flows_.resize(link_of_.size());
-    std::vector<uint32_t> next(link_begin_.begin(), link_begin_.end() - 1);
-    for (size_t i = 0; i < link_of_.size(); ++i) link_flows_[next[link_of_[i]]++] = static_cast<uint32_t>(i / 2);
     sent_.assign(n, 0);
     rate_.assign(n, 0);
     cap_.assign(n, kInf);
     done_.assign(n, 0);
     for (size_t i = 0; i < n; ++i) done_[i] = flows[i].bytes <= 0;
+    BuildLinkLists();
+  }
+
+  // Flows per link (CSR) over the flows not done yet.
+  void BuildLinkLists() {
+    link_begin_.assign(capacity_.size() + 1, 0);
+    listed_ = 0;
+    for (size_t i = 0; i < flows_.size(); ++i) {
+      if (done_[i]) continue;
+      ++link_begin_[link_of_[2 * i] + 1];
+      ++link_begin_[link_of_[2 * i + 1] + 1];
+      ++listed_;
+    }
+    for (size_t l = 0; l < capacity_.size(); ++l) link_begin_[l + 1] += link_begin_[l];
+    link_flows_.resize(link_begin_.back());
+    std::vector<uint32_t> next(link_begin_.begin(), link_begin_.end() - 1);
+    for (size_t i = 0; i < flows_.size(); ++i) {
+      if (done_[i]) continue;
+      link_flows_[next[link_of_[2 * i]]++] = static_cast<uint32_t>(i);
+      link_flows_[next[link_of_[2 * i + 1]]++] = static_cast<uint32_t>(i);
+    }
   }
 
   SimResult Run() {
@@ -172,8 +185,10 @@ class Simulator {
     for (size_t i = 0; i < n; ++i) active += !done_[i];
     while (active > 0) {
       ++result.events;
+      if (active * 2 < listed_) BuildLinkLists();
       // Rates: max-min fair with availability caps, iterated so that caps follow parent rates.
       for (int iter = 0; iter < 3; ++iter) {
+        bool capped = false;
         for (size_t i = 0; i < n; ++i) {
           cap_[i] = kInf;
           if (done_[i] || parent_group_[i] < 0) continue;
@@ -182,8 +197,11 @@ class Simulator {
           const double avail = Available(i);
           if (avail < bytes && sent_[i] >= avail - Tolerance(i)) {
             cap_[i] = bytes * inflow_[g] / group_total_[g];
+            capped = true;
           }
         }
+        // Caps follow the parents' rates; without caps one filling is exact.
+        if (iter > 0 && !capped) break;
         Fill();
         std::fill(inflow_.begin(), inflow_.end(), 0.0);
         for (size_t i = 0; i < n; ++i) {
@@ -262,14 +280,58 @@ class Simulator {
     return std::min(bytes, bytes * group_sent_[g] / group_total_[g] * (1 + 1e-12));
   }
 
+  // Indexed binary min-heap of links by fair share; shares only grow while filling.
+  void HeapSwap(size_t a, size_t b) {
+    std::swap(heap_[a], heap_[b]);
+    heap_pos_[heap_[a]] = static_cast<int32_t>(a);
+    heap_pos_[heap_[b]] = static_cast<int32_t>(b);
+  }
+  bool HeapLess(size_t a, size_t b) const {
+    const double ka = share_[heap_[a]], kb = share_[heap_[b]];
+    return ka < kb || (ka == kb && heap_[a] < heap_[b]);
+  }
+  void SiftDown(size_t i) {
+    const size_t n = heap_.size();
+    while (true) {
+      size_t m = i;
+      const size_t l = 2 * i + 1, r = l + 1;
+      if (l < n && HeapLess(l, m)) m = l;
+      if (r < n && HeapLess(r, m)) m = r;
+      if (m == i) return;
+      HeapSwap(i, m);
+      i = m;
+    }
+  }
+  void SiftUp(size_t i) {
+    while (i > 0 && HeapLess(i, (i - 1) / 2)) {
+      HeapSwap(i, (i - 1) / 2);
+      i = (i - 1) / 2;
+    }
+  }
+  void HeapRemove(uint32_t link) {
+    const int32_t p = heap_pos_[link];
+    if (p < 0) return;
+    const size_t last = heap_.size() - 1;
+    if (static_cast<size_t>(p) != last) HeapSwap(p, last);
+    heap_.pop_back();
+    heap_pos_[link] = -1;
+    if (static_cast<size_t>(p) < heap_.size()) {
+      SiftDown(p);
+      SiftUp(p);
+    }
+  }
+
   // Progressive filling: repeatedly saturate the link (or flow cap) with the smallest fair share.
   void Fill() {
     const size_t n = flows_.size();
     const size_t links = capacity_.size();
     remaining_.assign(capacity_.begin(), capacity_.end());
     count_.assign(links, 0);
-    version_.assign(links, 0);
+    share_.assign(links, kInf);
+    heap_pos_.assign(links, -1);
+    heap_.clear();
     fixed_.assign(n, 0);
+    capped_.clear();
     for (size_t i = 0; i < n; ++i) {
       rate_[i] = 0;
       if (done_[i]) {
@@ -278,46 +340,53 @@ class Simulator {
       }
       ++count_[link_of_[2 * i]];
       ++count_[link_of_[2 * i + 1]];
+      if (cap_[i] < kInf) capped_.push_back({cap_[i], static_cast<uint32_t>(i)});
     }
-    struct Entry {
-      double share;
-      uint64_t id;  // Link index, or links + flow index for a cap.
-      uint32_t version;
-      bool operator>(const Entry& o) const { return share > o.share || (share == o.share && id > o.id); }
-    };
-    std::priority_queue<Entry, std::vector<Entry>, std::greater<Entry>> heap;
+    std::sort(capped_.begin(), capped_.end());
     for (size_t l = 0; l < links; ++l) {
-      if (count_[l] > 0) heap.push({remaining_[l] / count_[l], l, 0});
+      if (count_[l] == 0) continue;
+      share_[l] = remaining_[l] / count_[l];
+      heap_pos_[l] = static_cast<int32_t>(heap_.size());
+      heap_.push_back(static_cast<uint32_t>(l));
     }
-    for (size_t i = 0; i < n; ++i) {
-      if (!done_[i] && cap_[i] < kInf) heap.push({cap_[i], links + i, 0});
-    }
-    auto fix = [&](size_t i, double rate) {
+    for (size_t i = heap_.size(); i-- > 0;) SiftDown(i);
+    auto fix = [&](size_t i, double rate, uint32_t skip) {
       rate_[i] = std::max(0.0, rate);
       fixed_[i] = 1;
       for (int k = 0; k < 2; ++k) {
         const uint32_t l = link_of_[2 * i + k];
+        if (l == skip) continue;
         remaining_[l] = std::max(0.0, remaining_[l] - rate_[i]);
-        --count_[l];
-        ++version_[l];
-        if (count_[l] > 0) heap.push({remaining_[l] / count_[l], l, version_[l]});
+        if (--count_[l] == 0) {
+          HeapRemove(l);
+          continue;
+        }
+        share_[l] = remaining_[l] / count_[l];
+        if (heap_pos_[l] >= 0) {
+          SiftDown(heap_pos_[l]);
+          SiftUp(heap_pos_[l]);
+        }
       }
     };
-    while (!heap.empty()) {
-      const Entry e = heap.top();
-      heap.pop();
-      if (e.id >= links) {
-        const size_t i = e.id - links;
-        if (!fixed_[i]) fix(i, e.share);
+    size_t next_cap = 0;
+    while (true) {
+      while (next_cap < capped_.size() && fixed_[capped_[next_cap].second]) ++next_cap;
+      const bool have_link = !heap_.empty();
+      const bool have_cap = next_cap < capped_.size();
+      if (!have_link && !have_cap) break;
+      if (have_cap && (!have_link || capped_[next_cap].first <= share_[heap_[0]])) {
+        fix(capped_[next_cap].second, capped_[next_cap].first, UINT32_MAX);
+        ++next_cap;
         continue;
       }
-      const size_t l = e.id;
-      if (e.version != version_[l] || count_[l] == 0) continue;
-      const double share = remaining_[l] / count_[l];
+      const uint32_t l = heap_[0];
+      const double share = share_[l];
+      HeapRemove(l);
       for (uint32_t k = link_begin_[l]; k < link_begin_[l + 1]; ++k) {
         const uint32_t i = link_flows_[k];
-        if (!fixed_[i]) fix(i, share);
+        if (!fixed_[i]) fix(i, share, l);
       }
+      count_[l] = 0;
     }
   }
 
@@ -325,13 +394,17 @@ class Simulator {
   SimOptions options_;
   std::vector<double> capacity_, remaining_;
   std::vector<int64_t> count_;
-  std::vector<uint32_t> version_;
   std::vector<uint32_t> order_;
   std::vector<int32_t> own_group_, parent_group_;
   std::vector<double> group_total_, group_sent_, inflow_;
   std::vector<uint32_t> link_of_, link_begin_, link_flows_;
   std::vector<double> sent_, rate_, cap_;
   std::vector<uint8_t> done_, fixed_;
+  std::vector<double> share_;
+  std::vector<uint32_t> heap_;
+  std::vector<int32_t> heap_pos_;
+  std::vector<std::pair<double, uint32_t>> capped_;
+  size_t listed_ = 0;
 };
 
 }  // namespace

@@ -1,0 +1,149 @@
+// The flow simulator: single flows at line rate, fair sharing, streaming fan-out, baselines and
+// the lower bound on real plans.
+#include "src/plan/sim.h"
+
+#include <memory>
+
+#include <gtest/gtest.h>
+
+#include "src/plan/plan.h"
+#include "src/plan/schedule.h"
+#include "src/plan/spec_json.h"
+
+namespace reshard::plan {
+namespace {
+
+Topology Topo(double nic = 50, double nvlink = 450) {
+  Topology t;
+  t.nic_gbytes_per_s = nic;
+  t.nvlink_gbytes_per_s = nvlink;
+  return t;
+}
+
+SimOptions Exact() {
+  SimOptions o;
+  o.batch_fraction = 0;
+  return o;
+}
+
+TEST(SimTest, SingleFlowTakesBytesOverBandwidth) {
+  const SimResult r = Simulate({{0, 1, 0, false, 50'000'000'000}}, 2, Topo(), Exact());
+  EXPECT_NEAR(r.seconds, 1.0, 1e-9);
+  EXPECT_EQ(r.network_bytes, 50'000'000'000);
+  EXPECT_EQ(r.max_nic_bytes, 50'000'000'000);
+  const SimResult nv = Simulate({{0, 1, 0, true, 45'000'000'000}}, 2, Topo(), Exact());
+  EXPECT_NEAR(nv.seconds, 0.1, 1e-9);
+  EXPECT_EQ(nv.network_bytes, 0);
+}
+
+TEST(SimTest, TwoFlowsSharingANicTakeTwiceAsLong) {
+  // Same sender: egress shared.
+  const SimResult out = Simulate({{0, 1, 0, false, 1'000'000'000}, {0, 2, 0, false, 1'000'000'000}},
+                                 3, Topo(), Exact());
+  EXPECT_NEAR(out.seconds, 2 * 1e9 / 50e9, 1e-12);
+  // Same receiver: ingress shared.
+  const SimResult in = Simulate({{1, 0, 0, false, 1'000'000'000}, {2, 0, 0, false, 1'000'000'000}},
+                                3, Topo(), Exact());
+  EXPECT_NEAR(in.seconds, 2 * 1e9 / 50e9, 1e-12);
+  // Disjoint NICs run in parallel.
+  const SimResult par = Simulate({{0, 1, 0, false, 1'000'000'000}, {2, 3, 0, false, 1'000'000'000}},
+                                 4, Topo(), Exact());
+  EXPECT_NEAR(par.seconds, 1e9 / 50e9, 1e-12);
+}
+
+TEST(SimTest, MaxMinFairnessGivesLeftoverBandwidthToUnconstrainedFlows) {
+  // Flows 0->2 and 1->2 share ingress of 2 (25 each); 1->3 gets the rest of 1's egress (25);
+  // flow 0->3 shares 0's egress with 0->2 and 3's ingress with 1->3: 25 as well. Then the
+  // remaining flows speed up as others finish: all equal here, done at 1 GB / 25 GB/s.
+  const SimResult r = Simulate({{0, 2, 0, false, 1'000'000'000},
+                                {1, 2, 0, false, 1'000'000'000},
+                                {1, 3, 0, false, 1'000'000'000},
+                                {0, 3, 0, false, 1'000'000'000}},
+                               4, Topo(), Exact());
+  EXPECT_NEAR(r.seconds, 1e9 / 25e9, 1e-12);
+  // A short flow finishes, then the long one takes the whole link.
+  const SimResult s = Simulate({{0, 1, 0, false, 1'000'000'000}, {0, 2, 0, false, 3'000'000'000}},
+                               3, Topo(), Exact());
+  EXPECT_NEAR(s.seconds, 2e9 / 50e9 /*both at 25*/ + 2e9 / 50e9 /*then 50*/, 1e-12);
+}
+
+TEST(SimTest, FanOutStreamsBehindArrivals) {
+  // 10 GB arrive over a 50 GB/s NIC and fan out over a 450 GB/s NVLink: the fan-out is limited
+  // by the arrival rate, so the whole takes barely more than the network transfer, not the sum.
+  const SimResult r = Simulate({{0, 1, 0, false, 10'000'000'000}, {1, 2, 1, true, 10'000'000'000}},
+                               3, Topo(), Exact());
+  EXPECT_GE(r.seconds, 0.2 - 1e-9);
+  EXPECT_LT(r.seconds, 0.2 * 1.02);
+  // A slower fan-out link is the bottleneck: 10 GB at 25 GB/s.
+  const SimResult slow = Simulate({{0, 1, 0, false, 10'000'000'000}, {1, 2, 1, true, 10'000'000'000}},
+                                  3, Topo(50, 25), Exact());
+  EXPECT_NEAR(slow.seconds, 0.4, 0.4 * 0.02);
+  // A dependent flow never finishes before its data arrived.
+  const SimResult relay = Simulate({{0, 1, 0, false, 10'000'000'000}, {1, 2, 1, false, 10'000'000'000}},
+                                   3, Topo(), Exact());
+  EXPECT_GE(relay.seconds, 0.2 - 1e-9);
+  EXPECT_LT(relay.seconds, 0.2 * 1.02);
+}
+
+TEST(SimTest, BatchingErrsOnTheSlowSideByAtMostTheBatchFraction) {
+  std::vector<Flow> flows;
+  for (int i = 0; i < 40; ++i) flows.push_back({i % 4, 4 + i % 7, 0, false, 1'000'000'000LL * (1 + i)});
+  const SimResult exact = Simulate(flows, 11, Topo(), Exact());
+  SimOptions batched;
+  batched.batch_fraction = 0.01;
+  const SimResult fast = Simulate(flows, 11, Topo(), batched);
+  EXPECT_GE(fast.seconds, exact.seconds * (1 - 1e-9));
+  EXPECT_LE(fast.seconds, exact.seconds * 1.01 + 1e-9);
+  EXPECT_LE(fast.events, exact.events);
+}
+
+std::shared_ptr<const RefitSpec> Example(const std::string& name) {
+  auto spec = LoadSpecFile(std::string(RESHARD_SOURCE_DIR) + "/examples/specs/" + name);
+  EXPECT_TRUE(spec.ok()) << spec.status();
+  return std::make_shared<const RefitSpec>(spec.ok() ? *std::move(spec) : RefitSpec{});
+}
+
+TEST(SimTest, LowerBoundNeverExceedsSimulatedTimes) {
+  for (const char* name : {"fig1-rows-to-cols.json", "fig3-tp4-to-tp2dp2.json", "fused-qkv.json",
+                           "uneven-nested.json"}) {
+    SCOPED_TRACE(name);
+    auto spec = Example(name);
+    const DomainMap domains(*spec);
+    const LowerBound lb = ComputeLowerBound(*spec, domains);
+    auto ours = BuildPlan(spec);
+    ASSERT_TRUE(ours.ok());
+    PlanOptions p2p;
+    p2p.schedule = PlanOptions::Schedule::kPointToPoint;
+    auto naive = BuildPlan(spec, p2p);
+    ASSERT_TRUE(naive.ok());
+    const int32_t world = spec->WorldSize();
+    const SimResult a = Simulate(FlowsFromPlan(*ours), world, spec->topology);
+    const SimResult b = Simulate(FlowsFromPlan(*naive), world, spec->topology);
+    const SimResult c = Simulate(GatherBroadcastFlows(*spec, domains), world, spec->topology);
+    for (const SimResult* r : {&a, &b, &c}) {
+      EXPECT_GE(r->seconds, lb.seconds * (1 - 1e-9));
+      EXPECT_GE(r->max_nic_bytes, lb.max_nic_bytes);
+      EXPECT_GE(r->network_bytes, lb.network_bytes);
+    }
+    EXPECT_EQ(a.network_bytes, ours->stats().bytes_network);
+    EXPECT_EQ(a.max_nic_bytes, ours->stats().max_nic_bytes);
+  }
+}
+
+TEST(SimTest, Fig3OursMatchesTheLowerBound) {
+  auto spec = Example("fig3-tp4-to-tp2dp2.json");
+  const DomainMap domains(*spec);
+  const LowerBound lb = ComputeLowerBound(*spec, domains);
+  auto ours = BuildPlan(spec);
+  ASSERT_TRUE(ours.ok());
+  const SimResult a = Simulate(FlowsFromPlan(*ours), spec->WorldSize(), spec->topology, Exact());
+  // 2 MiB per NIC at 50 GB/s; the fan-out streams behind it at 450 GB/s.
+  EXPECT_GE(a.seconds, lb.seconds * (1 - 1e-9));
+  EXPECT_LE(a.seconds, lb.seconds * 1.02);
+  // Gather-broadcast moves the whole tensor to every destination rank: far slower.
+  const SimResult gb = Simulate(GatherBroadcastFlows(*spec, domains), spec->WorldSize(), spec->topology);
+  EXPECT_GT(gb.seconds, 2 * a.seconds);
+}
+
+}  // namespace
+}  // namespace reshard::plan
