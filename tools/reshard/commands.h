@@ -10,5 +10,6 @@ inline constexpr int kExitUsage = 2;
 
 int PlanCommand(int argc, char** argv);
 int SimCommand(int argc, char** argv);
+int BenchCommand(int argc, char** argv);
 
 }  // namespace reshard::cli

@@ -16,6 +16,7 @@ struct Command {
 constexpr Command kCommands[] = {
     {"plan", reshard::cli::PlanCommand, "plan a refit spec, verify it in process, explain it"},
     {"sim", reshard::cli::SimCommand, "simulate a refit on a cluster against baselines and the bound"},
+    {"bench", reshard::cli::BenchCommand, "time ours vs naive p2p vs gather-broadcast (and MPI) on real processes"},
 };
 
 void PrintHelp() {

@@ -10,7 +10,10 @@
 #include "absl/strings/str_join.h"
 #include "src/common/json.h"
 #include "src/common/status.h"
+#include "src/nvlink/fanout.h"
+#include "src/nvlink/shared_buffer.h"
 #include "src/plan/fill.h"
+#include "src/plan/schedule.h"
 #include "src/plan/spec_json.h"
 
 namespace reshard::cli {
@@ -69,28 +72,76 @@ RankReport RunRank(const RankOptions& options, net::Store& store) {
   }
   const plan::RefitSpec& s = plan->spec();
   const int32_t me = options.rank;
+  if (options.fanout != "auto" && options.fanout != "engine") {
+    return fail(absl::InvalidArgumentError(absl::StrCat(
+                    "--fanout must be auto or engine, not \"", options.fanout, "\"")),
+                true);
+  }
+  // This rank's fan-out edges inside its domain; the fan-out layer takes them over.
+  const plan::DomainMap domains(s);
+  std::vector<int32_t> domain =
+      domains.domain_of(me) >= 0 ? domains.ranks(domains.domain_of(me)) : std::vector<int32_t>{me};
+  nvlink::FanoutTable fanout_table = nvlink::FanoutTable::FromPlan(*plan, domain);
+  bool use_fanout = false;
+  if (options.fanout == "auto") {
+    for (const nvlink::FanoutEdge& e : fanout_table.edges) {
+      use_fanout = use_fanout || e.from_rank == me || e.to_rank == me;
+    }
+  }
 
-  // Buffers: page-aligned host memory, one per plan buffer id.
+  // Buffers: page-aligned host memory, one per plan buffer id; destination and staging buffers
+  // in shared memory when domain peers copy into them.
   const std::vector<int64_t> bytes = plan->BufferBytes(me);
   std::vector<AlignedBuffer> memory(bytes.size());
+  std::vector<std::unique_ptr<nvlink::SharedBuffer>> shm(bytes.size());
+  std::vector<uint8_t*> base(bytes.size(), nullptr);
   std::vector<net::LocalBuffer> buffers(bytes.size());
   for (size_t b = 0; b < bytes.size(); ++b) {
     if (bytes[b] == 0) continue;
     const size_t rounded = (static_cast<size_t>(bytes[b]) + kPage - 1) / kPage * kPage;
-    memory[b].reset(static_cast<uint8_t*>(std::aligned_alloc(kPage, rounded)));
-    if (memory[b] == nullptr) {
+    if (use_fanout && plan->buffers()[b].side != plan::Side::kSrc) {
+      absl::StatusOr<std::unique_ptr<nvlink::SharedBuffer>> sb = nvlink::SharedBuffer::Allocate(
+          absl::StrCat("r", me, "-", plan->buffers()[b].name), bytes[b]);
+      if (!sb.ok()) return fail(sb.status(), false);
+      shm[b] = *std::move(sb);
+      base[b] = shm[b]->data();
+    } else {
+      memory[b].reset(static_cast<uint8_t*>(std::aligned_alloc(kPage, rounded)));
+      base[b] = memory[b].get();
+    }
+    if (base[b] == nullptr) {
       return fail(absl::ResourceExhaustedError(absl::StrFormat(
                       "rank %d cannot allocate %d bytes for buffer \"%s\"", me, bytes[b],
                       plan->buffers()[b].name)),
                   false);
     }
-    std::memset(memory[b].get(), kPoison, rounded);
-    buffers[b] = net::LocalBuffer{memory[b].get(), bytes[b], net::MemoryKind::kHost};
+    std::memset(base[b], kPoison, static_cast<size_t>(bytes[b]));
+    buffers[b] = net::LocalBuffer{base[b], bytes[b], net::MemoryKind::kHost};
   }
 
   net::RefitEngineOptions engine_options = options.engine;
   engine_options.key_prefix = options.key_prefix;
   engine_options.setup_timeout = options.timeout;
+  // The engine skips kFanout transfers everywhere when the layer runs them (every rank decides
+  // the same way from the same plan and option).
+  if (options.fanout == "auto" && plan->stats().bytes_fanout > 0) {
+    engine_options.execute_fanout = false;
+  }
+  std::unique_ptr<nvlink::Fanout> fanout;
+  if (use_fanout) {
+    std::vector<nvlink::LocalBuffer> fanout_buffers(bytes.size());
+    for (size_t b = 0; b < bytes.size(); ++b) {
+      fanout_buffers[b] = {base[b], bytes[b], nvlink::MemoryKind::kHost};
+    }
+    nvlink::FanoutOptions fo;
+    fo.key_prefix = options.key_prefix + "/fanout";
+    fo.setup_timeout = options.timeout;
+    absl::StatusOr<std::unique_ptr<nvlink::Fanout>> created = nvlink::Fanout::Create(
+        std::move(fanout_table), me, domain, store, std::move(fanout_buffers), fo);
+    if (!created.ok()) return fail(created.status(), false);
+    fanout = *std::move(created);
+    report.fanout_backend = fanout->backend_name();
+  }
   absl::StatusOr<std::unique_ptr<net::RefitEngine>> engine =
       net::RefitEngine::Create(*plan, me, store, buffers, engine_options);
   if (!engine.ok()) return fail(engine.status(), false);
@@ -98,19 +149,44 @@ RankReport RunRank(const RankOptions& options, net::Store& store) {
   for (int i = 0; i < options.iters; ++i) {
     const uint64_t epoch = static_cast<uint64_t>(i) + 1;
     for (size_t t = 0; t < s.tensors.size(); ++t) {
-      uint8_t* src = memory[plan->buffer_of(t, plan::Side::kSrc)].get();
+      uint8_t* src = base[plan->buffer_of(t, plan::Side::kSrc)];
       plan::ForEachTile(s, t, plan::Side::kSrc, [&](int32_t rank, const plan::Box& box) {
         if (rank == me) plan::FillTile(s, t, plan::Side::kSrc, box, epoch, src);
       });
     }
     for (size_t b = 0; b < bytes.size(); ++b) {
       if (bytes[b] > 0 && plan->buffers()[b].side != plan::Side::kSrc) {
-        std::memset(memory[b].get(), kPoison, static_cast<size_t>(bytes[b]));
+        std::memset(base[b], kPoison, static_cast<size_t>(bytes[b]));
       }
     }
     const absl::Time start = absl::Now();
-    absl::Status status = (*engine)->Start(epoch);
-    if (status.ok()) status = (*engine)->Wait(absl::Now() + options.timeout);
+    const absl::Time deadline = start + options.timeout;
+    absl::Status status = fanout ? fanout->Start(epoch) : absl::OkStatus();
+    if (status.ok()) status = (*engine)->Start(epoch);
+    int64_t fanout_arrivals = 0;
+    if (fanout) {
+      // Forward each piece as soon as the engine reports it landed, while later pieces are
+      // still on the network; count fan-out arrivals like network pieces.
+      std::vector<uint32_t> landed;
+      while (status.ok() && (*engine)->in_epoch()) {
+        landed.clear();
+        status = (*engine)->Progress(&landed);
+        for (size_t k = 0; k < landed.size() && status.ok(); ++k) {
+          status = fanout->Landed(landed[k], epoch);
+        }
+        if (status.ok()) {
+          absl::StatusOr<std::vector<uint32_t>> arrived = fanout->Poll(epoch);
+          if (arrived.ok()) {
+            fanout_arrivals += static_cast<int64_t>(arrived->size());
+          } else {
+            status = arrived.status();
+          }
+        }
+        if (status.ok() && absl::Now() >= deadline) break;  // Wait() names what is missing.
+      }
+    }
+    if (status.ok()) status = (*engine)->Wait(deadline);
+    if (status.ok() && fanout) status = fanout->Wait(epoch, deadline);
     const absl::Time end = absl::Now();
     if (!status.ok()) {
       fail(status, false);
@@ -120,13 +196,19 @@ RankReport RunRank(const RankOptions& options, net::Store& store) {
     const net::RefitStats& stats = (*engine)->last_stats();
     report.bytes_network_sent = stats.bytes_network_sent;
     report.bytes_network_received = stats.bytes_network_received;
-    report.pieces_received = stats.pieces_received;
+    report.pieces_received = stats.pieces_received + (fanout ? fanout->stats().arrivals : 0);
+    (void)fanout_arrivals;
+    if (fanout) {
+      report.bytes_fanout_sent = fanout->stats().bytes_sent;
+      report.fanout_busy_ms = fanout->stats().busy_seconds * 1e3;
+      report.fanout_hidden_fraction = fanout->stats().hidden_fraction;
+    }
     if (i == 0) {
       report.registrations_first = net::RegistrationCount();
       report.transports = (*engine)->Transports();
     }
     for (size_t t = 0; t < s.tensors.size() && status.ok(); ++t) {
-      const uint8_t* dst = memory[plan->buffer_of(t, plan::Side::kDst)].get();
+      const uint8_t* dst = base[plan->buffer_of(t, plan::Side::kDst)];
       plan::ForEachTile(s, t, plan::Side::kDst, [&](int32_t rank, const plan::Box& box) {
         if (rank == me && status.ok()) status = plan::VerifyTile(s, t, box, epoch, me, dst);
       });
@@ -156,7 +238,11 @@ std::string RankReportJson(const RankReport& r) {
       ",\"bytes_network_received\":", r.bytes_network_received,
       ",\"pieces_received\":", r.pieces_received, ",\"registrations_first\":",
       r.registrations_first, ",\"registrations_after_first\":", r.registrations_after_first,
-      ",\"transports\":", json::Quote(r.transports), ",\"error\":", json::Quote(r.error), "}");
+      ",\"transports\":", json::Quote(r.transports), ",\"fanout\":", json::Quote(r.fanout_backend),
+      ",\"bytes_fanout_sent\":", r.bytes_fanout_sent, ",\"fanout_busy_ms\":",
+      absl::StrFormat("%.3f", r.fanout_busy_ms), ",\"fanout_hidden_fraction\":",
+      absl::StrFormat("%.3f", r.fanout_hidden_fraction), ",\"error\":", json::Quote(r.error),
+      "}");
 }
 
 }  // namespace reshard::cli

@@ -28,6 +28,11 @@ struct RankOptions {
   absl::Duration timeout = absl::Milliseconds(30000);  // Every wait (RESHARD_TIMEOUT_MS).
   std::string key_prefix = "reshard/rank";
   net::RefitEngineOptions engine;  // key_prefix and setup_timeout are overridden.
+  // kFanout transfers: "auto" hands those between ranks of this rank's domain to the intra-domain
+  // fan-out layer (src/nvlink; the host backend, destination and staging buffers allocated as
+  // nvlink::SharedBuffer) and the engine runs only the network stage; "engine" lets the engine
+  // put them over the network like any other transfer (engine.execute_fanout).
+  std::string fanout = "auto";
 };
 
 struct RankReport {
@@ -41,6 +46,10 @@ struct RankReport {
   int64_t registrations_first = 0;     // Registrations up to the end of the first refit.
   int64_t registrations_after_first = 0;
   std::string transports;
+  std::string fanout_backend;          // "host", ... or "" when the engine ran the fan-out.
+  int64_t bytes_fanout_sent = 0;       // Per refit (the last one), by the fan-out layer.
+  double fanout_busy_ms = 0;           // Last refit: time with a fan-out copy in flight.
+  double fanout_hidden_fraction = 1;   // Last refit: share of it inside the network stage.
   std::string error;
 };
 
@@ -54,7 +63,8 @@ RankReport RunRank(const RankOptions& options, net::Store& store);
 // The report as one line of JSON (no newline):
 // {"rank":R,"ok":true,"iter_ms":[...],"bytes_network_sent":B,"bytes_network_received":B,
 //  "pieces_received":N,"registrations_first":N,"registrations_after_first":N,
-//  "transports":"...","error":"..."}
+//  "transports":"...","fanout":"host","bytes_fanout_sent":B,"fanout_busy_ms":T,
+//  "fanout_hidden_fraction":F,"error":"..."}
 std::string RankReportJson(const RankReport& report);
 
 }  // namespace reshard::cli

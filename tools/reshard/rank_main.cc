@@ -1,6 +1,7 @@
 // reshard-rank: one process of a multi-process refit, started by `reshard run` / the launcher.
 //
 //   reshard-rank SPEC.json --iters N [--plan-mode ours|naive|gather_broadcast]
+//                [--fanout auto|engine]
 //
 // Environment: RESHARD_RANK, RESHARD_WORLD_SIZE, RESHARD_STORE=host:port, RESHARD_STORE_TOKEN,
 // RESHARD_TIMEOUT_MS (default 30000), RESHARD_EMULATED_NIC_RATE (informational), UCX_TLS and
@@ -60,13 +61,14 @@ int main(int argc, char** argv) {
     if (std::string(argv[i]) == "--help" || std::string(argv[i]) == "-h") {
       std::printf(
           "usage: reshard-rank SPEC.json --iters N [--plan-mode ours|naive|gather_broadcast]\n"
+          "                    [--fanout auto|engine]\n"
           "One rank of a refit run; normally started by `reshard run`. Reads RESHARD_RANK,\n"
           "RESHARD_WORLD_SIZE, RESHARD_STORE, RESHARD_STORE_TOKEN, RESHARD_TIMEOUT_MS.\n");
       return reshard::cli::kExitOk;
     }
   }
   absl::StatusOr<reshard::cli::Args> args =
-      reshard::cli::Args::Parse(argc - 1, argv + 1, {}, {"iters", "plan-mode"});
+      reshard::cli::Args::Parse(argc - 1, argv + 1, {}, {"iters", "plan-mode", "fanout"});
   if (!args.ok()) return usage(std::string(args.status().message()));
   if (args->positional().size() != 1) return usage("expected exactly one SPEC.json argument");
 
@@ -77,6 +79,7 @@ int main(int argc, char** argv) {
   if (*iters < 1) return usage("--iters must be at least 1");
   options.iters = static_cast<int>(*iters);
   options.plan_mode = args->Get("plan-mode").value_or("ours");
+  options.fanout = args->Get("fanout").value_or("auto");
 
   int64_t rank = 0, world = 0, timeout_ms = 0;
   std::string error;

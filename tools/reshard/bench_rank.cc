@@ -1,0 +1,275 @@
+// reshard-bench-rank: one process of `reshard bench`, written against the public API only.
+//
+//   reshard-bench-rank --spec SPEC.json --iters N [--verify ends|all|none]
+//
+// Identity and store come from the environment (the launcher sets RESHARD_*). The same process
+// builds one handle per mode, once, over the same source and destination buffers:
+//   ours              the domain-aware plan (the product);
+//   naive             point-to-point: every destination rank gets its tile from a source;
+//   gather_broadcast  the traditional refit with the same engine: every tensor is gathered whole
+//                     on the smallest rank of its source mesh, broadcast whole to every
+//                     destination rank (planned domain-aware, so the root's NIC is relieved by
+//                     relays: a tree broadcast), and each destination keeps its slice (a local
+//                     copy).
+// Each iteration fills the sources with new values and runs every mode once, the order rotating
+// per iteration (interleaved), each preceded by a tiny all-gather that lines the ranks up. Times
+// are per rank, from before the mode's first Start to the end of its last Wait. Destinations are
+// poisoned before and verified after each mode (first and last iteration by default).
+// Prints one line of JSON: {"rank":R,"ok":true,"ms":{"ours":[...],...},"bytes_sent":{...},
+// "transports":"...","error":""}. Exit 0 ok, 1 failure, 2 bad input.
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "reshard/reshard.h"
+
+namespace {
+
+uint64_t Value(int iter, size_t tensor, int64_t index) {
+  uint64_t x = (static_cast<uint64_t>(iter) << 48) ^ (static_cast<uint64_t>(tensor) << 40) ^
+               static_cast<uint64_t>(index);
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+template <typename Fn>
+void ForEachElement(const reshard::LocalTile& tile, Fn&& fn) {
+  const size_t nd = tile.lo.size();
+  for (size_t d = 0; d < nd; ++d) {
+    if (tile.hi[d] <= tile.lo[d]) return;
+  }
+  if (nd == 0) {
+    fn(tile.offset, int64_t{0});
+    return;
+  }
+  std::vector<int64_t> idx(nd, 0);
+  const int64_t inner = tile.hi[nd - 1] - tile.lo[nd - 1];
+  while (true) {
+    int64_t offset = tile.offset, global = 0;
+    for (size_t d = 0; d < nd; ++d) {
+      offset += idx[d] * tile.strides[d];
+      global = global * tile.global_shape[d] + tile.lo[d] + idx[d];
+    }
+    for (int64_t i = 0; i < inner; ++i) fn(offset + i * tile.strides[nd - 1], global + i);
+    if (nd == 1) return;
+    size_t d = nd - 1;
+    while (true) {
+      --d;
+      if (++idx[d] < tile.hi[d] - tile.lo[d]) break;
+      idx[d] = 0;
+      if (d == 0) return;
+    }
+  }
+}
+
+std::string Quote(const std::string& s) {
+  std::string out = "\"";
+  for (char c : s) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (static_cast<unsigned char>(c) < 0x20) {
+      out += ' ';
+    } else {
+      out += c;
+    }
+  }
+  return out + "\"";
+}
+
+// Buffers by (side, name). Scratch buffers of gather-broadcast ("gather:<t>", "bcast:<t>") are
+// the destination of one stage and the source of the next, so they are keyed by name alone.
+struct Buffers {
+  std::map<std::pair<int, std::string>, std::vector<uint8_t>> mem;  // (side, name) -> bytes
+  static std::pair<int, std::string> Key(reshard::Side side, const std::string& name) {
+    return {name.find(':') != std::string::npos ? -1 : static_cast<int>(side), name};
+  }
+  uint8_t* Get(reshard::Side side, const std::string& name) {
+    auto it = mem.find(Key(side, name));
+    return it == mem.end() ? nullptr : it->second.data();
+  }
+  // Allocates what `spec` needs on `rank` (once per name) and lists it for a handle.
+  absl::StatusOr<reshard::LocalBuffers> For(const reshard::RefitSpec& spec, int rank) {
+    auto reqs = spec.LocalBuffers(rank);
+    if (!reqs.ok()) return reqs.status();
+    reshard::LocalBuffers out;
+    for (const reshard::BufferRequirement& r : *reqs) {
+      auto& m = mem[Key(r.side, r.name)];
+      if (m.empty()) m.assign(static_cast<size_t>(std::max<int64_t>(r.bytes, 1)), 0);
+      out.Add(r.side, r.name, reshard::Buffer{m.data(), r.bytes});
+    }
+    return out;
+  }
+};
+
+// The three stages of gather-broadcast as specs over scratch buffers "gather:<t>" and
+// "bcast:<t>"; sources of stage 1 and destinations of stage 3 are the original buffers.
+std::vector<reshard::RefitSpec> GatherBroadcastSpecs(const reshard::RefitSpec& spec) {
+  using reshard::Layout;
+  using reshard::Mesh;
+  using reshard::Replicate;
+  reshard::RefitSpec gather, bcast, slice;
+  for (reshard::RefitSpec* s : {&gather, &bcast, &slice}) {
+    if (!spec.domains().empty()) s->SetDomains(spec.domains());
+    if (spec.ranks_per_domain() > 0) s->SetRanksPerDomain(spec.ranks_per_domain());
+  }
+  for (const reshard::TensorDesc& t : spec.tensors()) {
+    const int32_t root = *std::min_element(t.src.mesh.ranks().begin(), t.src.mesh.ranks().end());
+    std::set<int32_t> dst_set(t.dst.mesh.ranks().begin(), t.dst.mesh.ranks().end());
+    const Mesh dst_ranks(std::vector<int32_t>(dst_set.begin(), dst_set.end()));
+    const Mesh root_mesh(std::vector<int32_t>{root});
+    gather.AddTensor(t.name, t.dtype, t.shape, t.src,
+                     Layout(root_mesh, {Replicate()}).InBuffer("gather:" + t.name));
+    bcast.AddTensor(t.name, t.dtype, t.shape,
+                    Layout(root_mesh, {Replicate()}).InBuffer("gather:" + t.name),
+                    Layout(dst_ranks, {Replicate()}).InBuffer("bcast:" + t.name));
+    slice.AddTensor(t.name, t.dtype, t.shape,
+                    Layout(dst_ranks, {Replicate()}).InBuffer("bcast:" + t.name), t.dst);
+  }
+  return {gather, bcast, slice};
+}
+
+int Fail(int rank, const std::string& error, int code) {
+  std::printf("{\"rank\":%d,\"ok\":false,\"error\":%s}\n", rank, Quote(error).c_str());
+  std::fflush(stdout);
+  std::fprintf(stderr, "reshard-bench-rank %d: %s\n", rank, error.c_str());
+  return code;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string spec_path, verify = "ends";
+  int iters = 5;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string a = argv[i];
+    if (a == "--spec") spec_path = argv[i + 1];
+    else if (a == "--iters") iters = std::atoi(argv[i + 1]);
+    else if (a == "--verify") verify = argv[i + 1];
+    else return Fail(-1, "unknown argument " + a, 2);
+  }
+  if (spec_path.empty() || iters < 1) return Fail(-1, "usage: --spec SPEC.json --iters N", 2);
+  auto comm = reshard::Communicator::FromEnvironment();
+  if (!comm.ok()) return Fail(-1, comm.status().ToString(), 2);
+  const int rank = comm->rank();
+  const int world = comm->world_size();
+  auto spec = reshard::RefitSpec::FromFile(spec_path);
+  if (!spec.ok()) return Fail(rank, spec.status().ToString(), 2);
+
+  // Specs, in mode order, and one handle per spec built once.
+  const std::vector<std::string> modes = {"ours", "naive", "gather_broadcast"};
+  reshard::RefitSpec barrier;
+  barrier.AddTensor("barrier", reshard::DType::kU8, {world},
+                    reshard::Layout(reshard::Mesh::Range(0, world), {reshard::Shard(0)}),
+                    reshard::Layout(reshard::Mesh::Range(0, world), {reshard::Replicate()}));
+  Buffers buffers, barrier_buffers;
+  std::map<std::string, std::vector<reshard::RefitHandle>> handles;
+  auto make = [&](const std::string& name, const reshard::RefitSpec& s, reshard::Schedule sched,
+                  Buffers& b) -> absl::Status {
+    auto local = b.For(s, rank);
+    if (!local.ok()) return local.status();
+    reshard::HandleOptions o;
+    o.name = name;
+    o.schedule = sched;
+    auto h = reshard::RefitHandle::Create(*comm, s, std::move(local).value(), o);
+    if (!h.ok()) return h.status();
+    handles[name.substr(0, name.find('.'))].push_back(std::move(h).value());
+    return absl::OkStatus();
+  };
+  absl::Status st = make("barrier", barrier, reshard::Schedule::kPointToPoint, barrier_buffers);
+  if (st.ok()) st = make("ours", *spec, reshard::Schedule::kDomainAware, buffers);
+  if (st.ok()) st = make("naive", *spec, reshard::Schedule::kPointToPoint, buffers);
+  const std::vector<reshard::RefitSpec> gb = GatherBroadcastSpecs(*spec);
+  for (size_t i = 0; i < gb.size() && st.ok(); ++i) {
+    st = make("gather_broadcast." + std::to_string(i), gb[i], reshard::Schedule::kDomainAware,
+              buffers);
+  }
+  if (!st.ok()) return Fail(rank, st.ToString(), st.code() == absl::StatusCode::kInvalidArgument ? 2 : 1);
+
+  auto src_tiles = spec->LocalTiles(rank, reshard::Side::kSource);
+  auto dst_tiles = spec->LocalTiles(rank, reshard::Side::kDestination);
+  if (!src_tiles.ok() || !dst_tiles.ok()) return Fail(rank, "tiles", 2);
+  std::map<std::string, size_t> tensor_index;
+  for (size_t t = 0; t < spec->tensors().size(); ++t) tensor_index[spec->tensors()[t].name] = t;
+
+  std::map<std::string, std::vector<double>> ms;
+  std::map<std::string, int64_t> bytes_sent;
+  std::string transports;
+  const absl::Duration timeout = absl::Seconds(120);
+  for (int iter = 0; iter < iters; ++iter) {
+    for (const reshard::LocalTile& tile : *src_tiles) {
+      uint8_t* base = buffers.Get(reshard::Side::kSource, tile.buffer);
+      const int eb = reshard::DTypeSize(tile.dtype);
+      const size_t t = tensor_index[tile.tensor];
+      ForEachElement(tile, [&](int64_t off, int64_t g) {
+        const uint64_t v = Value(iter + 1, t, g);
+        std::memcpy(base + off * eb, &v, eb);
+      });
+    }
+    const bool check = verify == "all" || (verify == "ends" && (iter == 0 || iter == iters - 1));
+    for (size_t k = 0; k < modes.size(); ++k) {
+      const std::string& mode = modes[(k + iter) % modes.size()];
+      if (check) {
+        for (const reshard::LocalTile& tile : *dst_tiles) {
+          uint8_t* base = buffers.Get(reshard::Side::kDestination, tile.buffer);
+          const int eb = reshard::DTypeSize(tile.dtype);
+          ForEachElement(tile, [&](int64_t off, int64_t) { std::memset(base + off * eb, 0xA5, eb); });
+        }
+      }
+      st = handles["barrier"][0].Execute(timeout);
+      if (!st.ok()) return Fail(rank, "barrier: " + st.ToString(), 1);
+      const absl::Time t0 = absl::Now();
+      int64_t sent = 0;
+      for (reshard::RefitHandle& h : handles[mode]) {
+        st = h.Execute(absl::Now() + timeout);
+        if (!st.ok()) return Fail(rank, mode + ": " + st.ToString(), 1);
+        sent += h.stats().bytes_network_sent;
+        if (mode == "ours" && transports.empty()) transports = h.stats().transports;
+      }
+      ms[mode].push_back(absl::ToDoubleMilliseconds(absl::Now() - t0));
+      bytes_sent[mode] = sent;
+      if (!check) continue;
+      for (const reshard::LocalTile& tile : *dst_tiles) {
+        const uint8_t* base = buffers.Get(reshard::Side::kDestination, tile.buffer);
+        const int eb = reshard::DTypeSize(tile.dtype);
+        const size_t t = tensor_index[tile.tensor];
+        int64_t bad = -1;
+        ForEachElement(tile, [&](int64_t off, int64_t g) {
+          const uint64_t v = Value(iter + 1, t, g);
+          if (bad < 0 && std::memcmp(base + off * eb, &v, eb) != 0) bad = g;
+        });
+        if (bad >= 0) {
+          return Fail(rank, mode + ": tensor \"" + tile.tensor + "\" element " +
+                                std::to_string(bad) + " (flat index) is wrong after iteration " +
+                                std::to_string(iter + 1),
+                      1);
+        }
+      }
+    }
+  }
+  std::string out = "{\"rank\":" + std::to_string(rank) + ",\"ok\":true,\"ms\":{";
+  bool first = true;
+  for (const auto& [mode, v] : ms) {
+    out += (first ? "" : ",") + Quote(mode) + ":[";
+    for (size_t i = 0; i < v.size(); ++i) out += (i ? "," : "") + std::to_string(v[i]);
+    out += "]";
+    first = false;
+  }
+  out += "},\"bytes_sent\":{";
+  first = true;
+  for (const auto& [mode, b] : bytes_sent) {
+    out += (first ? "" : ",") + Quote(mode) + ":" + std::to_string(b);
+    first = false;
+  }
+  out += "},\"transports\":" + Quote(transports) + ",\"error\":\"\"}";
+  std::printf("%s\n", out.c_str());
+  std::fflush(stdout);
+  return 0;
+}
