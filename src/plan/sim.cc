@@ -48,7 +48,16 @@ std::vector<Flow> FlowsFromPlan(const Plan& plan) {
 }
 
 std::vector<Flow> GatherBroadcastFlows(const RefitSpec& spec, const DomainMap& domains) {
-  FlowAggregator agg;
+  std::vector<Flow> all;
+  for (std::vector<Flow>& stage : GatherBroadcastStages(spec, domains)) {
+    all.insert(all.end(), stage.begin(), stage.end());
+  }
+  return all;
+}
+
+std::vector<std::vector<Flow>> GatherBroadcastStages(const RefitSpec& spec,
+                                                     const DomainMap& domains) {
+  std::vector<FlowAggregator> aggs;
   // Gather ranks in ascending order with the bytes each broadcasts.
   std::vector<std::pair<int32_t, int64_t>> gathered;
   absl::flat_hash_map<int32_t, size_t> gather_index;
@@ -59,17 +68,24 @@ std::vector<Flow> GatherBroadcastFlows(const RefitSpec& spec, const DomainMap& d
     int64_t elements = 1;
     for (int64_t s : ts.shape) elements *= s;
     auto [it, inserted] = gather_index.try_emplace(g, gathered.size());
-    if (inserted) gathered.push_back({g, 0});
+    if (inserted) {
+      gathered.push_back({g, 0});
+      aggs.emplace_back();
+    }
     gathered[it->second].second += elements * DTypeSize(ts.dtype);
     TileGrid grid(ts.src, ts.shape);
     for (int64_t flat = 0; flat < grid.num_cells(); ++flat) {
       const TileGrid::Cell cell = grid.CellAt(flat);
       const int32_t holder = grid.Holder(cell, 0);
-      agg.Add(holder, g, 0, domains.domain_of(holder) == domains.domain_of(g),
-              grid.CellBox(cell).NumElements() * DTypeSize(ts.dtype));
+      aggs[it->second].Add(holder, g, 0, domains.domain_of(holder) == domains.domain_of(g),
+                           grid.CellBox(cell).NumElements() * DTypeSize(ts.dtype));
     }
   }
-  std::sort(gathered.begin(), gathered.end());
+  // Ascending gather ranks.
+  std::vector<size_t> by_rank(gathered.size());
+  for (size_t i = 0; i < by_rank.size(); ++i) by_rank[i] = i;
+  std::sort(by_rank.begin(), by_rank.end(),
+            [&](size_t a, size_t b) { return gathered[a].first < gathered[b].first; });
   // Destination ranks per domain.
   std::vector<std::vector<int32_t>> dst_domains;
   for (int32_t d = 0; d < domains.num_domains(); ++d) {
@@ -79,8 +95,10 @@ std::vector<Flow> GatherBroadcastFlows(const RefitSpec& spec, const DomainMap& d
     }
     if (!ranks.empty()) dst_domains.push_back(std::move(ranks));
   }
-  for (size_t i = 0; i < gathered.size(); ++i) {
-    const auto [g, bytes] = gathered[i];
+  std::vector<std::vector<Flow>> out;
+  for (size_t i = 0; i < by_rank.size(); ++i) {
+    const auto [g, bytes] = gathered[by_rank[i]];
+    FlowAggregator& agg = aggs[by_rank[i]];
     int32_t prev = g;
     int32_t stage = 1;
     const size_t nd = dst_domains.size();
@@ -93,8 +111,9 @@ std::vector<Flow> GatherBroadcastFlows(const RefitSpec& spec, const DomainMap& d
         prev = r;
       }
     }
+    out.push_back(agg.Take());
   }
-  return agg.Take();
+  return out;
 }
 
 namespace {
@@ -141,6 +160,9 @@ class Simulator {
       if (it != group_ids.end()) parent_group_[i] = it->second;
     }
     group_sent_.assign(group_total_.size(), 0);
+    int32_t max_stage = 0;
+    for (const Flow& f : flows) max_stage = std::max(max_stage, f.stage);
+    max_iterations_ = std::min(max_stage + 2, 400);
     inflow_.assign(group_total_.size(), 0);
     link_of_.resize(2 * n);
     for (size_t i = 0; i < n; ++i) {
@@ -187,21 +209,27 @@ class Simulator {
       ++result.events;
       if (active * 2 < listed_) BuildLinkLists();
       // Rates: max-min fair with availability caps, iterated so that caps follow parent rates.
-      for (int iter = 0; iter < 3; ++iter) {
-        bool capped = false;
+      // Caps follow the parents' rates: iterate until they settle (chains need one round per
+      // hop); without caps one filling is exact.
+      for (int iter = 0; iter < max_iterations_; ++iter) {
+        bool changed = false;
         for (size_t i = 0; i < n; ++i) {
-          cap_[i] = kInf;
-          if (done_[i] || parent_group_[i] < 0) continue;
-          const int32_t g = parent_group_[i];
-          const double bytes = static_cast<double>(flows_[i].bytes);
-          const double avail = Available(i);
-          if (avail < bytes && sent_[i] >= avail - Tolerance(i)) {
-            cap_[i] = bytes * inflow_[g] / group_total_[g];
-            capped = true;
+          double cap = kInf;
+          if (!done_[i] && parent_group_[i] >= 0) {
+            const int32_t g = parent_group_[i];
+            const double bytes = static_cast<double>(flows_[i].bytes);
+            const double avail = Available(i);
+            if (avail < bytes && sent_[i] >= avail - Tolerance(i)) {
+              cap = bytes * inflow_[g] / group_total_[g];
+            }
           }
+          if (!(std::abs(cap - cap_[i]) <= 1e-9 * std::max(1.0, cap)) &&
+              !(cap == kInf && cap_[i] == kInf)) {
+            changed = true;
+          }
+          cap_[i] = cap;
         }
-        // Caps follow the parents' rates; without caps one filling is exact.
-        if (iter > 0 && !capped) break;
+        if (iter > 0 && !changed) break;
         Fill();
         std::fill(inflow_.begin(), inflow_.end(), 0.0);
         for (size_t i = 0; i < n; ++i) {
@@ -405,6 +433,7 @@ class Simulator {
   std::vector<int32_t> heap_pos_;
   std::vector<std::pair<double, uint32_t>> capped_;
   size_t listed_ = 0;
+  int max_iterations_ = 1;
 };
 
 }  // namespace

@@ -41,8 +41,13 @@ struct Flow {
 // through every destination rank (NCCL ring style): the chain enters each destination domain
 // once over a NIC, visits the domain's ranks over NVLink and leaves for the next domain. Chains
 // of different gather ranks enter and leave domains at different ranks. Every destination rank
-// receives whole tensors and keeps its slice.
+// receives whole tensors and keeps its slice. All gather ranks run concurrently (a bandwidth-only
+// model, favourable to the baseline).
 [[nodiscard]] std::vector<Flow> GatherBroadcastFlows(const RefitSpec& spec, const DomainMap& domains);
+// The same flows, one list per gather rank (ascending), for a model where pipeline stages take
+// turns (one broadcast collective at a time): simulate each list alone and add the times.
+[[nodiscard]] std::vector<std::vector<Flow>> GatherBroadcastStages(const RefitSpec& spec,
+                                                                   const DomainMap& domains);
 
 struct SimOptions {
   double batch_fraction = 0.01;
