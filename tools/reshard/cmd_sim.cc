@@ -95,11 +95,11 @@ std::string Svg(const std::string& title, const std::vector<plan::Flow>& flows, 
   const int map = 512, left = 80, top = 60, cell = map / n;
   const int map_size = cell * n;
   const int bars_top = top + map_size + 90, bars_h = 220;
-  const int width = std::max(left + map_size + 260, left + 900), height = bars_top + bars_h + 90;
+  const int width = std::max(left + map_size + 260, left + 940), height = bars_top + bars_h + 90;
   std::string s = absl::StrFormat(
       "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" "
       "font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"100%%\" height=\"100%%\" "
-      "fill=\"white\"/>\n<text x=\"%d\" y=\"24\" font-size=\"16\" font-weight=\"bold\">%s</text>\n"
+      "fill=\"white\"/>\n<text x=\"%d\" y=\"24\" font-size=\"15\" font-weight=\"bold\">%s</text>\n"
       "<text x=\"%d\" y=\"44\">Traffic of our schedule, sender rank (rows) to receiver rank "
       "(columns), %d rank(s) per cell; blue outline: NVLink only</text>\n",
       width, height, left, title, left, per_cell);
@@ -140,8 +140,14 @@ std::string Svg(const std::string& title, const std::vector<plan::Flow>& flows, 
                                         lx, top + 10 + 20 * (9 - k), HeatColor((k + 0.5) / 10)));
   }
   absl::StrAppend(&s, absl::StrFormat("<text x=\"%d\" y=\"%d\">%s</text>\n<text x=\"%d\" "
-                                      "y=\"%d\">1 B</text>\n",
-                                      lx + 26, top + 24, FormatBytes(max_cell), lx + 26, top + 206));
+                                      "y=\"%d\">1 B</text>\n<rect x=\"%d\" y=\"%d\" width=\"20\" "
+                                      "height=\"20\" fill=\"white\" stroke=\"#999\"/><text x=\"%d\" "
+                                      "y=\"%d\">no traffic</text>\n<rect x=\"%d\" y=\"%d\" width=\"20\" "
+                                      "height=\"20\" fill=\"%s\" stroke=\"#1f5fbf\"/><text x=\"%d\" "
+                                      "y=\"%d\">NVLink only</text>\n",
+                                      lx + 26, top + 24, FormatBytes(max_cell), lx + 26, top + 206,
+                                      lx, top + 225, lx + 26, top + 240, lx, top + 250,
+                                      HeatColor(0.8), lx + 26, top + 265));
   // Per-NIC load bars.
   double max_bar = static_cast<double>(lb.max_nic_bytes);
   for (int32_t r = 0; r < world; ++r) {
@@ -265,8 +271,12 @@ int SimCommand(int argc, char** argv) {
     if (!made.ok()) return UsageError("sim", std::string(made.status().message()));
     spec = *std::move(made);
     spec.topology.gpus_per_node = cluster->gpus_per_node;
-    title = absl::StrFormat("%s on %s: train %s -> infer %s", *model_path, cluster->name,
-                            *train_text, *infer_text);
+    auto base = [](const std::string& path) {
+      std::string name = path.substr(path.find_last_of('/') + 1);
+      return name.size() > 5 && name.ends_with(".json") ? name.substr(0, name.size() - 5) : name;
+    };
+    title = absl::StrFormat("%s on %s: train %s -> infer %s", base(*model_path),
+                            base(*args.Get("cluster")), *train_text, *infer_text);
   }
   auto shared = std::make_shared<const RefitSpec>(std::move(spec));
   const RefitSpec& s = *shared;
