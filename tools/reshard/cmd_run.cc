@@ -1,0 +1,382 @@
+// `reshard run SPEC.json [--iters N] [--transport sm|tcp] [--netns] [--emulate-nic RATE]
+//  [--plan-mode ours|naive|gather_broadcast] [--fanout auto|engine] [--timeout-ms MS]
+//  [--deadline-s S] [--json]`
+//
+// Launches one `reshard-rank` per rank of the spec's world through the launcher, then merges
+// the one JSON line each rank prints into a report.
+#include <limits.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "src/common/json.h"
+#include "src/plan/spec_json.h"
+#include "tools/launcher/launcher.h"
+#include "tools/reshard/args.h"
+#include "tools/reshard/commands.h"
+#include "tools/reshard/report.h"
+
+namespace reshard::cli {
+namespace {
+
+constexpr char kHelp[] = R"(usage: reshard run SPEC.json [options]
+
+Runs real refits between processes on this machine: one `reshard-rank` process per rank of the
+spec's world (found next to `reshard`). Every rank allocates its buffers, fills its sources with
+a strong hash that changes every iteration, runs N refits on one persistent handle over UCX and
+verifies every destination byte after each. Prints per-iteration refit times (the slowest rank
+of each iteration), bytes per refit, memory registrations and the UCX transports selected.
+
+options:
+  --iters N            refits to run on one handle (default 3)
+  --transport sm|tcp   loopback processes over shared memory (UCX_TLS=sm,self, the default) or
+                       tcp over lo (UCX_TLS=tcp, UCX_NET_DEVICES=lo)
+  --netns              every rank in its own network namespace with its own veth (emulated
+                       hosts; needs root, else falls back to loopback tcp and says so); tcp
+  --emulate-nic RATE   like --netns, and each rank's veth is shaped to RATE in both directions
+                       (tc notation: 200mbit, 1gbit); the report adds the emulated lower bound
+                       (max per-rank network bytes in or out / RATE) and the ratio to it
+  --plan-mode MODE     ours (domain-aware schedule, default), naive (point to point), or
+                       gather_broadcast (a simulated baseline only: see `reshard sim`)
+  --fanout auto|engine auto (default): copies inside a domain (kFanout) go through the host
+                       fan-out backend (shared memory between the domain's processes,
+                       overlapped with the network stage); engine: the UCX engine puts them
+                       over the network like any other transfer
+  --timeout-ms MS      deadline for every wait inside a rank (RESHARD_TIMEOUT_MS, default 30000)
+  --deadline-s S       the whole launch is killed after S seconds (default 600)
+  --json               one JSON object: ok, iters, world_size, mode, transport, ucx_tls,
+                       iter_ms (per iteration, slowest rank), first_ms, median_ms (median of
+                       iterations 2..N, or the first when N = 1), bytes_network (per refit, all
+                       ranks), max_rank_network_bytes, registrations_first,
+                       registrations_after_first, transports, fanout, bytes_fanout (per
+                       refit), fanout_busy_ms (fan-out copy time summed over ranks) and
+                       fanout_hidden_fraction (the part of it inside each rank's network
+                       stage: before its last network landing), and with --emulate-nic rate,
+                       lower_bound_ms and ratio; errors lists every failed rank
+  --help               this text
+
+exit status: 0 every refit on every rank verified, 1 a refit or a rank failed, 2 invalid spec or
+usage (also when a rank reports invalid input), 130 interrupted.
+)";
+
+struct RankLine {
+  bool parsed = false;
+  bool ok = false;
+  std::vector<double> iter_ms;
+  int64_t sent = 0, received = 0, pieces = 0, reg_first = 0, reg_after = 0;
+  std::string transports, error;
+  std::string fanout;
+  int64_t fanout_sent = 0;
+  double fanout_busy_ms = 0, fanout_hidden = 1;
+};
+
+RankLine ParseRankLine(const std::string& line) {
+  RankLine r;
+  auto v = json::Parse(line);
+  if (!v.ok() || !v->is_object()) return r;
+  auto num = [&](const char* key) -> int64_t {
+    const json::Value* f = v->Find(key);
+    return f && f->is_number() ? static_cast<int64_t>(f->as_double()) : 0;
+  };
+  auto str = [&](const char* key) -> std::string {
+    const json::Value* f = v->Find(key);
+    return f && f->is_string() ? f->as_string() : "";
+  };
+  const json::Value* ok = v->Find("ok");
+  r.ok = ok && ok->is_bool() && ok->as_bool();
+  if (const json::Value* ms = v->Find("iter_ms"); ms && ms->is_array()) {
+    for (const auto& x : ms->items()) r.iter_ms.push_back(x.as_double());
+  }
+  r.sent = num("bytes_network_sent");
+  r.received = num("bytes_network_received");
+  r.pieces = num("pieces_received");
+  r.reg_first = num("registrations_first");
+  r.reg_after = num("registrations_after_first");
+  r.transports = str("transports");
+  r.fanout = str("fanout");
+  r.fanout_sent = num("bytes_fanout_sent");
+  if (const json::Value* f = v->Find("fanout_busy_ms"); f && f->is_number()) {
+    r.fanout_busy_ms = f->as_double();
+  }
+  if (const json::Value* f = v->Find("fanout_hidden_fraction"); f && f->is_number()) {
+    r.fanout_hidden = f->as_double();
+  }
+  r.error = str("error");
+  r.parsed = true;
+  return r;
+}
+
+std::string RankBinary() {
+  if (const char* over = std::getenv("RESHARD_RANK_BINARY"); over && *over) return over;
+  char self[PATH_MAX] = {0};
+  ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+  std::string dir = n > 0 ? std::string(self, static_cast<size_t>(n)) : std::string(".");
+  dir = dir.substr(0, dir.rfind('/'));
+  return dir + "/reshard-rank";
+}
+
+double Median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  size_t n = v.size();
+  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+std::string Ms(double ms) { return absl::StrFormat("%.2f", ms); }
+
+}  // namespace
+
+int RunCommand(int argc, char** argv) {
+  for (int i = 0; i < argc; ++i) {
+    if (std::string(argv[i]) == "--help" || std::string(argv[i]) == "-h") {
+      std::printf("%s", kHelp);
+      return kExitOk;
+    }
+  }
+  absl::StatusOr<Args> args = Args::Parse(
+      argc, argv, {"json", "netns"},
+      {"iters", "transport", "emulate-nic", "plan-mode", "fanout", "timeout-ms", "deadline-s"});
+  if (!args.ok()) return UsageError("run", std::string(args.status().message()));
+  if (args->positional().size() != 1) return UsageError("run", "expected one SPEC.json");
+  const std::string spec_path = args->positional()[0];
+  absl::StatusOr<int64_t> iters = args->GetInt("iters", 3);
+  if (!iters.ok()) return UsageError("run", std::string(iters.status().message()));
+  if (*iters < 1 || *iters > 1000000) return UsageError("run", "--iters must be 1..1000000");
+  absl::StatusOr<int64_t> timeout_ms = args->GetInt("timeout-ms", 30000);
+  if (!timeout_ms.ok() || *timeout_ms <= 0) {
+    return UsageError("run", "--timeout-ms must be a positive number of milliseconds");
+  }
+  absl::StatusOr<double> deadline_s = args->GetDouble("deadline-s", 600);
+  if (!deadline_s.ok() || !(*deadline_s > 0)) {
+    return UsageError("run", "--deadline-s must be a positive number of seconds");
+  }
+  const std::string plan_mode = args->Get("plan-mode").value_or("ours");
+  if (plan_mode != "ours" && plan_mode != "naive" && plan_mode != "gather_broadcast") {
+    return UsageError("run", absl::StrCat("--plan-mode must be ours, naive or gather_broadcast, "
+                                          "not \"", plan_mode, "\""));
+  }
+  const std::string fanout_mode = args->Get("fanout").value_or("auto");
+  if (fanout_mode != "auto" && fanout_mode != "engine") {
+    return UsageError("run", absl::StrCat("--fanout must be auto or engine, not \"", fanout_mode,
+                                          "\""));
+  }
+  const std::string rate = args->Get("emulate-nic").value_or("");
+  double rate_bits = 0;
+  if (!rate.empty()) {
+    absl::StatusOr<double> bits = launcher::ParseTcRate(rate);
+    if (!bits.ok()) return UsageError("run", std::string(bits.status().message()));
+    rate_bits = *bits;
+  }
+  const bool netns = args->Has("netns") || !rate.empty();
+  std::string transport = args->Get("transport").value_or(netns ? "tcp" : "sm");
+  if (transport != "sm" && transport != "tcp") {
+    return UsageError("run", absl::StrCat("--transport must be sm or tcp, not \"", transport,
+                                          "\""));
+  }
+  if (netns && transport != "tcp") {
+    return UsageError("run", "ranks in separate network namespaces can only use --transport tcp");
+  }
+
+  absl::StatusOr<plan::RefitSpec> spec = plan::LoadSpecFile(spec_path);
+  if (!spec.ok()) {
+    std::fprintf(stderr, "reshard run: %s\n", std::string(spec.status().message()).c_str());
+    return kExitUsage;
+  }
+  const int world = spec->WorldSize();
+  const std::string rank_binary = RankBinary();
+  if (access(rank_binary.c_str(), X_OK) != 0) {
+    std::fprintf(stderr, "reshard run: the rank program %s is missing (build the reshard_rank "
+                 "target, or set RESHARD_RANK_BINARY)\n", rank_binary.c_str());
+    return kExitFailed;
+  }
+  char cwd[PATH_MAX] = {0};
+  std::string spec_abs = spec_path;
+  if (!spec_path.empty() && spec_path[0] != '/' && getcwd(cwd, sizeof(cwd))) {
+    spec_abs = absl::StrCat(cwd, "/", spec_path);
+  }
+
+  launcher::LaunchOptions options;
+  options.argv = {rank_binary, spec_abs, "--iters", absl::StrCat(*iters), "--plan-mode",
+                  plan_mode, "--fanout", fanout_mode};
+  options.world_size = world;
+  options.mode = netns ? launcher::Mode::kNetns : launcher::Mode::kLoopback;
+  options.transport = transport;
+  options.rate = rate;
+  options.rank_timeout_ms = *timeout_ms;
+  options.deadline = absl::Seconds(*deadline_s);
+  options.failure_grace = absl::Milliseconds(*timeout_ms) + absl::Seconds(5);
+  options.handle_signals = true;
+  if (!rate.empty()) options.extra_env.push_back({"RESHARD_EMULATED_NIC_RATE", rate});
+  absl::StatusOr<launcher::LaunchResult> launched = launcher::Run(options);
+  if (!launched.ok()) {
+    std::fprintf(stderr, "reshard run: cannot launch the ranks: %s\n",
+                 std::string(launched.status().message()).c_str());
+    return absl::IsInvalidArgument(launched.status()) ? kExitUsage : kExitFailed;
+  }
+  const launcher::LaunchResult& result = *launched;
+
+  // Merge the ranks' reports.
+  std::vector<RankLine> lines(static_cast<size_t>(world));
+  std::vector<std::string> errors;
+  bool invalid_input = false;
+  for (const launcher::RankResult& r : result.ranks) {
+    RankLine& line = lines[static_cast<size_t>(r.rank)];
+    if (!r.json_line.empty()) line = ParseRankLine(r.json_line);
+    if (r.exited && r.exit_code == kExitUsage) invalid_input = true;
+    if (!line.parsed) {
+      errors.push_back(absl::StrCat("rank ", r.rank, " printed no report (", r.Describe(), ")"));
+    } else if (!line.ok || !r.ok()) {
+      errors.push_back(absl::StrCat("rank ", r.rank, " (", r.Describe(), "): ",
+                                    line.error.empty() ? "failed without a message" : line.error));
+    }
+  }
+  if (result.deadline_exceeded) {
+    errors.push_back(absl::StrCat("the launch ran past --deadline-s ", *deadline_s));
+  }
+  const bool ok = result.ok() && errors.empty();
+
+  // Refit time of iteration i: the slowest rank's.
+  size_t completed = static_cast<size_t>(*iters);
+  for (const RankLine& l : lines) completed = std::min(completed, l.iter_ms.size());
+  std::vector<double> refit_ms(completed, 0.0), fastest_ms(completed, 1e300);
+  std::vector<int> slowest_rank(completed, 0);
+  for (size_t i = 0; i < completed; ++i) {
+    for (int r = 0; r < world; ++r) {
+      double v = lines[static_cast<size_t>(r)].iter_ms[i];
+      if (v > refit_ms[i]) {
+        refit_ms[i] = v;
+        slowest_rank[i] = r;
+      }
+      fastest_ms[i] = std::min(fastest_ms[i], v);
+    }
+  }
+  const double first_ms = completed > 0 ? refit_ms[0] : 0;
+  const double median_ms =
+      completed > 1 ? Median(std::vector<double>(refit_ms.begin() + 1, refit_ms.end())) : first_ms;
+  int64_t bytes_network = 0, max_rank_bytes = 0, reg_first = 0, reg_after = 0, pieces = 0;
+  int max_rank = 0;
+  int64_t bytes_fanout = 0;
+  std::string fanout_backend = fanout_mode == "engine" ? "engine" : "none";
+  double fanout_busy_ms = 0, fanout_hidden_ms = 0;  // Summed over ranks.
+  std::map<std::string, std::vector<int>> transports;
+  for (int r = 0; r < world; ++r) {
+    const RankLine& l = lines[static_cast<size_t>(r)];
+    bytes_network += l.sent;
+    int64_t rank_bytes = std::max(l.sent, l.received);
+    if (rank_bytes > max_rank_bytes) {
+      max_rank_bytes = rank_bytes;
+      max_rank = r;
+    }
+    reg_first += l.reg_first;
+    reg_after += l.reg_after;
+    pieces += l.pieces;
+    if (l.parsed) transports[l.transports.empty() ? "(none)" : l.transports].push_back(r);
+    bytes_fanout += l.fanout_sent;
+    if (!l.fanout.empty()) fanout_backend = l.fanout;
+    fanout_busy_ms += l.fanout_busy_ms;
+    fanout_hidden_ms += l.fanout_busy_ms * l.fanout_hidden;
+  }
+  const double fanout_hidden = fanout_busy_ms > 0 ? fanout_hidden_ms / fanout_busy_ms : 1.0;
+  std::string transports_text;
+  if (transports.size() == 1) {
+    transports_text = transports.begin()->first;
+  } else {
+    std::vector<std::string> parts;
+    for (const auto& [t, ranks] : transports) {
+      parts.push_back(absl::StrCat("ranks ", absl::StrJoin(ranks, ","), ": ", t));
+    }
+    transports_text = absl::StrJoin(parts, "; ");
+  }
+  const double lower_bound_ms = rate_bits > 0 ? max_rank_bytes * 8.0 / rate_bits * 1e3 : 0;
+  const double ratio = lower_bound_ms > 0 && completed > 0 ? median_ms / lower_bound_ms : 0;
+  const char* mode_name = result.mode == launcher::Mode::kNetns ? "netns" : "loopback";
+
+  if (args->Has("json")) {
+    using json::Quote;
+    std::vector<std::string> ms, quoted_errors;
+    for (double v : refit_ms) ms.push_back(Ms(v));
+    for (const auto& e : errors) quoted_errors.push_back(Quote(e));
+    std::string out = absl::StrCat(
+        "{\"ok\":", ok ? "true" : "false", ",\"iters\":", *iters, ",\"completed_iters\":",
+        completed, ",\"world_size\":", world, ",\"mode\":", Quote(mode_name),
+        ",\"transport\":", Quote(result.mode == launcher::Mode::kNetns ? "tcp" : transport),
+        ",\"ucx_tls\":", Quote(result.ucx_tls), ",\"plan_mode\":", Quote(plan_mode),
+        ",\"iter_ms\":[", absl::StrJoin(ms, ","), "],\"first_ms\":", Ms(first_ms),
+        ",\"median_ms\":", Ms(median_ms), ",\"bytes_network\":", bytes_network,
+        ",\"max_rank_network_bytes\":", max_rank_bytes, ",\"pieces_received\":", pieces,
+        ",\"registrations_first\":", reg_first,
+        ",\"registrations_after_first\":", reg_after, ",\"transports\":",
+        Quote(transports_text), ",\"fanout\":", Quote(fanout_backend),
+        ",\"bytes_fanout\":", bytes_fanout, ",\"fanout_busy_ms\":", Ms(fanout_busy_ms),
+        ",\"fanout_hidden_fraction\":", absl::StrFormat("%.3f", fanout_hidden));
+    if (rate_bits > 0) {
+      absl::StrAppend(&out, ",\"rate\":", Quote(rate), ",\"lower_bound_ms\":", Ms(lower_bound_ms),
+                      ",\"ratio\":", absl::StrFormat("%.3f", ratio));
+    }
+    if (!result.fallback_reason.empty()) {
+      absl::StrAppend(&out, ",\"fallback\":", Quote(result.fallback_reason));
+    }
+    absl::StrAppend(&out, ",\"errors\":[", absl::StrJoin(quoted_errors, ","), "]}");
+    std::printf("%s\n", out.c_str());
+  } else {
+    std::printf("reshard run %s: %d ranks, %s, UCX_TLS=%s, plan %s\n", spec_path.c_str(), world,
+                result.mode == launcher::Mode::kNetns
+                    ? (rate.empty() ? "one network namespace per rank"
+                                    : absl::StrCat("one network namespace per rank, NIC ", rate,
+                                                   " each way")
+                                          .c_str())
+                    : absl::StrCat("loopback processes over ", transport).c_str(),
+                result.ucx_tls.c_str(), plan_mode.c_str());
+    if (!result.fallback_reason.empty()) {
+      std::printf("note: %s\n", result.fallback_reason.c_str());
+    }
+    Table table({"iter", "refit", "fastest rank", "slowest rank"});
+    for (size_t i = 0; i < completed; ++i) {
+      table.AddRow({absl::StrCat(i + 1), FormatSeconds(refit_ms[i] / 1e3),
+                    FormatSeconds(fastest_ms[i] / 1e3), absl::StrCat(slowest_rank[i])});
+    }
+    std::printf("%s", table.Render().c_str());
+    std::printf("refit time      first %s, median %s%s\n", FormatSeconds(first_ms / 1e3).c_str(),
+                FormatSeconds(median_ms / 1e3).c_str(),
+                completed > 1 ? " (iterations 2..N)" : "");
+    std::printf("bytes per refit %s over the network (busiest rank %d: %s in or out), "
+                "%lld pieces received\n",
+                FormatBytes(static_cast<double>(bytes_network)).c_str(), max_rank,
+                FormatBytes(static_cast<double>(max_rank_bytes)).c_str(),
+                static_cast<long long>(pieces));
+    std::printf("registrations   %lld in the first refit, %lld after it\n",
+                static_cast<long long>(reg_first), static_cast<long long>(reg_after));
+    std::printf("transports      %s\n", transports_text.c_str());
+    if (bytes_fanout > 0) {
+      std::printf("fan-out         %s: %s per refit inside domains; %.0f%% of the fan-out "
+                  "copy time (%s, all ranks) hid under the ranks' network stage\n",
+                  fanout_backend.c_str(), FormatBytes(static_cast<double>(bytes_fanout)).c_str(),
+                  fanout_hidden * 100, FormatSeconds(fanout_busy_ms / 1e3).c_str());
+    }
+    if (rate_bits > 0) {
+      std::printf("emulated NIC    %s: lower bound %s (busiest rank's bytes / rate); median is "
+                  "%.2fx the bound\n",
+                  rate.c_str(), FormatSeconds(lower_bound_ms / 1e3).c_str(), ratio);
+    }
+    std::printf("result          %s\n",
+                ok ? absl::StrCat("every destination verified byte-exact in ", completed,
+                                  " refit(s)")
+                         .c_str()
+                   : "FAILED");
+  }
+  for (const auto& e : errors) std::fprintf(stderr, "reshard run: %s\n", e.c_str());
+  if (result.interrupted) return 130;
+  if (ok) return kExitOk;
+  return invalid_input ? kExitUsage : kExitFailed;
+}
+
+}  // namespace reshard::cli
