@@ -219,7 +219,7 @@ absl::Status ParseTensor(const Value& v, size_t index, TensorSpec& t) {
   if (name->as_string().empty()) return ctx.Error(*name, field + ".name", "is empty");
   t.name = name->as_string();
   ctx.set_tensor(t.name);
-  RESHARD_RETURN_IF_ERROR(CheckKeys(ctx, v, "", {"name", "dtype", "shape", "src", "dst"}));
+  RESHARD_RETURN_IF_ERROR(CheckKeys(ctx, v, "tensor", {"name", "dtype", "shape", "src", "dst"}));
   RESHARD_ASSIGN_OR_RETURN(const Value* dtype, Require(ctx, v, "dtype", "tensor"));
   RESHARD_RETURN_IF_ERROR(Expect(ctx, *dtype, "dtype", Value::Type::kString));
   auto parsed = ParseDType(dtype->as_string());

@@ -80,7 +80,7 @@ TEST(SpecJsonTest, UnknownKeysOnlyATopLevelCommentIsFreeText) {
             "line 1, column 12: spec has unknown key \"tensor\" (allowed: comment, topology, "
             "tensors)");
   EXPECT_EQ(Error(R"js({"tensors": [{"name": "w", "comment": "x"}]})js"),
-            "line 1, column 39: tensor \"w\": spec has unknown key \"comment\" (allowed: name, "
+            "line 1, column 39: tensor \"w\": tensor has unknown key \"comment\" (allowed: name, "
             "dtype, shape, src, dst)");
   EXPECT_EQ(Error(OneTensor(kSrc, R"js({"mesh": [2, 3], "placements": ["R"], "view": {"offset": 0, "stride": [1, 1]}})js")),
             "line 3, column 80: tensor \"w\": dst.view has unknown key \"stride\" (allowed: offset, "
