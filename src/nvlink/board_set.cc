@@ -18,14 +18,11 @@ absl::Status BoardSet::Create(const FanoutContext& ctx, Record& record) {
     if (e.to_rank == rank_) {
       incoming_.push_back(i);
       peers_.push_back(e.from_rank);
-      senders_.push_back(e.from_rank);
     }
     if (e.from_rank == rank_) peers_.push_back(e.to_rank);
   }
-  for (auto* v : {&peers_, &senders_}) {
-    std::sort(v->begin(), v->end());
-    v->erase(std::unique(v->begin(), v->end()), v->end());
-  }
+  std::sort(peers_.begin(), peers_.end());
+  peers_.erase(std::unique(peers_.begin(), peers_.end()), peers_.end());
   RESHARD_ASSIGN_OR_RETURN(board_, SignalBoard::Create(absl::StrFormat("r%d", rank_),
                                                        static_cast<int64_t>(incoming_.size())));
   ++mappings_;
@@ -47,7 +44,8 @@ absl::Status BoardSet::FinishSetup(const FanoutContext& ctx, const std::string& 
                                    absl::Time deadline) {
   RESHARD_RETURN_IF_ERROR(PublishRecord(*ctx.store, ctx.options.key_prefix, what, rank_,
                                         {{"ok", "1"}}));
-  for (int32_t p : senders_) {
+  // Every peer opens this board: senders to signal it, receivers to watch this rank's liveness.
+  for (int32_t p : peers_) {
     RESHARD_RETURN_IF_ERROR(
         FetchRecord(*ctx.store, ctx.options.key_prefix, what, p, deadline).status());
   }

@@ -21,8 +21,9 @@ class BoardSet {
   const std::vector<int32_t>& peers() const { return peers_; }
   // Opens `peer`'s board from its record.
   [[nodiscard]] absl::Status OpenPeer(int32_t peer, const Record& record);
-  // Barrier with the ranks that send to this one (they opened its board), then unlinks its
-  // name so nothing is left in /dev/shm whatever happens later. `what` names the barrier key.
+  // Barrier with every peer (they all opened this rank's board: senders to signal it, receivers
+  // to watch its liveness), then unlinks its name so nothing is left in /dev/shm whatever
+  // happens later. `what` names the barrier key.
   [[nodiscard]] absl::Status FinishSetup(const FanoutContext& ctx, const std::string& what,
                                          absl::Time deadline);
 
@@ -40,7 +41,7 @@ class BoardSet {
   int32_t rank_ = 0;
   std::vector<int64_t> slot_of_;
   std::vector<uint32_t> incoming_, pending_in_;
-  std::vector<int32_t> peers_, senders_;
+  std::vector<int32_t> peers_;
   uint64_t last_doorbell_ = ~uint64_t{0};
   int64_t mappings_ = 0;
   SignalBoard board_;
