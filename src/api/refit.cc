@@ -11,6 +11,8 @@
 #include "src/api/internal.h"
 #include "src/common/status.h"
 #include "src/net/refit_engine.h"
+#include "src/nvlink/fanout.h"
+#include "src/plan/schedule.h"
 #include "src/plan/plan.h"
 
 namespace reshard {
@@ -67,6 +69,8 @@ class RefitHandle::Impl {
   std::unique_ptr<plan::Plan> plan;  // Null for a rank the spec does not name.
   std::vector<uint8_t> staging;      // This rank's staging buffer (schedule-owned).
   std::unique_ptr<net::RefitEngine> engine;
+  // Copies landed pieces to the other ranks of this rank's domain (null: no fan-out here).
+  std::unique_ptr<nvlink::Fanout> fanout;
 
   uint64_t epoch = 0;
   bool in_flight = false;
@@ -81,6 +85,7 @@ class RefitHandle::Impl {
       // Orderly close so peers still finishing see no lost endpoint; errors do not matter here.
       (void)engine->Shutdown(absl::Now() + std::min(comm->timeout, absl::Seconds(10)));
     }
+    fanout.reset();
     engine.reset();
   }
 
@@ -210,7 +215,7 @@ absl::StatusOr<RefitHandle> RefitHandle::Create(const Communicator& comm, const 
                        : plan::PlanOptions::Schedule::kDomainAware;
   RESHARD_ASSIGN_OR_RETURN(plan::Plan plan, plan::BuildPlan(shared, popts));
   impl->fingerprint = plan.fingerprint();
-  impl->stats.fanout = "engine";
+  impl->stats.fanout = "none";
   if (impl->rank >= plan.world_size()) {
     // The spec does not name this rank: it has nothing to send or receive.
     for (Side side : {Side::kSource, Side::kDestination}) {
@@ -228,8 +233,45 @@ absl::StatusOr<RefitHandle> RefitHandle::Create(const Communicator& comm, const 
   PlannedBytes(plan, impl->rank, impl->stats);
   impl->plan = std::make_unique<plan::Plan>(std::move(plan));
   net::RefitEngineOptions eopts;
-  eopts.key_prefix = absl::StrCat("reshard/", impl->name);
+  // The fan-out choice is part of the key prefix: ranks that chose differently never meet.
+  const bool layer = options.fanout == Fanout::kAuto;
+  eopts.key_prefix = absl::StrCat("reshard/", impl->name, layer ? "" : "/engine-fanout");
   eopts.setup_timeout = options.setup_timeout;
+  if (!layer && impl->plan->stats().bytes_fanout > 0) impl->stats.fanout = "engine";
+  // Intra-domain fan-out (src/nvlink): when the plan has fan-out copies the engine runs only the
+  // network stage and the ranks of each domain copy landed pieces to each other (every rank
+  // decides the same way from the same plan).
+  if (layer && impl->plan->stats().bytes_fanout > 0) {
+    eopts.execute_fanout = false;
+    const plan::DomainMap domains(impl->plan->spec());
+    const int32_t d = domains.domain_of(impl->rank);
+    std::vector<int32_t> domain = d >= 0 ? domains.ranks(d) : std::vector<int32_t>{impl->rank};
+    nvlink::FanoutTable table = nvlink::FanoutTable::FromPlan(*impl->plan, domain);
+    bool mine = false;
+    for (const nvlink::FanoutEdge& e : table.edges) {
+      mine = mine || e.from_rank == impl->rank || e.to_rank == impl->rank;
+    }
+    if (mine) {
+      std::vector<nvlink::LocalBuffer> fb(local.size());
+      for (size_t b = 0; b < local.size(); ++b) {
+        fb[b] = {local[b].data, local[b].bytes,
+                 local[b].kind == net::MemoryKind::kCuda ? nvlink::MemoryKind::kCuda
+                                                          : nvlink::MemoryKind::kHost};
+      }
+      nvlink::FanoutOptions fo;
+      fo.key_prefix = absl::StrCat("reshard/", impl->name, "/fanout");
+      fo.setup_timeout = options.setup_timeout;
+      absl::StatusOr<std::unique_ptr<nvlink::Fanout>> fanout = nvlink::Fanout::Create(
+          std::move(table), impl->rank, std::move(domain), impl->comm->store(), std::move(fb), fo);
+      if (!fanout.ok()) {
+        return absl::Status(fanout.status().code(),
+                            absl::StrCat(impl->Who(), ": fan-out set-up failed: ",
+                                         fanout.status().message()));
+      }
+      impl->fanout = std::move(fanout).value();
+      impl->stats.fanout = impl->fanout->backend_name();
+    }
+  }
   absl::StatusOr<std::unique_ptr<net::RefitEngine>> engine = net::RefitEngine::Create(
       *impl->plan, impl->rank, impl->comm->store(), std::move(local), eopts);
   if (!engine.ok()) {
@@ -261,7 +303,8 @@ absl::Status RefitHandle::Start() {
   h.started = absl::Now();
   h.registrations_at_start = net::RegistrationCount();
   if (h.engine == nullptr) return absl::OkStatus();
-  absl::Status st = h.engine->Start(h.epoch);
+  absl::Status st = h.fanout != nullptr ? h.fanout->Start(h.epoch) : absl::OkStatus();
+  if (st.ok()) st = h.engine->Start(h.epoch);
   h.stats.start_seconds = absl::ToDoubleSeconds(absl::Now() - h.started);
   if (!st.ok()) {
     h.in_flight = false;
@@ -279,7 +322,20 @@ absl::Status RefitHandle::Wait(absl::Time deadline) {
         absl::StrCat(h.Who(), ": Wait() without a refit in flight; call Start() first"));
   }
   const absl::Time wait_start = absl::Now();
-  absl::Status st = h.engine != nullptr ? h.engine->Wait(deadline) : absl::OkStatus();
+  absl::Status st;
+  if (h.fanout != nullptr) {
+    // Forward each piece as soon as the engine reports it landed, while later pieces are still
+    // on the network.
+    std::vector<uint32_t> landed;
+    while (st.ok() && h.engine->in_epoch() && absl::Now() < deadline) {
+      landed.clear();
+      st = h.engine->Progress(&landed);
+      for (size_t k = 0; k < landed.size() && st.ok(); ++k) st = h.fanout->Landed(landed[k], h.epoch);
+      if (st.ok()) st = h.fanout->Poll(h.epoch).status();
+    }
+  }
+  if (st.ok() && h.engine != nullptr) st = h.engine->Wait(deadline);
+  if (st.ok() && h.fanout != nullptr) st = h.fanout->Wait(h.epoch, deadline);
   const absl::Time end = absl::Now();
   h.in_flight = false;
   Stats& s = h.stats;
@@ -294,6 +350,14 @@ absl::Status RefitHandle::Wait(absl::Time deadline) {
     s.bytes_network_received = e.bytes_network_received;
     s.bytes_local = e.bytes_local;
     s.pieces_received = e.pieces_received;
+    if (h.fanout != nullptr) {
+      const nvlink::FanoutStats& f = h.fanout->stats();
+      s.pieces_received += f.arrivals;
+      s.bytes_fanout_sent = f.bytes_sent;
+      s.bytes_fanout_received = f.bytes_received;
+      s.fanout_busy_seconds = f.busy_seconds;
+      s.fanout_hidden_fraction = f.hidden_fraction;
+    }
     s.puts = e.puts;
     s.signals = e.signals;
     s.transports = h.engine->Transports();

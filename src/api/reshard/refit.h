@@ -28,7 +28,8 @@
 // Thread safety: thread-compatible: one thread at a time per handle (the same thread that calls
 // Start must call Wait). Handles of one process share one UCX worker, so drive them from one
 // thread.
-// Blocking: Create, Execute and Wait block up to their deadline; Start never blocks.
+// Blocking: Create, Execute and Wait block up to their deadline; Start never blocks. Progress
+// (receiving, forwarding to domain peers) happens inside Wait, so call Wait soon after Start.
 // Errors:
 //   InvalidArgument     invalid spec, a buffer missing / of the wrong size / unknown name,
 //                       rank outside the communicator's world;
@@ -91,12 +92,22 @@ class LocalBuffers {
 // receives its own tile from a source) is the naive baseline `reshard bench` compares with.
 enum class Schedule : uint8_t { kDomainAware = 0, kPointToPoint = 1 };
 
+// Who copies a piece to the other ranks of its domain once it crossed the network.
+//   kAuto    the intra-domain fan-out layer (host memory: one copy through shared memory or
+//            process_vm_writev; CUDA memory: CUDA IPC, else NCCL), forwarding each piece as it
+//            lands, overlapped with the network stage; used whenever the plan has fan-out;
+//   kEngine  the network engine puts fan-out pieces itself, like network pieces.
+// Every rank of a handle must choose the same (ranks that differ never meet at set-up and fail
+// with DeadlineExceeded).
+enum class Fanout : uint8_t { kAuto = 0, kEngine = 1 };
+
 struct HandleOptions {
   // Names this handle's keys in the store. Empty: "h<N>" for the N-th handle created on this
   // communicator, so every rank must create its handles in the same order (like NCCL
   // communicators). Two live handles on one store must not share a name.
   std::string name;
   Schedule schedule = Schedule::kDomainAware;
+  Fanout fanout = Fanout::kAuto;
   // Deadline for Create's collective set-up.
   absl::Duration setup_timeout = absl::Seconds(60);
   // Accept buffers larger than required (otherwise the exact size is demanded, which catches
@@ -117,7 +128,7 @@ struct Stats {
   int64_t planned_fanout_in = 0;
   int64_t planned_fanout_out = 0;
   int64_t planned_local = 0;
-  int64_t pieces_received = 0;  // Pieces landed here (local copies included).
+  int64_t pieces_received = 0;  // Pieces landed here (network, fan-out and local copies).
   int64_t pieces_expected = 0;  // Pieces the plan promises this rank.
   int64_t puts = 0;             // One-sided puts posted.
   int64_t signals = 0;          // Completion signals sent.
@@ -126,8 +137,16 @@ struct Stats {
   double total_seconds = 0;     // Start to the end of Wait.
   // Transports UCX selected towards the peers, e.g. "tcp/lo,sysv/memory".
   std::string transports;
-  // Who copies pieces inside a domain: "engine" (the network engine puts them itself).
+  // Who copies pieces inside a domain: the fan-out backend this rank uses ("host", "cuda_ipc",
+  // "nccl"), "engine" (the network engine puts them itself, Fanout::kEngine), or "none" (the
+  // plan has no fan-out copy from or to this rank).
   std::string fanout;
+  int64_t bytes_fanout_sent = 0;      // Copied by this rank into domain peers.
+  int64_t bytes_fanout_received = 0;  // Copied into this rank by domain peers.
+  double fanout_busy_seconds = 0;     // Time with a fan-out copy of this rank in flight.
+  // Share of fanout_busy_seconds before this rank's last network landing (hidden under the
+  // network stage); 1 when this rank copied nothing.
+  double fanout_hidden_fraction = 1;
   int64_t registrations_total = 0;       // Memory registrations this process made so far.
   int64_t registrations_this_refit = 0;  // Made during this refit: 0 after set-up.
 };
