@@ -1,0 +1,214 @@
+// End-to-end tests of `reshard run` and `reshard info` (the CLI binary, reshard-rank processes
+// and the launcher together), and of a rank killed mid-refit.
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "gtest/gtest.h"
+#include "src/common/json.h"
+#include "tools/launcher/launcher.h"
+
+namespace reshard {
+namespace {
+
+const std::string kBin = std::string(RESHARD_BINARY_DIR) + "/bin/";
+const std::string kSpecs = std::string(RESHARD_SOURCE_DIR) + "/examples/specs/";
+const std::vector<std::string> kExamples = {"fig1-rows-to-cols.json", "fig3-tp4-to-tp2dp2.json",
+                                            "fused-qkv.json", "uneven-nested.json"};
+
+struct Output {
+  int exit_code = -1;
+  std::string out;
+};
+
+// Runs `reshard ARGS` and captures stdout (stderr passes through to the test log).
+Output Reshard(const std::string& args) {
+  Output o;
+  FILE* f = popen((kBin + "reshard " + args).c_str(), "r");
+  if (f == nullptr) return o;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof(buf), f)) > 0) o.out.append(buf, n);
+  int status = pclose(f);
+  o.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return o;
+}
+
+json::Value ParseJson(const std::string& text) {
+  auto v = json::Parse(text);
+  EXPECT_TRUE(v.ok()) << text;
+  return v.ok() ? *v : json::Value();
+}
+
+void ExpectVerifiedRun(const json::Value& v, int iters, const std::string& what) {
+  ASSERT_TRUE(v.is_object()) << what;
+  EXPECT_TRUE(v.Find("ok")->as_bool()) << what;
+  EXPECT_EQ(v.Find("completed_iters")->as_int(), iters) << what;
+  EXPECT_EQ(v.Find("registrations_after_first")->as_int(), 0) << what;
+  EXPECT_GT(v.Find("registrations_first")->as_int(), 0) << what;
+  EXPECT_FALSE(v.Find("transports")->as_string().empty()) << what;
+  EXPECT_TRUE(v.Find("errors")->items().empty()) << what;
+}
+
+class RunExamplesTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(RunExamplesTest, EveryExampleRefitsByteExactThreeTimes) {
+  for (const std::string& spec : kExamples) {
+    Output o = Reshard(absl::StrCat("run ", kSpecs, spec, " --iters 3 --transport ", GetParam(),
+                                    " --timeout-ms 20000 --deadline-s 120 --json"));
+    EXPECT_EQ(o.exit_code, 0) << spec << ": " << o.out;
+    json::Value v = ParseJson(o.out);
+    ExpectVerifiedRun(v, 3, spec);
+    EXPECT_EQ(v.Find("mode")->as_string(), "loopback");
+    if (GetParam() == "tcp") {
+      EXPECT_TRUE(absl::StrContains(v.Find("transports")->as_string(), "tcp")) << spec;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, RunExamplesTest, ::testing::Values("sm", "tcp"),
+                         [](const auto& info) { return info.param; });
+
+TEST(RunTest, InvalidInputExitsWithTwo) {
+  EXPECT_EQ(Reshard("run /nonexistent.json --json 2>/dev/null").exit_code, 2);
+  EXPECT_EQ(Reshard(absl::StrCat("run ", kSpecs, kExamples[0],
+                                 " --transport sm --emulate-nic 200mbit 2>/dev/null"))
+                .exit_code,
+            2);
+  EXPECT_EQ(Reshard(absl::StrCat("run ", kSpecs, kExamples[0], " --emulate-nic fast 2>/dev/null"))
+                .exit_code,
+            2);
+  EXPECT_EQ(Reshard(absl::StrCat("run ", kSpecs, kExamples[0], " --iters 0 2>/dev/null")).exit_code,
+            2);
+  // gather_broadcast is a simulated baseline: every rank refuses it as invalid input.
+  Output o = Reshard(absl::StrCat("run ", kSpecs, kExamples[0],
+                                  " --plan-mode gather_broadcast --json 2>/dev/null"));
+  EXPECT_EQ(o.exit_code, 2);
+  json::Value v = ParseJson(o.out);
+  EXPECT_FALSE(v.Find("ok")->as_bool());
+  EXPECT_FALSE(v.Find("errors")->items().empty());
+}
+
+TEST(RunTest, NaivePlanAlsoVerifies) {
+  Output o = Reshard(absl::StrCat("run ", kSpecs, "fig3-tp4-to-tp2dp2.json --iters 2 ",
+                                  "--plan-mode naive --timeout-ms 20000 --json"));
+  EXPECT_EQ(o.exit_code, 0) << o.out;
+  ExpectVerifiedRun(ParseJson(o.out), 2, "naive");
+}
+
+TEST(RunTest, HumanReportNamesTimesBytesRegistrationsAndTransports) {
+  Output o = Reshard(absl::StrCat("run ", kSpecs, kExamples[0], " --iters 2 --timeout-ms 20000"));
+  EXPECT_EQ(o.exit_code, 0) << o.out;
+  for (const char* needle : {"refit time", "bytes per refit", "registrations", "transports",
+                             "verified byte-exact"}) {
+    EXPECT_TRUE(absl::StrContains(o.out, needle)) << needle << " missing from:\n" << o.out;
+  }
+}
+
+TEST(RunTest, NetnsRunsEveryRankAsItsOwnHost) {
+  if (!launcher::CanUseNetns()) GTEST_SKIP() << "network namespaces need root";
+  for (const std::string& spec : {kExamples[0], kExamples[3]}) {
+    Output o = Reshard(absl::StrCat("run ", kSpecs, spec,
+                                    " --netns --iters 3 --timeout-ms 20000 --json"));
+    EXPECT_EQ(o.exit_code, 0) << o.out;
+    json::Value v = ParseJson(o.out);
+    ExpectVerifiedRun(v, 3, spec);
+    EXPECT_EQ(v.Find("mode")->as_string(), "netns");
+    EXPECT_EQ(v.Find("ucx_tls")->as_string(), "tcp");
+    EXPECT_TRUE(absl::StrContains(v.Find("transports")->as_string(), "veth0"));
+  }
+  for (const auto& ns : launcher::ListNamespaces()) {
+    EXPECT_FALSE(absl::StartsWith(ns, absl::StrCat("reshard-", getpid())));
+  }
+}
+
+TEST(RunTest, EmulatedNicReportsTheLowerBound) {
+  if (!launcher::CanUseNetns()) GTEST_SKIP() << "network namespaces need root";
+  Output o = Reshard(absl::StrCat("run ", kSpecs, "fig3-tp4-to-tp2dp2.json --emulate-nic 1gbit ",
+                                  "--iters 2 --timeout-ms 20000 --json"));
+  EXPECT_EQ(o.exit_code, 0) << o.out;
+  json::Value v = ParseJson(o.out);
+  ExpectVerifiedRun(v, 2, "emulate-nic");
+  EXPECT_EQ(v.Find("rate")->as_string(), "1gbit");
+  // 4 MiB through the busiest rank's 1 Gbit/s NIC: 33.55 ms.
+  EXPECT_NEAR(v.Find("lower_bound_ms")->as_double(),
+              v.Find("max_rank_network_bytes")->as_double() * 8 / 1e9 * 1e3, 0.01);
+  EXPECT_GT(v.Find("ratio")->as_double(), 0);
+}
+
+TEST(RunTest, InfoDescribesThisMachine) {
+  Output o = Reshard("info --json");
+  EXPECT_EQ(o.exit_code, 0);
+  json::Value v = ParseJson(o.out);
+  const json::Value* ucx = v.Find("ucx");
+  ASSERT_NE(ucx, nullptr);
+  EXPECT_FALSE(ucx->Find("version")->as_string().empty());
+  EXPECT_TRUE(absl::StrContains(ucx->Find("library")->as_string(), "libucp"));
+  bool host = false;
+  for (const auto& m : ucx->Find("memory_types")->items()) host |= m.as_string() == "host";
+  EXPECT_TRUE(host);
+  bool tcp = false;
+  for (const auto& t : ucx->Find("transports")->items()) tcp |= t.as_string() == "tcp";
+  EXPECT_TRUE(tcp);
+  const json::Value* cuda = v.Find("cuda");
+  EXPECT_TRUE(cuda->Find("devices")->as_int() > 0 || !cuda->Find("why_none")->as_string().empty());
+  const json::Value* rdma = v.Find("rdma");
+  EXPECT_TRUE(!rdma->Find("nics")->items().empty() ||
+              !rdma->Find("why_none")->as_string().empty());
+  Output text = Reshard("info");
+  EXPECT_TRUE(absl::StrContains(text.out, "RDMA NICs"));
+  EXPECT_TRUE(absl::StrContains(text.out, "memory types"));
+}
+
+// A source rank SIGKILLed in the middle of a long series of refits: every other rank must fail
+// with its own error (not be killed by the launcher) and the launch must end within 10 s.
+void KillOneRankMidRefit(launcher::Mode mode) {
+  launcher::LaunchOptions o;
+  o.argv = {kBin + "reshard-rank", kSpecs + "fig1-rows-to-cols.json", "--iters", "1000000"};
+  o.world_size = 6;
+  o.mode = mode;
+  o.transport = "tcp";
+  o.rank_timeout_ms = 4000;
+  o.failure_grace = absl::Seconds(20);  // Long: the ranks must end on their own.
+  o.deadline = absl::Seconds(60);
+  o.forward_stderr = false;
+  auto launch = launcher::Launch::Start(o);
+  ASSERT_TRUE(launch.ok()) << launch.status();
+  absl::SleepFor(absl::Seconds(2));  // Set-up done; refits are running back to back.
+  const absl::Time killed = absl::Now();
+  ASSERT_TRUE((*launch)->Kill(0, SIGKILL).ok());
+  auto result = (*launch)->Wait();
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_LT(absl::Now() - killed, absl::Seconds(10));
+  EXPECT_EQ(result->first_failed_rank, 0);
+  EXPECT_EQ(result->ranks[0].term_signal, SIGKILL);
+  for (int r = 1; r < 6; ++r) {
+    const launcher::RankResult& rank = result->ranks[r];
+    EXPECT_FALSE(rank.killed_by_launcher) << "rank " << r << " did not notice the failure";
+    EXPECT_TRUE(rank.exited && rank.exit_code == 1) << "rank " << r << ": " << rank.Describe();
+    auto v = json::Parse(rank.json_line);
+    ASSERT_TRUE(v.ok()) << "rank " << r << " printed: " << rank.json_line;
+    EXPECT_FALSE(v->Find("ok")->as_bool());
+    EXPECT_FALSE(v->Find("error")->as_string().empty());
+    EXPECT_GT(v->Find("iter_ms")->items().size(), 0u) << "rank " << r << " never refitted";
+  }
+}
+
+TEST(RunTest, KilledRankMidRefitFailsEveryOtherRankOverLoopbackTcp) {
+  KillOneRankMidRefit(launcher::Mode::kLoopback);
+}
+
+TEST(RunTest, KilledRankMidRefitFailsEveryOtherRankAcrossNamespaces) {
+  if (!launcher::CanUseNetns()) GTEST_SKIP() << "network namespaces need root";
+  KillOneRankMidRefit(launcher::Mode::kNetns);
+}
+
+}  // namespace
+}  // namespace reshard
