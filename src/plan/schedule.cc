@@ -1,6 +1,7 @@
 #include "src/plan/schedule.h"
 
 #include <algorithm>
+#include <set>
 
 #include "absl/container/flat_hash_map.h"
 #include "src/plan/overlap.h"
@@ -80,9 +81,41 @@ LowerBound ComputeLowerBound(const RefitSpec& spec, const DomainMap& domains) {
     lb.domain_ingest_bytes = std::max(lb.domain_ingest_bytes, CeilDiv64(ingest[d], n));
     lb.nvlink_bytes = std::max(lb.nvlink_bytes, CeilDiv64(std::max<int64_t>(0, need_sum[d] - ingest[d]), n));
   }
-  for (const auto& [set, bytes] : egress) {
+  // Bytes whose every replica lies in a rank group G must leave G at least once: for every
+  // candidate group (each replica set, each source mesh, the source ranks of each domain),
+  // E_G = sum of E_S over replica sets S inside G, spread over |G| NICs at best.
+  const size_t words = (static_cast<size_t>(domains.world_size()) + 63) / 64;
+  auto bits_of = [&](const std::vector<int32_t>& ranks) {
+    std::vector<uint64_t> b(words, 0);
+    for (int32_t r : ranks) b[r / 64] |= uint64_t{1} << (r % 64);
+    return b;
+  };
+  std::vector<std::pair<std::vector<uint64_t>, int64_t>> sets;  // (bits, E_S)
+  for (const auto& [set, bytes] : egress) sets.push_back({bits_of(set), bytes});
+  std::set<std::vector<int32_t>> groups;
+  for (const auto& [set, bytes] : egress) groups.insert(set);
+  std::vector<std::vector<int32_t>> src_by_domain(nd);
+  for (const TensorSpec& ts : spec.tensors) {
+    std::vector<int32_t> mesh(ts.src.mesh.ranks.begin(), ts.src.mesh.ranks.end());
+    std::sort(mesh.begin(), mesh.end());
+    for (int32_t r : mesh) src_by_domain[domains.domain_of(r)].push_back(r);
+    groups.insert(std::move(mesh));
+  }
+  for (auto& ranks : src_by_domain) {
+    std::sort(ranks.begin(), ranks.end());
+    ranks.erase(std::unique(ranks.begin(), ranks.end()), ranks.end());
+    if (!ranks.empty()) groups.insert(ranks);
+  }
+  for (const std::vector<int32_t>& group : groups) {
+    const std::vector<uint64_t> g = bits_of(group);
+    int64_t bytes = 0;
+    for (const auto& [s, e] : sets) {
+      bool inside = true;
+      for (size_t w = 0; w < words && inside; ++w) inside = (s[w] & ~g[w]) == 0;
+      if (inside) bytes += e;
+    }
     lb.source_egress_bytes =
-        std::max(lb.source_egress_bytes, CeilDiv64(bytes, static_cast<int64_t>(set.size())));
+        std::max(lb.source_egress_bytes, CeilDiv64(bytes, static_cast<int64_t>(group.size())));
   }
   lb.average_bytes = CeilDiv64(lb.network_bytes, domains.num_participants());
   lb.max_nic_bytes = std::max({lb.domain_ingest_bytes, lb.source_egress_bytes, lb.average_bytes});

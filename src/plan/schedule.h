@@ -49,8 +49,9 @@ struct LowerBound {
   int64_t network_bytes = 0;
   // max_d ceil(U_d / |d|): a domain ingests U_d through its |d| NICs at best evenly.
   int64_t domain_ingest_bytes = 0;
-  // max over source replica sets S of ceil(E_S / |S|), E_S the bytes of tiles held exactly by
-  // S that some domain without a replica needs (they leave S at least once).
+  // max over rank groups G of ceil(E_G / |G|), E_G the bytes of pieces whose replicas all lie in
+  // G that some domain without a replica needs (they leave G at least once). Groups: every
+  // replica set, every source mesh, the source ranks of every domain.
   int64_t source_egress_bytes = 0;
   // ceil(network_bytes / participating ranks): every byte leaves some NIC.
   int64_t average_bytes = 0;

@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "absl/container/flat_hash_map.h"
+#include "src/common/status.h"
 #include "src/plan/tiling.h"
 
 namespace reshard::plan {
@@ -255,7 +256,8 @@ class Simulator {
         when[i] = t;
         first = std::min(first, t);
       }
-      if (first == kInf) break;  // Nothing can move: a dependency cycle (never planned).
+      // Stages strictly increase along dependencies, so some flow can always move.
+      RESHARD_CHECK_MSG(first < kInf, "simulation stalled with flows left");
       const double window = first + options_.batch_fraction * (now + first);
       double step = first;
       for (size_t i = 0; i < n; ++i) {
