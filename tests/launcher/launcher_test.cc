@@ -260,6 +260,7 @@ TEST_F(NetnsLauncherTest, EveryRankHasItsOwnNamespaceAndReachesTheStore) {
     EXPECT_TRUE(absl::StrContains(Field(v, "addrs"), absl::StrCat("veth0=10.251.0.", r.rank + 2)))
         << Field(v, "addrs");
     EXPECT_NE(Field(v, "netns"), own_ns);
+    EXPECT_EQ(Field(v, "slow_start_after_idle"), "0");
     namespaces.insert(Field(v, "netns"));
   }
   EXPECT_EQ(namespaces.size(), 3u);

@@ -353,6 +353,10 @@ absl::Status Launch::SetUpNetns() {
     RESHARD_RETURN_IF_ERROR(
         Tool({"ip", "-n", ns, "addr", "add", RankAddress(r) + "/16", "dev", "veth0"}));
     RESHARD_RETURN_IF_ERROR(Tool({"ip", "-n", ns, "link", "set", "veth0", "up"}));
+    // An RDMA NIC has no congestion window to rebuild after the idle gap between two refits;
+    // without this every refit would restart TCP slow start through the shaped link.
+    RESHARD_RETURN_IF_ERROR(Tool({"ip", "netns", "exec", ns, "sysctl", "-qw",
+                                  "net.ipv4.tcp_slow_start_after_idle=0"}));
     if (!tbf.empty()) {
       // Egress of veth0 inside the rank: what the rank sends. Egress of the bridge port: what
       // it receives. Together, one full-duplex NIC per rank.

@@ -16,7 +16,8 @@
 //              `veth0` (10.251.x.y/16) into a bridge that lives in a namespace `<prefix>-br`
 //              (10.251.0.1, where the store listens); UCX_TLS=tcp, UCX_NET_DEVICES=veth0. With
 //              `rate` set, a `tc tbf` qdisc limits both directions of each rank's veth, so each
-//              rank has its own NIC of that speed. Nothing is configured in the root namespace.
+//              rank has its own NIC of that speed. TCP slow start after idle is off in every
+//              rank namespace. Nothing is configured in the root namespace.
 //              Without root, or when namespaces cannot be created, it falls back to kLoopback
 //              with UCX_TLS=tcp and says so on stderr (and in LaunchResult::fallback_reason).
 //
