@@ -220,6 +220,7 @@ void CheckOncePerDomain(const Plan& plan) {
 TEST(ScheduleTest, RandomTopologiesCrossTheNetworkOncePerDomain) {
   std::mt19937_64 rng(12345);
   int checked = 0;
+  int64_t relayed = 0, staged = 0, fanned_out = 0;
   for (int iter = 0; iter < 150; ++iter) {
     const int world = std::uniform_int_distribution<int>(2, 10)(rng);
     RefitSpec spec = RandomSpec(rng, world);
@@ -236,10 +237,17 @@ TEST(ScheduleTest, RandomTopologiesCrossTheNetworkOncePerDomain) {
       CheckOncePerDomain(plan);
       EXPECT_TRUE(VerifyPlanInProcess(plan, int64_t{1} << 28).ok());
       if (HasFailure()) return;
+      relayed += plan.stats().bytes_relay;
+      staged += plan.stats().bytes_staged;
+      fanned_out += plan.stats().bytes_fanout;
     }
     ++checked;
   }
   EXPECT_GT(checked, 100);
+  // The random cases exercise every mechanism.
+  EXPECT_GT(relayed, 0);
+  EXPECT_GT(staged, 0);
+  EXPECT_GT(fanned_out, 0);
 }
 
 TEST(ScheduleTest, DomainsHoldingASourceReplicaCopyInsideTheDomain) {
