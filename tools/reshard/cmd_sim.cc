@@ -61,6 +61,11 @@ double Seconds(std::chrono::steady_clock::time_point since) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count();
 }
 
+// Seconds with 3 decimals for refit-sized times, with a unit below 10 ms.
+std::string SecondsCell(double s) {
+  return s >= 0.01 ? absl::StrFormat("%.3f", s) : FormatSeconds(s);
+}
+
 struct Row {
   std::string name;
   SimResult result;
@@ -381,11 +386,11 @@ int SimCommand(int argc, char** argv) {
                          Row{"gather-broadcast, stages in turn", gb_serial},
                          Row{"naive P2P", naive}}) {
     const SimResult& r = row.result;
-    table.AddRow({row.name, absl::StrFormat("%.3f", r.seconds), FormatBytes(r.network_bytes),
+    table.AddRow({row.name, SecondsCell(r.seconds), FormatBytes(r.network_bytes),
                   FormatBytes(r.nvlink_bytes), FormatBytes(r.max_nic_bytes),
                   absl::StrFormat("%.2f", ratio(r.seconds))});
   }
-  table.AddRow({"lower bound", absl::StrFormat("%.3f", lb.seconds), FormatBytes(lb.network_bytes),
+  table.AddRow({"lower bound", SecondsCell(lb.seconds), FormatBytes(lb.network_bytes),
                 "-", FormatBytes(lb.max_nic_bytes),
                 "1.00"});
   std::printf("%s\n", table.Render().c_str());
