@@ -15,7 +15,7 @@ namespace reshard::plan {
 
 // Range [first, last) of interval indices in `v` (sorted, non-overlapping) that may intersect
 // [lo, hi). Empty intervals inside the range are possible; callers skip empty boxes.
-inline std::pair<int64_t, int64_t> OverlappingIntervals(const std::vector<Interval>& v, int64_t lo,
+inline std::pair<int64_t, int64_t> OverlappingIntervals(absl::Span<const Interval> v, int64_t lo,
                                                         int64_t hi) {
   auto first = std::partition_point(v.begin(), v.end(), [&](const Interval& s) { return s.hi <= lo; });
   auto last = std::partition_point(first, v.end(), [&](const Interval& s) { return s.lo < hi; });

@@ -56,6 +56,11 @@ class PlanBuilder : public ScheduleSink {
       const LowerBound lb = ComputeLowerBound(spec, *domains);
       scheduler_ = std::make_unique<DomainScheduler>(spec, *domains, options_, lb.max_nic_bytes);
     }
+    // Typically every destination rank receives a transfer or more per tensor: reserving that
+    // and a quarter more spares whole-model plans most regrowth of millions of transfers.
+    size_t expected_transfers = 0;
+    for (const TensorSpec& ts : spec.tensors) expected_transfers += ts.dst.mesh.ranks.size();
+    plan_.transfers_.reserve(expected_transfers + expected_transfers / 4);
     for (size_t t = 0; t < spec.tensors.size(); ++t) {
       RESHARD_RETURN_IF_ERROR(PlanTensor(t));
     }

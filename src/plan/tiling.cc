@@ -27,79 +27,90 @@ Interval ChunkInterval(Interval whole, int64_t parts, int64_t i) {
 }
 
 TileGrid::TileGrid(const Layout& layout, const std::vector<int64_t>& shape)
-    : mesh_(&layout.mesh) {
-  const int mesh_ndim = layout.mesh.ndim();
-  mesh_strides_.assign(mesh_ndim, 1);
-  for (int a = mesh_ndim - 2; a >= 0; --a) {
-    mesh_strides_[a] = mesh_strides_[a + 1] * layout.mesh.shape[a + 1];
-  }
-  dims_.resize(shape.size());
-  dim_axes_.resize(shape.size());
-  for (size_t d = 0; d < shape.size(); ++d) {
-    dims_[d] = {Interval{0, shape[d]}};
-  }
-  std::vector<int> replicate_axes;
+    : mesh_(&layout.mesh), ndim_(static_cast<int>(shape.size())) {
+  const Mesh& mesh = layout.mesh;
+  const int mesh_ndim = mesh.ndim();
+  if (mesh_ndim > 0) mesh_strides_[mesh_ndim - 1] = 1;
+  for (int a = mesh_ndim - 2; a >= 0; --a) mesh_strides_[a] = mesh_strides_[a + 1] * mesh.shape[a + 1];
+  // Intervals per dim: the product of the sizes of the axes sharding it.
+  std::array<int64_t, kMaxTensorDims> parts;
+  parts.fill(1);
+  int64_t replicas = 1;
   for (int a = 0; a < mesh_ndim; ++a) {
     const Placement& p = layout.placements[a];
-    if (!p.is_shard()) {
-      replicate_axes.push_back(a);
-      continue;
+    if (p.is_shard()) {
+      parts[p.dim] *= mesh.shape[a];
+      dim_axes_[p.dim][num_dim_axes_[p.dim]++] = static_cast<int8_t>(a);
+    } else {
+      replicas *= mesh.shape[a];
     }
-    dim_axes_[p.dim].push_back(a);
-    const int64_t parts = layout.mesh.shape[a];
-    std::vector<Interval> split;
-    split.reserve(dims_[p.dim].size() * parts);
-    for (const Interval& parent : dims_[p.dim]) {
-      for (int64_t i = 0; i < parts; ++i) split.push_back(ChunkInterval(parent, parts, i));
-    }
-    dims_[p.dim] = std::move(split);
   }
-  for (const auto& d : dims_) num_cells_ *= static_cast<int64_t>(d.size());
-  base_parts_.resize(shape.size());
-  for (size_t d = 0; d < shape.size(); ++d) {
-    base_parts_[d].resize(dims_[d].size());
-    for (size_t i = 0; i < dims_[d].size(); ++i) {
-      int64_t c = static_cast<int64_t>(i), index = 0;
-      const auto& axes = dim_axes_[d];
-      for (int k = static_cast<int>(axes.size()) - 1; k >= 0; --k) {
-        const int64_t size = layout.mesh.shape[axes[k]];
-        index += (c % size) * mesh_strides_[axes[k]];
-        c /= size;
+  for (int d = 0; d < ndim_; ++d) {
+    dim_begin_[d + 1] = dim_begin_[d] + parts[d];
+    num_cells_ *= parts[d];
+  }
+  intervals_.resize(dim_begin_[ndim_]);
+  base_parts_.resize(dim_begin_[ndim_]);
+  for (int d = 0; d < ndim_; ++d) {
+    // Nested torch.chunk splits, in place: each split writes child i*k+j >= i, so expanding
+    // from the back never overwrites a parent that is still to be read.
+    Interval* seg = intervals_.data() + dim_begin_[d];
+    seg[0] = Interval{0, shape[d]};
+    int64_t count = 1;
+    for (int k = 0; k < num_dim_axes_[d]; ++k) {
+      const int64_t n = mesh.shape[dim_axes_[d][k]];
+      for (int64_t i = count - 1; i >= 0; --i) {
+        const Interval parent = seg[i];
+        for (int64_t j = n - 1; j >= 0; --j) seg[i * n + j] = ChunkInterval(parent, n, j);
       }
-      base_parts_[d][i] = index;
+      count *= n;
+    }
+    for (int64_t i = 0; i < parts[d]; ++i) {
+      int64_t c = i, index = 0;
+      for (int k = num_dim_axes_[d] - 1; k >= 0; --k) {
+        const int a = dim_axes_[d][k];
+        index += (c % mesh.shape[a]) * mesh_strides_[a];
+        c /= mesh.shape[a];
+      }
+      base_parts_[dim_begin_[d] + i] = index;
     }
   }
-  replica_offsets_ = {0};
-  for (int a : replicate_axes) {
-    std::vector<int64_t> next;
-    next.reserve(replica_offsets_.size() * layout.mesh.shape[a]);
-    for (int64_t base : replica_offsets_) {
-      for (int64_t i = 0; i < layout.mesh.shape[a]; ++i) next.push_back(base + i * mesh_strides_[a]);
+  // Replica offsets over the replicate axes, row-major, expanded in place the same way.
+  replica_offsets_.resize(replicas);
+  replica_offsets_[0] = 0;
+  int64_t count = 1;
+  for (int a = 0; a < mesh_ndim; ++a) {
+    if (layout.placements[a].is_shard()) continue;
+    const int64_t n = mesh.shape[a];
+    for (int64_t i = count - 1; i >= 0; --i) {
+      const int64_t base = replica_offsets_[i];
+      for (int64_t j = n - 1; j >= 0; --j) replica_offsets_[i * n + j] = base + j * mesh_strides_[a];
     }
-    replica_offsets_ = std::move(next);
+    count *= n;
   }
 }
 
 Box TileGrid::CellBox(const Cell& cell) const {
   Box b;
-  b.ndim = ndim();
-  for (int d = 0; d < b.ndim; ++d) {
-    b.lo[d] = dims_[d][cell[d]].lo;
-    b.hi[d] = dims_[d][cell[d]].hi;
+  b.ndim = ndim_;
+  for (int d = 0; d < ndim_; ++d) {
+    const Interval& iv = intervals_[dim_begin_[d] + cell[d]];
+    b.lo[d] = iv.lo;
+    b.hi[d] = iv.hi;
   }
   return b;
 }
 
 int64_t TileGrid::CellBaseIndex(const Cell& cell) const {
   int64_t index = 0;
-  for (int d = 0; d < ndim(); ++d) index += base_parts_[d][cell[d]];
+  for (int d = 0; d < ndim_; ++d) index += base_parts_[dim_begin_[d] + cell[d]];
   return index;
 }
 
 TileGrid::Cell TileGrid::CellAt(int64_t flat) const {
   Cell cell{};
-  for (int d = ndim() - 1; d >= 0; --d) {
-    const int64_t n = static_cast<int64_t>(dims_[d].size());
+  for (int d = ndim_ - 1; d >= 0; --d) {
+    const int64_t n = dim_begin_[d + 1] - dim_begin_[d];
     cell[d] = flat % n;
     flat /= n;
   }
@@ -110,9 +121,10 @@ std::optional<TileGrid::Cell> TileGrid::CellOfRank(int32_t rank) const {
   const int64_t index = mesh_->IndexOf(rank);
   if (index < 0) return std::nullopt;
   Cell cell{};
-  for (int d = 0; d < ndim(); ++d) {
+  for (int d = 0; d < ndim_; ++d) {
     int64_t c = 0;
-    for (int a : dim_axes_[d]) {
+    for (int k = 0; k < num_dim_axes_[d]; ++k) {
+      const int a = dim_axes_[d][k];
       const int64_t coord = (index / mesh_strides_[a]) % mesh_->shape[a];
       c = c * mesh_->shape[a] + coord;
     }

@@ -11,6 +11,7 @@
 #include <optional>
 #include <vector>
 
+#include "absl/types/span.h"
 #include "src/plan/spec.h"
 
 namespace reshard::plan {
@@ -38,11 +39,15 @@ Interval ChunkInterval(Interval whole, int64_t parts, int64_t i);
 class TileGrid {
  public:
   // `layout` must be valid for `shape` (see Validate). Keeps a pointer to layout.mesh.
+  // Construction allocates three vectors: planning builds several grids per tensor.
   TileGrid(const Layout& layout, const std::vector<int64_t>& shape);
 
-  int ndim() const { return static_cast<int>(dims_.size()); }
+  int ndim() const { return ndim_; }
   // Intervals along tensor dim d, indexed by the dim's composite shard index.
-  const std::vector<Interval>& intervals(int d) const { return dims_[d]; }
+  absl::Span<const Interval> intervals(int d) const {
+    return absl::Span<const Interval>(intervals_.data() + dim_begin_[d],
+                                      dim_begin_[d + 1] - dim_begin_[d]);
+  }
   int64_t num_cells() const { return num_cells_; }
   int64_t num_replicas() const { return static_cast<int64_t>(replica_offsets_.size()); }
 
@@ -64,13 +69,18 @@ class TileGrid {
 
  private:
   const Mesh* mesh_;
-  std::vector<std::vector<Interval>> dims_;
-  std::vector<std::vector<int>> dim_axes_;  // Mesh axes sharding each dim, outermost first.
-  // Per dim and composite shard index: its part of the cell's base index into mesh.ranks, so
+  int ndim_ = 0;
+  // Every dim's intervals, concatenated: dim d is [dim_begin_[d], dim_begin_[d + 1]).
+  std::vector<Interval> intervals_;
+  // Parallel to intervals_: the interval's part of a cell's base index into mesh.ranks, so
   // CellBaseIndex (called per piece and per holder) is a sum of lookups, not divisions.
-  std::vector<std::vector<int64_t>> base_parts_;
-  std::vector<int64_t> mesh_strides_;       // Row-major strides of the mesh.
-  std::vector<int64_t> replica_offsets_;    // Over replicate axes, row-major.
+  std::vector<int64_t> base_parts_;
+  std::array<int64_t, kMaxTensorDims + 1> dim_begin_{};
+  // Mesh axes sharding each dim, outermost first.
+  std::array<std::array<int8_t, kMaxMeshDims>, kMaxTensorDims> dim_axes_{};
+  std::array<int8_t, kMaxTensorDims> num_dim_axes_{};
+  std::array<int64_t, kMaxMeshDims> mesh_strides_{};  // Row-major strides of the mesh.
+  std::vector<int64_t> replica_offsets_;             // Over replicate axes, row-major.
   int64_t num_cells_ = 1;
 };
 
