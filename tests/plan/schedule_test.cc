@@ -15,6 +15,8 @@
 #include "absl/strings/str_join.h"
 #include "src/plan/executor.h"
 #include "src/plan/fill.h"
+#include "src/plan/layouts.h"
+#include "src/plan/model.h"
 #include "src/plan/plan.h"
 #include "src/plan/spec_json.h"
 
@@ -330,6 +332,44 @@ TEST(ScheduleTest, StagingSpreadsIngressOverTheWholeDomain) {
   EXPECT_GT(b.stats().bytes_staged, 0);
   EXPECT_NE(b.stage_buffer(), Plan::kNoBuffer);
   EXPECT_TRUE(VerifyPlanInProcess(b, int64_t{1} << 24).ok());
+}
+
+// Real model layouts (fused qkv / gate_up / w13 views, experts over EP) verify element by element
+// with fan-out, staging and relays, on NVL8 nodes and on a GB200 rack.
+TEST(ScheduleTest, ModelLayoutsVerifyInProcess) {
+  const std::string root = std::string(RESHARD_SOURCE_DIR) + "/examples/";
+  auto cfg = LoadModelConfig(root + "models/tiny-moe.json");
+  ASSERT_TRUE(cfg.ok()) << cfg.status();
+  int64_t relayed = 0, staged = 0, fanned_out = 0;
+  for (const char* cluster_name : {"h100-nvl8.json", "gb200-nvl72.json"}) {
+    auto cluster = LoadClusterFile(root + "clusters/" + cluster_name);
+    ASSERT_TRUE(cluster.ok()) << cluster.status();
+    for (const auto& [train_text, infer_text] :
+         {std::pair{"tp=2,pp=2,ep=2,gpus=8", "tp=2,dp=8"}, std::pair{"pp=2,ep=4,gpus=8", "tp=4,dp=5"},
+          std::pair{"tp=2,pp=4,gpus=8", "tp=8,dp=3"}}) {
+      SCOPED_TRACE(absl::StrCat(cluster_name, " ", train_text, " -> ", infer_text));
+      auto train = ParseTrainParallelism(train_text);
+      auto infer = ParseInferParallelism(infer_text);
+      ASSERT_TRUE(train.ok() && infer.ok());
+      auto made = MakeModelSpec(*cfg, *train, *infer, *cluster);
+      ASSERT_TRUE(made.ok()) << made.status();
+      auto spec = std::make_shared<const RefitSpec>(*std::move(made));
+      PlanOptions o;
+      o.split_min_bytes = 4096;  // Exercise parts on this small model.
+      o.split_part_bytes = 1024;
+      const Plan plan = MustPlan(spec, o);
+      const absl::Status verified = VerifyPlanInProcess(plan, int64_t{1} << 30);
+      EXPECT_TRUE(verified.ok()) << verified;
+      const LowerBound lb = ComputeLowerBound(*spec, DomainMap(*spec));
+      EXPECT_EQ(plan.stats().bytes_network, lb.network_bytes);
+      relayed += plan.stats().bytes_relay;
+      staged += plan.stats().bytes_staged;
+      fanned_out += plan.stats().bytes_fanout;
+    }
+  }
+  EXPECT_GT(relayed, 0);
+  EXPECT_GT(staged, 0);
+  EXPECT_GT(fanned_out, 0);
 }
 
 TEST(ScheduleTest, PlansAreDeterministic) {
