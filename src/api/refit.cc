@@ -333,6 +333,7 @@ absl::Status RefitHandle::Wait(absl::Time deadline) {
       for (size_t k = 0; k < landed.size() && st.ok(); ++k) st = h.fanout->Landed(landed[k], h.epoch);
       if (st.ok()) st = h.fanout->Poll(h.epoch).status();
     }
+    if (st.ok() && !h.engine->in_epoch()) h.fanout->NetworkDone(h.epoch);
   }
   if (st.ok() && h.engine != nullptr) st = h.engine->Wait(deadline);
   if (st.ok() && h.fanout != nullptr) st = h.fanout->Wait(h.epoch, deadline);
@@ -357,6 +358,7 @@ absl::Status RefitHandle::Wait(absl::Time deadline) {
       s.bytes_fanout_received = f.bytes_received;
       s.fanout_busy_seconds = f.busy_seconds;
       s.fanout_hidden_fraction = f.hidden_fraction;
+      s.fanout_domain_hidden_fraction = f.domain_hidden_fraction;
     }
     s.puts = e.puts;
     s.signals = e.signals;

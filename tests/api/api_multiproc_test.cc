@@ -44,6 +44,24 @@ TEST_P(ApiTransportTest, RefitsAreByteExact) {
 
 INSTANTIATE_TEST_SUITE_P(Transports, ApiTransportTest, ::testing::Values("sm", "tcp"));
 
+// One piece crosses the network into the destination domain once and fans out inside it:
+// through the fan-out layer (kAuto: "host" backend) or the engine (kEngine).
+TEST(ApiFanoutTest, ReplicatedDestinationsFanOutInsideTheirDomain) {
+  for (const char* engine : {"0", "1"}) {
+    auto r = reshard::launcher::Run(
+        Options({Bin("api_peer"), "--steps", "3", "--replicated", engine}, 3, "sm"));
+    ASSERT_TRUE(r.ok()) << r.status();
+    ASSERT_TRUE(r->ok()) << Describe(*r);
+    const std::string out = r->ranks[1].stdout_text + r->ranks[2].stdout_text;
+    if (std::string(engine) == "0") {
+      EXPECT_NE(out.find("FANOUT host"), std::string::npos) << out;
+      EXPECT_EQ(out.find("FANOUT host 0\n"), std::string::npos) << out;
+    } else {
+      EXPECT_NE(out.find("FANOUT engine"), std::string::npos) << out;
+    }
+  }
+}
+
 TEST(ApiPeerLossTest, KilledPeerIsUnavailableThenFailedPrecondition) {
   // tcp: shared-memory transports cannot report a lost peer (only the deadline would).
   auto r = reshard::launcher::Run(

@@ -4,6 +4,10 @@
 //   --die-after K   rank 1 kills itself (SIGKILL) after K refits; rank 0 then expects its next
 //                   refit to fail with Unavailable or DeadlineExceeded, and the one after that
 //                   with FailedPrecondition (no Reset). Prints "PEER_LOSS_REPORTED" then.
+//   --replicated E  3 ranks instead: rank 0 holds the 64x48 matrix, ranks 1 and 2 (one domain)
+//                   both receive all of it: it crosses the network once and fans out inside the
+//                   domain (E = 1: the network engine runs the fan-out, 0: the fan-out layer).
+//                   Prints "FANOUT <backend> <bytes fanned out>" per destination rank.
 #include <signal.h>
 
 #include <cstdio>
@@ -14,10 +18,11 @@
 #include "reshard/reshard.h"
 
 int main(int argc, char** argv) {
-  int steps = 3, die_after = -1;
+  int steps = 3, die_after = -1, replicated = -1;
   for (int i = 1; i + 1 < argc; i += 2) {
     if (std::strcmp(argv[i], "--steps") == 0) steps = std::atoi(argv[i + 1]);
     if (std::strcmp(argv[i], "--die-after") == 0) die_after = std::atoi(argv[i + 1]);
+    if (std::strcmp(argv[i], "--replicated") == 0) replicated = std::atoi(argv[i + 1]);
   }
   auto comm = reshard::Communicator::FromEnvironment();
   if (!comm.ok()) {
@@ -27,6 +32,50 @@ int main(int argc, char** argv) {
   using reshard::Layout;
   using reshard::Mesh;
   using reshard::Shard;
+  if (replicated >= 0) {
+    reshard::RefitSpec spec;
+    spec.AddTensor("w", reshard::DType::kI32, {64, 48}, Layout(Mesh({0}), {reshard::Replicate()}),
+                   Layout(Mesh({1, 2}), {reshard::Replicate()}));
+    spec.SetDomains({{0}, {1, 2}});
+    const int rank = comm->rank();
+    std::vector<int32_t> w(64 * 48);
+    reshard::LocalBuffers buffers;
+    buffers.Add(rank == 0 ? reshard::Side::kSource : reshard::Side::kDestination, "w",
+                reshard::Buffer{w.data(), static_cast<int64_t>(w.size() * 4)});
+    reshard::HandleOptions options;
+    options.fanout = replicated == 1 ? reshard::Fanout::kEngine : reshard::Fanout::kAuto;
+    auto handle = reshard::RefitHandle::Create(*comm, spec, std::move(buffers), options);
+    if (!handle.ok()) {
+      std::fprintf(stderr, "rank %d: %s\n", rank, handle.status().ToString().c_str());
+      return 1;
+    }
+    int64_t fanned = 0;
+    for (int step = 1; step <= steps; ++step) {
+      for (size_t i = 0; i < w.size(); ++i) w[i] = rank == 0 ? step * 100000 + static_cast<int>(i) : -1;
+      absl::Status st = handle->Execute(absl::Seconds(20));
+      if (!st.ok()) {
+        std::fprintf(stderr, "rank %d step %d: %s\n", rank, step, st.ToString().c_str());
+        return 1;
+      }
+      for (size_t i = 0; i < w.size() && rank > 0; ++i) {
+        if (w[i] != step * 100000 + static_cast<int>(i)) {
+          std::fprintf(stderr, "rank %d step %d: element %zu = %d\n", rank, step, i, w[i]);
+          return 1;
+        }
+      }
+      const reshard::Stats& s = handle->stats();
+      if (s.pieces_received != s.pieces_expected) {
+        std::fprintf(stderr, "rank %d: %lld pieces, expected %lld\n", rank,
+                     static_cast<long long>(s.pieces_received),
+                     static_cast<long long>(s.pieces_expected));
+        return 1;
+      }
+      fanned += s.bytes_fanout_sent + s.bytes_fanout_received;
+    }
+    if (rank > 0) std::printf("FANOUT %s %lld\n", handle->stats().fanout.c_str(), static_cast<long long>(fanned));
+    std::printf("OK rank %d transports %s\n", rank, handle->stats().transports.c_str());
+    return 0;
+  }
   reshard::RefitSpec spec;
   spec.AddTensor("w", reshard::DType::kI32, {8, 6}, Layout(Mesh::Range(0, 2), {Shard(0)}),
                  Layout(Mesh::Range(0, 2), {Shard(1)}));

@@ -147,6 +147,9 @@ struct Stats {
   // Share of fanout_busy_seconds before this rank's last network landing (hidden under the
   // network stage); 1 when this rank copied nothing.
   double fanout_hidden_fraction = 1;
+  // The same against the domain's network stage (until the last network landing on this rank or
+  // a domain peer it exchanges pieces with).
+  double fanout_domain_hidden_fraction = 1;
   int64_t registrations_total = 0;       // Memory registrations this process made so far.
   int64_t registrations_this_refit = 0;  // Made during this refit: 0 after set-up.
 };
