@@ -13,8 +13,8 @@
 // Create() does all set-up once (collective over every rank of the spec): plans the refit
 // (deterministic; every rank computes the same plan and their fingerprints are compared, so
 // ranks with different specs fail before any byte moves), registers the buffers, exchanges
-// worker addresses and remote keys, and pre-builds every put. Refits never register memory or
-// touch the store again (Stats::registrations_this_refit stays 0).
+// worker addresses and remote keys, and pre-builds every put. Refits after the first never
+// register memory or touch the store again (Stats::registrations_this_refit is 0).
 //
 // Every rank of the spec calls Execute() (or Start() + Wait()) the same number of times; on a
 // source rank it returns once its data is remotely complete, on a destination rank once every
@@ -151,7 +151,8 @@ struct Stats {
   // a domain peer it exchanges pieces with).
   double fanout_domain_hidden_fraction = 1;
   int64_t registrations_total = 0;       // Memory registrations this process made so far.
-  int64_t registrations_this_refit = 0;  // Made during this refit: 0 after set-up.
+  // Made during this refit: 0 for every refit after the first (memory is registered once).
+  int64_t registrations_this_refit = 0;
 };
 
 class RefitHandle {
