@@ -34,6 +34,13 @@ class BoardSet {
   // Appends incoming edges that arrived for `epoch` (each once per Grant()).
   void Scan(uint64_t epoch, std::vector<uint32_t>* arrived);
   [[nodiscard]] absl::Status CheckPeers() const;
+  void PublishNetworkEnd(uint64_t epoch, int64_t unix_ns) {
+    board_.PublishNetworkEnd(epoch, unix_ns);
+  }
+  int64_t PeerNetworkEnd(int32_t peer, uint64_t epoch) const {
+    auto it = boards_.find(peer);
+    return it == boards_.end() ? -1 : it->second.NetworkEnd(epoch);
+  }
   int64_t mappings() const { return mappings_; }
 
  private:

@@ -203,6 +203,12 @@ Fanout::Fanout(std::unique_ptr<FanoutTable> table, int32_t rank,
   }
   std::sort(by_after_.begin(), by_after_.end());
   std::sort(by_transfer_.begin(), by_transfer_.end());
+  for (const FanoutEdge& e : table_->edges) {
+    if (e.from_rank == rank_) peers_.push_back(e.to_rank);
+    if (e.to_rank == rank_) peers_.push_back(e.from_rank);
+  }
+  std::sort(peers_.begin(), peers_.end());
+  peers_.erase(std::unique(peers_.begin(), peers_.end()), peers_.end());
   arrived_.assign(table_->edges.size(), 0);
   forwarded_.assign(table_->edges.size(), 0);
   completed_.assign(table_->edges.size(), 0);
@@ -233,6 +239,8 @@ absl::Status Fanout::Start(uint64_t epoch) {
   ready_arrivals_.clear();
   busy_.clear();
   in_flight_ = 0;
+  network_done_ = false;
+  stats_final_ = false;
   stats_ = FanoutStats{};
   epoch_start_ = network_end_ = absl::Now();
   // Edges with no dependency can go as soon as the peers grant.
@@ -321,7 +329,7 @@ absl::Status Fanout::Pump(uint64_t epoch) {
     }
   }
   if (relay) return Pump(epoch);
-  if (Done()) FinishStats();
+  if (!stats_final_ && Done()) FinishStats();
   return absl::OkStatus();
 }
 
@@ -383,10 +391,19 @@ absl::Status Fanout::Wait(uint64_t epoch, absl::Time deadline) {
     }
     if (++spins > 64) std::this_thread::sleep_for(std::chrono::microseconds(20));
   }
+  FinishStats();
   return absl::OkStatus();
 }
 
+void Fanout::NetworkDone(uint64_t epoch) {
+  if (epoch != epoch_ || network_done_) return;
+  network_done_ = true;
+  backend_->PublishNetworkEnd(epoch, absl::ToUnixNanos(network_end_));
+  if (Done()) FinishStats();
+}
+
 void Fanout::FinishStats() {
+  stats_final_ = true;
   double busy = 0, hidden = 0;
   for (const auto& [b, e] : busy_) {
     busy += absl::ToDoubleSeconds(e - b);
@@ -397,6 +414,21 @@ void Fanout::FinishStats() {
   stats_.hidden_seconds = hidden;
   stats_.network_seconds = absl::ToDoubleSeconds(network_end_ - epoch_start_);
   stats_.hidden_fraction = busy > 0 ? hidden / busy : 1.0;
+  // The domain's network stage: this rank's (now while it is not done) and its peers'.
+  const absl::Time now = absl::Now();
+  absl::Time domain_end = network_done_ ? network_end_ : now;
+  for (int32_t p : peers_) {
+    const int64_t ns = backend_->PeerNetworkEnd(p, epoch_);
+    if (ns < 0) continue;
+    domain_end = std::max(domain_end, ns == 0 ? now : absl::FromUnixNanos(ns));
+  }
+  double domain_hidden = 0;
+  for (const auto& [b, e] : busy_) {
+    const absl::Time hi = std::min(e, domain_end);
+    if (hi > b) domain_hidden += absl::ToDoubleSeconds(hi - b);
+  }
+  stats_.domain_hidden_seconds = domain_hidden;
+  stats_.domain_hidden_fraction = busy > 0 ? domain_hidden / busy : 1.0;
 }
 
 }  // namespace reshard::nvlink

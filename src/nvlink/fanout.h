@@ -104,8 +104,14 @@ struct FanoutStats {
   double hidden_seconds = 0;     // Part of busy_seconds inside this rank's network stage.
   double network_seconds = 0;    // Start() to the last network landing reported by Landed().
   // hidden_seconds / busy_seconds (1 when nothing was forwarded): the share of fan-out time
-  // that hides under the network stage.
+  // that hides under this rank's own network stage (strict: the copy of the last piece to land
+  // here never counts).
   double hidden_fraction = 1;
+  // The same against the domain's network stage: until the last network landing on this rank
+  // or on any domain peer it exchanges pieces with (a peer still receiving counts as "now").
+  // Final once NetworkDone() was called and Wait() returned.
+  double domain_hidden_seconds = 0;
+  double domain_hidden_fraction = 1;
 };
 
 // A backend moves bytes and signals; the Fanout drives it. Implementations live in
@@ -130,6 +136,10 @@ class FanoutBackend {
   [[nodiscard]] virtual absl::Status CheckPeers() = 0;
   // Mappings created so far (shared-memory maps, opened IPC handles, communicators).
   virtual int64_t mappings_created() const = 0;
+  // Statistics only: publish when this rank's network stage of `epoch` ended (Unix ns), and
+  // read a peer's (0: not ended yet, -1: this backend cannot tell).
+  virtual void PublishNetworkEnd(uint64_t epoch, int64_t unix_ns) {}
+  virtual int64_t PeerNetworkEnd(int32_t peer, uint64_t epoch) { return -1; }
 };
 
 // Everything a backend factory sees.
@@ -193,6 +203,9 @@ class Fanout {
   [[nodiscard]] absl::Status Wait(uint64_t epoch, absl::Time deadline);
   // True when Wait() would return OK now.
   bool Done() const;
+  // Statistics only: every network piece of `epoch` landed on this rank (call when the network
+  // engine finished receiving). Publishes the time to the domain peers.
+  void NetworkDone(uint64_t epoch);
 
   // Figures of the current (or last) epoch; hidden_* final once Wait() returned OK.
   const FanoutStats& stats() const { return stats_; }
@@ -218,6 +231,9 @@ class Fanout {
   absl::Time epoch_start_, network_end_;
   std::vector<std::pair<absl::Time, absl::Time>> busy_;  // Forward in flight intervals.
   absl::Time busy_since_ = absl::InfinitePast();
+  bool network_done_ = false;
+  bool stats_final_ = false;  // FinishStats() ran since Done() became true.
+  std::vector<int32_t> peers_;  // Ranks this rank exchanges fan-out pieces with.
   int64_t in_flight_ = 0;
   FanoutStats stats_;
 };

@@ -21,6 +21,8 @@ struct alignas(64) BoardHeader {
   uint64_t slots;
   alignas(64) uint64_t granted;   // Accessed through std::atomic_ref.
   alignas(64) uint64_t doorbell;  // Accessed through std::atomic_ref.
+  alignas(64) uint64_t net_end_ns;  // Written before net_epoch (release).
+  uint64_t net_epoch;
 };
 static_assert(sizeof(BoardHeader) % 64 == 0);
 
@@ -127,6 +129,13 @@ bool SignalBoard::Arrived(int64_t slot, uint64_t epoch) const {
          epoch;
 }
 
+void SignalBoard::PublishNetworkEnd(uint64_t epoch, int64_t unix_ns) {
+  BoardHeader* h = Header(data_);
+  std::atomic_ref<uint64_t>(h->net_end_ns).store(static_cast<uint64_t>(unix_ns),
+                                                  std::memory_order_relaxed);
+  std::atomic_ref<uint64_t>(h->net_epoch).store(epoch, std::memory_order_release);
+}
+
 absl::StatusOr<PeerBoard> PeerBoard::Open(const std::string& name, int64_t slots) {
   PeerBoard b;
   b.fd_ = shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0);
@@ -192,6 +201,13 @@ void PeerBoard::Signal(int64_t slot, uint64_t epoch) {
   RESHARD_CHECK(slot >= 0 && slot < slots_);
   std::atomic_ref<uint64_t>(*SlotPtr(data_, slot)).store(epoch, std::memory_order_release);
   std::atomic_ref<uint64_t>(Header(data_)->doorbell).fetch_add(1, std::memory_order_acq_rel);
+}
+
+int64_t PeerBoard::NetworkEnd(uint64_t epoch) const {
+  BoardHeader* h = Header(data_);
+  if (std::atomic_ref<uint64_t>(h->net_epoch).load(std::memory_order_acquire) != epoch) return 0;
+  return static_cast<int64_t>(
+      std::atomic_ref<uint64_t>(h->net_end_ns).load(std::memory_order_relaxed));
 }
 
 bool PeerBoard::Alive() const {

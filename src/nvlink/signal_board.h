@@ -42,6 +42,8 @@ class SignalBoard {
   uint64_t doorbell() const;
   // True when slot `slot` was signalled for `epoch`.
   bool Arrived(int64_t slot, uint64_t epoch) const;
+  // Publishes when this rank's network stage of `epoch` ended (Unix ns), for peers' statistics.
+  void PublishNetworkEnd(uint64_t epoch, int64_t unix_ns);
 
  private:
   void Release();
@@ -69,6 +71,8 @@ class PeerBoard {
   void Signal(int64_t slot, uint64_t epoch);
   // False once the owner exited.
   bool Alive() const;
+  // When the owner's network stage of `epoch` ended (Unix ns), or 0 while it has not.
+  int64_t NetworkEnd(uint64_t epoch) const;
 
  private:
   void Release();

@@ -63,7 +63,8 @@ options:
                        registrations_after_first, transports, fanout, bytes_fanout (per
                        refit), fanout_busy_ms (fan-out copy time summed over ranks) and
                        fanout_hidden_fraction (the part of it inside each rank's network
-                       stage: before its last network landing), and with --emulate-nic rate,
+                       stage: before its last network landing), fanout_domain_hidden_fraction
+                       (the same against the domain's network stage), and with --emulate-nic rate,
                        lower_bound_ms and ratio; errors lists every failed rank
   --help               this text
 
@@ -79,7 +80,7 @@ struct RankLine {
   std::string transports, error;
   std::string fanout;
   int64_t fanout_sent = 0;
-  double fanout_busy_ms = 0, fanout_hidden = 1;
+  double fanout_busy_ms = 0, fanout_hidden = 1, fanout_domain_hidden = 1;
 };
 
 RankLine ParseRankLine(const std::string& line) {
@@ -112,6 +113,9 @@ RankLine ParseRankLine(const std::string& line) {
   }
   if (const json::Value* f = v->Find("fanout_hidden_fraction"); f && f->is_number()) {
     r.fanout_hidden = f->as_double();
+  }
+  if (const json::Value* f = v->Find("fanout_domain_hidden_fraction"); f && f->is_number()) {
+    r.fanout_domain_hidden = f->as_double();
   }
   r.error = str("error");
   r.parsed = true;
@@ -283,7 +287,7 @@ int RunCommand(int argc, char** argv) {
   int max_rank = 0;
   int64_t bytes_fanout = 0;
   std::string fanout_backend = fanout_mode == "engine" ? "engine" : "none";
-  double fanout_busy_ms = 0, fanout_hidden_ms = 0;  // Summed over ranks.
+  double fanout_busy_ms = 0, fanout_hidden_ms = 0, fanout_domain_hidden_ms = 0;  // All ranks.
   std::map<std::string, std::vector<int>> transports;
   for (int r = 0; r < world; ++r) {
     const RankLine& l = lines[static_cast<size_t>(r)];
@@ -301,8 +305,11 @@ int RunCommand(int argc, char** argv) {
     if (!l.fanout.empty()) fanout_backend = l.fanout;
     fanout_busy_ms += l.fanout_busy_ms;
     fanout_hidden_ms += l.fanout_busy_ms * l.fanout_hidden;
+    fanout_domain_hidden_ms += l.fanout_busy_ms * l.fanout_domain_hidden;
   }
   const double fanout_hidden = fanout_busy_ms > 0 ? fanout_hidden_ms / fanout_busy_ms : 1.0;
+  const double fanout_domain_hidden =
+      fanout_busy_ms > 0 ? fanout_domain_hidden_ms / fanout_busy_ms : 1.0;
   std::string transports_text;
   if (transports.size() == 1) {
     transports_text = transports.begin()->first;
@@ -336,7 +343,8 @@ int RunCommand(int argc, char** argv) {
         ",\"registrations_after_first\":", reg_after, ",\"transports\":",
         Quote(transports_text), ",\"fanout\":", Quote(fanout_backend),
         ",\"bytes_fanout\":", bytes_fanout, ",\"fanout_busy_ms\":", Ms(fanout_busy_ms),
-        ",\"fanout_hidden_fraction\":", absl::StrFormat("%.3f", fanout_hidden));
+        ",\"fanout_hidden_fraction\":", absl::StrFormat("%.3f", fanout_hidden),
+        ",\"fanout_domain_hidden_fraction\":", absl::StrFormat("%.3f", fanout_domain_hidden));
     if (rate_bits > 0) {
       absl::StrAppend(&out, ",\"rate\":", Quote(rate), ",\"lower_bound_ms\":", Ms(lower_bound_ms),
                       ",\"ratio\":", absl::StrFormat("%.3f", ratio),
@@ -379,10 +387,12 @@ int RunCommand(int argc, char** argv) {
                 static_cast<long long>(reg_first), static_cast<long long>(reg_after));
     std::printf("transports      %s\n", transports_text.c_str());
     if (bytes_fanout > 0) {
-      std::printf("fan-out         %s: %s per refit inside domains; %.0f%% of the fan-out "
-                  "copy time (%s, all ranks) hid under the ranks' network stage\n",
+      std::printf("fan-out         %s: %s per refit inside domains; of the fan-out copy time "
+                  "(%s, all ranks) %.0f%% hid under the domain's network stage, %.0f%% under "
+                  "the copying rank's own\n",
                   fanout_backend.c_str(), FormatBytes(static_cast<double>(bytes_fanout)).c_str(),
-                  fanout_hidden * 100, FormatSeconds(fanout_busy_ms / 1e3).c_str());
+                  FormatSeconds(fanout_busy_ms / 1e3).c_str(), fanout_domain_hidden * 100,
+                  fanout_hidden * 100);
     }
     if (rate_bits > 0) {
       std::printf("emulated NIC    %s: lower bound %s (busiest rank's bytes / rate); median is "

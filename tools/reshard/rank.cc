@@ -184,6 +184,7 @@ RankReport RunRank(const RankOptions& options, net::Store& store) {
         }
         if (status.ok() && absl::Now() >= deadline) break;  // Wait() names what is missing.
       }
+      if (status.ok() && !(*engine)->in_epoch()) fanout->NetworkDone(epoch);
     }
     if (status.ok()) status = (*engine)->Wait(deadline);
     if (status.ok() && fanout) status = fanout->Wait(epoch, deadline);
@@ -202,6 +203,7 @@ RankReport RunRank(const RankOptions& options, net::Store& store) {
       report.bytes_fanout_sent = fanout->stats().bytes_sent;
       report.fanout_busy_ms = fanout->stats().busy_seconds * 1e3;
       report.fanout_hidden_fraction = fanout->stats().hidden_fraction;
+      report.fanout_domain_hidden_fraction = fanout->stats().domain_hidden_fraction;
     }
     if (i == 0) {
       report.registrations_first = net::RegistrationCount();
@@ -241,7 +243,8 @@ std::string RankReportJson(const RankReport& r) {
       ",\"transports\":", json::Quote(r.transports), ",\"fanout\":", json::Quote(r.fanout_backend),
       ",\"bytes_fanout_sent\":", r.bytes_fanout_sent, ",\"fanout_busy_ms\":",
       absl::StrFormat("%.3f", r.fanout_busy_ms), ",\"fanout_hidden_fraction\":",
-      absl::StrFormat("%.3f", r.fanout_hidden_fraction), ",\"error\":", json::Quote(r.error),
+      absl::StrFormat("%.3f", r.fanout_hidden_fraction), ",\"fanout_domain_hidden_fraction\":",
+      absl::StrFormat("%.3f", r.fanout_domain_hidden_fraction), ",\"error\":", json::Quote(r.error),
       "}");
 }
 

@@ -50,6 +50,7 @@ struct RankReport {
   int64_t bytes_fanout_sent = 0;       // Per refit (the last one), by the fan-out layer.
   double fanout_busy_ms = 0;           // Last refit: time with a fan-out copy in flight.
   double fanout_hidden_fraction = 1;   // Last refit: share of it inside the network stage.
+  double fanout_domain_hidden_fraction = 1;  // Same, inside the domain's network stage.
   std::string error;
 };
 
@@ -64,7 +65,7 @@ RankReport RunRank(const RankOptions& options, net::Store& store);
 // {"rank":R,"ok":true,"iter_ms":[...],"bytes_network_sent":B,"bytes_network_received":B,
 //  "pieces_received":N,"registrations_first":N,"registrations_after_first":N,
 //  "transports":"...","fanout":"host","bytes_fanout_sent":B,"fanout_busy_ms":T,
-//  "fanout_hidden_fraction":F,"error":"..."}
+//  "fanout_hidden_fraction":F,"fanout_domain_hidden_fraction":F,"error":"..."}
 std::string RankReportJson(const RankReport& report);
 
 }  // namespace reshard::cli

@@ -72,6 +72,12 @@ class HostBackend final : public FanoutBackend {
   }
 
   absl::Status CheckPeers() override { return boards_.CheckPeers(); }
+  void PublishNetworkEnd(uint64_t epoch, int64_t unix_ns) override {
+    boards_.PublishNetworkEnd(epoch, unix_ns);
+  }
+  int64_t PeerNetworkEnd(int32_t peer, uint64_t epoch) override {
+    return boards_.PeerNetworkEnd(peer, epoch);
+  }
 
   int64_t mappings_created() const override {
     return boards_.mappings() + static_cast<int64_t>(mappings_list_.size());
