@@ -126,7 +126,7 @@ TEST(RunTest, HumanReportNamesTimesBytesRegistrationsAndTransports) {
   }
 }
 
-TEST(RunTest, NetnsRunsEveryRankAsItsOwnHost) {
+TEST(RunNetnsTest, EveryRankRunsAsItsOwnHost) {
   if (!launcher::CanUseNetns()) GTEST_SKIP() << "network namespaces need root";
   const std::vector<std::string> before = launcher::ListNamespaces();
   for (const std::string& spec : {kExamples[0], kExamples[3]}) {
@@ -142,7 +142,7 @@ TEST(RunTest, NetnsRunsEveryRankAsItsOwnHost) {
   ExpectNoLeakedNamespaces(before);
 }
 
-TEST(RunTest, EmulatedNicReportsTheLowerBound) {
+TEST(RunNetnsTest, EmulatedNicReportsTheLowerBound) {
   if (!launcher::CanUseNetns()) GTEST_SKIP() << "network namespaces need root";
   const std::vector<std::string> before = launcher::ListNamespaces();
   Output o = Reshard(absl::StrCat("run ", kSpecs, "fig3-tp4-to-tp2dp2.json --emulate-nic 1gbit ",
@@ -220,7 +220,7 @@ TEST(RunTest, KilledRankMidRefitFailsEveryOtherRankOverLoopbackTcp) {
   KillOneRankMidRefit(launcher::Mode::kLoopback);
 }
 
-TEST(RunTest, KilledRankMidRefitFailsEveryOtherRankAcrossNamespaces) {
+TEST(RunNetnsTest, KilledRankMidRefitFailsEveryOtherRank) {
   if (!launcher::CanUseNetns()) GTEST_SKIP() << "network namespaces need root";
   KillOneRankMidRefit(launcher::Mode::kNetns);
 }
