@@ -172,21 +172,6 @@ DomainScheduler::DomainScheduler(const RefitSpec& spec, const DomainMap& domains
       }
     });
   }
-  key_.assign(world, 0);
-  by_expected_.resize(domains.num_domains());
-  for (int32_t d = 0; d < domains.num_domains(); ++d) {
-    for (int32_t r : domains.ranks(d)) {
-      key_[r] = Expected(r);
-      by_expected_[d].insert({key_[r], r});
-    }
-  }
-}
-
-void DomainScheduler::Rekey(int32_t rank) {
-  auto& set = by_expected_[domains_.domain_of(rank)];
-  set.erase({key_[rank], rank});
-  key_[rank] = Expected(rank);
-  set.insert({key_[rank], rank});
 }
 
 TileAddress DomainScheduler::AddressOf(const Endpoint& e, const Box& part, int elem,
@@ -339,7 +324,17 @@ void DomainScheduler::SchedulePart(uint32_t tensor, int elem, const Box& part,
     }
     Endpoint receiver{holder, Side::kDst};
     if (options_.staging) {
-      const auto& [expected, rank] = *by_expected_[d].begin();
+      // The domain's rank expected to end least loaded (lowest rank on ties). A scan: domains
+      // are small, and keeping every rank in an ordered set cost a third of planning time.
+      int32_t rank = -1;
+      int64_t expected = 0;
+      for (int32_t r : domains_.ranks(d)) {
+        const int64_t e = Expected(r);
+        if (rank < 0 || e < expected) {
+          rank = r;
+          expected = e;
+        }
+      }
       if (expected + bytes <= Expected(holder)) {
         receiver.rank = rank;
         receiver.side = Side::kStage;
@@ -350,7 +345,6 @@ void DomainScheduler::SchedulePart(uint32_t tensor, int elem, const Box& part,
     for (size_t k = begin; k < end; ++k) {
       const int32_t r = dst_by_domain_[k].second;
       pending_[r] = std::max(0.0, pending_[r] - share);
-      Rekey(r);
     }
     // Sender: the least loaded source replica, unless it would pass the target and a domain
     // that already has the part can relay it with less load.
@@ -378,7 +372,6 @@ void DomainScheduler::SchedulePart(uint32_t tensor, int elem, const Box& part,
     }
     out_[sender.rank] += bytes;
     in_[receiver.rank] += bytes;
-    Rekey(receiver.rank);
     receiver.depth = after < 0 ? 1 : sender.depth + 1;
     receiver.transfer = emit(sender, receiver, TransferKind::kNetwork, after);
     received.push_back(receiver);

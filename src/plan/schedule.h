@@ -106,18 +106,16 @@ class DomainScheduler {
   // Expected final ingress of a rank: what it received plus its share of what its cells still
   // need (a holder-only schedule spreading every piece evenly over the domain's holders).
   int64_t Expected(int32_t rank) const { return in_[rank] + static_cast<int64_t>(pending_[rank]); }
-  void Rekey(int32_t rank);
 
   const RefitSpec& spec_;
   const DomainMap& domains_;
   PlanOptions options_;
   int64_t target_;
-  std::vector<int64_t> in_, out_, nvlink_out_, key_;
+  std::vector<int64_t> in_, out_, nvlink_out_;
   std::vector<double> pending_;
   // Egress each source rank still owes: one send of every piece it holds that some domain
   // without a replica needs, shared among the piece's replicas.
   std::vector<double> owed_;
-  std::vector<std::set<std::pair<int64_t, int32_t>>> by_expected_;  // Per domain.
   uint64_t rotation_ = 0;
   // Scratch for one piece: destination holders grouped by domain.
   std::vector<std::pair<int32_t, int32_t>> dst_by_domain_;  // (domain, rank), sorted.
