@@ -326,8 +326,12 @@ absl::Status RefitHandle::Wait(absl::Time deadline) {
   if (h.fanout != nullptr) {
     // Forward each piece as soon as the engine reports it landed, while later pieces are still
     // on the network.
+    // One more pass after the engine finished drains the last landings (an epoch of local
+    // copies only may finish inside Start()).
     std::vector<uint32_t> landed;
-    while (st.ok() && h.engine->in_epoch() && absl::Now() < deadline) {
+    bool more = true;
+    while (st.ok() && more && absl::Now() < deadline) {
+      more = h.engine->in_epoch();
       landed.clear();
       st = h.engine->Progress(&landed);
       for (size_t k = 0; k < landed.size() && st.ok(); ++k) st = h.fanout->Landed(landed[k], h.epoch);

@@ -85,9 +85,10 @@ void BoardSet::Scan(uint64_t epoch, std::vector<uint32_t>* arrived) {
   pending_in_.resize(keep);
 }
 
-absl::Status BoardSet::CheckPeers() const {
-  for (const auto& [peer, board] : boards_) {
-    if (!board.Alive()) {
+absl::Status BoardSet::CheckPeers(const std::vector<int32_t>& peers) const {
+  for (int32_t peer : peers) {
+    auto it = boards_.find(peer);
+    if (it != boards_.end() && !it->second.Alive()) {
       return absl::UnavailableError(absl::StrFormat(
           "fan-out: domain peer rank %d of rank %d exited (its signal board lock was released)",
           peer, rank_));

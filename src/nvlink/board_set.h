@@ -33,7 +33,8 @@ class BoardSet {
   void Signal(uint32_t edge, uint64_t epoch);
   // Appends incoming edges that arrived for `epoch` (each once per Grant()).
   void Scan(uint64_t epoch, std::vector<uint32_t>* arrived);
-  [[nodiscard]] absl::Status CheckPeers() const;
+  // Unavailable when one of `peers` exited.
+  [[nodiscard]] absl::Status CheckPeers(const std::vector<int32_t>& peers) const;
   void PublishNetworkEnd(uint64_t epoch, int64_t unix_ns) {
     board_.PublishNetworkEnd(epoch, unix_ns);
   }

@@ -361,7 +361,18 @@ absl::Status Fanout::Wait(uint64_t epoch, absl::Time deadline) {
     if (Done()) break;
     const absl::Time now = absl::Now();
     if (now >= next_check) {
-      RESHARD_RETURN_IF_ERROR(backend_->CheckPeers());
+      // Only the peers this rank still waits for: one that got everything it needed from us
+      // may legitimately finish and exit.
+      std::vector<int32_t> waiting_on;
+      for (uint32_t i : incoming_) {
+        if (!arrived_[i]) waiting_on.push_back(table_->edges[i].from_rank);
+      }
+      for (uint32_t i : outgoing_) {
+        if (!completed_[i]) waiting_on.push_back(table_->edges[i].to_rank);
+      }
+      std::sort(waiting_on.begin(), waiting_on.end());
+      waiting_on.erase(std::unique(waiting_on.begin(), waiting_on.end()), waiting_on.end());
+      RESHARD_RETURN_IF_ERROR(backend_->CheckPeers(waiting_on));
       next_check = now + absl::Milliseconds(5);
     }
     if (now >= deadline) {

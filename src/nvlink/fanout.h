@@ -132,8 +132,10 @@ class FanoutBackend {
   // outgoing edges whose copy completed and was signalled.
   [[nodiscard]] virtual absl::Status Progress(uint64_t epoch, std::vector<uint32_t>* arrived,
                                               std::vector<uint32_t>* completed) = 0;
-  // OK while every peer lives; Unavailable naming the first one that exited.
-  [[nodiscard]] virtual absl::Status CheckPeers() = 0;
+  // OK while every rank of `peers` lives; Unavailable naming the first one that exited. Only
+  // the peers this rank still depends on are asked: a peer that received everything it needed
+  // from this rank may finish its refits and exit normally.
+  [[nodiscard]] virtual absl::Status CheckPeers(const std::vector<int32_t>& peers) = 0;
   // Mappings created so far (shared-memory maps, opened IPC handles, communicators).
   virtual int64_t mappings_created() const = 0;
   // Statistics only: publish when this rank's network stage of `epoch` ended (Unix ns), and

@@ -167,8 +167,12 @@ RankReport RunRank(const RankOptions& options, net::Store& store) {
     if (fanout) {
       // Forward each piece as soon as the engine reports it landed, while later pieces are
       // still on the network; count fan-out arrivals like network pieces.
+      // One more pass after the engine finished drains the last landings (an epoch of local
+      // copies only may finish inside Start()).
       std::vector<uint32_t> landed;
-      while (status.ok() && (*engine)->in_epoch()) {
+      bool more = true;
+      while (status.ok() && more) {
+        more = (*engine)->in_epoch();
         landed.clear();
         status = (*engine)->Progress(&landed);
         for (size_t k = 0; k < landed.size() && status.ok(); ++k) {

@@ -146,7 +146,9 @@ class CudaIpcBackend final : public FanoutBackend {
     return absl::OkStatus();
   }
 
-  absl::Status CheckPeers() override { return boards_.CheckPeers(); }
+  absl::Status CheckPeers(const std::vector<int32_t>& peers) override {
+    return boards_.CheckPeers(peers);
+  }
   void PublishNetworkEnd(uint64_t epoch, int64_t unix_ns) override {
     boards_.PublishNetworkEnd(epoch, unix_ns);
   }

@@ -71,7 +71,9 @@ class HostBackend final : public FanoutBackend {
     return absl::OkStatus();
   }
 
-  absl::Status CheckPeers() override { return boards_.CheckPeers(); }
+  absl::Status CheckPeers(const std::vector<int32_t>& peers) override {
+    return boards_.CheckPeers(peers);
+  }
   void PublishNetworkEnd(uint64_t epoch, int64_t unix_ns) override {
     boards_.PublishNetworkEnd(epoch, unix_ns);
   }

@@ -97,7 +97,7 @@ class NcclBackend final : public FanoutBackend {
     return absl::OkStatus();
   }
 
-  absl::Status CheckPeers() override {
+  absl::Status CheckPeers(const std::vector<int32_t>&) override {
     ncclResult_t async = ncclSuccess;
     const ncclResult_t r = ncclCommGetAsyncError(comm_, &async);
     if (r != ncclSuccess) return NcclError(r, "ncclCommGetAsyncError", comm_);
