@@ -43,6 +43,8 @@ constexpr unsigned kDataAm = 14;   // source -> destination: one run of a piece 
 constexpr uint32_t kMagic = 0x52534844;  // "RSHD"
 // Piece indices per completion message, small enough to stay eager on every transport.
 constexpr size_t kMaxIndicesPerSignal = 256;
+// Largest active message carrying data (delivery kActiveMessage).
+constexpr int64_t kAmChunkBytes = int64_t{256} << 10;
 
 struct AmHeader {
   uint32_t magic = kMagic;
@@ -554,11 +556,16 @@ absl::Status RefitEngine::Impl::BuildDescriptors() {
       remote_base = am_data_ ? 0 : peer.remote_base[to_buf];
       if (regions_[from_buf] != nullptr) d.memh = regions_[from_buf]->get();
     }
+    // Active messages are eager and reassembled whole at the target: cut long runs into
+    // chunks so the receiver copies one while the next is on the wire.
+    const int64_t chunk = am_data_ && t.to_rank != rank_ ? kAmChunkBytes : INT64_MAX;
     plan::ForEachRun(region, plan_.region_dims(region),
                      [&](int64_t from_off, int64_t to_off, int64_t bytes) {
-                       runs_.push_back(Run{local_base + from_off,
-                                           remote_base + static_cast<uint64_t>(to_off),
-                                           static_cast<size_t>(bytes)});
+                       for (int64_t done = 0; done < bytes; done += chunk) {
+                         runs_.push_back(Run{local_base + from_off + done,
+                                             remote_base + static_cast<uint64_t>(to_off + done),
+                                             static_cast<size_t>(std::min(chunk, bytes - done))});
+                       }
                      });
     d.run_end = static_cast<uint32_t>(runs_.size());
     const uint32_t di = static_cast<uint32_t>(descs_.size());

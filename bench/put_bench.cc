@@ -1,0 +1,278 @@
+// put_bench: the refit engine against large contiguous puts, same bytes, same processes.
+//
+// Four processes (forked, UCX over shared memory unless --tls says otherwise): ranks 0 and 1
+// hold a 256 MiB bf16 tensor row-sharded, ranks 2 and 3 want it column-sharded, so every source
+// puts a 64 MiB piece made of 16 KiB rows into every destination ("strided refit"). In the same
+// processes a second handle moves the same bytes between the same pairs as one contiguous 64 MiB
+// piece each ("contiguous puts"). Each iteration starts after a store barrier; its time is the
+// slowest rank's Start -> Wait. Prints the median of each and their ratio.
+//
+//   put_bench [--iters N] [--rows R] [--cols C] [--tls UCX_TLS] [--batch BYTES]
+//             [--outstanding N] [--delivery put|am]
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "src/net/refit_engine.h"
+#include "src/net/tcp_store.h"
+#include "src/plan/fill.h"
+#include "src/plan/spec_json.h"
+
+namespace {
+
+using reshard::net::LocalBuffer;
+using reshard::net::MemoryKind;
+using reshard::net::RefitEngine;
+using reshard::net::RefitEngineOptions;
+
+struct Flags {
+  int iters = 10;
+  int64_t rows = 8192;
+  int64_t cols = 16384;  // bf16: 8192 x 16384 x 2 B = 256 MiB.
+  std::string tls = "posix,sysv,cma,self";
+  int64_t batch = -1;
+  int outstanding = -1;
+  std::string delivery;
+};
+
+struct Case {
+  std::string name;
+  std::string spec;
+  std::string prefix;
+};
+
+std::string StridedSpec(const Flags& f) {
+  return absl::StrCat(R"j({"tensors": [{"name": "w", "dtype": "bf16", "shape": [)j", f.rows, ", ",
+                      f.cols, R"j(], "src": {"mesh": [0, 1], "placements": ["S(0)"]},)j",
+                      R"j( "dst": {"mesh": [2, 3], "placements": ["S(1)"]}}]})j");
+}
+
+// Tensor a: [2, n] split by rows over sources 0 and 1, wholly on rank 2; b the same onto rank 3.
+// Every source -> destination pair moves one contiguous quarter of the bytes.
+std::string ContiguousSpec(const Flags& f) {
+  const int64_t n = f.rows * f.cols / 4;
+  std::string out = R"j({"tensors": [)j";
+  for (int d = 0; d < 2; ++d) {
+    absl::StrAppend(&out, d ? ", " : "", R"j({"name": ")j", d ? "b" : "a",
+                    R"j(", "dtype": "bf16", "shape": [2, )j", n,
+                    R"j(], "src": {"mesh": [0, 1], "placements": ["S(0)"]}, "dst": {"mesh": [)j",
+                    2 + d, R"j(], "placements": ["R"]}})j");
+  }
+  return out + "]}";
+}
+
+struct Handle {
+  reshard::plan::Plan plan;
+  std::vector<std::unique_ptr<uint8_t, decltype(&std::free)>> memory;
+  std::unique_ptr<RefitEngine> engine;
+};
+
+int Child(int rank, const Flags& flags, const std::vector<Case>& cases, int port,
+          const std::string& token) {
+  setenv("UCX_TLS", flags.tls.c_str(), 1);
+  setenv("UCX_NET_DEVICES", flags.tls.find("tcp") != std::string::npos ? "lo" : "all", 1);
+  setenv("UCX_WARN_UNUSED_ENV_VARS", "n", 1);
+  if (!flags.delivery.empty()) setenv("RESHARD_DELIVERY", flags.delivery.c_str(), 1);
+  const absl::Time setup_deadline = absl::Now() + absl::Seconds(60);
+  auto store = reshard::net::TcpStore::Connect("127.0.0.1", port, token, setup_deadline);
+  if (!store.ok()) {
+    std::fprintf(stderr, "rank %d: %s\n", rank, std::string(store.status().message()).c_str());
+    return 1;
+  }
+  std::vector<Handle> handles;
+  for (const Case& c : cases) {
+    auto spec = reshard::plan::ParseSpecJson(c.spec);
+    if (!spec.ok()) return 2;
+    auto plan = reshard::plan::BuildPlan(std::make_shared<const reshard::plan::RefitSpec>(*spec));
+    if (!plan.ok()) return 2;
+    Handle h{*std::move(plan), {}, nullptr};
+    std::vector<LocalBuffer> buffers;
+    for (int64_t bytes : h.plan.BufferBytes(rank)) {
+      const size_t rounded = (static_cast<size_t>(bytes) + 4095) / 4096 * 4096;
+      auto* p = bytes > 0 ? static_cast<uint8_t*>(std::aligned_alloc(4096, rounded)) : nullptr;
+      if (p != nullptr) std::memset(p, 0xA5, rounded);
+      h.memory.emplace_back(p, &std::free);
+      buffers.push_back(LocalBuffer{p, bytes, MemoryKind::kHost});
+    }
+    const reshard::plan::RefitSpec& s = h.plan.spec();
+    for (size_t t = 0; t < s.tensors.size(); ++t) {
+      uint8_t* src = h.memory[h.plan.buffer_of(t, reshard::plan::Side::kSrc)].get();
+      reshard::plan::ForEachTile(s, t, reshard::plan::Side::kSrc,
+                                 [&](int32_t r, const reshard::plan::Box& box) {
+                                   if (r == rank) {
+                                     reshard::plan::FillTile(s, t, reshard::plan::Side::kSrc, box,
+                                                             1, src);
+                                   }
+                                 });
+    }
+    RefitEngineOptions options;
+    options.key_prefix = c.prefix;
+    options.setup_timeout = absl::Seconds(300);  // Filling 128 MiB per rank on a busy machine.
+    if (flags.batch >= 0) options.signal_batch_bytes = flags.batch;
+    if (flags.outstanding > 0) options.max_outstanding_puts = flags.outstanding;
+    auto engine = RefitEngine::Create(h.plan, rank, **store, buffers, options);
+    if (!engine.ok()) {
+      std::fprintf(stderr, "rank %d: %s\n", rank, std::string(engine.status().message()).c_str());
+      return 1;
+    }
+    h.engine = *std::move(engine);
+    handles.push_back(std::move(h));
+  }
+  // Interleave the cases iteration by iteration so both see the same machine state.
+  std::vector<std::vector<double>> ms(cases.size());
+  for (int i = 0; i < flags.iters + 1; ++i) {  // Iteration 0 warms up (wireup, page faults).
+    for (size_t c = 0; c < cases.size(); ++c) {
+      const std::string barrier = absl::StrCat("bench/barrier/", i, "/", c, "/");
+      (void)(*store)->Set(absl::StrCat(barrier, rank), "1");
+      for (int r = 0; r < 4; ++r) {
+        if (!(*store)->Get(absl::StrCat(barrier, r), absl::Now() + absl::Seconds(300)).ok()) return 1;
+      }
+      RefitEngine& e = *handles[c].engine;
+      const absl::Time start = absl::Now();
+      absl::Status st = e.Start(static_cast<uint64_t>(i) + 1);
+      if (st.ok()) st = e.Wait(absl::Now() + absl::Seconds(60));
+      if (!st.ok()) {
+        std::fprintf(stderr, "rank %d: %s\n", rank, std::string(st.message()).c_str());
+        return 1;
+      }
+      if (i > 0) ms[c].push_back(absl::ToDoubleMilliseconds(absl::Now() - start));
+    }
+  }
+  // Check the last refit of each case landed correctly (destinations).
+  for (size_t c = 0; c < cases.size(); ++c) {
+    const Handle& h = handles[c];
+    const reshard::plan::RefitSpec& s = h.plan.spec();
+    for (size_t t = 0; t < s.tensors.size(); ++t) {
+      const uint8_t* dst = h.memory[h.plan.buffer_of(t, reshard::plan::Side::kDst)].get();
+      absl::Status st;
+      reshard::plan::ForEachTile(s, t, reshard::plan::Side::kDst,
+                                 [&](int32_t r, const reshard::plan::Box& box) {
+                                   if (r == rank && st.ok()) {
+                                     st = reshard::plan::VerifyTile(s, t, box, 1, rank, dst);
+                                   }
+                                 });
+      if (!st.ok()) {
+        std::fprintf(stderr, "rank %d: %s\n", rank, std::string(st.message()).c_str());
+        return 1;
+      }
+    }
+  }
+  for (size_t c = 0; c < cases.size(); ++c) {
+    std::vector<std::string> parts;
+    for (double v : ms[c]) parts.push_back(absl::StrCat(v));
+    (void)(*store)->Set(absl::StrCat("bench/result/", c, "/", rank), absl::StrJoin(parts, ","));
+  }
+  if (rank == 0) {
+    std::fprintf(stderr, "transports: %s, delivery: %s\n", handles[0].engine->Transports().c_str(),
+                 handles[0].engine->delivery());
+  }
+  for (Handle& h : handles) (void)h.engine->Shutdown(absl::Now() + absl::Seconds(10));
+  return 0;
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Flags flags;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto next = [&]() -> std::string { return i + 1 < argc ? argv[++i] : ""; };
+    int64_t v = 0;
+    if (a == "--iters" && absl::SimpleAtoi(next(), &v)) {
+      flags.iters = static_cast<int>(v);
+    } else if (a == "--rows" && absl::SimpleAtoi(next(), &v)) {
+      flags.rows = v;
+    } else if (a == "--cols" && absl::SimpleAtoi(next(), &v)) {
+      flags.cols = v;
+    } else if (a == "--tls") {
+      flags.tls = next();
+    } else if (a == "--batch" && absl::SimpleAtoi(next(), &v)) {
+      flags.batch = v;
+    } else if (a == "--outstanding" && absl::SimpleAtoi(next(), &v)) {
+      flags.outstanding = static_cast<int>(v);
+    } else if (a == "--delivery") {
+      flags.delivery = next();
+    } else {
+      std::fprintf(stderr,
+                   "usage: put_bench [--iters N] [--rows R] [--cols C] [--tls UCX_TLS] "
+                   "[--batch BYTES] [--outstanding N] [--delivery put|am]\n");
+      return a == "--help" ? 0 : 2;
+    }
+  }
+  if (flags.rows % 4 != 0 || flags.cols % 2 != 0) {
+    std::fprintf(stderr, "put_bench: --rows must be a multiple of 4 and --cols even\n");
+    return 2;
+  }
+  const std::vector<Case> cases = {{"strided refit (rows -> cols)", StridedSpec(flags), "bench/strided"},
+                                   {"contiguous puts", ContiguousSpec(flags), "bench/contiguous"}};
+  std::random_device rd;
+  const std::string token = absl::StrCat("bench", rd());
+  auto server = reshard::net::TcpStoreServer::Start("127.0.0.1", 0, token);
+  if (!server.ok()) {
+    std::fprintf(stderr, "put_bench: %s\n", std::string(server.status().message()).c_str());
+    return 1;
+  }
+  std::vector<pid_t> pids;
+  for (int r = 0; r < 4; ++r) {
+    const pid_t pid = fork();
+    if (pid == 0) _exit(Child(r, flags, cases, (*server)->port(), token));
+    pids.push_back(pid);
+  }
+  bool ok = true;
+  for (pid_t pid : pids) {
+    int status = 0;
+    waitpid(pid, &status, 0);
+    ok = ok && WIFEXITED(status) && WEXITSTATUS(status) == 0;
+  }
+  if (!ok) {
+    std::fprintf(stderr, "put_bench: a rank failed\n");
+    return 1;
+  }
+  auto client = reshard::net::TcpStore::Connect("127.0.0.1", (*server)->port(), token,
+                                                absl::Now() + absl::Seconds(10));
+  if (!client.ok()) return 1;
+  const double bytes = static_cast<double>(flags.rows) * flags.cols * 2;
+  std::printf("put_bench: %lld x %lld bf16 (%.0f MiB), 2 sources -> 2 destinations, UCX_TLS=%s, "
+              "%d iterations\n",
+              static_cast<long long>(flags.rows), static_cast<long long>(flags.cols),
+              bytes / (1 << 20), flags.tls.c_str(), flags.iters);
+  std::vector<double> medians;
+  for (size_t c = 0; c < cases.size(); ++c) {
+    std::vector<double> slowest(flags.iters, 0);
+    for (int r = 0; r < 4; ++r) {
+      auto v = (*client)->Get(absl::StrCat("bench/result/", c, "/", r), absl::Now());
+      if (!v.ok()) return 1;
+      int i = 0;
+      for (absl::string_view part : absl::StrSplit(*v, ',', absl::SkipEmpty())) {
+        double x = 0;
+        if (absl::SimpleAtod(part, &x) && i < flags.iters) slowest[i] = std::max(slowest[i], x);
+        ++i;
+      }
+    }
+    const double med = Median(slowest);
+    medians.push_back(med);
+    std::printf("  %-30s median %8.2f ms  (%6.2f GB/s aggregate)  min %.2f  max %.2f\n",
+                cases[c].name.c_str(), med, bytes / (med * 1e6),
+                *std::min_element(slowest.begin(), slowest.end()),
+                *std::max_element(slowest.begin(), slowest.end()));
+  }
+  std::printf("  ratio strided / contiguous: %.3f (target <= 1.3)\n", medians[0] / medians[1]);
+  return 0;
+}
