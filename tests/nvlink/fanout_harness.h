@@ -77,6 +77,8 @@ struct RankOptions {
   // Exit (SIGKILL) right after Create() instead of refitting: a peer that dies.
   bool die_after_create = false;
   absl::Duration wait_timeout = absl::Seconds(20);
+  // Sleep before entering each epoch (a slow rank, still busy with the previous refit).
+  absl::Duration start_delay = absl::ZeroDuration();
 };
 
 // What a rank reports to the parent (one line per figure, key=value).
@@ -176,6 +178,7 @@ inline absl::Status RunRank(const plan::Plan& plan, int32_t rank, const std::str
       std::vector<uint8_t> poison(buffers[b].bytes, kPoison);
       mem.copy_in(buffers[b].ptr, poison.data(), buffers[b].bytes);
     }
+    absl::SleepFor(opt.start_delay);
     if (absl::Status s = fanout.Start(epoch); !s.ok()) return s;
     std::shuffle(landings.begin(), landings.end(), rng);
     std::set<uint32_t> seen;

@@ -123,6 +123,36 @@ INSTANTIATE_TEST_SUITE_P(Memory, HostFanoutTest,
                                                                 : std::string("ProcessVmWritev");
                          });
 
+// A receiver that got everything it needed may finish and exit while its sender still waits for
+// a slower receiver's grant: that is not a lost peer.
+TEST(HostFanoutFailure, FinishedPeerMayExitWhileOthersLag) {
+  auto plan = PlanFromJson(kOneToThreeReplicas);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  const std::vector<int32_t> ranks = testing::FanoutRanks(*plan);
+  ASSERT_EQ(ranks.size(), 3u);
+  int32_t sender = -1;
+  for (const plan::Transfer& tr : plan->transfers()) {
+    if (tr.kind == plan::TransferKind::kFanout) sender = tr.from_rank;
+  }
+  std::vector<int32_t> receivers;
+  for (int32_t r : ranks) {
+    if (r != sender) receivers.push_back(r);
+  }
+  const std::string dir = MakeScratchDir();
+  auto codes = ForkRanks(ranks, [&](int32_t rank) {
+    testing::RankOptions opt;
+    opt.epochs = 2;
+    // The last receiver enters every epoch late; the other one finishes and exits first.
+    if (rank == receivers.back()) opt.start_delay = absl::Milliseconds(300);
+    absl::Status s = RunRank(*plan, rank, dir, testing::SharedHostMemory(), opt);
+    if (!s.ok()) testing::Report(dir, rank, "error=" + std::string(s.message()));
+    return s.ok() ? 0 : 1;
+  });
+  for (int32_t r : ranks) {
+    EXPECT_EQ(codes[r], 0) << "rank " << r << ": " << ReadReport(dir, r)["error"];
+  }
+}
+
 TEST(HostFanoutFailure, DyingPeerIsUnavailableBeforeDeadline) {
   auto plan = PlanFromJson(kTp4ToTp2Dp2);
   ASSERT_TRUE(plan.ok()) << plan.status();
