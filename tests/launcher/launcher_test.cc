@@ -267,7 +267,19 @@ TEST_F(NetnsLauncherTest, EveryRankHasItsOwnNamespaceAndReachesTheStore) {
   EXPECT_TRUE(NoNamespaceWithPrefix(prefix));
 }
 
+// Names of the links in the root namespace.
+std::string RootLinks() {
+  std::string out;
+  FILE* f = popen("ip -o link show | awk -F': ' '{print $2}' | sort", "r");
+  if (!f) return out;
+  char buf[512];
+  while (fgets(buf, sizeof(buf), f)) out += buf;
+  pclose(f);
+  return out;
+}
+
 TEST_F(NetnsLauncherTest, RateIsAppliedInBothDirectionsAndEverythingIsRemoved) {
+  const std::string root_links = RootLinks();
   LaunchOptions o = ProbeOptions(2, {"--hang"});
   o.mode = Mode::kNetns;
   o.rate = "200mbit";
@@ -275,6 +287,7 @@ TEST_F(NetnsLauncherTest, RateIsAppliedInBothDirectionsAndEverythingIsRemoved) {
   auto launch = Launch::Start(o);
   ASSERT_TRUE(launch.ok()) << launch.status();
   const std::string prefix = (*launch)->name_prefix();
+  EXPECT_EQ(RootLinks(), root_links) << "the launch configured links in the root namespace";
   for (int r = 0; r < 2; ++r) {
     std::string out = Tc({"-n", (*launch)->namespace_of(r), "qdisc", "show", "dev", "veth0"});
     EXPECT_TRUE(absl::StrContains(out, "tbf")) << out;
@@ -287,6 +300,8 @@ TEST_F(NetnsLauncherTest, RateIsAppliedInBothDirectionsAndEverythingIsRemoved) {
   ASSERT_TRUE(result.ok());
   EXPECT_EQ(result->first_failed_rank, 0);
   EXPECT_TRUE(NoNamespaceWithPrefix(prefix));
+  // Every link lived inside the launch's namespaces; the root namespace never changed.
+  EXPECT_EQ(RootLinks(), root_links);
 }
 
 TEST_F(NetnsLauncherTest, DestroyingALaunchRemovesItsNamespaces) {
