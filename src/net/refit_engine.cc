@@ -1103,7 +1103,18 @@ void RefitEngine::Impl::OnData(const DataHeader& h, const void* data, size_t len
                                           " outside transfer ", ti)));
     return;
   }
-  if (length > 0) std::memcpy(reg_addr_[to_buf] + h.to_offset, data, length);
+  if (length > 0) {
+    if (buffers_[to_buf].kind == MemoryKind::kCuda && staging_[to_buf] == nullptr) {
+      // Device memory registered directly (CUDA-enabled UCX).
+      absl::Status st = CudaCopy(reg_addr_[to_buf] + h.to_offset, data, length);
+      if (!st.ok()) {
+        Fail(st);
+        return;
+      }
+    } else {
+      std::memcpy(reg_addr_[to_buf] + h.to_offset, data, length);
+    }
+  }
   landed_bytes_[ti] += static_cast<int64_t>(length);
   if (landed_bytes_[ti] == region_bytes) MarkLanded(ti);
 }
