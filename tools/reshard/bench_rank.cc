@@ -16,6 +16,7 @@
 // are per rank, from before the mode's first Start to the end of its last Wait. Destinations are
 // poisoned before and verified after each mode (first and last iteration by default).
 // Prints one line of JSON: {"rank":R,"ok":true,"ms":{"ours":[...],...},"bytes_sent":{...},
+// "bytes_fanout":{...},
 // "transports":"...","error":""}. Exit 0 ok, 1 failure, 2 bad input.
 #include <algorithm>
 #include <cstdio>
@@ -200,7 +201,7 @@ int main(int argc, char** argv) {
   for (size_t t = 0; t < spec->tensors().size(); ++t) tensor_index[spec->tensors()[t].name] = t;
 
   std::map<std::string, std::vector<double>> ms;
-  std::map<std::string, int64_t> bytes_sent;
+  std::map<std::string, int64_t> bytes_sent, bytes_fanout;
   std::string transports;
   const absl::Duration timeout = absl::Seconds(120);
   for (int iter = 0; iter < iters; ++iter) {
@@ -226,15 +227,17 @@ int main(int argc, char** argv) {
       st = handles["barrier"][0].Execute(timeout);
       if (!st.ok()) return Fail(rank, "barrier: " + st.ToString(), 1);
       const absl::Time t0 = absl::Now();
-      int64_t sent = 0;
+      int64_t sent = 0, fanned = 0;
       for (reshard::RefitHandle& h : handles[mode]) {
         st = h.Execute(absl::Now() + timeout);
         if (!st.ok()) return Fail(rank, mode + ": " + st.ToString(), 1);
         sent += h.stats().bytes_network_sent;
+        fanned += h.stats().bytes_fanout_sent;
         if (mode == "ours" && transports.empty()) transports = h.stats().transports;
       }
       ms[mode].push_back(absl::ToDoubleMilliseconds(absl::Now() - t0));
       bytes_sent[mode] = sent;
+      bytes_fanout[mode] = fanned;
       if (!check) continue;
       for (const reshard::LocalTile& tile : *dst_tiles) {
         const uint8_t* base = buffers.Get(reshard::Side::kDestination, tile.buffer);
@@ -265,6 +268,12 @@ int main(int argc, char** argv) {
   out += "},\"bytes_sent\":{";
   first = true;
   for (const auto& [mode, b] : bytes_sent) {
+    out += (first ? "" : ",") + Quote(mode) + ":" + std::to_string(b);
+    first = false;
+  }
+  out += "},\"bytes_fanout\":{";
+  first = true;
+  for (const auto& [mode, b] : bytes_fanout) {
     out += (first ? "" : ",") + Quote(mode) + ":" + std::to_string(b);
     first = false;
   }

@@ -270,7 +270,7 @@ int BenchCommand(int argc, char** argv) {
   // Per mode: per iteration, the slowest rank.
   const std::vector<std::string> modes = {"ours", "naive", "gather_broadcast"};
   std::map<std::string, std::vector<double>> slowest;
-  std::map<std::string, int64_t> bytes_network;
+  std::map<std::string, int64_t> bytes_network, bytes_fanout;
   std::string transports, error;
   for (const launcher::RankResult& r : launched->ranks) {
     auto doc = json::Parse(r.json_line.empty() ? "{}" : r.json_line);
@@ -293,6 +293,9 @@ int BenchCommand(int argc, char** argv) {
       }
       const json::Value* b = doc->Find("bytes_sent") ? doc->Find("bytes_sent")->Find(mode) : nullptr;
       if (b != nullptr) bytes_network[mode] += b->as_int();
+      const json::Value* f =
+          doc->Find("bytes_fanout") ? doc->Find("bytes_fanout")->Find(mode) : nullptr;
+      if (f != nullptr) bytes_fanout[mode] += f->as_int();
     }
     if (r.rank == 0 || transports.empty()) {
       const json::Value* t = doc->Find("transports");
@@ -359,7 +362,9 @@ int BenchCommand(int argc, char** argv) {
         ",\"naive_p2p_over_ours\":", Num(ratio(naive)), ",\"mpi_over_ours\":", Num(ratio(mpi_ms)),
         ",\"mpi_note\":", json::Quote(mpi_note), ",\"bytes_network\":{\"ours\":",
         bytes_network["ours"], ",\"naive_p2p\":", bytes_network["naive"],
-        ",\"gather_broadcast\":", bytes_network["gather_broadcast"], "},\"transports\":",
+        ",\"gather_broadcast\":", bytes_network["gather_broadcast"], "},\"bytes_fanout\":{\"ours\":",
+        bytes_fanout["ours"], ",\"naive_p2p\":", bytes_fanout["naive"],
+        ",\"gather_broadcast\":", bytes_fanout["gather_broadcast"], "},\"transports\":",
         json::Quote(transports), ",\"iter_ms\":{");
     bool first = true;
     for (const std::string& mode : modes) {
@@ -380,20 +385,21 @@ int BenchCommand(int argc, char** argv) {
               world, net.c_str(), static_cast<long long>(*iters),
               FormatBytes(static_cast<double>(total_bytes)).c_str(),
               FormatBytes(static_cast<double>(max_rank_bytes)).c_str());
-  Table table({"mode", "median", "min", "max", "bytes put", "vs ours"});
+  Table table({"mode", "median", "min", "max", "network", "fan-out", "vs ours"});
   auto row = [&](const std::string& name, const std::string& key) {
     const auto& v = slowest[key];
     table.AddRow({name, FormatSeconds(Median(v) / 1e3),
                   FormatSeconds(*std::min_element(v.begin(), v.end()) / 1e3),
                   FormatSeconds(*std::max_element(v.begin(), v.end()) / 1e3),
                   FormatBytes(static_cast<double>(bytes_network[key])),
+                  FormatBytes(static_cast<double>(bytes_fanout[key])),
                   absl::StrFormat("%.2fx", Median(v) / ours)});
   };
   row("ours", "ours");
   row("naive p2p", "naive");
   row("gather-broadcast", "gather_broadcast");
   if (mpi_ms) {
-    table.AddRow({"MPI_Alltoallw", FormatSeconds(*mpi_ms / 1e3), "", "", "",
+    table.AddRow({"MPI_Alltoallw", FormatSeconds(*mpi_ms / 1e3), "", "", "", "",
                   absl::StrFormat("%.2fx", *mpi_ms / ours)});
   }
   std::printf("%s", table.Render().c_str());
