@@ -49,37 +49,40 @@ LowerBound ComputeLowerBound(const RefitSpec& spec, const DomainMap& domains) {
     const TensorSpec& ts = spec.tensors[t];
     const int64_t elem = DTypeSize(ts.dtype);
     TileGrid src(ts.src, ts.shape), dst(ts.dst, ts.shape);
-    ForEachPiece(src, dst, [&](const TileGrid::Cell& dcell, const Box&, const TileGrid::Cell& scell,
-                               const Box&, const Box& piece) {
-      const int64_t bytes = piece.NumElements() * elem;
-      holders.clear();
-      src_domains.clear();
-      for (int64_t j = 0; j < src.num_replicas(); ++j) {
-        const int32_t h = src.Holder(scell, j);
-        holders.push_back(h);
-        src_domains.push_back(domains.domain_of(h));
-      }
-      dst_domains.clear();
-      for (int64_t j = 0; j < dst.num_replicas(); ++j) {
-        const int32_t r = dst.Holder(dcell, j);
-        const int32_t d = domains.domain_of(r);
-        if (!Contains(holders, r)) need_sum[d] += bytes;
-        if (!Contains(src_domains, d) && !Contains(dst_domains, d)) dst_domains.push_back(d);
-      }
-      for (int32_t d : dst_domains) {
-        ingest[d] += bytes;
-        lb.network_bytes += bytes;
-      }
-      if (!dst_domains.empty()) {
-        std::sort(holders.begin(), holders.end());
-        egress[holders] += bytes;
-      }
-    });
+    ForEachPiece(src, dst,
+                 [&](const TileGrid::Cell& dcell, const Box&, const TileGrid::Cell& scell,
+                     const Box&, const Box& piece) {
+                   const int64_t bytes = piece.NumElements() * elem;
+                   holders.clear();
+                   src_domains.clear();
+                   for (int64_t j = 0; j < src.num_replicas(); ++j) {
+                     const int32_t h = src.Holder(scell, j);
+                     holders.push_back(h);
+                     src_domains.push_back(domains.domain_of(h));
+                   }
+                   dst_domains.clear();
+                   for (int64_t j = 0; j < dst.num_replicas(); ++j) {
+                     const int32_t r = dst.Holder(dcell, j);
+                     const int32_t d = domains.domain_of(r);
+                     if (!Contains(holders, r)) need_sum[d] += bytes;
+                     if (!Contains(src_domains, d) && !Contains(dst_domains, d))
+                       dst_domains.push_back(d);
+                   }
+                   for (int32_t d : dst_domains) {
+                     ingest[d] += bytes;
+                     lb.network_bytes += bytes;
+                   }
+                   if (!dst_domains.empty()) {
+                     std::sort(holders.begin(), holders.end());
+                     egress[holders] += bytes;
+                   }
+                 });
   }
   for (int32_t d = 0; d < nd; ++d) {
     const int64_t n = static_cast<int64_t>(domains.ranks(d).size());
     lb.domain_ingest_bytes = std::max(lb.domain_ingest_bytes, CeilDiv64(ingest[d], n));
-    lb.nvlink_bytes = std::max(lb.nvlink_bytes, CeilDiv64(std::max<int64_t>(0, need_sum[d] - ingest[d]), n));
+    lb.nvlink_bytes =
+        std::max(lb.nvlink_bytes, CeilDiv64(std::max<int64_t>(0, need_sum[d] - ingest[d]), n));
   }
   // Bytes whose every replica lies in a rank group G must leave G at least once: for every
   // candidate group (each replica set, each source mesh, the source ranks of each domain),
@@ -142,35 +145,38 @@ DomainScheduler::DomainScheduler(const RefitSpec& spec, const DomainMap& domains
     const TensorSpec& ts = spec.tensors[t];
     const int64_t elem = DTypeSize(ts.dtype);
     TileGrid src(ts.src, ts.shape), dst(ts.dst, ts.shape);
-    ForEachPiece(src, dst, [&](const TileGrid::Cell& dcell, const Box&, const TileGrid::Cell& scell,
-                               const Box&, const Box& piece) {
-      const double bytes = static_cast<double>(piece.NumElements() * elem);
-      src_domains.clear();
-      for (int64_t j = 0; j < src.num_replicas(); ++j) {
-        src_domains.push_back(domains.domain_of(src.Holder(scell, j)));
-      }
-      dst_by_domain.clear();
-      for (int64_t j = 0; j < dst.num_replicas(); ++j) {
-        const int32_t r = dst.Holder(dcell, j);
-        dst_by_domain.push_back({domains.domain_of(r), r});
-      }
-      std::sort(dst_by_domain.begin(), dst_by_domain.end());
-      bool network = false;
-      for (size_t i = 0; i < dst_by_domain.size();) {
-        size_t j = i;
-        while (j < dst_by_domain.size() && dst_by_domain[j].first == dst_by_domain[i].first) ++j;
-        if (!Contains(src_domains, dst_by_domain[i].first)) {
-          network = true;
-          for (size_t k = i; k < j; ++k) pending_[dst_by_domain[k].second] += bytes / (j - i);
-        }
-        i = j;
-      }
-      if (network) {
-        for (int64_t j = 0; j < src.num_replicas(); ++j) {
-          owed_[src.Holder(scell, j)] += bytes / src.num_replicas();
-        }
-      }
-    });
+    ForEachPiece(
+        src, dst,
+        [&](const TileGrid::Cell& dcell, const Box&, const TileGrid::Cell& scell, const Box&,
+            const Box& piece) {
+          const double bytes = static_cast<double>(piece.NumElements() * elem);
+          src_domains.clear();
+          for (int64_t j = 0; j < src.num_replicas(); ++j) {
+            src_domains.push_back(domains.domain_of(src.Holder(scell, j)));
+          }
+          dst_by_domain.clear();
+          for (int64_t j = 0; j < dst.num_replicas(); ++j) {
+            const int32_t r = dst.Holder(dcell, j);
+            dst_by_domain.push_back({domains.domain_of(r), r});
+          }
+          std::sort(dst_by_domain.begin(), dst_by_domain.end());
+          bool network = false;
+          for (size_t i = 0; i < dst_by_domain.size();) {
+            size_t j = i;
+            while (j < dst_by_domain.size() && dst_by_domain[j].first == dst_by_domain[i].first)
+              ++j;
+            if (!Contains(src_domains, dst_by_domain[i].first)) {
+              network = true;
+              for (size_t k = i; k < j; ++k) pending_[dst_by_domain[k].second] += bytes / (j - i);
+            }
+            i = j;
+          }
+          if (network) {
+            for (int64_t j = 0; j < src.num_replicas(); ++j) {
+              owed_[src.Holder(scell, j)] += bytes / src.num_replicas();
+            }
+          }
+        });
   }
 }
 
@@ -209,14 +215,14 @@ void DomainScheduler::SchedulePiece(uint32_t tensor, int elem, const Box& piece,
       while (j < dst_by_domain_.size() && dst_by_domain_[j].first == dst_by_domain_[i].first) ++j;
       const int32_t d = dst_by_domain_[i].first;
       if (!Contains(src_domains_, d)) {
-        const int64_t candidates = options_.staging
-                                       ? static_cast<int64_t>(domains_.ranks(d).size())
-                                       : static_cast<int64_t>(j - i);
+        const int64_t candidates = options_.staging ? static_cast<int64_t>(domains_.ranks(d).size())
+                                                    : static_cast<int64_t>(j - i);
         widest = std::max(widest, candidates);
       }
       i = j;
     }
-    parts = std::min<int64_t>({widest, bytes / std::max<int64_t>(1, options_.split_part_bytes), 64});
+    parts =
+        std::min<int64_t>({widest, bytes / std::max<int64_t>(1, options_.split_part_bytes), 64});
   }
   int split_dim = -1;
   if (parts > 1) {
@@ -226,8 +232,10 @@ void DomainScheduler::SchedulePiece(uint32_t tensor, int elem, const Box& piece,
         break;
       }
     }
-    if (split_dim < 0) parts = 1;
-    else parts = std::min(parts, piece.extent(split_dim));
+    if (split_dim < 0)
+      parts = 1;
+    else
+      parts = std::min(parts, piece.extent(split_dim));
   }
   if (parts <= 1) {
     SchedulePart(tensor, elem, piece, src, dst, src_holders, sink);
@@ -365,7 +373,8 @@ void DomainScheduler::SchedulePart(uint32_t tensor, int elem, const Box& part,
           best = &e;
         }
       }
-      if (best != nullptr && (out_[best->rank] + bytes <= target_ || out_[best->rank] < out_[source])) {
+      if (best != nullptr &&
+          (out_[best->rank] + bytes <= target_ || out_[best->rank] < out_[source])) {
         sender = *best;
         after = best->transfer;
       }

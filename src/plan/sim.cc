@@ -142,8 +142,8 @@ class Simulator {
     // Groups: arrivals at (rank, stage).
     absl::flat_hash_map<uint64_t, int32_t> group_ids;
     auto group = [&](int32_t rank, int32_t stage) {
-      const uint64_t key = (static_cast<uint64_t>(static_cast<uint32_t>(rank)) << 32) |
-                           static_cast<uint32_t>(stage);
+      const uint64_t key =
+          (static_cast<uint64_t>(static_cast<uint32_t>(rank)) << 32) | static_cast<uint32_t>(stage);
       auto [it, inserted] = group_ids.try_emplace(key, static_cast<int32_t>(group_total_.size()));
       if (inserted) group_total_.push_back(0);
       return it->second;

@@ -43,7 +43,8 @@ struct Flow {
 // of different gather ranks enter and leave domains at different ranks. Every destination rank
 // receives whole tensors and keeps its slice. All gather ranks run concurrently (a bandwidth-only
 // model, favourable to the baseline).
-[[nodiscard]] std::vector<Flow> GatherBroadcastFlows(const RefitSpec& spec, const DomainMap& domains);
+[[nodiscard]] std::vector<Flow> GatherBroadcastFlows(const RefitSpec& spec,
+                                                     const DomainMap& domains);
 // The same flows, one list per gather rank (ascending), for a model where pipeline stages take
 // turns (one broadcast collective at a time): simulate each list alone and add the times.
 [[nodiscard]] std::vector<std::vector<Flow>> GatherBroadcastStages(const RefitSpec& spec,
@@ -57,7 +58,7 @@ struct SimResult {
   double seconds = 0;
   int64_t network_bytes = 0;
   int64_t nvlink_bytes = 0;
-  int64_t max_nic_bytes = 0;  // Most bytes through one NIC direction.
+  int64_t max_nic_bytes = 0;             // Most bytes through one NIC direction.
   std::vector<int64_t> nic_in, nic_out;  // Per rank.
   int64_t flows = 0;
   int64_t events = 0;

@@ -3,13 +3,13 @@
 // staging keep plans correct, and the point-to-point baseline stays available.
 #include "src/plan/schedule.h"
 
+#include <gtest/gtest.h>
+
 #include <cstring>
 #include <map>
 #include <memory>
 #include <random>
 #include <string>
-
-#include <gtest/gtest.h>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -53,7 +53,8 @@ TEST(ScheduleTest, Fig3CrossesTheNetworkOncePerDomainAndFansOut) {
       ASSERT_GE(tr.after, 0);
       const Transfer& parent = ours.transfers()[tr.after];
       EXPECT_EQ(parent.to_rank, tr.from_rank);
-      EXPECT_EQ(ours.spec().topology.DomainOf(tr.from_rank), ours.spec().topology.DomainOf(tr.to_rank));
+      EXPECT_EQ(ours.spec().topology.DomainOf(tr.from_rank),
+                ours.spec().topology.DomainOf(tr.to_rank));
     }
   }
   EXPECT_EQ(network, 4);
@@ -195,7 +196,8 @@ void CheckOncePerDomain(const Plan& plan) {
       ForEachElement(ts.dst, ts.shape, box, [&](int64_t off, int64_t g) {
         needed[domains.domain_of(rank)].insert(g);
         EXPECT_EQ(buf[rank][id][off], g) << ts.name << " rank " << rank;
-        EXPECT_EQ((writes[{static_cast<uint32_t>(t), rank, off}]), 1) << ts.name << " rank " << rank;
+        EXPECT_EQ((writes[{static_cast<uint32_t>(t), rank, off}]), 1)
+            << ts.name << " rank " << rank;
       });
     });
     for (int32_t d = 0; d < domains.num_domains(); ++d) {
@@ -208,8 +210,8 @@ void CheckOncePerDomain(const Plan& plan) {
     for (const auto& [key, count] : arrivals) {
       const auto& [tensor, d, g] = key;
       if (tensor != t) continue;
-      EXPECT_TRUE(needed[d].count(g)) << "domain " << d << " receives element " << g
-                                      << " of " << ts.name << " that none of its ranks needs";
+      EXPECT_TRUE(needed[d].count(g)) << "domain " << d << " receives element " << g << " of "
+                                      << ts.name << " that none of its ranks needs";
     }
   }
   // Writes only land on ranks that hold the destination tile (fan-out reaches exactly them).
@@ -270,11 +272,13 @@ TEST(ScheduleTest, DomainsHoldingASourceReplicaCopyInsideTheDomain) {
 // (Deliberately tight: 18 NICs must emit 8 x 16 KiB against a bound of 8 KiB each.)
 TEST(ScheduleTest, RelaysRelieveASingleSourceNic) {
   std::string dst_mesh;
-  for (int d = 0; d < 8; ++d) absl::StrAppend(&dst_mesh, d ? ", " : "", "[", 2 + 2 * d, ", ", 3 + 2 * d, "]");
+  for (int d = 0; d < 8; ++d)
+    absl::StrAppend(&dst_mesh, d ? ", " : "", "[", 2 + 2 * d, ", ", 3 + 2 * d, "]");
   auto spec = ParseSpecJson(absl::StrCat(R"js({"topology": {"ranks_per_domain": 2}, "tensors": [
     {"name": "expert", "dtype": "i64", "shape": [32, 64],
      "src": {"mesh": [0, 1], "placements": ["S(0)"]},
-     "dst": {"mesh": [)js", dst_mesh, R"js(], "placements": ["R", "S(1)"]}}]})js"));
+     "dst": {"mesh": [)js",
+                                         dst_mesh, R"js(], "placements": ["R", "S(1)"]}}]})js"));
   ASSERT_TRUE(spec.ok()) << spec.status();
   auto shared = std::make_shared<const RefitSpec>(*std::move(spec));
   PlanOptions no_relay;
@@ -345,8 +349,8 @@ TEST(ScheduleTest, ModelLayoutsVerifyInProcess) {
     auto cluster = LoadClusterFile(root + "clusters/" + cluster_name);
     ASSERT_TRUE(cluster.ok()) << cluster.status();
     for (const auto& [train_text, infer_text] :
-         {std::pair{"tp=2,pp=2,ep=2,gpus=8", "tp=2,dp=8"}, std::pair{"pp=2,ep=4,gpus=8", "tp=4,dp=5"},
-          std::pair{"tp=2,pp=4,gpus=8", "tp=8,dp=3"}}) {
+         {std::pair{"tp=2,pp=2,ep=2,gpus=8", "tp=2,dp=8"},
+          std::pair{"pp=2,ep=4,gpus=8", "tp=4,dp=5"}, std::pair{"tp=2,pp=4,gpus=8", "tp=8,dp=3"}}) {
       SCOPED_TRACE(absl::StrCat(cluster_name, " ", train_text, " -> ", infer_text));
       auto train = ParseTrainParallelism(train_text);
       auto infer = ParseInferParallelism(infer_text);
@@ -387,11 +391,11 @@ TEST(ScheduleTest, LowerBoundOfFig3) {
   auto spec = LoadExample("fig3-tp4-to-tp2dp2.json");
   const LowerBound lb = ComputeLowerBound(*spec, DomainMap(*spec));
   const int64_t tensor = 1024 * 4096 * 2;
-  EXPECT_EQ(lb.network_bytes, tensor);              // The destination domain ingests it once.
-  EXPECT_EQ(lb.domain_ingest_bytes, tensor / 4);    // Over 4 NICs.
-  EXPECT_EQ(lb.source_egress_bytes, tensor / 4);    // Each trainer emits its quarter.
+  EXPECT_EQ(lb.network_bytes, tensor);            // The destination domain ingests it once.
+  EXPECT_EQ(lb.domain_ingest_bytes, tensor / 4);  // Over 4 NICs.
+  EXPECT_EQ(lb.source_egress_bytes, tensor / 4);  // Each trainer emits its quarter.
   EXPECT_EQ(lb.max_nic_bytes, tensor / 4);
-  EXPECT_EQ(lb.nvlink_bytes, tensor / 4);           // 2 tensors land, 1 arrives over the network.
+  EXPECT_EQ(lb.nvlink_bytes, tensor / 4);  // 2 tensors land, 1 arrives over the network.
   EXPECT_DOUBLE_EQ(lb.seconds, (tensor / 4) / 50e9);
 }
 

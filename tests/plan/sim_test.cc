@@ -2,9 +2,9 @@
 // the lower bound on real plans.
 #include "src/plan/sim.h"
 
-#include <memory>
-
 #include <gtest/gtest.h>
+
+#include <memory>
 
 #include "src/plan/cluster.h"
 #include "src/plan/executor.h"
@@ -79,19 +79,21 @@ TEST(SimTest, FanOutStreamsBehindArrivals) {
   EXPECT_GE(r.seconds, 0.2 - 1e-9);
   EXPECT_LT(r.seconds, 0.2 * 1.02);
   // A slower fan-out link is the bottleneck: 10 GB at 25 GB/s.
-  const SimResult slow = Simulate({{0, 1, 0, false, 10'000'000'000}, {1, 2, 1, true, 10'000'000'000}},
-                                  3, Topo(50, 25), Exact());
+  const SimResult slow =
+      Simulate({{0, 1, 0, false, 10'000'000'000}, {1, 2, 1, true, 10'000'000'000}}, 3, Topo(50, 25),
+               Exact());
   EXPECT_NEAR(slow.seconds, 0.4, 0.4 * 0.02);
   // A dependent flow never finishes before its data arrived.
-  const SimResult relay = Simulate({{0, 1, 0, false, 10'000'000'000}, {1, 2, 1, false, 10'000'000'000}},
-                                   3, Topo(), Exact());
+  const SimResult relay = Simulate(
+      {{0, 1, 0, false, 10'000'000'000}, {1, 2, 1, false, 10'000'000'000}}, 3, Topo(), Exact());
   EXPECT_GE(relay.seconds, 0.2 - 1e-9);
   EXPECT_LT(relay.seconds, 0.2 * 1.02);
 }
 
 TEST(SimTest, BatchingErrsOnTheSlowSideByAtMostTheBatchFraction) {
   std::vector<Flow> flows;
-  for (int i = 0; i < 40; ++i) flows.push_back({i % 4, 4 + i % 7, 0, false, 1'000'000'000LL * (1 + i)});
+  for (int i = 0; i < 40; ++i)
+    flows.push_back({i % 4, 4 + i % 7, 0, false, 1'000'000'000LL * (1 + i)});
   const SimResult exact = Simulate(flows, 11, Topo(), Exact());
   SimOptions batched;
   batched.batch_fraction = 0.01;
@@ -145,7 +147,8 @@ TEST(SimTest, Fig3OursMatchesTheLowerBound) {
   EXPECT_GE(a.seconds, lb.seconds * (1 - 1e-9));
   EXPECT_LE(a.seconds, lb.seconds * 1.02);
   // Gather-broadcast moves the whole tensor to every destination rank: far slower.
-  const SimResult gb = Simulate(GatherBroadcastFlows(*spec, domains), spec->WorldSize(), spec->topology);
+  const SimResult gb =
+      Simulate(GatherBroadcastFlows(*spec, domains), spec->WorldSize(), spec->topology);
   EXPECT_GT(gb.seconds, 2 * a.seconds);
 }
 
