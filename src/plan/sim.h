@@ -10,8 +10,9 @@
 // (chunk-level pipelining). Local copies (same rank) are free.
 //
 // Events are batched: every flow that would finish or catch up within `batch_fraction` of the
-// current time of the earliest such event completes together, which only delays flows, so the
-// result errs on the slow side by at most that fraction.
+// current time of the earliest such event completes together. That only lets links idle or
+// discards progress, so the result errs on the slow side (DeepSeek-V3 on GB200: 0.731 s batched
+// with 0.01 against 0.720 s exact, which takes minutes instead of seconds).
 #pragma once
 
 #include <cstdint>

@@ -90,7 +90,8 @@ TEST(SimTest, FanOutStreamsBehindArrivals) {
   EXPECT_LT(relay.seconds, 0.2 * 1.02);
 }
 
-TEST(SimTest, BatchingErrsOnTheSlowSideByAtMostTheBatchFraction) {
+// Batching never makes a refit look faster; here it stays within 1% of exact.
+TEST(SimTest, BatchingErrsOnTheSlowSide) {
   std::vector<Flow> flows;
   for (int i = 0; i < 40; ++i)
     flows.push_back({i % 4, 4 + i % 7, 0, false, 1'000'000'000LL * (1 + i)});

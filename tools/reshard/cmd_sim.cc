@@ -50,7 +50,7 @@ options:
   --no-relay         our schedule without relays between destination domains
   --no-staging       our schedule without staging receivers
   --batch-fraction F events closer than F x the current time are simulated together (default
-                     0.01; 0 is exact; times err on the slow side by at most F)
+                     0.01; 0 is exact but slow; batching errs on the slow side)
   --json             one JSON object: ours, gather_broadcast (pipeline stages concurrent),
                      gather_broadcast_serial (stages in turn), naive_p2p, lower_bound,
                      nic_load_factor, time_factor, timings
