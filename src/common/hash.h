@@ -39,17 +39,21 @@ inline uint64_t FillValue(uint64_t tensor_key, uint64_t global_index, uint64_t e
   return Mix64(tensor_key ^ Mix64(global_index + 0x632be59bd9b4e019ULL * (epoch + 1)));
 }
 
-// Incremental fingerprint: feed fixed-width integers in a fixed order. One Mix64 per word (plans
-// feed it tens of millions of words): for a given state and position, v -> v * odd constant is
-// a bijection, and Mix64 is one too, so a single differing word always changes the state.
+// Incremental fingerprint: feed fixed-width integers in a fixed order. Plans feed it tens of
+// millions of words, so each word costs one multiply-xorshift round and value() finishes with
+// Mix64. Every step is a bijection of the state for a given word and position (xor, odd
+// multiply, xorshift), so a single differing word always changes the value.
 class Fingerprint {
  public:
-  void Add(uint64_t v) { state_ = Mix64(state_ ^ (v * 0xd6e8feb86659fd93ULL + count_++)); }
+  void Add(uint64_t v) {
+    state_ = (state_ ^ (v + 0x9e3779b97f4a7c15ULL * ++count_)) * 0xd6e8feb86659fd93ULL;
+    state_ ^= state_ >> 32;
+  }
   void Add(std::string_view s) {
     Add(s.size());
     Add(HashString(s));
   }
-  uint64_t value() const { return state_; }
+  uint64_t value() const { return Mix64(state_); }
 
  private:
   uint64_t state_ = 0x5265736861726421ULL;  // "Reshard!"
