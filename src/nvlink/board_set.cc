@@ -42,8 +42,8 @@ absl::Status BoardSet::OpenPeer(int32_t peer, const Record& record) {
 
 absl::Status BoardSet::FinishSetup(const FanoutContext& ctx, const std::string& what,
                                    absl::Time deadline) {
-  RESHARD_RETURN_IF_ERROR(PublishRecord(*ctx.store, ctx.options.key_prefix, what, rank_,
-                                        {{"ok", "1"}}));
+  RESHARD_RETURN_IF_ERROR(
+      PublishRecord(*ctx.store, ctx.options.key_prefix, what, rank_, {{"ok", "1"}}));
   // Every peer opens this board: senders to signal it, receivers to watch this rank's liveness.
   for (int32_t p : peers_) {
     RESHARD_RETURN_IF_ERROR(

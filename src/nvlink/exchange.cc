@@ -50,8 +50,8 @@ absl::StatusOr<Record> FetchRecord(net::Store& store, const std::string& prefix,
   absl::StatusOr<std::string> text = store.Get(Key(prefix, what, peer), deadline);
   if (!text.ok()) {
     return absl::Status(text.status().code(),
-                        absl::StrFormat("fan-out set-up: waiting for rank %d's %s record: %s",
-                                        peer, what, std::string(text.status().message())));
+                        absl::StrFormat("fan-out set-up: waiting for rank %d's %s record: %s", peer,
+                                        what, std::string(text.status().message())));
   }
   return DecodeRecord(*text);
 }

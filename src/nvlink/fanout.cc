@@ -77,17 +77,17 @@ absl::Status ValidateContext(const FanoutContext& ctx) {
       }
     }
     if (e.from_rank == e.to_rank) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "tensor \"%s\": fan-out transfer %d copies rank %d into itself", name(e), e.transfer,
-          e.from_rank));
+      return absl::InvalidArgumentError(
+          absl::StrFormat("tensor \"%s\": fan-out transfer %d copies rank %d into itself", name(e),
+                          e.transfer, e.from_rank));
     }
     if (e.from_rank != ctx.rank && e.to_rank != ctx.rank) continue;
     const bool sending = e.from_rank == ctx.rank;
     const uint32_t buffer = sending ? e.from_buffer : e.to_buffer;
     if (buffer >= ctx.buffers.size() || ctx.buffers[buffer].ptr == nullptr) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "tensor \"%s\": rank %d has no buffer %d for fan-out transfer %d", name(e), ctx.rank,
-          buffer, e.transfer));
+      return absl::InvalidArgumentError(
+          absl::StrFormat("tensor \"%s\": rank %d has no buffer %d for fan-out transfer %d",
+                          name(e), ctx.rank, buffer, e.transfer));
     }
     // Every byte the region touches on this rank's side must lie inside the buffer.
     const plan::RegionDim* dims = t.dims_of(e);
@@ -123,9 +123,9 @@ absl::Status AgreeOnBackend(const FanoutContext& ctx, const std::string& mine) {
                              internal::FetchRecord(*ctx.store, prefix, "backend", p, deadline));
     RESHARD_ASSIGN_OR_RETURN(std::string theirs, internal::Field(r, "name", p));
     if (theirs != mine) {
-      return absl::FailedPreconditionError(absl::StrFormat(
-          "fan-out: rank %d chose backend %s but its domain peer rank %d chose %s", ctx.rank,
-          mine, p, theirs));
+      return absl::FailedPreconditionError(
+          absl::StrFormat("fan-out: rank %d chose backend %s but its domain peer rank %d chose %s",
+                          ctx.rank, mine, p, theirs));
     }
   }
   return absl::OkStatus();
@@ -174,9 +174,9 @@ absl::StatusOr<std::unique_ptr<Fanout>> Fanout::Create(FanoutTable table, int32_
   }
   if (chosen == nullptr) {
     if (reasons.empty()) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "fan-out backend \"%s\" is unknown (known: host, cuda_ipc, nccl, auto)",
-          options.backend));
+      return absl::InvalidArgumentError(
+          absl::StrFormat("fan-out backend \"%s\" is unknown (known: host, cuda_ipc, nccl, auto)",
+                          options.backend));
     }
     return absl::FailedPreconditionError(absl::StrFormat(
         "rank %d: no fan-out backend can run here (%s)", rank, absl::StrJoin(reasons, "; ")));
@@ -253,13 +253,13 @@ absl::Status Fanout::Start(uint64_t epoch) {
 
 absl::Status Fanout::Landed(uint32_t transfer, uint64_t epoch) {
   if (epoch != epoch_) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "fan-out on rank %d: transfer %d landed for epoch %d during epoch %d", rank_, transfer,
-        epoch, epoch_));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("fan-out on rank %d: transfer %d landed for epoch %d during epoch %d",
+                        rank_, transfer, epoch, epoch_));
   }
   if (!Handles(transfer)) network_end_ = absl::Now();
-  auto it = std::lower_bound(by_after_.begin(), by_after_.end(),
-                             std::make_pair(transfer, uint32_t{0}));
+  auto it =
+      std::lower_bound(by_after_.begin(), by_after_.end(), std::make_pair(transfer, uint32_t{0}));
   for (; it != by_after_.end() && it->first == transfer; ++it) {
     if (!forwarded_[it->second]) waiting_grant_.push_back(it->second);
   }
@@ -394,10 +394,10 @@ absl::Status Fanout::Wait(uint64_t epoch, absl::Time deadline) {
             "before the deadline (%s)",
             e.tensor < table_->tensor_names.size() ? table_->tensor_names[e.tensor] : "?", rank_,
             e.transfer, e.to_rank, epoch,
-            forwarded_[i] ? "copy in flight"
-                          : (backend_->Granted(e.to_rank, epoch)
-                                 ? "the piece never landed here"
-                                 : "the peer never granted the epoch")));
+            forwarded_[i]
+                ? "copy in flight"
+                : (backend_->Granted(e.to_rank, epoch) ? "the piece never landed here"
+                                                       : "the peer never granted the epoch")));
       }
     }
     if (++spins > 64) std::this_thread::sleep_for(std::chrono::microseconds(20));

@@ -96,13 +96,13 @@ struct FanoutOptions {
 
 // Per-epoch figures, reset by Start().
 struct FanoutStats {
-  int64_t forwards = 0;          // Fan-out copies this rank sent.
-  int64_t bytes_sent = 0;        // Bytes this rank copied into peers.
-  int64_t arrivals = 0;          // Fan-out pieces that arrived on this rank.
+  int64_t forwards = 0;    // Fan-out copies this rank sent.
+  int64_t bytes_sent = 0;  // Bytes this rank copied into peers.
+  int64_t arrivals = 0;    // Fan-out pieces that arrived on this rank.
   int64_t bytes_received = 0;
-  double busy_seconds = 0;       // Time this rank spent with a forward in flight.
-  double hidden_seconds = 0;     // Part of busy_seconds inside this rank's network stage.
-  double network_seconds = 0;    // Start() to the last network landing reported by Landed().
+  double busy_seconds = 0;     // Time this rank spent with a forward in flight.
+  double hidden_seconds = 0;   // Part of busy_seconds inside this rank's network stage.
+  double network_seconds = 0;  // Start() to the last network landing reported by Landed().
   // hidden_seconds / busy_seconds (1 when nothing was forwarded): the share of fan-out time
   // that hides under this rank's own network stage (strict: the copy of the last piece to land
   // here never counts).
@@ -213,8 +213,7 @@ class Fanout {
   const FanoutStats& stats() const { return stats_; }
 
  private:
-  Fanout(std::unique_ptr<FanoutTable> table, int32_t rank,
-         std::unique_ptr<FanoutBackend> backend);
+  Fanout(std::unique_ptr<FanoutTable> table, int32_t rank, std::unique_ptr<FanoutBackend> backend);
   absl::Status Pump(uint64_t epoch);
   void FinishStats();
 
@@ -223,10 +222,10 @@ class Fanout {
   std::unique_ptr<FanoutBackend> backend_;
   std::vector<uint32_t> incoming_, outgoing_;  // Table indices.
   // Table indices of this rank's outgoing edges per `after` transfer.
-  std::vector<std::pair<uint32_t, uint32_t>> by_after_;  // (after transfer, edge), sorted.
+  std::vector<std::pair<uint32_t, uint32_t>> by_after_;     // (after transfer, edge), sorted.
   std::vector<std::pair<uint32_t, uint32_t>> by_transfer_;  // (transfer, edge), sorted.
   uint64_t epoch_ = 0;
-  std::vector<uint32_t> waiting_grant_;  // Edges to forward once their peer granted.
+  std::vector<uint32_t> waiting_grant_;   // Edges to forward once their peer granted.
   std::vector<uint32_t> ready_arrivals_;  // Plan transfer indices not yet returned by Poll().
   std::vector<uint8_t> arrived_, forwarded_, completed_;  // Per table edge, this epoch.
   int64_t arrived_count_ = 0, completed_count_ = 0;
@@ -234,7 +233,7 @@ class Fanout {
   std::vector<std::pair<absl::Time, absl::Time>> busy_;  // Forward in flight intervals.
   absl::Time busy_since_ = absl::InfinitePast();
   bool network_done_ = false;
-  bool stats_final_ = false;  // FinishStats() ran since Done() became true.
+  bool stats_final_ = false;    // FinishStats() ran since Done() became true.
   std::vector<int32_t> peers_;  // Ranks this rank exchanges fan-out pieces with.
   int64_t in_flight_ = 0;
   FanoutStats stats_;

@@ -1,13 +1,12 @@
 #include "src/nvlink/shared_buffer.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
-#include <dirent.h>
-
 #include <cerrno>
 #include <cstring>
 #include <map>
@@ -69,8 +68,8 @@ absl::StatusOr<std::unique_ptr<SharedBuffer>> SharedBuffer::Allocate(const std::
     const int err = errno;
     close(fd);
     shm_unlink(name.c_str());
-    return absl::ResourceExhaustedError(absl::StrFormat(
-        "ftruncate(%s, %d bytes): %s", name, mapped, std::strerror(err)));
+    return absl::ResourceExhaustedError(
+        absl::StrFormat("ftruncate(%s, %d bytes): %s", name, mapped, std::strerror(err)));
   }
   void* p = mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   const int err = errno;
@@ -83,7 +82,7 @@ absl::StatusOr<std::unique_ptr<SharedBuffer>> SharedBuffer::Allocate(const std::
   {
     std::lock_guard<std::mutex> lock(RegistryMutex());
     Registry()[reinterpret_cast<uintptr_t>(p)] = {reinterpret_cast<uintptr_t>(p) + mapped, name,
-                                                 mapped};
+                                                  mapped};
   }
   return std::unique_ptr<SharedBuffer>(
       new SharedBuffer(name, static_cast<uint8_t*>(p), bytes, mapped));
@@ -131,17 +130,16 @@ absl::StatusOr<SharedMapping> SharedMapping::Open(const std::string& name, int64
     const int err = errno;
     if (err == ENOENT) {
       return absl::NotFoundError(absl::StrFormat(
-          "shared memory %s does not exist (its owner unlinked it or runs on another host)",
-          name));
+          "shared memory %s does not exist (its owner unlinked it or runs on another host)", name));
     }
     return absl::InternalError(absl::StrFormat("shm_open(%s): %s", name, std::strerror(err)));
   }
   struct stat st {};
   if (fstat(fd, &st) != 0 || st.st_size < bytes) {
     close(fd);
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "shared memory %s holds %d bytes, fewer than the %d expected", name,
-        static_cast<int64_t>(st.st_size), bytes));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("shared memory %s holds %d bytes, fewer than the %d expected", name,
+                        static_cast<int64_t>(st.st_size), bytes));
   }
   void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   const int err = errno;

@@ -39,9 +39,9 @@ class SharedBuffer {
   const std::string& name() const { return name_; }
 
   struct Location {
-    std::string name;     // shm_open name of the containing buffer.
-    int64_t offset = 0;   // Offset of the pointer inside it.
-    int64_t mapped = 0;   // Size of the whole mapping.
+    std::string name;    // shm_open name of the containing buffer.
+    int64_t offset = 0;  // Offset of the pointer inside it.
+    int64_t mapped = 0;  // Size of the whole mapping.
   };
   // The live SharedBuffer of this process containing [ptr, ptr + bytes), if any.
   static std::optional<Location> Lookup(const void* ptr, int64_t bytes);

@@ -19,8 +19,8 @@ constexpr uint64_t kBoardMagic = 0x5245534852444231ULL;  // "RESHRDB1"
 struct alignas(64) BoardHeader {
   uint64_t magic;
   uint64_t slots;
-  alignas(64) uint64_t granted;   // Accessed through std::atomic_ref.
-  alignas(64) uint64_t doorbell;  // Accessed through std::atomic_ref.
+  alignas(64) uint64_t granted;     // Accessed through std::atomic_ref.
+  alignas(64) uint64_t doorbell;    // Accessed through std::atomic_ref.
   alignas(64) uint64_t net_end_ns;  // Written before net_epoch (release).
   uint64_t net_epoch;
 };
@@ -125,14 +125,13 @@ uint64_t SignalBoard::doorbell() const {
 
 bool SignalBoard::Arrived(int64_t slot, uint64_t epoch) const {
   RESHARD_CHECK(slot >= 0 && slot < slots_);
-  return std::atomic_ref<uint64_t>(*SlotPtr(data_, slot)).load(std::memory_order_acquire) ==
-         epoch;
+  return std::atomic_ref<uint64_t>(*SlotPtr(data_, slot)).load(std::memory_order_acquire) == epoch;
 }
 
 void SignalBoard::PublishNetworkEnd(uint64_t epoch, int64_t unix_ns) {
   BoardHeader* h = Header(data_);
-  std::atomic_ref<uint64_t>(h->net_end_ns).store(static_cast<uint64_t>(unix_ns),
-                                                  std::memory_order_relaxed);
+  std::atomic_ref<uint64_t>(h->net_end_ns)
+      .store(static_cast<uint64_t>(unix_ns), std::memory_order_relaxed);
   std::atomic_ref<uint64_t>(h->net_epoch).store(epoch, std::memory_order_release);
 }
 
@@ -163,8 +162,8 @@ absl::StatusOr<PeerBoard> PeerBoard::Open(const std::string& name, int64_t slots
   if (std::atomic_ref<uint64_t>(Header(b.data_)->magic).load(std::memory_order_acquire) !=
           kBoardMagic ||
       b.slots_ < slots) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "signal board %s is not a reshard board with %d slots", name, slots));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("signal board %s is not a reshard board with %d slots", name, slots));
   }
   return b;
 }

@@ -122,8 +122,8 @@ inline absl::Status RunRank(const plan::Plan& plan, int32_t rank, const std::str
   fo.backend = opt.backend;
   fo.key_prefix = opt.prefix;
   fo.setup_timeout = absl::Seconds(20);
-  auto fanout_or = Fanout::Create(FanoutTable::FromPlan(plan, domain), rank, domain, store,
-                                  buffers, fo);
+  auto fanout_or =
+      Fanout::Create(FanoutTable::FromPlan(plan, domain), rank, domain, store, buffers, fo);
   if (!fanout_or.ok()) return fanout_or.status();
   Fanout& fanout = **fanout_or;
   Report(dir, rank, absl::StrFormat("backend=%s", fanout.backend_name()));
@@ -202,9 +202,8 @@ inline absl::Status RunRank(const plan::Plan& plan, int32_t rank, const std::str
       const plan::Region& r = plan.region(tr.region);
       const uint8_t* from = sources[tr.from_rank][plan.buffer_of(tr.tensor, tr.from_side)].data();
       uint8_t* to = static_cast<uint8_t*>(buffers[plan.buffer_of(tr.tensor, tr.to_side)].ptr);
-      plan::ForEachRun(r, plan.region_dims(r), [&](int64_t f, int64_t o, int64_t n) {
-        mem.copy_in(to + o, from + f, n);
-      });
+      plan::ForEachRun(r, plan.region_dims(r),
+                       [&](int64_t f, int64_t o, int64_t n) { mem.copy_in(to + o, from + f, n); });
       if (absl::Status s = fanout.Landed(t, epoch); !s.ok()) return s;
       if (absl::Status s = poll(); !s.ok()) return s;
       std::this_thread::sleep_for(std::chrono::microseconds(rng() % 300));

@@ -38,16 +38,16 @@ TEST(FanoutCapability, NamedBackendThatCannotRunSaysWhy) {
   for (const char* name : {"cuda_ipc", "nccl"}) {
     FanoutOptions o;
     o.backend = name;
-    auto f = Fanout::Create(FanoutTable::FromPlan(*plan, domain), rank, domain, **store, buffers,
-                            o);
+    auto f =
+        Fanout::Create(FanoutTable::FromPlan(*plan, domain), rank, domain, **store, buffers, o);
     ASSERT_FALSE(f.ok());
     EXPECT_EQ(f.status().code(), absl::StatusCode::kFailedPrecondition) << f.status();
     EXPECT_NE(std::string(f.status().message()).find(name), std::string::npos) << f.status();
   }
   FanoutOptions bogus;
   bogus.backend = "carrier-pigeon";
-  auto f = Fanout::Create(FanoutTable::FromPlan(*plan, domain), rank, domain, **store, buffers,
-                          bogus);
+  auto f =
+      Fanout::Create(FanoutTable::FromPlan(*plan, domain), rank, domain, **store, buffers, bogus);
   EXPECT_EQ(f.status().code(), absl::StatusCode::kInvalidArgument) << f.status();
   // A domain that leaves out a rank of an edge is a caller error.
   auto g = Fanout::Create(FanoutTable::FromPlan(*plan, domain), rank, {rank}, **store, buffers);

@@ -108,9 +108,7 @@ TEST_P(HostFanoutTest, TrainerTp4ToInferenceTp2Dp2OneDomain) {
   RunCase(kTp4ToTp2Dp2, GetParam(), 1);
 }
 
-TEST_P(HostFanoutTest, EightTrainersToTp2Dp4TwoDomains) {
-  RunCase(kEightToTp2Dp4, GetParam(), 2);
-}
+TEST_P(HostFanoutTest, EightTrainersToTp2Dp4TwoDomains) { RunCase(kEightToTp2Dp4, GetParam(), 2); }
 
 TEST_P(HostFanoutTest, OneSenderTwoReceiversAsymmetric) {
   RunCase(kOneToThreeReplicas, GetParam(), 0);

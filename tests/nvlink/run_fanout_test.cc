@@ -2,14 +2,13 @@
 // network stage and the host fan-out backend inside each domain. Byte-exact on every rank for
 // 3 refits, the network carries each piece once per domain (bytes_network equals the schedule's
 // plan), the fan-out carries the rest, nothing is registered after the first refit.
+#include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdio>
 #include <memory>
 #include <string>
-
-#include <gtest/gtest.h>
 
 #include "absl/strings/str_cat.h"
 #include "src/common/json.h"
@@ -52,9 +51,9 @@ void ExpectFanoutRun(const std::string& spec, const std::string& extra) {
   const std::string path = SpecPath(spec);
   const plan::PlanStats planned = PlannedStats(path);
   ASSERT_GT(planned.bytes_fanout, 0);
-  const RunResult r = RunCommand(absl::StrCat(RESHARD_BINARY_DIR, "/bin/reshard run ", path,
-                                       " --iters 3 --json --timeout-ms 20000 --deadline-s 120 ",
-                                       extra, " 2>/dev/null"));
+  const RunResult r = RunCommand(absl::StrCat(
+      RESHARD_BINARY_DIR, "/bin/reshard run ", path,
+      " --iters 3 --json --timeout-ms 20000 --deadline-s 120 ", extra, " 2>/dev/null"));
   ASSERT_EQ(r.exit_code, 0) << r.out;
   auto v = json::Parse(r.out);
   ASSERT_TRUE(v.ok()) << v.status() << ": " << r.out;
@@ -94,16 +93,16 @@ TEST(RunFanout, EngineFanoutPutsEverythingOverTheNetwork) {
   // network puts, so the network carries both stages.
   const std::string path = SpecPath("tp4-to-tp2dp2.json");
   const plan::PlanStats planned = PlannedStats(path);
-  const RunResult r = RunCommand(absl::StrCat(RESHARD_BINARY_DIR, "/bin/reshard run ", path,
-                                       " --iters 2 --json --fanout engine --timeout-ms 20000 "
-                                       "--deadline-s 120 2>/dev/null"));
+  const RunResult r =
+      RunCommand(absl::StrCat(RESHARD_BINARY_DIR, "/bin/reshard run ", path,
+                              " --iters 2 --json --fanout engine --timeout-ms 20000 "
+                              "--deadline-s 120 2>/dev/null"));
   ASSERT_EQ(r.exit_code, 0) << r.out;
   auto v = json::Parse(r.out);
   ASSERT_TRUE(v.ok()) << r.out;
   const json::Value* bytes = v->Find("bytes_network");
   ASSERT_TRUE(bytes != nullptr && bytes->is_number());
-  EXPECT_EQ(static_cast<int64_t>(bytes->as_double()),
-            planned.bytes_network + planned.bytes_fanout);
+  EXPECT_EQ(static_cast<int64_t>(bytes->as_double()), planned.bytes_network + planned.bytes_fanout);
 }
 
 #else  // Built as nvlink_run_fanout_netns_test (label netns).

@@ -41,9 +41,9 @@ absl::Status CudaError(cudaError_t err, const std::string& call) {
       absl::StrFormat("%s: %s (error %d)", call, cudaGetErrorString(err), static_cast<int>(err)));
 }
 
-#define RESHARD_CUDA_RETURN(call, what)                                  \
-  do {                                                                   \
-    const cudaError_t reshard_cuda_err_ = (call);                        \
+#define RESHARD_CUDA_RETURN(call, what)                                              \
+  do {                                                                               \
+    const cudaError_t reshard_cuda_err_ = (call);                                    \
     if (reshard_cuda_err_ != cudaSuccess) return CudaError(reshard_cuda_err_, what); \
   } while (0)
 
@@ -55,8 +55,8 @@ absl::StatusOr<uintptr_t> AllocationBase(const void* ptr) {
   if (fn == nullptr) {
     void* sym = nullptr;
     cudaDriverEntryPointQueryResult q{};
-    const cudaError_t err =
-        cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &sym, 12000, cudaEnableDefault, &q);
+    const cudaError_t err = cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &sym, 12000,
+                                                             cudaEnableDefault, &q);
     if (err != cudaSuccess || sym == nullptr || q != cudaDriverEntryPointSuccess) {
       return absl::FailedPreconditionError(
           "cuda_ipc: the driver offers no cuMemGetAddressRange entry point");
@@ -103,9 +103,9 @@ class CudaIpcBackend final : public FanoutBackend {
     const plan::RegionDim* dims = table_->dims_of(e);
     if (e.region.ndims == 1) {
       RESHARD_CUDA_RETURN(
-          cudaMemcpy2DAsync(dst + e.region.to_offset, dims[0].to_stride,
-                            src + e.region.from_offset, dims[0].from_stride, e.region.run_bytes,
-                            dims[0].count, cudaMemcpyDeviceToDevice, stream_),
+          cudaMemcpy2DAsync(dst + e.region.to_offset, dims[0].to_stride, src + e.region.from_offset,
+                            dims[0].from_stride, e.region.run_bytes, dims[0].count,
+                            cudaMemcpyDeviceToDevice, stream_),
           "cudaMemcpy2DAsync (fan-out)");
     } else {
       cudaError_t err = cudaSuccess;
@@ -206,8 +206,7 @@ class CudaIpcBackend final : public FanoutBackend {
                                  internal::Field(pr, absl::StrFormat("buf%d", e.to_buffer), p));
         const size_t comma = desc.find(',');
         int64_t offset = 0;
-        if (comma == std::string::npos ||
-            !absl::SimpleAtoi(desc.substr(comma + 1), &offset)) {
+        if (comma == std::string::npos || !absl::SimpleAtoi(desc.substr(comma + 1), &offset)) {
           return absl::InvalidArgumentError(absl::StrFormat(
               "cuda_ipc fan-out: rank %d published a malformed buffer \"%s\"", p, desc));
         }
@@ -255,8 +254,8 @@ class CudaIpcFactoryImpl final : public FanoutFactory {
       if (e.from_rank != ctx.rank && e.to_rank != ctx.rank) continue;
       const uint32_t b = e.from_rank == ctx.rank ? e.from_buffer : e.to_buffer;
       if (ctx.buffers[b].kind != MemoryKind::kCuda) {
-        return absl::FailedPreconditionError(absl::StrFormat(
-            "buffer %d of rank %d is host memory, not CUDA memory", b, ctx.rank));
+        return absl::FailedPreconditionError(
+            absl::StrFormat("buffer %d of rank %d is host memory, not CUDA memory", b, ctx.rank));
       }
     }
     return absl::OkStatus();
@@ -271,7 +270,8 @@ class CudaIpcFactoryImpl final : public FanoutFactory {
 #else  // !RESHARD_HAVE_CUDA
 
 int CudaDeviceCount(std::string* why) {
-  if (why) *why = "this build of reshard has no CUDA support (CUDA was not found at configure time)";
+  if (why)
+    *why = "this build of reshard has no CUDA support (CUDA was not found at configure time)";
   return 0;
 }
 

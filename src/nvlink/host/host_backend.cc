@@ -238,9 +238,8 @@ class HostBackend final : public FanoutBackend {
                              "fan-out: domain peer rank %d of rank %d exited", e.to_rank, rank_))
                        : absl::InternalError(absl::StrFormat(
                              "process_vm_writev into rank %d (tensor \"%s\"): %s", e.to_rank,
-                             table_->tensor_names.size() > e.tensor
-                                 ? table_->tensor_names[e.tensor]
-                                 : "?",
+                             table_->tensor_names.size() > e.tensor ? table_->tensor_names[e.tensor]
+                                                                    : "?",
                              std::strerror(errno)));
           break;
         }
@@ -290,9 +289,9 @@ class HostFactoryImpl final : public FanoutFactory {
       if (e.from_rank != ctx.rank && e.to_rank != ctx.rank) continue;
       const uint32_t b = e.from_rank == ctx.rank ? e.from_buffer : e.to_buffer;
       if (ctx.buffers[b].kind != MemoryKind::kHost) {
-        return absl::FailedPreconditionError(absl::StrFormat(
-            "buffer %d of rank %d is %s memory, not host memory", b, ctx.rank,
-            MemoryKindName(ctx.buffers[b].kind)));
+        return absl::FailedPreconditionError(
+            absl::StrFormat("buffer %d of rank %d is %s memory, not host memory", b, ctx.rank,
+                            MemoryKindName(ctx.buffers[b].kind)));
       }
       if (e.to_rank == ctx.rank && YamaPtraceScope() >= 3 &&
           !SharedBuffer::Lookup(ctx.buffers[b].ptr, ctx.buffers[b].bytes)) {

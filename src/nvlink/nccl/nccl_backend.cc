@@ -85,8 +85,8 @@ class NcclBackend final : public FanoutBackend {
       if (q == cudaErrorNotReady) break;
       if (q != cudaSuccess) {
         broken_ = true;
-        return absl::InternalError(absl::StrFormat("cudaEventQuery (NCCL fan-out batch): %s",
-                                                   cudaGetErrorString(q)));
+        return absl::InternalError(
+            absl::StrFormat("cudaEventQuery (NCCL fan-out batch): %s", cudaGetErrorString(q)));
       }
       const Batch& b = batches_[in_flight_.front().batch];
       completed->insert(completed->end(), b.sends.begin(), b.sends.end());
@@ -285,8 +285,8 @@ class NcclFactoryImpl final : public FanoutFactory {
       if (e.from_rank != ctx.rank && e.to_rank != ctx.rank) continue;
       const uint32_t b = e.from_rank == ctx.rank ? e.from_buffer : e.to_buffer;
       if (ctx.buffers[b].kind != MemoryKind::kCuda) {
-        return absl::FailedPreconditionError(absl::StrFormat(
-            "buffer %d of rank %d is host memory, not CUDA memory", b, ctx.rank));
+        return absl::FailedPreconditionError(
+            absl::StrFormat("buffer %d of rank %d is host memory, not CUDA memory", b, ctx.rank));
       }
     }
     return absl::OkStatus();
