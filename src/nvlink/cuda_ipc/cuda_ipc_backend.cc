@@ -101,7 +101,9 @@ class CudaIpcBackend final : public FanoutBackend {
     uint8_t* dst = peer_ptr_.at({e.to_rank, e.to_buffer});
     const uint8_t* src = static_cast<const uint8_t*>(buffers_[e.from_buffer].ptr);
     const plan::RegionDim* dims = table_->dims_of(e);
-    if (e.region.ndims == 1) {
+    // One 2-D copy for row-strided regions (pitches must cover a row), else one copy per run.
+    if (e.region.ndims == 1 && dims[0].to_stride >= e.region.run_bytes &&
+        dims[0].from_stride >= e.region.run_bytes) {
       RESHARD_CUDA_RETURN(
           cudaMemcpy2DAsync(dst + e.region.to_offset, dims[0].to_stride, src + e.region.from_offset,
                             dims[0].from_stride, e.region.run_bytes, dims[0].count,
