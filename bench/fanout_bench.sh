@@ -34,6 +34,6 @@ for spec in tp4-to-tp2dp2 eight-to-tp2dp4; do
   a=$("$reshard" run "$path" --iters "$iters" --emulate-nic "$rate" --fanout auto --json 2>/dev/null | tail -1)
   e=$("$reshard" run "$path" --iters "$iters" --emulate-nic "$rate" --fanout engine --json 2>/dev/null | tail -1)
   echo "reshard run, same plan:"
-  echo "  fan-out layer    median $(field "$a" median_ms) ms, bytes_network $(field "$a" bytes_network), bytes_fanout $(field "$a" bytes_fanout), hidden under network $(field "$a" fanout_hidden_fraction), lower bound $(field "$a" lower_bound_ms) ms"
+  echo "  fan-out layer    median $(field "$a" median_ms) ms, bytes_network $(field "$a" bytes_network), bytes_fanout $(field "$a" bytes_fanout), hidden under the domain's network stage $(field "$a" fanout_domain_hidden_fraction) (own: $(field "$a" fanout_hidden_fraction)), lower bound $(field "$a" lower_bound_ms) ms"
   echo "  engine fan-out   median $(field "$e" median_ms) ms, bytes_network $(field "$e" bytes_network)"
 done
