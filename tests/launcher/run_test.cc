@@ -184,12 +184,12 @@ TEST(RunTest, InfoDescribesThisMachine) {
 
 // A source rank SIGKILLed in the middle of a long series of refits: every other rank must fail
 // with its own error (not be killed by the launcher) and the launch must end within 10 s.
-void KillOneRankMidRefit(launcher::Mode mode) {
+void KillOneRankMidRefit(launcher::Mode mode, const std::string& transport = "tcp") {
   launcher::LaunchOptions o;
   o.argv = {kBin + "reshard-rank", kSpecs + "fig1-rows-to-cols.json", "--iters", "1000000"};
   o.world_size = 6;
   o.mode = mode;
-  o.transport = "tcp";
+  o.transport = transport;
   o.rank_timeout_ms = 4000;
   o.failure_grace = absl::Seconds(20);  // Long: the ranks must end on their own.
   o.deadline = absl::Seconds(60);
@@ -202,6 +202,7 @@ void KillOneRankMidRefit(launcher::Mode mode) {
   auto result = (*launch)->Wait();
   ASSERT_TRUE(result.ok()) << result.status();
   EXPECT_LT(absl::Now() - killed, absl::Seconds(10));
+  EXPECT_FALSE(result->ok());
   EXPECT_EQ(result->first_failed_rank, 0);
   EXPECT_EQ(result->ranks[0].term_signal, SIGKILL);
   for (int r = 1; r < 6; ++r) {
@@ -218,6 +219,11 @@ void KillOneRankMidRefit(launcher::Mode mode) {
 
 TEST(RunTest, KilledRankMidRefitFailsEveryOtherRankOverLoopbackTcp) {
   KillOneRankMidRefit(launcher::Mode::kLoopback);
+}
+
+// Shared memory has no peer-failure detection in UCX: the survivors fail at their deadline.
+TEST(RunTest, KilledRankMidRefitFailsEveryOtherRankOverSharedMemory) {
+  KillOneRankMidRefit(launcher::Mode::kLoopback, "sm");
 }
 
 TEST(RunNetnsTest, KilledRankMidRefitFailsEveryOtherRank) {
