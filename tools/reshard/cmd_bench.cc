@@ -403,7 +403,9 @@ int BenchCommand(int argc, char** argv) {
                   absl::StrFormat("%.2fx", *mpi_ms / ours)});
   }
   std::printf("%s", table.Render().c_str());
-  std::printf("  MPI: %s\n  transports (ours): %s\n", mpi_note.c_str(), transports.c_str());
+  std::printf("  MPI: %s\n  transports (ours): %s\n", mpi_note.c_str(),
+              transports.empty() ? "(no network peer: everything moved inside domains)"
+                                 : transports.c_str());
   return kExitOk;
 }
 
