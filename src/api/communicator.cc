@@ -1,6 +1,8 @@
 #include "reshard/communicator.h"
 
+#include <cctype>
 #include <cstdlib>
+#include <filesystem>
 #include <string>
 #include <utility>
 
@@ -8,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "src/api/internal.h"
 #include "src/common/status.h"
+#include "src/net/file_store.h"
 #include "src/net/tcp_store.h"
 
 namespace reshard {
@@ -34,6 +37,26 @@ class TcpImpl final : public Communicator::Impl {
 
   std::unique_ptr<net::TcpStoreServer> server;  // Outlives the client (destroyed after it).
   std::unique_ptr<net::TcpStore> client;
+};
+
+// A single-host mpirun job without RESHARD_STORE: the ranks meet in a directory under /dev/shm
+// named after the job, which rank 0 removes once every rank has let go.
+class FileImpl final : public Communicator::Impl {
+ public:
+  ~FileImpl() override {
+    absl::Status st = store_->Set(absl::StrCat(kExitPrefix, rank), "1");
+    if (rank == 0 && st.ok()) {
+      const absl::Time deadline = absl::Now() + std::min(timeout, absl::Seconds(10));
+      bool all = true;
+      for (int r = 0; r < world_size && all; ++r) {
+        all = store_->Get(absl::StrCat(kExitPrefix, r), deadline).ok();
+      }
+      std::error_code ignored;
+      if (all) std::filesystem::remove_all(store_->directory(), ignored);
+    }
+  }
+  net::Store& store() override { return *store_; }
+  std::unique_ptr<net::FileStore> store_;
 };
 
 class CallbackStore final : public net::Store {
@@ -154,10 +177,29 @@ absl::StatusOr<Communicator> Communicator::FromEnvironment() {
   RESHARD_ASSIGN_OR_RETURN(int rank, EnvInt("RESHARD_RANK", "OMPI_COMM_WORLD_RANK"));
   RESHARD_ASSIGN_OR_RETURN(int world, EnvInt("RESHARD_WORLD_SIZE", "OMPI_COMM_WORLD_SIZE"));
   const char* store = Env("RESHARD_STORE");
+  const char* job = Env("PMIX_NAMESPACE");
+  const char* local_size = Env("OMPI_COMM_WORLD_LOCAL_SIZE");
+  if (store == nullptr && mpi && job != nullptr && local_size != nullptr &&
+      std::atoi(local_size) == world) {
+    // Every rank of this mpirun job is on this host: meet in shared memory, no port needed.
+    RESHARD_RETURN_IF_ERROR(CheckRank(rank, world));
+    std::string name = job;
+    for (char& ch : name) {
+      if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
+    }
+    RESHARD_ASSIGN_OR_RETURN(std::unique_ptr<net::FileStore> fs,
+                             net::FileStore::Open(absl::StrCat("/dev/shm/reshard-mpi-", name)));
+    auto impl = std::make_shared<FileImpl>();
+    impl->rank = rank;
+    impl->world_size = world;
+    impl->description = absl::StrCat("file://", fs->directory());
+    impl->store_ = std::move(fs);
+    return Communicator(std::move(impl));
+  }
   if (store == nullptr) {
     return absl::InvalidArgumentError(
-        "RESHARD_STORE is not set; give the rendezvous store as host:port (under mpirun: "
-        "-x RESHARD_STORE=<host of rank 0>:<port> -x RESHARD_STORE_TOKEN=<secret>)");
+        "RESHARD_STORE is not set; give the rendezvous store as host:port (under a multi-host "
+        "mpirun: -x RESHARD_STORE=<host of rank 0>:<port> -x RESHARD_STORE_TOKEN=<secret>)");
   }
   const char* token = Env("RESHARD_STORE_TOKEN");
   if (token == nullptr) {

@@ -9,7 +9,8 @@
 //   FromEnvironment() - torchrun-style variables RESHARD_RANK, RESHARD_WORLD_SIZE,
 //                     RESHARD_STORE=host:port and RESHARD_STORE_TOKEN, or under `mpirun` Open
 //                     MPI's OMPI_COMM_WORLD_RANK / OMPI_COMM_WORLD_SIZE for rank and size
-//                     (docs/configuration.md).
+//                     (docs/configuration.md); a single-host mpirun job needs no store
+//                     address.
 //
 // Ownership: a Communicator is a cheap, copyable reference to shared state; the store
 // connection (and the store server, when this rank serves it) lives until the last copy and
@@ -72,7 +73,9 @@ class Communicator {
                                                                   int world_size);
 
   // Reads the environment (see the file comment). Rank 0 serves the store when
-  // RESHARD_STORE_SERVE=1, or when launched by mpirun and RESHARD_STORE_SERVE is unset.
+  // RESHARD_STORE_SERVE=1, or when launched by mpirun and RESHARD_STORE_SERVE is unset. A
+  // single-host mpirun job without RESHARD_STORE needs no store address at all: its ranks meet
+  // in /dev/shm/reshard-mpi-<job id> (removed by rank 0 at the end).
   // RESHARD_TIMEOUT_MS overrides Options::timeout. InvalidArgument naming the missing or
   // malformed variable.
   [[nodiscard]] static absl::StatusOr<Communicator> FromEnvironment();
