@@ -70,7 +70,7 @@ struct RefitEngineOptions {
   // Deadline for Create (store exchange, fingerprint comparison, endpoint creation).
   absl::Duration setup_timeout = absl::Seconds(30);
   // Puts in flight per engine before posting waits for completions.
-  int max_outstanding_puts = 256;
+  int max_outstanding_puts = 1024;
   // Pieces to one receiver are flushed and signalled in batches of at least this many bytes
   // (0: one signal per piece). A piece is never split across batches.
   int64_t signal_batch_bytes = int64_t{4} << 20;
