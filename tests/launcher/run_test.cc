@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -24,6 +25,16 @@ const std::string kBin = std::string(RESHARD_BINARY_DIR) + "/bin/";
 const std::string kSpecs = std::string(RESHARD_SOURCE_DIR) + "/examples/specs/";
 const std::vector<std::string> kExamples = {"fig1-rows-to-cols.json", "fig3-tp4-to-tp2dp2.json",
                                             "fused-qkv.json", "uneven-nested.json"};
+
+// Every spec in examples/specs (the four above and any added later).
+std::vector<std::string> AllExamples() {
+  std::vector<std::string> out;
+  for (const auto& e : std::filesystem::directory_iterator(kSpecs)) {
+    if (e.path().extension() == ".json") out.push_back(e.path().filename().string());
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
 
 struct Output {
   int exit_code = -1;
@@ -74,7 +85,11 @@ void ExpectNoLeakedNamespaces(const std::vector<std::string>& before) {
 class RunExamplesTest : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(RunExamplesTest, EveryExampleRefitsByteExactThreeTimes) {
+  const std::vector<std::string> examples = AllExamples();
   for (const std::string& spec : kExamples) {
+    EXPECT_NE(std::find(examples.begin(), examples.end(), spec), examples.end()) << spec;
+  }
+  for (const std::string& spec : examples) {
     Output o = Reshard(absl::StrCat("run ", kSpecs, spec, " --iters 3 --transport ", GetParam(),
                                     " --timeout-ms 20000 --deadline-s 120 --json"));
     EXPECT_EQ(o.exit_code, 0) << spec << ": " << o.out;
