@@ -21,6 +21,7 @@ constexpr char kExitPrefix[] = "reshard/comm/exit/";
 class TcpImpl final : public Communicator::Impl {
  public:
   ~TcpImpl() override {
+    if (client == nullptr) return;  // Connect failed half way: nothing to say goodbye to.
     // A serving rank keeps the store up until every rank has let go of its communicator, so
     // peers still finishing their set-up or shutdown never lose the store under them.
     absl::Status st = client->Set(absl::StrCat(kExitPrefix, rank), "1");

@@ -244,3 +244,100 @@ TEST(HandleTest, OneRankRefitsRepeatedlyWithoutRegistering) {
 }
 
 }  // namespace
+
+// The C API: status codes and thread-local messages, buffer listing, a real one-rank refit.
+#include "reshard/reshard_c.h"
+#include <unistd.h>
+
+namespace {
+
+TEST(CApiTest, ErrorsCodesAndARefit) {
+  reshard_spec_t* spec = nullptr;
+  EXPECT_EQ(reshard_spec_from_json("{\"tensors\": [], \"placement\": 1}", &spec),
+            RESHARD_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(reshard_last_error()).find("placement"), std::string::npos)
+      << reshard_last_error();
+  ASSERT_EQ(reshard_spec_from_json(
+                "{\"tensors\": [{\"name\": \"w\", \"dtype\": \"i32\", \"shape\": [4, 6],"
+                " \"src\": {\"mesh\": [0], \"placements\": [\"R\"]},"
+                " \"dst\": {\"mesh\": [0], \"placements\": [\"R\"]}}]}",
+                &spec),
+            RESHARD_OK)
+      << reshard_last_error();
+  int32_t count = 0;
+  ASSERT_EQ(reshard_spec_buffer_count(spec, 0, &count), RESHARD_OK);
+  ASSERT_EQ(count, 2);
+  const char* name = nullptr;
+  int32_t side = -1;
+  int64_t bytes = 0;
+  ASSERT_EQ(reshard_spec_buffer_info(spec, 0, 1, &name, &side, &bytes), RESHARD_OK);
+  EXPECT_STREQ(name, "w");
+  EXPECT_EQ(side, RESHARD_DESTINATION);
+  EXPECT_EQ(bytes, 96);
+  EXPECT_EQ(reshard_spec_buffer_info(spec, 0, 2, &name, &side, &bytes), RESHARD_OUT_OF_RANGE);
+
+  reshard_comm_t* comm = nullptr;
+  // Rank 0 serves the store; a port in use is an error, so try a few.
+  reshard_status_t st = RESHARD_UNAVAILABLE;
+  for (int attempt = 0; attempt < 20 && st != RESHARD_OK; ++attempt) {
+    const std::string address =
+        "127.0.0.1:" + std::to_string(30000 + (getpid() * 7 + attempt * 131) % 20000);
+    st = reshard_comm_connect(address.c_str(), "tok", 0, 1, 1, 10000, &comm);
+  }
+  ASSERT_EQ(st, RESHARD_OK) << reshard_last_error();
+  EXPECT_EQ(reshard_comm_rank(comm), 0);
+  std::vector<int32_t> src(24), dst(24, -1);
+  reshard_buffer_t buffers[2] = {{"w", RESHARD_SOURCE, src.data(), 96, RESHARD_MEMORY_HOST},
+                                 {"w", RESHARD_DESTINATION, dst.data(), 95, RESHARD_MEMORY_HOST}};
+  reshard_handle_t* handle = nullptr;
+  EXPECT_EQ(reshard_handle_create(comm, spec, buffers, 2, "c", 0, &handle),
+            RESHARD_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(reshard_last_error()).find("95 bytes, expected 96"), std::string::npos)
+      << reshard_last_error();
+  buffers[1].bytes = 96;
+  ASSERT_EQ(reshard_handle_create(comm, spec, buffers, 2, "c", 0, &handle), RESHARD_OK)
+      << reshard_last_error();
+  for (int i = 0; i < 24; ++i) src[i] = 7 * i;
+  ASSERT_EQ(reshard_handle_execute(handle, 10000), RESHARD_OK) << reshard_last_error();
+  EXPECT_EQ(dst, src);
+  reshard_stats_t stats;
+  ASSERT_EQ(reshard_handle_stats(handle, &stats), RESHARD_OK);
+  EXPECT_EQ(stats.epoch, 1u);
+  EXPECT_EQ(stats.bytes_local, 96);
+  EXPECT_EQ(reshard_handle_wait(handle, 1000), RESHARD_FAILED_PRECONDITION);
+  reshard_handle_destroy(handle);
+  reshard_spec_destroy(spec);
+  reshard_comm_destroy(comm);
+}
+
+}  // namespace
+
+namespace {
+
+// A failed Connect (here: the port is already served) returns an error and tears down cleanly.
+TEST(CommunicatorTest, FailedServeIsAnErrorNotACrash) {
+  absl::StatusOr<reshard::Communicator> first = absl::UnknownError("unset");
+  int port = 0;
+  for (int attempt = 0; attempt < 20 && !first.ok(); ++attempt) {
+    port = 30000 + (getpid() * 11 + attempt * 257) % 20000;
+    reshard::Communicator::Options o;
+    o.serve_store = true;
+    o.timeout = absl::Seconds(1);  // Also bounds the serving rank's wait for rank 1 at exit.
+    first = reshard::Communicator::Connect("127.0.0.1:" + std::to_string(port), "t", 0, 2, o);
+  }
+  ASSERT_TRUE(first.ok()) << first.status();
+  reshard::Communicator::Options o;
+  o.serve_store = true;
+  o.timeout = absl::Seconds(1);
+  absl::Status st =
+      reshard::Communicator::Connect("127.0.0.1:" + std::to_string(port), "t", 0, 2, o).status();
+  EXPECT_FALSE(st.ok());
+  EXPECT_NE(std::string(st.message()).find("could not serve the store"), std::string::npos) << st;
+  // A client with the wrong token is refused.
+  st = reshard::Communicator::Connect("127.0.0.1:" + std::to_string(port), "wrong", 1, 2,
+                                      reshard::Communicator::Options{absl::Seconds(2), false})
+           .status();
+  EXPECT_EQ(st.code(), absl::StatusCode::kPermissionDenied) << st;
+}
+
+}  // namespace
