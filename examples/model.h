@@ -16,9 +16,9 @@
 namespace example {
 
 struct Shape {
-  int train_tp = 2;   // Trainer tensor parallel (also expert parallel) degree.
-  int infer_tp = 2;   // Inference tensor parallel degree.
-  int infer_dp = 1;   // Inference replicas.
+  int train_tp = 2;  // Trainer tensor parallel (also expert parallel) degree.
+  int infer_tp = 2;  // Inference tensor parallel degree.
+  int infer_dp = 1;  // Inference replicas.
   int steps = 10;
   int64_t hidden = 256, heads = 8, kv_heads = 4, head_dim = 32, intermediate = 512;
   int64_t vocab = 1024, layers = 2, experts = 4, expert_intermediate = 128;
@@ -37,8 +37,7 @@ inline bool ParseArgs(int argc, char** argv, Shape& s) {
                   : a == "--infer-dp" ? &s.infer_dp
                                       : nullptr;
     if (target == nullptr || i + 1 >= argc || std::atoi(argv[i + 1]) <= 0) {
-      std::fprintf(stderr,
-                   "usage: %s [--steps N] [--train-tp N] [--infer-tp N] [--infer-dp N]\n",
+      std::fprintf(stderr, "usage: %s [--steps N] [--train-tp N] [--infer-tp N] [--infer-dp N]\n",
                    argv[0]);
       return false;
     }

@@ -151,8 +151,8 @@ absl::StatusOr<Communicator> Communicator::Connect(const std::string& store_addr
       host_port.first, host_port.second, token, absl::Now() + options.timeout);
   if (!client.ok()) {
     return absl::Status(client.status().code(),
-                        absl::StrCat("rank ", rank, " could not reach the store at ",
-                                     store_address, ": ", client.status().message()));
+                        absl::StrCat("rank ", rank, " could not reach the store at ", store_address,
+                                     ": ", client.status().message()));
   }
   impl->client = std::move(client).value();
   impl->client->set_op_timeout(options.timeout);

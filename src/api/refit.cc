@@ -12,8 +12,8 @@
 #include "src/common/status.h"
 #include "src/net/refit_engine.h"
 #include "src/nvlink/fanout.h"
-#include "src/plan/schedule.h"
 #include "src/plan/plan.h"
+#include "src/plan/schedule.h"
 
 namespace reshard {
 
@@ -112,9 +112,10 @@ absl::StatusOr<std::vector<net::LocalBuffer>> MatchBuffers(const plan::Plan& pla
     for (const auto& [name, buf] : list) {
       auto it = ids.find(name);
       if (it == ids.end()) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "rank ", rank, ": no tensor of the spec lives in a ", SideName(side), " buffer named \"",
-            name, "\" (buffers are named by Layout::InBuffer, or after their tensor)"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("rank ", rank, ": no tensor of the spec lives in a ", SideName(side),
+                         " buffer named \"", name,
+                         "\" (buffers are named by Layout::InBuffer, or after their tensor)"));
       }
       if (!seen.insert(name).second) {
         return absl::InvalidArgumentError(absl::StrCat("rank ", rank, ": ", SideName(side),
@@ -141,9 +142,9 @@ absl::StatusOr<std::vector<net::LocalBuffer>> MatchBuffers(const plan::Plan& pla
             "\" has ", buf.bytes, " bytes, expected ", want,
             buf.bytes > want ? " (set HandleOptions::allow_larger_buffers to accept more)" : ""));
       }
-      out[b] = net::LocalBuffer{buf.data, buf.bytes,
-                                buf.kind == MemoryKind::kCuda ? net::MemoryKind::kCuda
-                                                              : net::MemoryKind::kHost};
+      out[b] = net::LocalBuffer{
+          buf.data, buf.bytes,
+          buf.kind == MemoryKind::kCuda ? net::MemoryKind::kCuda : net::MemoryKind::kHost};
     }
     for (uint32_t b = 0; b < plan.buffers().size(); ++b) {
       if (plan.buffers()[b].side != ps || required[b] == 0 || out[b].data != nullptr) continue;
@@ -162,8 +163,8 @@ absl::StatusOr<std::vector<net::LocalBuffer>> MatchBuffers(const plan::Plan& pla
   if (plan.stage_buffer() != plan::Plan::kNoBuffer) {
     const int64_t bytes = plan.stage_bytes(rank);
     staging.assign(static_cast<size_t>(bytes), 0);
-    out[plan.stage_buffer()] = net::LocalBuffer{bytes > 0 ? staging.data() : nullptr, bytes,
-                                                net::MemoryKind::kHost};
+    out[plan.stage_buffer()] =
+        net::LocalBuffer{bytes > 0 ? staging.data() : nullptr, bytes, net::MemoryKind::kHost};
   }
   return out;
 }
@@ -200,13 +201,13 @@ absl::StatusOr<RefitHandle> RefitHandle::Create(const Communicator& comm, const 
   auto impl = std::make_unique<Impl>();
   impl->comm = comm.impl();
   impl->rank = comm.rank();
-  impl->name = options.name.empty() ? absl::StrCat("h", impl->comm->NextHandleNumber())
-                                    : options.name;
+  impl->name =
+      options.name.empty() ? absl::StrCat("h", impl->comm->NextHandleNumber()) : options.name;
   const int32_t spec_world = spec.WorldSize();
   if (comm.world_size() < spec_world) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("the spec names ranks up to ", spec_world - 1, " but the communicator has ",
-                     comm.world_size(), " ranks"));
+    return absl::InvalidArgumentError(absl::StrCat("the spec names ranks up to ", spec_world - 1,
+                                                   " but the communicator has ", comm.world_size(),
+                                                   " ranks"));
   }
   auto shared = std::make_shared<const plan::RefitSpec>(internal::ToPlanSpec(spec));
   plan::PlanOptions popts;
@@ -256,7 +257,7 @@ absl::StatusOr<RefitHandle> RefitHandle::Create(const Communicator& comm, const 
       for (size_t b = 0; b < local.size(); ++b) {
         fb[b] = {local[b].data, local[b].bytes,
                  local[b].kind == net::MemoryKind::kCuda ? nvlink::MemoryKind::kCuda
-                                                          : nvlink::MemoryKind::kHost};
+                                                         : nvlink::MemoryKind::kHost};
       }
       nvlink::FanoutOptions fo;
       fo.key_prefix = absl::StrCat("reshard/", impl->name, "/fanout");
@@ -264,9 +265,9 @@ absl::StatusOr<RefitHandle> RefitHandle::Create(const Communicator& comm, const 
       absl::StatusOr<std::unique_ptr<nvlink::Fanout>> fanout = nvlink::Fanout::Create(
           std::move(table), impl->rank, std::move(domain), impl->comm->store(), std::move(fb), fo);
       if (!fanout.ok()) {
-        return absl::Status(fanout.status().code(),
-                            absl::StrCat(impl->Who(), ": fan-out set-up failed: ",
-                                         fanout.status().message()));
+        return absl::Status(
+            fanout.status().code(),
+            absl::StrCat(impl->Who(), ": fan-out set-up failed: ", fanout.status().message()));
       }
       impl->fanout = std::move(fanout).value();
       impl->stats.fanout = impl->fanout->backend_name();
@@ -275,8 +276,8 @@ absl::StatusOr<RefitHandle> RefitHandle::Create(const Communicator& comm, const 
   absl::StatusOr<std::unique_ptr<net::RefitEngine>> engine = net::RefitEngine::Create(
       *impl->plan, impl->rank, impl->comm->store(), std::move(local), eopts);
   if (!engine.ok()) {
-    return absl::Status(engine.status().code(), absl::StrCat(impl->Who(), ": set-up failed: ",
-                                                             engine.status().message()));
+    return absl::Status(engine.status().code(),
+                        absl::StrCat(impl->Who(), ": set-up failed: ", engine.status().message()));
   }
   impl->engine = std::move(engine).value();
   return RefitHandle(std::move(impl));
@@ -334,7 +335,8 @@ absl::Status RefitHandle::Wait(absl::Time deadline) {
       more = h.engine->in_epoch();
       landed.clear();
       st = h.engine->Progress(&landed);
-      for (size_t k = 0; k < landed.size() && st.ok(); ++k) st = h.fanout->Landed(landed[k], h.epoch);
+      for (size_t k = 0; k < landed.size() && st.ok(); ++k)
+        st = h.fanout->Landed(landed[k], h.epoch);
       if (st.ok()) st = h.fanout->Poll(h.epoch).status();
     }
     if (st.ok() && !h.engine->in_epoch()) h.fanout->NetworkDone(h.epoch);

@@ -32,9 +32,7 @@ reshard_status_t Invalid(const char* message) {
   return Report(absl::InvalidArgumentError(message));
 }
 
-absl::Duration Timeout(int64_t ms) {
-  return ms > 0 ? absl::Milliseconds(ms) : absl::Seconds(30);
-}
+absl::Duration Timeout(int64_t ms) { return ms > 0 ? absl::Milliseconds(ms) : absl::Seconds(30); }
 
 }  // namespace
 
@@ -98,7 +96,7 @@ int32_t reshard_spec_world_size(const reshard_spec_t* spec) {
 
 namespace {
 absl::StatusOr<const std::vector<reshard::BufferRequirement>*> RequirementsOf(reshard_spec_t* spec,
-                                                                             int32_t rank) {
+                                                                              int32_t rank) {
   for (const auto& [r, reqs] : spec->requirements) {
     if (r == rank) return &reqs;
   }
@@ -140,8 +138,7 @@ void reshard_spec_destroy(reshard_spec_t* spec) { delete spec; }
 
 reshard_status_t reshard_handle_create(reshard_comm_t* comm, const reshard_spec_t* spec,
                                        const reshard_buffer_t* buffers, int32_t num_buffers,
-                                       const char* name, int32_t schedule,
-                                       reshard_handle_t** out) {
+                                       const char* name, int32_t schedule, reshard_handle_t** out) {
   if (comm == nullptr || spec == nullptr || out == nullptr ||
       (num_buffers > 0 && buffers == nullptr) || num_buffers < 0) {
     return Invalid("reshard_handle_create: comm, spec, out (and buffers) must not be NULL");
@@ -161,9 +158,8 @@ reshard_status_t reshard_handle_create(reshard_comm_t* comm, const reshard_spec_
   }
   reshard::HandleOptions options;
   if (name != nullptr) options.name = name;
-  options.schedule = schedule == RESHARD_SCHEDULE_POINT_TO_POINT
-                         ? reshard::Schedule::kPointToPoint
-                         : reshard::Schedule::kDomainAware;
+  options.schedule = schedule == RESHARD_SCHEDULE_POINT_TO_POINT ? reshard::Schedule::kPointToPoint
+                                                                 : reshard::Schedule::kDomainAware;
   auto handle = reshard::RefitHandle::Create(comm->comm, spec->spec, std::move(local), options);
   if (!handle.ok()) return Report(handle.status());
   *out = new reshard_handle{std::move(handle).value()};

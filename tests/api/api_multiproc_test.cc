@@ -10,13 +10,15 @@ namespace {
 using reshard::launcher::LaunchOptions;
 using reshard::launcher::LaunchResult;
 
-std::string Bin(const std::string& name) { return std::string(RESHARD_BINARY_DIR) + "/bin/" + name; }
+std::string Bin(const std::string& name) {
+  return std::string(RESHARD_BINARY_DIR) + "/bin/" + name;
+}
 
 std::string Describe(const LaunchResult& r) {
   std::string out;
   for (const auto& rank : r.ranks) {
-    out += "rank " + std::to_string(rank.rank) + ": " + rank.Describe() + "\n" +
-           rank.stdout_text + rank.stderr_tail + "\n";
+    out += "rank " + std::to_string(rank.rank) + ": " + rank.Describe() + "\n" + rank.stdout_text +
+           rank.stderr_tail + "\n";
   }
   return out;
 }
@@ -94,10 +96,10 @@ TEST_P(ExamplePairTest, TenVerifiedRefits) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Layouts, ExamplePairTest,
-    ::testing::Values(std::vector<std::string>{"--train-tp", "2", "--infer-tp", "2"},
-                      std::vector<std::string>{"--train-tp", "2", "--infer-tp", "1",
-                                               "--infer-dp", "2"}));
+INSTANTIATE_TEST_SUITE_P(Layouts, ExamplePairTest,
+                         ::testing::Values(std::vector<std::string>{"--train-tp", "2", "--infer-tp",
+                                                                    "2"},
+                                           std::vector<std::string>{"--train-tp", "2", "--infer-tp",
+                                                                    "1", "--infer-dp", "2"}));
 
 }  // namespace

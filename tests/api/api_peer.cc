@@ -51,7 +51,8 @@ int main(int argc, char** argv) {
     }
     int64_t fanned = 0;
     for (int step = 1; step <= steps; ++step) {
-      for (size_t i = 0; i < w.size(); ++i) w[i] = rank == 0 ? step * 100000 + static_cast<int>(i) : -1;
+      for (size_t i = 0; i < w.size(); ++i)
+        w[i] = rank == 0 ? step * 100000 + static_cast<int>(i) : -1;
       absl::Status st = handle->Execute(absl::Seconds(20));
       if (!st.ok()) {
         std::fprintf(stderr, "rank %d step %d: %s\n", rank, step, st.ToString().c_str());
@@ -72,7 +73,9 @@ int main(int argc, char** argv) {
       }
       fanned += s.bytes_fanout_sent + s.bytes_fanout_received;
     }
-    if (rank > 0) std::printf("FANOUT %s %lld\n", handle->stats().fanout.c_str(), static_cast<long long>(fanned));
+    if (rank > 0)
+      std::printf("FANOUT %s %lld\n", handle->stats().fanout.c_str(),
+                  static_cast<long long>(fanned));
     std::printf("OK rank %d transports %s\n", rank, handle->stats().transports.c_str());
     return 0;
   }

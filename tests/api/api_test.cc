@@ -246,8 +246,9 @@ TEST(HandleTest, OneRankRefitsRepeatedlyWithoutRegistering) {
 }  // namespace
 
 // The C API: status codes and thread-local messages, buffer listing, a real one-rank refit.
-#include "reshard/reshard_c.h"
 #include <unistd.h>
+
+#include "reshard/reshard_c.h"
 
 namespace {
 

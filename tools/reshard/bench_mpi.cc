@@ -143,8 +143,7 @@ int main(int argc, char** argv) {
     const int eb = reshard::DTypeSize(tensors[t].dtype);
     // A native type of the element's size keeps Open MPI's datatype engine on its fast paths
     // (a derived 2-byte type packs element by element).
-    e.elem = eb == 1 ? MPI_UINT8_T : eb == 2 ? MPI_UINT16_T : eb == 4 ? MPI_UINT32_T
-                                                                : MPI_UINT64_T;
+    e.elem = eb == 1 ? MPI_UINT8_T : eb == 2 ? MPI_UINT16_T : eb == 4 ? MPI_UINT32_T : MPI_UINT64_T;
     e.send.assign(static_cast<size_t>(std::max<int64_t>(1, src[t][rank].elements() * eb)), 0);
     e.recv.assign(static_cast<size_t>(std::max<int64_t>(1, dst[t][rank].elements() * eb)), 0);
     e.counts_s.assign(world, 0);
@@ -226,8 +225,8 @@ int main(int argc, char** argv) {
   }
   std::vector<double> sorted = iter_ms;
   std::sort(sorted.begin(), sorted.end());
-  std::string json = "{\"ok\":true,\"mpi_ms\":" + std::to_string(sorted[sorted.size() / 2]) +
-                     ",\"iter_ms\":[";
+  std::string json =
+      "{\"ok\":true,\"mpi_ms\":" + std::to_string(sorted[sorted.size() / 2]) + ",\"iter_ms\":[";
   for (size_t i = 0; i < iter_ms.size(); ++i) json += (i ? "," : "") + std::to_string(iter_ms[i]);
   json += "]}";
   return finish(json, 0);

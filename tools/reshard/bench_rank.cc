@@ -151,10 +151,14 @@ int main(int argc, char** argv) {
   int iters = 5;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i];
-    if (a == "--spec") spec_path = argv[i + 1];
-    else if (a == "--iters") iters = std::atoi(argv[i + 1]);
-    else if (a == "--verify") verify = argv[i + 1];
-    else return Fail(-1, "unknown argument " + a, 2);
+    if (a == "--spec")
+      spec_path = argv[i + 1];
+    else if (a == "--iters")
+      iters = std::atoi(argv[i + 1]);
+    else if (a == "--verify")
+      verify = argv[i + 1];
+    else
+      return Fail(-1, "unknown argument " + a, 2);
   }
   if (spec_path.empty() || iters < 1) return Fail(-1, "usage: --spec SPEC.json --iters N", 2);
   auto comm = reshard::Communicator::FromEnvironment();
@@ -192,7 +196,8 @@ int main(int argc, char** argv) {
     st = make("gather_broadcast." + std::to_string(i), gb[i], reshard::Schedule::kDomainAware,
               buffers);
   }
-  if (!st.ok()) return Fail(rank, st.ToString(), st.code() == absl::StatusCode::kInvalidArgument ? 2 : 1);
+  if (!st.ok())
+    return Fail(rank, st.ToString(), st.code() == absl::StatusCode::kInvalidArgument ? 2 : 1);
 
   auto src_tiles = spec->LocalTiles(rank, reshard::Side::kSource);
   auto dst_tiles = spec->LocalTiles(rank, reshard::Side::kDestination);
@@ -221,7 +226,8 @@ int main(int argc, char** argv) {
         for (const reshard::LocalTile& tile : *dst_tiles) {
           uint8_t* base = buffers.Get(reshard::Side::kDestination, tile.buffer);
           const int eb = reshard::DTypeSize(tile.dtype);
-          ForEachElement(tile, [&](int64_t off, int64_t) { std::memset(base + off * eb, 0xA5, eb); });
+          ForEachElement(tile,
+                         [&](int64_t off, int64_t) { std::memset(base + off * eb, 0xA5, eb); });
         }
       }
       st = handles["barrier"][0].Execute(timeout);
@@ -249,9 +255,9 @@ int main(int argc, char** argv) {
           if (bad < 0 && std::memcmp(base + off * eb, &v, eb) != 0) bad = g;
         });
         if (bad >= 0) {
-          return Fail(rank, mode + ": tensor \"" + tile.tensor + "\" element " +
-                                std::to_string(bad) + " (flat index) is wrong after iteration " +
-                                std::to_string(iter + 1),
+          return Fail(rank,
+                      mode + ": tensor \"" + tile.tensor + "\" element " + std::to_string(bad) +
+                          " (flat index) is wrong after iteration " + std::to_string(iter + 1),
                       1);
         }
       }

@@ -208,7 +208,8 @@ int BenchCommand(int argc, char** argv) {
     spec = *std::move(made);
     title = absl::StrCat(*args.Get("model"), ": train ", *train_text, " -> infer ", *infer_text);
   } else {
-    return UsageError("bench", "needs SPEC.json or --model M.json --train P --infer P (see --help)");
+    return UsageError("bench",
+                      "needs SPEC.json or --model M.json --train P --infer P (see --help)");
   }
   auto shared = std::make_shared<const plan::RefitSpec>(spec);
   auto planned = plan::BuildPlan(shared);
@@ -244,8 +245,8 @@ int BenchCommand(int argc, char** argv) {
     return kExitFailed;
   }
   launcher::LaunchOptions lo;
-  lo.argv = {rank_program, "--spec", spec_file, "--iters", std::to_string(*iters), "--verify",
-             verify};
+  lo.argv = {rank_program,           "--spec",   spec_file, "--iters",
+             std::to_string(*iters), "--verify", verify};
   lo.world_size = world;
   lo.transport = transport;
   if (!rate.empty()) {
@@ -291,7 +292,8 @@ int BenchCommand(int argc, char** argv) {
       for (size_t i = 0; i < ms->items().size(); ++i) {
         s[i] = std::max(s[i], ms->items()[i].as_double());
       }
-      const json::Value* b = doc->Find("bytes_sent") ? doc->Find("bytes_sent")->Find(mode) : nullptr;
+      const json::Value* b =
+          doc->Find("bytes_sent") ? doc->Find("bytes_sent")->Find(mode) : nullptr;
       if (b != nullptr) bytes_network[mode] += b->as_int();
       const json::Value* f =
           doc->Find("bytes_fanout") ? doc->Find("bytes_fanout")->Find(mode) : nullptr;
@@ -315,10 +317,10 @@ int BenchCommand(int argc, char** argv) {
       mpi_note = "reshard-bench-mpi was not built (Open MPI headers missing at configure time)";
     } else {
       const std::string btl = transport == "tcp" || !rate.empty() ? "self,tcp" : "self,vader";
-      auto [code, out] = Capture({*mpirun, "--allow-run-as-root", "--oversubscribe", "-np",
-                                  std::to_string(world), "--mca", "pml", "ob1", "--mca", "btl",
-                                  btl, mpi_program, "--spec", spec_file, "--iters",
-                                  std::to_string(*iters)});
+      auto [code, out] =
+          Capture({*mpirun, "--allow-run-as-root", "--oversubscribe", "-np", std::to_string(world),
+                   "--mca", "pml", "ob1", "--mca", "btl", btl, mpi_program, "--spec", spec_file,
+                   "--iters", std::to_string(*iters)});
       auto doc = json::Parse(LastJsonLine(out).empty() ? "{}" : LastJsonLine(out));
       const json::Value* v = doc.ok() ? doc->Find("mpi_ms") : nullptr;
       if (code == 0 && v != nullptr && v->is_number()) {
@@ -354,21 +356,24 @@ int BenchCommand(int argc, char** argv) {
                                               : "loopback tcp (no namespaces)");
   if (args.Has("json")) {
     std::string out = absl::StrCat(
-        "{\"ok\":true,\"spec\":", json::Quote(title), ",\"world\":", world,
-        ",\"iters\":", *iters, ",\"network\":", json::Quote(net),
-        ",\"bytes_dst_total\":", total_bytes, ",\"ours_ms\":", Num(ours),
-        ",\"gather_broadcast_ms\":", Num(gb), ",\"naive_p2p_ms\":", Num(naive),
-        ",\"mpi_ms\":", Num(mpi_ms), ",\"gather_broadcast_over_ours\":", Num(ratio(gb)),
+        "{\"ok\":true,\"spec\":", json::Quote(title), ",\"world\":", world, ",\"iters\":", *iters,
+        ",\"network\":", json::Quote(net), ",\"bytes_dst_total\":", total_bytes,
+        ",\"ours_ms\":", Num(ours), ",\"gather_broadcast_ms\":", Num(gb),
+        ",\"naive_p2p_ms\":", Num(naive), ",\"mpi_ms\":", Num(mpi_ms),
+        ",\"gather_broadcast_over_ours\":", Num(ratio(gb)),
         ",\"naive_p2p_over_ours\":", Num(ratio(naive)), ",\"mpi_over_ours\":", Num(ratio(mpi_ms)),
-        ",\"mpi_note\":", json::Quote(mpi_note), ",\"bytes_network\":{\"ours\":",
-        bytes_network["ours"], ",\"naive_p2p\":", bytes_network["naive"],
-        ",\"gather_broadcast\":", bytes_network["gather_broadcast"], "},\"bytes_fanout\":{\"ours\":",
-        bytes_fanout["ours"], ",\"naive_p2p\":", bytes_fanout["naive"],
-        ",\"gather_broadcast\":", bytes_fanout["gather_broadcast"], "},\"transports\":",
-        json::Quote(transports), ",\"iter_ms\":{");
+        ",\"mpi_note\":", json::Quote(mpi_note),
+        ",\"bytes_network\":{\"ours\":", bytes_network["ours"],
+        ",\"naive_p2p\":", bytes_network["naive"],
+        ",\"gather_broadcast\":", bytes_network["gather_broadcast"],
+        "},\"bytes_fanout\":{\"ours\":", bytes_fanout["ours"],
+        ",\"naive_p2p\":", bytes_fanout["naive"],
+        ",\"gather_broadcast\":", bytes_fanout["gather_broadcast"],
+        "},\"transports\":", json::Quote(transports), ",\"iter_ms\":{");
     bool first = true;
     for (const std::string& mode : modes) {
-      out += absl::StrCat(first ? "" : ",", json::Quote(mode == "naive" ? "naive_p2p" : mode), ":[");
+      out +=
+          absl::StrCat(first ? "" : ",", json::Quote(mode == "naive" ? "naive_p2p" : mode), ":[");
       for (size_t i = 0; i < slowest[mode].size(); ++i) {
         out += absl::StrFormat("%s%.3f", i ? "," : "", slowest[mode][i]);
       }
@@ -380,11 +385,12 @@ int BenchCommand(int argc, char** argv) {
     return kExitOk;
   }
   std::printf("reshard bench: %s\n", title.c_str());
-  std::printf("  %d ranks, %s, %lld iterations interleaved, %s land in destinations per refit, "
-              "largest rank holds %s\n",
-              world, net.c_str(), static_cast<long long>(*iters),
-              FormatBytes(static_cast<double>(total_bytes)).c_str(),
-              FormatBytes(static_cast<double>(max_rank_bytes)).c_str());
+  std::printf(
+      "  %d ranks, %s, %lld iterations interleaved, %s land in destinations per refit, "
+      "largest rank holds %s\n",
+      world, net.c_str(), static_cast<long long>(*iters),
+      FormatBytes(static_cast<double>(total_bytes)).c_str(),
+      FormatBytes(static_cast<double>(max_rank_bytes)).c_str());
   Table table({"mode", "median", "min", "max", "network", "fan-out", "vs ours"});
   auto row = [&](const std::string& name, const std::string& key) {
     const auto& v = slowest[key];

@@ -60,8 +60,7 @@ class Communicator {
   // Connects to the reshard TCP store at `store_address` ("host:port" or "[v6]:port").
   [[nodiscard]] static absl::StatusOr<Communicator> Connect(const std::string& store_address,
                                                             const std::string& token, int rank,
-                                                            int world_size,
-                                                            const Options& options);
+                                                            int world_size, const Options& options);
   [[nodiscard]] static absl::StatusOr<Communicator> Connect(const std::string& store_address,
                                                             const std::string& token, int rank,
                                                             int world_size) {

@@ -79,9 +79,7 @@ class LocalBuffers {
   LocalBuffers& Add(Side side, std::string name, Buffer buffer);
 
   const std::vector<std::pair<std::string, Buffer>>& sources() const { return sources_; }
-  const std::vector<std::pair<std::string, Buffer>>& destinations() const {
-    return destinations_;
-  }
+  const std::vector<std::pair<std::string, Buffer>>& destinations() const { return destinations_; }
 
  private:
   std::vector<std::pair<std::string, Buffer>> sources_;
@@ -150,7 +148,7 @@ struct Stats {
   // The same against the domain's network stage (until the last network landing on this rank or
   // a domain peer it exchanges pieces with).
   double fanout_domain_hidden_fraction = 1;
-  int64_t registrations_total = 0;       // Memory registrations this process made so far.
+  int64_t registrations_total = 0;  // Memory registrations this process made so far.
   // Made during this refit: 0 for every refit after the first (memory is registered once).
   int64_t registrations_this_refit = 0;
 };

@@ -25,24 +25,27 @@ typedef enum reshard_status {
   RESHARD_OK = 0,
   RESHARD_CANCELLED = 1,
   RESHARD_UNKNOWN = 2,
-  RESHARD_INVALID_ARGUMENT = 3,   /* bad spec, buffer missing or of the wrong size */
-  RESHARD_DEADLINE_EXCEEDED = 4,  /* a timeout passed */
+  RESHARD_INVALID_ARGUMENT = 3,  /* bad spec, buffer missing or of the wrong size */
+  RESHARD_DEADLINE_EXCEEDED = 4, /* a timeout passed */
   RESHARD_NOT_FOUND = 5,
   RESHARD_ALREADY_EXISTS = 6,
-  RESHARD_PERMISSION_DENIED = 7,  /* wrong store token */
+  RESHARD_PERMISSION_DENIED = 7, /* wrong store token */
   RESHARD_RESOURCE_EXHAUSTED = 8,
   RESHARD_FAILED_PRECONDITION = 9, /* refit after a failure without reset; spec mismatch */
   RESHARD_ABORTED = 10,
   RESHARD_OUT_OF_RANGE = 11,
   RESHARD_UNIMPLEMENTED = 12,
   RESHARD_INTERNAL = 13,
-  RESHARD_UNAVAILABLE = 14,       /* a peer or the store is gone */
+  RESHARD_UNAVAILABLE = 14, /* a peer or the store is gone */
   RESHARD_DATA_LOSS = 15,
   RESHARD_UNAUTHENTICATED = 16
 } reshard_status_t;
 
 typedef enum reshard_side { RESHARD_SOURCE = 0, RESHARD_DESTINATION = 1 } reshard_side_t;
-typedef enum reshard_memory_kind { RESHARD_MEMORY_HOST = 0, RESHARD_MEMORY_CUDA = 1 } reshard_memory_kind_t;
+typedef enum reshard_memory_kind {
+  RESHARD_MEMORY_HOST = 0,
+  RESHARD_MEMORY_CUDA = 1
+} reshard_memory_kind_t;
 typedef enum reshard_schedule {
   RESHARD_SCHEDULE_DOMAIN_AWARE = 0,
   RESHARD_SCHEDULE_POINT_TO_POINT = 1
@@ -55,7 +58,7 @@ typedef struct reshard_handle reshard_handle_t;
 /* A buffer of this rank, named as in the spec (buffer name, or the tensor name). */
 typedef struct reshard_buffer {
   const char* name;
-  int32_t side;        /* reshard_side_t */
+  int32_t side; /* reshard_side_t */
   void* data;
   int64_t bytes;
   int32_t memory_kind; /* reshard_memory_kind_t */
@@ -107,8 +110,7 @@ void reshard_spec_destroy(reshard_spec_t* spec);
  * naming, see reshard::HandleOptions). */
 reshard_status_t reshard_handle_create(reshard_comm_t* comm, const reshard_spec_t* spec,
                                        const reshard_buffer_t* buffers, int32_t num_buffers,
-                                       const char* name, int32_t schedule,
-                                       reshard_handle_t** out);
+                                       const char* name, int32_t schedule, reshard_handle_t** out);
 reshard_status_t reshard_handle_execute(reshard_handle_t* handle, int64_t timeout_ms);
 reshard_status_t reshard_handle_start(reshard_handle_t* handle);
 reshard_status_t reshard_handle_wait(reshard_handle_t* handle, int64_t timeout_ms);
@@ -117,7 +119,7 @@ reshard_status_t reshard_handle_stats(const reshard_handle_t* handle, reshard_st
 void reshard_handle_destroy(reshard_handle_t* handle);
 
 #ifdef __cplusplus
-}  /* extern "C" */
+} /* extern "C" */
 #endif
 
-#endif  /* RESHARD_RESHARD_C_H_ */
+#endif /* RESHARD_RESHARD_C_H_ */

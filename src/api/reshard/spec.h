@@ -90,8 +90,7 @@ struct Layout {
 
   // Places every tile of this side inside the per-rank buffer `buffer_name` at element
   // `offset`, with element `strides` (empty: row-major contiguous tile). Returns *this.
-  Layout& InBuffer(std::string buffer_name, int64_t offset = 0,
-                   std::vector<int64_t> strides = {});
+  Layout& InBuffer(std::string buffer_name, int64_t offset = 0, std::vector<int64_t> strides = {});
 
   Mesh mesh;
   std::vector<Placement> placements;  // One per mesh axis.
