@@ -8,7 +8,9 @@
 // slowest rank's Start -> Wait. Prints the median of each and their ratio.
 //
 //   put_bench [--iters N] [--rows R] [--cols C] [--tls UCX_TLS] [--batch BYTES]
-//             [--outstanding N] [--delivery put|am]
+//             [--outstanding N] [--delivery put|am] [--spec SPEC.json]
+// --spec replaces the strided case with any spec of 4 ranks (e.g. many small pieces, to compare
+// --batch 0, one completion signal per piece, with batched signals).
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -45,6 +47,7 @@ struct Flags {
   int64_t batch = -1;
   int outstanding = -1;
   std::string delivery;
+  std::string spec_path;  // Replaces the strided case (a world of 4 ranks).
 };
 
 struct Case {
@@ -209,10 +212,12 @@ int main(int argc, char** argv) {
       flags.outstanding = static_cast<int>(v);
     } else if (a == "--delivery") {
       flags.delivery = next();
+    } else if (a == "--spec") {
+      flags.spec_path = next();
     } else {
       std::fprintf(stderr,
                    "usage: put_bench [--iters N] [--rows R] [--cols C] [--tls UCX_TLS] "
-                   "[--batch BYTES] [--outstanding N] [--delivery put|am]\n");
+                   "[--batch BYTES] [--outstanding N] [--delivery put|am] [--spec SPEC.json]\n");
       return a == "--help" ? 0 : 2;
     }
   }
@@ -220,8 +225,16 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "put_bench: --rows must be a multiple of 4 and --cols even\n");
     return 2;
   }
-  const std::vector<Case> cases = {{"strided refit (rows -> cols)", StridedSpec(flags), "bench/strided"},
-                                   {"contiguous puts", ContiguousSpec(flags), "bench/contiguous"}};
+  std::vector<Case> cases = {{"strided refit (rows -> cols)", StridedSpec(flags), "bench/strided"},
+                             {"contiguous puts", ContiguousSpec(flags), "bench/contiguous"}};
+  if (!flags.spec_path.empty()) {
+    auto spec = reshard::plan::LoadSpecFile(flags.spec_path);
+    if (!spec.ok() || spec->WorldSize() != 4) {
+      std::fprintf(stderr, "put_bench: --spec must name a valid spec of 4 ranks\n");
+      return 2;
+    }
+    cases[0] = {flags.spec_path, reshard::plan::SpecToJson(*spec), "bench/spec"};
+  }
   std::random_device rd;
   const std::string token = absl::StrCat("bench", rd());
   auto server = reshard::net::TcpStoreServer::Start("127.0.0.1", 0, token);

@@ -55,7 +55,7 @@ struct AmHeader {
 struct DataHeader {
   AmHeader base;
   uint32_t transfer = 0;
-  uint32_t pad = 0;
+  uint32_t packed = 0;     // 1: to_offset is an offset in the transfer's packed stream.
   uint64_t to_offset = 0;  // Bytes from the start of the receiving buffer.
 };
 
@@ -143,6 +143,9 @@ class RefitEngine::Impl {
     ucp_rkey_h rkey = nullptr;
     ucp_mem_h memh = nullptr;
     bool staged_dst = false;  // Local copy into a staged destination buffer.
+    // Packed (short runs): runs_ describe the packed stream, gathered from `pack_from`.
+    bool packed = false;
+    uint8_t* pack_to = nullptr;
   };
   struct Batch {
     Impl* engine;
@@ -228,6 +231,19 @@ class RefitEngine::Impl {
   std::vector<uint64_t> landed_epoch_;  // By transfer index.
   std::vector<int64_t> landed_bytes_;   // By transfer index (delivery kActiveMessage).
   bool am_data_ = false;                // Delivery kActiveMessage.
+  // Packing of short-run regions (see RefitEngineOptions::pack_below_run_bytes).
+  std::vector<uint8_t> send_scratch_;   // Packed streams this rank sends, back to back.
+  std::unique_ptr<ucx::MemoryRegion> send_scratch_region_;
+  std::vector<uint8_t> recv_scratch_;   // Packed streams landing here (delivery kPut).
+  std::unique_ptr<ucx::MemoryRegion> recv_scratch_region_;
+  absl::flat_hash_map<uint32_t, int64_t> recv_offset_;  // Transfer -> offset in recv_scratch_.
+  bool IsPacked(const Transfer& t) const {
+    if (t.from_rank == t.to_rank || !Executes(t, options_.execute_fanout)) return false;
+    const plan::Region& r = plan_.region(t.region);
+    return r.ndims > 0 && r.run_bytes < options_.pack_below_run_bytes;
+  }
+  // Copies [begin, begin + length) of transfer t's packed stream from `packed` into place.
+  void Unpack(const Transfer& t, int64_t begin, const uint8_t* packed, int64_t length);
 
   // Epoch state.
   uint64_t epoch_ = 0;
@@ -461,6 +477,26 @@ absl::Status RefitEngine::Impl::RegisterBuffers(Store& store, std::vector<LocalB
       rkeys += packed;
     }
   }
+  // Landing area for packed streams (puts only): one slot per packed transfer into this rank,
+  // in plan order; every sender computes the same offsets from the plan.
+  int64_t recv_bytes = 0;
+  for (auto [it, end] = plan_.receives(rank_); it != end; ++it) {
+    const Transfer& t = plan_.transfers()[*it];
+    if (!IsPacked(t)) continue;
+    recv_offset_[*it] = recv_bytes;
+    recv_bytes += plan_.region(t.region).bytes;
+  }
+  if (recv_bytes > 0 && !am_data_) {
+    recv_scratch_.assign(static_cast<size_t>(recv_bytes), 0);
+    RESHARD_ASSIGN_OR_RETURN(recv_scratch_region_,
+                             ucx::MemoryRegion::Map(context, recv_scratch_.data(),
+                                                    recv_scratch_.size(), UCS_MEMORY_TYPE_HOST));
+    RESHARD_ASSIGN_OR_RETURN(std::string packed, recv_scratch_region_->PackRkey());
+    AppendU64(rkeys, n);  // Id one past the plan's buffers: the packed landing area.
+    AppendU64(rkeys, reinterpret_cast<uint64_t>(recv_scratch_.data()));
+    AppendU64(rkeys, packed.size());
+    rkeys += packed;
+  }
   RESHARD_RETURN_IF_ERROR(
       store.Set(absl::StrCat(options_.key_prefix, "/addr/", rank_), Hex(runtime_->worker->address())));
   RESHARD_RETURN_IF_ERROR(store.Set(absl::StrCat(options_.key_prefix, "/rkeys/", rank_), Hex(rkeys)));
@@ -502,15 +538,15 @@ absl::Status RefitEngine::Impl::ConnectPeers(Store& store, absl::Time deadline) 
     RESHARD_ASSIGN_OR_RETURN(std::string address, fetch("addr"));
     RESHARD_ASSIGN_OR_RETURN(peer.endpoint,
                              ucx::Endpoint::Create(*runtime_->worker, address, r, peer_errors));
-    peer.rkeys.resize(plan_.buffers().size());
-    peer.remote_base.assign(plan_.buffers().size(), 0);
+    peer.rkeys.resize(plan_.buffers().size() + 1);  // + the packed landing area.
+    peer.remote_base.assign(plan_.buffers().size() + 1, 0);
     if (!peer.sends_to) continue;
     RESHARD_ASSIGN_OR_RETURN(std::string rkeys, fetch("rkeys"));
     size_t pos = 0;
     while (pos < rkeys.size()) {
       uint64_t id = 0, base = 0, size = 0;
       if (!ReadU64(rkeys, pos, id) || !ReadU64(rkeys, pos, base) || !ReadU64(rkeys, pos, size) ||
-          pos + size > rkeys.size() || id >= plan_.buffers().size()) {
+          pos + size > rkeys.size() || id > plan_.buffers().size()) {
         return absl::DataLossError(absl::StrCat("malformed remote keys of rank ", r));
       }
       RESHARD_ASSIGN_OR_RETURN(peer.rkeys[id],
@@ -526,6 +562,32 @@ absl::Status RefitEngine::Impl::BuildDescriptors() {
   const auto& transfers = plan_.transfers();
   landed_epoch_.assign(transfers.size(), 0);
   landed_bytes_.assign(transfers.size(), 0);
+  // Packed streams this rank sends, and where each lands in its receiver's landing area.
+  int64_t send_bytes = 0;
+  absl::flat_hash_map<uint32_t, int64_t> send_offset;
+  absl::flat_hash_map<int32_t, absl::flat_hash_map<uint32_t, int64_t>> remote_offset;
+  for (auto [it, end] = plan_.sends(rank_); it != end; ++it) {
+    const Transfer& t = transfers[*it];
+    if (!IsPacked(t)) continue;
+    send_offset[*it] = send_bytes;
+    send_bytes += plan_.region(t.region).bytes;
+    if (!remote_offset.contains(t.to_rank)) {
+      auto& offsets = remote_offset[t.to_rank];
+      int64_t off = 0;
+      for (auto [rit, rend] = plan_.receives(t.to_rank); rit != rend; ++rit) {
+        const Transfer& rt = transfers[*rit];
+        if (!IsPacked(rt)) continue;
+        offsets[*rit] = off;
+        off += plan_.region(rt.region).bytes;
+      }
+    }
+  }
+  if (send_bytes > 0) {
+    send_scratch_.assign(static_cast<size_t>(send_bytes), 0);
+    RESHARD_ASSIGN_OR_RETURN(send_scratch_region_,
+                             ucx::MemoryRegion::Map(*runtime_->context, send_scratch_.data(),
+                                                    send_scratch_.size(), UCS_MEMORY_TYPE_HOST));
+  }
   for (auto [it, end] = plan_.sends(rank_); it != end; ++it) {
     const uint32_t ti = *it;
     const Transfer& t = transfers[ti];
@@ -559,6 +621,28 @@ absl::Status RefitEngine::Impl::BuildDescriptors() {
     // Active messages are eager and reassembled whole at the target: cut long runs into
     // chunks so the receiver copies one while the next is on the wire.
     const int64_t chunk = am_data_ && t.to_rank != rank_ ? kAmChunkBytes : INT64_MAX;
+    if (IsPacked(t)) {
+      // One contiguous stream: gathered into send_scratch_ when posted, put into the receiver's
+      // landing area (or sent in chunks as active messages, offsets within the stream).
+      d.packed = true;
+      d.pack_to = send_scratch_.data() + send_offset[ti];
+      d.memh = send_scratch_region_->get();
+      uint64_t base = 0;
+      if (!am_data_) {
+        Peer& peer = peers_[t.to_rank];
+        const size_t scratch_id = plan_.buffers().size();
+        if (peer.rkeys[scratch_id] == nullptr) {
+          return absl::DataLossError(absl::StrFormat(
+              "rank %d published no landing area for packed pieces from rank %d", t.to_rank, rank_));
+        }
+        d.rkey = peer.rkeys[scratch_id]->get();
+        base = peer.remote_base[scratch_id] + static_cast<uint64_t>(remote_offset[t.to_rank][ti]);
+      }
+      for (int64_t done = 0; done < region.bytes; done += chunk) {
+        runs_.push_back(Run{d.pack_to + done, base + static_cast<uint64_t>(done),
+                            static_cast<size_t>(std::min(chunk, region.bytes - done))});
+      }
+    } else
     plan::ForEachRun(region, plan_.region_dims(region),
                      [&](int64_t from_off, int64_t to_off, int64_t bytes) {
                        for (int64_t done = 0; done < bytes; done += chunk) {
@@ -736,6 +820,25 @@ void RefitEngine::Impl::PostPuts() {
         peer.cursor_run = descs_[peer.cursor_desc].run_begin;
       }
       SendDesc& d = descs_[peer.cursor_desc];
+      if (d.packed && peer.cursor_run == d.run_begin) {
+        // Gather the short runs (the source holds this epoch's data since Start).
+        const Transfer& t = plan_.transfers()[d.transfer];
+        const plan::Region& region = plan_.region(t.region);
+        const uint32_t from_buf = plan_.buffer_of(t.tensor, t.from_side);
+        const uint8_t* from = reg_addr_[from_buf];
+        const bool device = buffers_[from_buf].kind == MemoryKind::kCuda && staging_[from_buf] == nullptr;
+        int64_t pos = 0;
+        plan::ForEachRun(region, plan_.region_dims(region), [&](int64_t from_off, int64_t, int64_t n) {
+          if (device) {
+            absl::Status st = CudaCopy(d.pack_to + pos, from + from_off, static_cast<size_t>(n));
+            if (!st.ok()) Fail(st);
+          } else {
+            std::memcpy(d.pack_to + pos, from + from_off, static_cast<size_t>(n));
+          }
+          pos += n;
+        });
+        if (!status_.ok()) return;
+      }
       while (peer.cursor_run < d.run_end) {
         if (outstanding_puts_ >= options_.max_outstanding_puts) return;
         const Run& run = runs_[peer.cursor_run];
@@ -751,7 +854,7 @@ void RefitEngine::Impl::PostPuts() {
         if (am_data_) {
           DataHeader& h = data_headers_[peer.cursor_run];
           h = DataHeader{AmHeader{kMagic, rank_, HandleOf(static_cast<int32_t>(r)), epoch_},
-                         d.transfer, 0, run.remote};
+                         d.transfer, d.packed ? 1u : 0u, run.remote};
           param.op_attr_mask |= UCP_OP_ATTR_FIELD_FLAGS;
           param.flags = UCP_AM_SEND_FLAG_EAGER;
           req = ucp_am_send_nbx(peer.endpoint->get(), kDataAm, &h, sizeof(h), run.local, run.bytes,
@@ -1078,8 +1181,39 @@ void RefitEngine::Impl::OnDone(const AmHeader& h, const uint32_t* indices, size_
                                             " that the plan does not send it here")));
       return;
     }
+    if (landed_epoch_[ti] == epoch_) continue;
+    auto packed = recv_offset_.find(ti);
+    if (packed != recv_offset_.end()) {
+      const int64_t bytes = plan_.region(transfers[ti].region).bytes;
+      Unpack(transfers[ti], 0, recv_scratch_.data() + packed->second, bytes);
+      if (!status_.ok()) return;
+    }
     MarkLanded(ti);
   }
+}
+
+void RefitEngine::Impl::Unpack(const Transfer& t, int64_t begin, const uint8_t* packed,
+                               int64_t length) {
+  const plan::Region& region = plan_.region(t.region);
+  const uint32_t to_buf = plan_.buffer_of(t.tensor, t.to_side);
+  uint8_t* to = reg_addr_[to_buf];
+  const bool device = buffers_[to_buf].kind == MemoryKind::kCuda && staging_[to_buf] == nullptr;
+  const int64_t end = begin + length;
+  int64_t pos = 0;  // Offset of the current run in the packed stream.
+  plan::ForEachRun(region, plan_.region_dims(region), [&](int64_t, int64_t to_off, int64_t n) {
+    const int64_t lo = std::max(pos, begin), hi = std::min(pos + n, end);
+    if (lo < hi && status_.ok()) {
+      uint8_t* dst = to + to_off + (lo - pos);
+      const uint8_t* src = packed + (lo - begin);
+      if (device) {
+        absl::Status st = CudaCopy(dst, src, static_cast<size_t>(hi - lo));
+        if (!st.ok()) Fail(st);
+      } else {
+        std::memcpy(dst, src, static_cast<size_t>(hi - lo));
+      }
+    }
+    pos += n;
+  });
 }
 
 void RefitEngine::Impl::OnData(const DataHeader& h, const void* data, size_t length) {
@@ -1096,6 +1230,19 @@ void RefitEngine::Impl::OnData(const DataHeader& h, const void* data, size_t len
   const Transfer& t = transfers[ti];
   const uint32_t to_buf = plan_.buffer_of(t.tensor, t.to_side);
   const int64_t region_bytes = plan_.region(t.region).bytes;
+  if (h.packed != 0) {
+    if (h.to_offset + length > static_cast<uint64_t>(region_bytes) ||
+        landed_bytes_[ti] + static_cast<int64_t>(length) > region_bytes) {
+      Fail(absl::DataLossError(absl::StrCat("rank ", rank_, ": rank ", h.base.from_rank,
+                                            " sent packed bytes outside transfer ", ti)));
+      return;
+    }
+    Unpack(t, static_cast<int64_t>(h.to_offset), static_cast<const uint8_t*>(data),
+           static_cast<int64_t>(length));
+    landed_bytes_[ti] += static_cast<int64_t>(length);
+    if (status_.ok() && landed_bytes_[ti] == region_bytes) MarkLanded(ti);
+    return;
+  }
   if (h.to_offset + length > static_cast<uint64_t>(buffers_[to_buf].bytes) ||
       landed_bytes_[ti] + static_cast<int64_t>(length) > region_bytes) {
     Fail(absl::DataLossError(absl::StrCat("rank ", rank_, ": rank ", h.base.from_rank, " sent ",
@@ -1219,6 +1366,8 @@ RefitEngine::Impl::~Impl() {
   peers_.clear();
   batches_.clear();
   regions_.clear();
+  send_scratch_region_.reset();
+  recv_scratch_region_.reset();
   for (void* p : staging_) FreePinned(p);
   auto it = runtime_->engines.find(handle_);
   if (it != runtime_->engines.end() && it->second == this) runtime_->engines.erase(it);

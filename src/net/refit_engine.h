@@ -74,6 +74,12 @@ struct RefitEngineOptions {
   // Pieces to one receiver are flushed and signalled in batches of at least this many bytes
   // (0: one signal per piece). A piece is never split across batches.
   int64_t signal_batch_bytes = int64_t{4} << 20;
+  // Strided regions whose contiguous runs are shorter than this are packed: the source copies
+  // the runs into one registered buffer, moves them with one put (or a few active messages),
+  // and the receiver unpacks them, instead of one put per short run. 0: never pack. Must be
+  // the same on every rank. (Per-put cost dominates below a few KiB: 32768 runs of 512 B take
+  // tens of ms as separate puts on shared memory.)
+  int64_t pack_below_run_bytes = 8192;
   // Execute kFanout transfers as network puts (until a fan-out backend takes them over).
   bool execute_fanout = true;
   // How bytes travel. kPut: ucp_put_nbx into the registered remote buffer, ep flush, then a
