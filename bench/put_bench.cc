@@ -237,16 +237,36 @@ int main(int argc, char** argv) {
   }
   std::random_device rd;
   const std::string token = absl::StrCat("bench", rd());
+  // Fork the ranks before the store server starts its thread: a child forked while another
+  // thread holds a lock (UCX's memory hooks take one on mmap) can deadlock. Each child reads
+  // the port from a pipe.
+  std::vector<pid_t> pids;
+  std::vector<int> port_pipes;
+  for (int r = 0; r < 4; ++r) {
+    int fds[2];
+    if (pipe(fds) != 0) return 1;
+    const pid_t pid = fork();
+    if (pid == 0) {
+      close(fds[1]);
+      int port = 0;
+      if (read(fds[0], &port, sizeof(port)) != sizeof(port)) _exit(1);
+      _exit(Child(r, flags, cases, port, token));
+    }
+    close(fds[0]);
+    port_pipes.push_back(fds[1]);
+    pids.push_back(pid);
+  }
   auto server = reshard::net::TcpStoreServer::Start("127.0.0.1", 0, token);
   if (!server.ok()) {
     std::fprintf(stderr, "put_bench: %s\n", std::string(server.status().message()).c_str());
+    for (int fd : port_pipes) close(fd);  // Children exit on the short read.
+    for (pid_t pid : pids) waitpid(pid, nullptr, 0);
     return 1;
   }
-  std::vector<pid_t> pids;
-  for (int r = 0; r < 4; ++r) {
-    const pid_t pid = fork();
-    if (pid == 0) _exit(Child(r, flags, cases, (*server)->port(), token));
-    pids.push_back(pid);
+  const int port = (*server)->port();
+  for (int fd : port_pipes) {
+    if (write(fd, &port, sizeof(port)) != sizeof(port)) return 1;
+    close(fd);
   }
   bool ok = true;
   for (pid_t pid : pids) {
