@@ -112,13 +112,12 @@ int Child(int rank, const Flags& flags, const std::vector<Case>& cases, int port
     const reshard::plan::RefitSpec& s = h.plan.spec();
     for (size_t t = 0; t < s.tensors.size(); ++t) {
       uint8_t* src = h.memory[h.plan.buffer_of(t, reshard::plan::Side::kSrc)].get();
-      reshard::plan::ForEachTile(s, t, reshard::plan::Side::kSrc,
-                                 [&](int32_t r, const reshard::plan::Box& box) {
-                                   if (r == rank) {
-                                     reshard::plan::FillTile(s, t, reshard::plan::Side::kSrc, box,
-                                                             1, src);
-                                   }
-                                 });
+      reshard::plan::ForEachTile(
+          s, t, reshard::plan::Side::kSrc, [&](int32_t r, const reshard::plan::Box& box) {
+            if (r == rank) {
+              reshard::plan::FillTile(s, t, reshard::plan::Side::kSrc, box, 1, src);
+            }
+          });
     }
     RefitEngineOptions options;
     options.key_prefix = c.prefix;
@@ -140,7 +139,8 @@ int Child(int rank, const Flags& flags, const std::vector<Case>& cases, int port
       const std::string barrier = absl::StrCat("bench/barrier/", i, "/", c, "/");
       (void)(*store)->Set(absl::StrCat(barrier, rank), "1");
       for (int r = 0; r < 4; ++r) {
-        if (!(*store)->Get(absl::StrCat(barrier, r), absl::Now() + absl::Seconds(300)).ok()) return 1;
+        if (!(*store)->Get(absl::StrCat(barrier, r), absl::Now() + absl::Seconds(300)).ok())
+          return 1;
       }
       RefitEngine& e = *handles[c].engine;
       const absl::Time start = absl::Now();
@@ -282,10 +282,11 @@ int main(int argc, char** argv) {
                                                 absl::Now() + absl::Seconds(10));
   if (!client.ok()) return 1;
   const double bytes = static_cast<double>(flags.rows) * flags.cols * 2;
-  std::printf("put_bench: %lld x %lld bf16 (%.0f MiB), 2 sources -> 2 destinations, UCX_TLS=%s, "
-              "%d iterations\n",
-              static_cast<long long>(flags.rows), static_cast<long long>(flags.cols),
-              bytes / (1 << 20), flags.tls.c_str(), flags.iters);
+  std::printf(
+      "put_bench: %lld x %lld bf16 (%.0f MiB), 2 sources -> 2 destinations, UCX_TLS=%s, "
+      "%d iterations\n",
+      static_cast<long long>(flags.rows), static_cast<long long>(flags.cols), bytes / (1 << 20),
+      flags.tls.c_str(), flags.iters);
   std::vector<double> medians;
   for (size_t c = 0; c < cases.size(); ++c) {
     std::vector<double> slowest(flags.iters, 0);

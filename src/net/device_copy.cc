@@ -61,7 +61,8 @@ absl::Status CudaCopy(void* dst, const void* src, size_t bytes) {
 
 namespace {
 absl::Status NoCuda() {
-  return absl::FailedPreconditionError("device memory needs CUDA, and reshard was built without it");
+  return absl::FailedPreconditionError(
+      "device memory needs CUDA, and reshard was built without it");
 }
 }  // namespace
 

@@ -8,11 +8,11 @@
 #include <mutex>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
-#include "absl/strings/match.h"
 #include "src/common/hash.h"
 #include "src/common/status.h"
 #include "src/net/device_copy.h"
@@ -172,13 +172,13 @@ class RefitEngine::Impl {
     bool aborted = false;
     std::string abort_reason;
     // Per epoch.
-    bool started = false;           // Granted and initial sends queued.
-    std::deque<uint32_t> ready;     // Descs whose dependencies landed.
-    int64_t cursor_desc = -1;       // Desc being posted, and its next run.
+    bool started = false;        // Granted and initial sends queued.
+    std::deque<uint32_t> ready;  // Descs whose dependencies landed.
+    int64_t cursor_desc = -1;    // Desc being posted, and its next run.
     uint32_t cursor_run = 0;
     Batch* open = nullptr;
-    int64_t unsignalled = 0;        // Sends of this epoch not yet signalled.
-    int64_t remaining_from = 0;     // Pieces of this epoch not yet landed from this peer.
+    int64_t unsignalled = 0;     // Sends of this epoch not yet signalled.
+    int64_t remaining_from = 0;  // Pieces of this epoch not yet landed from this peer.
     int grants_in_flight = 0;
     AmHeader grant_header;
   };
@@ -227,14 +227,14 @@ class RefitEngine::Impl {
   std::vector<SendDesc> descs_;
   std::vector<uint32_t> local_initial_;  // Local descs without dependencies.
   absl::flat_hash_map<uint32_t, std::vector<uint32_t>> dependents_;  // transfer -> descs.
-  std::vector<uint32_t> received_;  // Transfers landing here that the engine executes.
+  std::vector<uint32_t> received_;      // Transfers landing here that the engine executes.
   std::vector<uint64_t> landed_epoch_;  // By transfer index.
   std::vector<int64_t> landed_bytes_;   // By transfer index (delivery kActiveMessage).
   bool am_data_ = false;                // Delivery kActiveMessage.
   // Packing of short-run regions (see RefitEngineOptions::pack_below_run_bytes).
-  std::vector<uint8_t> send_scratch_;   // Packed streams this rank sends, back to back.
+  std::vector<uint8_t> send_scratch_;  // Packed streams this rank sends, back to back.
   std::unique_ptr<ucx::MemoryRegion> send_scratch_region_;
-  std::vector<uint8_t> recv_scratch_;   // Packed streams landing here (delivery kPut).
+  std::vector<uint8_t> recv_scratch_;  // Packed streams landing here (delivery kPut).
   std::unique_ptr<ucx::MemoryRegion> recv_scratch_region_;
   absl::flat_hash_map<uint32_t, int64_t> recv_offset_;  // Transfer -> offset in recv_scratch_.
   bool IsPacked(const Transfer& t) const {
@@ -306,9 +306,11 @@ class Runtime {
     auto runtime = std::shared_ptr<Runtime>(new Runtime());
     RESHARD_ASSIGN_OR_RETURN(runtime->context, ucx::Context::Create());
     RESHARD_ASSIGN_OR_RETURN(runtime->worker, ucx::Worker::Create(*runtime->context));
-    RESHARD_RETURN_IF_ERROR(runtime->worker->SetAmHandler(kGrantAm, &OnAm<kGrantAm>, runtime.get()));
+    RESHARD_RETURN_IF_ERROR(
+        runtime->worker->SetAmHandler(kGrantAm, &OnAm<kGrantAm>, runtime.get()));
     RESHARD_RETURN_IF_ERROR(runtime->worker->SetAmHandler(kDoneAm, &OnAm<kDoneAm>, runtime.get()));
-    RESHARD_RETURN_IF_ERROR(runtime->worker->SetAmHandler(kAbortAm, &OnAm<kAbortAm>, runtime.get()));
+    RESHARD_RETURN_IF_ERROR(
+        runtime->worker->SetAmHandler(kAbortAm, &OnAm<kAbortAm>, runtime.get()));
     RESHARD_RETURN_IF_ERROR(runtime->worker->SetAmHandler(kDataAm, &OnDataAm, runtime.get()));
     current = runtime;
     return runtime;
@@ -384,17 +386,16 @@ absl::Status RefitEngine::Impl::Init(Store& store, std::vector<LocalBuffer> buff
         "rank %d is outside the plan's world of %d ranks", rank_, plan_.world_size()));
   }
   if (buffers.size() != plan_.buffers().size()) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "rank %d passed %d buffers, the plan has %d", rank_, buffers.size(),
-        plan_.buffers().size()));
+    return absl::InvalidArgumentError(absl::StrFormat("rank %d passed %d buffers, the plan has %d",
+                                                      rank_, buffers.size(),
+                                                      plan_.buffers().size()));
   }
   const std::vector<int64_t> need = plan_.BufferBytes(rank_);
   for (size_t b = 0; b < buffers.size(); ++b) {
     if (buffers[b].bytes < need[b] || (need[b] > 0 && buffers[b].data == nullptr)) {
       return absl::InvalidArgumentError(absl::StrFormat(
-          "buffer \"%s\" (%s) on rank %d has %d bytes, the plan needs %d",
-          plan_.buffers()[b].name, plan::SideName(plan_.buffers()[b].side), rank_,
-          buffers[b].bytes, need[b]));
+          "buffer \"%s\" (%s) on rank %d has %d bytes, the plan needs %d", plan_.buffers()[b].name,
+          plan::SideName(plan_.buffers()[b].side), rank_, buffers[b].bytes, need[b]));
     }
   }
   handle_ = HandleOf(rank_);
@@ -405,9 +406,9 @@ absl::Status RefitEngine::Impl::Init(Store& store, std::vector<LocalBuffer> buff
 
   RESHARD_ASSIGN_OR_RETURN(runtime_, Runtime::Get());
   if (runtime_->engines.contains(handle_)) {
-    return absl::AlreadyExistsError(absl::StrCat(
-        "a refit handle with key prefix \"", options_.key_prefix, "\" for rank ", rank_,
-        " already exists in this process"));
+    return absl::AlreadyExistsError(absl::StrCat("a refit handle with key prefix \"",
+                                                 options_.key_prefix, "\" for rank ", rank_,
+                                                 " already exists in this process"));
   }
   runtime_->engines[handle_] = this;
 
@@ -425,9 +426,10 @@ absl::Status RefitEngine::Impl::ExchangeFingerprints(Store& store, absl::Time de
     absl::StatusOr<std::string> theirs =
         store.Get(absl::StrCat(options_.key_prefix, "/fp/", r), deadline);
     if (!theirs.ok()) {
-      return absl::Status(theirs.status().code(),
-                          absl::StrCat("rank ", rank_, ": waiting for the plan fingerprint of rank ",
-                                       r, ": ", std::string(theirs.status().message())));
+      return absl::Status(
+          theirs.status().code(),
+          absl::StrCat("rank ", rank_, ": waiting for the plan fingerprint of rank ", r, ": ",
+                       std::string(theirs.status().message())));
     }
     if (*theirs != mine) {
       return absl::FailedPreconditionError(absl::StrFormat(
@@ -468,7 +470,8 @@ absl::Status RefitEngine::Impl::RegisterBuffers(Store& store, std::vector<LocalB
       }
     }
     RESHARD_ASSIGN_OR_RETURN(
-        regions_[b], ucx::MemoryRegion::Map(context, reg_addr_[b], static_cast<size_t>(buf.bytes), type));
+        regions_[b],
+        ucx::MemoryRegion::Map(context, reg_addr_[b], static_cast<size_t>(buf.bytes), type));
     if (plan_.buffers()[b].side != Side::kSrc) {  // Destination and staging buffers.
       RESHARD_ASSIGN_OR_RETURN(std::string packed, regions_[b]->PackRkey());
       AppendU64(rkeys, b);
@@ -497,9 +500,10 @@ absl::Status RefitEngine::Impl::RegisterBuffers(Store& store, std::vector<LocalB
     AppendU64(rkeys, packed.size());
     rkeys += packed;
   }
+  RESHARD_RETURN_IF_ERROR(store.Set(absl::StrCat(options_.key_prefix, "/addr/", rank_),
+                                    Hex(runtime_->worker->address())));
   RESHARD_RETURN_IF_ERROR(
-      store.Set(absl::StrCat(options_.key_prefix, "/addr/", rank_), Hex(runtime_->worker->address())));
-  RESHARD_RETURN_IF_ERROR(store.Set(absl::StrCat(options_.key_prefix, "/rkeys/", rank_), Hex(rkeys)));
+      store.Set(absl::StrCat(options_.key_prefix, "/rkeys/", rank_), Hex(rkeys)));
   return absl::OkStatus();
 }
 
@@ -610,8 +614,8 @@ absl::Status RefitEngine::Impl::BuildDescriptors() {
       if (peer.rkeys[to_buf] == nullptr) {
         return absl::DataLossError(absl::StrFormat(
             "rank %d published no remote key for buffer \"%s\" that rank %d must write (tensor "
-            "\"%s\")", t.to_rank, plan_.buffers()[to_buf].name, rank_,
-            plan_.spec().tensors[t.tensor].name));
+            "\"%s\")",
+            t.to_rank, plan_.buffers()[to_buf].name, rank_, plan_.spec().tensors[t.tensor].name));
       }
       d.rkey = peer.rkeys[to_buf]->get();
       // Puts address the peer's memory; active messages carry the offset in its buffer.
@@ -632,8 +636,9 @@ absl::Status RefitEngine::Impl::BuildDescriptors() {
         Peer& peer = peers_[t.to_rank];
         const size_t scratch_id = plan_.buffers().size();
         if (peer.rkeys[scratch_id] == nullptr) {
-          return absl::DataLossError(absl::StrFormat(
-              "rank %d published no landing area for packed pieces from rank %d", t.to_rank, rank_));
+          return absl::DataLossError(
+              absl::StrFormat("rank %d published no landing area for packed pieces from rank %d",
+                              t.to_rank, rank_));
         }
         d.rkey = peer.rkeys[scratch_id]->get();
         base = peer.remote_base[scratch_id] + static_cast<uint64_t>(remote_offset[t.to_rank][ti]);
@@ -643,14 +648,14 @@ absl::Status RefitEngine::Impl::BuildDescriptors() {
                             static_cast<size_t>(std::min(chunk, region.bytes - done))});
       }
     } else
-    plan::ForEachRun(region, plan_.region_dims(region),
-                     [&](int64_t from_off, int64_t to_off, int64_t bytes) {
-                       for (int64_t done = 0; done < bytes; done += chunk) {
-                         runs_.push_back(Run{local_base + from_off + done,
-                                             remote_base + static_cast<uint64_t>(to_off + done),
-                                             static_cast<size_t>(std::min(chunk, bytes - done))});
-                       }
-                     });
+      plan::ForEachRun(region, plan_.region_dims(region),
+                       [&](int64_t from_off, int64_t to_off, int64_t bytes) {
+                         for (int64_t done = 0; done < bytes; done += chunk) {
+                           runs_.push_back(Run{local_base + from_off + done,
+                                               remote_base + static_cast<uint64_t>(to_off + done),
+                                               static_cast<size_t>(std::min(chunk, bytes - done))});
+                         }
+                       });
     d.run_end = static_cast<uint32_t>(runs_.size());
     const uint32_t di = static_cast<uint32_t>(descs_.size());
     descs_.push_back(d);
@@ -671,17 +676,17 @@ absl::Status RefitEngine::Impl::BuildDescriptors() {
 
 absl::Status RefitEngine::Impl::Start(uint64_t epoch) {
   if (failed_) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "rank ", rank_, ": refit epoch ", epoch_, " failed (", std::string(status_.message()),
-        "); call Reset() before starting another"));
+    return absl::FailedPreconditionError(absl::StrCat("rank ", rank_, ": refit epoch ", epoch_,
+                                                      " failed (", std::string(status_.message()),
+                                                      "); call Reset() before starting another"));
   }
   if (in_epoch_) {
     return absl::FailedPreconditionError(
         absl::StrCat("rank ", rank_, ": epoch ", epoch_, " is still in flight"));
   }
   if (epoch <= epoch_) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "rank ", rank_, ": epoch ", epoch, " does not follow the last epoch ", epoch_));
+    return absl::FailedPreconditionError(absl::StrCat("rank ", rank_, ": epoch ", epoch,
+                                                      " does not follow the last epoch ", epoch_));
   }
   epoch_ = epoch;
   in_epoch_ = true;
@@ -826,17 +831,20 @@ void RefitEngine::Impl::PostPuts() {
         const plan::Region& region = plan_.region(t.region);
         const uint32_t from_buf = plan_.buffer_of(t.tensor, t.from_side);
         const uint8_t* from = reg_addr_[from_buf];
-        const bool device = buffers_[from_buf].kind == MemoryKind::kCuda && staging_[from_buf] == nullptr;
+        const bool device =
+            buffers_[from_buf].kind == MemoryKind::kCuda && staging_[from_buf] == nullptr;
         int64_t pos = 0;
-        plan::ForEachRun(region, plan_.region_dims(region), [&](int64_t from_off, int64_t, int64_t n) {
-          if (device) {
-            absl::Status st = CudaCopy(d.pack_to + pos, from + from_off, static_cast<size_t>(n));
-            if (!st.ok()) Fail(st);
-          } else {
-            std::memcpy(d.pack_to + pos, from + from_off, static_cast<size_t>(n));
-          }
-          pos += n;
-        });
+        plan::ForEachRun(region, plan_.region_dims(region),
+                         [&](int64_t from_off, int64_t, int64_t n) {
+                           if (device) {
+                             absl::Status st =
+                                 CudaCopy(d.pack_to + pos, from + from_off, static_cast<size_t>(n));
+                             if (!st.ok()) Fail(st);
+                           } else {
+                             std::memcpy(d.pack_to + pos, from + from_off, static_cast<size_t>(n));
+                           }
+                           pos += n;
+                         });
         if (!status_.ok()) return;
       }
       while (peer.cursor_run < d.run_end) {
@@ -864,10 +872,10 @@ void RefitEngine::Impl::PostPuts() {
         }
         stats_.puts++;
         if (UCS_PTR_IS_ERR(req)) {
-          Fail(ucx::ToStatus(UCS_PTR_STATUS(req), "ucp_put_nbx",
-                             absl::StrCat("peer rank ", r, ", tensor \"",
-                                          plan_.spec().tensors[plan_.transfers()[d.transfer].tensor].name,
-                                          "\"")));
+          Fail(ucx::ToStatus(
+              UCS_PTR_STATUS(req), "ucp_put_nbx",
+              absl::StrCat("peer rank ", r, ", tensor \"",
+                           plan_.spec().tensors[plan_.transfers()[d.transfer].tensor].name, "\"")));
           return;
         }
         if (req != nullptr) outstanding_puts_++;
@@ -968,8 +976,9 @@ void RefitEngine::Impl::RunLocalCopies() {
     const uint32_t from_buf = plan_.buffer_of(t.tensor, t.from_side);
     const uint32_t to_buf = plan_.buffer_of(t.tensor, t.to_side);
     // Device memory registered directly (CUDA-enabled UCX): copy with the CUDA runtime.
-    const bool device = (buffers_[from_buf].kind == MemoryKind::kCuda && staging_[from_buf] == nullptr) ||
-                        (buffers_[to_buf].kind == MemoryKind::kCuda && staging_[to_buf] == nullptr);
+    const bool device =
+        (buffers_[from_buf].kind == MemoryKind::kCuda && staging_[from_buf] == nullptr) ||
+        (buffers_[to_buf].kind == MemoryKind::kCuda && staging_[to_buf] == nullptr);
     for (uint32_t i = d.run_begin; i < d.run_end; ++i) {
       const Run& run = runs_[i];
       void* dst = reinterpret_cast<void*>(run.remote);
@@ -1058,9 +1067,9 @@ std::string RefitEngine::Impl::PendingSummary() const {
       parts.push_back(absl::StrCat(peer.remaining_from, " piece(s) from rank ", r));
     }
     if (peer.unsignalled > 0) {
-      parts.push_back(absl::StrCat(
-          peer.unsignalled, " piece(s) to rank ", r,
-          peer.started ? "" : absl::StrCat(" (no grant for epoch ", epoch_, " yet)")));
+      parts.push_back(
+          absl::StrCat(peer.unsignalled, " piece(s) to rank ", r,
+                       peer.started ? "" : absl::StrCat(" (no grant for epoch ", epoch_, " yet)")));
     }
   }
   return parts.empty() ? "local work" : absl::StrJoin(parts, ", ");
@@ -1086,14 +1095,14 @@ void RefitEngine::Impl::BroadcastAbort() {
   for (uint32_t r = 0; r < peers_.size(); ++r) {
     Peer& peer = peers_[r];
     if (!peer.active || !peer.endpoint->error().ok()) continue;
-    AbortMessage& msg =
-        aborts_.emplace_back(AbortMessage{AmHeader{kMagic, rank_, HandleOf(static_cast<int32_t>(r)), epoch_}, reason});
+    AbortMessage& msg = aborts_.emplace_back(
+        AbortMessage{AmHeader{kMagic, rank_, HandleOf(static_cast<int32_t>(r)), epoch_}, reason});
     ucp_request_param_t param{};
     param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
     param.flags = UCP_AM_SEND_FLAG_EAGER;
-    ucs_status_ptr_t req = ucp_am_send_nbx(peer.endpoint->get(), kAbortAm, &msg.header,
-                                           sizeof(AmHeader), msg.reason.data(), msg.reason.size(),
-                                           &param);
+    ucs_status_ptr_t req =
+        ucp_am_send_nbx(peer.endpoint->get(), kAbortAm, &msg.header, sizeof(AmHeader),
+                        msg.reason.data(), msg.reason.size(), &param);
     if (req != nullptr && !UCS_PTR_IS_ERR(req)) ucp_request_free(req);
   }
   // Push the aborts out for a moment; their buffers live until the engine is destroyed.
@@ -1120,10 +1129,10 @@ absl::Status RefitEngine::Impl::Wait(absl::Time deadline) {
     Pump();
     if (!status_.ok() || !in_epoch_) break;
     if (absl::Now() >= deadline) {
-      Fail(absl::DeadlineExceededError(absl::StrCat(
-          "rank ", rank_, ": refit epoch ", epoch_, " missed its deadline after ",
-          absl::FormatDuration(absl::Now() - started_at_), " still waiting for ",
-          PendingSummary())));
+      Fail(absl::DeadlineExceededError(absl::StrCat("rank ", rank_, ": refit epoch ", epoch_,
+                                                    " missed its deadline after ",
+                                                    absl::FormatDuration(absl::Now() - started_at_),
+                                                    " still waiting for ", PendingSummary())));
     }
   }
   BroadcastAbort();
@@ -1287,8 +1296,8 @@ void RefitEngine::Impl::OnFlushDone(void* request, ucs_status_t status, void* us
   auto* batch = static_cast<Batch*>(user_data);
   batch->flushed = true;
   if (status != UCS_OK && batch->engine->in_epoch_) {
-    batch->engine->Fail(ucx::ToStatus(status, "ucp_ep_flush_nbx",
-                                      absl::StrCat("peer rank ", batch->peer)));
+    batch->engine->Fail(
+        ucx::ToStatus(status, "ucp_ep_flush_nbx", absl::StrCat("peer rank ", batch->peer)));
   }
   ucp_request_free(request);
 }
@@ -1314,7 +1323,8 @@ std::string RefitEngine::Impl::Transports() const {
   std::vector<std::string> names;
   for (const Peer& peer : peers_) {
     if (!peer.active || peer.endpoint == nullptr) continue;
-    for (absl::string_view name : absl::StrSplit(peer.endpoint->Transports(), ' ', absl::SkipEmpty())) {
+    for (absl::string_view name :
+         absl::StrSplit(peer.endpoint->Transports(), ' ', absl::SkipEmpty())) {
       bool seen = false;
       for (const std::string& n : names) seen = seen || n == name;
       if (!seen) names.emplace_back(name);
@@ -1333,8 +1343,8 @@ absl::Status RefitEngine::Impl::Shutdown(absl::Time deadline) {
     if (!peers_[r].active) continue;
     // Keep progressing while waiting: peers may still be finishing puts into this rank.
     while (true) {
-      absl::StatusOr<std::string> v =
-          store_->Get(absl::StrCat(options_.key_prefix, "/bye/", r), absl::Now() + absl::Milliseconds(20));
+      absl::StatusOr<std::string> v = store_->Get(absl::StrCat(options_.key_prefix, "/bye/", r),
+                                                  absl::Now() + absl::Milliseconds(20));
       if (v.ok()) break;
       if (v.status().code() != absl::StatusCode::kDeadlineExceeded || absl::Now() >= deadline) {
         result = absl::Status(v.status().code(),
@@ -1379,17 +1389,18 @@ RefitEngine::Impl::~Impl() {
 RefitEngine::RefitEngine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 RefitEngine::~RefitEngine() = default;
 
-absl::StatusOr<std::unique_ptr<RefitEngine>> RefitEngine::Create(const plan::Plan& plan,
-                                                                 int32_t rank, Store& store,
-                                                                 std::vector<LocalBuffer> buffers,
-                                                                 const RefitEngineOptions& options) {
+absl::StatusOr<std::unique_ptr<RefitEngine>> RefitEngine::Create(
+    const plan::Plan& plan, int32_t rank, Store& store, std::vector<LocalBuffer> buffers,
+    const RefitEngineOptions& options) {
   auto impl = std::make_unique<Impl>(plan, rank, options);
   RESHARD_RETURN_IF_ERROR(impl->Init(store, std::move(buffers)));
   return std::unique_ptr<RefitEngine>(new RefitEngine(std::move(impl)));
 }
 
 absl::Status RefitEngine::Start(uint64_t epoch) { return impl_->Start(epoch); }
-absl::Status RefitEngine::Progress(std::vector<uint32_t>* landed) { return impl_->Progress(landed); }
+absl::Status RefitEngine::Progress(std::vector<uint32_t>* landed) {
+  return impl_->Progress(landed);
+}
 absl::Status RefitEngine::Wait(absl::Time deadline) { return impl_->Wait(deadline); }
 absl::Status RefitEngine::Execute(absl::Time deadline) {
   RESHARD_RETURN_IF_ERROR(impl_->Start(impl_->epoch_ + 1));

@@ -1,10 +1,9 @@
 // Device memory through the refit engine: CUDA buffers registered directly when UCX reports
 // CUDA memory, otherwise staged through pinned host buffers. Skips without a usable GPU
 // (cudaGetDeviceCount error or 0 devices). Ranks are forked processes over UCX shared memory.
+#include <cuda_runtime_api.h>
 #include <sys/wait.h>
 #include <unistd.h>
-
-#include <cuda_runtime_api.h>
 
 #include <cstdio>
 #include <cstdlib>

@@ -63,10 +63,9 @@ absl::StatusOr<std::vector<RankResult>> RunWorld(const WorldLaunch& launch) {
     if (pipe2(out_pipe, O_CLOEXEC) != 0 || pipe2(err_pipe, O_CLOEXEC) != 0) {
       return absl::InternalError("pipe failed");
     }
-    std::vector<std::string> argv = {launch.program,
-                                     launch.spec_paths.size() == 1 ? launch.spec_paths[0]
-                                                                   : launch.spec_paths[r],
-                                     "--iters", absl::StrCat(launch.iters)};
+    std::vector<std::string> argv = {
+        launch.program, launch.spec_paths.size() == 1 ? launch.spec_paths[0] : launch.spec_paths[r],
+        "--iters", absl::StrCat(launch.iters)};
     argv.insert(argv.end(), launch.extra_args.begin(), launch.extra_args.end());
     std::vector<std::string> env = {
         absl::StrCat("RESHARD_RANK=", r),
@@ -104,11 +103,14 @@ absl::StatusOr<std::vector<RankResult>> RunWorld(const WorldLaunch& launch) {
   std::thread watcher;
   if (launch.on_running) {
     watcher = std::thread([&] {
-      auto client = net::TcpStore::Connect("127.0.0.1", port, token, absl::Now() + absl::Seconds(30));
+      auto client =
+          net::TcpStore::Connect("127.0.0.1", port, token, absl::Now() + absl::Seconds(30));
       if (client.ok()) {
         bool all = true;
         for (int r = 0; r < n && all; ++r) {
-          all = (*client)->Get(absl::StrCat("reshard/rank/addr/", r), absl::Now() + launch.limit).ok();
+          all = (*client)
+                    ->Get(absl::StrCat("reshard/rank/addr/", r), absl::Now() + launch.limit)
+                    .ok();
         }
         if (all) {
           absl::SleepFor(absl::Milliseconds(300));  // Let the refits get going.
@@ -149,7 +151,8 @@ absl::StatusOr<std::vector<RankResult>> RunWorld(const WorldLaunch& launch) {
       auto [r, is_out] = owner[i];
       if (got > 0) {
         (is_out ? results[r].stdout_text : results[r].stderr_text).append(buf, got);
-        if (!is_out && results[r].stderr_text.size() > (1 << 20)) results[r].stderr_text.resize(1 << 20);
+        if (!is_out && results[r].stderr_text.size() > (1 << 20))
+          results[r].stderr_text.resize(1 << 20);
       } else {
         close(fds[i].fd);
         (is_out ? out_fd[r] : err_fd[r]) = -1;
@@ -177,9 +180,8 @@ absl::StatusOr<std::vector<RankResult>> RunWorld(const WorldLaunch& launch) {
   }
   if (watcher.joinable()) watcher.join();
   if (killed) {
-    return absl::DeadlineExceededError(
-        absl::StrCat("the world did not finish within ", absl::FormatDuration(launch.limit),
-                     Describe(results)));
+    return absl::DeadlineExceededError(absl::StrCat(
+        "the world did not finish within ", absl::FormatDuration(launch.limit), Describe(results)));
   }
   return results;
 }

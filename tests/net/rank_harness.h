@@ -21,10 +21,10 @@ struct WorldLaunch {
   std::vector<std::string> spec_paths;  // One per rank, or one for every rank.
   int world_size = 0;
   int iters = 3;
-  std::vector<std::string> extra_args;  // e.g. {"--plan-mode", "naive"}
-  std::string ucx_tls = "sm,self";      // Always set explicitly.
-  std::string ucx_net_devices = "all";  // Always set explicitly.
-  int timeout_ms = 20000;               // RESHARD_TIMEOUT_MS.
+  std::vector<std::string> extra_args;        // e.g. {"--plan-mode", "naive"}
+  std::string ucx_tls = "sm,self";            // Always set explicitly.
+  std::string ucx_net_devices = "all";        // Always set explicitly.
+  int timeout_ms = 20000;                     // RESHARD_TIMEOUT_MS.
   absl::Duration limit = absl::Seconds(120);  // Every rank is SIGKILLed after this.
   // Called once every rank has published its worker address (the refits are about to start or
   // running), with the ranks' pids; may kill one.

@@ -111,12 +111,12 @@ bool AllPoisoned(const RankBuffers& rb) {
   return true;
 }
 
-#define CHILD_EXPECT(cond)                                                   \
-  do {                                                                       \
-    if (!(cond)) {                                                           \
+#define CHILD_EXPECT(cond)                                                           \
+  do {                                                                               \
+    if (!(cond)) {                                                                   \
       std::fprintf(stderr, "rank %d: %s:%d: %s\n", rank, __FILE__, __LINE__, #cond); \
-      return 1;                                                              \
-    }                                                                        \
+      return 1;                                                                      \
+    }                                                                                \
   } while (0)
 
 constexpr char kRowsToCols[] = R"json({"tensors": [{"name": "w", "dtype": "fp32", "shape": [64, 48],
@@ -199,11 +199,13 @@ TEST(RefitEngine, FailedEpochIsRememberedUntilReset) {
     e.Reset();
     CHILD_EXPECT((*store)->Set(absl::StrCat("reset-done/", rank), "1").ok());
     for (int r = 0; r < 4; ++r) {
-      CHILD_EXPECT((*store)->Get(absl::StrCat("reset-done/", r), absl::Now() + absl::Seconds(20)).ok());
+      CHILD_EXPECT(
+          (*store)->Get(absl::StrCat("reset-done/", r), absl::Now() + absl::Seconds(20)).ok());
     }
     Fill(rb, rank, 2);
     for (size_t b = 0; b < rb.memory.size(); ++b) {
-      if (rb.plan.buffers()[b].side != plan::Side::kSrc) std::fill(rb.memory[b].begin(), rb.memory[b].end(), kPoison);
+      if (rb.plan.buffers()[b].side != plan::Side::kSrc)
+        std::fill(rb.memory[b].begin(), rb.memory[b].end(), kPoison);
     }
     CHILD_EXPECT(e.Start(2).ok());
     const absl::Status st = e.Wait(absl::Now() + absl::Seconds(20));
@@ -227,7 +229,8 @@ TEST(RefitEngine, ProgressReportsEveryLandedTransferOnce) {
   {
     RankBuffers rb = MakeBuffers(spec, 0);
     bool fanout = false;
-    for (const plan::Transfer& t : rb.plan.transfers()) fanout |= t.kind == plan::TransferKind::kFanout;
+    for (const plan::Transfer& t : rb.plan.transfers())
+      fanout |= t.kind == plan::TransferKind::kFanout;
     EXPECT_TRUE(fanout) << "the domain-aware plan should fan out inside the destination domain";
   }
   const std::string dir = StoreDir("progress");

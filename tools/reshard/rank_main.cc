@@ -93,8 +93,7 @@ int main(int argc, char** argv) {
   options.world_size = static_cast<int32_t>(world);
   options.timeout = absl::Milliseconds(timeout_ms);
 
-  absl::StatusOr<std::unique_ptr<reshard::net::Store>> store =
-      reshard::net::ConnectStoreFromEnv();
+  absl::StatusOr<std::unique_ptr<reshard::net::Store>> store = reshard::net::ConnectStoreFromEnv();
   if (!store.ok()) {
     report.ok = false;
     report.invalid_input = store.status().code() == absl::StatusCode::kInvalidArgument;

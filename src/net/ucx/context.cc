@@ -11,10 +11,9 @@ namespace reshard::net::ucx {
 bool TlsSupportsPeerErrorHandling(const std::string& tls) {
   if (tls.empty() || tls[0] == '^') return true;
   // Transports (and aliases) that carry no peer-failure detection in UCX 1.13.
-  static constexpr const char* kLocalOnly[] = {"sm",       "shm",      "posix",   "sysv",
-                                               "cma",      "knem",     "xpmem",   "self",
-                                               "cuda_copy", "cuda_ipc", "gdr_copy", "rocm_copy",
-                                               "rocm_ipc", "cuda",     "rocm"};
+  static constexpr const char* kLocalOnly[] = {
+      "sm",        "shm",      "posix",    "sysv",      "cma",      "knem", "xpmem", "self",
+      "cuda_copy", "cuda_ipc", "gdr_copy", "rocm_copy", "rocm_ipc", "cuda", "rocm"};
   for (absl::string_view token : absl::StrSplit(tls, ',', absl::SkipEmpty())) {
     bool local = false;
     for (const char* name : kLocalOnly) {

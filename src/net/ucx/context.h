@@ -5,11 +5,11 @@
 // from it (members of the engine are declared in that order).
 #pragma once
 
+#include <ucp/api/ucp.h>
+
 #include <cstdint>
 #include <memory>
 #include <string>
-
-#include <ucp/api/ucp.h>
 
 #include "absl/status/statusor.h"
 

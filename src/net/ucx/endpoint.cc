@@ -50,8 +50,8 @@ absl::StatusOr<std::unique_ptr<Endpoint>> Endpoint::Create(Worker& worker,
 void Endpoint::OnError(void* arg, ucp_ep_h /*ep*/, ucs_status_t status) {
   auto* self = static_cast<Endpoint*>(arg);
   if (self->error_.ok()) {
-    self->error_ = absl::UnavailableError(absl::StrCat("lost peer rank ", self->peer_rank_, ": ",
-                                                       ucs_status_string(status)));
+    self->error_ = absl::UnavailableError(
+        absl::StrCat("lost peer rank ", self->peer_rank_, ": ", ucs_status_string(status)));
   }
 }
 

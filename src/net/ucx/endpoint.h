@@ -9,11 +9,11 @@
 // no error handling and says so in peer_error_handling().
 #pragma once
 
+#include <ucp/api/ucp.h>
+
 #include <cstdint>
 #include <memory>
 #include <string>
-
-#include <ucp/api/ucp.h>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"

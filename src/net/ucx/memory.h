@@ -8,11 +8,11 @@
 // Thread safety: same thread model as Worker. RegistrationCount() may be read from any thread.
 #pragma once
 
+#include <ucp/api/ucp.h>
+
 #include <cstdint>
 #include <memory>
 #include <string>
-
-#include <ucp/api/ucp.h>
 
 #include "absl/status/statusor.h"
 #include "src/net/ucx/context.h"
@@ -55,7 +55,7 @@ class RemoteKey {
  public:
   // Unpacks a peer's packed key for use on `endpoint` (which must outlive the key).
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<RemoteKey>> Unpack(const Endpoint& endpoint,
-                                                                        const std::string& packed);
+                                                                         const std::string& packed);
   ~RemoteKey();
   RemoteKey(const RemoteKey&) = delete;
   RemoteKey& operator=(const RemoteKey&) = delete;

@@ -2,9 +2,9 @@
 // context go into the message, e.g. "ucp_put_nbx: Endpoint timeout (peer rank 5)").
 #pragma once
 
-#include <string>
-
 #include <ucs/type/status.h>
+
+#include <string>
 
 #include "absl/status/status.h"
 

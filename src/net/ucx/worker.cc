@@ -35,7 +35,8 @@ absl::Status Worker::SetAmHandler(unsigned id, ucp_am_recv_callback_t cb, void* 
   param.flags = UCP_AM_FLAG_WHOLE_MSG;
   param.cb = cb;
   param.arg = arg;
-  return ToStatus(ucp_worker_set_am_recv_handler(worker_, &param), "ucp_worker_set_am_recv_handler");
+  return ToStatus(ucp_worker_set_am_recv_handler(worker_, &param),
+                  "ucp_worker_set_am_recv_handler");
 }
 
 }  // namespace reshard::net::ucx

@@ -11,11 +11,11 @@
 // destination must keep calling Progress() until its refit is done.
 #pragma once
 
+#include <ucp/api/ucp.h>
+
 #include <cstdint>
 #include <memory>
 #include <string>
-
-#include <ucp/api/ucp.h>
 
 #include "absl/status/statusor.h"
 #include "src/net/ucx/context.h"
