@@ -800,7 +800,7 @@ void RefitEngine::Impl::PumpOnce() {
   }
   if (busy) {
     idle_spins_ = 0;
-  } else if (++idle_spins_ > 64) {
+  } else if (++idle_spins_ > 4) {
     // Many processes may share few cores while puts are emulated with active messages: let the
     // peer that has to progress them run.
     sched_yield();
