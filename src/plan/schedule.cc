@@ -12,10 +12,6 @@ namespace {
 
 int64_t CeilDiv64(int64_t a, int64_t b) { return b <= 0 ? 0 : (a + b - 1) / b; }
 
-bool Contains(const std::vector<int32_t>& v, int32_t x) {
-  return std::find(v.begin(), v.end(), x) != v.end();
-}
-
 }  // namespace
 
 DomainMap::DomainMap(const RefitSpec& spec) {
@@ -44,39 +40,58 @@ LowerBound ComputeLowerBound(const RefitSpec& spec, const DomainMap& domains) {
   const int32_t nd = domains.num_domains();
   std::vector<int64_t> ingest(nd, 0), need_sum(nd, 0);
   absl::flat_hash_map<std::vector<int32_t>, int64_t> egress;  // Sorted holder set -> bytes.
-  std::vector<int32_t> holders, src_domains, dst_domains;
+  // Membership per piece by stamp: rank_stamp[r] == stamp when r holds the piece's source
+  // cell, domain_stamp[d] == stamp when d holds a source replica, dst_stamp[d] when d already
+  // counted as needing the piece over the network.
+  std::vector<uint64_t> rank_stamp(domains.world_size(), 0), domain_stamp(nd, 0), dst_stamp(nd, 0);
+  uint64_t stamp = 0;
+  // Egress per source cell of one tensor, indexed by the cell's base index into mesh.ranks
+  // (the holders of a cell differ only by replica offsets from it); -1: no domain needs it.
+  std::vector<int64_t> cell_egress;
+  std::vector<int32_t> holders;
   for (size_t t = 0; t < spec.tensors.size(); ++t) {
     const TensorSpec& ts = spec.tensors[t];
     const int64_t elem = DTypeSize(ts.dtype);
     TileGrid src(ts.src, ts.shape), dst(ts.dst, ts.shape);
+    const std::vector<int32_t>& src_ranks = ts.src.mesh.ranks;
+    const std::vector<int32_t>& dst_ranks = ts.dst.mesh.ranks;
+    cell_egress.assign(src_ranks.size(), -1);
     ForEachPiece(src, dst,
                  [&](const TileGrid::Cell& dcell, const Box&, const TileGrid::Cell& scell,
                      const Box&, const Box& piece) {
                    const int64_t bytes = piece.NumElements() * elem;
-                   holders.clear();
-                   src_domains.clear();
+                   ++stamp;
+                   const int64_t sbase = src.CellBaseIndex(scell);
                    for (int64_t j = 0; j < src.num_replicas(); ++j) {
-                     const int32_t h = src.Holder(scell, j);
-                     holders.push_back(h);
-                     src_domains.push_back(domains.domain_of(h));
+                     const int32_t h = src_ranks[sbase + src.replica_offset(j)];
+                     rank_stamp[h] = stamp;
+                     domain_stamp[domains.domain_of(h)] = stamp;
                    }
-                   dst_domains.clear();
+                   bool network = false;
+                   const int64_t dbase = dst.CellBaseIndex(dcell);
                    for (int64_t j = 0; j < dst.num_replicas(); ++j) {
-                     const int32_t r = dst.Holder(dcell, j);
+                     const int32_t r = dst_ranks[dbase + dst.replica_offset(j)];
                      const int32_t d = domains.domain_of(r);
-                     if (!Contains(holders, r)) need_sum[d] += bytes;
-                     if (!Contains(src_domains, d) && !Contains(dst_domains, d))
-                       dst_domains.push_back(d);
+                     if (rank_stamp[r] != stamp) need_sum[d] += bytes;
+                     if (domain_stamp[d] != stamp && dst_stamp[d] != stamp) {
+                       dst_stamp[d] = stamp;
+                       ingest[d] += bytes;
+                       lb.network_bytes += bytes;
+                       network = true;
+                     }
                    }
-                   for (int32_t d : dst_domains) {
-                     ingest[d] += bytes;
-                     lb.network_bytes += bytes;
-                   }
-                   if (!dst_domains.empty()) {
-                     std::sort(holders.begin(), holders.end());
-                     egress[holders] += bytes;
-                   }
+                   if (network)
+                     cell_egress[sbase] = std::max<int64_t>(cell_egress[sbase], 0) + bytes;
                  });
+    for (size_t base = 0; base < cell_egress.size(); ++base) {
+      if (cell_egress[base] < 0) continue;
+      holders.clear();
+      for (int64_t j = 0; j < src.num_replicas(); ++j) {
+        holders.push_back(src_ranks[base + src.replica_offset(j)]);
+      }
+      std::sort(holders.begin(), holders.end());
+      egress[holders] += cell_egress[base];
+    }
   }
   for (int32_t d = 0; d < nd; ++d) {
     const int64_t n = static_cast<int64_t>(domains.ranks(d).size());
@@ -137,46 +152,64 @@ DomainScheduler::DomainScheduler(const RefitSpec& spec, const DomainMap& domains
   nvlink_out_.assign(world, 0);
   pending_.assign(world, 0);
   owed_.assign(world, 0);
+  rank_stamp_.assign(world, 0);
+  domain_stamp_.assign(domains.num_domains(), 0);
   // What every holder would ingest if each piece were spread evenly over the holders of its
-  // destination cell in each domain that needs it.
-  std::vector<int32_t> src_domains;
-  std::vector<std::pair<int32_t, int32_t>> dst_by_domain;
+  // destination cell in each domain that needs it. The pieces of one destination cell come
+  // together, so its holders are grouped by domain once per cell.
   for (size_t t = 0; t < spec.tensors.size(); ++t) {
     const TensorSpec& ts = spec.tensors[t];
     const int64_t elem = DTypeSize(ts.dtype);
     TileGrid src(ts.src, ts.shape), dst(ts.dst, ts.shape);
+    int64_t grouped_dbase = -1;
     ForEachPiece(
         src, dst,
         [&](const TileGrid::Cell& dcell, const Box&, const TileGrid::Cell& scell, const Box&,
             const Box& piece) {
           const double bytes = static_cast<double>(piece.NumElements() * elem);
-          src_domains.clear();
-          for (int64_t j = 0; j < src.num_replicas(); ++j) {
-            src_domains.push_back(domains.domain_of(src.Holder(scell, j)));
-          }
-          dst_by_domain.clear();
-          for (int64_t j = 0; j < dst.num_replicas(); ++j) {
-            const int32_t r = dst.Holder(dcell, j);
-            dst_by_domain.push_back({domains.domain_of(r), r});
-          }
-          std::sort(dst_by_domain.begin(), dst_by_domain.end());
-          bool network = false;
-          for (size_t i = 0; i < dst_by_domain.size();) {
-            size_t j = i;
-            while (j < dst_by_domain.size() && dst_by_domain[j].first == dst_by_domain[i].first)
-              ++j;
-            if (!Contains(src_domains, dst_by_domain[i].first)) {
-              network = true;
-              for (size_t k = i; k < j; ++k) pending_[dst_by_domain[k].second] += bytes / (j - i);
+          const int64_t dbase = dst.CellBaseIndex(dcell);
+          if (dbase != grouped_dbase) {
+            grouped_dbase = dbase;
+            dst_by_domain_.clear();
+            for (int64_t j = 0; j < dst.num_replicas(); ++j) {
+              const int32_t r = ts.dst.mesh.ranks[dbase + dst.replica_offset(j)];
+              dst_by_domain_.push_back({domains.domain_of(r), r});
             }
-            i = j;
+            GroupByDomain();
+          }
+          const uint64_t stamp = ++stamp_;
+          const int64_t sbase = src.CellBaseIndex(scell);
+          for (int64_t j = 0; j < src.num_replicas(); ++j) {
+            domain_stamp_[domains.domain_of(ts.src.mesh.ranks[sbase + src.replica_offset(j)])] =
+                stamp;
+          }
+          bool network = false;
+          for (const auto& [begin, end] : domain_groups_) {
+            if (domain_stamp_[dst_by_domain_[begin].first] == stamp) continue;
+            network = true;
+            for (size_t k = begin; k < end; ++k) {
+              pending_[dst_by_domain_[k].second] += bytes / (end - begin);
+            }
           }
           if (network) {
             for (int64_t j = 0; j < src.num_replicas(); ++j) {
-              owed_[src.Holder(scell, j)] += bytes / src.num_replicas();
+              owed_[ts.src.mesh.ranks[sbase + src.replica_offset(j)]] += bytes / src.num_replicas();
             }
           }
         });
+  }
+  dst_by_domain_.clear();
+  domain_groups_.clear();
+}
+
+void DomainScheduler::GroupByDomain() {
+  std::sort(dst_by_domain_.begin(), dst_by_domain_.end());
+  domain_groups_.clear();
+  for (size_t i = 0; i < dst_by_domain_.size();) {
+    size_t j = i;
+    while (j < dst_by_domain_.size() && dst_by_domain_[j].first == dst_by_domain_[i].first) ++j;
+    domain_groups_.push_back({i, j});
+    i = j;
   }
 }
 
@@ -199,27 +232,34 @@ void DomainScheduler::SchedulePiece(uint32_t tensor, int elem, const Box& piece,
                                     const TileAddress& src, const TileAddress& dst,
                                     const std::vector<int32_t>& src_holders,
                                     const std::vector<int32_t>& dst_holders, ScheduleSink& sink) {
-  dst_by_domain_.clear();
-  for (int32_t r : dst_holders) dst_by_domain_.push_back({domains_.domain_of(r), r});
-  std::sort(dst_by_domain_.begin(), dst_by_domain_.end());
+  // Consecutive pieces usually share their destination cell: group its holders once.
+  if (dst_holders != grouped_holders_) {
+    grouped_holders_ = dst_holders;
+    dst_by_domain_.clear();
+    for (int32_t r : dst_holders) dst_by_domain_.push_back({domains_.domain_of(r), r});
+    GroupByDomain();
+  }
+  ++stamp_;
   src_domains_.clear();
-  for (int32_t h : src_holders) src_domains_.push_back(domains_.domain_of(h));
+  for (int32_t h : src_holders) {
+    const int32_t d = domains_.domain_of(h);
+    src_domains_.push_back(d);
+    domain_stamp_[d] = stamp_;
+    rank_stamp_[h] = stamp_;
+  }
 
   // How many parts: as many as receivers can usefully take in the widest network domain.
   const int64_t bytes = piece.NumElements() * elem;
   int64_t parts = 1;
   if (options_.split_min_bytes > 0 && bytes >= options_.split_min_bytes) {
     int64_t widest = 1;
-    for (size_t i = 0; i < dst_by_domain_.size();) {
-      size_t j = i;
-      while (j < dst_by_domain_.size() && dst_by_domain_[j].first == dst_by_domain_[i].first) ++j;
-      const int32_t d = dst_by_domain_[i].first;
-      if (!Contains(src_domains_, d)) {
+    for (const auto& [begin, end] : domain_groups_) {
+      const int32_t d = dst_by_domain_[begin].first;
+      if (!HoldsSource(d)) {
         const int64_t candidates = options_.staging ? static_cast<int64_t>(domains_.ranks(d).size())
-                                                    : static_cast<int64_t>(j - i);
+                                                    : static_cast<int64_t>(end - begin);
         widest = std::max(widest, candidates);
       }
-      i = j;
     }
     parts =
         std::min<int64_t>({widest, bytes / std::max<int64_t>(1, options_.split_part_bytes), 64});
@@ -283,20 +323,17 @@ void DomainScheduler::SchedulePart(uint32_t tensor, int elem, const Box& part,
   };
 
   // Domains that hold a source replica: local copies and copies over their own fabric.
-  std::vector<std::pair<size_t, size_t>> network_groups;  // [begin, end) in dst_by_domain_.
-  for (size_t i = 0; i < dst_by_domain_.size();) {
-    size_t j = i;
-    while (j < dst_by_domain_.size() && dst_by_domain_[j].first == dst_by_domain_[i].first) ++j;
-    const int32_t d = dst_by_domain_[i].first;
-    if (!Contains(src_domains_, d)) {
-      network_groups.push_back({i, j});
-      i = j;
+  network_groups_.clear();
+  for (const auto& [begin, end] : domain_groups_) {
+    const int32_t d = dst_by_domain_[begin].first;
+    if (!HoldsSource(d)) {
+      network_groups_.push_back({begin, end});
       continue;
     }
-    for (size_t k = i; k < j; ++k) {
+    for (size_t k = begin; k < end; ++k) {
       const int32_t to = dst_by_domain_[k].second;
       Endpoint target{to, Side::kDst};
-      if (Contains(src_holders, to)) {
+      if (rank_stamp_[to] == stamp_) {
         emit(Endpoint{to, Side::kSrc}, target, TransferKind::kLocal, -1);
         continue;
       }
@@ -309,19 +346,19 @@ void DomainScheduler::SchedulePart(uint32_t tensor, int elem, const Box& part,
       nvlink_out_[best] += bytes;
       emit(Endpoint{best, Side::kSrc}, target, TransferKind::kFanout, -1);
     }
-    i = j;
   }
-  if (network_groups.empty()) return;
+  if (network_groups_.empty()) return;
   for (int32_t h : src_holders) {
     owed_[h] = std::max(0.0, owed_[h] - static_cast<double>(bytes) / src_holders.size());
   }
 
   // Network domains, starting at a rotating position so no domain is always served first.
-  const size_t n = network_groups.size();
+  const size_t n = network_groups_.size();
   const size_t start = static_cast<size_t>(rotation_++ % n);
-  std::vector<Endpoint> received;  // Receivers that may relay the part.
+  std::vector<Endpoint>& received = received_;  // Receivers that may relay the part.
+  received.clear();
   for (size_t step = 0; step < n; ++step) {
-    const auto [begin, end] = network_groups[(start + step) % n];
+    const auto [begin, end] = network_groups_[(start + step) % n];
     const int32_t d = dst_by_domain_[begin].first;
     // Receiver: the holder expected to end least loaded, or a rank of the domain expected to
     // end with room to spare, through staging.

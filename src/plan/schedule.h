@@ -106,6 +106,9 @@ class DomainScheduler {
   // Expected final ingress of a rank: what it received plus its share of what its cells still
   // need (a holder-only schedule spreading every piece evenly over the domain's holders).
   int64_t Expected(int32_t rank) const { return in_[rank] + static_cast<int64_t>(pending_[rank]); }
+  // Sorts dst_by_domain_ and fills domain_groups_.
+  void GroupByDomain();
+  bool HoldsSource(int32_t domain) const { return domain_stamp_[domain] == stamp_; }
 
   const RefitSpec& spec_;
   const DomainMap& domains_;
@@ -118,8 +121,16 @@ class DomainScheduler {
   std::vector<double> owed_;
   uint64_t rotation_ = 0;
   // Scratch for one piece: destination holders grouped by domain.
+  std::vector<int32_t> grouped_holders_;  // The destination holders dst_by_domain_ lists.
   std::vector<std::pair<int32_t, int32_t>> dst_by_domain_;  // (domain, rank), sorted.
-  std::vector<int32_t> src_domains_;
+  std::vector<std::pair<size_t, size_t>> domain_groups_;    // [begin, end) per domain.
+  std::vector<std::pair<size_t, size_t>> network_groups_;   // Groups without a source replica.
+  std::vector<Endpoint> received_;                          // Receivers that may relay a part.
+  std::vector<int32_t> src_domains_;                        // Parallel to the source holders.
+  // Source membership of the current piece: rank_stamp_[r] == stamp_ when rank r holds the
+  // source tile, domain_stamp_[d] == stamp_ when domain d holds a source replica.
+  uint64_t stamp_ = 0;
+  std::vector<uint64_t> rank_stamp_, domain_stamp_;
 };
 
 }  // namespace reshard::plan

@@ -11,6 +11,7 @@
 #include <optional>
 #include <vector>
 
+#include "absl/container/inlined_vector.h"
 #include "absl/types/span.h"
 #include "src/plan/spec.h"
 
@@ -39,7 +40,8 @@ Interval ChunkInterval(Interval whole, int64_t parts, int64_t i);
 class TileGrid {
  public:
   // `layout` must be valid for `shape` (see Validate). Keeps a pointer to layout.mesh.
-  // Construction allocates three vectors: planning builds several grids per tensor.
+  // Construction allocates nothing for grids of up to kInline intervals and replicas:
+  // planning builds several grids per tensor.
   TileGrid(const Layout& layout, const std::vector<int64_t>& shape);
 
   int ndim() const { return ndim_; }
@@ -70,17 +72,19 @@ class TileGrid {
  private:
   const Mesh* mesh_;
   int ndim_ = 0;
+  static constexpr size_t kInline = 16;
   // Every dim's intervals, concatenated: dim d is [dim_begin_[d], dim_begin_[d + 1]).
-  std::vector<Interval> intervals_;
+  absl::InlinedVector<Interval, kInline> intervals_;
   // Parallel to intervals_: the interval's part of a cell's base index into mesh.ranks, so
   // CellBaseIndex (called per piece and per holder) is a sum of lookups, not divisions.
-  std::vector<int64_t> base_parts_;
+  absl::InlinedVector<int64_t, kInline> base_parts_;
   std::array<int64_t, kMaxTensorDims + 1> dim_begin_{};
   // Mesh axes sharding each dim, outermost first.
   std::array<std::array<int8_t, kMaxMeshDims>, kMaxTensorDims> dim_axes_{};
   std::array<int8_t, kMaxTensorDims> num_dim_axes_{};
   std::array<int64_t, kMaxMeshDims> mesh_strides_{};  // Row-major strides of the mesh.
-  std::vector<int64_t> replica_offsets_;             // Over replicate axes, row-major.
+  // Over replicate axes, row-major.
+  absl::InlinedVector<int64_t, kInline> replica_offsets_;
   int64_t num_cells_ = 1;
 };
 
