@@ -159,6 +159,17 @@ RankReport RunRank(const RankOptions& options, net::Store& store) {
         std::memset(base[b], kPoison, static_cast<size_t>(bytes[b]));
       }
     }
+    // Measurement barrier (this program only, not part of a refit): without it a source starts
+    // its clock while destinations still verify the previous refit, and the time it then waits
+    // for their grant would be counted as refit time. Not before the first refit: ranks still
+    // inside RefitEngine::Create need their peers to progress UCX wire-up, which a rank blocked
+    // on the store would not do.
+    for (int32_t r = -1; i > 0 && r < plan->world_size(); ++r) {
+      const std::string key = absl::StrCat(options.key_prefix, "/iter/", epoch, "/");
+      absl::Status b = r < 0 ? store.Set(absl::StrCat(key, me), "1")
+                             : store.Get(absl::StrCat(key, r), absl::Now() + options.timeout).status();
+      if (!b.ok()) return fail(b, false);
+    }
     const absl::Time start = absl::Now();
     const absl::Time deadline = start + options.timeout;
     absl::Status status = fanout ? fanout->Start(epoch) : absl::OkStatus();
