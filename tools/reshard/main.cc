@@ -17,8 +17,8 @@ constexpr Command kCommands[] = {
     {"plan", reshard::cli::PlanCommand, "plan a refit spec, verify it in process, explain it"},
     {"sim", reshard::cli::SimCommand, "simulate a refit on a cluster against baselines and the bound"},
     {"run", reshard::cli::RunCommand, "launch one process per rank and run real refits over UCX"},
-    {"info", reshard::cli::InfoCommand, "UCX version and transports, memory types, CUDA, NCCL, RDMA NICs"},
     {"bench", reshard::cli::BenchCommand, "time ours vs naive p2p vs gather-broadcast (and MPI) on real processes"},
+    {"info", reshard::cli::InfoCommand, "UCX version and transports, memory types, CUDA, NCCL, RDMA NICs"},
 };
 
 void PrintHelp() {
