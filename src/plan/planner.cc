@@ -214,21 +214,31 @@ class PlanBuilder : public ScheduleSink {
     return best;
   }
 
-  // Counting sort of transfer indices by sender and by receiver, stable in plan order.
+  // Counting sort of transfer indices by sender and by receiver, stable in plan order. Both
+  // indexes are built together: one pass counts, one pass places.
   void BuildIndexes() {
     const size_t world = static_cast<size_t>(plan_.world_size_);
-    auto build = [&](auto rank_of, std::vector<uint32_t>& begin, std::vector<uint32_t>& order) {
-      begin.assign(world + 1, 0);
-      for (const Transfer& tr : plan_.transfers_) ++begin[rank_of(tr) + 1];
-      for (size_t r = 0; r < world; ++r) begin[r + 1] += begin[r];
-      order.resize(plan_.transfers_.size());
-      std::vector<uint32_t> next(begin.begin(), begin.end() - 1);
-      for (uint32_t i = 0; i < plan_.transfers_.size(); ++i) {
-        order[next[rank_of(plan_.transfers_[i])]++] = i;
-      }
-    };
-    build([](const Transfer& tr) { return tr.from_rank; }, plan_.sender_begin_, plan_.by_sender_);
-    build([](const Transfer& tr) { return tr.to_rank; }, plan_.receiver_begin_, plan_.by_receiver_);
+    const std::vector<Transfer>& transfers = plan_.transfers_;
+    std::vector<uint32_t>& send_begin = plan_.sender_begin_;
+    std::vector<uint32_t>& recv_begin = plan_.receiver_begin_;
+    send_begin.assign(world + 1, 0);
+    recv_begin.assign(world + 1, 0);
+    for (const Transfer& tr : transfers) {
+      ++send_begin[tr.from_rank + 1];
+      ++recv_begin[tr.to_rank + 1];
+    }
+    for (size_t r = 0; r < world; ++r) {
+      send_begin[r + 1] += send_begin[r];
+      recv_begin[r + 1] += recv_begin[r];
+    }
+    plan_.by_sender_.resize(transfers.size());
+    plan_.by_receiver_.resize(transfers.size());
+    std::vector<uint32_t> next_send(send_begin.begin(), send_begin.end() - 1);
+    std::vector<uint32_t> next_recv(recv_begin.begin(), recv_begin.end() - 1);
+    for (uint32_t i = 0; i < transfers.size(); ++i) {
+      plan_.by_sender_[next_send[transfers[i].from_rank]++] = i;
+      plan_.by_receiver_[next_recv[transfers[i].to_rank]++] = i;
+    }
   }
 
   void ComputeStats() {

@@ -16,10 +16,10 @@ int64_t CeilDiv64(int64_t a, int64_t b) { return b <= 0 ? 0 : (a + b - 1) / b; }
 
 DomainMap::DomainMap(const RefitSpec& spec) {
   const int32_t world = spec.WorldSize();
-  std::vector<bool> participates(world, false);
+  std::vector<char> participates(world, 0);
   for (const TensorSpec& t : spec.tensors) {
     for (const Layout* l : {&t.src, &t.dst}) {
-      for (int32_t r : l->mesh.ranks) participates[r] = true;
+      for (int32_t r : l->mesh.ranks) participates[r] = 1;
     }
   }
   domain_of_.assign(world, -1);
@@ -112,16 +112,22 @@ LowerBound ComputeLowerBound(const RefitSpec& spec, const DomainMap& domains) {
   for (const auto& [set, bytes] : egress) sets.push_back({bits_of(set), bytes});
   std::set<std::vector<int32_t>> groups;
   for (const auto& [set, bytes] : egress) groups.insert(set);
-  std::vector<std::vector<int32_t>> src_by_domain(nd);
+  std::vector<char> is_source(domains.world_size(), 0);
+  const std::vector<int32_t>* previous_mesh = nullptr;
   for (const TensorSpec& ts : spec.tensors) {
+    // Neighbouring tensors mostly share their source mesh: sort and insert it once.
+    if (previous_mesh != nullptr && *previous_mesh == ts.src.mesh.ranks) continue;
+    previous_mesh = &ts.src.mesh.ranks;
     std::vector<int32_t> mesh(ts.src.mesh.ranks.begin(), ts.src.mesh.ranks.end());
     std::sort(mesh.begin(), mesh.end());
-    for (int32_t r : mesh) src_by_domain[domains.domain_of(r)].push_back(r);
+    for (int32_t r : mesh) is_source[r] = 1;
     groups.insert(std::move(mesh));
   }
-  for (auto& ranks : src_by_domain) {
-    std::sort(ranks.begin(), ranks.end());
-    ranks.erase(std::unique(ranks.begin(), ranks.end()), ranks.end());
+  std::vector<std::vector<int32_t>> src_by_domain(nd);  // Ascending source ranks per domain.
+  for (int32_t r = 0; r < domains.world_size(); ++r) {
+    if (is_source[r]) src_by_domain[domains.domain_of(r)].push_back(r);
+  }
+  for (const auto& ranks : src_by_domain) {
     if (!ranks.empty()) groups.insert(ranks);
   }
   for (const std::vector<int32_t>& group : groups) {

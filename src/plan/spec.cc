@@ -386,9 +386,10 @@ absl::Status Validate(const RefitSpec& spec) {
   absl::flat_hash_map<std::string_view, size_t> names;
   RankStamp stamp;
   uint32_t epoch = 0;
-  // Buffers shared by several tensors, per side: name -> tensors.
+  // Buffers per side: name -> tensors, in spec order (the first one sets the element size).
   absl::flat_hash_map<std::string_view, std::vector<size_t>> buffers[2];
-  absl::flat_hash_map<std::string_view, size_t> buffer_dtype_owner[2];
+  names.reserve(spec.tensors.size());
+  for (auto& b : buffers) b.reserve(spec.tensors.size());
   for (size_t i = 0; i < spec.tensors.size(); ++i) {
     const TensorSpec& t = spec.tensors[i];
     if (t.name.empty()) {
@@ -418,13 +419,13 @@ absl::Status Validate(const RefitSpec& spec) {
       RESHARD_RETURN_IF_ERROR(CheckSelfOverlap(t, l, SideName(side)));
       const int s = static_cast<int>(side);
       const std::string& buffer = side == Side::kSrc ? t.src_buffer() : t.dst_buffer();
-      auto [owner, inserted] = buffer_dtype_owner[s].emplace(buffer, i);
-      if (!inserted && DTypeSize(spec.tensors[owner->second].dtype) != DTypeSize(t.dtype)) {
+      std::vector<size_t>& users = buffers[s][buffer];
+      if (!users.empty() && DTypeSize(spec.tensors[users.front()].dtype) != DTypeSize(t.dtype)) {
         return TensorError(t, absl::StrFormat(
             "%s.buffer \"%s\" also holds tensor \"%s\" whose dtype has a different size",
-            SideName(side), buffer, spec.tensors[owner->second].name));
+            SideName(side), buffer, spec.tensors[users.front()].name));
       }
-      buffers[s][buffer].push_back(i);
+      users.push_back(i);
     }
   }
   for (Side side : {Side::kSrc, Side::kDst}) {

@@ -90,23 +90,6 @@ TileGrid::TileGrid(const Layout& layout, const std::vector<int64_t>& shape)
   }
 }
 
-Box TileGrid::CellBox(const Cell& cell) const {
-  Box b;
-  b.ndim = ndim_;
-  for (int d = 0; d < ndim_; ++d) {
-    const Interval& iv = intervals_[dim_begin_[d] + cell[d]];
-    b.lo[d] = iv.lo;
-    b.hi[d] = iv.hi;
-  }
-  return b;
-}
-
-int64_t TileGrid::CellBaseIndex(const Cell& cell) const {
-  int64_t index = 0;
-  for (int d = 0; d < ndim_; ++d) index += base_parts_[dim_begin_[d] + cell[d]];
-  return index;
-}
-
 TileGrid::Cell TileGrid::CellAt(int64_t flat) const {
   Cell cell{};
   for (int d = ndim_ - 1; d >= 0; --d) {

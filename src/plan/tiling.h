@@ -88,6 +88,24 @@ class TileGrid {
   int64_t num_cells_ = 1;
 };
 
+// Inline: overlap and scheduling call these once per piece.
+inline Box TileGrid::CellBox(const Cell& cell) const {
+  Box b;
+  b.ndim = ndim_;
+  for (int d = 0; d < ndim_; ++d) {
+    const Interval& iv = intervals_[dim_begin_[d] + cell[d]];
+    b.lo[d] = iv.lo;
+    b.hi[d] = iv.hi;
+  }
+  return b;
+}
+
+inline int64_t TileGrid::CellBaseIndex(const Cell& cell) const {
+  int64_t index = 0;
+  for (int d = 0; d < ndim_; ++d) index += base_parts_[dim_begin_[d] + cell[d]];
+  return index;
+}
+
 // Resolved element strides of a tile with local shape `tile_shape` under `layout`'s view.
 void TileStrides(const Layout& layout, const Box& tile, std::array<int64_t, kMaxTensorDims>& out);
 

@@ -48,5 +48,16 @@ TEST(BufferOverlapTest, FullScaleInterleavedViewsValidateQuickly) {
   EXPECT_FALSE(Validate(InterleavedW13(256, 2048, 7168, 1023)).ok());
 }
 
+TEST(BufferOverlapTest, SharedBufferNeedsOneElementSize) {
+  RefitSpec spec = InterleavedW13(4, 6, 8, 3);
+  spec.tensors[1].dtype = DType::kFp32;
+  const absl::Status s = Validate(spec);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(std::string(s.message()).find("dst.buffer \"w13\" also holds tensor \"gate\""),
+            std::string::npos)
+      << s;
+  EXPECT_NE(std::string(s.message()).find("\"up\""), std::string::npos) << s;
+}
+
 }  // namespace
 }  // namespace reshard::plan
