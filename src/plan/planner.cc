@@ -55,6 +55,10 @@ class PlanBuilder : public ScheduleSink {
       domains = std::make_unique<DomainMap>(spec);
       const LowerBound lb = ComputeLowerBound(spec, *domains);
       scheduler_ = std::make_unique<DomainScheduler>(spec, *domains, options_, lb.max_nic_bytes);
+      // Mostly two regions per piece (source to a holder, holder to holder in its domain), and
+      // a quarter more for split pieces and staging: spares regrowth copies and page faults.
+      const size_t pieces = static_cast<size_t>(scheduler_->num_pieces());
+      plan_.regions_.reserve(2 * pieces + pieces / 4);
     }
     // Typically every destination rank receives a transfer or more per tensor: reserving that
     // and a quarter more spares whole-model plans most regrowth of millions of transfers.

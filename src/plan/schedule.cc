@@ -172,6 +172,7 @@ DomainScheduler::DomainScheduler(const RefitSpec& spec, const DomainMap& domains
         src, dst,
         [&](const TileGrid::Cell& dcell, const Box&, const TileGrid::Cell& scell, const Box&,
             const Box& piece) {
+          ++num_pieces_;
           const double bytes = static_cast<double>(piece.NumElements() * elem);
           const int64_t dbase = dst.CellBaseIndex(dcell);
           if (dbase != grouped_dbase) {

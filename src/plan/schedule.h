@@ -89,6 +89,9 @@ class DomainScheduler {
                      const TileAddress& dst, const std::vector<int32_t>& src_holders,
                      const std::vector<int32_t>& dst_holders, ScheduleSink& sink);
 
+  // Pieces of the whole spec (counted by the constructor's pass), to size the plan's arrays.
+  int64_t num_pieces() const { return num_pieces_; }
+
  private:
   struct Endpoint {
     int32_t rank = -1;
@@ -120,6 +123,7 @@ class DomainScheduler {
   // without a replica needs, shared among the piece's replicas.
   std::vector<double> owed_;
   uint64_t rotation_ = 0;
+  int64_t num_pieces_ = 0;
   // Scratch for one piece: destination holders grouped by domain.
   std::vector<int32_t> grouped_holders_;  // The destination holders dst_by_domain_ lists.
   std::vector<std::pair<int32_t, int32_t>> dst_by_domain_;  // (domain, rank), sorted.
