@@ -2,6 +2,7 @@
 
 #include <sched.h>
 
+#include <algorithm>
 #include <cstring>
 #include <deque>
 #include <list>
@@ -40,6 +41,7 @@ constexpr unsigned kGrantAm = 11;  // destination -> source: "you may write epoc
 constexpr unsigned kDoneAm = 12;   // source -> destination: "pieces [..] of epoch E landed".
 constexpr unsigned kAbortAm = 13;  // any -> peers: "my epoch E failed: <reason>".
 constexpr unsigned kDataAm = 14;   // source -> destination: one run of a piece (delivery kAm).
+constexpr unsigned kHelloAm = 15;  // peer -> peer, once in Create: "my endpoint to you works".
 constexpr uint32_t kMagic = 0x52534844;  // "RSHD"
 // Piece indices per completion message, small enough to stay eager on every transport.
 constexpr size_t kMaxIndicesPerSignal = 256;
@@ -181,6 +183,7 @@ class RefitEngine::Impl {
     int64_t remaining_from = 0;  // Pieces of this epoch not yet landed from this peer.
     int grants_in_flight = 0;
     AmHeader grant_header;
+    AmHeader hello_header;  // Stable header memory for the wire-up message (Create).
   };
 
   Impl(const plan::Plan& plan, int32_t rank, const RefitEngineOptions& options)
@@ -197,6 +200,7 @@ class RefitEngine::Impl {
 
   // AM handlers (called from Worker::Progress through the runtime).
   void OnGrant(const AmHeader& h);
+  void OnHello(const AmHeader& h);
   void OnDone(const AmHeader& h, const uint32_t* indices, size_t count);
   void OnData(const DataHeader& h, const void* data, size_t length);
   void OnAbort(const AmHeader& h, const std::string& reason);
@@ -220,6 +224,7 @@ class RefitEngine::Impl {
   std::vector<void*> staging_;      // Pinned staging per buffer, or null.
   std::vector<std::unique_ptr<ucx::MemoryRegion>> regions_;
   std::vector<Peer> peers_;
+  std::vector<bool> hello_from_;  // By rank: its wire-up message arrived (Create).
 
   std::vector<Run> runs_;
   std::vector<DataHeader> data_headers_;  // One per run (delivery kActiveMessage): stable
@@ -272,6 +277,7 @@ class RefitEngine::Impl {
   absl::Status RegisterBuffers(Store& store, std::vector<LocalBuffer> buffers);
   absl::Status ConnectPeers(Store& store, absl::Time deadline);
   absl::Status BuildDescriptors();
+  absl::Status WireUp(Store& store, absl::Time deadline);
 
   void Pump();
   void PumpOnce();
@@ -312,6 +318,8 @@ class Runtime {
     RESHARD_RETURN_IF_ERROR(
         runtime->worker->SetAmHandler(kAbortAm, &OnAm<kAbortAm>, runtime.get()));
     RESHARD_RETURN_IF_ERROR(runtime->worker->SetAmHandler(kDataAm, &OnDataAm, runtime.get()));
+    RESHARD_RETURN_IF_ERROR(
+        runtime->worker->SetAmHandler(kHelloAm, &OnAm<kHelloAm>, runtime.get()));
     current = runtime;
     return runtime;
   }
@@ -358,6 +366,8 @@ class Runtime {
     }
     if constexpr (kId == kGrantAm) {
       engine->OnGrant(h);
+    } else if constexpr (kId == kHelloAm) {
+      engine->OnHello(h);
     } else if constexpr (kId == kDoneAm) {
       std::vector<uint32_t> indices(length / sizeof(uint32_t));
       if (!indices.empty()) std::memcpy(indices.data(), data, indices.size() * sizeof(uint32_t));
@@ -410,11 +420,14 @@ absl::Status RefitEngine::Impl::Init(Store& store, std::vector<LocalBuffer> buff
                                                  options_.key_prefix, "\" for rank ", rank_,
                                                  " already exists in this process"));
   }
+  hello_from_.assign(static_cast<size_t>(plan_.world_size()), false);
   runtime_->engines[handle_] = this;
 
   RESHARD_RETURN_IF_ERROR(RegisterBuffers(store, std::move(buffers)));
   RESHARD_RETURN_IF_ERROR(ConnectPeers(store, deadline));
   RESHARD_RETURN_IF_ERROR(BuildDescriptors());
+  // 5. Wire-up completion: no rank leaves Create while a peer may still need it to progress.
+  RESHARD_RETURN_IF_ERROR(WireUp(store, deadline));
   return absl::OkStatus();
 }
 
@@ -557,6 +570,121 @@ absl::Status RefitEngine::Impl::ConnectPeers(Store& store, absl::Time deadline) 
                                ucx::RemoteKey::Unpack(*peer.endpoint, rkeys.substr(pos, size)));
       peer.remote_base[id] = base;
       pos += size;
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Why: UCX wire-up is not finished when ucp_ep_create returns. An endpoint's first messages
+// (and, on connect-to-endpoint transports such as tcp, the connection itself) need the peer to
+// progress its worker, and UCX 1.13's shared-memory transports map the peer's segments and
+// exchange wire-up messages through its FIFO. A rank that left Create while peers were still
+// creating endpoints to it, then stopped progressing (blocked on a store barrier, or a trainer
+// computing for seconds), left those peers half wired; the failures surfaced as ucp_ep_create
+// "Shared memory error" and crashes inside UCX on the slower ranks. So Create ends with:
+//   a. one eager active message to every peer over the new endpoint, and waiting (progressing)
+//      until every peer's message arrived here and ours completed: both directions of every
+//      endpoint pair carry traffic, so their wire-up is done;
+//   b. a store barrier among the peers under `<key_prefix>/wired/<rank>`, progressing while
+//      waiting, so no rank returns before each of its peers finished step a.
+// Both are bounded by Create's deadline; a lost peer fails them with Unavailable (endpoints with
+// peer error handling) or DeadlineExceeded, naming the peer.
+absl::Status RefitEngine::Impl::WireUp(Store& store, absl::Time deadline) {
+  struct Pending {
+    int32_t peer;
+    void* request;
+  };
+  std::vector<Pending> pending;
+  // Requests still in flight when this returns are released (UCX frees them on completion);
+  // nothing they reference is freed before the endpoints are closed.
+  auto release = [&pending]() {
+    for (const Pending& p : pending) ucp_request_free(p.request);
+    pending.clear();
+  };
+  for (int32_t r = 0; r < plan_.world_size(); ++r) {
+    Peer& peer = peers_[r];
+    if (!peer.active) continue;
+    peer.hello_header = AmHeader{kMagic, rank_, HandleOf(r), 0};
+    ucp_request_param_t param{};
+    param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    param.flags = UCP_AM_SEND_FLAG_EAGER;
+    ucs_status_ptr_t req = ucp_am_send_nbx(peer.endpoint->get(), kHelloAm, &peer.hello_header,
+                                           sizeof(AmHeader), nullptr, 0, &param);
+    if (UCS_PTR_IS_ERR(req)) {
+      release();
+      return ucx::ToStatus(UCS_PTR_STATUS(req), "ucp_am_send_nbx (wire-up)",
+                           absl::StrCat("rank ", rank_, " to peer rank ", r));
+    }
+    if (req != nullptr) pending.push_back({r, req});
+  }
+  int idle = 0;
+  while (true) {
+    const unsigned events = runtime_->worker->Progress();
+    for (size_t i = 0; i < pending.size();) {
+      const ucs_status_t st = ucp_request_check_status(pending[i].request);
+      if (st == UCS_INPROGRESS) {
+        ++i;
+        continue;
+      }
+      const int32_t r = pending[i].peer;
+      ucp_request_free(pending[i].request);
+      pending[i] = pending.back();
+      pending.pop_back();
+      if (st != UCS_OK) {
+        release();
+        return ucx::ToStatus(st, "ucp_am_send_nbx (wire-up)",
+                             absl::StrCat("rank ", rank_, " to peer rank ", r));
+      }
+    }
+    int32_t missing = -1;
+    for (int32_t r = 0; r < plan_.world_size(); ++r) {
+      const Peer& peer = peers_[r];
+      if (!peer.active) continue;
+      if (!peer.endpoint->error().ok()) {
+        release();
+        return absl::UnavailableError(absl::StrCat("rank ", rank_, ": wiring up with rank ", r,
+                                                   ": ",
+                                                   std::string(peer.endpoint->error().message())));
+      }
+      if (peer.aborted) {
+        release();
+        return absl::UnavailableError(peer.abort_reason);
+      }
+      if (!hello_from_[r] && missing < 0) missing = r;
+    }
+    if (missing < 0 && pending.empty()) break;
+    if (absl::Now() >= deadline) {
+      const int32_t r = missing >= 0 ? missing : pending.front().peer;
+      release();
+      return absl::DeadlineExceededError(absl::StrCat("rank ", rank_, ": wiring up with rank ", r,
+                                                      " did not finish within the set-up timeout (",
+                                                      absl::FormatDuration(options_.setup_timeout),
+                                                      ")"));
+    }
+    // Many ranks may share few cores: give the core away while nothing happens.
+    idle = events == 0 ? idle + 1 : 0;
+    if (idle >= 4) sched_yield();
+  }
+  // Barrier among peers, progressing this worker while waiting.
+  RESHARD_RETURN_IF_ERROR(store.Set(absl::StrCat(options_.key_prefix, "/wired/", rank_), "1"));
+  for (int32_t r = 0; r < plan_.world_size(); ++r) {
+    if (!peers_[r].active) continue;
+    while (true) {
+      absl::StatusOr<std::string> v =
+          store.Get(absl::StrCat(options_.key_prefix, "/wired/", r),
+                    std::min(deadline, absl::Now() + absl::Milliseconds(5)));
+      if (v.ok()) break;
+      if (v.status().code() != absl::StatusCode::kDeadlineExceeded || absl::Now() >= deadline) {
+        return absl::Status(v.status().code(), absl::StrCat("rank ", rank_, ": waiting for rank ",
+                                                            r, " to finish wiring up: ",
+                                                            std::string(v.status().message())));
+      }
+      for (int i = 0; i < 64; ++i) runtime_->worker->Progress();
+      if (!peers_[r].endpoint->error().ok()) {
+        return absl::UnavailableError(absl::StrCat(
+            "rank ", rank_, ": waiting for rank ", r,
+            " to finish wiring up: ", std::string(peers_[r].endpoint->error().message())));
+      }
     }
   }
   return absl::OkStatus();
@@ -1176,6 +1304,11 @@ void RefitEngine::Impl::OnGrant(const AmHeader& h) {
   if (h.from_rank < 0 || h.from_rank >= static_cast<int32_t>(peers_.size())) return;
   Peer& peer = peers_[h.from_rank];
   if (h.epoch > peer.granted) peer.granted = h.epoch;
+}
+
+void RefitEngine::Impl::OnHello(const AmHeader& h) {
+  if (h.from_rank < 0 || static_cast<size_t>(h.from_rank) >= hello_from_.size()) return;
+  hello_from_[h.from_rank] = true;
 }
 
 void RefitEngine::Impl::OnDone(const AmHeader& h, const uint32_t* indices, size_t count) {

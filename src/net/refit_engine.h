@@ -10,6 +10,11 @@
 //      the store; endpoints are created to the peers the plan connects this rank with;
 //   4. put descriptors are pre-built: per peer, every contiguous run with its local address,
 //      resolved remote address and remote key.
+//   5. wire-up completion: every rank sends one small active message to each peer and waits for
+//      each peer's, then waits (store keys `<key_prefix>/wired/<rank>`) until each peer got that
+//      far, progressing its worker throughout. Create therefore never returns while a peer may
+//      still need this rank's worker to finish connecting, and the caller may block or compute
+//      for as long as it likes between Create and the first Start.
 // Refits 2..N register nothing, unpack nothing, and touch the store not at all.
 //
 // One epoch (Start/Progress/Wait):

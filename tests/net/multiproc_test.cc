@@ -2,6 +2,7 @@
 // example specs and on random specs, plus failure cases (a rank killed mid-refit). Every launch
 // sets UCX_TLS, UCX_NET_DEVICES and RESHARD_TIMEOUT_MS explicitly.
 #include <signal.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <filesystem>
@@ -177,7 +178,10 @@ std::string RandomSpec(std::mt19937& rng) {
 
 std::vector<std::string> WriteRandomSpecs(int count, uint32_t seed) {
   std::mt19937 rng(seed);
-  const std::string dir = absl::StrCat(::testing::TempDir(), "/reshard-random-specs-", seed);
+  // Per process: concurrent runs of this test (other build trees) share TempDir(), and one
+  // rewriting a spec while another's ranks read it fails both with unrelated set-up errors.
+  const std::string dir =
+      absl::StrCat(::testing::TempDir(), "/reshard-random-specs-", seed, "-", getpid());
   std::filesystem::create_directories(dir);
   std::vector<std::string> paths;
   while (static_cast<int>(paths.size()) < count) {
@@ -191,11 +195,15 @@ std::vector<std::string> WriteRandomSpecs(int count, uint32_t seed) {
 }
 
 TEST(MultiprocRefit, FiftyRandomSpecsOverSharedMemory) {
-  for (const std::string& path : WriteRandomSpecs(50, 20261129)) RunAndCheck(path, kSm, "ours");
+  const std::vector<std::string> paths = WriteRandomSpecs(50, 20261129);
+  for (const std::string& path : paths) RunAndCheck(path, kSm, "ours");
+  std::filesystem::remove_all(std::filesystem::path(paths.front()).parent_path());
 }
 
 TEST(MultiprocRefit, FiftyRandomSpecsOverTcp) {
-  for (const std::string& path : WriteRandomSpecs(50, 4242)) RunAndCheck(path, kTcp, "ours");
+  const std::vector<std::string> paths = WriteRandomSpecs(50, 4242);
+  for (const std::string& path : paths) RunAndCheck(path, kTcp, "ours");
+  std::filesystem::remove_all(std::filesystem::path(paths.front()).parent_path());
 }
 
 // A rank SIGKILLed in the middle of a long run of refits: every other rank must report an

@@ -161,10 +161,8 @@ RankReport RunRank(const RankOptions& options, net::Store& store) {
     }
     // Measurement barrier (this program only, not part of a refit): without it a source starts
     // its clock while destinations still verify the previous refit, and the time it then waits
-    // for their grant would be counted as refit time. Not before the first refit: ranks still
-    // inside RefitEngine::Create need their peers to progress UCX wire-up, which a rank blocked
-    // on the store would not do.
-    for (int32_t r = -1; i > 0 && r < plan->world_size(); ++r) {
+    // for their grant would be counted as refit time.
+    for (int32_t r = -1; r < plan->world_size(); ++r) {
       const std::string key = absl::StrCat(options.key_prefix, "/iter/", epoch, "/");
       absl::Status b = r < 0 ? store.Set(absl::StrCat(key, me), "1")
                              : store.Get(absl::StrCat(key, r), absl::Now() + options.timeout).status();

@@ -29,6 +29,7 @@ absl::StatusOr<std::unique_ptr<Endpoint>> Endpoint::Create(Worker& worker,
     if (st == UCS_OK) {
       endpoint->peer_error_handling_ = true;
     } else {
+      endpoint->ep_ = nullptr;  // Never use what a failed ucp_ep_create left behind.
       std::fprintf(stderr,
                    "reshard: UCX refused peer error handling towards rank %d (%s); continuing "
                    "without it, a lost peer is then caught by the deadline only\n",
