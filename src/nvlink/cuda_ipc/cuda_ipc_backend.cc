@@ -5,7 +5,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
 #include "src/common/status.h"
-#include "src/nvlink/board_set.h"
+#include "src/nvlink/backend.h"
 #include "src/nvlink/cuda_ipc/factory.h"
 #include "src/nvlink/exchange.h"
 
@@ -72,7 +72,7 @@ absl::StatusOr<uintptr_t> AllocationBase(const void* ptr) {
   return base;
 }
 
-class CudaIpcBackend final : public FanoutBackend {
+class CudaIpcBackend final : public internal::BoardBackend {
  public:
   static absl::StatusOr<std::unique_ptr<FanoutBackend>> Create(const FanoutContext& ctx) {
     auto b = std::unique_ptr<CudaIpcBackend>(new CudaIpcBackend());
@@ -89,12 +89,6 @@ class CudaIpcBackend final : public FanoutBackend {
   }
 
   const char* name() const override { return "cuda_ipc"; }
-
-  absl::Status Grant(uint64_t epoch) override {
-    boards_.Grant(epoch);
-    return absl::OkStatus();
-  }
-  bool Granted(int32_t peer, uint64_t epoch) override { return boards_.Granted(peer, epoch); }
 
   absl::StatusOr<bool> Forward(uint32_t edge, uint64_t epoch) override {
     const FanoutEdge& e = table_->edges[edge];
@@ -131,8 +125,8 @@ class CudaIpcBackend final : public FanoutBackend {
     return false;
   }
 
-  absl::Status Progress(uint64_t epoch, std::vector<uint32_t>* arrived,
-                        std::vector<uint32_t>* completed) override {
+ private:
+  absl::Status Complete(std::vector<uint32_t>* completed) override {
     // One stream: copies complete in order, so stop at the first one still running.
     while (!in_flight_.empty()) {
       InFlight& f = in_flight_.front();
@@ -144,24 +138,12 @@ class CudaIpcBackend final : public FanoutBackend {
       free_events_.push_back(f.event);
       in_flight_.pop_front();
     }
-    boards_.Scan(epoch, arrived);
     return absl::OkStatus();
   }
 
-  absl::Status CheckPeers(const std::vector<int32_t>& peers) override {
-    return boards_.CheckPeers(peers);
-  }
-  void PublishNetworkEnd(uint64_t epoch, int64_t unix_ns) override {
-    boards_.PublishNetworkEnd(epoch, unix_ns);
-  }
-  int64_t PeerNetworkEnd(int32_t peer, uint64_t epoch) override {
-    return boards_.PeerNetworkEnd(peer, epoch);
-  }
-  int64_t mappings_created() const override {
-    return boards_.mappings() + static_cast<int64_t>(opened_.size());
-  }
+  // Opened IPC handles of peers' buffers (the boards count themselves).
+  int64_t own_mappings() const override { return static_cast<int64_t>(opened_.size()); }
 
- private:
   struct InFlight {
     uint32_t edge;
     uint64_t epoch;
@@ -239,7 +221,6 @@ class CudaIpcBackend final : public FanoutBackend {
   int32_t rank_ = 0;
   std::vector<LocalBuffer> buffers_;
   cudaStream_t stream_ = nullptr;
-  internal::BoardSet boards_;
   std::vector<void*> opened_;
   std::map<std::pair<int32_t, uint32_t>, uint8_t*> peer_ptr_;
   std::deque<InFlight> in_flight_;
@@ -252,15 +233,7 @@ class CudaIpcFactoryImpl final : public FanoutFactory {
   absl::Status Viable(const FanoutContext& ctx) const override {
     std::string why;
     if (CudaDeviceCount(&why) == 0) return absl::FailedPreconditionError(why);
-    for (const FanoutEdge& e : ctx.table->edges) {
-      if (e.from_rank != ctx.rank && e.to_rank != ctx.rank) continue;
-      const uint32_t b = e.from_rank == ctx.rank ? e.from_buffer : e.to_buffer;
-      if (ctx.buffers[b].kind != MemoryKind::kCuda) {
-        return absl::FailedPreconditionError(
-            absl::StrFormat("buffer %d of rank %d is host memory, not CUDA memory", b, ctx.rank));
-      }
-    }
-    return absl::OkStatus();
+    return internal::CheckEdgeBufferKinds(ctx, MemoryKind::kCuda);
   }
   absl::StatusOr<std::unique_ptr<FanoutBackend>> Create(const FanoutContext& ctx) const override {
     return CudaIpcBackend::Create(ctx);

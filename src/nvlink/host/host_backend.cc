@@ -13,7 +13,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "src/common/status.h"
-#include "src/nvlink/board_set.h"
+#include "src/nvlink/backend.h"
 #include "src/nvlink/exchange.h"
 #include "src/nvlink/host/factory.h"
 #include "src/nvlink/shared_buffer.h"
@@ -32,7 +32,7 @@ namespace {
 
 using internal::Record;
 
-class HostBackend final : public FanoutBackend {
+class HostBackend final : public internal::BoardBackend {
  public:
   static absl::StatusOr<std::unique_ptr<FanoutBackend>> Create(const FanoutContext& ctx) {
     auto b = std::unique_ptr<HostBackend>(new HostBackend());
@@ -41,13 +41,6 @@ class HostBackend final : public FanoutBackend {
   }
 
   const char* name() const override { return "host"; }
-
-  absl::Status Grant(uint64_t epoch) override {
-    boards_.Grant(epoch);
-    return absl::OkStatus();
-  }
-
-  bool Granted(int32_t peer, uint64_t epoch) override { return boards_.Granted(peer, epoch); }
 
   absl::StatusOr<bool> Forward(uint32_t edge, uint64_t epoch) override {
     const FanoutEdge& e = table_->edges[edge];
@@ -65,27 +58,10 @@ class HostBackend final : public FanoutBackend {
     return true;
   }
 
-  absl::Status Progress(uint64_t epoch, std::vector<uint32_t>* arrived,
-                        std::vector<uint32_t>* completed) override {
-    boards_.Scan(epoch, arrived);
-    return absl::OkStatus();
-  }
-
-  absl::Status CheckPeers(const std::vector<int32_t>& peers) override {
-    return boards_.CheckPeers(peers);
-  }
-  void PublishNetworkEnd(uint64_t epoch, int64_t unix_ns) override {
-    boards_.PublishNetworkEnd(epoch, unix_ns);
-  }
-  int64_t PeerNetworkEnd(int32_t peer, uint64_t epoch) override {
-    return boards_.PeerNetworkEnd(peer, epoch);
-  }
-
-  int64_t mappings_created() const override {
-    return boards_.mappings() + static_cast<int64_t>(mappings_list_.size());
-  }
-
  private:
+  // Shared-memory objects of peers' buffers (the boards count themselves).
+  int64_t own_mappings() const override { return static_cast<int64_t>(mappings_list_.size()); }
+
   struct PeerBuffer {
     uint8_t* mapped = nullptr;  // Inside one of mappings_list_ when shared.
     uintptr_t remote = 0;       // Address in the peer when private.
@@ -276,7 +252,6 @@ class HostBackend final : public FanoutBackend {
   int32_t rank_ = 0;
   std::vector<LocalBuffer> buffers_;
   volatile uint64_t probe_ = 0;
-  internal::BoardSet boards_;
   std::vector<SharedMapping> mappings_list_;
   std::map<int32_t, Peer> peers_;
 };
@@ -285,23 +260,17 @@ class HostFactoryImpl final : public FanoutFactory {
  public:
   const char* name() const override { return "host"; }
   absl::Status Viable(const FanoutContext& ctx) const override {
-    for (const FanoutEdge& e : ctx.table->edges) {
-      if (e.from_rank != ctx.rank && e.to_rank != ctx.rank) continue;
-      const uint32_t b = e.from_rank == ctx.rank ? e.from_buffer : e.to_buffer;
-      if (ctx.buffers[b].kind != MemoryKind::kHost) {
-        return absl::FailedPreconditionError(
-            absl::StrFormat("buffer %d of rank %d is %s memory, not host memory", b, ctx.rank,
-                            MemoryKindName(ctx.buffers[b].kind)));
-      }
-      if (e.to_rank == ctx.rank && YamaPtraceScope() >= 3 &&
-          !SharedBuffer::Lookup(ctx.buffers[b].ptr, ctx.buffers[b].bytes)) {
-        return absl::FailedPreconditionError(absl::StrFormat(
-            "buffer %d of rank %d is private memory and yama ptrace_scope=3 forbids "
-            "process_vm_writev; allocate it with nvlink::SharedBuffer",
-            b, ctx.rank));
-      }
-    }
-    return absl::OkStatus();
+    return internal::CheckEdgeBufferKinds(
+        ctx, MemoryKind::kHost, [&](const FanoutEdge& e, uint32_t b) -> absl::Status {
+          if (e.to_rank == ctx.rank && YamaPtraceScope() >= 3 &&
+              !SharedBuffer::Lookup(ctx.buffers[b].ptr, ctx.buffers[b].bytes)) {
+            return absl::FailedPreconditionError(absl::StrFormat(
+                "buffer %d of rank %d is private memory and yama ptrace_scope=3 forbids "
+                "process_vm_writev; allocate it with nvlink::SharedBuffer",
+                b, ctx.rank));
+          }
+          return absl::OkStatus();
+        });
   }
   absl::StatusOr<std::unique_ptr<FanoutBackend>> Create(const FanoutContext& ctx) const override {
     return HostBackend::Create(ctx);

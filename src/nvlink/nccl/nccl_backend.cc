@@ -6,6 +6,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_format.h"
 #include "src/common/status.h"
+#include "src/nvlink/backend.h"
 #include "src/nvlink/cuda_ipc/factory.h"
 #include "src/nvlink/exchange.h"
 #include "src/nvlink/nccl/factory.h"
@@ -281,15 +282,7 @@ class NcclFactoryImpl final : public FanoutFactory {
   absl::Status Viable(const FanoutContext& ctx) const override {
     std::string why;
     if (CudaDeviceCount(&why) == 0) return absl::FailedPreconditionError(why);
-    for (const FanoutEdge& e : ctx.table->edges) {
-      if (e.from_rank != ctx.rank && e.to_rank != ctx.rank) continue;
-      const uint32_t b = e.from_rank == ctx.rank ? e.from_buffer : e.to_buffer;
-      if (ctx.buffers[b].kind != MemoryKind::kCuda) {
-        return absl::FailedPreconditionError(
-            absl::StrFormat("buffer %d of rank %d is host memory, not CUDA memory", b, ctx.rank));
-      }
-    }
-    return absl::OkStatus();
+    return internal::CheckEdgeBufferKinds(ctx, MemoryKind::kCuda);
   }
   absl::StatusOr<std::unique_ptr<FanoutBackend>> Create(const FanoutContext& ctx) const override {
     return NcclBackend::Create(ctx);
