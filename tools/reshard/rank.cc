@@ -161,11 +161,27 @@ RankReport RunRank(const RankOptions& options, net::Store& store) {
     }
     // Measurement barrier (this program only, not part of a refit): without it a source starts
     // its clock while destinations still verify the previous refit, and the time it then waits
-    // for their grant would be counted as refit time.
-    for (int32_t r = -1; r < plan->world_size(); ++r) {
+    // for their grant would be counted as refit time. It waits in short store reads and keeps
+    // the engine progressing in between, so a peer lost meanwhile (or a peer's abort) fails this
+    // rank at once instead of after the whole timeout.
+    {
       const std::string key = absl::StrCat(options.key_prefix, "/iter/", epoch, "/");
-      absl::Status b = r < 0 ? store.Set(absl::StrCat(key, me), "1")
-                             : store.Get(absl::StrCat(key, r), absl::Now() + options.timeout).status();
+      absl::Status b = store.Set(absl::StrCat(key, me), "1");
+      const absl::Time barrier_deadline = absl::Now() + options.timeout;
+      for (int32_t r = 0; b.ok() && r < plan->world_size(); ++r) {
+        while (true) {
+          b = store.Get(absl::StrCat(key, r), absl::Now() + absl::Milliseconds(20)).status();
+          if (b.ok() || !absl::IsDeadlineExceeded(b)) break;
+          b = (*engine)->Progress(nullptr);
+          if (!b.ok()) break;
+          if (absl::Now() >= barrier_deadline) {
+            b = absl::DeadlineExceededError(absl::StrFormat(
+                "rank %d: rank %d did not reach refit %d within %s", me, r, epoch,
+                absl::FormatDuration(options.timeout)));
+            break;
+          }
+        }
+      }
       if (!b.ok()) return fail(b, false);
     }
     const absl::Time start = absl::Now();
