@@ -26,6 +26,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "src/common/status.h"
+#include "src/nvlink/shared_buffer.h"
 
 extern char** environ;
 
@@ -710,6 +711,8 @@ void Launch::Cleanup() {
         if (WIFSIGNALED(status)) p.result.term_signal = WTERMSIG(status);
       }
     }
+    // A rank killed by a signal could not unlink its shared-memory buffers and signal boards.
+    if (p.pid > 0 && p.result.term_signal != 0) nvlink::RemoveSharedObjectsOf(p.pid);
     if (p.out_fd >= 0) close(p.out_fd);
     if (p.err_fd >= 0) close(p.err_fd);
     p.out_fd = p.err_fd = -1;
