@@ -19,33 +19,24 @@ int main(int argc, char** argv) {
                  shape.trainers(), shape.trainers() + shape.inference() - 1);
     return 2;
   }
-  const reshard::RefitSpec spec = example::MakeSpec(shape);
-  auto reqs = spec.LocalBuffers(rank);
-  auto tiles = spec.LocalTiles(rank, reshard::Side::kDestination);
-  if (!reqs.ok() || !tiles.ok()) {
-    std::fprintf(stderr, "inference: %s\n",
-                 (!reqs.ok() ? reqs.status() : tiles.status()).ToString().c_str());
-    return 2;
+  example::RankState state;
+  if (int exit_status = example::SetUpRank("inference", *comm, shape, reshard::Side::kDestination, state)) {
+    return exit_status;
   }
-  example::OwnedBuffers owned;
-  reshard::LocalBuffers buffers = example::Allocate(*reqs, owned);
-  absl::StatusOr<reshard::RefitHandle> handle =
-      reshard::RefitHandle::Create(*comm, spec, std::move(buffers));
-  if (!handle.ok()) {
-    std::fprintf(stderr, "inference rank %d: %s\n", rank, handle.status().ToString().c_str());
-    return 1;
-  }
+  const reshard::RefitSpec& spec = state.spec;
+  example::OwnedBuffers& owned = state.owned;
+  reshard::RefitHandle& handle = *state.handle;
   int64_t total_bytes = 0;
   for (int step = 1; step <= shape.steps; ++step) {
     // Poison what we hold, so an element the refit failed to write cannot pass as correct.
     for (auto& [req, mem] : owned.buffers) std::memset(mem.data(), 0xA5, mem.size());
-    absl::Status st = handle->Execute(absl::Seconds(60));
+    absl::Status st = handle.Execute(absl::Seconds(60));
     if (!st.ok()) {
       std::fprintf(stderr, "inference rank %d step %d: %s\n", rank, step, st.ToString().c_str());
       return 1;
     }
     int64_t checked = 0;
-    for (const reshard::LocalTile& tile : *tiles) {
+    for (const reshard::LocalTile& tile : state.tiles) {
       size_t tensor = 0;
       while (spec.tensors()[tensor].name != tile.tensor) ++tensor;
       const uint8_t* base = owned.Find(tile.buffer);
@@ -67,7 +58,7 @@ int main(int argc, char** argv) {
         return 1;
       }
     }
-    const reshard::Stats& s = handle->stats();
+    const reshard::Stats& s = handle.stats();
     total_bytes += s.bytes_network_received;
     std::printf(
         "inference rank %d step %d: verified %lld elements; received %lld bytes in %.2f ms "

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -166,6 +167,41 @@ inline reshard::LocalBuffers Allocate(const std::vector<reshard::BufferRequireme
     out.Add(r.side, r.name, reshard::Buffer{owned.buffers.back().second.data(), r.bytes});
   }
   return out;
+}
+
+// What one example rank sets up once: the spec, the tiles it holds on its side, its buffers and
+// the refit handle (created once, executed every step).
+struct RankState {
+  reshard::RefitSpec spec;
+  std::vector<reshard::LocalTile> tiles;
+  OwnedBuffers owned;
+  std::optional<reshard::RefitHandle> handle;
+};
+
+// Sets up `state` for this rank as `role` ("trainer" or "inference") on `side`. Returns 0, or
+// the exit status after printing one line naming the role and rank: 2 for bad input, 1 when
+// the handle cannot be created.
+inline int SetUpRank(const char* role, const reshard::Communicator& comm, const Shape& shape,
+                     reshard::Side side, RankState& state) {
+  const int rank = comm.rank();
+  state.spec = MakeSpec(shape);
+  auto reqs = state.spec.LocalBuffers(rank);
+  auto tiles = state.spec.LocalTiles(rank, side);
+  if (!reqs.ok() || !tiles.ok()) {
+    std::fprintf(stderr, "%s rank %d: %s\n", role, rank,
+                 (!reqs.ok() ? reqs.status() : tiles.status()).ToString().c_str());
+    return 2;
+  }
+  state.tiles = *std::move(tiles);
+  reshard::LocalBuffers buffers = Allocate(*reqs, state.owned);
+  absl::StatusOr<reshard::RefitHandle> handle =
+      reshard::RefitHandle::Create(comm, state.spec, std::move(buffers));
+  if (!handle.ok()) {
+    std::fprintf(stderr, "%s rank %d: %s\n", role, rank, handle.status().ToString().c_str());
+    return 1;
+  }
+  state.handle.emplace(*std::move(handle));
+  return 0;
 }
 
 }  // namespace example

@@ -21,25 +21,16 @@ int main(int argc, char** argv) {
                  shape.trainers() - 1);
     return 2;
   }
-  const reshard::RefitSpec spec = example::MakeSpec(shape);
-  auto reqs = spec.LocalBuffers(rank);
-  auto tiles = spec.LocalTiles(rank, reshard::Side::kSource);
-  if (!reqs.ok() || !tiles.ok()) {
-    std::fprintf(stderr, "trainer: %s\n",
-                 (!reqs.ok() ? reqs.status() : tiles.status()).ToString().c_str());
-    return 2;
+  example::RankState state;
+  if (int exit_status = example::SetUpRank("trainer", *comm, shape, reshard::Side::kSource, state)) {
+    return exit_status;
   }
-  example::OwnedBuffers owned;
-  reshard::LocalBuffers buffers = example::Allocate(*reqs, owned);
-  absl::StatusOr<reshard::RefitHandle> handle =
-      reshard::RefitHandle::Create(*comm, spec, std::move(buffers));
-  if (!handle.ok()) {
-    std::fprintf(stderr, "trainer rank %d: %s\n", rank, handle.status().ToString().c_str());
-    return 1;
-  }
+  const reshard::RefitSpec& spec = state.spec;
+  example::OwnedBuffers& owned = state.owned;
+  reshard::RefitHandle& handle = *state.handle;
   for (int step = 1; step <= shape.steps; ++step) {
     // "Training": new weights every step.
-    for (const reshard::LocalTile& tile : *tiles) {
+    for (const reshard::LocalTile& tile : state.tiles) {
       size_t tensor = 0;
       while (spec.tensors()[tensor].name != tile.tensor) ++tensor;
       uint8_t* base = owned.Find(tile.buffer);
@@ -48,12 +39,12 @@ int main(int argc, char** argv) {
         example::Store(base, offset, eb, example::Value(step, tensor, global));
       });
     }
-    absl::Status st = handle->Execute(absl::Seconds(60));
+    absl::Status st = handle.Execute(absl::Seconds(60));
     if (!st.ok()) {
       std::fprintf(stderr, "trainer rank %d step %d: %s\n", rank, step, st.ToString().c_str());
       return 1;
     }
-    const reshard::Stats& s = handle->stats();
+    const reshard::Stats& s = handle.stats();
     std::printf("trainer rank %d step %d: sent %lld bytes in %.2f ms (%lld puts)\n", rank, step,
                 static_cast<long long>(s.bytes_network_sent), s.total_seconds * 1e3,
                 static_cast<long long>(s.puts));
