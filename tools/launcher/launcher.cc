@@ -91,6 +91,20 @@ std::string ResolveExecutable(const std::string& name) {
   return name;
 }
 
+// Close-on-exec pipes for a child's stdout and stderr; on failure nothing is left open.
+absl::Status OpenOutputPipes(int out[2], int err[2]) {
+  if (pipe2(out, O_CLOEXEC) < 0) {
+    return absl::InternalError(absl::StrCat("pipe2: ", std::strerror(errno)));
+  }
+  if (pipe2(err, O_CLOEXEC) < 0) {
+    const int e = errno;
+    close(out[0]);
+    close(out[1]);
+    return absl::InternalError(absl::StrCat("pipe2: ", std::strerror(e)));
+  }
+  return absl::OkStatus();
+}
+
 // Runs a helper command (ip, tc) without a shell; returns its stdout. The command's stderr
 // becomes the error message.
 absl::StatusOr<std::string> RunTool(const std::vector<std::string>& argv) {
@@ -99,12 +113,7 @@ absl::StatusOr<std::string> RunTool(const std::vector<std::string>& argv) {
   for (const auto& a : argv) cargv.push_back(const_cast<char*>(a.c_str()));
   cargv.push_back(nullptr);
   int out[2], err[2];
-  if (pipe2(out, O_CLOEXEC) < 0) return absl::InternalError("pipe2 failed");
-  if (pipe2(err, O_CLOEXEC) < 0) {
-    close(out[0]);
-    close(out[1]);
-    return absl::InternalError("pipe2 failed");
-  }
+  RESHARD_RETURN_IF_ERROR(OpenOutputPipes(out, err));
   pid_t pid = fork();
   if (pid < 0) return absl::InternalError(absl::StrCat("fork: ", std::strerror(errno)));
   if (pid == 0) {
@@ -458,12 +467,7 @@ absl::Status Launch::SpawnRanks() {
     cenv.push_back(nullptr);
 
     int out[2], err[2];
-    if (pipe2(out, O_CLOEXEC) < 0) return absl::InternalError("pipe2 failed");
-    if (pipe2(err, O_CLOEXEC) < 0) {
-      close(out[0]);
-      close(out[1]);
-      return absl::InternalError("pipe2 failed");
-    }
+    RESHARD_RETURN_IF_ERROR(OpenOutputPipes(out, err));
     pid_t pid = fork();
     if (pid < 0) {
       close(out[0]);
