@@ -28,14 +28,14 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "src/net/refit_engine.h"
-#include "src/net/tcp_store.h"
+#include "src/rendezvous/tcp_store.h"
 #include "src/plan/fill.h"
 #include "src/plan/spec_json.h"
 
 namespace {
 
-using reshard::net::LocalBuffer;
-using reshard::net::MemoryKind;
+using reshard::common::BufferView;
+using reshard::common::MemoryKind;
 using reshard::net::RefitEngine;
 using reshard::net::RefitEngineOptions;
 
@@ -89,7 +89,7 @@ int Child(int rank, const Flags& flags, const std::vector<Case>& cases, int port
   setenv("UCX_WARN_UNUSED_ENV_VARS", "n", 1);
   if (!flags.delivery.empty()) setenv("RESHARD_DELIVERY", flags.delivery.c_str(), 1);
   const absl::Time setup_deadline = absl::Now() + absl::Seconds(60);
-  auto store = reshard::net::TcpStore::Connect("127.0.0.1", port, token, setup_deadline);
+  auto store = reshard::rendezvous::TcpStore::Connect("127.0.0.1", port, token, setup_deadline);
   if (!store.ok()) {
     std::fprintf(stderr, "rank %d: %s\n", rank, std::string(store.status().message()).c_str());
     return 1;
@@ -101,13 +101,13 @@ int Child(int rank, const Flags& flags, const std::vector<Case>& cases, int port
     auto plan = reshard::plan::BuildPlan(std::make_shared<const reshard::plan::RefitSpec>(*spec));
     if (!plan.ok()) return 2;
     Handle h{*std::move(plan), {}, nullptr};
-    std::vector<LocalBuffer> buffers;
+    std::vector<BufferView> buffers;
     for (int64_t bytes : h.plan.BufferBytes(rank)) {
       const size_t rounded = (static_cast<size_t>(bytes) + 4095) / 4096 * 4096;
       auto* p = bytes > 0 ? static_cast<uint8_t*>(std::aligned_alloc(4096, rounded)) : nullptr;
       if (p != nullptr) std::memset(p, 0xA5, rounded);
       h.memory.emplace_back(p, &std::free);
-      buffers.push_back(LocalBuffer{p, bytes, MemoryKind::kHost});
+      buffers.push_back(BufferView{p, bytes, MemoryKind::kHost});
     }
     const reshard::plan::RefitSpec& s = h.plan.spec();
     for (size_t t = 0; t < s.tensors.size(); ++t) {
@@ -256,7 +256,7 @@ int main(int argc, char** argv) {
     port_pipes.push_back(fds[1]);
     pids.push_back(pid);
   }
-  auto server = reshard::net::TcpStoreServer::Start("127.0.0.1", 0, token);
+  auto server = reshard::rendezvous::TcpStoreServer::Start("127.0.0.1", 0, token);
   if (!server.ok()) {
     std::fprintf(stderr, "put_bench: %s\n", std::string(server.status().message()).c_str());
     for (int fd : port_pipes) close(fd);  // Children exit on the short read.
@@ -278,7 +278,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "put_bench: a rank failed\n");
     return 1;
   }
-  auto client = reshard::net::TcpStore::Connect("127.0.0.1", (*server)->port(), token,
+  auto client = reshard::rendezvous::TcpStore::Connect("127.0.0.1", (*server)->port(), token,
                                                 absl::Now() + absl::Seconds(10));
   if (!client.ok()) return 1;
   const double bytes = static_cast<double>(flags.rows) * flags.cols * 2;

@@ -10,8 +10,8 @@
 #include "absl/strings/str_cat.h"
 #include "src/api/internal.h"
 #include "src/common/status.h"
-#include "src/net/file_store.h"
-#include "src/net/tcp_store.h"
+#include "src/rendezvous/file_store.h"
+#include "src/rendezvous/tcp_store.h"
 
 namespace reshard {
 namespace {
@@ -34,10 +34,10 @@ class TcpImpl final : public Communicator::Impl {
     client.reset();
     server.reset();
   }
-  net::Store& store() override { return *client; }
+  rendezvous::Store& store() override { return *client; }
 
-  std::unique_ptr<net::TcpStoreServer> server;  // Outlives the client (destroyed after it).
-  std::unique_ptr<net::TcpStore> client;
+  std::unique_ptr<rendezvous::TcpStoreServer> server;  // Outlives the client (destroyed after it).
+  std::unique_ptr<rendezvous::TcpStore> client;
 };
 
 // A single-host mpirun job without RESHARD_STORE: the ranks meet in a directory under /dev/shm
@@ -56,11 +56,11 @@ class FileImpl final : public Communicator::Impl {
       if (all) std::filesystem::remove_all(store_->directory(), ignored);
     }
   }
-  net::Store& store() override { return *store_; }
-  std::unique_ptr<net::FileStore> store_;
+  rendezvous::Store& store() override { return *store_; }
+  std::unique_ptr<rendezvous::FileStore> store_;
 };
 
-class CallbackStore final : public net::Store {
+class CallbackStore final : public rendezvous::Store {
  public:
   explicit CallbackStore(StoreCallbacks cb) : cb_(std::move(cb)) {}
   absl::Status Set(const std::string& key, const std::string& value) override {
@@ -81,7 +81,7 @@ class CallbackStore final : public net::Store {
 class CallbackImpl final : public Communicator::Impl {
  public:
   explicit CallbackImpl(StoreCallbacks cb) : store_(std::move(cb)) {}
-  net::Store& store() override { return store_; }
+  rendezvous::Store& store() override { return store_; }
 
  private:
   CallbackStore store_;
@@ -138,8 +138,8 @@ absl::StatusOr<Communicator> Communicator::Connect(const std::string& store_addr
   impl->timeout = options.timeout;
   impl->description = absl::StrCat("tcp://", store_address);
   if (options.serve_store && rank == 0) {
-    absl::StatusOr<std::unique_ptr<net::TcpStoreServer>> server =
-        net::TcpStoreServer::Start("0.0.0.0", host_port.second, token);
+    absl::StatusOr<std::unique_ptr<rendezvous::TcpStoreServer>> server =
+        rendezvous::TcpStoreServer::Start("0.0.0.0", host_port.second, token);
     if (!server.ok()) {
       return absl::Status(server.status().code(),
                           absl::StrCat("rank 0 could not serve the store on port ",
@@ -147,7 +147,7 @@ absl::StatusOr<Communicator> Communicator::Connect(const std::string& store_addr
     }
     impl->server = std::move(server).value();
   }
-  absl::StatusOr<std::unique_ptr<net::TcpStore>> client = net::TcpStore::Connect(
+  absl::StatusOr<std::unique_ptr<rendezvous::TcpStore>> client = rendezvous::TcpStore::Connect(
       host_port.first, host_port.second, token, absl::Now() + options.timeout);
   if (!client.ok()) {
     return absl::Status(client.status().code(),
@@ -188,8 +188,8 @@ absl::StatusOr<Communicator> Communicator::FromEnvironment() {
     for (char& ch : name) {
       if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
     }
-    RESHARD_ASSIGN_OR_RETURN(std::unique_ptr<net::FileStore> fs,
-                             net::FileStore::Open(absl::StrCat("/dev/shm/reshard-mpi-", name)));
+    RESHARD_ASSIGN_OR_RETURN(std::unique_ptr<rendezvous::FileStore> fs,
+                             rendezvous::FileStore::Open(absl::StrCat("/dev/shm/reshard-mpi-", name)));
     auto impl = std::make_shared<FileImpl>();
     impl->rank = rank;
     impl->world_size = world;

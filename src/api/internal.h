@@ -9,7 +9,7 @@
 
 #include "reshard/communicator.h"
 #include "reshard/spec.h"
-#include "src/net/store.h"
+#include "src/rendezvous/store.h"
 #include "src/plan/plan.h"
 #include "src/plan/spec.h"
 
@@ -24,7 +24,7 @@ class Communicator::Impl {
   std::string description;
   // Next default handle name ("h<N>").
   int64_t NextHandleNumber() { return next_handle_.fetch_add(1); }
-  virtual net::Store& store() = 0;
+  virtual rendezvous::Store& store() = 0;
 
  private:
   std::atomic<int64_t> next_handle_{0};

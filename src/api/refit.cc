@@ -1,4 +1,5 @@
 #include "reshard/refit.h"
+#include "reshard/version.h"
 
 #include <cstdlib>
 #include <cstring>
@@ -397,6 +398,6 @@ const Stats& RefitHandle::stats() const { return impl_->stats; }
 int RefitHandle::rank() const { return impl_->rank; }
 uint64_t RefitHandle::plan_fingerprint() const { return impl_->fingerprint; }
 
-const char* Version() { return "0.1.0"; }
+const char* Version() { return RESHARD_VERSION_STRING; }
 
 }  // namespace reshard

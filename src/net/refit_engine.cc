@@ -16,16 +16,15 @@
 #include "absl/strings/str_split.h"
 #include "src/common/hash.h"
 #include "src/common/status.h"
-#include "src/net/device_copy.h"
+#include "src/cuda/runtime.h"
 #include "src/net/ucx/context.h"
 #include "src/net/ucx/endpoint.h"
 #include "src/net/ucx/memory.h"
 #include "src/net/ucx/status.h"
+#include "src/net/ucx/tls.h"
 #include "src/net/ucx/worker.h"
 
 namespace reshard::net {
-
-const char* MemoryKindName(MemoryKind kind) { return kind == MemoryKind::kHost ? "host" : "cuda"; }
 
 int64_t RegistrationCount() { return ucx::RegistrationCount(); }
 
@@ -70,17 +69,8 @@ bool UseActiveMessages(RefitEngineOptions::Delivery delivery) {
   if (delivery != RefitEngineOptions::Delivery::kAuto) {
     return delivery == RefitEngineOptions::Delivery::kActiveMessage;
   }
-  const char* tls = std::getenv("UCX_TLS");
-  if (tls == nullptr || *tls == '\0' || *tls == '^') return false;
-  bool tcp = false;
-  for (absl::string_view token : absl::StrSplit(tls, ',', absl::SkipEmpty())) {
-    if (token == "tcp") tcp = true;
-    if (token == "all" || token == "ib" || absl::StartsWith(token, "rc") ||
-        absl::StartsWith(token, "ud") || absl::StartsWith(token, "dc")) {
-      return false;
-    }
-  }
-  return tcp;
+  const ucx::TlsSelection tls = ucx::TlsSelection::FromEnvironment();
+  return !tls.ucx_chooses && tls.Names("tcp") && !tls.rdma();
 }
 
 std::string Hex(const std::string& bytes) {
@@ -190,7 +180,7 @@ class RefitEngine::Impl {
       : plan_(plan), rank_(rank), options_(options) {}
   ~Impl();
 
-  absl::Status Init(Store& store, std::vector<LocalBuffer> buffers);
+  absl::Status Init(rendezvous::Store& store, std::vector<BufferView> buffers);
   absl::Status Start(uint64_t epoch);
   absl::Status Progress(std::vector<uint32_t>* landed);
   absl::Status Wait(absl::Time deadline);
@@ -215,11 +205,11 @@ class RefitEngine::Impl {
   const int32_t rank_;
   const RefitEngineOptions options_;
   uint64_t handle_ = 0;
-  Store* store_ = nullptr;
+  rendezvous::Store* store_ = nullptr;
 
   // Dependency order: the runtime (context + worker) outlives regions and peers.
   std::shared_ptr<Runtime> runtime_;
-  std::vector<LocalBuffer> buffers_;
+  std::vector<BufferView> buffers_;
   std::vector<uint8_t*> reg_addr_;  // Address the engine moves data from/to (staging or data).
   std::vector<void*> staging_;      // Pinned staging per buffer, or null.
   std::vector<std::unique_ptr<ucx::MemoryRegion>> regions_;
@@ -273,11 +263,11 @@ class RefitEngine::Impl {
   uint64_t reset_floor_ = 0;  // Aborts about epochs <= this predate the last Reset.
 
  private:
-  absl::Status ExchangeFingerprints(Store& store, absl::Time deadline);
-  absl::Status RegisterBuffers(Store& store, std::vector<LocalBuffer> buffers);
-  absl::Status ConnectPeers(Store& store, absl::Time deadline);
+  absl::Status ExchangeFingerprints(rendezvous::Store& store, absl::Time deadline);
+  absl::Status RegisterBuffers(rendezvous::Store& store, std::vector<BufferView> buffers);
+  absl::Status ConnectPeers(rendezvous::Store& store, absl::Time deadline);
   absl::Status BuildDescriptors();
-  absl::Status WireUp(Store& store, absl::Time deadline);
+  absl::Status WireUp(rendezvous::Store& store, absl::Time deadline);
 
   void Pump();
   void PumpOnce();
@@ -388,7 +378,7 @@ ucs_memory_type_t UcsMemoryType(MemoryKind kind) {
 // ---------------------------------------------------------------------------------------------
 // Set-up.
 
-absl::Status RefitEngine::Impl::Init(Store& store, std::vector<LocalBuffer> buffers) {
+absl::Status RefitEngine::Impl::Init(rendezvous::Store& store, std::vector<BufferView> buffers) {
   store_ = &store;
   const absl::Time deadline = absl::Now() + options_.setup_timeout;
   if (rank_ < 0 || rank_ >= plan_.world_size()) {
@@ -431,7 +421,7 @@ absl::Status RefitEngine::Impl::Init(Store& store, std::vector<LocalBuffer> buff
   return absl::OkStatus();
 }
 
-absl::Status RefitEngine::Impl::ExchangeFingerprints(Store& store, absl::Time deadline) {
+absl::Status RefitEngine::Impl::ExchangeFingerprints(rendezvous::Store& store, absl::Time deadline) {
   const std::string mine = absl::StrFormat("%016x/%d", plan_.fingerprint(), plan_.world_size());
   RESHARD_RETURN_IF_ERROR(store.Set(absl::StrCat(options_.key_prefix, "/fp/", rank_), mine));
   for (int32_t r = 0; r < plan_.world_size(); ++r) {
@@ -454,7 +444,7 @@ absl::Status RefitEngine::Impl::ExchangeFingerprints(Store& store, absl::Time de
   return absl::OkStatus();
 }
 
-absl::Status RefitEngine::Impl::RegisterBuffers(Store& store, std::vector<LocalBuffer> buffers) {
+absl::Status RefitEngine::Impl::RegisterBuffers(rendezvous::Store& store, std::vector<BufferView> buffers) {
   const ucx::Context& context = *runtime_->context;
   buffers_ = std::move(buffers);
   const size_t n = buffers_.size();
@@ -463,7 +453,7 @@ absl::Status RefitEngine::Impl::RegisterBuffers(Store& store, std::vector<LocalB
   regions_.resize(n);
   std::string rkeys;  // Serialized: per destination buffer id, address, bytes, packed key.
   for (size_t b = 0; b < n; ++b) {
-    LocalBuffer& buf = buffers_[b];
+    BufferView& buf = buffers_[b];
     reg_addr_[b] = static_cast<uint8_t*>(buf.data);
     if (buf.bytes == 0) continue;
     ucs_memory_type_t type = UCS_MEMORY_TYPE_HOST;
@@ -472,13 +462,13 @@ absl::Status RefitEngine::Impl::RegisterBuffers(Store& store, std::vector<LocalB
         type = UcsMemoryType(buf.kind);
       } else {
         std::string why;
-        if (CudaDeviceCount(&why) == 0) {
+        if (cuda::CudaDeviceCount(&why) == 0) {
           return absl::FailedPreconditionError(absl::StrFormat(
               "buffer \"%s\" on rank %d is CUDA memory but no CUDA device is usable: %s",
               plan_.buffers()[b].name, rank_, why));
         }
         // Debian-style UCX without CUDA memory: stage through pinned host memory.
-        RESHARD_ASSIGN_OR_RETURN(staging_[b], AllocPinned(static_cast<size_t>(buf.bytes)));
+        RESHARD_ASSIGN_OR_RETURN(staging_[b], cuda::AllocPinned(static_cast<size_t>(buf.bytes)));
         reg_addr_[b] = static_cast<uint8_t*>(staging_[b]);
       }
     }
@@ -520,7 +510,7 @@ absl::Status RefitEngine::Impl::RegisterBuffers(Store& store, std::vector<LocalB
   return absl::OkStatus();
 }
 
-absl::Status RefitEngine::Impl::ConnectPeers(Store& store, absl::Time deadline) {
+absl::Status RefitEngine::Impl::ConnectPeers(rendezvous::Store& store, absl::Time deadline) {
   peers_.resize(plan_.world_size());
   const auto& transfers = plan_.transfers();
   for (auto [it, end] = plan_.sends(rank_); it != end; ++it) {
@@ -589,7 +579,7 @@ absl::Status RefitEngine::Impl::ConnectPeers(Store& store, absl::Time deadline) 
 //      waiting, so no rank returns before each of its peers finished step a.
 // Both are bounded by Create's deadline; a lost peer fails them with Unavailable (endpoints with
 // peer error handling) or DeadlineExceeded, naming the peer.
-absl::Status RefitEngine::Impl::WireUp(Store& store, absl::Time deadline) {
+absl::Status RefitEngine::Impl::WireUp(rendezvous::Store& store, absl::Time deadline) {
   struct Pending {
     int32_t peer;
     void* request;
@@ -879,7 +869,7 @@ absl::Status RefitEngine::Impl::Start(uint64_t epoch) {
   // Staged source buffers: device -> pinned host before any put reads them.
   for (size_t b = 0; b < buffers_.size(); ++b) {
     if (staging_[b] != nullptr && plan_.buffers()[b].side == Side::kSrc) {
-      absl::Status st = CudaCopy(staging_[b], buffers_[b].data, buffers_[b].bytes);
+      absl::Status st = cuda::CudaCopy(staging_[b], buffers_[b].data, buffers_[b].bytes);
       if (!st.ok()) {
         Fail(st);
         BroadcastAbort();
@@ -966,7 +956,7 @@ void RefitEngine::Impl::PostPuts() {
                          [&](int64_t from_off, int64_t, int64_t n) {
                            if (device) {
                              absl::Status st =
-                                 CudaCopy(d.pack_to + pos, from + from_off, static_cast<size_t>(n));
+                                 cuda::CudaCopy(d.pack_to + pos, from + from_off, static_cast<size_t>(n));
                              if (!st.ok()) Fail(st);
                            } else {
                              std::memcpy(d.pack_to + pos, from + from_off, static_cast<size_t>(n));
@@ -1111,7 +1101,7 @@ void RefitEngine::Impl::RunLocalCopies() {
       const Run& run = runs_[i];
       void* dst = reinterpret_cast<void*>(run.remote);
       if (device) {
-        absl::Status st = CudaCopy(dst, run.local, run.bytes);
+        absl::Status st = cuda::CudaCopy(dst, run.local, run.bytes);
         if (!st.ok()) {
           Fail(st);
           return;
@@ -1143,7 +1133,7 @@ void RefitEngine::Impl::MarkLanded(uint32_t ti) {
     const uint8_t* host = static_cast<const uint8_t*>(staging_[to_buf]);
     plan::ForEachRun(region, plan_.region_dims(region), [&](int64_t, int64_t to_off, int64_t n) {
       if (!status_.ok()) return;
-      absl::Status st = CudaCopy(device + to_off, host + to_off, static_cast<size_t>(n));
+      absl::Status st = cuda::CudaCopy(device + to_off, host + to_off, static_cast<size_t>(n));
       if (!st.ok()) Fail(st);
     });
   }
@@ -1348,7 +1338,7 @@ void RefitEngine::Impl::Unpack(const Transfer& t, int64_t begin, const uint8_t* 
       uint8_t* dst = to + to_off + (lo - pos);
       const uint8_t* src = packed + (lo - begin);
       if (device) {
-        absl::Status st = CudaCopy(dst, src, static_cast<size_t>(hi - lo));
+        absl::Status st = cuda::CudaCopy(dst, src, static_cast<size_t>(hi - lo));
         if (!st.ok()) Fail(st);
       } else {
         std::memcpy(dst, src, static_cast<size_t>(hi - lo));
@@ -1395,7 +1385,7 @@ void RefitEngine::Impl::OnData(const DataHeader& h, const void* data, size_t len
   if (length > 0) {
     if (buffers_[to_buf].kind == MemoryKind::kCuda && staging_[to_buf] == nullptr) {
       // Device memory registered directly (CUDA-enabled UCX).
-      absl::Status st = CudaCopy(reg_addr_[to_buf] + h.to_offset, data, length);
+      absl::Status st = cuda::CudaCopy(reg_addr_[to_buf] + h.to_offset, data, length);
       if (!st.ok()) {
         Fail(st);
         return;
@@ -1511,7 +1501,7 @@ RefitEngine::Impl::~Impl() {
   regions_.clear();
   send_scratch_region_.reset();
   recv_scratch_region_.reset();
-  for (void* p : staging_) FreePinned(p);
+  for (void* p : staging_) cuda::FreePinned(p);
   auto it = runtime_->engines.find(handle_);
   if (it != runtime_->engines.end() && it->second == this) runtime_->engines.erase(it);
 }
@@ -1523,7 +1513,7 @@ RefitEngine::RefitEngine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 RefitEngine::~RefitEngine() = default;
 
 absl::StatusOr<std::unique_ptr<RefitEngine>> RefitEngine::Create(
-    const plan::Plan& plan, int32_t rank, Store& store, std::vector<LocalBuffer> buffers,
+    const plan::Plan& plan, int32_t rank, rendezvous::Store& store, std::vector<BufferView> buffers,
     const RefitEngineOptions& options) {
   auto impl = std::make_unique<Impl>(plan, rank, options);
   RESHARD_RETURN_IF_ERROR(impl->Init(store, std::move(buffers)));

@@ -52,21 +52,14 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "src/net/store.h"
+#include "src/common/memory.h"
 #include "src/plan/plan.h"
+#include "src/rendezvous/store.h"
 
 namespace reshard::net {
 
-enum class MemoryKind : uint8_t { kHost = 0, kCuda = 1 };
-const char* MemoryKindName(MemoryKind kind);
-
-// One of this rank's buffers, indexed by plan buffer id. `data` may be null when `bytes` is 0
-// (the rank holds no tile of that buffer). The memory must outlive the engine.
-struct LocalBuffer {
-  void* data = nullptr;
-  int64_t bytes = 0;
-  MemoryKind kind = MemoryKind::kHost;
-};
+using common::BufferView;
+using common::MemoryKind;
 
 struct RefitEngineOptions {
   // Namespace of this handle's store keys; every rank of one handle must use the same prefix
@@ -119,7 +112,7 @@ class RefitEngine {
   // an unsupported memory kind, DeadlineExceeded/Unavailable when peers or the store do not
   // answer before setup_timeout.
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<RefitEngine>> Create(
-      const plan::Plan& plan, int32_t rank, Store& store, std::vector<LocalBuffer> buffers,
+      const plan::Plan& plan, int32_t rank, rendezvous::Store& store, std::vector<BufferView> buffers,
       const RefitEngineOptions& options = {});
 
   ~RefitEngine();

@@ -2,12 +2,13 @@
 
 #include <algorithm>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "src/common/status.h"
 
 namespace reshard::nvlink::internal {
 
-absl::Status BoardSet::Create(const FanoutContext& ctx, Record& record) {
+absl::Status BoardSet::Create(const FanoutContext& ctx, rendezvous::Record& record) {
   table_ = ctx.table;
   rank_ = ctx.rank;
   std::map<int32_t, int64_t> next;
@@ -30,8 +31,8 @@ absl::Status BoardSet::Create(const FanoutContext& ctx, Record& record) {
   return absl::OkStatus();
 }
 
-absl::Status BoardSet::OpenPeer(int32_t peer, const Record& record) {
-  RESHARD_ASSIGN_OR_RETURN(std::string name, Field(record, "board", peer));
+absl::Status BoardSet::OpenPeer(int32_t peer, const rendezvous::Record& record) {
+  RESHARD_ASSIGN_OR_RETURN(std::string name, rendezvous::Field(record, "board", peer));
   int64_t slots = 0;
   for (const FanoutEdge& e : table_->edges) slots += e.to_rank == peer;
   RESHARD_ASSIGN_OR_RETURN(PeerBoard board, PeerBoard::Open(name, slots));
@@ -42,13 +43,9 @@ absl::Status BoardSet::OpenPeer(int32_t peer, const Record& record) {
 
 absl::Status BoardSet::FinishSetup(const FanoutContext& ctx, const std::string& what,
                                    absl::Time deadline) {
-  RESHARD_RETURN_IF_ERROR(
-      PublishRecord(*ctx.store, ctx.options.key_prefix, what, rank_, {{"ok", "1"}}));
   // Every peer opens this board: senders to signal it, receivers to watch this rank's liveness.
-  for (int32_t p : peers_) {
-    RESHARD_RETURN_IF_ERROR(
-        FetchRecord(*ctx.store, ctx.options.key_prefix, what, p, deadline).status());
-  }
+  RESHARD_RETURN_IF_ERROR(rendezvous::Barrier(
+      *ctx.store, absl::StrCat(ctx.options.key_prefix, "/", what), rank_, peers_, deadline));
   board_.Unlink();
   return absl::OkStatus();
 }

@@ -7,20 +7,20 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "src/nvlink/exchange.h"
 #include "src/nvlink/fanout.h"
 #include "src/nvlink/signal_board.h"
+#include "src/rendezvous/record.h"
 
 namespace reshard::nvlink::internal {
 
 class BoardSet {
  public:
   // Creates this rank's board (one slot per incoming edge) and adds its name to `record`.
-  [[nodiscard]] absl::Status Create(const FanoutContext& ctx, Record& record);
+  [[nodiscard]] absl::Status Create(const FanoutContext& ctx, rendezvous::Record& record);
   // Ranks this rank sends to or receives from, sorted.
   const std::vector<int32_t>& peers() const { return peers_; }
   // Opens `peer`'s board from its record.
-  [[nodiscard]] absl::Status OpenPeer(int32_t peer, const Record& record);
+  [[nodiscard]] absl::Status OpenPeer(int32_t peer, const rendezvous::Record& record);
   // Barrier with every peer (they all opened this rank's board: senders to signal it, receivers
   // to watch its liveness), then unlinks its name so nothing is left in /dev/shm whatever
   // happens later. `what` names the barrier key.

@@ -7,13 +7,12 @@
 #include "absl/strings/str_join.h"
 #include "src/common/status.h"
 #include "src/nvlink/cuda_ipc/factory.h"
-#include "src/nvlink/exchange.h"
+#include "src/rendezvous/record.h"
 #include "src/nvlink/host/factory.h"
 #include "src/nvlink/nccl/factory.h"
 
 namespace reshard::nvlink {
 
-const char* MemoryKindName(MemoryKind k) { return k == MemoryKind::kCuda ? "cuda" : "host"; }
 
 FanoutTable FanoutTable::FromPlan(const plan::Plan& plan, const std::vector<int32_t>& domain) {
   FanoutTable table;
@@ -84,7 +83,7 @@ absl::Status ValidateContext(const FanoutContext& ctx) {
     if (e.from_rank != ctx.rank && e.to_rank != ctx.rank) continue;
     const bool sending = e.from_rank == ctx.rank;
     const uint32_t buffer = sending ? e.from_buffer : e.to_buffer;
-    if (buffer >= ctx.buffers.size() || ctx.buffers[buffer].ptr == nullptr) {
+    if (buffer >= ctx.buffers.size() || ctx.buffers[buffer].data == nullptr) {
       return absl::InvalidArgumentError(
           absl::StrFormat("tensor \"%s\": rank %d has no buffer %d for fan-out transfer %d",
                           name(e), ctx.rank, buffer, e.transfer));
@@ -116,12 +115,12 @@ absl::Status AgreeOnBackend(const FanoutContext& ctx, const std::string& mine) {
   peers.erase(std::unique(peers.begin(), peers.end()), peers.end());
   const std::string& prefix = ctx.options.key_prefix;
   RESHARD_RETURN_IF_ERROR(
-      internal::PublishRecord(*ctx.store, prefix, "backend", ctx.rank, {{"name", mine}}));
+      rendezvous::PublishRecord(*ctx.store, prefix, "backend", ctx.rank, {{"name", mine}}));
   const absl::Time deadline = absl::Now() + ctx.options.setup_timeout;
   for (int32_t p : peers) {
-    RESHARD_ASSIGN_OR_RETURN(internal::Record r,
-                             internal::FetchRecord(*ctx.store, prefix, "backend", p, deadline));
-    RESHARD_ASSIGN_OR_RETURN(std::string theirs, internal::Field(r, "name", p));
+    RESHARD_ASSIGN_OR_RETURN(rendezvous::Record r,
+                             rendezvous::FetchRecord(*ctx.store, prefix, "backend", p, deadline));
+    RESHARD_ASSIGN_OR_RETURN(std::string theirs, rendezvous::Field(r, "name", p));
     if (theirs != mine) {
       return absl::FailedPreconditionError(
           absl::StrFormat("fan-out: rank %d chose backend %s but its domain peer rank %d chose %s",
@@ -135,8 +134,8 @@ absl::Status AgreeOnBackend(const FanoutContext& ctx, const std::string& mine) {
 
 absl::StatusOr<std::unique_ptr<Fanout>> Fanout::Create(FanoutTable table, int32_t rank,
                                                        std::vector<int32_t> domain,
-                                                       net::Store& store,
-                                                       std::vector<LocalBuffer> buffers,
+                                                       rendezvous::Store& store,
+                                                       std::vector<BufferView> buffers,
                                                        const FanoutOptions& options) {
   std::sort(domain.begin(), domain.end());
   domain.erase(std::unique(domain.begin(), domain.end()), domain.end());

@@ -28,25 +28,15 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "src/net/store.h"
+#include "src/rendezvous/store.h"
+#include "src/common/memory.h"
 #include "src/plan/plan.h"
 
 namespace reshard::nvlink {
 
-enum class MemoryKind : uint8_t {
-  kHost = 0,  // Host memory (shared through nvlink::SharedBuffer, or private).
-  kCuda = 1,  // CUDA device memory on this process's current device.
-};
-const char* MemoryKindName(MemoryKind k);
-
-// One of this rank's buffers, indexed by the plan's buffer id (destination, and source or
-// staging buffers when fan-outs read them). Buffers this rank does not hold or no fan-out touches
-// are {nullptr, 0}. The memory must outlive the Fanout.
-struct LocalBuffer {
-  void* ptr = nullptr;
-  int64_t bytes = 0;
-  MemoryKind kind = MemoryKind::kHost;
-};
+using common::BufferView;
+using common::MemoryKind;
+using common::MemoryKindName;
 
 // One fan-out copy: `region` read from `from_rank`'s buffer `from_buffer` (normally the
 // destination buffer the piece landed in; a staging or source buffer when the plan says so) and
@@ -149,8 +139,8 @@ struct FanoutContext {
   const FanoutTable* table = nullptr;
   int32_t rank = 0;
   std::vector<int32_t> domain;  // Sorted ranks of this rank's domain.
-  net::Store* store = nullptr;
-  std::vector<LocalBuffer> buffers;
+  rendezvous::Store* store = nullptr;
+  std::vector<BufferView> buffers;
   FanoutOptions options;
 };
 
@@ -176,8 +166,8 @@ class Fanout {
   // Builds this rank's fan-out for `table` (a domain's edges). Collective over the ranks of
   // `domain` that appear in the table; ranks of the domain with no edge may skip it.
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<Fanout>> Create(
-      FanoutTable table, int32_t rank, std::vector<int32_t> domain, net::Store& store,
-      std::vector<LocalBuffer> buffers, const FanoutOptions& options = {});
+      FanoutTable table, int32_t rank, std::vector<int32_t> domain, rendezvous::Store& store,
+      std::vector<BufferView> buffers, const FanoutOptions& options = {});
   ~Fanout();
   Fanout(const Fanout&) = delete;
   Fanout& operator=(const Fanout&) = delete;

@@ -46,6 +46,7 @@ TileGrid::TileGrid(const Layout& layout, const std::vector<int64_t>& shape)
     }
   }
   for (int d = 0; d < ndim_; ++d) {
+    dim_size_[d] = shape[d];
     dim_begin_[d + 1] = dim_begin_[d] + parts[d];
     num_cells_ *= parts[d];
   }

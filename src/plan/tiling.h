@@ -4,6 +4,10 @@
 // order) split the dim into nested torch.chunk intervals; a grid *cell* picks one interval per
 // dim. The ranks that hold a cell (its *holders*) differ only in their coordinates along the
 // replicate axes, so every cell has the same number of holders.
+//
+// Empty tiles follow DTensor exactly: torch's compute_local_shape_and_global_offset gives a
+// shard that is empty along a dim the global offset `global_shape[dim]` there (an empty nested
+// chunk is not clamped to its parent's end), so CellBox returns [n, n) for such a dim.
 #pragma once
 
 #include <array>
@@ -45,7 +49,10 @@ class TileGrid {
   TileGrid(const Layout& layout, const std::vector<int64_t>& shape);
 
   int ndim() const { return ndim_; }
-  // Intervals along tensor dim d, indexed by the dim's composite shard index.
+  // Intervals along tensor dim d, indexed by the dim's composite shard index: the nested
+  // torch.chunk splits, sorted and non-overlapping for binary search (overlap.h). An empty
+  // interval sits where its chunk would start (e.g. [1, 1) inside [0, 2)); CellBox, not this,
+  // gives a tile's DTensor box, where an empty dim is [n, n).
   absl::Span<const Interval> intervals(int d) const {
     return absl::Span<const Interval>(intervals_.data() + dim_begin_[d],
                                       dim_begin_[d + 1] - dim_begin_[d]);
@@ -55,6 +62,8 @@ class TileGrid {
 
   // Cells are addressed by one composite index per tensor dim.
   using Cell = std::array<int64_t, kMaxTensorDims>;
+  // The cell's tile as DTensor has it: per dim the cell's interval, or [n, n) when that interval
+  // is empty (n: the dim's global size), as torch's compute_local_shape_and_global_offset.
   Box CellBox(const Cell& cell) const;
   // Index into mesh.ranks of the first holder of `cell`; holder j is at that + replica_offset(j).
   int64_t CellBaseIndex(const Cell& cell) const;
@@ -79,6 +88,7 @@ class TileGrid {
   // CellBaseIndex (called per piece and per holder) is a sum of lookups, not divisions.
   absl::InlinedVector<int64_t, kInline> base_parts_;
   std::array<int64_t, kMaxTensorDims + 1> dim_begin_{};
+  std::array<int64_t, kMaxTensorDims> dim_size_{};  // The global shape.
   // Mesh axes sharding each dim, outermost first.
   std::array<std::array<int8_t, kMaxMeshDims>, kMaxTensorDims> dim_axes_{};
   std::array<int8_t, kMaxTensorDims> num_dim_axes_{};
@@ -94,8 +104,10 @@ inline Box TileGrid::CellBox(const Cell& cell) const {
   b.ndim = ndim_;
   for (int d = 0; d < ndim_; ++d) {
     const Interval& iv = intervals_[dim_begin_[d] + cell[d]];
-    b.lo[d] = iv.lo;
-    b.hi[d] = iv.hi;
+    // DTensor: a shard empty along d starts at the dim's global size.
+    const bool empty = iv.hi == iv.lo;
+    b.lo[d] = empty ? dim_size_[d] : iv.lo;
+    b.hi[d] = empty ? dim_size_[d] : iv.hi;
   }
   return b;
 }

@@ -17,7 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "src/common/json.h"
-#include "src/net/tcp_store.h"
+#include "src/rendezvous/tcp_store.h"
 
 namespace {
 
@@ -39,7 +39,7 @@ int main(int argc, char** argv) {
   const int rank = std::atoi(Env("RESHARD_RANK").c_str());
   const int world = std::atoi(Env("RESHARD_WORLD_SIZE").c_str());
   std::string exchange = "ok";
-  auto store = reshard::net::ConnectStoreFromEnv();
+  auto store = reshard::rendezvous::ConnectStoreFromEnv();
   if (!store.ok()) {
     exchange = std::string(store.status().message());
   } else {

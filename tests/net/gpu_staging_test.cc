@@ -12,8 +12,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
-#include "src/net/device_copy.h"
-#include "src/net/file_store.h"
+#include "src/cuda/runtime.h"
+#include "src/rendezvous/file_store.h"
 #include "src/net/refit_engine.h"
 #include "src/plan/fill.h"
 #include "src/plan/spec_json.h"
@@ -30,12 +30,12 @@ int Rank(int rank, const std::string& dir) {
   if (!plan.ok()) return 10;
   const std::vector<int64_t> bytes = plan->BufferBytes(rank);
   std::vector<std::vector<uint8_t>> host(bytes.size());
-  std::vector<LocalBuffer> buffers;
+  std::vector<BufferView> buffers;
   for (size_t b = 0; b < bytes.size(); ++b) {
     host[b].assign(bytes[b], 0xA5);
     void* device = nullptr;
     if (bytes[b] > 0 && cudaMalloc(&device, bytes[b]) != cudaSuccess) return 11;
-    buffers.push_back(LocalBuffer{device, bytes[b], MemoryKind::kCuda});
+    buffers.push_back(BufferView{device, bytes[b], MemoryKind::kCuda});
   }
   const plan::RefitSpec& s = plan->spec();
   auto store = FileStore::Open(dir);
@@ -54,12 +54,12 @@ int Rank(int rank, const std::string& dir) {
           if (r == rank) plan::FillTile(s, 0, plan::Side::kSrc, box, epoch, host[b].data());
         });
       }
-      if (!CudaCopy(buffers[b].data, host[b].data(), bytes[b]).ok()) return 14;
+      if (!cuda::CudaCopy(buffers[b].data, host[b].data(), bytes[b]).ok()) return 14;
     }
     if (!(*engine)->Execute(absl::Now() + absl::Seconds(20)).ok()) return 15;
     const uint32_t dst = plan->buffer_of(0, plan::Side::kDst);
     if (bytes[dst] > 0) {
-      if (!CudaCopy(host[dst].data(), buffers[dst].data, bytes[dst]).ok()) return 16;
+      if (!cuda::CudaCopy(host[dst].data(), buffers[dst].data, bytes[dst]).ok()) return 16;
       absl::Status st;
       plan::ForEachTile(s, 0, plan::Side::kDst, [&](int32_t r, const plan::Box& box) {
         if (r == rank && st.ok()) st = plan::VerifyTile(s, 0, box, epoch, rank, host[dst].data());
@@ -81,7 +81,7 @@ TEST(GpuStaging, DeviceBuffersRefitByteExact) {
   const pid_t prober = fork();
   if (prober == 0) {
     std::string why;
-    const int n = CudaDeviceCount(&why);
+    const int n = cuda::CudaDeviceCount(&why);
     const std::string msg = absl::StrCat(n, " ", why);
     (void)!write(probe[1], msg.data(), msg.size());
     _exit(0);

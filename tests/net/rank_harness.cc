@@ -14,7 +14,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
-#include "src/net/tcp_store.h"
+#include "src/rendezvous/tcp_store.h"
 
 namespace reshard::testing {
 
@@ -48,8 +48,8 @@ std::string Describe(const std::vector<RankResult>& results) {
 absl::StatusOr<std::vector<RankResult>> RunWorld(const WorldLaunch& launch) {
   std::random_device rd;
   const std::string token = absl::StrCat("t", rd(), rd());
-  absl::StatusOr<std::unique_ptr<net::TcpStoreServer>> server =
-      net::TcpStoreServer::Start("127.0.0.1", 0, token);
+  absl::StatusOr<std::unique_ptr<rendezvous::TcpStoreServer>> server =
+      rendezvous::TcpStoreServer::Start("127.0.0.1", 0, token);
   if (!server.ok()) return server.status();
   const int port = (*server)->port();
 
@@ -104,7 +104,7 @@ absl::StatusOr<std::vector<RankResult>> RunWorld(const WorldLaunch& launch) {
   if (launch.on_running) {
     watcher = std::thread([&] {
       auto client =
-          net::TcpStore::Connect("127.0.0.1", port, token, absl::Now() + absl::Seconds(30));
+          rendezvous::TcpStore::Connect("127.0.0.1", port, token, absl::Now() + absl::Seconds(30));
       if (client.ok()) {
         bool all = true;
         for (int r = 0; r < n && all; ++r) {

@@ -17,7 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "src/common/status.h"
-#include "src/net/file_store.h"
+#include "src/rendezvous/file_store.h"
 #include "src/net/ucx/context.h"
 #include "src/plan/fill.h"
 #include "src/plan/spec_json.h"
@@ -61,7 +61,7 @@ std::string StoreDir(const std::string& name) {
 struct RankBuffers {
   plan::Plan plan;
   std::vector<std::vector<uint8_t>> memory;
-  std::vector<LocalBuffer> buffers;
+  std::vector<BufferView> buffers;
 };
 
 RankBuffers MakeBuffers(const std::string& spec_text, int32_t rank) {
@@ -74,7 +74,7 @@ RankBuffers MakeBuffers(const std::string& spec_text, int32_t rank) {
   out.memory.resize(bytes.size());
   for (size_t b = 0; b < bytes.size(); ++b) {
     out.memory[b].assign(bytes[b], kPoison);
-    out.buffers.push_back(LocalBuffer{out.memory[b].data(), bytes[b], MemoryKind::kHost});
+    out.buffers.push_back(BufferView{out.memory[b].data(), bytes[b], MemoryKind::kHost});
   }
   return out;
 }
@@ -139,8 +139,8 @@ TEST(RefitEngine, RejectsBuffersThatDoNotMatchThePlan) {
   RankBuffers rb = MakeBuffers(kRowsToCols, 2);
   auto store = FileStore::Open(StoreDir("buffers"));
   ASSERT_TRUE(store.ok());
-  std::vector<LocalBuffer> short_buffers = rb.buffers;
-  for (LocalBuffer& b : short_buffers) b.bytes = b.bytes > 0 ? b.bytes - 1 : 0;
+  std::vector<BufferView> short_buffers = rb.buffers;
+  for (BufferView& b : short_buffers) b.bytes = b.bytes > 0 ? b.bytes - 1 : 0;
   auto engine = RefitEngine::Create(rb.plan, 2, **store, short_buffers);
   ASSERT_FALSE(engine.ok());
   EXPECT_EQ(engine.status().code(), absl::StatusCode::kInvalidArgument) << engine.status();

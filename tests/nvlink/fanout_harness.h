@@ -26,7 +26,7 @@
 #include <vector>
 
 #include "absl/strings/str_format.h"
-#include "src/net/file_store.h"
+#include "src/rendezvous/file_store.h"
 #include "src/nvlink/fanout.h"
 #include "src/nvlink/shared_buffer.h"
 #include "src/plan/fill.h"
@@ -104,14 +104,14 @@ inline absl::Status RunRank(const plan::Plan& plan, int32_t rank, const std::str
   const plan::RefitSpec& spec = plan.spec();
   plan::DomainMap domains(spec);
   const std::vector<int32_t>& domain = domains.ranks(domains.domain_of(rank));
-  auto store_or = net::FileStore::Open(dir + "/store");
+  auto store_or = rendezvous::FileStore::Open(dir + "/store");
   if (!store_or.ok()) return store_or.status();
-  net::Store& store = **store_or;
+  rendezvous::Store& store = **store_or;
 
   // This rank's buffers (destination and staging through `mem`).
   const std::vector<int64_t> sizes = plan.BufferBytes(rank);
   std::vector<std::shared_ptr<void>> holders(sizes.size());
-  std::vector<LocalBuffer> buffers(sizes.size());
+  std::vector<BufferView> buffers(sizes.size());
   for (uint32_t b = 0; b < sizes.size(); ++b) {
     if (sizes[b] == 0 || plan.buffers()[b].side == plan::Side::kSrc) continue;
     void* p = mem.alloc(sizes[b], &holders[b], absl::StrFormat("r%d-b%d", rank, b));
@@ -174,9 +174,9 @@ inline absl::Status RunRank(const plan::Plan& plan, int32_t rank, const std::str
     }
     // Poison our buffers, then enter the epoch (peers may write from now on).
     for (uint32_t b = 0; b < buffers.size(); ++b) {
-      if (buffers[b].ptr == nullptr) continue;
+      if (buffers[b].data == nullptr) continue;
       std::vector<uint8_t> poison(buffers[b].bytes, kPoison);
-      mem.copy_in(buffers[b].ptr, poison.data(), buffers[b].bytes);
+      mem.copy_in(buffers[b].data, poison.data(), buffers[b].bytes);
     }
     absl::SleepFor(opt.start_delay);
     if (absl::Status s = fanout.Start(epoch); !s.ok()) return s;
@@ -201,7 +201,7 @@ inline absl::Status RunRank(const plan::Plan& plan, int32_t rank, const std::str
       const plan::Transfer& tr = plan.transfers()[t];
       const plan::Region& r = plan.region(tr.region);
       const uint8_t* from = sources[tr.from_rank][plan.buffer_of(tr.tensor, tr.from_side)].data();
-      uint8_t* to = static_cast<uint8_t*>(buffers[plan.buffer_of(tr.tensor, tr.to_side)].ptr);
+      uint8_t* to = static_cast<uint8_t*>(buffers[plan.buffer_of(tr.tensor, tr.to_side)].data);
       plan::ForEachRun(r, plan.region_dims(r),
                        [&](int64_t f, int64_t o, int64_t n) { mem.copy_in(to + o, from + f, n); });
       if (absl::Status s = fanout.Landed(t, epoch); !s.ok()) return s;
@@ -221,7 +221,7 @@ inline absl::Status RunRank(const plan::Plan& plan, int32_t rank, const std::str
       plan::ForEachTile(spec, tensor, plan::Side::kDst, [&](int32_t r, const plan::Box& box) {
         if (r != rank || !status.ok()) return;
         std::vector<uint8_t> host(buffers[id].bytes);
-        mem.copy_out(host.data(), buffers[id].ptr, buffers[id].bytes);
+        mem.copy_out(host.data(), buffers[id].data, buffers[id].bytes);
         status = plan::VerifyTile(spec, tensor, box, epoch, rank, host.data());
       });
       if (!status.ok()) return status;

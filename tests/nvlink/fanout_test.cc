@@ -23,14 +23,14 @@ TEST(FanoutCapability, NamedBackendThatCannotRunSaysWhy) {
   auto plan = PlanFromJson(kTp4ToTp2Dp2);
   ASSERT_TRUE(plan.ok()) << plan.status();
   const std::string dir = MakeScratchDir();
-  auto store = net::FileStore::Open(dir + "/store");
+  auto store = rendezvous::FileStore::Open(dir + "/store");
   ASSERT_TRUE(store.ok());
   const std::vector<int32_t> domain = {4, 5, 6, 7};
   const std::vector<int32_t> ranks = testing::FanoutRanks(*plan);
   const int32_t rank = ranks.front();
   const std::vector<int64_t> sizes = plan->BufferBytes(rank);
   std::vector<std::vector<uint8_t>> memory(sizes.size());
-  std::vector<LocalBuffer> buffers(sizes.size());
+  std::vector<BufferView> buffers(sizes.size());
   for (size_t b = 0; b < sizes.size(); ++b) {
     memory[b].resize(sizes[b]);
     if (sizes[b] > 0) buffers[b] = {memory[b].data(), sizes[b], MemoryKind::kHost};

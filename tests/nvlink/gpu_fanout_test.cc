@@ -4,6 +4,7 @@
 // the parent never initialises CUDA, so forking stays safe.
 #include <gtest/gtest.h>
 
+#include "src/cuda/runtime.h"
 #include "src/nvlink/cuda_ipc/factory.h"
 #include "tests/nvlink/fanout_harness.h"
 
@@ -51,7 +52,7 @@ int ChildDeviceCount(std::string* why) {
   if (pid == 0) {
     close(fds[0]);
     std::string reason;
-    const int n = CudaDeviceCount(&reason);
+    const int n = cuda::CudaDeviceCount(&reason);
     const std::string msg = absl::StrFormat("%d %s", n, reason);
     (void)!write(fds[1], msg.data(), msg.size());
     _exit(0);

@@ -384,12 +384,12 @@ absl::Status Launch::SetUpNetns() {
 absl::Status Launch::StartStore() {
   if (mode_ == Mode::kLoopback) {
     store_host_ = "127.0.0.1";
-    RESHARD_ASSIGN_OR_RETURN(store_, net::TcpStoreServer::Start(store_host_, 0, token_));
+    RESHARD_ASSIGN_OR_RETURN(store_, rendezvous::TcpStoreServer::Start(store_host_, 0, token_));
   } else {
     // The listening socket must live in the bridge namespace, the only address every rank
     // namespace can reach. A thread enters it just to create the socket.
     store_host_ = kBridgeAddress;
-    absl::StatusOr<std::unique_ptr<net::TcpStoreServer>> server =
+    absl::StatusOr<std::unique_ptr<rendezvous::TcpStoreServer>> server =
         absl::InternalError("store thread did not run");
     std::string ns_path = absl::StrCat(kNetnsDir, "/", bridge_ns_);
     std::thread t([&] {
@@ -401,7 +401,7 @@ absl::Status Launch::StartStore() {
         return;
       }
       close(fd);
-      server = net::TcpStoreServer::Start(store_host_, 0, token_);
+      server = rendezvous::TcpStoreServer::Start(store_host_, 0, token_);
     });
     t.join();
     RESHARD_ASSIGN_OR_RETURN(store_, std::move(server));

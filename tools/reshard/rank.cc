@@ -46,7 +46,7 @@ absl::StatusOr<plan::PlanOptions> PlanOptionsForMode(const std::string& mode) {
   return options;
 }
 
-RankReport RunRank(const RankOptions& options, net::Store& store) {
+RankReport RunRank(const RankOptions& options, rendezvous::Store& store) {
   RankReport report;
   report.rank = options.rank;
   auto fail = [&](const absl::Status& status, bool invalid) {
@@ -95,7 +95,7 @@ RankReport RunRank(const RankOptions& options, net::Store& store) {
   std::vector<AlignedBuffer> memory(bytes.size());
   std::vector<std::unique_ptr<nvlink::SharedBuffer>> shm(bytes.size());
   std::vector<uint8_t*> base(bytes.size(), nullptr);
-  std::vector<net::LocalBuffer> buffers(bytes.size());
+  std::vector<common::BufferView> buffers(bytes.size());
   for (size_t b = 0; b < bytes.size(); ++b) {
     if (bytes[b] == 0) continue;
     const size_t rounded = (static_cast<size_t>(bytes[b]) + kPage - 1) / kPage * kPage;
@@ -116,7 +116,7 @@ RankReport RunRank(const RankOptions& options, net::Store& store) {
                   false);
     }
     std::memset(base[b], kPoison, static_cast<size_t>(bytes[b]));
-    buffers[b] = net::LocalBuffer{base[b], bytes[b], net::MemoryKind::kHost};
+    buffers[b] = common::BufferView{base[b], bytes[b], common::MemoryKind::kHost};
   }
 
   net::RefitEngineOptions engine_options = options.engine;
@@ -129,9 +129,9 @@ RankReport RunRank(const RankOptions& options, net::Store& store) {
   }
   std::unique_ptr<nvlink::Fanout> fanout;
   if (use_fanout) {
-    std::vector<nvlink::LocalBuffer> fanout_buffers(bytes.size());
+    std::vector<common::BufferView> fanout_buffers(bytes.size());
     for (size_t b = 0; b < bytes.size(); ++b) {
-      fanout_buffers[b] = {base[b], bytes[b], nvlink::MemoryKind::kHost};
+      fanout_buffers[b] = {base[b], bytes[b], common::MemoryKind::kHost};
     }
     nvlink::FanoutOptions fo;
     fo.key_prefix = options.key_prefix + "/fanout";

@@ -14,7 +14,7 @@
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "src/net/refit_engine.h"
-#include "src/net/store.h"
+#include "src/rendezvous/store.h"
 #include "src/plan/plan.h"
 
 namespace reshard::cli {
@@ -59,7 +59,7 @@ struct RankReport {
 [[nodiscard]] absl::StatusOr<plan::PlanOptions> PlanOptionsForMode(const std::string& mode);
 
 // Runs every iteration; never throws or aborts on bad input. The report says what happened.
-RankReport RunRank(const RankOptions& options, net::Store& store);
+RankReport RunRank(const RankOptions& options, rendezvous::Store& store);
 
 // The report as one line of JSON (no newline):
 // {"rank":R,"ok":true,"iter_ms":[...],"bytes_network_sent":B,"bytes_network_received":B,

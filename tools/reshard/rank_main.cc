@@ -13,7 +13,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "src/net/tcp_store.h"
+#include "src/rendezvous/tcp_store.h"
 #include "tools/reshard/args.h"
 #include "tools/reshard/commands.h"
 #include "tools/reshard/rank.h"
@@ -93,7 +93,7 @@ int main(int argc, char** argv) {
   options.world_size = static_cast<int32_t>(world);
   options.timeout = absl::Milliseconds(timeout_ms);
 
-  absl::StatusOr<std::unique_ptr<reshard::net::Store>> store = reshard::net::ConnectStoreFromEnv();
+  absl::StatusOr<std::unique_ptr<reshard::rendezvous::Store>> store = reshard::rendezvous::ConnectStoreFromEnv();
   if (!store.ok()) {
     report.ok = false;
     report.invalid_input = store.status().code() == absl::StatusCode::kInvalidArgument;

@@ -6,12 +6,9 @@
 #include "reshard/communicator.h"  // IWYU pragma: export
 #include "reshard/refit.h"         // IWYU pragma: export
 #include "reshard/spec.h"          // IWYU pragma: export
-
-#define RESHARD_VERSION_MAJOR 0
-#define RESHARD_VERSION_MINOR 1
-#define RESHARD_VERSION_PATCH 0
+#include "reshard/version.h"       // IWYU pragma: export
 
 namespace reshard {
-// "0.1.0"
+// The library's version, RESHARD_VERSION_STRING of the build (e.g. "0.1.0").
 const char* Version();
 }  // namespace reshard

@@ -3,25 +3,13 @@
 #include <cstdlib>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
 #include "src/net/ucx/status.h"
+#include "src/net/ucx/tls.h"
 
 namespace reshard::net::ucx {
 
 bool TlsSupportsPeerErrorHandling(const std::string& tls) {
-  if (tls.empty() || tls[0] == '^') return true;
-  // Transports (and aliases) that carry no peer-failure detection in UCX 1.13.
-  static constexpr const char* kLocalOnly[] = {
-      "sm",        "shm",      "posix",    "sysv",      "cma",      "knem", "xpmem", "self",
-      "cuda_copy", "cuda_ipc", "gdr_copy", "rocm_copy", "rocm_ipc", "cuda", "rocm"};
-  for (absl::string_view token : absl::StrSplit(tls, ',', absl::SkipEmpty())) {
-    bool local = false;
-    for (const char* name : kLocalOnly) {
-      if (token == name) local = true;
-    }
-    if (!local) return true;  // tcp, rc*, ud*, dc*, ib, all, ...: a network transport.
-  }
-  return false;
+  return TlsSelection::Parse(tls).network();
 }
 
 absl::StatusOr<std::unique_ptr<Context>> Context::Create() {

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "src/common/log.h"
 #include "src/net/ucx/status.h"
 
 namespace reshard::net::ucx {
@@ -30,10 +31,10 @@ absl::StatusOr<std::unique_ptr<Endpoint>> Endpoint::Create(Worker& worker,
       endpoint->peer_error_handling_ = true;
     } else {
       endpoint->ep_ = nullptr;  // Never use what a failed ucp_ep_create left behind.
-      std::fprintf(stderr,
-                   "reshard: UCX refused peer error handling towards rank %d (%s); continuing "
-                   "without it, a lost peer is then caught by the deadline only\n",
-                   peer_rank, ucs_status_string(st));
+      RESHARD_LOG(kWarning,
+                  "UCX refused peer error handling towards rank %d (%s); continuing without it, "
+                  "a lost peer is then caught by the deadline only",
+                  peer_rank, ucs_status_string(st));
     }
   }
   if (st != UCS_OK) {

@@ -7,7 +7,9 @@
 #include "src/common/status.h"
 #include "src/nvlink/backend.h"
 #include "src/nvlink/cuda_ipc/factory.h"
+#include "src/cuda/runtime.h"
 #include "src/nvlink/exchange.h"
+#include "src/rendezvous/record.h"
 
 #if RESHARD_HAVE_CUDA
 #include <cuda_runtime_api.h>
@@ -17,24 +19,9 @@ namespace reshard::nvlink {
 
 #if RESHARD_HAVE_CUDA
 
-int CudaDeviceCount(std::string* why) {
-  int n = 0;
-  const cudaError_t err = cudaGetDeviceCount(&n);
-  if (err != cudaSuccess) {
-    if (why) {
-      *why = absl::StrFormat("cudaGetDeviceCount: %s (error %d)", cudaGetErrorString(err),
-                             static_cast<int>(err));
-    }
-    cudaGetLastError();  // Clear the sticky-free error so later calls start clean.
-    return 0;
-  }
-  if (n == 0 && why) *why = "cudaGetDeviceCount found no device";
-  return n;
-}
-
 namespace {
 
-using internal::Record;
+using rendezvous::Record;
 
 absl::Status CudaError(cudaError_t err, const std::string& call) {
   return absl::InternalError(
@@ -93,7 +80,7 @@ class CudaIpcBackend final : public internal::BoardBackend {
   absl::StatusOr<bool> Forward(uint32_t edge, uint64_t epoch) override {
     const FanoutEdge& e = table_->edges[edge];
     uint8_t* dst = peer_ptr_.at({e.to_rank, e.to_buffer});
-    const uint8_t* src = static_cast<const uint8_t*>(buffers_[e.from_buffer].ptr);
+    const uint8_t* src = static_cast<const uint8_t*>(buffers_[e.from_buffer].data);
     const plan::RegionDim* dims = table_->dims_of(e);
     // One 2-D copy for row-strided regions (pitches must cover a row), else one copy per run.
     if (e.region.ndims == 1 && dims[0].to_stride >= e.region.run_bytes &&
@@ -160,23 +147,23 @@ class CudaIpcBackend final : public internal::BoardBackend {
     RESHARD_RETURN_IF_ERROR(boards_.Create(ctx, rec));
     rec["host"] = internal::HostIdentity();
     for (uint32_t b = 0; b < buffers_.size(); ++b) {
-      if (buffers_[b].ptr == nullptr || buffers_[b].kind != MemoryKind::kCuda) continue;
+      if (buffers_[b].data == nullptr || buffers_[b].kind != MemoryKind::kCuda) continue;
       cudaIpcMemHandle_t h;
-      RESHARD_CUDA_RETURN(cudaIpcGetMemHandle(&h, buffers_[b].ptr),
+      RESHARD_CUDA_RETURN(cudaIpcGetMemHandle(&h, buffers_[b].data),
                           absl::StrFormat("cudaIpcGetMemHandle (rank %d buffer %d)", rank_, b));
-      RESHARD_ASSIGN_OR_RETURN(uintptr_t base, AllocationBase(buffers_[b].ptr));
+      RESHARD_ASSIGN_OR_RETURN(uintptr_t base, AllocationBase(buffers_[b].data));
       rec[absl::StrFormat("buf%d", b)] = absl::StrFormat(
           "%s,%d", absl::BytesToHexString(absl::string_view(h.reserved, sizeof(h.reserved))),
-          reinterpret_cast<uintptr_t>(buffers_[b].ptr) - base);
+          reinterpret_cast<uintptr_t>(buffers_[b].data) - base);
     }
     const std::string& prefix = ctx.options.key_prefix;
-    RESHARD_RETURN_IF_ERROR(internal::PublishRecord(*ctx.store, prefix, "cuda_ipc", rank_, rec));
+    RESHARD_RETURN_IF_ERROR(rendezvous::PublishRecord(*ctx.store, prefix, "cuda_ipc", rank_, rec));
     const absl::Time deadline = absl::Now() + ctx.options.setup_timeout;
     std::map<std::string, uint8_t*> opened_handles;
     for (int32_t p : boards_.peers()) {
       RESHARD_ASSIGN_OR_RETURN(Record pr,
-                               internal::FetchRecord(*ctx.store, prefix, "cuda_ipc", p, deadline));
-      RESHARD_ASSIGN_OR_RETURN(std::string host, internal::Field(pr, "host", p));
+                               rendezvous::FetchRecord(*ctx.store, prefix, "cuda_ipc", p, deadline));
+      RESHARD_ASSIGN_OR_RETURN(std::string host, rendezvous::Field(pr, "host", p));
       if (host != rec["host"]) {
         return absl::FailedPreconditionError(absl::StrFormat(
             "cuda_ipc fan-out: ranks %d and %d share a domain but run on different hosts", rank_,
@@ -187,7 +174,7 @@ class CudaIpcBackend final : public internal::BoardBackend {
         if (e.from_rank != rank_ || e.to_rank != p) continue;
         if (peer_ptr_.count({p, e.to_buffer})) continue;
         RESHARD_ASSIGN_OR_RETURN(std::string desc,
-                                 internal::Field(pr, absl::StrFormat("buf%d", e.to_buffer), p));
+                                 rendezvous::Field(pr, absl::StrFormat("buf%d", e.to_buffer), p));
         const size_t comma = desc.find(',');
         int64_t offset = 0;
         if (comma == std::string::npos || !absl::SimpleAtoi(desc.substr(comma + 1), &offset)) {
@@ -219,7 +206,7 @@ class CudaIpcBackend final : public internal::BoardBackend {
 
   const FanoutTable* table_ = nullptr;
   int32_t rank_ = 0;
-  std::vector<LocalBuffer> buffers_;
+  std::vector<BufferView> buffers_;
   cudaStream_t stream_ = nullptr;
   std::vector<void*> opened_;
   std::map<std::pair<int32_t, uint32_t>, uint8_t*> peer_ptr_;
@@ -232,7 +219,7 @@ class CudaIpcFactoryImpl final : public FanoutFactory {
   const char* name() const override { return "cuda_ipc"; }
   absl::Status Viable(const FanoutContext& ctx) const override {
     std::string why;
-    if (CudaDeviceCount(&why) == 0) return absl::FailedPreconditionError(why);
+    if (cuda::CudaDeviceCount(&why) == 0) return absl::FailedPreconditionError(why);
     return internal::CheckEdgeBufferKinds(ctx, MemoryKind::kCuda);
   }
   absl::StatusOr<std::unique_ptr<FanoutBackend>> Create(const FanoutContext& ctx) const override {
@@ -243,12 +230,6 @@ class CudaIpcFactoryImpl final : public FanoutFactory {
 }  // namespace
 
 #else  // !RESHARD_HAVE_CUDA
-
-int CudaDeviceCount(std::string* why) {
-  if (why)
-    *why = "this build of reshard has no CUDA support (CUDA was not found at configure time)";
-  return 0;
-}
 
 namespace {
 class CudaIpcFactoryImpl final : public FanoutFactory {

@@ -19,8 +19,4 @@ namespace reshard::nvlink {
 
 const FanoutFactory& CudaIpcFactory();
 
-// Number of CUDA devices, or 0 with `why` set when none can be used (no driver, error 35, ...).
-// Always defined; 0 when built without CUDA.
-int CudaDeviceCount(std::string* why);
-
 }  // namespace reshard::nvlink

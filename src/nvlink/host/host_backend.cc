@@ -15,6 +15,7 @@
 #include "src/common/status.h"
 #include "src/nvlink/backend.h"
 #include "src/nvlink/exchange.h"
+#include "src/rendezvous/record.h"
 #include "src/nvlink/host/factory.h"
 #include "src/nvlink/shared_buffer.h"
 #include "src/nvlink/signal_board.h"
@@ -30,7 +31,7 @@ int YamaPtraceScope() {
 
 namespace {
 
-using internal::Record;
+using rendezvous::Record;
 
 class HostBackend final : public internal::BoardBackend {
  public:
@@ -46,7 +47,7 @@ class HostBackend final : public internal::BoardBackend {
     const FanoutEdge& e = table_->edges[edge];
     const Peer& peer = peers_.at(e.to_rank);
     const PeerBuffer& pb = peer.buffers.at(e.to_buffer);
-    const uint8_t* src = static_cast<const uint8_t*>(buffers_[e.from_buffer].ptr);
+    const uint8_t* src = static_cast<const uint8_t*>(buffers_[e.from_buffer].data);
     if (pb.mapped != nullptr) {
       plan::ForEachRun(e.region, table_->dims_of(e), [&](int64_t f, int64_t t, int64_t n) {
         std::memcpy(pb.mapped + t, src + f, n);
@@ -79,7 +80,7 @@ class HostBackend final : public internal::BoardBackend {
     bool private_incoming = false;
     for (const FanoutEdge& e : table_->edges) {
       if (e.to_rank == rank_ &&
-          !SharedBuffer::Lookup(buffers_[e.to_buffer].ptr, buffers_[e.to_buffer].bytes)) {
+          !SharedBuffer::Lookup(buffers_[e.to_buffer].data, buffers_[e.to_buffer].bytes)) {
         private_incoming = true;
       }
       if (e.from_rank == rank_) buffers_to[e.to_rank].push_back(e.to_buffer);
@@ -97,23 +98,23 @@ class HostBackend final : public internal::BoardBackend {
     rec["probe"] = absl::StrFormat("%d", reinterpret_cast<uintptr_t>(&probe_));
     rec["token"] = absl::StrFormat("%d", probe_);
     for (uint32_t b = 0; b < buffers_.size(); ++b) {
-      if (buffers_[b].ptr == nullptr || buffers_[b].bytes == 0) continue;
-      auto loc = SharedBuffer::Lookup(buffers_[b].ptr, buffers_[b].bytes);
+      if (buffers_[b].data == nullptr || buffers_[b].bytes == 0) continue;
+      auto loc = SharedBuffer::Lookup(buffers_[b].data, buffers_[b].bytes);
       rec[absl::StrFormat("buf%d", b)] =
           loc ? absl::StrFormat("shm,%s,%d,%d,%d", loc->name, loc->offset, loc->mapped,
                                 buffers_[b].bytes)
-              : absl::StrFormat("addr,%d,%d", reinterpret_cast<uintptr_t>(buffers_[b].ptr),
+              : absl::StrFormat("addr,%d,%d", reinterpret_cast<uintptr_t>(buffers_[b].data),
                                 buffers_[b].bytes);
     }
     const std::string& prefix = ctx.options.key_prefix;
-    RESHARD_RETURN_IF_ERROR(internal::PublishRecord(*ctx.store, prefix, "host", rank_, rec));
+    RESHARD_RETURN_IF_ERROR(rendezvous::PublishRecord(*ctx.store, prefix, "host", rank_, rec));
     const absl::Time deadline = absl::Now() + ctx.options.setup_timeout;
 
     std::map<std::string, uint8_t*> mapped_objects;
     for (int32_t p : boards_.peers()) {
       RESHARD_ASSIGN_OR_RETURN(Record pr,
-                               internal::FetchRecord(*ctx.store, prefix, "host", p, deadline));
-      RESHARD_ASSIGN_OR_RETURN(std::string host, internal::Field(pr, "host", p));
+                               rendezvous::FetchRecord(*ctx.store, prefix, "host", p, deadline));
+      RESHARD_ASSIGN_OR_RETURN(std::string host, rendezvous::Field(pr, "host", p));
       if (host != rec["host"]) {
         return absl::FailedPreconditionError(absl::StrFormat(
             "host fan-out: ranks %d and %d share a domain but run on different hosts; give "
@@ -122,7 +123,7 @@ class HostBackend final : public internal::BoardBackend {
       }
       RESHARD_RETURN_IF_ERROR(boards_.OpenPeer(p, pr));
       Peer peer;
-      RESHARD_ASSIGN_OR_RETURN(int64_t pid, internal::IntField(pr, "pid", p));
+      RESHARD_ASSIGN_OR_RETURN(int64_t pid, rendezvous::IntField(pr, "pid", p));
       peer.pid = static_cast<pid_t>(pid);
       auto it = buffers_to.find(p);
       if (it != buffers_to.end()) {
@@ -132,7 +133,7 @@ class HostBackend final : public internal::BoardBackend {
         bool probed = false;
         for (uint32_t b : ids) {
           RESHARD_ASSIGN_OR_RETURN(std::string desc,
-                                   internal::Field(pr, absl::StrFormat("buf%d", b), p));
+                                   rendezvous::Field(pr, absl::StrFormat("buf%d", b), p));
           std::vector<std::string> parts = absl::StrSplit(desc, ',');
           PeerBuffer pb;
           if (parts.size() == 5 && parts[0] == "shm") {
@@ -174,8 +175,8 @@ class HostBackend final : public internal::BoardBackend {
   // Proves that process_vm_writev into `pid` is allowed and reaches the rank that published
   // the record (not a process of another pid namespace): read its token back.
   absl::Status Probe(const Record& pr, int32_t p, pid_t pid) {
-    RESHARD_ASSIGN_OR_RETURN(int64_t probe, internal::IntField(pr, "probe", p));
-    RESHARD_ASSIGN_OR_RETURN(std::string token_text, internal::Field(pr, "token", p));
+    RESHARD_ASSIGN_OR_RETURN(int64_t probe, rendezvous::IntField(pr, "probe", p));
+    RESHARD_ASSIGN_OR_RETURN(std::string token_text, rendezvous::Field(pr, "token", p));
     uint64_t token = 0;
     (void)absl::SimpleAtoi(token_text, &token);
     uint64_t seen = 0;
@@ -250,7 +251,7 @@ class HostBackend final : public internal::BoardBackend {
 
   const FanoutTable* table_ = nullptr;
   int32_t rank_ = 0;
-  std::vector<LocalBuffer> buffers_;
+  std::vector<BufferView> buffers_;
   volatile uint64_t probe_ = 0;
   std::vector<SharedMapping> mappings_list_;
   std::map<int32_t, Peer> peers_;
@@ -263,7 +264,7 @@ class HostFactoryImpl final : public FanoutFactory {
     return internal::CheckEdgeBufferKinds(
         ctx, MemoryKind::kHost, [&](const FanoutEdge& e, uint32_t b) -> absl::Status {
           if (e.to_rank == ctx.rank && YamaPtraceScope() >= 3 &&
-              !SharedBuffer::Lookup(ctx.buffers[b].ptr, ctx.buffers[b].bytes)) {
+              !SharedBuffer::Lookup(ctx.buffers[b].data, ctx.buffers[b].bytes)) {
             return absl::FailedPreconditionError(absl::StrFormat(
                 "buffer %d of rank %d is private memory and yama ptrace_scope=3 forbids "
                 "process_vm_writev; allocate it with nvlink::SharedBuffer",

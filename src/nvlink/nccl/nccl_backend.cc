@@ -7,8 +7,8 @@
 #include "absl/strings/str_format.h"
 #include "src/common/status.h"
 #include "src/nvlink/backend.h"
-#include "src/nvlink/cuda_ipc/factory.h"
-#include "src/nvlink/exchange.h"
+#include "src/cuda/runtime.h"
+#include "src/rendezvous/record.h"
 #include "src/nvlink/nccl/factory.h"
 
 #if RESHARD_HAVE_NCCL && RESHARD_HAVE_CUDA
@@ -22,7 +22,7 @@ namespace reshard::nvlink {
 
 namespace {
 
-using internal::Record;
+using rendezvous::Record;
 
 absl::Status NcclError(ncclResult_t r, const std::string& call, ncclComm_t comm = nullptr) {
   const char* last = comm != nullptr ? ncclGetLastError(comm) : nullptr;
@@ -152,7 +152,7 @@ class NcclBackend final : public FanoutBackend {
     for (uint32_t i : b.all) {
       const FanoutEdge& e = table_->edges[i];
       const bool send = e.from_rank == rank_;
-      uint8_t* base = static_cast<uint8_t*>(buffers_[send ? e.from_buffer : e.to_buffer].ptr);
+      uint8_t* base = static_cast<uint8_t*>(buffers_[send ? e.from_buffer : e.to_buffer].data);
       const int peer = comm_rank_.at(send ? e.to_rank : e.from_rank);
       plan::ForEachRun(e.region, table_->dims_of(e), [&](int64_t f, int64_t t, int64_t n) {
         if (r != ncclSuccess) return;
@@ -221,11 +221,11 @@ class NcclBackend final : public FanoutBackend {
       return absl::InternalError("cudaGetDevice/cudaDeviceGetPCIBusId failed (NCCL fan-out)");
     }
     RESHARD_RETURN_IF_ERROR(
-        internal::PublishRecord(*ctx.store, prefix, "nccl-gpu", rank_, {{"bus", bus}}));
+        rendezvous::PublishRecord(*ctx.store, prefix, "nccl-gpu", rank_, {{"bus", bus}}));
     for (int32_t p : ranks) {
       if (p == rank_) continue;
       RESHARD_ASSIGN_OR_RETURN(Record pr,
-                               internal::FetchRecord(*ctx.store, prefix, "nccl-gpu", p, deadline));
+                               rendezvous::FetchRecord(*ctx.store, prefix, "nccl-gpu", p, deadline));
       if (pr["bus"] == bus) {
         return absl::FailedPreconditionError(absl::StrFormat(
             "nccl fan-out: ranks %d and %d drive the same GPU %s; NCCL needs one GPU per rank "
@@ -238,12 +238,12 @@ class NcclBackend final : public FanoutBackend {
     if (ranks.front() == rank_) {
       const ncclResult_t r = ncclGetUniqueId(&id);
       if (r != ncclSuccess) return NcclError(r, "ncclGetUniqueId");
-      RESHARD_RETURN_IF_ERROR(internal::PublishRecord(
+      RESHARD_RETURN_IF_ERROR(rendezvous::PublishRecord(
           *ctx.store, prefix, "nccl-id", rank_,
           {{"id", absl::BytesToHexString(absl::string_view(id.internal, sizeof(id.internal)))}}));
     } else {
       RESHARD_ASSIGN_OR_RETURN(
-          Record r, internal::FetchRecord(*ctx.store, prefix, "nccl-id", ranks.front(), deadline));
+          Record r, rendezvous::FetchRecord(*ctx.store, prefix, "nccl-id", ranks.front(), deadline));
       const std::string bytes = absl::HexStringToBytes(r["id"]);
       if (bytes.size() != sizeof(id.internal)) {
         return absl::InvalidArgumentError(absl::StrFormat(
@@ -263,7 +263,7 @@ class NcclBackend final : public FanoutBackend {
 
   const FanoutTable* table_ = nullptr;
   int32_t rank_ = 0;
-  std::vector<LocalBuffer> buffers_;
+  std::vector<BufferView> buffers_;
   std::map<int32_t, int> comm_rank_;
   std::vector<Batch> batches_;
   std::vector<uint8_t> ready_;
@@ -281,7 +281,7 @@ class NcclFactoryImpl final : public FanoutFactory {
   const char* name() const override { return "nccl"; }
   absl::Status Viable(const FanoutContext& ctx) const override {
     std::string why;
-    if (CudaDeviceCount(&why) == 0) return absl::FailedPreconditionError(why);
+    if (cuda::CudaDeviceCount(&why) == 0) return absl::FailedPreconditionError(why);
     return internal::CheckEdgeBufferKinds(ctx, MemoryKind::kCuda);
   }
   absl::StatusOr<std::unique_ptr<FanoutBackend>> Create(const FanoutContext& ctx) const override {

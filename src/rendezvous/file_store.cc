@@ -1,4 +1,4 @@
-#include "src/net/file_store.h"
+#include "src/rendezvous/file_store.h"
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -15,7 +15,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 
-namespace reshard::net {
+namespace reshard::rendezvous {
 namespace {
 
 // Keys may hold any byte; file names keep [A-Za-z0-9_-] and escape the rest as %XX, so no name
@@ -175,4 +175,4 @@ absl::StatusOr<std::vector<std::pair<std::string, std::string>>> FileStore::List
   return out;
 }
 
-}  // namespace reshard::net
+}  // namespace reshard::rendezvous

@@ -17,10 +17,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
-#include "src/net/file_store.h"
-#include "src/net/tcp_store.h"
+#include "src/rendezvous/file_store.h"
+#include "src/rendezvous/tcp_store.h"
 
-namespace reshard::net {
+namespace reshard::rendezvous {
 namespace {
 
 constexpr char kToken[] = "s3cret-token";
@@ -357,4 +357,4 @@ TEST(TcpStoreTest, ProcessesRendezvousThroughTheServer) {
 }
 
 }  // namespace
-}  // namespace reshard::net
+}  // namespace reshard::rendezvous

@@ -12,9 +12,9 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "src/net/store.h"
+#include "src/rendezvous/store.h"
 
-namespace reshard::net {
+namespace reshard::rendezvous {
 
 class FileStore final : public Store {
  public:
@@ -37,4 +37,4 @@ class FileStore final : public Store {
   std::string directory_;
 };
 
-}  // namespace reshard::net
+}  // namespace reshard::rendezvous

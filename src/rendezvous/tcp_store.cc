@@ -1,4 +1,4 @@
-#include "src/net/tcp_store.h"
+#include "src/rendezvous/tcp_store.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -21,9 +21,10 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "src/common/log.h"
 #include "src/common/status.h"
 
-namespace reshard::net {
+namespace reshard::rendezvous {
 namespace {
 
 constexpr uint32_t kProtocolVersion = 1;
@@ -375,15 +376,14 @@ void TcpStoreServer::Serve() {
       uint32_t version = 0;
       std::string token;
       if (op != kHello || !r.U32(&version) || !r.Str(&token) || !r.Done()) {
-        std::fprintf(stderr, "reshard store: refused client %s: no handshake\n", c.peer.c_str());
+        RESHARD_LOG(kWarning, "store: refused client %s: no handshake", c.peer);
         refused_.fetch_add(1);
         reply(c, kBadRequest, str_payload("the first request must be a handshake"));
         c.closing = true;
         return;
       }
       if (version != kProtocolVersion) {
-        std::fprintf(stderr, "reshard store: refused client %s: protocol version %u\n",
-                     c.peer.c_str(), version);
+        RESHARD_LOG(kWarning, "store: refused client %s: protocol version %u", c.peer, version);
         refused_.fetch_add(1);
         reply(c, kBadRequest, str_payload(absl::StrCat("protocol version ", version,
                                                        " is not supported (server speaks ",
@@ -392,8 +392,7 @@ void TcpStoreServer::Serve() {
         return;
       }
       if (!TokensEqual(token, token_)) {
-        std::fprintf(stderr, "reshard store: refused client %s: wrong token\n", c.peer.c_str());
-        std::fflush(stderr);
+        RESHARD_LOG(kWarning, "store: refused client %s: wrong token", c.peer);
         refused_.fetch_add(1);
         reply(c, kDenied, str_payload("wrong store token"));
         c.closing = true;
@@ -475,7 +474,7 @@ void TcpStoreServer::Serve() {
     }
     int rc = poll(fds.data(), fds.size(), RemainingMs(next_event));
     if (rc < 0 && errno != EINTR) {
-      std::fprintf(stderr, "reshard store: poll failed: %s\n", std::strerror(errno));
+      RESHARD_LOG(kError, "store: poll failed: %s", std::strerror(errno));
       break;
     }
     if (fds[0].revents != 0) break;  // Stop()
@@ -515,8 +514,7 @@ void TcpStoreServer::Serve() {
         while (!c.closing && c.in.size() >= 4) {
           uint32_t len = LoadU32(c.in.data());
           if (len > kMaxFrame) {
-            std::fprintf(stderr, "reshard store: dropped client %s: frame of %u bytes\n",
-                         c.peer.c_str(), len);
+            RESHARD_LOG(kWarning, "store: dropped client %s: frame of %u bytes", c.peer, len);
             dead = true;
             break;
           }
@@ -552,8 +550,8 @@ void TcpStoreServer::Serve() {
         reply(c, kTimeout, "");
       }
       if (!c.authed && !c.closing && now >= c.auth_deadline) {
-        std::fprintf(stderr, "reshard store: dropped client %s: no handshake within %s\n",
-                     c.peer.c_str(), absl::FormatDuration(kAuthTimeout).c_str());
+        RESHARD_LOG(kWarning, "store: dropped client %s: no handshake within %s", c.peer,
+                    absl::FormatDuration(kAuthTimeout));
         to_close.push_back(fd);
       }
     }
@@ -737,4 +735,4 @@ absl::StatusOr<std::unique_ptr<Store>> ConnectStoreFromEnv() {
   return std::unique_ptr<Store>(std::move(store));
 }
 
-}  // namespace reshard::net
+}  // namespace reshard::rendezvous

@@ -1,4 +1,4 @@
-#include "src/net/device_copy.h"
+#include "src/cuda/runtime.h"
 
 #include "absl/strings/str_cat.h"
 
@@ -6,7 +6,7 @@
 #include <cuda_runtime_api.h>
 #endif
 
-namespace reshard::net {
+namespace reshard::cuda {
 
 #if RESHARD_HAVE_CUDA
 
@@ -26,6 +26,7 @@ int CudaDeviceCount(std::string* why) {
       *why = absl::StrCat("cudaGetDeviceCount: ", cudaGetErrorString(err), " (error ",
                           static_cast<int>(err), ")");
     }
+    cudaGetLastError();  // Clear the error so later runtime calls start clean.
     return 0;
   }
   if (count == 0 && why != nullptr) *why = "cudaGetDeviceCount reports no devices";
@@ -77,4 +78,4 @@ absl::Status CudaCopy(void*, const void*, size_t) { return NoCuda(); }
 
 #endif
 
-}  // namespace reshard::net
+}  // namespace reshard::cuda

@@ -1,5 +1,6 @@
-// The few CUDA runtime calls the engine needs to stage device memory through pinned host
-// buffers when UCX cannot register device memory (Debian's UCX 1.13 has no CUDA support).
+// The few CUDA runtime calls the layers above need (device count, pinned host memory, copies),
+// written once for net (staging device memory through pinned host buffers when UCX cannot
+// register it: Debian's UCX 1.13 has no CUDA support), nvlink (backend viability) and the CLI.
 //
 // Compiled against the CUDA runtime (CUDA::cudart, never libcuda) when the build found CUDA
 // (RESHARD_HAVE_CUDA); otherwise every call returns FailedPrecondition. Callers check
@@ -12,7 +13,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 
-namespace reshard::net {
+namespace reshard::cuda {
 
 // Whether this build links the CUDA runtime.
 bool BuiltWithCuda();
@@ -29,4 +30,4 @@ void FreePinned(void* ptr);
 // device; cudaMemcpyAsync on a private stream, then synchronise).
 [[nodiscard]] absl::Status CudaCopy(void* dst, const void* src, size_t bytes);
 
-}  // namespace reshard::net
+}  // namespace reshard::cuda

@@ -17,7 +17,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 
-namespace reshard::net {
+namespace reshard::rendezvous {
 
 class Store {
  public:
@@ -35,4 +35,4 @@ class Store {
       const std::string& prefix) = 0;
 };
 
-}  // namespace reshard::net
+}  // namespace reshard::rendezvous

@@ -27,9 +27,9 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "src/net/store.h"
+#include "src/rendezvous/store.h"
 
-namespace reshard::net {
+namespace reshard::rendezvous {
 
 // Serves the store on one thread with poll(). Thread-safe: Start/Stop/port may be called from
 // any thread. Destruction stops the server and closes every client connection (clients then
@@ -123,4 +123,4 @@ class TcpStore final : public Store {
 // Splits "host:port" (or "[v6addr]:port"). InvalidArgument when malformed.
 [[nodiscard]] absl::StatusOr<std::pair<std::string, int>> ParseHostPort(const std::string& text);
 
-}  // namespace reshard::net
+}  // namespace reshard::rendezvous

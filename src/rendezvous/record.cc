@@ -1,0 +1,164 @@
+#include "src/rendezvous/record.h"
+
+#include <algorithm>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "src/common/status.h"
+
+namespace reshard::rendezvous {
+namespace {
+
+constexpr char kDigits[] = "0123456789abcdef";
+
+int HexDigit(char c) {
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  return -1;
+}
+
+// Between two store reads of a waiting barrier: short enough that a lost peer is noticed at
+// once, long enough that an idle rank costs nothing measurable.
+constexpr absl::Duration kBarrierPoll = absl::Milliseconds(5);
+
+}  // namespace
+
+std::string EncodeRecord(const Record& record) {
+  std::string out;
+  for (const auto& [field, value] : record) {
+    out += field;
+    out += '=';
+    for (unsigned char b : value) {
+      out += kDigits[b >> 4];
+      out += kDigits[b & 15];
+    }
+    out += '\n';
+  }
+  return out;
+}
+
+absl::StatusOr<Record> DecodeRecord(const std::string& text, const std::string& what) {
+  Record record;
+  for (absl::string_view line : absl::StrSplit(text, '\n', absl::SkipEmpty())) {
+    const size_t eq = line.find('=');
+    const absl::string_view hex = eq == absl::string_view::npos ? "" : line.substr(eq + 1);
+    if (eq == absl::string_view::npos || eq == 0 || hex.size() % 2 != 0) {
+      return absl::DataLossError(absl::StrCat("the ", what, " is malformed (line \"",
+                                              line.substr(0, 64), "\")"));
+    }
+    std::string value(hex.size() / 2, '\0');
+    for (size_t i = 0; i < value.size(); ++i) {
+      const int hi = HexDigit(hex[2 * i]), lo = HexDigit(hex[2 * i + 1]);
+      if (hi < 0 || lo < 0) {
+        return absl::DataLossError(absl::StrCat("the ", what, " is malformed (field \"",
+                                                line.substr(0, eq), "\" is not hex)"));
+      }
+      value[i] = static_cast<char>(hi * 16 + lo);
+    }
+    record[std::string(line.substr(0, eq))] = std::move(value);
+  }
+  return record;
+}
+
+std::string RecordKey(const std::string& prefix, const std::string& what, int32_t rank) {
+  return absl::StrFormat("%s/%s/%d", prefix, what, rank);
+}
+
+absl::Status PublishRecord(Store& store, const std::string& prefix, const std::string& what,
+                           int32_t rank, const Record& record) {
+  return store.Set(RecordKey(prefix, what, rank), EncodeRecord(record));
+}
+
+absl::StatusOr<Record> FetchRecord(Store& store, const std::string& prefix, const std::string& what,
+                                   int32_t peer, absl::Time deadline) {
+  absl::StatusOr<std::string> text = store.Get(RecordKey(prefix, what, peer), deadline);
+  if (!text.ok()) {
+    return absl::Status(text.status().code(),
+                        absl::StrFormat("waiting for rank %d's %s record: %s", peer, what,
+                                        std::string(text.status().message())));
+  }
+  return DecodeRecord(*text, absl::StrFormat("%s record of rank %d", what, peer));
+}
+
+absl::StatusOr<std::string> Field(const Record& record, const std::string& field, int32_t peer) {
+  auto it = record.find(field);
+  if (it == record.end()) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("the set-up record of rank %d lacks field \"%s\"", peer, field));
+  }
+  return it->second;
+}
+
+absl::StatusOr<int64_t> IntField(const Record& record, const std::string& field, int32_t peer) {
+  absl::StatusOr<std::string> text = Field(record, field, peer);
+  if (!text.ok()) return text.status();
+  int64_t v = 0;
+  if (!absl::SimpleAtoi(*text, &v)) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("the set-up record of rank %d: field \"%s\" = \"%s\" is not an integer",
+                        peer, field, *text));
+  }
+  return v;
+}
+
+absl::Status Barrier(Store& store, const std::string& key, int32_t rank,
+                     absl::Span<const int32_t> peers, absl::Time deadline,
+                     const WhileWaiting& while_waiting) {
+  absl::Status arrived = store.Set(absl::StrCat(key, "/", rank), "1");
+  if (!arrived.ok()) {
+    return absl::Status(arrived.code(),
+                        absl::StrFormat("rank %d: barrier \"%s\": %s", rank, key,
+                                        std::string(arrived.message())));
+  }
+  for (int32_t peer : peers) {
+    if (peer == rank) continue;
+    while (true) {
+      const absl::Time until = while_waiting ? std::min(deadline, absl::Now() + kBarrierPoll)
+                                             : deadline;
+      absl::Status got = store.Get(absl::StrCat(key, "/", peer), until).status();
+      if (got.ok()) break;
+      const bool timed_out = absl::IsDeadlineExceeded(got);
+      if (!timed_out || absl::Now() >= deadline) {
+        return absl::Status(got.code(),
+                            timed_out ? absl::StrFormat("rank %d: barrier \"%s\": rank %d did not "
+                                                        "arrive before the deadline",
+                                                        rank, key, peer)
+                                      : absl::StrFormat("rank %d: barrier \"%s\" waiting for rank "
+                                                        "%d: %s",
+                                                        rank, key, peer,
+                                                        std::string(got.message())));
+      }
+      if (while_waiting) {
+        absl::Status st = while_waiting();
+        if (!st.ok()) return st;
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckAgreement(Store& store, const std::string& key, int32_t rank,
+                            absl::Span<const int32_t> ranks, const std::string& value,
+                            const std::string& what, absl::Time deadline) {
+  RESHARD_RETURN_IF_ERROR(store.Set(absl::StrCat(key, "/", rank), value));
+  for (int32_t peer : ranks) {
+    if (peer == rank) continue;
+    absl::StatusOr<std::string> theirs = store.Get(absl::StrCat(key, "/", peer), deadline);
+    if (!theirs.ok()) {
+      return absl::Status(theirs.status().code(),
+                          absl::StrFormat("rank %d: waiting for the %s of rank %d: %s", rank, what,
+                                          peer, std::string(theirs.status().message())));
+    }
+    if (*theirs != value) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "%s mismatch: rank %d has %s but rank %d has %s; every rank must be given the same "
+          "spec, nothing was written",
+          what, rank, value, peer, *theirs));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace reshard::rendezvous

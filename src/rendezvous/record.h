@@ -1,0 +1,71 @@
+// The one record format of the rendezvous store, and the one barrier.
+//
+// Everything ranks swap at set-up (plan fingerprints, UCX worker addresses and remote keys,
+// shared-memory names, CUDA IPC handles, NCCL unique ids, "I am wired up") is a Record: a flat
+// map from field name to value, published once under `<prefix>/<what>/<rank>`. Values may hold
+// any bytes; the encoding is text (one `field=<hex of value>` line per field, sorted), so it
+// survives every store, including framework stores that only carry strings.
+//
+// Thread safety: free functions over a thread-safe Store; Records are plain values.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "src/rendezvous/store.h"
+
+namespace reshard::rendezvous {
+
+using Record = std::map<std::string, std::string>;
+
+std::string EncodeRecord(const Record& record);
+// DataLoss when `text` is not an encoded record (`what` names it in the message).
+[[nodiscard]] absl::StatusOr<Record> DecodeRecord(const std::string& text, const std::string& what);
+
+// `<prefix>/<what>/<rank>`.
+std::string RecordKey(const std::string& prefix, const std::string& what, int32_t rank);
+
+// Publishes `rank`'s record under RecordKey(prefix, what, rank).
+[[nodiscard]] absl::Status PublishRecord(Store& store, const std::string& prefix,
+                                         const std::string& what, int32_t rank,
+                                         const Record& record);
+// Waits for `peer`'s record until `deadline`; errors name the peer and the record.
+[[nodiscard]] absl::StatusOr<Record> FetchRecord(Store& store, const std::string& prefix,
+                                                 const std::string& what, int32_t peer,
+                                                 absl::Time deadline);
+
+// Field `field` of `peer`'s record; InvalidArgument naming the peer and the field when missing
+// or (IntField) not an integer.
+[[nodiscard]] absl::StatusOr<std::string> Field(const Record& record, const std::string& field,
+                                                int32_t peer);
+[[nodiscard]] absl::StatusOr<int64_t> IntField(const Record& record, const std::string& field,
+                                               int32_t peer);
+
+// Called between the short store reads of a wait: progress a UCX worker, check peers' liveness.
+// An error ends the wait with that error.
+using WhileWaiting = std::function<absl::Status()>;
+
+// Blocks until every rank of `peers` arrived at barrier `key` (this rank arrives by publishing
+// `<key>/<rank>`). Waits in short store reads and calls `while_waiting` (when given) between
+// them, so a caller can keep its worker progressing and fail at once when a peer is lost.
+// DeadlineExceeded names `rank` and the first peer missing at `deadline`.
+[[nodiscard]] absl::Status Barrier(Store& store, const std::string& key, int32_t rank,
+                                   absl::Span<const int32_t> peers, absl::Time deadline,
+                                   const WhileWaiting& while_waiting = {});
+
+// Every rank of `ranks` publishes `value` under `<key>/<rank>` and compares it with every other
+// rank's: FailedPrecondition naming this rank, the first rank that differs and both values when
+// they disagree (`what` says what the value is, e.g. "plan fingerprint/world size"); errors of
+// the store (DeadlineExceeded, Unavailable) name the rank waited for.
+[[nodiscard]] absl::Status CheckAgreement(Store& store, const std::string& key, int32_t rank,
+                                          absl::Span<const int32_t> ranks,
+                                          const std::string& value, const std::string& what,
+                                          absl::Time deadline);
+
+}  // namespace reshard::rendezvous

@@ -1,0 +1,137 @@
+// The one record format and the one barrier of the rendezvous layer (src/rendezvous/record.h).
+#include "src/rendezvous/record.h"
+
+#include <stdlib.h>
+
+#include <atomic>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/time/clock.h"
+#include "gtest/gtest.h"
+#include "src/rendezvous/file_store.h"
+
+namespace reshard::rendezvous {
+namespace {
+
+std::unique_ptr<FileStore> NewStore() {
+  std::string pattern = "/tmp/reshard-record-test-XXXXXX";
+  EXPECT_NE(mkdtemp(pattern.data()), nullptr);
+  absl::StatusOr<std::unique_ptr<FileStore>> store = FileStore::Open(pattern);
+  EXPECT_TRUE(store.ok()) << store.status();
+  return *std::move(store);
+}
+
+TEST(RecordTest, RoundTripsAnyBytes) {
+  std::string binary;
+  for (int i = 0; i < 256; ++i) binary += static_cast<char>(i);
+  const Record record = {{"addr", binary}, {"empty", ""}, {"name", "r3-qkv"}, {"n", "42"}};
+  const std::string text = EncodeRecord(record);
+  EXPECT_EQ(text.find('\0'), std::string::npos);
+  absl::StatusOr<Record> back = DecodeRecord(text, "test record");
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(*back, record);
+  EXPECT_EQ(*IntField(*back, "n", 3), 42);
+}
+
+TEST(RecordTest, MalformedTextIsDataLossNamingTheRecord) {
+  for (const std::string text : {"no-equals\n", "=00\n", "odd=abc\n", "bad=zz\n"}) {
+    absl::StatusOr<Record> r = DecodeRecord(text, "addr record of rank 5");
+    ASSERT_FALSE(r.ok()) << text;
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kDataLoss);
+    EXPECT_TRUE(absl::StrContains(r.status().message(), "addr record of rank 5"))
+        << r.status().message();
+  }
+}
+
+TEST(RecordTest, MissingAndNonIntegerFieldsNameThePeer) {
+  const Record record = {{"pid", "x1"}};
+  absl::StatusOr<std::string> missing = Field(record, "board", 7);
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(missing.status().message(), "rank 7"));
+  EXPECT_TRUE(absl::StrContains(missing.status().message(), "\"board\""));
+  absl::StatusOr<int64_t> bad = IntField(record, "pid", 7);
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(RecordTest, PublishAndFetchThroughAStore) {
+  auto store = NewStore();
+  ASSERT_TRUE(PublishRecord(*store, "h0/net", "addr", 2, {{"worker", "\x01\x02"}}).ok());
+  absl::StatusOr<Record> r =
+      FetchRecord(*store, "h0/net", "addr", 2, absl::Now() + absl::Seconds(5));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->at("worker"), "\x01\x02");
+  absl::StatusOr<Record> absent =
+      FetchRecord(*store, "h0/net", "addr", 3, absl::Now() + absl::Milliseconds(50));
+  EXPECT_EQ(absent.status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_TRUE(absl::StrContains(absent.status().message(), "rank 3's addr record"))
+      << absent.status().message();
+}
+
+TEST(BarrierTest, EveryRankLeavesOnceAllArrived) {
+  auto store = NewStore();
+  const std::vector<int32_t> ranks = {0, 1, 2, 3};
+  std::atomic<int> arrived{0};
+  std::atomic<int> left_early{0};
+  std::vector<std::thread> threads;
+  for (int32_t r : ranks) {
+    threads.emplace_back([&, r] {
+      absl::SleepFor(absl::Milliseconds(20 * r));
+      arrived++;
+      absl::Status st = Barrier(*store, "b", r, ranks, absl::Now() + absl::Seconds(10),
+                                [] { return absl::OkStatus(); });
+      EXPECT_TRUE(st.ok()) << st;
+      if (arrived.load() != static_cast<int>(ranks.size())) left_early++;
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(left_early.load(), 0);
+}
+
+TEST(BarrierTest, DeadlineNamesTheMissingPeer) {
+  auto store = NewStore();
+  const std::vector<int32_t> ranks = {0, 1, 2};
+  ASSERT_TRUE(store->Set("b/1", "1").ok());
+  absl::Status st = Barrier(*store, "b", 0, ranks, absl::Now() + absl::Milliseconds(60));
+  EXPECT_EQ(st.code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_TRUE(absl::StrContains(st.message(), "rank 2 did not arrive")) << st.message();
+}
+
+TEST(BarrierTest, WhileWaitingRunsAndItsErrorEndsTheWait) {
+  auto store = NewStore();
+  const std::vector<int32_t> ranks = {0, 1};
+  int calls = 0;
+  absl::Status st = Barrier(*store, "b", 0, ranks, absl::Now() + absl::Seconds(10), [&] {
+    return ++calls < 3 ? absl::OkStatus() : absl::UnavailableError("rank 1 is gone");
+  });
+  EXPECT_EQ(st.code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(calls, 3);
+}
+
+TEST(CheckAgreementTest, EqualValuesPassAndADifferentOneNamesBothRanks) {
+  auto store = NewStore();
+  const std::vector<int32_t> ranks = {0, 1};
+  std::thread other([&] {
+    EXPECT_TRUE(CheckAgreement(*store, "fp", 1, ranks, "abc", "plan fingerprint",
+                               absl::Now() + absl::Seconds(10))
+                    .ok());
+  });
+  EXPECT_TRUE(
+      CheckAgreement(*store, "fp", 0, ranks, "abc", "plan fingerprint",
+                     absl::Now() + absl::Seconds(10))
+          .ok());
+  other.join();
+  ASSERT_TRUE(store->Set("fp2/1", "xyz").ok());
+  absl::Status st = CheckAgreement(*store, "fp2", 0, ranks, "abc", "plan fingerprint",
+                                   absl::Now() + absl::Seconds(10));
+  EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(absl::StrContains(st.message(), "plan fingerprint mismatch: rank 0 has abc but "
+                                              "rank 1 has xyz"))
+      << st.message();
+}
+
+}  // namespace
+}  // namespace reshard::rendezvous
