@@ -658,7 +658,6 @@ TEST(OracleTest, RandomSpecsPlanExactly) {
     auto shared = std::make_shared<const RefitSpec>(spec);
     auto plan = BuildPlan(shared, options);
     ASSERT_TRUE(plan.ok()) << "case " << c << ": " << plan.status();
-    if (std::getenv("TMP_FP_DUMP")) std::printf("fp %d %llx\n", c, static_cast<unsigned long long>(plan->fingerprint()));  // TMP
     const std::string error = CheckPlan(*plan, elements);
     ASSERT_EQ(error, "") << "case " << c << "\n" << Describe(spec);
     transfers += static_cast<int64_t>(plan->transfers().size());

@@ -1,13 +1,18 @@
 // Tiles follow DTensor: torch.chunk splits (ceil chunks, trailing shards smaller or empty),
-// nested in mesh-axis order when several axes shard one dim, replicas over R axes.
+// nested in mesh-axis order when several axes shard one dim, replicas over R axes; a shard
+// empty along a dim sits at [n, n) there (n: the dim's global size), as in torch.
 #include "src/plan/tiling.h"
 
 #include <map>
+#include <memory>
+#include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
 
+#include "src/plan/executor.h"
 #include "src/plan/plan.h"
+#include "src/plan/spec_json.h"
 
 namespace reshard::plan {
 namespace {
@@ -166,6 +171,152 @@ TEST(TileGridTest, ZeroSizedDimGivesEmptyTiles) {
     EXPECT_TRUE(grid.CellBox(grid.CellAt(k)).empty());
     EXPECT_EQ(grid.CellBox(grid.CellAt(k)).NumElements(), 0);
   }
+}
+
+// Expected boxes derived from torch's rule, torch/distributed/tensor/_utils.py
+// `_compute_local_shape_and_global_offset`: per mesh axis in order, Shard(d) splits the current
+// local size of d with `Shard.local_shard_size_and_offset` (torch.chunk: chunk c = ceil(m / k),
+// shard i is [i * c, min((i + 1) * c, m)), possibly empty) and composes the offset with the
+// parent's; a zero-sized shard gets the global offset `global_shape[d]`, and keeps it under
+// further splits (its local size is 0). Unsharded dims are at offset 0. Ranks are mesh indices.
+struct DTensorCase {
+  std::string name;
+  std::vector<int64_t> shape;
+  std::vector<int64_t> mesh;
+  std::vector<Placement> placements;
+  std::vector<std::vector<int64_t>> offset;  // Per rank: torch's global_offset.
+  std::vector<std::vector<int64_t>> local;   // Per rank: torch's local_shape.
+};
+
+std::vector<DTensorCase> DTensorCases() {
+  const Placement R = Placement::Replicate();
+  const Placement S0 = Placement::Shard(0), S1 = Placement::Shard(1);
+  return {
+      // The issue's case: 3 -> 2 | 1 -> 1 | 1 and 1 | 0 -> each 1 | 0; every empty one at 3.
+      {"S0S0S0_3_over_2x2x2", {3}, {2, 2, 2}, {S0, S0, S0},
+       {{0}, {3}, {1}, {3}, {2}, {3}, {3}, {3}},
+       {{1}, {0}, {1}, {0}, {1}, {0}, {0}, {0}}},
+      // Outer shards non-empty (1 | 1), inner ones over 4 mostly empty: at 2, not at 1 or 2.
+      {"S0S0_2_over_2x4_outer_nonempty_inner_empty", {2}, {2, 4}, {S0, S0},
+       {{0}, {2}, {2}, {2}, {1}, {2}, {2}, {2}},
+       {{1}, {0}, {0}, {0}, {1}, {0}, {0}, {0}}},
+      // Uneven 2-D: 4 rows -> 2 | 2 -> each over 3: 1, 1, 0. The empty middle one is at 4.
+      {"S0S0_4x6_over_2x3", {4, 6}, {2, 3}, {S0, S0},
+       {{0, 0}, {1, 0}, {4, 0}, {2, 0}, {3, 0}, {4, 0}},
+       {{1, 6}, {1, 6}, {0, 6}, {1, 6}, {1, 6}, {0, 6}}},
+      // Uneven 2-D: 7 rows -> 4 | 3 -> over 3: 2, 2, 0 | 1, 1, 1; columns over axis 0.
+      {"S1S0S0_7x2_over_2x2x3", {7, 2}, {2, 2, 3}, {S1, S0, S0},
+       {{0, 0}, {2, 0}, {7, 0}, {4, 0}, {5, 0}, {6, 0},
+        {0, 1}, {2, 1}, {7, 1}, {4, 1}, {5, 1}, {6, 1}},
+       {{2, 1}, {2, 1}, {0, 1}, {1, 1}, {1, 1}, {1, 1},
+        {2, 1}, {2, 1}, {0, 1}, {1, 1}, {1, 1}, {1, 1}}},
+      // Both dims nested or empty: columns 2 -> 1, 1, 0 -> 1 | 0 each; rows 1 -> 1 | 0. A tile
+      // empty along one dim keeps its offset along the other.
+      {"S1S0S1_1x2_over_3x2x2", {1, 2}, {3, 2, 2}, {S1, S0, S1},
+       {{0, 0}, {0, 2}, {1, 0}, {1, 2}, {0, 1}, {0, 2}, {1, 1}, {1, 2},
+        {0, 2}, {0, 2}, {1, 2}, {1, 2}},
+       {{1, 1}, {1, 0}, {0, 1}, {0, 0}, {1, 1}, {1, 0}, {0, 1}, {0, 0},
+        {1, 0}, {1, 0}, {0, 0}, {0, 0}}},
+      // A replicate axis between the two that shard dim 0.
+      {"S0RS0_3_over_2x2x2", {3}, {2, 2, 2}, {S0, R, S0},
+       {{0}, {1}, {0}, {1}, {2}, {3}, {2}, {3}},
+       {{1}, {1}, {1}, {1}, {1}, {0}, {1}, {0}}},
+      // Uneven without empty shards: unchanged.
+      {"S0RS1_5x3_over_2x2x2", {5, 3}, {2, 2, 2}, {S0, R, S1},
+       {{0, 0}, {0, 2}, {0, 0}, {0, 2}, {3, 0}, {3, 2}, {3, 0}, {3, 2}},
+       {{3, 2}, {3, 1}, {3, 2}, {3, 1}, {2, 2}, {2, 1}, {2, 2}, {2, 1}}},
+      // A zero-sized dim: every offset along it is 0 (its global size).
+      {"S1_0x5_over_3", {0, 5}, {3}, {S1},
+       {{0, 0}, {0, 2}, {0, 4}},
+       {{0, 2}, {0, 2}, {0, 1}}},
+  };
+}
+
+TEST(TileGridTest, TilesMatchDTensorLocalShapeAndGlobalOffsetExactly) {
+  for (const DTensorCase& c : DTensorCases()) {
+    SCOPED_TRACE(c.name);
+    std::vector<int32_t> ranks;
+    int64_t size = 1;
+    for (int64_t n : c.mesh) size *= n;
+    for (int32_t r = 0; r < size; ++r) ranks.push_back(r);
+    ASSERT_EQ(static_cast<int64_t>(c.offset.size()), size);
+    ASSERT_EQ(static_cast<int64_t>(c.local.size()), size);
+    const Layout l = MakeLayout(c.mesh, ranks, c.placements);
+    RefitSpec spec;
+    TensorSpec t;
+    t.name = "t";
+    t.shape = c.shape;
+    t.src = l;
+    t.dst = l;
+    spec.tensors.push_back(t);
+    std::map<int32_t, Box> tiles;
+    ForEachTile(spec, 0, Side::kSrc, [&](int32_t rank, const Box& box) { tiles[rank] = box; });
+    ASSERT_EQ(static_cast<int64_t>(tiles.size()), size);
+    const TileGrid grid(l, c.shape);
+    for (int32_t r = 0; r < size; ++r) {
+      const Box& box = tiles.at(r);
+      const Box cell_box = grid.CellBox(*grid.CellOfRank(r));
+      ASSERT_EQ(box.ndim, static_cast<int>(c.shape.size()));
+      for (int d = 0; d < box.ndim; ++d) {
+        EXPECT_EQ(box.lo[d], c.offset[r][d]) << "rank " << r << " dim " << d;
+        EXPECT_EQ(box.extent(d), c.local[r][d]) << "rank " << r << " dim " << d;
+        EXPECT_EQ(cell_box.lo[d], box.lo[d]) << "rank " << r << " dim " << d;
+        EXPECT_EQ(cell_box.hi[d], box.hi[d]) << "rank " << r << " dim " << d;
+      }
+    }
+    // The intervals stay sorted and non-overlapping: overlap.h binary-searches them.
+    for (int d = 0; d < grid.ndim(); ++d) {
+      const auto iv = grid.intervals(d);
+      for (size_t i = 0; i < iv.size(); ++i) {
+        EXPECT_LE(iv[i].lo, iv[i].hi) << "dim " << d << " interval " << i;
+        if (i > 0) {
+          EXPECT_LE(iv[i - 1].hi, iv[i].lo) << "dim " << d << " interval " << i;
+        }
+      }
+    }
+  }
+}
+
+// Empty tiles at [n, n) move nothing and need no buffer; plans between layouts with nested
+// empty shards (on both sides, inside the span of other tiles) still move every element.
+TEST(TileGridTest, EmptyTilesAtTheGlobalSizeMoveNothingAndPlansStayExact) {
+  auto parsed = ParseSpecJson(R"js({"tensors": [
+    {"name": "a", "dtype": "fp32", "shape": [3],
+     "src": {"mesh": [[[0, 1], [2, 3]], [[4, 5], [6, 7]]], "placements": ["S(0)", "S(0)", "S(0)"]},
+     "dst": {"mesh": [8, 9, 10, 11], "placements": ["S(0)"]}},
+    {"name": "b", "dtype": "bf16", "shape": [4, 6],
+     "src": {"mesh": [[0, 1, 2], [3, 4, 5]], "placements": ["S(0)", "S(0)"]},
+     "dst": {"mesh": [[6, 7], [8, 9], [10, 11]], "placements": ["S(1)", "S(0)"]}},
+    {"name": "c", "dtype": "fp32", "shape": [7, 2],
+     "src": {"mesh": [[[0, 1, 2], [3, 4, 5]], [[6, 7, 8], [9, 10, 11]]],
+             "placements": ["S(1)", "S(0)", "S(0)"]},
+     "dst": {"mesh": [[[11, 10], [9, 8]], [[7, 6], [5, 4]]],
+             "placements": ["S(0)", "R", "S(0)"]}}]})js");
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  auto spec = std::make_shared<const RefitSpec>(*std::move(parsed));
+  ASSERT_TRUE(Validate(*spec).ok());
+  auto plan = BuildPlan(spec);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_TRUE(VerifyPlanInProcess(*plan, 1 << 20).ok());
+  // Tensor a: ranks 1 and 3 hold empty tiles at [3, 3) and need no bytes for it.
+  for (int32_t rank : {1, 3, 5, 6, 7}) {
+    EXPECT_EQ(plan->BufferBytes(rank)[plan->buffer_of(0, Side::kSrc)], 0) << rank;
+  }
+  for (int32_t rank : {0, 2, 4}) {
+    EXPECT_EQ(plan->BufferBytes(rank)[plan->buffer_of(0, Side::kSrc)], 4) << rank;
+  }
+  // Every destination element arrives from exactly one transfer: bytes moved == bytes held.
+  int64_t moved = 0;
+  for (const Transfer& tr : plan->transfers()) {
+    if (tr.to_side == Side::kDst) moved += plan->region(tr.region).bytes;
+  }
+  int64_t held = 0;
+  for (size_t t = 0; t < spec->tensors.size(); ++t) {
+    ForEachTile(*spec, t, Side::kDst, [&](int32_t, const Box& box) {
+      held += box.NumElements() * DTypeSize(spec->tensors[t].dtype);
+    });
+  }
+  EXPECT_EQ(moved, held);
 }
 
 TEST(TileStridesTest, RowMajorPerTileOrTheViewsStrides) {
