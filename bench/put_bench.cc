@@ -28,6 +28,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "src/net/refit_engine.h"
+#include "src/net/runtime.h"
 #include "src/rendezvous/tcp_store.h"
 #include "src/plan/fill.h"
 #include "src/plan/spec_json.h"
@@ -94,6 +95,13 @@ int Child(int rank, const Flags& flags, const std::vector<Case>& cases, int port
     std::fprintf(stderr, "rank %d: %s\n", rank, std::string(store.status().message()).c_str());
     return 1;
   }
+  // One runtime (context + worker) for every handle of this process, declared first so it
+  // outlives them.
+  auto runtime = reshard::net::Runtime::Create();
+  if (!runtime.ok()) {
+    std::fprintf(stderr, "rank %d: %s\n", rank, std::string(runtime.status().message()).c_str());
+    return 1;
+  }
   std::vector<Handle> handles;
   for (const Case& c : cases) {
     auto spec = reshard::plan::ParseSpecJson(c.spec);
@@ -124,7 +132,7 @@ int Child(int rank, const Flags& flags, const std::vector<Case>& cases, int port
     options.setup_timeout = absl::Seconds(300);  // Filling 128 MiB per rank on a busy machine.
     if (flags.batch >= 0) options.signal_batch_bytes = flags.batch;
     if (flags.outstanding > 0) options.max_outstanding_puts = flags.outstanding;
-    auto engine = RefitEngine::Create(h.plan, rank, **store, buffers, options);
+    auto engine = RefitEngine::Create(h.plan, rank, **store, *runtime, buffers, options);
     if (!engine.ok()) {
       std::fprintf(stderr, "rank %d: %s\n", rank, std::string(engine.status().message()).c_str());
       return 1;

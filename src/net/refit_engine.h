@@ -1,20 +1,19 @@
 // The refit engine: a persistent handle that executes the network stage of a plan with UCX
 // one-sided puts, once per training step (DESIGN §4).
 //
-// Set-up (Create, once per handle):
-//   1. every rank publishes its plan fingerprint under `<key_prefix>/fp/<rank>` and compares it
-//      with every other rank's; any mismatch fails every rank with FailedPrecondition before a
-//      single byte is written;
+// Set-up (Create, once per handle). The plan is assumed agreed: the refit session compares
+// plan fingerprints across ranks (rendezvous::CheckAgreement) before building the engine.
+//   1. the send program is built from the plan (send_program.h): per peer, every contiguous run
+//      as (local offset, remote offset, bytes) relative to buffer ids;
 //   2. each local buffer is registered once (ucp_mem_map of the caller's memory);
 //   3. worker addresses and packed remote keys of destination buffers are exchanged once through
-//      the store; endpoints are created to the peers the plan connects this rank with;
-//   4. put descriptors are pre-built: per peer, every contiguous run with its local address,
-//      resolved remote address and remote key.
-//   5. wire-up completion: every rank sends one small active message to each peer and waits for
-//      each peer's, then waits (store keys `<key_prefix>/wired/<rank>`) until each peer got that
-//      far, progressing its worker throughout. Create therefore never returns while a peer may
-//      still need this rank's worker to finish connecting, and the caller may block or compute
-//      for as long as it likes between Create and the first Start.
+//      the store, as one record per rank; endpoints are created to the peers the plan connects
+//      this rank with (wireup.h);
+//   4. wire-up completion: every rank sends one small active message to each peer and waits for
+//      each peer's, then waits (rendezvous::Barrier under `<key_prefix>/wired`) until each peer
+//      got that far, progressing its worker throughout. Create therefore never returns while a
+//      peer may still need this rank's worker to finish connecting, and the caller may block or
+//      compute for as long as it likes between Create and the first Start.
 // Refits 2..N register nothing, unpack nothing, and touch the store not at all.
 //
 // One epoch (Start/Progress/Wait):
@@ -39,8 +38,9 @@
 // UCX context reports CUDA memory support; otherwise (Debian's UCX) it is staged through pinned
 // host buffers with cudaMemcpyAsync (only in builds with CUDA; FailedPrecondition otherwise).
 //
-// Thread safety: thread-compatible. All calls on one handle come from one thread, which owns the
-// process's single UCX worker (see src/net/ucx/worker.h). Start and Progress never block; Wait,
+// Thread safety: thread-compatible. All calls on one handle come from one thread, which drives
+// the handle's net::Runtime (its UCX worker, see src/net/ucx/worker.h) and every other handle on
+// that runtime. Start and Progress never block; Wait,
 // Execute, Create and Shutdown block until done or their deadline.
 #pragma once
 
@@ -61,11 +61,13 @@ namespace reshard::net {
 using common::BufferView;
 using common::MemoryKind;
 
+class Runtime;  // src/net/runtime.h
+
 struct RefitEngineOptions {
   // Namespace of this handle's store keys; every rank of one handle must use the same prefix
   // and two live handles must not.
   std::string key_prefix = "reshard/refit";
-  // Deadline for Create (store exchange, fingerprint comparison, endpoint creation).
+  // Deadline for Create (store exchange, endpoint creation, wire-up).
   absl::Duration setup_timeout = absl::Seconds(30);
   // Puts in flight per engine before posting waits for completions.
   int max_outstanding_puts = 1024;
@@ -100,19 +102,22 @@ struct RefitStats {
   int64_t bytes_local = 0;             // Copied within this rank.
   int64_t pieces_received = 0;         // Transfers landed here, local ones included.
   int64_t puts = 0;                    // ucp_put_nbx calls.
+  int64_t data_messages = 0;           // Data active messages posted (delivery kActiveMessage).
   int64_t signals = 0;                 // Completion signals sent.
   double seconds = 0;                  // Start to the end of Wait.
 };
 
 class RefitEngine {
  public:
-  // Builds the handle for `rank` (see the set-up steps above). `buffers` has one entry per
-  // plan buffer id, each at least plan.BufferBytes(rank)[id] bytes. Errors: InvalidArgument for
-  // bad buffers or rank, FailedPrecondition for a fingerprint mismatch (naming both ranks) or
-  // an unsupported memory kind, DeadlineExceeded/Unavailable when peers or the store do not
-  // answer before setup_timeout.
+  // Builds the handle for `rank` on `runtime` (see the set-up steps above). `buffers` has one
+  // entry per plan buffer id, each at least plan.BufferBytes(rank)[id] bytes. Errors:
+  // InvalidArgument for bad buffers, rank or a null runtime, AlreadyExists when a handle with the
+  // same key prefix and rank lives on `runtime`, FailedPrecondition for an unsupported memory
+  // kind, DeadlineExceeded/Unavailable when peers or the store do not answer before
+  // setup_timeout.
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<RefitEngine>> Create(
-      const plan::Plan& plan, int32_t rank, rendezvous::Store& store, std::vector<BufferView> buffers,
+      const plan::Plan& plan, int32_t rank, rendezvous::Store& store,
+      std::shared_ptr<Runtime> runtime, std::vector<BufferView> buffers,
       const RefitEngineOptions& options = {});
 
   ~RefitEngine();
@@ -147,6 +152,10 @@ class RefitEngine {
 
   // True while an epoch is started and not yet finished.
   bool in_epoch() const;
+  // Between epochs (every peer is needed for the next one): OK while every peer this rank
+  // exchanges data with is reachable and none reported a failed epoch; otherwise Unavailable
+  // naming the first such peer. Does not progress.
+  [[nodiscard]] absl::Status CheckAllPeers() const;
   // The status of the last finished or failed epoch.
   const absl::Status& last_status() const;
   const RefitStats& last_stats() const;
@@ -154,7 +163,7 @@ class RefitEngine {
 
   // Transports UCX selected towards this rank's peers, e.g. "tcp/lo" (after the first epoch).
   std::string Transports() const;
-  // Whether endpoints detect lost peers (see Context::peer_error_handling()).
+  // Whether endpoints detect lost peers (see Runtime::peer_error_handling()).
   bool peer_error_handling() const;
   // The delivery in use: "put" or "am" (see RefitEngineOptions::delivery).
   const char* delivery() const;

@@ -15,11 +15,15 @@
 #include "src/cuda/runtime.h"
 #include "src/rendezvous/file_store.h"
 #include "src/net/refit_engine.h"
+#include "tests/testing/multiprocess.h"
+#include "src/net/runtime.h"
 #include "src/plan/fill.h"
 #include "src/plan/spec_json.h"
 
 namespace reshard::net {
 namespace {
+
+using rendezvous::FileStore;
 
 constexpr char kSpec[] = R"json({"tensors": [{"name": "w", "dtype": "bf16", "shape": [256, 384],
   "src": {"mesh": [0, 1], "placements": ["S(0)"]}, "dst": {"mesh": [2, 3], "placements": ["S(1)"]}}]})json";
@@ -40,7 +44,9 @@ int Rank(int rank, const std::string& dir) {
   const plan::RefitSpec& s = plan->spec();
   auto store = FileStore::Open(dir);
   if (!store.ok()) return 12;
-  auto engine = RefitEngine::Create(*plan, rank, **store, buffers);
+  auto runtime = Runtime::Create();
+  if (!runtime.ok()) return 12;
+  auto engine = RefitEngine::Create(*plan, rank, **store, *runtime, buffers);
   if (!engine.ok()) {
     std::fprintf(stderr, "rank %d: %s\n", rank, std::string(engine.status().message()).c_str());
     return 13;
@@ -75,42 +81,15 @@ int Rank(int rank, const std::string& dir) {
 }
 
 TEST(GpuStaging, DeviceBuffersRefitByteExact) {
-  // Probe in a child: the CUDA runtime must not be initialised before the ranks fork.
-  int probe[2];
-  ASSERT_EQ(pipe(probe), 0);
-  const pid_t prober = fork();
-  if (prober == 0) {
-    std::string why;
-    const int n = cuda::CudaDeviceCount(&why);
-    const std::string msg = absl::StrCat(n, " ", why);
-    (void)!write(probe[1], msg.data(), msg.size());
-    _exit(0);
-  }
-  close(probe[1]);
-  char buf[512] = {};
-  (void)!read(probe[0], buf, sizeof(buf) - 1);
-  close(probe[0]);
-  waitpid(prober, nullptr, 0);
-  if (std::atoi(buf) == 0) GTEST_SKIP() << "no usable GPU: " << buf;
+  // Probed in a child: the CUDA runtime must not be initialised before the ranks fork.
+  std::string why;
+  if (testing::ProbeCudaDevices(&why) == 0) GTEST_SKIP() << "no usable GPU: " << why;
   std::random_device rd;
   const std::string dir = absl::StrCat(::testing::TempDir(), "/reshard-gpu-", getpid(), "-", rd());
-  std::vector<pid_t> pids;
-  for (int r = 0; r < 4; ++r) {
-    const pid_t pid = fork();
-    if (pid == 0) {
-      alarm(120);
-      setenv("UCX_TLS", "posix,sysv,cma,self", 1);
-      setenv("UCX_NET_DEVICES", "all", 1);
-      _exit(Rank(r, dir));
-    }
-    pids.push_back(pid);
-  }
-  for (int r = 0; r < 4; ++r) {
-    int status = 0;
-    waitpid(pids[r], &status, 0);
-    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
-        << "rank " << r << " status " << status;
-  }
+  std::map<int32_t, int> codes = testing::ForkRanks(
+      testing::Ranks(4), [&](int32_t r) { return Rank(r, dir); },
+      testing::SharedMemoryUcx(absl::Seconds(120)));
+  for (int r = 0; r < 4; ++r) EXPECT_EQ(codes[r], 0) << "rank " << r;
 }
 
 }  // namespace

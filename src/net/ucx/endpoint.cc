@@ -7,7 +7,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "src/common/idle.h"
 #include "src/common/log.h"
+#include "src/net/ucx/ops.h"
 #include "src/net/ucx/status.h"
 
 namespace reshard::net::ucx {
@@ -57,17 +59,15 @@ void Endpoint::OnError(void* arg, ucp_ep_h /*ep*/, ucs_status_t status) {
   }
 }
 
-void Endpoint::Close(absl::Time deadline) {
+void Endpoint::Close(absl::Time deadline, bool force) {
   if (ep_ == nullptr) return;
-  ucp_request_param_t param{};
-  param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
   // A failed endpoint must be force-closed (UCX forbids a flush close after a peer error).
-  param.flags = error_.ok() ? 0 : UCP_EP_CLOSE_FLAG_FORCE;
-  ucs_status_ptr_t request = ucp_ep_close_nbx(ep_, &param);
+  ucs_status_ptr_t request = StartClose(ep_, force || !error_.ok());
   ep_ = nullptr;
   if (request == nullptr || UCS_PTR_IS_ERR(request)) return;
+  IdlePolicy idle;
   while (ucp_request_check_status(request) == UCS_INPROGRESS && absl::Now() < deadline) {
-    worker_->Progress();
+    idle.Round(worker_->Progress() > 0);
   }
   ucp_request_free(request);
 }

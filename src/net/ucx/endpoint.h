@@ -42,8 +42,10 @@ class Endpoint {
   // OK while the peer is healthy; Unavailable once UCX reported the peer lost.
   const absl::Status& error() const { return error_; }
 
-  // Flush-closes the endpoint, progressing the worker until `deadline`. Idempotent.
-  void Close(absl::Time deadline);
+  // Flush-closes the endpoint (force-closes it when the peer is lost or `force`: operations in
+  // flight then complete with UCS_ERR_CANCELED), progressing the worker until `deadline`.
+  // Idempotent.
+  void Close(absl::Time deadline, bool force = false);
 
   // The transports UCX selected for this endpoint's lanes, e.g. "tcp/lo" or
   // "posix/memory sysv/memory cma/memory"; deduplicated, in lane order. Empty before wireup

@@ -1,0 +1,124 @@
+#include "src/net/delivery.h"
+
+#include <cstdlib>
+#include <string>
+
+#include "src/common/status.h"
+#include "src/net/ucx/tls.h"
+
+namespace reshard::net {
+
+bool UseActiveMessages(RefitEngineOptions::Delivery delivery) {
+  if (const char* env = std::getenv("RESHARD_DELIVERY")) {
+    if (std::string(env) == "am") return true;
+    if (std::string(env) == "put") return false;
+  }
+  if (delivery != RefitEngineOptions::Delivery::kAuto) {
+    return delivery == RefitEngineOptions::Delivery::kActiveMessage;
+  }
+  const ucx::TlsSelection tls = ucx::TlsSelection::FromEnvironment();
+  return !tls.ucx_chooses && tls.Names("tcp") && !tls.rdma();
+}
+
+namespace {
+
+class DeliveryBase : public Delivery {
+ protected:
+  DeliveryBase(int32_t rank, const SendProgram& program, RegisteredMemory& memory,
+               RefitStats& stats)
+      : rank_(rank), program_(program), memory_(memory), stats_(stats) {}
+
+  // Where run `run` of `desc` is read from, and its registration.
+  const uint8_t* Source(const SendDesc& d, const SendRun& run) const {
+    return (d.packed ? memory_.send_scratch() : memory_.data(d.from_buffer)) + run.local_offset;
+  }
+  ucp_mem_h SourceMemh(const SendDesc& d) const {
+    return d.packed ? memory_.send_scratch_memh() : memory_.memh(d.from_buffer);
+  }
+
+  const int32_t rank_;
+  const SendProgram& program_;
+  RegisteredMemory& memory_;
+  RefitStats& stats_;
+};
+
+class PutDelivery final : public DeliveryBase {
+ public:
+  PutDelivery(int32_t rank, const SendProgram& program, RegisteredMemory& memory,
+              int64_t signal_batch_bytes, RefitStats& stats)
+      : DeliveryBase(rank, program, memory, stats), signal_batch_bytes_(signal_batch_bytes) {}
+
+  const char* name() const override { return "put"; }
+  bool counts_bytes() const override { return false; }
+
+  absl::Status PostRun(PeerLink& link, const SendDesc& d, uint32_t run_index, uint64_t,
+                       bool* in_flight) override {
+    const SendRun& run = program_.runs[run_index];
+    // Packed streams land in the receiver's landing area (id one past the plan's buffers).
+    const uint32_t to = d.packed ? memory_.landing_id() : d.to_buffer;
+    const uint64_t remote = link.remote_base(to) +
+                            static_cast<uint64_t>(d.packed ? d.landing_offset : 0) +
+                            static_cast<uint64_t>(run.remote_offset);
+    stats_.puts++;
+    return link.Put(Source(d, run), static_cast<size_t>(run.bytes), remote, link.rkey(to),
+                    SourceMemh(d), in_flight);
+  }
+
+  absl::Status DescPosted(PeerLink& link, const SendDesc& d) override {
+    link.AddToBatch(d.transfer, d.bytes);
+    if (link.open_batch_bytes() >= signal_batch_bytes_) return link.CloseBatch();
+    return absl::OkStatus();
+  }
+
+  absl::Status Drained(PeerLink& link) override { return link.CloseBatch(); }
+
+  absl::Status Advance(PeerLink& link, uint64_t epoch) override {
+    int64_t retired = 0;
+    absl::Status status = link.SignalBatches(epoch, &stats_.signals, &retired);
+    link.unsignalled -= retired;
+    return status;
+  }
+
+ private:
+  const int64_t signal_batch_bytes_;
+};
+
+class AmDelivery final : public DeliveryBase {
+ public:
+  AmDelivery(int32_t rank, const SendProgram& program, RegisteredMemory& memory,
+             RefitStats& stats)
+      : DeliveryBase(rank, program, memory, stats) {}
+
+  const char* name() const override { return "am"; }
+  bool counts_bytes() const override { return true; }
+
+  absl::Status PostRun(PeerLink& link, const SendDesc& d, uint32_t run_index, uint64_t epoch,
+                       bool* in_flight) override {
+    const SendRun& run = program_.runs[run_index];
+    // The receiver's offset: in the packed stream, or in the receiving buffer.
+    const wire::DataHeader h{wire::AmHeader{wire::kMagic, rank_, 0, epoch}, d.transfer,
+                             d.packed ? 1u : 0u, static_cast<uint64_t>(run.remote_offset)};
+    stats_.data_messages++;
+    return link.SendData(run_index, h, Source(d, run), static_cast<size_t>(run.bytes),
+                         SourceMemh(d), in_flight);
+  }
+
+  // Landing is counted by the receiver byte by byte; nothing to flush or signal.
+  absl::Status DescPosted(PeerLink& link, const SendDesc&) override {
+    link.unsignalled--;
+    return absl::OkStatus();
+  }
+  absl::Status Drained(PeerLink&) override { return absl::OkStatus(); }
+  absl::Status Advance(PeerLink&, uint64_t) override { return absl::OkStatus(); }
+};
+
+}  // namespace
+
+std::unique_ptr<Delivery> MakeDelivery(bool active_messages, int32_t rank,
+                                       const SendProgram& program, RegisteredMemory& memory,
+                                       int64_t signal_batch_bytes, RefitStats& stats) {
+  if (active_messages) return std::make_unique<AmDelivery>(rank, program, memory, stats);
+  return std::make_unique<PutDelivery>(rank, program, memory, signal_batch_bytes, stats);
+}
+
+}  // namespace reshard::net

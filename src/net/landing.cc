@@ -1,0 +1,142 @@
+#include "src/net/landing.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "src/common/status.h"
+#include "src/cuda/runtime.h"
+
+namespace reshard::net {
+
+absl::Status Copy(void* dst, const void* src, int64_t bytes, bool device) {
+  if (bytes <= 0) return absl::OkStatus();
+  if (device) return cuda::CudaCopy(dst, src, static_cast<size_t>(bytes));
+  std::memcpy(dst, src, static_cast<size_t>(bytes));
+  return absl::OkStatus();
+}
+
+Landing::Landing(const plan::Plan& plan, const SendProgram& program, RegisteredMemory& memory)
+    : plan_(plan), program_(program), memory_(memory) {
+  landed_epoch_.assign(plan.transfers().size(), 0);
+  landed_bytes_.assign(plan.transfers().size(), 0);
+}
+
+void Landing::StartEpoch(uint64_t epoch) {
+  epoch_ = epoch;
+  for (uint32_t t : program_.received) landed_bytes_[t] = 0;
+}
+
+absl::Status Landing::CheckSender(int32_t from_rank, uint32_t ti, const char* what) const {
+  const auto& transfers = plan_.transfers();
+  if (ti >= transfers.size() || transfers[ti].to_rank != program_.rank ||
+      transfers[ti].from_rank != from_rank) {
+    return absl::DataLossError(absl::StrCat("rank ", program_.rank, ": rank ", from_rank, " ",
+                                            what, " transfer ", ti,
+                                            " that the plan does not send it here"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<bool> Landing::Signalled(int32_t from_rank, uint32_t ti) {
+  RESHARD_RETURN_IF_ERROR(CheckSender(from_rank, ti, "signalled"));
+  if (landed(ti)) return false;
+  const int64_t offset = program_.landing_offset[ti];
+  if (offset >= 0) {
+    const int64_t bytes = plan_.region(plan_.transfers()[ti].region).bytes;
+    RESHARD_RETURN_IF_ERROR(Unpack(ti, 0, memory_.landing() + offset, bytes));
+  }
+  return true;
+}
+
+absl::StatusOr<bool> Landing::Data(const wire::DataHeader& h, const void* data, size_t length) {
+  const int32_t from = h.base.from_rank;
+  const uint32_t ti = h.transfer;
+  RESHARD_RETURN_IF_ERROR(CheckSender(from, ti, "sent data for"));
+  const plan::Transfer& t = plan_.transfers()[ti];
+  const auto region_bytes = static_cast<uint64_t>(plan_.region(t.region).bytes);
+  const uint64_t landed = static_cast<uint64_t>(landed_bytes_[ti]);
+  const bool packed = h.packed != 0;
+  const uint32_t to_buf = plan_.buffer_of(t.tensor, t.to_side);
+  const uint64_t limit = packed ? region_bytes : static_cast<uint64_t>(memory_.buffer(to_buf).bytes);
+  if (!wire::InBounds(h.to_offset, length, limit) ||
+      !wire::InBounds(landed, length, region_bytes)) {
+    return absl::DataLossError(absl::StrCat("rank ", program_.rank, ": rank ", from, " sent ",
+                                            length, (packed ? " packed" : ""),
+                                            " bytes at offset ", h.to_offset,
+                                            " outside transfer ", ti));
+  }
+  if (packed) {
+    RESHARD_RETURN_IF_ERROR(Unpack(ti, static_cast<int64_t>(h.to_offset),
+                                   static_cast<const uint8_t*>(data),
+                                   static_cast<int64_t>(length)));
+  } else {
+    RESHARD_RETURN_IF_ERROR(Copy(memory_.data(to_buf) + h.to_offset, data,
+                                 static_cast<int64_t>(length), memory_.device(to_buf)));
+  }
+  landed_bytes_[ti] += static_cast<int64_t>(length);
+  return static_cast<uint64_t>(landed_bytes_[ti]) == region_bytes;
+}
+
+absl::Status Landing::Land(uint32_t ti) {
+  landed_epoch_[ti] = epoch_;
+  const plan::Transfer& t = plan_.transfers()[ti];
+  const uint32_t to_buf = plan_.buffer_of(t.tensor, t.to_side);
+  if (!memory_.staged(to_buf)) return absl::OkStatus();
+  // Staged destination: the piece landed in pinned host memory; move it to the device.
+  auto* device = static_cast<uint8_t*>(memory_.buffer(to_buf).data);
+  const uint8_t* host = memory_.data(to_buf);
+  const plan::Region& region = plan_.region(t.region);
+  absl::Status status;
+  plan::ForEachRun(region, plan_.region_dims(region), [&](int64_t, int64_t to_off, int64_t n) {
+    if (status.ok()) status = cuda::CudaCopy(device + to_off, host + to_off, static_cast<size_t>(n));
+  });
+  return status;
+}
+
+absl::Status Landing::Unpack(uint32_t ti, int64_t begin, const uint8_t* packed, int64_t length) {
+  const plan::Transfer& t = plan_.transfers()[ti];
+  const plan::Region& region = plan_.region(t.region);
+  const uint32_t to_buf = plan_.buffer_of(t.tensor, t.to_side);
+  uint8_t* to = memory_.data(to_buf);
+  const bool device = memory_.device(to_buf);
+  const int64_t end = begin + length;
+  int64_t pos = 0;  // Offset of the current run in the packed stream.
+  absl::Status status;
+  plan::ForEachRun(region, plan_.region_dims(region), [&](int64_t, int64_t to_off, int64_t n) {
+    const int64_t lo = std::max(pos, begin), hi = std::min(pos + n, end);
+    if (lo < hi && status.ok()) {
+      status = Copy(to + to_off + (lo - pos), packed + (lo - begin), hi - lo, device);
+    }
+    pos += n;
+  });
+  return status;
+}
+
+absl::Status Landing::Gather(const SendDesc& d) {
+  const plan::Transfer& t = plan_.transfers()[d.transfer];
+  const plan::Region& region = plan_.region(t.region);
+  const uint8_t* from = memory_.data(d.from_buffer);
+  uint8_t* to = memory_.send_scratch() + d.send_offset;
+  const bool device = memory_.device(d.from_buffer);
+  int64_t pos = 0;
+  absl::Status status;
+  plan::ForEachRun(region, plan_.region_dims(region), [&](int64_t from_off, int64_t, int64_t n) {
+    if (status.ok()) status = Copy(to + pos, from + from_off, n, device);
+    pos += n;
+  });
+  return status;
+}
+
+absl::Status Landing::CopyLocal(const SendDesc& d) {
+  const bool device = memory_.device(d.from_buffer) || memory_.device(d.to_buffer);
+  const uint8_t* from = memory_.data(d.from_buffer);
+  uint8_t* to = memory_.data(d.to_buffer);
+  for (uint32_t i = d.run_begin; i < d.run_end; ++i) {
+    const SendRun& run = program_.runs[i];
+    RESHARD_RETURN_IF_ERROR(Copy(to + run.remote_offset, from + run.local_offset, run.bytes, device));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace reshard::net

@@ -1,0 +1,66 @@
+// Landing: what happens to bytes that arrive on a rank, and the copies the engine makes itself.
+//
+//  - counts each executed transfer landing here once per epoch (and, with active-message
+//    delivery, the bytes of each transfer as they arrive);
+//  - checks every wire field of an incoming signal or data message against the plan before any
+//    byte moves (a transfer the plan does not send here, offsets or lengths outside the piece or
+//    the buffer, compared without wrapping): DataLoss naming the peer;
+//  - unpacks packed streams into place and moves staged destination pieces host -> device;
+//  - on the sending side, gathers packed streams and runs local copies.
+// Device memory is copied through src/cuda/runtime.h, host memory with memcpy.
+//
+// Thread-compatible (called from the engine's thread, inside UCX callbacks included).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "src/net/registered_memory.h"
+#include "src/net/send_program.h"
+#include "src/net/wire.h"
+#include "src/plan/plan.h"
+
+namespace reshard::net {
+
+class Landing {
+ public:
+  // All three must outlive the Landing.
+  Landing(const plan::Plan& plan, const SendProgram& program, RegisteredMemory& memory);
+
+  void StartEpoch(uint64_t epoch);
+  bool landed(uint32_t transfer) const { return landed_epoch_[transfer] == epoch_; }
+
+  // Put delivery: `from_rank` signalled that `transfer`'s bytes are in place. Unpacks its packed
+  // stream from the landing area. True when the transfer is new in this epoch (then Land it).
+  [[nodiscard]] absl::StatusOr<bool> Signalled(int32_t from_rank, uint32_t transfer);
+  // Active-message delivery: one run or chunk. True when the transfer is now complete.
+  [[nodiscard]] absl::StatusOr<bool> Data(const wire::DataHeader& h, const void* data,
+                                          size_t length);
+  // Marks `transfer` (not yet landed) landed in this epoch and moves a staged destination
+  // piece to the device.
+  [[nodiscard]] absl::Status Land(uint32_t transfer);
+
+  // Sender side: gathers the runs of packed `desc` into the send scratch.
+  [[nodiscard]] absl::Status Gather(const SendDesc& desc);
+  // A local copy (desc.peer == this rank).
+  [[nodiscard]] absl::Status CopyLocal(const SendDesc& desc);
+
+ private:
+  absl::Status CheckSender(int32_t from_rank, uint32_t transfer, const char* what) const;
+  // Copies [begin, begin + length) of `transfer`'s packed stream from `packed` into place.
+  absl::Status Unpack(uint32_t transfer, int64_t begin, const uint8_t* packed, int64_t length);
+
+  const plan::Plan& plan_;
+  const SendProgram& program_;
+  RegisteredMemory& memory_;
+  uint64_t epoch_ = 0;
+  std::vector<uint64_t> landed_epoch_;  // By transfer.
+  std::vector<int64_t> landed_bytes_;   // By transfer (active-message delivery).
+};
+
+// One copy between any two addresses (CUDA when either side is device memory).
+[[nodiscard]] absl::Status Copy(void* dst, const void* src, int64_t bytes, bool device);
+
+}  // namespace reshard::net

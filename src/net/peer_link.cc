@@ -1,0 +1,271 @@
+#include "src/net/peer_link.h"
+
+#include <algorithm>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "src/common/idle.h"
+#include "src/common/status.h"
+#include "src/net/registered_memory.h"
+#include "src/net/ucx/status.h"
+
+namespace reshard::net {
+namespace {
+
+enum Kind : int { kPut, kData, kGrant, kHello, kAbort, kFlush, kSignal };
+
+const char* CallName(int kind) {
+  switch (kind) {
+    case kPut:
+      return "ucp_put_nbx";
+    case kData:
+      return "ucp_am_send_nbx (data)";
+    case kFlush:
+      return "ucp_ep_flush_nbx";
+    case kSignal:
+      return "ucp_am_send_nbx (completion signal)";
+    default:
+      return "ucp_am_send_nbx";
+  }
+}
+
+}  // namespace
+
+class PeerLink::Done final : public ucx::Completion {
+ public:
+  Done(PeerLink* link, int kind, Batch* batch = nullptr) : link_(link), kind_(kind), batch_(batch) {}
+  void Complete(ucs_status_t status) override { link_->Completed(kind_, batch_, status); }
+
+ private:
+  PeerLink* link_;
+  int kind_;
+  Batch* batch_;
+};
+
+struct PeerLink::Batch {
+  Batch(PeerLink* link) : flush_done(link, kFlush, this), signal_done(link, kSignal, this) {}
+  Done flush_done, signal_done;
+  std::vector<uint32_t> transfers;
+  int64_t bytes = 0;
+  wire::AmHeader header;
+  bool flushed = false;
+  bool flush_pending = false;  // Closed, its flush in flight.
+  bool signalled = false;
+  bool abandoned = false;  // Of an epoch that was Reset: never signalled, not counted.
+  int pending_signals = 0;
+};
+
+PeerLink::PeerLink(int32_t rank, int32_t peer, uint64_t peer_handle, ucx::Worker& worker,
+                   LinkOwner& owner)
+    : rank_(rank), peer_(peer), peer_handle_(peer_handle), worker_(worker), owner_(owner) {
+  put_done_ = std::make_unique<Done>(this, kPut);
+  data_done_ = std::make_unique<Done>(this, kData);
+  grant_done_ = std::make_unique<Done>(this, kGrant);
+  hello_done_ = std::make_unique<Done>(this, kHello);
+  abort_done_ = std::make_unique<Done>(this, kAbort);
+}
+
+PeerLink::~PeerLink() { Close(absl::Now() + absl::Milliseconds(500), /*force=*/false); }
+
+absl::Status PeerLink::Connect(const std::string& address, bool peer_error_handling) {
+  RESHARD_ASSIGN_OR_RETURN(endpoint_,
+                           ucx::Endpoint::Create(worker_, address, peer_, peer_error_handling));
+  return absl::OkStatus();
+}
+
+absl::Status PeerLink::LoadRemoteKeys(const rendezvous::Record& record, uint32_t ids) {
+  rkeys_.resize(ids);
+  remote_base_.assign(ids, 0);
+  for (uint32_t id = 0; id < ids; ++id) {
+    auto key = record.find(KeyField(id));
+    if (key == record.end()) continue;
+    RESHARD_ASSIGN_OR_RETURN(std::string base_text, rendezvous::Field(record, BaseField(id), peer_));
+    uint64_t base = 0;
+    if (!absl::SimpleAtoi(base_text, &base)) {
+      return absl::DataLossError(
+          absl::StrCat("the remote key record of rank ", peer_, " has a malformed ", BaseField(id)));
+    }
+    RESHARD_ASSIGN_OR_RETURN(rkeys_[id], ucx::RemoteKey::Unpack(*endpoint_, key->second));
+    remote_base_[id] = base;
+  }
+  return absl::OkStatus();
+}
+
+std::string PeerLink::Transports() const {
+  return endpoint_ != nullptr ? endpoint_->Transports() : std::string();
+}
+
+absl::Status PeerLink::Posted(ucs_status_t status, const char* call, bool* in_flight) {
+  if (in_flight != nullptr) *in_flight = status == UCS_INPROGRESS;
+  if (status == UCS_INPROGRESS) {
+    in_flight_++;
+    return absl::OkStatus();
+  }
+  if (status == UCS_OK) return absl::OkStatus();
+  return ucx::ToStatus(status, call, absl::StrCat("rank ", rank_, " to peer rank ", peer_));
+}
+
+absl::Status PeerLink::SendHello() {
+  hello_header_ = wire::AmHeader{wire::kMagic, rank_, peer_handle_, 0};
+  bool in_flight = false;
+  RESHARD_RETURN_IF_ERROR(Posted(ucx::SendAm(endpoint_->get(), wire::kHelloAm, &hello_header_,
+                                             sizeof(hello_header_), nullptr, 0, nullptr,
+                                             hello_done_.get()),
+                                 "ucp_am_send_nbx (wire-up)", &in_flight));
+  hello_pending_ = in_flight;
+  return absl::OkStatus();
+}
+
+absl::Status PeerLink::SendGrant(uint64_t epoch) {
+  grant_header_ = wire::AmHeader{wire::kMagic, rank_, peer_handle_, epoch};
+  bool in_flight = false;
+  RESHARD_RETURN_IF_ERROR(Posted(ucx::SendAm(endpoint_->get(), wire::kGrantAm, &grant_header_,
+                                             sizeof(grant_header_), nullptr, 0, nullptr,
+                                             grant_done_.get()),
+                                 "ucp_am_send_nbx (grant)", &in_flight));
+  if (in_flight) grants_in_flight_++;
+  return absl::OkStatus();
+}
+
+void PeerLink::SendAbort(uint64_t epoch, const std::string& reason) {
+  if (endpoint_ == nullptr || !endpoint_->error().ok()) return;
+  AbortMessage& msg =
+      aborts_.emplace_back(AbortMessage{wire::AmHeader{wire::kMagic, rank_, peer_handle_, epoch},
+                                        reason});
+  (void)Posted(ucx::SendAm(endpoint_->get(), wire::kAbortAm, &msg.header, sizeof(msg.header),
+                           msg.reason.data(), msg.reason.size(), nullptr, abort_done_.get()),
+               "ucp_am_send_nbx (abort)", nullptr);
+}
+
+absl::Status PeerLink::Put(const void* local, size_t bytes, uint64_t remote, ucp_rkey_h rkey,
+                           ucp_mem_h memh, bool* in_flight) {
+  return Posted(ucx::Put(endpoint_->get(), local, bytes, remote, rkey, memh, put_done_.get()),
+                "ucp_put_nbx", in_flight);
+}
+
+void PeerLink::ReserveDataHeaders(uint32_t run_begin, uint32_t run_end) {
+  run_base_ = run_begin;
+  data_headers_.resize(run_end - run_begin);
+}
+
+absl::Status PeerLink::SendData(uint32_t run, const wire::DataHeader& header, const void* data,
+                                size_t bytes, ucp_mem_h memh, bool* in_flight) {
+  wire::DataHeader& h = data_headers_[run - run_base_];
+  h = header;
+  h.base.handle = peer_handle_;
+  return Posted(ucx::SendAm(endpoint_->get(), wire::kDataAm, &h, sizeof(h), data, bytes, memh,
+                            data_done_.get()),
+                "ucp_am_send_nbx (data)", in_flight);
+}
+
+int64_t PeerLink::open_batch_bytes() const { return open_ != nullptr ? open_->bytes : 0; }
+
+void PeerLink::AddToBatch(uint32_t transfer, int64_t bytes) {
+  if (open_ == nullptr) {
+    batches_.push_back(std::make_unique<Batch>(this));
+    open_ = batches_.back().get();
+  }
+  open_->transfers.push_back(transfer);
+  open_->bytes += bytes;
+}
+
+// Completion signals follow ucp_ep_flush_nbx, not ucp_worker_fence: a fence only orders RMA
+// against later RMA, while the signal is an active message that may travel on another lane (and
+// puts themselves are active messages on these transports). A flush completes when every earlier
+// put on the endpoint is remotely complete, so the receiver never counts a piece before its bytes
+// are in place. Its cost (one round trip) is paid per batch of pieces, not per piece.
+absl::Status PeerLink::CloseBatch() {
+  Batch* batch = open_;
+  open_ = nullptr;
+  if (batch == nullptr) return absl::OkStatus();
+  bool in_flight = false;
+  RESHARD_RETURN_IF_ERROR(Posted(ucx::Flush(endpoint_->get(), &batch->flush_done),
+                                 "ucp_ep_flush_nbx", &in_flight));
+  batch->flushed = !in_flight;
+  batch->flush_pending = in_flight;
+  return absl::OkStatus();
+}
+
+absl::Status PeerLink::SignalBatches(uint64_t epoch, int64_t* signals, int64_t* retired) {
+  for (auto it = batches_.begin(); it != batches_.end();) {
+    Batch& batch = **it;
+    if (batch.flushed && !batch.signalled) {
+      batch.signalled = true;
+      batch.header = wire::AmHeader{wire::kMagic, rank_, peer_handle_, epoch};
+      for (size_t i = 0; i < batch.transfers.size(); i += wire::kMaxIndicesPerSignal) {
+        const size_t n = std::min(wire::kMaxIndicesPerSignal, batch.transfers.size() - i);
+        bool in_flight = false;
+        (*signals)++;
+        RESHARD_RETURN_IF_ERROR(
+            Posted(ucx::SendAm(endpoint_->get(), wire::kDoneAm, &batch.header,
+                               sizeof(batch.header), batch.transfers.data() + i,
+                               n * sizeof(uint32_t), nullptr, &batch.signal_done),
+                   "ucp_am_send_nbx (completion signal)", &in_flight));
+        if (in_flight) batch.pending_signals++;
+      }
+    }
+    if (batch.flushed && batch.signalled && batch.pending_signals == 0) {
+      if (!batch.abandoned) *retired += static_cast<int64_t>(batch.transfers.size());
+      it = batches_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  return absl::OkStatus();
+}
+
+void PeerLink::AbandonBatches() {
+  open_ = nullptr;
+  // Batches whose flush or signal is still in flight keep their memory until they finish.
+  for (auto it = batches_.begin(); it != batches_.end();) {
+    Batch& b = **it;
+    if (!b.flush_pending && b.pending_signals == 0) {
+      it = batches_.erase(it);
+    } else {
+      b.signalled = true;  // Never signal a failed epoch's batch.
+      b.abandoned = true;
+      ++it;
+    }
+  }
+}
+
+void PeerLink::Completed(int kind, Batch* batch, ucs_status_t status) {
+  in_flight_--;
+  switch (kind) {
+    case kPut:
+    case kData:
+      owner_.OnPutCompleted();
+      break;
+    case kGrant:
+      grants_in_flight_--;
+      return;  // A lost peer is reported through its endpoint.
+    case kHello:
+      hello_pending_ = false;
+      if (status != UCS_OK && hello_status_.ok()) {
+        hello_status_ = ucx::ToStatus(status, "ucp_am_send_nbx (wire-up)",
+                                      absl::StrCat("rank ", rank_, " to peer rank ", peer_));
+      }
+      return;
+    case kAbort:
+      return;
+    case kFlush:
+      batch->flushed = true;
+      batch->flush_pending = false;
+      break;
+    case kSignal:
+      batch->pending_signals--;
+      break;
+  }
+  if (status != UCS_OK && (batch == nullptr || !batch->abandoned)) {
+    owner_.OnSendError(ucx::ToStatus(status, CallName(kind), absl::StrCat("peer rank ", peer_)));
+  }
+}
+
+void PeerLink::Close(absl::Time deadline, bool force) {
+  rkeys_.clear();
+  if (endpoint_ != nullptr) endpoint_->Close(deadline, force);
+  IdlePolicy idle;
+  while (in_flight_ > 0 && absl::Now() < deadline) idle.Round(worker_.Progress() > 0);
+}
+
+}  // namespace reshard::net

@@ -1,0 +1,149 @@
+// PeerLink: everything one refit handle keeps about one peer rank - the endpoint, the peer's
+// remote keys, its grants and aborts, this epoch's ready queue and cursor, and the batches of
+// pieces awaiting their flush and completion signal.
+//
+// Request ownership: the link owns every UCX request it posts. Each request points only at
+// memory of the link (its completions, headers, batches, abort messages), and the link counts
+// them (in_flight()). Batches and abort messages live until their requests complete; Close()
+// closes the endpoint (force-closing it when asked, which cancels what is in flight) and
+// progresses the worker until in_flight() is 0 or the deadline, and a link whose requests are
+// still in flight after that must not be destroyed (the engine then keeps it alive).
+//
+// Thread-compatible: the worker's thread; completions run inside Worker::Progress.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <list>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "src/net/ucx/endpoint.h"
+#include "src/net/ucx/memory.h"
+#include "src/net/ucx/ops.h"
+#include "src/net/ucx/worker.h"
+#include "src/net/wire.h"
+#include "src/rendezvous/record.h"
+
+namespace reshard::net {
+
+// The engine, as seen from its links' completions (inside UCX callbacks: record only).
+class LinkOwner {
+ public:
+  virtual void OnSendError(absl::Status status) = 0;
+  // A put or data message of any link completed.
+  virtual void OnPutCompleted() = 0;
+
+ protected:
+  ~LinkOwner() = default;
+};
+
+class PeerLink {
+ public:
+  class Done;
+  struct Batch;
+
+  // `peer_handle`: the handle id messages to the peer carry.
+  PeerLink(int32_t rank, int32_t peer, uint64_t peer_handle, ucx::Worker& worker, LinkOwner& owner);
+  ~PeerLink();
+  PeerLink(const PeerLink&) = delete;
+  PeerLink& operator=(const PeerLink&) = delete;
+
+  [[nodiscard]] absl::Status Connect(const std::string& address, bool peer_error_handling);
+  // Unpacks the `key.<id>` / `base.<id>` fields of the peer's record for ids [0, ids).
+  [[nodiscard]] absl::Status LoadRemoteKeys(const rendezvous::Record& record, uint32_t ids);
+  ucp_rkey_h rkey(uint32_t id) const { return rkeys_[id] ? rkeys_[id]->get() : nullptr; }
+  uint64_t remote_base(uint32_t id) const { return remote_base_[id]; }
+
+  int32_t peer() const { return peer_; }
+  // OK while the peer is healthy (see ucx::Endpoint::error()).
+  const absl::Status& error() const { return endpoint_->error(); }
+  std::string Transports() const;
+
+  // Control messages. Errors are those of posting; completions are tracked here.
+  [[nodiscard]] absl::Status SendHello();
+  bool hello_pending() const { return hello_pending_; }
+  const absl::Status& hello_status() const { return hello_status_; }
+  [[nodiscard]] absl::Status SendGrant(uint64_t epoch);
+  int grants_in_flight() const { return grants_in_flight_; }
+  // Best effort; the message lives until its send completes.
+  void SendAbort(uint64_t epoch, const std::string& reason);
+
+  // Data. `run` indexes the send program's runs (data messages keep one header per run).
+  [[nodiscard]] absl::Status Put(const void* local, size_t bytes, uint64_t remote,
+                                 ucp_rkey_h rkey, ucp_mem_h memh, bool* in_flight);
+  void ReserveDataHeaders(uint32_t run_begin, uint32_t run_end);
+  [[nodiscard]] absl::Status SendData(uint32_t run, const wire::DataHeader& header,
+                                      const void* data, size_t bytes, ucp_mem_h memh,
+                                      bool* in_flight);
+
+  // Put delivery: pieces whose puts are posted join the open batch; a closed batch is flushed,
+  // then (SignalBatches) signalled in messages of at most kMaxIndicesPerSignal indices.
+  // Returns the pieces whose signals completed (to be subtracted from `unsignalled`).
+  void AddToBatch(uint32_t transfer, int64_t bytes);
+  bool batch_open() const { return open_ != nullptr; }
+  int64_t open_batch_bytes() const;
+  [[nodiscard]] absl::Status CloseBatch();
+  [[nodiscard]] absl::Status SignalBatches(uint64_t epoch, int64_t* signals, int64_t* retired);
+  // Reset: batches of the failed epoch are never signalled nor counted.
+  void AbandonBatches();
+
+  int in_flight() const { return in_flight_; }
+  // Releases the remote keys, closes the endpoint and waits (progressing) for every request of
+  // this link until `deadline`. Idempotent.
+  void Close(absl::Time deadline, bool force);
+
+  // Role in the plan (set once by the engine).
+  bool sends_to = false;       // This rank sends into the peer.
+  bool receives_from = false;  // The peer sends into this rank (this rank grants it).
+  int64_t expected_from = 0;   // Pieces per epoch from the peer.
+  std::vector<uint32_t> initial;  // Descs without dependencies, in plan order.
+  // Grants and aborts received.
+  uint64_t granted = 0;  // Latest epoch the peer granted this rank.
+  bool aborted = false;
+  std::string abort_reason;
+  bool hello_received = false;
+  // This epoch.
+  bool started = false;        // Granted, initial sends queued.
+  std::deque<uint32_t> ready;  // Descs whose dependencies landed.
+  int64_t cursor_desc = -1;    // Desc being posted, and its next run.
+  uint32_t cursor_run = 0;
+  int64_t unsignalled = 0;     // Sends of this epoch not yet remotely complete and signalled.
+  int64_t remaining_from = 0;  // Pieces of this epoch not yet landed from the peer.
+
+ private:
+  friend class Done;
+  void Completed(int kind, Batch* batch, ucs_status_t status);
+  absl::Status Posted(ucs_status_t status, const char* call, bool* in_flight);
+
+  const int32_t rank_;
+  const int32_t peer_;
+  const uint64_t peer_handle_;
+  ucx::Worker& worker_;
+  LinkOwner& owner_;
+  // Declared before the keys: keys are released first.
+  std::unique_ptr<ucx::Endpoint> endpoint_;
+  std::vector<std::unique_ptr<ucx::RemoteKey>> rkeys_;  // By buffer id; null when unused.
+  std::vector<uint64_t> remote_base_;
+  int in_flight_ = 0;
+
+  std::unique_ptr<Done> put_done_, data_done_, grant_done_, hello_done_, abort_done_;
+  wire::AmHeader hello_header_, grant_header_;
+  bool hello_pending_ = false;
+  absl::Status hello_status_;
+  int grants_in_flight_ = 0;
+  struct AbortMessage {
+    wire::AmHeader header;
+    std::string reason;
+  };
+  std::deque<AbortMessage> aborts_;  // Kept until the link goes: sends are not awaited.
+  uint32_t run_base_ = 0;
+  std::vector<wire::DataHeader> data_headers_;  // By run - run_base_.
+  std::list<std::unique_ptr<Batch>> batches_;
+  Batch* open_ = nullptr;
+};
+
+}  // namespace reshard::net

@@ -1,0 +1,96 @@
+#include "src/net/registered_memory.h"
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "src/common/status.h"
+#include "src/cuda/runtime.h"
+
+namespace reshard::net {
+
+using common::MemoryKind;
+
+std::string KeyField(uint32_t id) { return absl::StrCat("key.", id); }
+std::string BaseField(uint32_t id) { return absl::StrCat("base.", id); }
+
+absl::StatusOr<std::unique_ptr<RegisteredMemory>> RegisteredMemory::Create(
+    const plan::Plan& plan, int32_t rank, Runtime& runtime,
+    std::vector<common::BufferView> buffers, int64_t send_scratch_bytes, int64_t landing_bytes) {
+  std::unique_ptr<RegisteredMemory> m(new RegisteredMemory());
+  const ucx::Context& context = runtime.context();
+  m->buffers_ = std::move(buffers);
+  const size_t n = m->buffers_.size();
+  m->data_.assign(n, nullptr);
+  m->staging_.assign(n, nullptr);
+  m->writable_.assign(n, false);
+  m->regions_.resize(n);
+  for (size_t b = 0; b < n; ++b) {
+    const common::BufferView& buf = m->buffers_[b];
+    m->data_[b] = static_cast<uint8_t*>(buf.data);
+    if (buf.bytes == 0) continue;
+    ucs_memory_type_t type = UCS_MEMORY_TYPE_HOST;
+    if (buf.kind == MemoryKind::kCuda) {
+      if (runtime.supports_cuda_memory()) {
+        type = UCS_MEMORY_TYPE_CUDA;
+      } else {
+        std::string why;
+        if (cuda::CudaDeviceCount(&why) == 0) {
+          return absl::FailedPreconditionError(absl::StrFormat(
+              "buffer \"%s\" on rank %d is CUDA memory but no CUDA device is usable: %s",
+              plan.buffers()[b].name, rank, why));
+        }
+        // UCX without CUDA memory (Debian's): stage through pinned host memory.
+        RESHARD_ASSIGN_OR_RETURN(m->staging_[b], cuda::AllocPinned(static_cast<size_t>(buf.bytes)));
+        m->data_[b] = static_cast<uint8_t*>(m->staging_[b]);
+      }
+    }
+    RESHARD_ASSIGN_OR_RETURN(
+        m->regions_[b],
+        ucx::MemoryRegion::Map(context, m->data_[b], static_cast<size_t>(buf.bytes), type));
+    m->writable_[b] = plan.buffers()[b].side != plan::Side::kSrc;
+  }
+  if (send_scratch_bytes > 0) {
+    m->send_scratch_.assign(static_cast<size_t>(send_scratch_bytes), 0);
+    RESHARD_ASSIGN_OR_RETURN(m->send_scratch_region_,
+                             ucx::MemoryRegion::Map(context, m->send_scratch_.data(),
+                                                    m->send_scratch_.size(), UCS_MEMORY_TYPE_HOST));
+  }
+  if (landing_bytes > 0) {
+    m->landing_.assign(static_cast<size_t>(landing_bytes), 0);
+    RESHARD_ASSIGN_OR_RETURN(m->landing_region_,
+                             ucx::MemoryRegion::Map(context, m->landing_.data(),
+                                                    m->landing_.size(), UCS_MEMORY_TYPE_HOST));
+  }
+  return m;
+}
+
+RegisteredMemory::~RegisteredMemory() {
+  regions_.clear();
+  send_scratch_region_.reset();
+  landing_region_.reset();
+  for (void* p : staging_) cuda::FreePinned(p);
+}
+
+absl::Status RegisteredMemory::AddRemoteKeys(rendezvous::Record* record) const {
+  auto add = [&](uint32_t id, const ucx::MemoryRegion& region) -> absl::Status {
+    RESHARD_ASSIGN_OR_RETURN((*record)[KeyField(id)], region.PackRkey());
+    (*record)[BaseField(id)] = absl::StrCat(reinterpret_cast<uintptr_t>(region.address()));
+    return absl::OkStatus();
+  };
+  for (uint32_t b = 0; b < buffers_.size(); ++b) {
+    if (writable_[b] && regions_[b] != nullptr) RESHARD_RETURN_IF_ERROR(add(b, *regions_[b]));
+  }
+  if (landing_region_ != nullptr) RESHARD_RETURN_IF_ERROR(add(landing_id(), *landing_region_));
+  return absl::OkStatus();
+}
+
+absl::Status RegisteredMemory::StageSources(const plan::Plan& plan) const {
+  for (uint32_t b = 0; b < buffers_.size(); ++b) {
+    if (staged(b) && plan.buffers()[b].side == plan::Side::kSrc) {
+      RESHARD_RETURN_IF_ERROR(cuda::CudaCopy(staging_[b], buffers_[b].data,
+                                             static_cast<size_t>(buffers_[b].bytes)));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace reshard::net

@@ -1,0 +1,79 @@
+// The memory one refit handle moves bytes from and to, registered once at Create: the caller's
+// buffers (or, for CUDA memory UCX cannot register, pinned host staging buffers of the same
+// size), the send scratch that packed streams are gathered into, and the landing area packed
+// streams are put into (put delivery). It publishes the remote keys of what peers write into
+// as fields of this rank's wire-up record: `key.<id>` (the packed key) and `base.<id>` (the
+// address), for each destination or staging buffer id and for landing_id() (= number of plan
+// buffers).
+//
+// Thread-compatible. Regions are released before the staging memory they map.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "src/common/memory.h"
+#include "src/net/runtime.h"
+#include "src/net/ucx/memory.h"
+#include "src/plan/plan.h"
+#include "src/rendezvous/record.h"
+
+namespace reshard::net {
+
+class RegisteredMemory {
+ public:
+  // Registers `buffers` (validated by the caller against the plan), and scratch areas of the
+  // given sizes (0: none). FailedPrecondition for CUDA memory without a usable device.
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<RegisteredMemory>> Create(
+      const plan::Plan& plan, int32_t rank, Runtime& runtime,
+      std::vector<common::BufferView> buffers, int64_t send_scratch_bytes, int64_t landing_bytes);
+  ~RegisteredMemory();
+  RegisteredMemory(const RegisteredMemory&) = delete;
+  RegisteredMemory& operator=(const RegisteredMemory&) = delete;
+
+  size_t size() const { return buffers_.size(); }
+  const common::BufferView& buffer(uint32_t id) const { return buffers_[id]; }
+  // Where the engine reads and writes buffer `id`: the staging copy or the caller's memory.
+  uint8_t* data(uint32_t id) const { return data_[id]; }
+  ucp_mem_h memh(uint32_t id) const { return regions_[id] ? regions_[id]->get() : nullptr; }
+  // Staged through pinned host memory (CUDA memory, UCX without CUDA support).
+  bool staged(uint32_t id) const { return staging_[id] != nullptr; }
+  // CUDA memory the engine touches directly (registered by a CUDA-enabled UCX).
+  bool device(uint32_t id) const {
+    return buffers_[id].kind == common::MemoryKind::kCuda && !staged(id);
+  }
+  uint8_t* send_scratch() { return send_scratch_.data(); }
+  ucp_mem_h send_scratch_memh() const {
+    return send_scratch_region_ ? send_scratch_region_->get() : nullptr;
+  }
+  uint8_t* landing() { return landing_.data(); }
+  uint32_t landing_id() const { return static_cast<uint32_t>(buffers_.size()); }
+
+  // Adds the `key.<id>` / `base.<id>` fields of this rank's writable memory to `record`.
+  [[nodiscard]] absl::Status AddRemoteKeys(rendezvous::Record* record) const;
+  // Copies staged source buffers device -> host (before an epoch's first send).
+  [[nodiscard]] absl::Status StageSources(const plan::Plan& plan) const;
+
+ private:
+  RegisteredMemory() = default;
+
+  std::vector<common::BufferView> buffers_;
+  std::vector<uint8_t*> data_;
+  std::vector<void*> staging_;  // Pinned, freed in the destructor after the regions.
+  std::vector<bool> writable_;  // Peers write into it (destination and staging buffers).
+  std::vector<std::unique_ptr<ucx::MemoryRegion>> regions_;
+  std::vector<uint8_t> send_scratch_;
+  std::unique_ptr<ucx::MemoryRegion> send_scratch_region_;
+  std::vector<uint8_t> landing_;
+  std::unique_ptr<ucx::MemoryRegion> landing_region_;
+};
+
+// The field names of RegisteredMemory's remote keys.
+std::string KeyField(uint32_t id);
+std::string BaseField(uint32_t id);
+
+}  // namespace reshard::net

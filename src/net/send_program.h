@@ -1,0 +1,88 @@
+// The send program: what one rank moves in every epoch, as a pure function of the plan.
+//
+// For (plan, rank, options) it lists, per peer, the descriptors of the transfers this rank
+// executes as the sender (network, engine-run fan-out and local copies), each with its runs as
+// (local offset, remote offset, bytes) relative to plan buffer ids (never raw addresses, so the
+// program is built, compared and tested without UCX), and the receiving side: which transfers
+// land here, how many from each peer, and where packed streams land. Both ends of a packed
+// transfer compute its landing-area offset with the same function (LandingOffsets), so they
+// agree without exchanging it.
+//
+// Packed transfers (strided regions whose runs are shorter than pack_below_run_bytes) travel as
+// one contiguous stream: the sender gathers the runs into its send scratch at send_offset, and
+// the stream's runs are (offset in the send scratch, offset in the stream, bytes). For the other
+// transfers a run is (offset in buffer from_buffer, offset in the receiver's buffer to_buffer,
+// bytes). With chunk_bytes > 0 (active-message delivery) network runs are cut into pieces of
+// at most that many bytes.
+//
+// Thread-compatible; immutable once built.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "src/plan/dependencies.h"
+#include "src/plan/plan.h"
+
+namespace reshard::net {
+
+struct SendProgramOptions {
+  bool execute_fanout = true;         // kFanout transfers are executed by the engine.
+  int64_t pack_below_run_bytes = 0;   // 0: never pack.
+  int64_t chunk_bytes = 0;            // 0: network runs are not cut.
+};
+
+struct SendRun {
+  int64_t local_offset = 0;
+  int64_t remote_offset = 0;
+  int64_t bytes = 0;
+};
+
+struct SendDesc {
+  uint32_t transfer = 0;
+  int32_t peer = 0;  // The receiver; this rank for local copies.
+  uint32_t from_buffer = 0;
+  uint32_t to_buffer = 0;
+  int64_t bytes = 0;
+  uint32_t run_begin = 0, run_end = 0;  // Into SendProgram::runs.
+  bool packed = false;
+  int64_t send_offset = 0;     // Packed: the stream's offset in this rank's send scratch.
+  int64_t landing_offset = 0;  // Packed: the stream's offset in the receiver's landing area.
+};
+
+struct SendProgram {
+  int32_t rank = 0;
+  // Grouped by peer (ascending), plan order within a peer.
+  std::vector<SendDesc> descs;
+  std::vector<SendRun> runs;
+  // By rank: descs [peer_begin[r], peer_begin[r + 1]) go to rank r (r == rank: local copies).
+  std::vector<uint32_t> peer_begin;
+  // Items are indices into descs (the plan's `after`, read once for net and fan-out).
+  plan::DependencyIndex dependencies;
+  int64_t send_scratch_bytes = 0;
+
+  // Receiving side.
+  std::vector<uint32_t> received;     // Executed transfers landing here, in plan order.
+  std::vector<int64_t> expected_from;  // By rank: pieces per epoch (other ranks only).
+  std::vector<int64_t> landing_offset;  // By transfer: offset in the landing area, or -1.
+  int64_t landing_bytes = 0;
+
+  // Ranks this rank exchanges network traffic with, ascending.
+  std::vector<int32_t> peers;
+  bool sends_to(int32_t r) const { return peer_begin[r + 1] > peer_begin[r] && r != rank; }
+  bool receives_from(int32_t r) const { return expected_from[r] > 0; }
+};
+
+// Whether the engine executes `t` at all.
+bool Executes(const plan::Transfer& t, const SendProgramOptions& options);
+// Whether `t` travels as a packed stream.
+bool IsPacked(const plan::Plan& plan, const plan::Transfer& t, const SendProgramOptions& options);
+// The landing area of `rank`: by transfer index, the offset of each packed stream landing there
+// (in plan order), or -1; `*bytes` receives its size.
+std::vector<int64_t> LandingOffsets(const plan::Plan& plan, int32_t rank,
+                                    const SendProgramOptions& options, int64_t* bytes);
+
+SendProgram BuildSendProgram(const plan::Plan& plan, int32_t rank,
+                             const SendProgramOptions& options);
+
+}  // namespace reshard::net

@@ -1,0 +1,52 @@
+// The refit engine's wire format: active message ids, headers and limits, and the checks every
+// incoming message passes before the engine acts on it.
+//
+// Every message starts with an AmHeader naming the receiving handle (several handles, and in
+// tests several ranks, share one worker through net::Runtime). Headers are sent as raw bytes
+// between processes of one build: same layout, same endianness.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace reshard::net::wire {
+
+// Active message ids.
+constexpr unsigned kGrantAm = 11;  // destination -> source: "you may write epoch E".
+constexpr unsigned kDoneAm = 12;   // source -> destination: "pieces [..] of epoch E landed".
+constexpr unsigned kAbortAm = 13;  // any -> peers: "my epoch E failed: <reason>".
+constexpr unsigned kDataAm = 14;   // source -> destination: one run of a piece (AM delivery).
+constexpr unsigned kHelloAm = 15;  // peer -> peer, once in Create: "my endpoint to you works".
+constexpr uint32_t kMagic = 0x52534844;  // "RSHD"
+
+// Piece indices per completion message, small enough to stay eager on every transport.
+constexpr size_t kMaxIndicesPerSignal = 256;
+// Largest active message carrying data (AM delivery): long runs are cut into chunks so the
+// receiver copies one while the next is on the wire.
+constexpr int64_t kAmChunkBytes = int64_t{256} << 10;
+
+struct AmHeader {
+  uint32_t magic = kMagic;
+  int32_t from_rank = 0;
+  uint64_t handle = 0;
+  uint64_t epoch = 0;
+};
+
+struct DataHeader {
+  AmHeader base;
+  uint32_t transfer = 0;
+  uint32_t packed = 0;     // 1: to_offset is an offset in the transfer's packed stream.
+  uint64_t to_offset = 0;  // Otherwise bytes from the start of the receiving buffer.
+};
+
+// [offset, offset + length) lies inside [0, size), written so that nothing wraps.
+constexpr bool InBounds(uint64_t offset, uint64_t length, uint64_t size) {
+  return length <= size && offset <= size - length;
+}
+
+// A header that is ours (magic) and addressed to a rank of a world of `world_size`.
+inline bool WellFormed(const AmHeader& h, int32_t world_size) {
+  return h.magic == kMagic && h.from_rank >= 0 && h.from_rank < world_size;
+}
+
+}  // namespace reshard::net::wire

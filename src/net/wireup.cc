@@ -1,0 +1,85 @@
+#include "src/net/wireup.h"
+
+#include "absl/strings/str_cat.h"
+#include "src/common/idle.h"
+#include "src/common/status.h"
+#include "src/rendezvous/record.h"
+
+namespace reshard::net {
+
+std::vector<int32_t> PeerRanks(const std::vector<std::unique_ptr<PeerLink>>& links) {
+  std::vector<int32_t> ranks;
+  for (size_t r = 0; r < links.size(); ++r) {
+    if (links[r] != nullptr) ranks.push_back(static_cast<int32_t>(r));
+  }
+  return ranks;
+}
+
+absl::Status Connect(rendezvous::Store& store, const std::string& prefix, int32_t rank,
+                     Runtime& runtime, const RegisteredMemory& memory,
+                     std::vector<std::unique_ptr<PeerLink>>& links, absl::Time deadline) {
+  rendezvous::Record mine;
+  mine["address"] = runtime.worker().address();
+  RESHARD_RETURN_IF_ERROR(memory.AddRemoteKeys(&mine));
+  RESHARD_RETURN_IF_ERROR(rendezvous::PublishRecord(store, prefix, "wireup", rank, mine));
+  for (const std::unique_ptr<PeerLink>& link : links) {
+    if (link == nullptr) continue;
+    RESHARD_ASSIGN_OR_RETURN(
+        rendezvous::Record theirs,
+        rendezvous::FetchRecord(store, prefix, "wireup", link->peer(), deadline));
+    RESHARD_ASSIGN_OR_RETURN(std::string address,
+                             rendezvous::Field(theirs, "address", link->peer()));
+    RESHARD_RETURN_IF_ERROR(link->Connect(address, runtime.peer_error_handling()));
+    // Every plan buffer id, plus the landing area of packed streams.
+    RESHARD_RETURN_IF_ERROR(
+        link->LoadRemoteKeys(link->sends_to ? theirs : rendezvous::Record{}, memory.landing_id() + 1));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Handshake(rendezvous::Store& store, const std::string& prefix, int32_t rank,
+                       Runtime& runtime, std::vector<std::unique_ptr<PeerLink>>& links,
+                       absl::Time deadline) {
+  for (const std::unique_ptr<PeerLink>& link : links) {
+    if (link != nullptr) RESHARD_RETURN_IF_ERROR(link->SendHello());
+  }
+  auto peer_error = [&](const PeerLink& link) -> absl::Status {
+    if (!link.error().ok()) {
+      return absl::UnavailableError(absl::StrCat("rank ", rank, ": wiring up with rank ",
+                                                 link.peer(), ": ", link.error().message()));
+    }
+    if (link.aborted) return absl::UnavailableError(link.abort_reason);
+    return link.hello_status();
+  };
+  IdlePolicy idle;
+  while (true) {
+    const bool progressed = runtime.worker().Progress() > 0;
+    int32_t missing = -1;
+    for (const std::unique_ptr<PeerLink>& link : links) {
+      if (link == nullptr) continue;
+      RESHARD_RETURN_IF_ERROR(peer_error(*link));
+      if ((!link->hello_received || link->hello_pending()) && missing < 0) missing = link->peer();
+    }
+    if (missing < 0) break;
+    if (absl::Now() >= deadline) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "rank ", rank, ": wiring up with rank ", missing, " did not finish before the deadline"));
+    }
+    idle.Round(progressed);
+  }
+  return rendezvous::Barrier(
+      store, absl::StrCat(prefix, "/wired"), rank, PeerRanks(links), deadline,
+      [&]() -> absl::Status {
+        for (int i = 0; i < 64; ++i) runtime.worker().Progress();
+        for (const std::unique_ptr<PeerLink>& link : links) {
+          if (link != nullptr && !link->error().ok()) {
+            return absl::UnavailableError(absl::StrCat("rank ", rank, ": waiting for rank ",
+                                                       link->peer(), " to finish wiring up: ",
+                                                       link->error().message()));
+          }
+        }
+        return absl::OkStatus();
+      });
+}
+
+}  // namespace reshard::net

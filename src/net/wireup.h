@@ -1,0 +1,50 @@
+// Wire-up of a refit handle's peer links (Create's last steps).
+//
+// 1. Connect: every rank publishes ONE record `<prefix>/wireup/<rank>` with its worker address
+//    (`address`) and the remote keys of what peers write into (RegisteredMemory's `key.<id>` /
+//    `base.<id>` fields), fetches each peer's, creates the endpoints and unpacks the keys of the
+//    peers it sends to.
+// 2. Handshake. Why: UCX wire-up is not finished when ucp_ep_create returns. An endpoint's first
+//    messages (and, on connect-to-endpoint transports such as tcp, the connection itself) need
+//    the peer to progress its worker, and UCX 1.13's shared-memory transports map the peer's
+//    segments and exchange wire-up messages through its FIFO. A rank that left Create while
+//    peers were still creating endpoints to it, then stopped progressing (blocked on a store
+//    barrier, or a trainer computing for seconds), left those peers half wired. So:
+//    a. one eager hello message to every peer, waiting (progressing) until every peer's hello
+//       arrived here and ours completed: both directions of every endpoint carry traffic;
+//    b. rendezvous::Barrier among the peers (`<prefix>/wired`), progressing the worker and
+//       checking the endpoints while waiting, so no rank returns before its peers did step a.
+// Both are bounded by the deadline; a lost peer fails them with Unavailable (endpoints with peer
+// error handling) or DeadlineExceeded, naming the peer.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "src/net/peer_link.h"
+#include "src/net/registered_memory.h"
+#include "src/net/runtime.h"
+#include "src/rendezvous/store.h"
+
+namespace reshard::net {
+
+// `links` is indexed by rank (null for ranks that are not peers); each link's `sends_to` says
+// whether its remote keys are needed.
+[[nodiscard]] absl::Status Connect(rendezvous::Store& store, const std::string& prefix,
+                                   int32_t rank, Runtime& runtime, const RegisteredMemory& memory,
+                                   std::vector<std::unique_ptr<PeerLink>>& links,
+                                   absl::Time deadline);
+
+[[nodiscard]] absl::Status Handshake(rendezvous::Store& store, const std::string& prefix,
+                                     int32_t rank, Runtime& runtime,
+                                     std::vector<std::unique_ptr<PeerLink>>& links,
+                                     absl::Time deadline);
+
+// The ranks of `links` that are peers.
+std::vector<int32_t> PeerRanks(const std::vector<std::unique_ptr<PeerLink>>& links);
+
+}  // namespace reshard::net
