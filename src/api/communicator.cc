@@ -131,7 +131,7 @@ absl::StatusOr<Communicator> Communicator::Connect(const std::string& store_addr
   if (token.empty()) {
     return absl::InvalidArgumentError("the store token is empty (RESHARD_STORE_TOKEN)");
   }
-  RESHARD_ASSIGN_OR_RETURN(auto host_port, net::ParseHostPort(store_address));
+  RESHARD_ASSIGN_OR_RETURN(auto host_port, rendezvous::ParseHostPort(store_address));
   auto impl = std::make_shared<TcpImpl>();
   impl->rank = rank;
   impl->world_size = world_size;

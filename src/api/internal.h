@@ -7,8 +7,13 @@
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "reshard/communicator.h"
+#include "reshard/refit.h"
 #include "reshard/spec.h"
+#include "src/common/memory.h"
+#include "src/net/runtime.h"
 #include "src/rendezvous/store.h"
 #include "src/plan/plan.h"
 #include "src/plan/spec.h"
@@ -25,12 +30,30 @@ class Communicator::Impl {
   // Next default handle name ("h<N>").
   int64_t NextHandleNumber() { return next_handle_.fetch_add(1); }
   virtual rendezvous::Store& store() = 0;
+  // The UCX runtime (context, worker, active-message routing) every handle of this
+  // communicator shares, created with the first handle.
+  absl::StatusOr<std::shared_ptr<net::Runtime>> Runtime() ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
+    if (runtime_ == nullptr) {
+      absl::StatusOr<std::shared_ptr<net::Runtime>> created = net::Runtime::Create();
+      if (!created.ok()) return created.status();
+      runtime_ = *std::move(created);
+    }
+    return runtime_;
+  }
 
  private:
   std::atomic<int64_t> next_handle_{0};
+  absl::Mutex mu_;
+  std::shared_ptr<net::Runtime> runtime_ ABSL_GUARDED_BY(mu_);
 };
 
 namespace internal {
+
+// The public memory kind below the API (same values, converted once here).
+inline common::MemoryKind ToCommon(MemoryKind kind) {
+  return kind == MemoryKind::kCuda ? common::MemoryKind::kCuda : common::MemoryKind::kHost;
+}
 
 plan::RefitSpec ToPlanSpec(const RefitSpec& spec);
 

@@ -11,8 +11,8 @@
 #include "absl/strings/str_join.h"
 #include "src/api/internal.h"
 #include "src/common/status.h"
+#include "src/api/refit_session.h"
 #include "src/net/refit_engine.h"
-#include "src/nvlink/fanout.h"
 #include "src/plan/plan.h"
 #include "src/plan/schedule.h"
 
@@ -67,13 +67,12 @@ class RefitHandle::Impl {
   std::string name;
   int rank = 0;
   uint64_t fingerprint = 0;
-  std::unique_ptr<plan::Plan> plan;  // Null for a rank the spec does not name.
-  std::vector<uint8_t> staging;      // This rank's staging buffer (schedule-owned).
-  std::unique_ptr<net::RefitEngine> engine;
-  // Copies landed pieces to the other ranks of this rank's domain (null: no fan-out here).
-  std::unique_ptr<nvlink::Fanout> fanout;
+  std::vector<uint8_t> staging;  // This rank's staging buffer (schedule-owned).
+  // Null for a rank the spec does not name (nothing to send or receive).
+  std::unique_ptr<internal::RefitSession> session;
 
   uint64_t epoch = 0;
+  uint64_t barriers = 0;
   bool in_flight = false;
   bool failed = false;
   absl::Status failure;
@@ -82,12 +81,11 @@ class RefitHandle::Impl {
   Stats stats;
 
   ~Impl() {
-    if (engine != nullptr && !failed && !in_flight) {
+    if (session != nullptr && !failed && !in_flight) {
       // Orderly close so peers still finishing see no lost endpoint; errors do not matter here.
-      (void)engine->Shutdown(absl::Now() + std::min(comm->timeout, absl::Seconds(10)));
+      (void)session->Shutdown(absl::Now() + std::min(comm->timeout, absl::Seconds(10)));
     }
-    fanout.reset();
-    engine.reset();
+    session.reset();
   }
 
   std::string Who() const { return absl::StrCat("refit handle \"", name, "\" on rank ", rank); }
@@ -96,12 +94,12 @@ class RefitHandle::Impl {
 namespace {
 
 // Matches the caller's buffers with the plan's, by side and name.
-absl::StatusOr<std::vector<net::LocalBuffer>> MatchBuffers(const plan::Plan& plan, int32_t rank,
+absl::StatusOr<std::vector<common::BufferView>> MatchBuffers(const plan::Plan& plan, int32_t rank,
                                                            const LocalBuffers& given,
                                                            const HandleOptions& options,
                                                            std::vector<uint8_t>& staging) {
   const std::vector<int64_t> required = plan.BufferBytes(rank);
-  std::vector<net::LocalBuffer> out(plan.buffers().size());
+  std::vector<common::BufferView> out(plan.buffers().size());
   for (Side side : {Side::kSource, Side::kDestination}) {
     const plan::Side ps = side == Side::kSource ? plan::Side::kSrc : plan::Side::kDst;
     absl::flat_hash_map<std::string, uint32_t> ids;
@@ -143,9 +141,7 @@ absl::StatusOr<std::vector<net::LocalBuffer>> MatchBuffers(const plan::Plan& pla
             "\" has ", buf.bytes, " bytes, expected ", want,
             buf.bytes > want ? " (set HandleOptions::allow_larger_buffers to accept more)" : ""));
       }
-      out[b] = net::LocalBuffer{
-          buf.data, buf.bytes,
-          buf.kind == MemoryKind::kCuda ? net::MemoryKind::kCuda : net::MemoryKind::kHost};
+      out[b] = common::BufferView{buf.data, buf.bytes, internal::ToCommon(buf.kind)};
     }
     for (uint32_t b = 0; b < plan.buffers().size(); ++b) {
       if (plan.buffers()[b].side != ps || required[b] == 0 || out[b].data != nullptr) continue;
@@ -165,7 +161,7 @@ absl::StatusOr<std::vector<net::LocalBuffer>> MatchBuffers(const plan::Plan& pla
     const int64_t bytes = plan.stage_bytes(rank);
     staging.assign(static_cast<size_t>(bytes), 0);
     out[plan.stage_buffer()] =
-        net::LocalBuffer{bytes > 0 ? staging.data() : nullptr, bytes, net::MemoryKind::kHost};
+        common::BufferView{bytes > 0 ? staging.data() : nullptr, bytes, common::MemoryKind::kHost};
   }
   return out;
 }
@@ -230,57 +226,24 @@ absl::StatusOr<RefitHandle> RefitHandle::Create(const Communicator& comm, const 
     }
     return RefitHandle(std::move(impl));
   }
-  RESHARD_ASSIGN_OR_RETURN(std::vector<net::LocalBuffer> local,
+  RESHARD_ASSIGN_OR_RETURN(std::vector<common::BufferView> local,
                            MatchBuffers(plan, impl->rank, buffers, options, impl->staging));
   PlannedBytes(plan, impl->rank, impl->stats);
-  impl->plan = std::make_unique<plan::Plan>(std::move(plan));
-  net::RefitEngineOptions eopts;
-  // The fan-out choice is part of the key prefix: ranks that chose differently never meet.
-  const bool layer = options.fanout == Fanout::kAuto;
-  eopts.key_prefix = absl::StrCat("reshard/", impl->name, layer ? "" : "/engine-fanout");
-  eopts.setup_timeout = options.setup_timeout;
-  if (!layer && impl->plan->stats().bytes_fanout > 0) impl->stats.fanout = "engine";
-  // Intra-domain fan-out (src/nvlink): when the plan has fan-out copies the engine runs only the
-  // network stage and the ranks of each domain copy landed pieces to each other (every rank
-  // decides the same way from the same plan).
-  if (layer && impl->plan->stats().bytes_fanout > 0) {
-    eopts.execute_fanout = false;
-    const plan::DomainMap domains(impl->plan->spec());
-    const int32_t d = domains.domain_of(impl->rank);
-    std::vector<int32_t> domain = d >= 0 ? domains.ranks(d) : std::vector<int32_t>{impl->rank};
-    nvlink::FanoutTable table = nvlink::FanoutTable::FromPlan(*impl->plan, domain);
-    bool mine = false;
-    for (const nvlink::FanoutEdge& e : table.edges) {
-      mine = mine || e.from_rank == impl->rank || e.to_rank == impl->rank;
-    }
-    if (mine) {
-      std::vector<nvlink::LocalBuffer> fb(local.size());
-      for (size_t b = 0; b < local.size(); ++b) {
-        fb[b] = {local[b].data, local[b].bytes,
-                 local[b].kind == net::MemoryKind::kCuda ? nvlink::MemoryKind::kCuda
-                                                         : nvlink::MemoryKind::kHost};
-      }
-      nvlink::FanoutOptions fo;
-      fo.key_prefix = absl::StrCat("reshard/", impl->name, "/fanout");
-      fo.setup_timeout = options.setup_timeout;
-      absl::StatusOr<std::unique_ptr<nvlink::Fanout>> fanout = nvlink::Fanout::Create(
-          std::move(table), impl->rank, std::move(domain), impl->comm->store(), std::move(fb), fo);
-      if (!fanout.ok()) {
-        return absl::Status(
-            fanout.status().code(),
-            absl::StrCat(impl->Who(), ": fan-out set-up failed: ", fanout.status().message()));
-      }
-      impl->fanout = std::move(fanout).value();
-      impl->stats.fanout = impl->fanout->backend_name();
-    }
+  RESHARD_ASSIGN_OR_RETURN(std::shared_ptr<net::Runtime> runtime, impl->comm->Runtime());
+  internal::SessionConfig config;
+  config.key_prefix = absl::StrCat("reshard/", impl->name);
+  config.setup_timeout = options.setup_timeout;
+  config.fanout_layer = options.fanout == Fanout::kAuto;
+  absl::StatusOr<std::unique_ptr<internal::RefitSession>> session =
+      internal::RefitSession::Create(std::make_shared<const plan::Plan>(std::move(plan)),
+                                     impl->rank, impl->comm->store(), std::move(runtime),
+                                     std::move(local), config);
+  if (!session.ok()) {
+    return absl::Status(session.status().code(),
+                        absl::StrCat(impl->Who(), ": set-up failed: ", session.status().message()));
   }
-  absl::StatusOr<std::unique_ptr<net::RefitEngine>> engine = net::RefitEngine::Create(
-      *impl->plan, impl->rank, impl->comm->store(), std::move(local), eopts);
-  if (!engine.ok()) {
-    return absl::Status(engine.status().code(),
-                        absl::StrCat(impl->Who(), ": set-up failed: ", engine.status().message()));
-  }
-  impl->engine = std::move(engine).value();
+  impl->session = *std::move(session);
+  impl->stats.fanout = impl->session->fanout_name();
   return RefitHandle(std::move(impl));
 }
 
@@ -304,9 +267,8 @@ absl::Status RefitHandle::Start() {
   h.in_flight = true;
   h.started = absl::Now();
   h.registrations_at_start = net::RegistrationCount();
-  if (h.engine == nullptr) return absl::OkStatus();
-  absl::Status st = h.fanout != nullptr ? h.fanout->Start(h.epoch) : absl::OkStatus();
-  if (st.ok()) st = h.engine->Start(h.epoch);
+  if (h.session == nullptr) return absl::OkStatus();
+  absl::Status st = h.session->Start(h.epoch);
   h.stats.start_seconds = absl::ToDoubleSeconds(absl::Now() - h.started);
   if (!st.ok()) {
     h.in_flight = false;
@@ -324,26 +286,7 @@ absl::Status RefitHandle::Wait(absl::Time deadline) {
         absl::StrCat(h.Who(), ": Wait() without a refit in flight; call Start() first"));
   }
   const absl::Time wait_start = absl::Now();
-  absl::Status st;
-  if (h.fanout != nullptr) {
-    // Forward each piece as soon as the engine reports it landed, while later pieces are still
-    // on the network.
-    // One more pass after the engine finished drains the last landings (an epoch of local
-    // copies only may finish inside Start()).
-    std::vector<uint32_t> landed;
-    bool more = true;
-    while (st.ok() && more && absl::Now() < deadline) {
-      more = h.engine->in_epoch();
-      landed.clear();
-      st = h.engine->Progress(&landed);
-      for (size_t k = 0; k < landed.size() && st.ok(); ++k)
-        st = h.fanout->Landed(landed[k], h.epoch);
-      if (st.ok()) st = h.fanout->Poll(h.epoch).status();
-    }
-    if (st.ok() && !h.engine->in_epoch()) h.fanout->NetworkDone(h.epoch);
-  }
-  if (st.ok() && h.engine != nullptr) st = h.engine->Wait(deadline);
-  if (st.ok() && h.fanout != nullptr) st = h.fanout->Wait(h.epoch, deadline);
+  absl::Status st = h.session != nullptr ? h.session->Wait(h.epoch, deadline) : absl::OkStatus();
   const absl::Time end = absl::Now();
   h.in_flight = false;
   Stats& s = h.stats;
@@ -352,25 +295,7 @@ absl::Status RefitHandle::Wait(absl::Time deadline) {
   s.total_seconds = absl::ToDoubleSeconds(end - h.started);
   s.registrations_total = net::RegistrationCount();
   s.registrations_this_refit = s.registrations_total - h.registrations_at_start;
-  if (h.engine != nullptr) {
-    const net::RefitStats& e = h.engine->last_stats();
-    s.bytes_network_sent = e.bytes_network_sent;
-    s.bytes_network_received = e.bytes_network_received;
-    s.bytes_local = e.bytes_local;
-    s.pieces_received = e.pieces_received;
-    if (h.fanout != nullptr) {
-      const nvlink::FanoutStats& f = h.fanout->stats();
-      s.pieces_received += f.arrivals;
-      s.bytes_fanout_sent = f.bytes_sent;
-      s.bytes_fanout_received = f.bytes_received;
-      s.fanout_busy_seconds = f.busy_seconds;
-      s.fanout_hidden_fraction = f.hidden_fraction;
-      s.fanout_domain_hidden_fraction = f.domain_hidden_fraction;
-    }
-    s.puts = e.puts;
-    s.signals = e.signals;
-    s.transports = h.engine->Transports();
-  }
+  if (h.session != nullptr) h.session->FillStats(s);
   if (!st.ok()) {
     h.failed = true;
     h.failure = st;
@@ -384,9 +309,29 @@ absl::Status RefitHandle::Execute(absl::Time deadline) {
   return Wait(deadline);
 }
 
+absl::Status RefitHandle::Barrier(absl::Time deadline) {
+  Impl& h = *impl_;
+  if (h.in_flight) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(h.Who(), ": Barrier() while refit ", h.epoch, " is in flight"));
+  }
+  ++h.barriers;
+  if (h.session == nullptr) return absl::OkStatus();
+  absl::Status st = h.session->Barrier(h.barriers, deadline);
+  if (!st.ok()) {
+    // A peer is gone or late: refits would fail the same way, and the orderly shutdown at
+    // destruction must not wait for it.
+    h.failed = true;
+    h.failure = st;
+    return absl::Status(st.code(), absl::StrCat(h.Who(), ": barrier ", h.barriers, ": ",
+                                                st.message()));
+  }
+  return absl::OkStatus();
+}
+
 void RefitHandle::Reset() {
   Impl& h = *impl_;
-  if (h.engine != nullptr) h.engine->Reset();
+  if (h.session != nullptr) h.session->Reset();
   h.failed = false;
   h.in_flight = false;
   h.failure = absl::OkStatus();

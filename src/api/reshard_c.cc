@@ -198,6 +198,7 @@ reshard_status_t reshard_handle_stats(const reshard_handle_t* handle, reshard_st
   out->start_seconds = s.start_seconds;
   out->wait_seconds = s.wait_seconds;
   out->total_seconds = s.total_seconds;
+  out->data_messages = s.data_messages;
   return RESHARD_OK;
 }
 

@@ -1,10 +1,10 @@
 #include "src/nvlink/fanout.h"
 
 #include <algorithm>
-#include <thread>
 
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "src/common/idle.h"
 #include "src/common/status.h"
 #include "src/nvlink/cuda_ipc/factory.h"
 #include "src/rendezvous/record.h"
@@ -197,10 +197,10 @@ Fanout::Fanout(std::unique_ptr<FanoutTable> table, int32_t rank,
     if (e.from_rank == rank_) {
       outgoing_.push_back(i);
       by_transfer_.push_back({e.transfer, i});
-      if (e.after >= 0) by_after_.push_back({static_cast<uint32_t>(e.after), i});
+      after_.Add(e.after, i);
     }
   }
-  std::sort(by_after_.begin(), by_after_.end());
+  after_.Finish();
   std::sort(by_transfer_.begin(), by_transfer_.end());
   for (const FanoutEdge& e : table_->edges) {
     if (e.from_rank == rank_) peers_.push_back(e.to_rank);
@@ -242,11 +242,10 @@ absl::Status Fanout::Start(uint64_t epoch) {
   stats_final_ = false;
   stats_ = FanoutStats{};
   epoch_start_ = network_end_ = absl::Now();
+  next_peer_check_ = epoch_start_ + kPeerCheckInterval;
   // Edges with no dependency can go as soon as the peers grant.
   RESHARD_RETURN_IF_ERROR(backend_->Grant(epoch));
-  for (uint32_t i : outgoing_) {
-    if (table_->edges[i].after < 0) waiting_grant_.push_back(i);
-  }
+  for (uint32_t i : after_.initial()) waiting_grant_.push_back(i);
   return Pump(epoch);
 }
 
@@ -257,10 +256,8 @@ absl::Status Fanout::Landed(uint32_t transfer, uint64_t epoch) {
                         rank_, transfer, epoch, epoch_));
   }
   if (!Handles(transfer)) network_end_ = absl::Now();
-  auto it =
-      std::lower_bound(by_after_.begin(), by_after_.end(), std::make_pair(transfer, uint32_t{0}));
-  for (; it != by_after_.end() && it->first == transfer; ++it) {
-    if (!forwarded_[it->second]) waiting_grant_.push_back(it->second);
+  for (uint32_t i : after_.WaitingOn(transfer)) {
+    if (!forwarded_[i]) waiting_grant_.push_back(i);
   }
   return Pump(epoch);
 }
@@ -301,7 +298,10 @@ absl::Status Fanout::Pump(uint64_t epoch) {
   }
   waiting_grant_.resize(keep);
 
-  std::vector<uint32_t> arrived, completed;
+  std::vector<uint32_t>& arrived = scratch_arrived_;
+  std::vector<uint32_t>& completed = scratch_completed_;
+  arrived.clear();
+  completed.clear();
   RESHARD_RETURN_IF_ERROR(backend_->Progress(epoch, &arrived, &completed));
   bool relay = false;
   for (uint32_t i : completed) {
@@ -318,11 +318,9 @@ absl::Status Fanout::Pump(uint64_t epoch) {
     stats_.bytes_received += table_->edges[i].region.bytes;
     ready_arrivals_.push_back(table_->edges[i].transfer);
     // A piece that arrived by fan-out may feed further fan-outs (relays inside the domain).
-    auto it = std::lower_bound(by_after_.begin(), by_after_.end(),
-                               std::make_pair(table_->edges[i].transfer, uint32_t{0}));
-    for (; it != by_after_.end() && it->first == table_->edges[i].transfer; ++it) {
-      if (!forwarded_[it->second]) {
-        waiting_grant_.push_back(it->second);
+    for (uint32_t next : after_.WaitingOn(table_->edges[i].transfer)) {
+      if (!forwarded_[next]) {
+        waiting_grant_.push_back(next);
         relay = true;
       }
     }
@@ -332,15 +330,15 @@ absl::Status Fanout::Pump(uint64_t epoch) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::vector<uint32_t>> Fanout::Poll(uint64_t epoch) {
+absl::Status Fanout::Poll(uint64_t epoch, std::vector<uint32_t>* arrived) {
   if (epoch != epoch_) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "fan-out on rank %d: polled epoch %d during epoch %d", rank_, epoch, epoch_));
   }
   RESHARD_RETURN_IF_ERROR(Pump(epoch));
-  std::vector<uint32_t> out;
-  out.swap(ready_arrivals_);
-  return out;
+  if (arrived != nullptr) arrived->insert(arrived->end(), ready_arrivals_.begin(), ready_arrivals_.end());
+  ready_arrivals_.clear();
+  return absl::OkStatus();
 }
 
 bool Fanout::Done() const {
@@ -348,61 +346,68 @@ bool Fanout::Done() const {
          completed_count_ == static_cast<int64_t>(outgoing_.size());
 }
 
-absl::Status Fanout::Wait(uint64_t epoch, absl::Time deadline) {
+absl::Status Fanout::Check(uint64_t epoch, absl::Time deadline) {
   if (epoch != epoch_) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "fan-out on rank %d: waited for epoch %d during epoch %d", rank_, epoch, epoch_));
   }
-  int spins = 0;
-  absl::Time next_check = absl::Now() + absl::Milliseconds(5);
-  while (true) {
-    RESHARD_RETURN_IF_ERROR(Pump(epoch));
-    if (Done()) break;
-    const absl::Time now = absl::Now();
-    if (now >= next_check) {
-      // Only the peers this rank still waits for: one that got everything it needed from us
-      // may legitimately finish and exit.
-      std::vector<int32_t> waiting_on;
-      for (uint32_t i : incoming_) {
-        if (!arrived_[i]) waiting_on.push_back(table_->edges[i].from_rank);
-      }
-      for (uint32_t i : outgoing_) {
-        if (!completed_[i]) waiting_on.push_back(table_->edges[i].to_rank);
-      }
-      std::sort(waiting_on.begin(), waiting_on.end());
-      waiting_on.erase(std::unique(waiting_on.begin(), waiting_on.end()), waiting_on.end());
-      RESHARD_RETURN_IF_ERROR(backend_->CheckPeers(waiting_on));
-      next_check = now + absl::Milliseconds(5);
-    }
-    if (now >= deadline) {
-      // Name the first piece still missing.
-      for (uint32_t i : incoming_) {
-        if (arrived_[i]) continue;
-        const FanoutEdge& e = table_->edges[i];
-        return absl::DeadlineExceededError(absl::StrFormat(
-            "tensor \"%s\": fan-out piece %d from rank %d did not reach rank %d in epoch %d "
-            "before the deadline (%d of %d pieces arrived)",
-            e.tensor < table_->tensor_names.size() ? table_->tensor_names[e.tensor] : "?",
-            e.transfer, e.from_rank, rank_, epoch, arrived_count_, incoming_.size()));
-      }
-      for (uint32_t i : outgoing_) {
-        if (completed_[i]) continue;
-        const FanoutEdge& e = table_->edges[i];
-        return absl::DeadlineExceededError(absl::StrFormat(
-            "tensor \"%s\": rank %d could not forward fan-out piece %d to rank %d in epoch %d "
-            "before the deadline (%s)",
-            e.tensor < table_->tensor_names.size() ? table_->tensor_names[e.tensor] : "?", rank_,
-            e.transfer, e.to_rank, epoch,
-            forwarded_[i]
-                ? "copy in flight"
-                : (backend_->Granted(e.to_rank, epoch) ? "the piece never landed here"
-                                                       : "the peer never granted the epoch")));
-      }
-    }
-    if (++spins > 64) std::this_thread::sleep_for(std::chrono::microseconds(20));
+  RESHARD_RETURN_IF_ERROR(Pump(epoch));
+  if (Done()) {
+    if (!stats_final_) FinishStats();
+    return absl::OkStatus();
   }
-  FinishStats();
+  const absl::Time now = absl::Now();
+  if (now >= next_peer_check_) {
+    // Only the peers this rank still waits for: one that got everything it needed from us
+    // may legitimately finish and exit.
+    std::vector<int32_t>& waiting_on = scratch_peers_;
+    waiting_on.clear();
+    for (uint32_t i : incoming_) {
+      if (!arrived_[i]) waiting_on.push_back(table_->edges[i].from_rank);
+    }
+    for (uint32_t i : outgoing_) {
+      if (!completed_[i]) waiting_on.push_back(table_->edges[i].to_rank);
+    }
+    std::sort(waiting_on.begin(), waiting_on.end());
+    waiting_on.erase(std::unique(waiting_on.begin(), waiting_on.end()), waiting_on.end());
+    RESHARD_RETURN_IF_ERROR(backend_->CheckPeers(waiting_on));
+    next_peer_check_ = now + kPeerCheckInterval;
+  }
+  if (now < deadline) return absl::OkStatus();
+  // Name the first piece still missing.
+  for (uint32_t i : incoming_) {
+    if (arrived_[i]) continue;
+    const FanoutEdge& e = table_->edges[i];
+    return absl::DeadlineExceededError(absl::StrFormat(
+        "tensor \"%s\": fan-out piece %d from rank %d did not reach rank %d in epoch %d "
+        "before the deadline (%d of %d pieces arrived)",
+        e.tensor < table_->tensor_names.size() ? table_->tensor_names[e.tensor] : "?",
+        e.transfer, e.from_rank, rank_, epoch, arrived_count_, incoming_.size()));
+  }
+  for (uint32_t i : outgoing_) {
+    if (completed_[i]) continue;
+    const FanoutEdge& e = table_->edges[i];
+    return absl::DeadlineExceededError(absl::StrFormat(
+        "tensor \"%s\": rank %d could not forward fan-out piece %d to rank %d in epoch %d "
+        "before the deadline (%s)",
+        e.tensor < table_->tensor_names.size() ? table_->tensor_names[e.tensor] : "?", rank_,
+        e.transfer, e.to_rank, epoch,
+        forwarded_[i]
+            ? "copy in flight"
+            : (backend_->Granted(e.to_rank, epoch) ? "the piece never landed here"
+                                                   : "the peer never granted the epoch")));
+  }
   return absl::OkStatus();
+}
+
+absl::Status Fanout::Wait(uint64_t epoch, absl::Time deadline) {
+  IdlePolicy idle;
+  while (true) {
+    const int64_t before = arrived_count_ + completed_count_;
+    RESHARD_RETURN_IF_ERROR(Check(epoch, deadline));
+    if (Done()) return absl::OkStatus();
+    idle.Round(arrived_count_ + completed_count_ != before);
+  }
 }
 
 void Fanout::NetworkDone(uint64_t epoch) {

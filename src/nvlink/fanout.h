@@ -10,6 +10,7 @@
 //   Landed(t): a transfer landed on this rank; forward every fan-out copy waiting on it now,
 //              while later pieces are still on the network (overlap at piece granularity).
 //   Poll(e):   fan-out pieces that arrived on this rank, to be counted like network pieces.
+//   Check(e):  one non-blocking step of Wait (the refit session's single loop calls it).
 //   Wait(e):   every fan-out piece promised to this rank arrived and every copy it sends
 //              completed, or an error before the deadline.
 //
@@ -30,6 +31,7 @@
 #include "absl/time/time.h"
 #include "src/rendezvous/store.h"
 #include "src/common/memory.h"
+#include "src/plan/dependencies.h"
 #include "src/plan/plan.h"
 
 namespace reshard::nvlink {
@@ -187,9 +189,15 @@ class Fanout {
   // Forwards one outgoing edge, given by its plan transfer index, now or as soon as the peer
   // granted the epoch. InvalidArgument when this rank does not send it.
   [[nodiscard]] absl::Status Forward(uint32_t transfer, uint64_t epoch);
-  // Progresses and returns the plan transfer indices of fan-out pieces that arrived on this
-  // rank since the last call (each exactly once per epoch). Does not block.
-  [[nodiscard]] absl::StatusOr<std::vector<uint32_t>> Poll(uint64_t epoch);
+  // Progresses and appends to `arrived` (when not null) the plan transfer indices of fan-out
+  // pieces that arrived on this rank since the last call (each exactly once per epoch). Does not
+  // block or allocate once `arrived` has grown to the epoch's size.
+  [[nodiscard]] absl::Status Poll(uint64_t epoch, std::vector<uint32_t>* arrived);
+  // One non-blocking step of Wait(): progresses, checks (every few ms) that the peers this rank
+  // still waits for live, and once `deadline` passed returns DeadlineExceeded naming the first
+  // missing piece. OK while the epoch is pending or done (Done() tells which). The refit
+  // session calls this from its single progress loop.
+  [[nodiscard]] absl::Status Check(uint64_t epoch, absl::Time deadline);
   // Blocks until every incoming piece of `epoch` arrived and every outgoing copy completed.
   // Unavailable when a peer exited, DeadlineExceeded naming the first missing piece.
   [[nodiscard]] absl::Status Wait(uint64_t epoch, absl::Time deadline);
@@ -212,7 +220,7 @@ class Fanout {
   std::unique_ptr<FanoutBackend> backend_;
   std::vector<uint32_t> incoming_, outgoing_;  // Table indices.
   // Table indices of this rank's outgoing edges per `after` transfer.
-  std::vector<std::pair<uint32_t, uint32_t>> by_after_;     // (after transfer, edge), sorted.
+  plan::DependencyIndex after_;  // Outgoing edges by the transfer they wait for.
   std::vector<std::pair<uint32_t, uint32_t>> by_transfer_;  // (transfer, edge), sorted.
   uint64_t epoch_ = 0;
   std::vector<uint32_t> waiting_grant_;   // Edges to forward once their peer granted.
@@ -226,6 +234,11 @@ class Fanout {
   bool stats_final_ = false;    // FinishStats() ran since Done() became true.
   std::vector<int32_t> peers_;  // Ranks this rank exchanges fan-out pieces with.
   int64_t in_flight_ = 0;
+  static constexpr absl::Duration kPeerCheckInterval = absl::Milliseconds(5);
+  absl::Time next_peer_check_ = absl::InfinitePast();
+  // Reused every Pump()/Check() so the per-refit path does not allocate.
+  std::vector<uint32_t> scratch_arrived_, scratch_completed_;
+  std::vector<int32_t> scratch_peers_;
   FanoutStats stats_;
 };
 

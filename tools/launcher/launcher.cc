@@ -26,7 +26,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "src/common/status.h"
-#include "src/nvlink/shared_buffer.h"
+#include "reshard/launch.h"
 
 extern char** environ;
 
@@ -384,12 +384,12 @@ absl::Status Launch::SetUpNetns() {
 absl::Status Launch::StartStore() {
   if (mode_ == Mode::kLoopback) {
     store_host_ = "127.0.0.1";
-    RESHARD_ASSIGN_OR_RETURN(store_, rendezvous::TcpStoreServer::Start(store_host_, 0, token_));
+    RESHARD_ASSIGN_OR_RETURN(store_, StoreServer::Start(store_host_, 0, token_));
   } else {
     // The listening socket must live in the bridge namespace, the only address every rank
     // namespace can reach. A thread enters it just to create the socket.
     store_host_ = kBridgeAddress;
-    absl::StatusOr<std::unique_ptr<rendezvous::TcpStoreServer>> server =
+    absl::StatusOr<std::unique_ptr<StoreServer>> server =
         absl::InternalError("store thread did not run");
     std::string ns_path = absl::StrCat(kNetnsDir, "/", bridge_ns_);
     std::thread t([&] {
@@ -401,7 +401,7 @@ absl::Status Launch::StartStore() {
         return;
       }
       close(fd);
-      server = rendezvous::TcpStoreServer::Start(store_host_, 0, token_);
+      server = StoreServer::Start(store_host_, 0, token_);
     });
     t.join();
     RESHARD_ASSIGN_OR_RETURN(store_, std::move(server));
@@ -716,7 +716,7 @@ void Launch::Cleanup() {
       }
     }
     // A rank killed by a signal could not unlink its shared-memory buffers and signal boards.
-    if (p.pid > 0 && p.result.term_signal != 0) nvlink::RemoveSharedObjectsOf(p.pid);
+    if (p.pid > 0 && p.result.term_signal != 0) RemoveSharedMemoryOf(p.pid);
     if (p.out_fd >= 0) close(p.out_fd);
     if (p.err_fd >= 0) close(p.err_fd);
     p.out_fd = p.err_fd = -1;

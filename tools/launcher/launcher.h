@@ -43,7 +43,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "src/rendezvous/tcp_store.h"
+#include "reshard/launch.h"
 
 namespace reshard::launcher {
 
@@ -155,7 +155,7 @@ class Launch {
   std::string store_address_;
   std::string token_;
   std::string ucx_tls_;
-  std::unique_ptr<rendezvous::TcpStoreServer> store_;
+  std::unique_ptr<StoreServer> store_;
   std::vector<Proc> procs_;
   absl::Time start_time_;
   bool cleaned_up_ = false;

@@ -28,62 +28,12 @@
 #include <vector>
 
 #include "reshard/reshard.h"
+#include "tools/reshard/json_quote.h"
+#include "tools/reshard/tile_fill.h"
 
 namespace {
 
-uint64_t Value(int iter, size_t tensor, int64_t index) {
-  uint64_t x = (static_cast<uint64_t>(iter) << 48) ^ (static_cast<uint64_t>(tensor) << 40) ^
-               static_cast<uint64_t>(index);
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-
-template <typename Fn>
-void ForEachElement(const reshard::LocalTile& tile, Fn&& fn) {
-  const size_t nd = tile.lo.size();
-  for (size_t d = 0; d < nd; ++d) {
-    if (tile.hi[d] <= tile.lo[d]) return;
-  }
-  if (nd == 0) {
-    fn(tile.offset, int64_t{0});
-    return;
-  }
-  std::vector<int64_t> idx(nd, 0);
-  const int64_t inner = tile.hi[nd - 1] - tile.lo[nd - 1];
-  while (true) {
-    int64_t offset = tile.offset, global = 0;
-    for (size_t d = 0; d < nd; ++d) {
-      offset += idx[d] * tile.strides[d];
-      global = global * tile.global_shape[d] + tile.lo[d] + idx[d];
-    }
-    for (int64_t i = 0; i < inner; ++i) fn(offset + i * tile.strides[nd - 1], global + i);
-    if (nd == 1) return;
-    size_t d = nd - 1;
-    while (true) {
-      --d;
-      if (++idx[d] < tile.hi[d] - tile.lo[d]) break;
-      idx[d] = 0;
-      if (d == 0) return;
-    }
-  }
-}
-
-std::string Quote(const std::string& s) {
-  std::string out = "\"";
-  for (char c : s) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += c;
-    } else if (static_cast<unsigned char>(c) < 0x20) {
-      out += ' ';
-    } else {
-      out += c;
-    }
-  }
-  return out + "\"";
-}
+using reshard::cli::FillTile;
 
 // Buffers by (side, name). Scratch buffers of gather-broadcast ("gather:<t>", "bcast:<t>") are
 // the destination of one stage and the source of the next, so they are keyed by name alone.
@@ -138,7 +88,7 @@ std::vector<reshard::RefitSpec> GatherBroadcastSpecs(const reshard::RefitSpec& s
 }
 
 int Fail(int rank, const std::string& error, int code) {
-  std::printf("{\"rank\":%d,\"ok\":false,\"error\":%s}\n", rank, Quote(error).c_str());
+  std::printf("{\"rank\":%d,\"ok\":false,\"error\":%s}\n", rank, reshard::cli::JsonQuote(error).c_str());
   std::fflush(stdout);
   std::fprintf(stderr, "reshard-bench-rank %d: %s\n", rank, error.c_str());
   return code;
@@ -211,23 +161,15 @@ int main(int argc, char** argv) {
   const absl::Duration timeout = absl::Seconds(120);
   for (int iter = 0; iter < iters; ++iter) {
     for (const reshard::LocalTile& tile : *src_tiles) {
-      uint8_t* base = buffers.Get(reshard::Side::kSource, tile.buffer);
-      const int eb = reshard::DTypeSize(tile.dtype);
-      const size_t t = tensor_index[tile.tensor];
-      ForEachElement(tile, [&](int64_t off, int64_t g) {
-        const uint64_t v = Value(iter + 1, t, g);
-        std::memcpy(base + off * eb, &v, eb);
-      });
+      FillTile(tile, tensor_index[tile.tensor], static_cast<uint64_t>(iter) + 1,
+               buffers.Get(reshard::Side::kSource, tile.buffer));
     }
     const bool check = verify == "all" || (verify == "ends" && (iter == 0 || iter == iters - 1));
     for (size_t k = 0; k < modes.size(); ++k) {
       const std::string& mode = modes[(k + iter) % modes.size()];
       if (check) {
         for (const reshard::LocalTile& tile : *dst_tiles) {
-          uint8_t* base = buffers.Get(reshard::Side::kDestination, tile.buffer);
-          const int eb = reshard::DTypeSize(tile.dtype);
-          ForEachElement(tile,
-                         [&](int64_t off, int64_t) { std::memset(base + off * eb, 0xA5, eb); });
+          reshard::cli::PoisonTile(tile, buffers.Get(reshard::Side::kDestination, tile.buffer));
         }
       }
       st = handles["barrier"][0].Execute(timeout);
@@ -246,18 +188,12 @@ int main(int argc, char** argv) {
       bytes_fanout[mode] = fanned;
       if (!check) continue;
       for (const reshard::LocalTile& tile : *dst_tiles) {
-        const uint8_t* base = buffers.Get(reshard::Side::kDestination, tile.buffer);
-        const int eb = reshard::DTypeSize(tile.dtype);
-        const size_t t = tensor_index[tile.tensor];
-        int64_t bad = -1;
-        ForEachElement(tile, [&](int64_t off, int64_t g) {
-          const uint64_t v = Value(iter + 1, t, g);
-          if (bad < 0 && std::memcmp(base + off * eb, &v, eb) != 0) bad = g;
-        });
-        if (bad >= 0) {
-          return Fail(rank,
-                      mode + ": tensor \"" + tile.tensor + "\" element " + std::to_string(bad) +
-                          " (flat index) is wrong after iteration " + std::to_string(iter + 1),
+        st = reshard::cli::VerifyTile(tile, tensor_index[tile.tensor],
+                                      static_cast<uint64_t>(iter) + 1, rank,
+                                      buffers.Get(reshard::Side::kDestination, tile.buffer));
+        if (!st.ok()) {
+          return Fail(rank, mode + ": after iteration " + std::to_string(iter + 1) + ": " +
+                                std::string(st.message()),
                       1);
         }
       }
@@ -266,7 +202,7 @@ int main(int argc, char** argv) {
   std::string out = "{\"rank\":" + std::to_string(rank) + ",\"ok\":true,\"ms\":{";
   bool first = true;
   for (const auto& [mode, v] : ms) {
-    out += (first ? "" : ",") + Quote(mode) + ":[";
+    out += (first ? "" : ",") + reshard::cli::JsonQuote(mode) + ":[";
     for (size_t i = 0; i < v.size(); ++i) out += (i ? "," : "") + std::to_string(v[i]);
     out += "]";
     first = false;
@@ -274,16 +210,16 @@ int main(int argc, char** argv) {
   out += "},\"bytes_sent\":{";
   first = true;
   for (const auto& [mode, b] : bytes_sent) {
-    out += (first ? "" : ",") + Quote(mode) + ":" + std::to_string(b);
+    out += (first ? "" : ",") + reshard::cli::JsonQuote(mode) + ":" + std::to_string(b);
     first = false;
   }
   out += "},\"bytes_fanout\":{";
   first = true;
   for (const auto& [mode, b] : bytes_fanout) {
-    out += (first ? "" : ",") + Quote(mode) + ":" + std::to_string(b);
+    out += (first ? "" : ",") + reshard::cli::JsonQuote(mode) + ":" + std::to_string(b);
     first = false;
   }
-  out += "},\"transports\":" + Quote(transports) + ",\"error\":\"\"}";
+  out += "},\"transports\":" + reshard::cli::JsonQuote(transports) + ",\"error\":\"\"}";
   std::printf("%s\n", out.c_str());
   std::fflush(stdout);
   return 0;

@@ -1,54 +1,90 @@
 #include "tools/reshard/rank.h"
 
-#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <memory>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "src/common/json.h"
-#include "src/common/status.h"
-#include "src/nvlink/fanout.h"
-#include "src/nvlink/shared_buffer.h"
-#include "src/plan/fill.h"
-#include "src/plan/schedule.h"
-#include "src/plan/spec_json.h"
+#include "tools/reshard/json_quote.h"
+#include "tools/reshard/tile_fill.h"
 
 namespace reshard::cli {
 namespace {
 
-constexpr uint8_t kPoison = 0xA5;
 constexpr size_t kPage = 4096;
 
 struct AlignedFree {
   void operator()(uint8_t* p) const { std::free(p); }
 };
-using AlignedBuffer = std::unique_ptr<uint8_t, AlignedFree>;
+
+// This rank's buffers, owned: sources in private page-aligned memory, destinations in
+// HostBuffers so the domain peers that forward pieces to this rank map them (one copy).
+class RankBuffers {
+ public:
+  absl::Status Allocate(const std::vector<BufferRequirement>& requirements, int rank) {
+    for (const BufferRequirement& r : requirements) {
+      void* data = nullptr;
+      if (r.bytes == 0) {
+        // Only empty tiles live here (uneven shards): nothing to allocate.
+      } else if (r.side == Side::kDestination) {
+        absl::StatusOr<HostBuffer> hb =
+            HostBuffer::Allocate(r.bytes, absl::StrCat("r", rank, "-", r.name));
+        if (!hb.ok()) return hb.status();
+        data = hb->data();
+        shared_.push_back(*std::move(hb));
+      } else {
+        const size_t rounded = (static_cast<size_t>(r.bytes) + kPage - 1) / kPage * kPage;
+        private_.emplace_back(static_cast<uint8_t*>(std::aligned_alloc(kPage, rounded)));
+        data = private_.back().get();
+        if (data == nullptr) {
+          return absl::ResourceExhaustedError(absl::StrFormat(
+              "rank %d cannot allocate %d bytes for source buffer \"%s\"", rank, r.bytes, r.name));
+        }
+      }
+      if (data != nullptr) std::memset(data, 0xA5, static_cast<size_t>(r.bytes));
+      by_name_[{r.side, r.name}] = Buffer{data, r.bytes, MemoryKind::kHost};
+      local_.Add(r.side, r.name, Buffer{data, r.bytes, MemoryKind::kHost});
+    }
+    return absl::OkStatus();
+  }
+  const Buffer& Get(Side side, const std::string& name) const { return by_name_.at({side, name}); }
+  void PoisonDestinations() {
+    for (const auto& [key, buffer] : by_name_) {
+      if (key.first == Side::kDestination && buffer.data != nullptr) {
+        std::memset(buffer.data, 0xA5, static_cast<size_t>(buffer.bytes));
+      }
+    }
+  }
+  LocalBuffers TakeLocal() { return std::move(local_); }
+
+ private:
+  std::vector<std::unique_ptr<uint8_t, AlignedFree>> private_;
+  std::vector<HostBuffer> shared_;
+  std::map<std::pair<Side, std::string>, Buffer> by_name_;
+  LocalBuffers local_;
+};
 
 }  // namespace
 
-absl::StatusOr<plan::PlanOptions> PlanOptionsForMode(const std::string& mode) {
-  plan::PlanOptions options;
-  if (mode == "ours") {
-    options.schedule = plan::PlanOptions::Schedule::kDomainAware;
-  } else if (mode == "naive") {
-    options.schedule = plan::PlanOptions::Schedule::kPointToPoint;
-  } else if (mode == "gather_broadcast") {
+absl::StatusOr<Schedule> ScheduleForMode(const std::string& mode) {
+  if (mode == "ours") return Schedule::kDomainAware;
+  if (mode == "naive") return Schedule::kPointToPoint;
+  if (mode == "gather_broadcast") {
     return absl::InvalidArgumentError(
         "--plan-mode gather_broadcast is a simulated baseline (see `reshard sim`); reshard-rank "
         "executes \"ours\" or \"naive\"");
-  } else {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--plan-mode must be ours, naive or gather_broadcast, not \"", mode, "\""));
   }
-  return options;
+  return absl::InvalidArgumentError(
+      absl::StrCat("--plan-mode must be ours, naive or gather_broadcast, not \"", mode, "\""));
 }
 
-RankReport RunRank(const RankOptions& options, rendezvous::Store& store) {
+RankReport RunRank(const RankOptions& options, const Communicator& comm) {
   RankReport report;
-  report.rank = options.rank;
+  const int me = comm.rank();
+  report.rank = me;
   auto fail = [&](const absl::Status& status, bool invalid) {
     report.ok = false;
     report.invalid_input = invalid;
@@ -56,207 +92,88 @@ RankReport RunRank(const RankOptions& options, rendezvous::Store& store) {
     return report;
   };
 
-  absl::StatusOr<plan::PlanOptions> plan_options = PlanOptionsForMode(options.plan_mode);
-  if (!plan_options.ok()) return fail(plan_options.status(), true);
-  absl::StatusOr<plan::RefitSpec> spec = plan::LoadSpecFile(options.spec_path);
-  if (!spec.ok()) return fail(spec.status(), true);
-  auto shared = std::make_shared<const plan::RefitSpec>(*std::move(spec));
-  absl::StatusOr<plan::Plan> plan = plan::BuildPlan(shared, *plan_options);
-  if (!plan.ok()) return fail(plan.status(), true);
-  if (options.world_size != plan->world_size() || options.rank < 0 ||
-      options.rank >= plan->world_size()) {
-    return fail(absl::InvalidArgumentError(absl::StrFormat(
-                    "rank %d of a world of %d ranks, but the spec %s names %d ranks",
-                    options.rank, options.world_size, options.spec_path, plan->world_size())),
-                true);
-  }
-  const plan::RefitSpec& s = plan->spec();
-  const int32_t me = options.rank;
+  absl::StatusOr<Schedule> schedule = ScheduleForMode(options.plan_mode);
+  if (!schedule.ok()) return fail(schedule.status(), true);
   if (options.fanout != "auto" && options.fanout != "engine") {
     return fail(absl::InvalidArgumentError(absl::StrCat(
                     "--fanout must be auto or engine, not \"", options.fanout, "\"")),
                 true);
   }
-  // This rank's fan-out edges inside its domain; the fan-out layer takes them over.
-  const plan::DomainMap domains(s);
-  std::vector<int32_t> domain =
-      domains.domain_of(me) >= 0 ? domains.ranks(domains.domain_of(me)) : std::vector<int32_t>{me};
-  nvlink::FanoutTable fanout_table = nvlink::FanoutTable::FromPlan(*plan, domain);
-  bool use_fanout = false;
-  if (options.fanout == "auto") {
-    for (const nvlink::FanoutEdge& e : fanout_table.edges) {
-      use_fanout = use_fanout || e.from_rank == me || e.to_rank == me;
-    }
+  absl::StatusOr<RefitSpec> spec = RefitSpec::FromFile(options.spec_path);
+  if (!spec.ok()) return fail(spec.status(), true);
+  if (comm.world_size() != spec->WorldSize()) {
+    return fail(absl::InvalidArgumentError(absl::StrFormat(
+                    "rank %d of a world of %d ranks, but the spec %s names %d ranks", me,
+                    comm.world_size(), options.spec_path, spec->WorldSize())),
+                true);
   }
+  absl::StatusOr<std::vector<BufferRequirement>> requirements = spec->LocalBuffers(me);
+  if (!requirements.ok()) return fail(requirements.status(), true);
+  absl::StatusOr<std::vector<LocalTile>> sources = spec->LocalTiles(me, Side::kSource);
+  absl::StatusOr<std::vector<LocalTile>> destinations = spec->LocalTiles(me, Side::kDestination);
+  if (!sources.ok()) return fail(sources.status(), true);
+  if (!destinations.ok()) return fail(destinations.status(), true);
+  std::map<std::string, uint64_t> tensor_number;
+  for (size_t t = 0; t < spec->tensors().size(); ++t) tensor_number[spec->tensors()[t].name] = t;
 
-  // Buffers: page-aligned host memory, one per plan buffer id; destination and staging buffers
-  // in shared memory when domain peers copy into them.
-  const std::vector<int64_t> bytes = plan->BufferBytes(me);
-  std::vector<AlignedBuffer> memory(bytes.size());
-  std::vector<std::unique_ptr<nvlink::SharedBuffer>> shm(bytes.size());
-  std::vector<uint8_t*> base(bytes.size(), nullptr);
-  std::vector<common::BufferView> buffers(bytes.size());
-  for (size_t b = 0; b < bytes.size(); ++b) {
-    if (bytes[b] == 0) continue;
-    const size_t rounded = (static_cast<size_t>(bytes[b]) + kPage - 1) / kPage * kPage;
-    if (use_fanout && plan->buffers()[b].side != plan::Side::kSrc) {
-      absl::StatusOr<std::unique_ptr<nvlink::SharedBuffer>> sb = nvlink::SharedBuffer::Allocate(
-          absl::StrCat("r", me, "-", plan->buffers()[b].name), bytes[b]);
-      if (!sb.ok()) return fail(sb.status(), false);
-      shm[b] = *std::move(sb);
-      base[b] = shm[b]->data();
-    } else {
-      memory[b].reset(static_cast<uint8_t*>(std::aligned_alloc(kPage, rounded)));
-      base[b] = memory[b].get();
-    }
-    if (base[b] == nullptr) {
-      return fail(absl::ResourceExhaustedError(absl::StrFormat(
-                      "rank %d cannot allocate %d bytes for buffer \"%s\"", me, bytes[b],
-                      plan->buffers()[b].name)),
-                  false);
-    }
-    std::memset(base[b], kPoison, static_cast<size_t>(bytes[b]));
-    buffers[b] = common::BufferView{base[b], bytes[b], common::MemoryKind::kHost};
+  RankBuffers buffers;
+  if (absl::Status st = buffers.Allocate(*requirements, me); !st.ok()) return fail(st, false);
+  HandleOptions handle_options;
+  handle_options.name = options.handle_name;
+  handle_options.schedule = *schedule;
+  handle_options.fanout = options.fanout == "engine" ? Fanout::kEngine : Fanout::kAuto;
+  handle_options.setup_timeout = options.timeout;
+  absl::StatusOr<RefitHandle> handle =
+      RefitHandle::Create(comm, *spec, buffers.TakeLocal(), handle_options);
+  if (!handle.ok()) {
+    return fail(handle.status(), handle.status().code() == absl::StatusCode::kInvalidArgument);
   }
-
-  net::RefitEngineOptions engine_options = options.engine;
-  engine_options.key_prefix = options.key_prefix;
-  engine_options.setup_timeout = options.timeout;
-  // The engine skips kFanout transfers everywhere when the layer runs them (every rank decides
-  // the same way from the same plan and option).
-  if (options.fanout == "auto" && plan->stats().bytes_fanout > 0) {
-    engine_options.execute_fanout = false;
-  }
-  std::unique_ptr<nvlink::Fanout> fanout;
-  if (use_fanout) {
-    std::vector<common::BufferView> fanout_buffers(bytes.size());
-    for (size_t b = 0; b < bytes.size(); ++b) {
-      fanout_buffers[b] = {base[b], bytes[b], common::MemoryKind::kHost};
-    }
-    nvlink::FanoutOptions fo;
-    fo.key_prefix = options.key_prefix + "/fanout";
-    fo.setup_timeout = options.timeout;
-    absl::StatusOr<std::unique_ptr<nvlink::Fanout>> created = nvlink::Fanout::Create(
-        std::move(fanout_table), me, domain, store, std::move(fanout_buffers), fo);
-    if (!created.ok()) return fail(created.status(), false);
-    fanout = *std::move(created);
-    report.fanout_backend = fanout->backend_name();
-  }
-  absl::StatusOr<std::unique_ptr<net::RefitEngine>> engine =
-      net::RefitEngine::Create(*plan, me, store, buffers, engine_options);
-  if (!engine.ok()) return fail(engine.status(), false);
 
   for (int i = 0; i < options.iters; ++i) {
     const uint64_t epoch = static_cast<uint64_t>(i) + 1;
-    for (size_t t = 0; t < s.tensors.size(); ++t) {
-      uint8_t* src = base[plan->buffer_of(t, plan::Side::kSrc)];
-      plan::ForEachTile(s, t, plan::Side::kSrc, [&](int32_t rank, const plan::Box& box) {
-        if (rank == me) plan::FillTile(s, t, plan::Side::kSrc, box, epoch, src);
-      });
+    for (const LocalTile& tile : *sources) {
+      FillTile(tile, tensor_number[tile.tensor], epoch,
+               buffers.Get(Side::kSource, tile.buffer).data);
     }
-    for (size_t b = 0; b < bytes.size(); ++b) {
-      if (bytes[b] > 0 && plan->buffers()[b].side != plan::Side::kSrc) {
-        std::memset(base[b], kPoison, static_cast<size_t>(bytes[b]));
-      }
-    }
-    // Measurement barrier (this program only, not part of a refit): without it a source starts
-    // its clock while destinations still verify the previous refit, and the time it then waits
-    // for their grant would be counted as refit time. It waits in short store reads and keeps
-    // the engine progressing in between, so a peer lost meanwhile (or a peer's abort) fails this
-    // rank at once instead of after the whole timeout.
-    {
-      const std::string key = absl::StrCat(options.key_prefix, "/iter/", epoch, "/");
-      absl::Status b = store.Set(absl::StrCat(key, me), "1");
-      const absl::Time barrier_deadline = absl::Now() + options.timeout;
-      for (int32_t r = 0; b.ok() && r < plan->world_size(); ++r) {
-        while (true) {
-          b = store.Get(absl::StrCat(key, r), absl::Now() + absl::Milliseconds(20)).status();
-          if (b.ok() || !absl::IsDeadlineExceeded(b)) break;
-          b = (*engine)->Progress(nullptr);
-          if (!b.ok()) break;
-          if (absl::Now() >= barrier_deadline) {
-            b = absl::DeadlineExceededError(absl::StrFormat(
-                "rank %d: rank %d did not reach refit %d within %s", me, r, epoch,
-                absl::FormatDuration(options.timeout)));
-            break;
-          }
-        }
-      }
-      if (!b.ok()) return fail(b, false);
+    buffers.PoisonDestinations();
+    // Measurement barrier (not part of a refit): without it a source starts its clock while
+    // destinations still verify the previous refit. It keeps the handle progressing, so a peer
+    // lost meanwhile fails this rank at once.
+    if (absl::Status st = handle->Barrier(absl::Now() + options.timeout); !st.ok()) {
+      return fail(st, false);
     }
     const absl::Time start = absl::Now();
-    const absl::Time deadline = start + options.timeout;
-    absl::Status status = fanout ? fanout->Start(epoch) : absl::OkStatus();
-    if (status.ok()) status = (*engine)->Start(epoch);
-    int64_t fanout_arrivals = 0;
-    if (fanout) {
-      // Forward each piece as soon as the engine reports it landed, while later pieces are
-      // still on the network; count fan-out arrivals like network pieces.
-      // One more pass after the engine finished drains the last landings (an epoch of local
-      // copies only may finish inside Start()).
-      std::vector<uint32_t> landed;
-      bool more = true;
-      while (status.ok() && more) {
-        more = (*engine)->in_epoch();
-        landed.clear();
-        status = (*engine)->Progress(&landed);
-        for (size_t k = 0; k < landed.size() && status.ok(); ++k) {
-          status = fanout->Landed(landed[k], epoch);
-        }
-        if (status.ok()) {
-          absl::StatusOr<std::vector<uint32_t>> arrived = fanout->Poll(epoch);
-          if (arrived.ok()) {
-            fanout_arrivals += static_cast<int64_t>(arrived->size());
-          } else {
-            status = arrived.status();
-          }
-        }
-        if (status.ok() && absl::Now() >= deadline) break;  // Wait() names what is missing.
-      }
-      if (status.ok() && !(*engine)->in_epoch()) fanout->NetworkDone(epoch);
-    }
-    if (status.ok()) status = (*engine)->Wait(deadline);
-    if (status.ok() && fanout) status = fanout->Wait(epoch, deadline);
+    absl::Status status = handle->Execute(start + options.timeout);
     const absl::Time end = absl::Now();
-    if (!status.ok()) {
-      fail(status, false);
-      break;
-    }
+    if (!status.ok()) return fail(status, false);
     report.iter_ms.push_back(absl::ToDoubleMilliseconds(end - start));
-    const net::RefitStats& stats = (*engine)->last_stats();
-    report.bytes_network_sent = stats.bytes_network_sent;
-    report.bytes_network_received = stats.bytes_network_received;
-    report.pieces_received = stats.pieces_received + (fanout ? fanout->stats().arrivals : 0);
-    (void)fanout_arrivals;
-    if (fanout) {
-      report.bytes_fanout_sent = fanout->stats().bytes_sent;
-      report.fanout_busy_ms = fanout->stats().busy_seconds * 1e3;
-      report.fanout_hidden_fraction = fanout->stats().hidden_fraction;
-      report.fanout_domain_hidden_fraction = fanout->stats().domain_hidden_fraction;
-    }
+    const Stats& s = handle->stats();
+    report.bytes_network_sent = s.bytes_network_sent;
+    report.bytes_network_received = s.bytes_network_received;
+    report.pieces_received = s.pieces_received;
+    report.puts = s.puts;
+    report.data_messages = s.data_messages;
+    const bool layer = s.fanout != "none" && s.fanout != "engine";
+    report.fanout_backend = layer ? s.fanout : "";
+    report.bytes_fanout_sent = s.bytes_fanout_sent;
+    report.fanout_busy_ms = s.fanout_busy_seconds * 1e3;
+    report.fanout_hidden_fraction = s.fanout_hidden_fraction;
+    report.fanout_domain_hidden_fraction = s.fanout_domain_hidden_fraction;
     if (i == 0) {
-      report.registrations_first = net::RegistrationCount();
-      report.transports = (*engine)->Transports();
+      report.registrations_first = s.registrations_total;
+      report.transports = s.transports;
     }
-    for (size_t t = 0; t < s.tensors.size() && status.ok(); ++t) {
-      const uint8_t* dst = base[plan->buffer_of(t, plan::Side::kDst)];
-      plan::ForEachTile(s, t, plan::Side::kDst, [&](int32_t rank, const plan::Box& box) {
-        if (rank == me && status.ok()) status = plan::VerifyTile(s, t, box, epoch, me, dst);
-      });
-    }
-    if (!status.ok()) {
-      fail(absl::DataLossError(absl::StrCat("refit ", epoch, ": ", std::string(status.message()))),
-           false);
-      break;
+    report.registrations_after_first = s.registrations_total - report.registrations_first;
+    for (const LocalTile& tile : *destinations) {
+      status = VerifyTile(tile, tensor_number[tile.tensor], epoch, me,
+                          buffers.Get(Side::kDestination, tile.buffer).data);
+      if (!status.ok()) {
+        return fail(absl::DataLossError(absl::StrCat("refit ", epoch, ": ", status.message())),
+                    false);
+      }
     }
   }
-  report.registrations_after_first =
-      report.iter_ms.empty() ? 0 : net::RegistrationCount() - report.registrations_first;
-  if (report.error.empty()) report.ok = true;
-  absl::Status bye = (*engine)->Shutdown(absl::Now() + options.timeout);
-  if (!bye.ok() && report.ok) {
-    std::fprintf(stderr, "reshard-rank %d: %s\n", me, std::string(bye.message()).c_str());
-  }
+  report.ok = true;
   return report;
 }
 
@@ -267,13 +184,14 @@ std::string RankReportJson(const RankReport& r) {
       "{\"rank\":", r.rank, ",\"ok\":", r.ok ? "true" : "false", ",\"iter_ms\":[",
       absl::StrJoin(ms, ","), "],\"bytes_network_sent\":", r.bytes_network_sent,
       ",\"bytes_network_received\":", r.bytes_network_received,
-      ",\"pieces_received\":", r.pieces_received, ",\"registrations_first\":",
-      r.registrations_first, ",\"registrations_after_first\":", r.registrations_after_first,
-      ",\"transports\":", json::Quote(r.transports), ",\"fanout\":", json::Quote(r.fanout_backend),
+      ",\"pieces_received\":", r.pieces_received, ",\"puts\":", r.puts,
+      ",\"data_messages\":", r.data_messages, ",\"registrations_first\":", r.registrations_first,
+      ",\"registrations_after_first\":", r.registrations_after_first,
+      ",\"transports\":", JsonQuote(r.transports), ",\"fanout\":", JsonQuote(r.fanout_backend),
       ",\"bytes_fanout_sent\":", r.bytes_fanout_sent, ",\"fanout_busy_ms\":",
       absl::StrFormat("%.3f", r.fanout_busy_ms), ",\"fanout_hidden_fraction\":",
       absl::StrFormat("%.3f", r.fanout_hidden_fraction), ",\"fanout_domain_hidden_fraction\":",
-      absl::StrFormat("%.3f", r.fanout_domain_hidden_fraction), ",\"error\":", json::Quote(r.error),
+      absl::StrFormat("%.3f", r.fanout_domain_hidden_fraction), ",\"error\":", JsonQuote(r.error),
       "}");
 }
 

@@ -13,7 +13,6 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "src/rendezvous/tcp_store.h"
 #include "tools/reshard/args.h"
 #include "tools/reshard/commands.h"
 #include "tools/reshard/rank.h"
@@ -81,6 +80,7 @@ int main(int argc, char** argv) {
   options.plan_mode = args->Get("plan-mode").value_or("ours");
   options.fanout = args->Get("fanout").value_or("auto");
 
+  // Checked here too so a bad variable is a usage error (exit 2) with this program's wording.
   int64_t rank = 0, world = 0, timeout_ms = 0;
   std::string error;
   if (!EnvInt("RESHARD_RANK", -1, rank, error) || !EnvInt("RESHARD_WORLD_SIZE", -1, world, error) ||
@@ -89,16 +89,14 @@ int main(int argc, char** argv) {
   }
   report.rank = static_cast<int32_t>(rank);
   if (timeout_ms <= 0) return usage("RESHARD_TIMEOUT_MS must be positive");
-  options.rank = static_cast<int32_t>(rank);
-  options.world_size = static_cast<int32_t>(world);
   options.timeout = absl::Milliseconds(timeout_ms);
 
-  absl::StatusOr<std::unique_ptr<reshard::rendezvous::Store>> store = reshard::rendezvous::ConnectStoreFromEnv();
-  if (!store.ok()) {
+  absl::StatusOr<reshard::Communicator> comm = reshard::Communicator::FromEnvironment();
+  if (!comm.ok()) {
     report.ok = false;
-    report.invalid_input = store.status().code() == absl::StatusCode::kInvalidArgument;
-    report.error = absl::StrCat("rank ", rank, ": store: ", std::string(store.status().message()));
+    report.invalid_input = comm.status().code() == absl::StatusCode::kInvalidArgument;
+    report.error = absl::StrCat("rank ", rank, ": ", std::string(comm.status().message()));
     return Finish(report);
   }
-  return Finish(reshard::cli::RunRank(options, **store));
+  return Finish(reshard::cli::RunRank(options, *comm));
 }

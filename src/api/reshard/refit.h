@@ -67,6 +67,35 @@ struct Buffer {
   MemoryKind kind = MemoryKind::kHost;
 };
 
+// Host memory that every process of this host can map, for destination (and staging) buffers:
+// a domain peer that forwards a landed piece writes it straight into such a buffer (one copy,
+// the fan-out maps it once per handle), while ordinary host memory is written through
+// process_vm_writev. Page-aligned, zero-filled, move-only; the memory lives until the
+// HostBuffer is destroyed (peers keep their mapping until their handle is destroyed).
+class HostBuffer {
+ public:
+  // `bytes` > 0. `tag` (letters, digits, '-', '_', '.') becomes part of the shared-memory
+  // object's name, for people reading /dev/shm. InvalidArgument for bytes <= 0;
+  // ResourceExhausted when /dev/shm is full.
+  [[nodiscard]] static absl::StatusOr<HostBuffer> Allocate(int64_t bytes,
+                                                           const std::string& tag = "buf");
+  HostBuffer(HostBuffer&&) noexcept;
+  HostBuffer& operator=(HostBuffer&&) noexcept;
+  HostBuffer(const HostBuffer&) = delete;
+  HostBuffer& operator=(const HostBuffer&) = delete;
+  ~HostBuffer();
+
+  void* data() const;
+  int64_t bytes() const;
+  Buffer view() const { return Buffer{data(), bytes(), MemoryKind::kHost}; }
+
+  class Impl;
+
+ private:
+  explicit HostBuffer(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
 // This rank's buffers by name: the buffer name of a layout (Layout::InBuffer), which is the
 // tensor name for a tensor with a buffer of its own. Every buffer this rank holds on a side must
 // be given (RefitSpec::LocalBuffers lists them with exact sizes); unknown names are errors.
@@ -128,7 +157,8 @@ struct Stats {
   int64_t planned_local = 0;
   int64_t pieces_received = 0;  // Pieces landed here (network, fan-out and local copies).
   int64_t pieces_expected = 0;  // Pieces the plan promises this rank.
-  int64_t puts = 0;             // One-sided puts posted.
+  int64_t puts = 0;             // One-sided puts posted (ucp_put_nbx).
+  int64_t data_messages = 0;    // Data active messages posted (the delivery used over tcp).
   int64_t signals = 0;          // Completion signals sent.
   double start_seconds = 0;     // Time inside Start (grants, first puts, local copies).
   double wait_seconds = 0;      // Time inside Wait.
@@ -184,6 +214,15 @@ class RefitHandle {
   [[nodiscard]] absl::Status Wait(absl::Time deadline);
   // Forgets a failed refit so the handle may refit again (every peer must Reset too).
   void Reset();
+
+  // Blocks until every rank of the spec called Barrier() as often as this rank (the n-th call
+  // meets the n-th call), progressing this handle meanwhile so a peer lost or failed between
+  // refits fails it at once. Never needed for correctness (refits order themselves); for
+  // measurements and for frameworks lining ranks up between steps. FailedPrecondition while a
+  // refit is in flight; Unavailable when a peer is lost or reported a failed refit;
+  // DeadlineExceeded naming the first rank that did not arrive. A failed barrier fails the
+  // handle like a failed refit (Reset() on every rank before refitting again).
+  [[nodiscard]] absl::Status Barrier(absl::Time deadline);
 
   // Whether the last refit failed (and Reset() was not called since).
   bool failed() const;

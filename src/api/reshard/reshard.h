@@ -4,6 +4,7 @@
 #pragma once
 
 #include "reshard/communicator.h"  // IWYU pragma: export
+#include "reshard/launch.h"        // IWYU pragma: export
 #include "reshard/refit.h"         // IWYU pragma: export
 #include "reshard/spec.h"          // IWYU pragma: export
 #include "reshard/version.h"       // IWYU pragma: export

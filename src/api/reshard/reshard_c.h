@@ -72,11 +72,12 @@ typedef struct reshard_stats {
   int64_t bytes_local;
   int64_t pieces_received;
   int64_t pieces_expected;
-  int64_t puts;
+  int64_t puts; /* one-sided puts posted (ucp_put_nbx) */
   int64_t registrations_this_refit;
   double start_seconds;
   double wait_seconds;
   double total_seconds;
+  int64_t data_messages; /* data active messages posted (the delivery used over tcp) */
 } reshard_stats_t;
 
 /* The message of the last failing call on this thread ("" when none). Valid until the next

@@ -1,0 +1,173 @@
+#include "src/api/refit_session.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "src/common/idle.h"
+#include "src/common/status.h"
+#include "src/plan/schedule.h"
+#include "src/rendezvous/record.h"
+
+namespace reshard::internal {
+
+std::vector<int32_t> AllRanks(const plan::Plan& plan) {
+  std::vector<int32_t> ranks(static_cast<size_t>(plan.world_size()));
+  for (int32_t r = 0; r < plan.world_size(); ++r) ranks[r] = r;
+  return ranks;
+}
+
+RefitSession::RefitSession(std::shared_ptr<const plan::Plan> plan, int32_t rank,
+                           rendezvous::Store& store, SessionConfig config)
+    : plan_(std::move(plan)), rank_(rank), store_(store), config_(std::move(config)) {}
+
+RefitSession::~RefitSession() {
+  // Fan-out before the engine: its mappings may point at memory the engine registered.
+  fanout_.reset();
+  engine_.reset();
+}
+
+absl::StatusOr<std::unique_ptr<RefitSession>> RefitSession::Create(
+    std::shared_ptr<const plan::Plan> plan, int32_t rank, rendezvous::Store& store,
+    std::shared_ptr<net::Runtime> runtime, std::vector<common::BufferView> buffers,
+    const SessionConfig& config) {
+  const absl::Time deadline = absl::Now() + config.setup_timeout;
+  auto session =
+      std::unique_ptr<RefitSession>(new RefitSession(std::move(plan), rank, store, config));
+  const plan::Plan& p = *session->plan_;
+
+  // 1. Agreement first: nothing is mapped or registered for a rank that planned something else.
+  const std::string agreed = absl::StrFormat(
+      "%016x (world of %d ranks, fan-out by the %s)", p.fingerprint(), p.world_size(),
+      config.fanout_layer ? "fan-out layer" : "engine");
+  RESHARD_RETURN_IF_ERROR(rendezvous::CheckAgreement(store, absl::StrCat(config.key_prefix, "/fp"),
+                                                     rank, AllRanks(p), agreed,
+                                                     "plan fingerprint", deadline));
+
+  // 2. Intra-domain fan-out: when the plan copies pieces inside domains and the layer runs
+  // them, the engine runs only the network stage (every rank decides the same from the same
+  // plan and the agreed option).
+  net::RefitEngineOptions engine_options = config.engine;
+  engine_options.key_prefix = absl::StrCat(config.key_prefix, "/net");
+  engine_options.setup_timeout = std::max(absl::ZeroDuration(), deadline - absl::Now());
+  engine_options.execute_fanout = true;
+  if (p.stats().bytes_fanout > 0) {
+    if (config.fanout_layer) {
+      engine_options.execute_fanout = false;
+      RESHARD_RETURN_IF_ERROR(session->BuildFanout(buffers));
+    } else {
+      session->fanout_name_ = "engine";
+    }
+  }
+
+  // 3. The network engine.
+  RESHARD_ASSIGN_OR_RETURN(session->engine_,
+                           net::RefitEngine::Create(p, rank, store, std::move(runtime),
+                                                    std::move(buffers), engine_options));
+  return session;
+}
+
+absl::Status RefitSession::BuildFanout(const std::vector<common::BufferView>& buffers) {
+  const plan::Plan& p = *plan_;
+  const plan::DomainMap domains(p.spec());
+  const int32_t d = domains.domain_of(rank_);
+  std::vector<int32_t> domain = d >= 0 ? domains.ranks(d) : std::vector<int32_t>{rank_};
+  nvlink::FanoutTable table = nvlink::FanoutTable::FromPlan(p, domain);
+  bool mine = false;
+  for (const nvlink::FanoutEdge& e : table.edges) {
+    mine = mine || e.from_rank == rank_ || e.to_rank == rank_;
+  }
+  if (!mine) return absl::OkStatus();
+  nvlink::FanoutOptions options;
+  options.key_prefix = absl::StrCat(config_.key_prefix, "/fanout");
+  options.setup_timeout = config_.setup_timeout;
+  absl::StatusOr<std::unique_ptr<nvlink::Fanout>> fanout = nvlink::Fanout::Create(
+      std::move(table), rank_, std::move(domain), store_, buffers, options);
+  if (!fanout.ok()) {
+    return absl::Status(fanout.status().code(),
+                        absl::StrCat("fan-out set-up failed: ", fanout.status().message()));
+  }
+  fanout_ = *std::move(fanout);
+  fanout_name_ = fanout_->backend_name();
+  return absl::OkStatus();
+}
+
+absl::Status RefitSession::Start(uint64_t epoch) {
+  if (fanout_ != nullptr) RESHARD_RETURN_IF_ERROR(fanout_->Start(epoch));
+  return engine_->Start(epoch);
+}
+
+absl::Status RefitSession::Wait(uint64_t epoch, absl::Time deadline) {
+  IdlePolicy idle;
+  bool network_done = false;
+  absl::Status st;
+  while (true) {
+    // Read before progressing: the round that starts with the engine finished is the one that
+    // drains its last landings (an epoch of local copies only may finish inside Start).
+    const bool engine_running = engine_->in_epoch();
+    landed_.clear();
+    st = engine_->Progress(&landed_);
+    if (!st.ok()) break;
+    bool progressed = !landed_.empty();
+    if (fanout_ != nullptr) {
+      // Forward each piece as soon as it landed, while later pieces are still on the network.
+      for (uint32_t t : landed_) {
+        st = fanout_->Landed(t, epoch);
+        if (!st.ok()) break;
+      }
+      if (!st.ok()) break;
+      if (!engine_running && !network_done) {
+        fanout_->NetworkDone(epoch);
+        network_done = true;
+      }
+      const int64_t before = fanout_->stats().arrivals + fanout_->stats().forwards;
+      st = fanout_->Check(epoch, deadline);
+      if (!st.ok()) break;
+      progressed = progressed || fanout_->stats().arrivals + fanout_->stats().forwards != before;
+    }
+    if (!engine_running && (fanout_ == nullptr || fanout_->Done())) break;
+    if (engine_running && absl::Now() >= deadline) break;  // The engine names what is missing.
+    idle.Round(progressed);
+  }
+  // Done, failed, or past the deadline: the engine reports its part (at once when done; one
+  // more round then DeadlineExceeded naming the missing pieces when the deadline passed).
+  if (st.ok()) st = engine_->Wait(deadline);
+  return st;
+}
+
+absl::Status RefitSession::Barrier(uint64_t n, absl::Time deadline) {
+  return rendezvous::Barrier(store_, absl::StrCat(config_.key_prefix, "/barrier/", n), rank_,
+                             AllRanks(*plan_), deadline,
+                             [this] {
+                               RESHARD_RETURN_IF_ERROR(engine_->Progress(nullptr));
+                               return engine_->CheckAllPeers();
+                             });
+}
+
+void RefitSession::Reset() { engine_->Reset(); }
+
+absl::Status RefitSession::Shutdown(absl::Time deadline) { return engine_->Shutdown(deadline); }
+
+void RefitSession::FillStats(Stats& s) const {
+  const net::RefitStats& e = engine_->last_stats();
+  s.bytes_network_sent = e.bytes_network_sent;
+  s.bytes_network_received = e.bytes_network_received;
+  s.bytes_local = e.bytes_local;
+  s.pieces_received = e.pieces_received;
+  s.puts = e.puts;
+  s.data_messages = e.data_messages;
+  s.signals = e.signals;
+  s.transports = engine_->Transports();
+  s.fanout = fanout_name_;
+  if (fanout_ != nullptr) {
+    const nvlink::FanoutStats& f = fanout_->stats();
+    s.pieces_received += f.arrivals;
+    s.bytes_fanout_sent = f.bytes_sent;
+    s.bytes_fanout_received = f.bytes_received;
+    s.fanout_busy_seconds = f.busy_seconds;
+    s.fanout_hidden_fraction = f.hidden_fraction;
+    s.fanout_domain_hidden_fraction = f.domain_hidden_fraction;
+  }
+}
+
+}  // namespace reshard::internal

@@ -1,0 +1,97 @@
+// The one place that composes the layers of a refit (DESIGN §3-4): plan fingerprints first,
+// then the intra-domain fan-out (src/nvlink) and the network engine (src/net), then one progress
+// loop that drives both and merges their figures. RefitHandle is a thin shell over it; every
+// program that refits (reshard-rank, reshard-bench-rank, the examples) goes through RefitHandle.
+//
+// Set-up order (Create), collective over every rank of the plan:
+//   1. the plan fingerprint, world size and fan-out choice are compared through the store
+//      (rendezvous::CheckAgreement): ranks given different specs or options fail with
+//      FailedPrecondition naming both ranks before anything is mapped, registered or written;
+//   2. the fan-out layer maps this rank's domain peers (only ranks with fan-out edges);
+//   3. the engine registers buffers, exchanges worker addresses and remote keys, wires up.
+// Store keys: `<key_prefix>/fp/<rank>`, `<key_prefix>/fanout/...`, `<key_prefix>/net/...`,
+// `<key_prefix>/barrier/<n>/<rank>`.
+//
+// One refit (Start, then Wait): Start grants the epoch to fan-out and network peers and posts
+// what it can; Wait is the only loop of a refit. Each round it progresses the engine, hands
+// every piece that landed to the fan-out layer (forwarded while later pieces are still on the
+// network), progresses the fan-out, and idles by the one IdlePolicy. Deadlines end it with the
+// layer's own message naming what is missing.
+//
+// Thread-compatible (one thread per session; the thread that progresses the runtime's worker).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "reshard/refit.h"
+#include "src/common/memory.h"
+#include "src/net/refit_engine.h"
+#include "src/net/runtime.h"
+#include "src/nvlink/fanout.h"
+#include "src/plan/plan.h"
+#include "src/rendezvous/store.h"
+
+namespace reshard::internal {
+
+struct SessionConfig {
+  std::string key_prefix;  // "reshard/<handle name>"; every rank of a handle uses the same.
+  absl::Duration setup_timeout = absl::Seconds(60);
+  // Fan-out pieces go through the fan-out layer (Fanout::kAuto) or as engine puts (kEngine).
+  bool fanout_layer = true;
+  // Engine tuning; key_prefix, setup_timeout and execute_fanout are set by the session.
+  net::RefitEngineOptions engine;
+};
+
+class RefitSession {
+ public:
+  // `buffers` has one view per plan buffer id (the staging buffer included).
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<RefitSession>> Create(
+      std::shared_ptr<const plan::Plan> plan, int32_t rank, rendezvous::Store& store,
+      std::shared_ptr<net::Runtime> runtime, std::vector<common::BufferView> buffers,
+      const SessionConfig& config);
+  ~RefitSession();
+  RefitSession(const RefitSession&) = delete;
+  RefitSession& operator=(const RefitSession&) = delete;
+
+  // Enters `epoch` (strictly increasing) on both layers without blocking.
+  [[nodiscard]] absl::Status Start(uint64_t epoch);
+  // The refit's progress loop, until this rank's part of `epoch` is done or `deadline`.
+  [[nodiscard]] absl::Status Wait(uint64_t epoch, absl::Time deadline);
+  // The n-th barrier among every rank of the plan, progressing the engine while waiting.
+  [[nodiscard]] absl::Status Barrier(uint64_t n, absl::Time deadline);
+  // Forgets a failed epoch (see RefitHandle::Reset).
+  void Reset();
+  // Orderly close after the last refit (see RefitEngine::Shutdown).
+  [[nodiscard]] absl::Status Shutdown(absl::Time deadline);
+
+  // Adds the figures of the last epoch (bytes, pieces, puts, fan-out, transports) to `stats`.
+  void FillStats(Stats& stats) const;
+  // "host", "cuda_ipc", "nccl" (fan-out layer), "engine" (engine puts), "none".
+  const std::string& fanout_name() const { return fanout_name_; }
+
+ private:
+  RefitSession(std::shared_ptr<const plan::Plan> plan, int32_t rank, rendezvous::Store& store,
+               SessionConfig config);
+  absl::Status BuildFanout(const std::vector<common::BufferView>& buffers);
+
+  // Members in dependency order: the fan-out and engine point into the plan and the store.
+  std::shared_ptr<const plan::Plan> plan_;
+  const int32_t rank_;
+  rendezvous::Store& store_;
+  const SessionConfig config_;
+  std::string fanout_name_ = "none";
+  std::unique_ptr<nvlink::Fanout> fanout_;
+  std::unique_ptr<net::RefitEngine> engine_;
+  std::vector<uint32_t> landed_;  // Reused by every round of Wait: no allocation per refit.
+};
+
+// The plan's world size and every rank in it, for collective set-up steps.
+std::vector<int32_t> AllRanks(const plan::Plan& plan);
+
+}  // namespace reshard::internal
