@@ -26,13 +26,17 @@ struct Transport {
 constexpr Transport kSm{"sm", "posix,sysv,cma,self", "all"};
 constexpr Transport kTcp{"tcp", "tcp", "lo"};
 
+// Every example spec; a test over them fails (instead of passing vacuously) when none is found.
 std::vector<std::string> ExampleSpecs() {
+  const std::string dir = std::string(RESHARD_SOURCE_DIR) + "/examples/specs";
   std::vector<std::string> paths;
-  for (const auto& e : std::filesystem::directory_iterator(std::string(RESHARD_SOURCE_DIR) +
-                                                           "/examples/specs")) {
+  std::error_code error;
+  for (const auto& e : std::filesystem::directory_iterator(dir, error)) {
     if (e.path().extension() == ".json") paths.push_back(e.path().string());
   }
   std::sort(paths.begin(), paths.end());
+  EXPECT_FALSE(paths.empty()) << "no example spec (*.json) found in " << dir
+                              << (error ? ": " + error.message() : "");
   return paths;
 }
 
@@ -268,6 +272,41 @@ TEST(MultiprocRefit, MismatchedSpecsFailEveryRank) {
     ASSERT_TRUE(r.parsed_ok);
     EXPECT_TRUE(r.report.Find("iter_ms")->items().empty());
   }
+}
+
+// The same with domains: the fan-out layer would map domain peers, so the fingerprints must be
+// compared before it is built, or mismatched ranks would time out in its set-up instead of
+// failing with the fingerprint error.
+TEST(MultiprocRefit, MismatchedSpecsWithDomainsFailEveryRankWithTheFingerprintError) {
+  const std::string a = absl::StrCat(::testing::TempDir(), "/reshard-mismatch-domains-a.json");
+  const std::string b = absl::StrCat(::testing::TempDir(), "/reshard-mismatch-domains-b.json");
+  std::ofstream(a) << R"json({"topology": {"domains": [[0, 1], [2, 3, 4, 5]]},
+     "tensors": [{"name": "w", "dtype": "fp32", "shape": [8, 8],
+     "src": {"mesh": [0, 1], "placements": ["S(0)"]},
+     "dst": {"mesh": [[2, 3], [4, 5]], "placements": ["R", "S(1)"]}}]})json";
+  std::ofstream(b) << R"json({"topology": {"domains": [[0, 1], [2, 3, 4, 5]]},
+     "tensors": [{"name": "w", "dtype": "fp32", "shape": [8, 8],
+     "src": {"mesh": [0, 1], "placements": ["S(1)"]},
+     "dst": {"mesh": [[2, 3], [4, 5]], "placements": ["R", "S(1)"]}}]})json";
+  WorldLaunch launch;
+  launch.program = BinPath("reshard-rank");
+  launch.spec_paths = {a, a, a, b, a, a};
+  launch.world_size = 6;
+  launch.iters = 2;
+  launch.ucx_tls = kSm.tls;
+  launch.ucx_net_devices = kSm.devices;
+  launch.timeout_ms = 20000;
+  launch.limit = absl::Seconds(60);
+  const absl::Time start = absl::Now();
+  auto results = RunWorld(launch);
+  ASSERT_TRUE(results.ok()) << results.status();
+  for (const RankResult& r : *results) {
+    EXPECT_EQ(r.exit_code, 1) << "rank " << r.rank << ": " << r.error();
+    EXPECT_NE(r.error().find("fingerprint mismatch"), std::string::npos)
+        << "rank " << r.rank << ": " << r.error();
+  }
+  // Well before the 20 s set-up deadline: nobody waited for a peer that would never come.
+  EXPECT_LT(absl::Now() - start, absl::Seconds(15));
 }
 
 }  // namespace

@@ -106,10 +106,12 @@ absl::StatusOr<std::vector<RankResult>> RunWorld(const WorldLaunch& launch) {
       auto client =
           rendezvous::TcpStore::Connect("127.0.0.1", port, token, absl::Now() + absl::Seconds(30));
       if (client.ok()) {
+        // Every rank reached the first refit's barrier (reshard-rank's handle is "rank"): set-up
+        // is done everywhere.
         bool all = true;
         for (int r = 0; r < n && all; ++r) {
           all = (*client)
-                    ->Get(absl::StrCat("reshard/rank/addr/", r), absl::Now() + launch.limit)
+                    ->Get(absl::StrCat("reshard/rank/barrier/1/", r), absl::Now() + launch.limit)
                     .ok();
         }
         if (all) {

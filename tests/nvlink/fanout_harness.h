@@ -28,6 +28,7 @@
 #include "absl/strings/str_format.h"
 #include "src/rendezvous/file_store.h"
 #include "src/nvlink/fanout.h"
+#include "tests/testing/multiprocess.h"
 #include "src/nvlink/shared_buffer.h"
 #include "src/plan/fill.h"
 #include "src/plan/plan.h"
@@ -184,9 +185,9 @@ inline absl::Status RunRank(const plan::Plan& plan, int32_t rank, const std::str
     std::set<uint32_t> seen;
     int64_t polled = 0;
     auto poll = [&]() -> absl::Status {
-      auto got = fanout.Poll(epoch);
-      if (!got.ok()) return got.status();
-      for (uint32_t t : *got) {
+      std::vector<uint32_t> got;
+      if (absl::Status st = fanout.Poll(epoch, &got); !st.ok()) return st;
+      for (uint32_t t : got) {
         if (!seen.insert(t).second) {
           return absl::InternalError(absl::StrFormat("piece %d reported twice", t));
         }
@@ -236,54 +237,10 @@ inline absl::Status RunRank(const plan::Plan& plan, int32_t rank, const std::str
   return absl::OkStatus();
 }
 
-// Forks one process per rank in `ranks`, runs `body(rank)` in each and waits (with a deadline).
-// Returns per-rank exit statuses (0 ok, 1 error, 128+signal when killed). Shared-memory objects
-// of children that were killed are removed.
-inline std::map<int32_t, int> ForkRanks(const std::vector<int32_t>& ranks,
-                                        const std::function<int(int32_t)>& body,
-                                        absl::Duration timeout = absl::Seconds(60)) {
-  std::map<pid_t, int32_t> children;
-  for (int32_t r : ranks) {
-    const pid_t pid = fork();
-    if (pid == 0) {
-      _exit(body(r));
-    }
-    children[pid] = r;
-  }
-  std::map<int32_t, int> codes;
-  const absl::Time deadline = absl::Now() + timeout;
-  while (!children.empty()) {
-    int status = 0;
-    const pid_t pid = waitpid(-1, &status, WNOHANG);
-    if (pid > 0) {
-      auto it = children.find(pid);
-      if (it == children.end()) continue;
-      codes[it->second] = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-      if (!WIFEXITED(status)) RemoveSharedObjectsOf(pid);
-      children.erase(it);
-      continue;
-    }
-    if (absl::Now() > deadline) {
-      for (auto& [p, r] : children) {
-        kill(p, SIGKILL);
-        waitpid(p, nullptr, 0);
-        RemoveSharedObjectsOf(p);
-        codes[r] = 255;  // Hung: the harness killed it.
-      }
-      break;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
-  }
-  return codes;
-}
+using reshard::testing::ForkRanks;
 
 // A fresh scratch directory under TMPDIR.
-inline std::string MakeScratchDir() {
-  const char* tmp = getenv("TMPDIR");
-  std::string templ = std::string(tmp && *tmp ? tmp : "/tmp") + "/reshard-nvlink-XXXXXX";
-  char* d = mkdtemp(templ.data());
-  return d ? std::string(d) : std::string();
-}
+inline std::string MakeScratchDir() { return reshard::testing::ScratchDir("nvlink"); }
 
 inline absl::StatusOr<plan::Plan> PlanFromJson(const std::string& json) {
   auto spec = plan::ParseSpecJson(json);

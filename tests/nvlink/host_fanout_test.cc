@@ -27,19 +27,6 @@ constexpr char kTp4ToTp2Dp2[] = R"json({
   ]
 })json";
 
-// 8 trainer ranks -> 8 inference ranks as TP2 x DP4 in two domains of 4.
-constexpr char kEightToTp2Dp4[] = R"json({
-  "topology": {"ranks_per_domain": 4},
-  "tensors": [
-    {"name": "w", "dtype": "bf16", "shape": [64, 512],
-     "src": {"mesh": [0, 1, 2, 3, 4, 5, 6, 7], "placements": ["S(1)"]},
-     "dst": {"mesh": [[8, 9], [10, 11], [12, 13], [14, 15]], "placements": ["R", "S(1)"]}},
-    {"name": "o", "dtype": "fp32", "shape": [40, 96],
-     "src": {"mesh": [0, 1, 2, 3, 4, 5, 6, 7], "placements": ["S(0)"]},
-     "dst": {"mesh": [[8, 9], [10, 11], [12, 13], [14, 15]], "placements": ["R", "S(1)"]}}
-  ]
-})json";
-
 // One source tile replicated to a domain of 3: one rank takes it off the network and only
 // sends, the others only receive (peers that never send to a rank still watch its liveness).
 constexpr char kOneToThreeReplicas[] = R"json({
@@ -50,76 +37,6 @@ constexpr char kOneToThreeReplicas[] = R"json({
      "dst": {"mesh": [1, 2, 3], "placements": ["R"]}}
   ]
 })json";
-
-enum class Memory { kShared, kPrivate };
-
-testing::MemoryOps OpsFor(Memory m) {
-  return m == Memory::kShared ? testing::SharedHostMemory() : testing::PrivateHostMemory();
-}
-
-class HostFanoutTest : public ::testing::TestWithParam<Memory> {};
-
-void RunCase(const char* json, Memory memory, int expected_domains) {
-  auto plan = PlanFromJson(json);
-  ASSERT_TRUE(plan.ok()) << plan.status();
-  ASSERT_GT(plan->stats().bytes_fanout, 0) << "the schedule emitted no fan-out";
-  const std::vector<int32_t> ranks = testing::FanoutRanks(*plan);
-  if (expected_domains > 0) {
-    ASSERT_EQ(static_cast<int>(ranks.size()), 4 * expected_domains);
-  }
-  const std::string dir = MakeScratchDir();
-  ASSERT_FALSE(dir.empty());
-  testing::RankOptions opt;
-  opt.epochs = 3;
-  opt.backend = "host";
-  auto codes = ForkRanks(ranks, [&](int32_t rank) {
-    absl::Status s = RunRank(*plan, rank, dir, OpsFor(memory), opt);
-    if (!s.ok()) testing::Report(dir, rank, "error=" + std::string(s.message()));
-    return s.ok() ? 0 : 1;
-  });
-  int64_t incoming = 0, outgoing = 0;
-  for (int32_t r : ranks) {
-    auto rep = ReadReport(dir, r);
-    EXPECT_EQ(codes[r], 0) << "rank " << r << ": " << rep["error"];
-    EXPECT_EQ(rep["ok"], "1") << "rank " << r;
-    EXPECT_EQ(rep["backend"], "host");
-    // Mappings are created once per handle: refits 1..3 created none.
-    EXPECT_EQ(rep["mappings_create"], rep["mappings_end"]) << "rank " << r;
-    int64_t in = 0, out = 0;
-    EXPECT_TRUE(absl::SimpleAtoi(rep["incoming"], &in));
-    EXPECT_TRUE(absl::SimpleAtoi(rep["outgoing"], &out));
-    incoming += in;
-    outgoing += out;
-    for (int ep = 1; ep <= 3; ++ep) {
-      EXPECT_EQ(rep[absl::StrFormat("epoch%d", ep)].rfind(absl::StrFormat("arrivals:%d,", in), 0),
-                0u)
-          << "rank " << r << " epoch " << ep << ": " << rep[absl::StrFormat("epoch%d", ep)];
-    }
-  }
-  int64_t planned = 0;
-  for (const plan::Transfer& tr : plan->transfers()) {
-    planned += tr.kind == plan::TransferKind::kFanout;
-  }
-  EXPECT_EQ(incoming, planned);
-  EXPECT_EQ(outgoing, planned);
-}
-
-TEST_P(HostFanoutTest, TrainerTp4ToInferenceTp2Dp2OneDomain) {
-  RunCase(kTp4ToTp2Dp2, GetParam(), 1);
-}
-
-TEST_P(HostFanoutTest, EightTrainersToTp2Dp4TwoDomains) { RunCase(kEightToTp2Dp4, GetParam(), 2); }
-
-TEST_P(HostFanoutTest, OneSenderTwoReceiversAsymmetric) {
-  RunCase(kOneToThreeReplicas, GetParam(), 0);
-}
-
-INSTANTIATE_TEST_SUITE_P(Memory, HostFanoutTest,
-                         ::testing::Values(Memory::kShared, Memory::kPrivate),
-                         [](const auto& info) {
-                           return info.param == Memory::kShared ? std::string("SharedBuffer")
-                                                                : std::string("ProcessVmWritev");
-                         });
 
 // A receiver that got everything it needed may finish and exit while its sender still waits for
 // a slower receiver's grant: that is not a lost peer.

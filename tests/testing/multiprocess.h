@@ -1,0 +1,51 @@
+// The one multi-process harness of the test suites: fork one child per rank, run a body in
+// each, collect exit codes under a deadline, and clean up after children that were killed.
+// Forked children share nothing with the parent but what was set up before the fork, so a
+// child must not rely on the parent's UCX or CUDA state (probe CUDA with ProbeCudaDevices,
+// which asks a child, so the parent never initialises the runtime before forking).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/time/time.h"
+
+namespace reshard::testing {
+
+struct ForkOptions {
+  // A child still running then is killed (SIGKILL) and reported as kHung.
+  absl::Duration timeout = absl::Seconds(60);
+  // Set in every child before the body runs (UCX_TLS, UCX_NET_DEVICES, ...; DESIGN §5).
+  std::vector<std::pair<std::string, std::string>> env;
+};
+
+// Exit code reported for a child the harness killed at the deadline.
+constexpr int kHung = 255;
+
+// UCX over shared memory between forked children of one host: UCX_TLS, UCX_NET_DEVICES and
+// UCX_WARN_UNUSED_ENV_VARS set explicitly.
+ForkOptions SharedMemoryUcx(absl::Duration timeout = absl::Seconds(60));
+
+// Forks one child per rank in `ranks`, runs `body(rank)` in each (its return value is the
+// child's exit code) and waits for all of them. Returns rank -> exit code: the body's value,
+// 128 + signal when a child died by a signal, kHung when the harness killed it at the
+// deadline. Shared-memory objects of children that did not exit normally are removed.
+std::map<int32_t, int> ForkRanks(const std::vector<int32_t>& ranks,
+                                 const std::function<int(int32_t)>& body,
+                                 const ForkOptions& options = {});
+
+// The ranks 0..n-1.
+std::vector<int32_t> Ranks(int n);
+
+// Usable CUDA devices, asked in a forked child (0 with `why` when none: no build support, no
+// driver, no device).
+int ProbeCudaDevices(std::string* why);
+
+// A fresh directory under TMPDIR (or /tmp) whose name contains `tag`; "" when it cannot be made.
+std::string ScratchDir(const std::string& tag);
+
+}  // namespace reshard::testing
