@@ -11,12 +11,25 @@
 #include "src/api/internal.h"
 #include "src/common/status.h"
 #include "src/rendezvous/file_store.h"
+#include "src/rendezvous/record.h"
 #include "src/rendezvous/tcp_store.h"
 
 namespace reshard {
 namespace {
 
-constexpr char kExitPrefix[] = "reshard/comm/exit/";
+constexpr char kExitKey[] = "reshard/comm/exit";
+
+// Every rank announces it let go of its communicator; the rank that owns the store (serves it,
+// or removes its directory) waits until every rank did, so peers still finishing their set-up
+// or shutdown never lose the store under them. Bounded by min(timeout, 10 s).
+absl::Status ExitBarrier(const Communicator::Impl& comm, rendezvous::Store& store, bool owner) {
+  std::vector<int32_t> everyone;
+  if (owner) {
+    for (int32_t r = 0; r < comm.world_size; ++r) everyone.push_back(r);
+  }
+  return rendezvous::Barrier(store, kExitKey, comm.rank, everyone,
+                             absl::Now() + std::min(comm.timeout, absl::Seconds(10)));
+}
 
 class TcpImpl final : public Communicator::Impl {
  public:
@@ -24,13 +37,7 @@ class TcpImpl final : public Communicator::Impl {
     if (client == nullptr) return;  // Connect failed half way: nothing to say goodbye to.
     // A serving rank keeps the store up until every rank has let go of its communicator, so
     // peers still finishing their set-up or shutdown never lose the store under them.
-    absl::Status st = client->Set(absl::StrCat(kExitPrefix, rank), "1");
-    if (server != nullptr && st.ok()) {
-      const absl::Time deadline = absl::Now() + std::min(timeout, absl::Seconds(10));
-      for (int r = 0; r < world_size; ++r) {
-        if (!client->Get(absl::StrCat(kExitPrefix, r), deadline).ok()) break;
-      }
-    }
+    (void)ExitBarrier(*this, *client, server != nullptr);
     client.reset();
     server.reset();
   }
@@ -45,15 +52,9 @@ class TcpImpl final : public Communicator::Impl {
 class FileImpl final : public Communicator::Impl {
  public:
   ~FileImpl() override {
-    absl::Status st = store_->Set(absl::StrCat(kExitPrefix, rank), "1");
-    if (rank == 0 && st.ok()) {
-      const absl::Time deadline = absl::Now() + std::min(timeout, absl::Seconds(10));
-      bool all = true;
-      for (int r = 0; r < world_size && all; ++r) {
-        all = store_->Get(absl::StrCat(kExitPrefix, r), deadline).ok();
-      }
+    if (ExitBarrier(*this, *store_, rank == 0).ok() && rank == 0) {
       std::error_code ignored;
-      if (all) std::filesystem::remove_all(store_->directory(), ignored);
+      std::filesystem::remove_all(store_->directory(), ignored);
     }
   }
   rendezvous::Store& store() override { return *store_; }

@@ -41,8 +41,10 @@ absl::StatusOr<std::unique_ptr<RefitSession>> RefitSession::Create(
       "%016x (world of %d ranks, fan-out by the %s)", p.fingerprint(), p.world_size(),
       config.fanout_layer ? "fan-out layer" : "engine");
   RESHARD_RETURN_IF_ERROR(rendezvous::CheckAgreement(store, absl::StrCat(config.key_prefix, "/fp"),
-                                                     rank, AllRanks(p), agreed,
-                                                     "plan fingerprint", deadline));
+                                                     rank, AllRanks(p), agreed, "plan fingerprint",
+                                                     "every rank must be given the same spec and "
+                                                     "options, nothing was written",
+                                                     deadline));
 
   // 2. Intra-domain fan-out: when the plan copies pieces inside domains and the layer runs
   // them, the engine runs only the network stage (every rank decides the same from the same

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "src/common/idle.h"
@@ -106,28 +107,17 @@ absl::Status ValidateContext(const FanoutContext& ctx) {
 
 // Every peer this rank exchanges pieces with must have chosen the same backend.
 absl::Status AgreeOnBackend(const FanoutContext& ctx, const std::string& mine) {
-  std::vector<int32_t> peers;
+  std::vector<int32_t> peers = {ctx.rank};
   for (const FanoutEdge& e : ctx.table->edges) {
     if (e.from_rank == ctx.rank) peers.push_back(e.to_rank);
     if (e.to_rank == ctx.rank) peers.push_back(e.from_rank);
   }
   std::sort(peers.begin(), peers.end());
   peers.erase(std::unique(peers.begin(), peers.end()), peers.end());
-  const std::string& prefix = ctx.options.key_prefix;
-  RESHARD_RETURN_IF_ERROR(
-      rendezvous::PublishRecord(*ctx.store, prefix, "backend", ctx.rank, {{"name", mine}}));
-  const absl::Time deadline = absl::Now() + ctx.options.setup_timeout;
-  for (int32_t p : peers) {
-    RESHARD_ASSIGN_OR_RETURN(rendezvous::Record r,
-                             rendezvous::FetchRecord(*ctx.store, prefix, "backend", p, deadline));
-    RESHARD_ASSIGN_OR_RETURN(std::string theirs, rendezvous::Field(r, "name", p));
-    if (theirs != mine) {
-      return absl::FailedPreconditionError(
-          absl::StrFormat("fan-out: rank %d chose backend %s but its domain peer rank %d chose %s",
-                          ctx.rank, mine, p, theirs));
-    }
-  }
-  return absl::OkStatus();
+  return rendezvous::CheckAgreement(
+      *ctx.store, absl::StrCat(ctx.options.key_prefix, "/backend"), ctx.rank, peers, mine,
+      "fan-out backend", "every rank of a domain must be able to run the same backend",
+      absl::Now() + ctx.options.setup_timeout);
 }
 
 }  // namespace

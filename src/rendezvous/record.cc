@@ -141,7 +141,8 @@ absl::Status Barrier(Store& store, const std::string& key, int32_t rank,
 
 absl::Status CheckAgreement(Store& store, const std::string& key, int32_t rank,
                             absl::Span<const int32_t> ranks, const std::string& value,
-                            const std::string& what, absl::Time deadline) {
+                            const std::string& what, const std::string& hint,
+                            absl::Time deadline) {
   RESHARD_RETURN_IF_ERROR(store.Set(absl::StrCat(key, "/", rank), value));
   for (int32_t peer : ranks) {
     if (peer == rank) continue;
@@ -153,9 +154,8 @@ absl::Status CheckAgreement(Store& store, const std::string& key, int32_t rank,
     }
     if (*theirs != value) {
       return absl::FailedPreconditionError(absl::StrFormat(
-          "%s mismatch: rank %d has %s but rank %d has %s; every rank must be given the same "
-          "spec, nothing was written",
-          what, rank, value, peer, *theirs));
+          "%s mismatch: rank %d has %s but rank %d has %s; %s", what, rank, value, peer, *theirs,
+          hint));
     }
   }
   return absl::OkStatus();

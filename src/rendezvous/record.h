@@ -60,12 +60,12 @@ using WhileWaiting = std::function<absl::Status()>;
                                    const WhileWaiting& while_waiting = {});
 
 // Every rank of `ranks` publishes `value` under `<key>/<rank>` and compares it with every other
-// rank's: FailedPrecondition naming this rank, the first rank that differs and both values when
-// they disagree (`what` says what the value is, e.g. "plan fingerprint/world size"); errors of
-// the store (DeadlineExceeded, Unavailable) name the rank waited for.
+// rank's: FailedPrecondition "<what> mismatch: rank A has X but rank B has Y; <hint>" naming
+// this rank and the first rank that differs; errors of the store (DeadlineExceeded,
+// Unavailable) name the rank waited for.
 [[nodiscard]] absl::Status CheckAgreement(Store& store, const std::string& key, int32_t rank,
                                           absl::Span<const int32_t> ranks,
                                           const std::string& value, const std::string& what,
-                                          absl::Time deadline);
+                                          const std::string& hint, absl::Time deadline);
 
 }  // namespace reshard::rendezvous

@@ -5,6 +5,7 @@
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_format.h"
+#include "src/common/idle.h"
 #include "src/common/status.h"
 #include "src/nvlink/backend.h"
 #include "src/cuda/runtime.h"
@@ -125,6 +126,7 @@ class NcclBackend final : public FanoutBackend {
   };
 
   absl::Status WaitComm(absl::Time deadline) {
+    IdlePolicy idle;
     while (true) {
       ncclResult_t async = ncclSuccess;
       const ncclResult_t r = ncclCommGetAsyncError(comm_, &async);
@@ -141,7 +143,7 @@ class NcclBackend final : public FanoutBackend {
             "(a domain peer did not join)",
             rank_));
       }
-      std::this_thread::sleep_for(std::chrono::microseconds(100));
+      idle.Idle();
     }
   }
 
