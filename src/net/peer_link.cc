@@ -4,6 +4,8 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "src/common/idle.h"
 #include "src/common/status.h"
 #include "src/net/registered_memory.h"
@@ -266,6 +268,32 @@ void PeerLink::Close(absl::Time deadline, bool force) {
   if (endpoint_ != nullptr) endpoint_->Close(deadline, force);
   IdlePolicy idle;
   while (in_flight_ > 0 && absl::Now() < deadline) idle.Round(worker_.Progress() > 0);
+}
+
+absl::Status PeerLink::Health(absl::string_view context) const {
+  if (aborted) return absl::UnavailableError(abort_reason);
+  if (!error().ok()) return absl::UnavailableError(absl::StrCat(context, ": ", error().message()));
+  return absl::OkStatus();
+}
+
+std::string PeerLink::Pending(uint64_t epoch) const {
+  std::string out;
+  if (remaining_from > 0) absl::StrAppend(&out, remaining_from, " piece(s) from rank ", peer_);
+  if (unsignalled > 0) {
+    absl::StrAppend(&out, out.empty() ? "" : ", ", unsignalled, " piece(s) to rank ", peer_,
+                    started ? "" : absl::StrCat(" (no grant for epoch ", epoch, " yet)"));
+  }
+  return out;
+}
+
+std::string TransportsOf(const std::vector<PeerLink*>& links) {
+  std::vector<std::string> names;
+  for (const PeerLink* link : links) {
+    for (absl::string_view name : absl::StrSplit(link->Transports(), ' ', absl::SkipEmpty())) {
+      if (std::find(names.begin(), names.end(), name) == names.end()) names.emplace_back(name);
+    }
+  }
+  return absl::StrJoin(names, " ");
 }
 
 }  // namespace reshard::net

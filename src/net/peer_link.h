@@ -61,6 +61,14 @@ class PeerLink {
   int32_t peer() const { return peer_; }
   // OK while the peer is healthy (see ucx::Endpoint::error()).
   const absl::Status& error() const { return endpoint_->error(); }
+  // OK, or Unavailable when the peer aborted an epoch or its endpoint failed (the endpoint's
+  // error prefixed with `context`).
+  [[nodiscard]] absl::Status Health(absl::string_view context) const;
+  // The current epoch still exchanges something with the peer.
+  bool involved() const { return remaining_from > 0 || unsignalled > 0 || grants_in_flight_ > 0; }
+  // What the current epoch still waits for from or towards the peer, for deadline messages
+  // ("3 piece(s) from rank 2, 1 piece(s) to rank 2 (no grant for epoch 7 yet)"); "" when none.
+  std::string Pending(uint64_t epoch) const;
   std::string Transports() const;
 
   // Control messages. Errors are those of posting; completions are tracked here.
@@ -145,5 +153,8 @@ class PeerLink {
   std::list<std::unique_ptr<Batch>> batches_;
   Batch* open_ = nullptr;
 };
+
+// The transports UCX selected towards `links`, each named once, space-separated ("tcp/lo").
+std::string TransportsOf(const std::vector<PeerLink*>& links);
 
 }  // namespace reshard::net

@@ -43,7 +43,6 @@ class RefitEngine::Impl final : public MessageSink, public LinkOwner {
   absl::Status Wait(absl::Time deadline);
   void Reset();
   absl::Status Shutdown(absl::Time deadline);
-  std::string Transports() const;
 
   // MessageSink (inside Worker::Progress).
   void OnGrant(const wire::AmHeader& h) override;
@@ -93,6 +92,10 @@ class RefitEngine::Impl final : public MessageSink, public LinkOwner {
   bool abort_pending_ = false;
   uint64_t reset_floor_ = 0;  // Aborts about epochs <= this predate the last Reset.
 
+  // Unavailable for the first peer that aborted or failed: among the peers this epoch still
+  // exchanges data with, or all of them.
+  absl::Status CheckPeers(bool all) const;
+
  private:
   void Pump();
   void PumpOnce();
@@ -103,7 +106,6 @@ class RefitEngine::Impl final : public MessageSink, public LinkOwner {
   void PostSends();
   void Advance();
   void RunLocalCopies();
-  absl::Status CheckPeers() const;
   std::string PendingSummary() const;
   absl::Status CheckRemoteKeys() const;
 };
@@ -279,7 +281,7 @@ void RefitEngine::Impl::PumpOnce() {
   bool busy = false;
   for (int i = 0; i < 16 && runtime_->worker().Progress() > 0; ++i) busy = true;
   if (!status_.ok()) return;
-  absl::Status peers = CheckPeers();
+  absl::Status peers = CheckPeers(/*all=*/false);
   if (!peers.ok()) {
     Fail(peers);
     return;
@@ -393,15 +395,10 @@ void RefitEngine::Impl::MarkLanded(uint32_t ti) {
   }
 }
 
-absl::Status RefitEngine::Impl::CheckPeers() const {
+absl::Status RefitEngine::Impl::CheckPeers(bool all) const {
   for (const PeerLink* link : peers_) {
-    const bool involved =
-        link->remaining_from > 0 || link->unsignalled > 0 || link->grants_in_flight() > 0;
-    if (!involved) continue;
-    if (link->aborted) return absl::UnavailableError(link->abort_reason);
-    if (!link->error().ok()) {
-      return absl::UnavailableError(absl::StrCat("rank ", rank_, ", refit epoch ", epoch_, ": ",
-                                                 link->error().message()));
+    if (all || link->involved()) {
+      RESHARD_RETURN_IF_ERROR(link->Health(absl::StrCat("rank ", rank_, ", refit epoch ", epoch_)));
     }
   }
   return absl::OkStatus();
@@ -418,14 +415,8 @@ bool RefitEngine::Impl::Complete() const {
 std::string RefitEngine::Impl::PendingSummary() const {
   std::vector<std::string> parts;
   for (const PeerLink* link : peers_) {
-    if (link->remaining_from > 0) {
-      parts.push_back(absl::StrCat(link->remaining_from, " piece(s) from rank ", link->peer()));
-    }
-    if (link->unsignalled > 0) {
-      parts.push_back(absl::StrCat(
-          link->unsignalled, " piece(s) to rank ", link->peer(),
-          link->started ? "" : absl::StrCat(" (no grant for epoch ", epoch_, " yet)")));
-    }
+    std::string pending = link->Pending(epoch_);
+    if (!pending.empty()) parts.push_back(std::move(pending));
   }
   return parts.empty() ? "local work" : absl::StrJoin(parts, ", ");
 }
@@ -548,16 +539,6 @@ void RefitEngine::Impl::OnAbort(const wire::AmHeader& h, absl::string_view reaso
 // ---------------------------------------------------------------------------------------------
 // Teardown.
 
-std::string RefitEngine::Impl::Transports() const {
-  std::vector<std::string> names;
-  for (const PeerLink* link : peers_) {
-    for (absl::string_view name : absl::StrSplit(link->Transports(), ' ', absl::SkipEmpty())) {
-      if (std::find(names.begin(), names.end(), name) == names.end()) names.emplace_back(name);
-    }
-  }
-  return absl::StrJoin(names, " ");
-}
-
 absl::Status RefitEngine::Impl::Shutdown(absl::Time deadline) {
   // Barrier among peers, progressing the worker while waiting (peers may still be finishing
   // sends into this rank). A failed rank only arrives and does not wait: its peers are failing
@@ -617,20 +598,11 @@ absl::Status RefitEngine::Execute(absl::Time deadline) {
 }
 void RefitEngine::Reset() { impl_->Reset(); }
 bool RefitEngine::in_epoch() const { return impl_->in_epoch_; }
-absl::Status RefitEngine::CheckAllPeers() const {
-  for (const PeerLink* link : impl_->peers_) {
-    if (link->aborted) return absl::UnavailableError(link->abort_reason);
-    if (!link->error().ok()) {
-      return absl::UnavailableError(absl::StrCat("rank ", impl_->rank_, ": peer rank ",
-                                                 link->peer(), ": ", link->error().message()));
-    }
-  }
-  return absl::OkStatus();
-}
+absl::Status RefitEngine::CheckAllPeers() const { return impl_->CheckPeers(/*all=*/true); }
 const absl::Status& RefitEngine::last_status() const { return impl_->status_; }
 const RefitStats& RefitEngine::last_stats() const { return impl_->stats_; }
 uint64_t RefitEngine::last_epoch() const { return impl_->epoch_; }
-std::string RefitEngine::Transports() const { return impl_->Transports(); }
+std::string RefitEngine::Transports() const { return TransportsOf(impl_->peers_); }
 const char* RefitEngine::delivery() const { return impl_->delivery_->name(); }
 bool RefitEngine::peer_error_handling() const { return impl_->runtime_->peer_error_handling(); }
 absl::Status RefitEngine::Shutdown(absl::Time deadline) { return impl_->Shutdown(deadline); }
