@@ -108,9 +108,9 @@ absl::Status RefitSession::Wait(uint64_t epoch, absl::Time deadline) {
     // drains its last landings (an epoch of local copies only may finish inside Start).
     const bool engine_running = engine_->in_epoch();
     landed_.clear();
-    st = engine_->Progress(&landed_);
+    bool progressed = false;
+    st = engine_->Progress(&landed_, &progressed);
     if (!st.ok()) break;
-    bool progressed = !landed_.empty();
     if (fanout_ != nullptr) {
       // Forward each piece as soon as it landed, while later pieces are still on the network.
       for (uint32_t t : landed_) {

@@ -39,7 +39,7 @@ class RefitEngine::Impl final : public MessageSink, public LinkOwner {
 
   absl::Status Init(rendezvous::Store& store, std::vector<BufferView> buffers);
   absl::Status Start(uint64_t epoch);
-  absl::Status Progress(std::vector<uint32_t>* landed);
+  absl::Status Progress(std::vector<uint32_t>* landed, bool* progressed);
   absl::Status Wait(absl::Time deadline);
   void Reset();
   absl::Status Shutdown(absl::Time deadline);
@@ -88,7 +88,6 @@ class RefitEngine::Impl final : public MessageSink, public LinkOwner {
   int outstanding_puts_ = 0;
   std::deque<uint32_t> local_ready_;
   std::vector<uint32_t> landed_out_;
-  IdlePolicy idle_;
   bool abort_pending_ = false;
   uint64_t reset_floor_ = 0;  // Aborts about epochs <= this predate the last Reset.
 
@@ -97,8 +96,10 @@ class RefitEngine::Impl final : public MessageSink, public LinkOwner {
   absl::Status CheckPeers(bool all) const;
 
  private:
-  void Pump();
-  void PumpOnce();
+  // One round of work; true when something progressed (the caller's IdlePolicy decides how
+  // to wait otherwise: the engine's Wait here, the refit session's loop above).
+  bool Pump();
+  bool PumpOnce();
   bool Complete() const;
   void Fail(absl::Status status);
   void BroadcastAbort();
@@ -268,23 +269,21 @@ absl::Status RefitEngine::Impl::Start(uint64_t epoch) {
   return status_;
 }
 
-void RefitEngine::Impl::Pump() {
-  PumpOnce();
+bool RefitEngine::Impl::Pump() {
+  const bool busy = PumpOnce();
   BroadcastAbort();
+  return busy;
 }
 
-void RefitEngine::Impl::PumpOnce() {
-  if (!in_epoch_) {
-    runtime_->worker().Progress();
-    return;
-  }
+bool RefitEngine::Impl::PumpOnce() {
+  if (!in_epoch_) return runtime_->worker().Progress() > 0;
   bool busy = false;
   for (int i = 0; i < 16 && runtime_->worker().Progress() > 0; ++i) busy = true;
-  if (!status_.ok()) return;
+  if (!status_.ok()) return true;
   absl::Status peers = CheckPeers(/*all=*/false);
   if (!peers.ok()) {
     Fail(peers);
-    return;
+    return true;
   }
   for (PeerLink* link : peers_) {
     if (!link->sends_to || link->started || link->granted < epoch_) continue;
@@ -301,11 +300,9 @@ void RefitEngine::Impl::PumpOnce() {
   if (status_.ok() && Complete()) {
     in_epoch_ = false;
     stats_.seconds = absl::ToDoubleSeconds(absl::Now() - started_at_);
-    return;
+    return true;
   }
-  // Many processes may share few cores while puts are emulated with active messages: let the
-  // peer that has to progress them run.
-  idle_.Round(busy);
+  return busy;
 }
 
 void RefitEngine::Impl::PostSends() {
@@ -445,9 +442,10 @@ void RefitEngine::Impl::BroadcastAbort() {
   while (absl::Now() < until) idle.Round(runtime_->worker().Progress() > 0);
 }
 
-absl::Status RefitEngine::Impl::Progress(std::vector<uint32_t>* landed) {
+absl::Status RefitEngine::Impl::Progress(std::vector<uint32_t>* landed, bool* progressed) {
   if (failed_) return status_;
-  Pump();
+  const bool busy = Pump();
+  if (progressed != nullptr) *progressed = busy;
   if (landed != nullptr) landed->insert(landed->end(), landed_out_.begin(), landed_out_.end());
   landed_out_.clear();
   return status_;
@@ -458,8 +456,11 @@ absl::Status RefitEngine::Impl::Wait(absl::Time deadline) {
   if (!in_epoch_ && epoch_ == 0) {
     return absl::FailedPreconditionError(absl::StrCat("rank ", rank_, ": no epoch was started"));
   }
+  // Many processes may share few cores while puts are emulated with active messages: when a
+  // round does nothing, let the peer that has to progress them run.
+  IdlePolicy idle;
   while (status_.ok() && in_epoch_) {
-    Pump();  // Yields through idle_ when nothing progressed.
+    idle.Round(Pump());
     if (!status_.ok() || !in_epoch_) break;
     if (absl::Now() >= deadline) {
       Fail(absl::DeadlineExceededError(absl::StrCat("rank ", rank_, ": refit epoch ", epoch_,
@@ -588,8 +589,8 @@ absl::StatusOr<std::unique_ptr<RefitEngine>> RefitEngine::Create(
 }
 
 absl::Status RefitEngine::Start(uint64_t epoch) { return impl_->Start(epoch); }
-absl::Status RefitEngine::Progress(std::vector<uint32_t>* landed) {
-  return impl_->Progress(landed);
+absl::Status RefitEngine::Progress(std::vector<uint32_t>* landed, bool* progressed) {
+  return impl_->Progress(landed, progressed);
 }
 absl::Status RefitEngine::Wait(absl::Time deadline) { return impl_->Wait(deadline); }
 absl::Status RefitEngine::Execute(absl::Time deadline) {

@@ -134,7 +134,9 @@ class RefitEngine {
   // Advances the epoch without blocking and appends to `landed` the indices (into
   // plan.transfers()) of the transfers that landed on this rank since the previous call: network
   // transfers, engine-run fan-outs and local copies. Returns the epoch's error if it failed.
-  [[nodiscard]] absl::Status Progress(std::vector<uint32_t>* landed);
+  // `progressed` (when given) tells whether the round did anything; Progress never waits or
+  // yields, so a caller driving its own loop (the refit session) applies its IdlePolicy.
+  [[nodiscard]] absl::Status Progress(std::vector<uint32_t>* landed, bool* progressed = nullptr);
 
   // Blocks until this rank's part of the epoch is done (everything it receives landed, every
   // put it sends is remotely complete and signalled) or `deadline` passes (DeadlineExceeded).
