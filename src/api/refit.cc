@@ -1,5 +1,4 @@
 #include "reshard/refit.h"
-#include "reshard/version.h"
 
 #include <cstdlib>
 #include <cstring>
@@ -9,10 +8,12 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "reshard/version.h"
 #include "src/api/internal.h"
-#include "src/common/status.h"
 #include "src/api/refit_session.h"
+#include "src/common/status.h"
 #include "src/net/refit_engine.h"
+#include "src/nvlink/shared_buffer.h"
 #include "src/plan/plan.h"
 #include "src/plan/schedule.h"
 
@@ -67,7 +68,9 @@ class RefitHandle::Impl {
   std::string name;
   int rank = 0;
   uint64_t fingerprint = 0;
-  std::vector<uint8_t> staging;  // This rank's staging buffer (schedule-owned).
+  // This rank's staging buffer (schedule-owned): shared memory, so domain peers that forward
+  // relayed pieces write it in one copy.
+  std::unique_ptr<nvlink::SharedBuffer> staging;
   // Null for a rank the spec does not name (nothing to send or receive).
   std::unique_ptr<internal::RefitSession> session;
 
@@ -94,10 +97,9 @@ class RefitHandle::Impl {
 namespace {
 
 // Matches the caller's buffers with the plan's, by side and name.
-absl::StatusOr<std::vector<common::BufferView>> MatchBuffers(const plan::Plan& plan, int32_t rank,
-                                                           const LocalBuffers& given,
-                                                           const HandleOptions& options,
-                                                           std::vector<uint8_t>& staging) {
+absl::StatusOr<std::vector<common::BufferView>> MatchBuffers(
+    const plan::Plan& plan, int32_t rank, const LocalBuffers& given, const HandleOptions& options,
+    std::unique_ptr<nvlink::SharedBuffer>& staging) {
   const std::vector<int64_t> required = plan.BufferBytes(rank);
   std::vector<common::BufferView> out(plan.buffers().size());
   for (Side side : {Side::kSource, Side::kDestination}) {
@@ -159,9 +161,12 @@ absl::StatusOr<std::vector<common::BufferView>> MatchBuffers(const plan::Plan& p
   }
   if (plan.stage_buffer() != plan::Plan::kNoBuffer) {
     const int64_t bytes = plan.stage_bytes(rank);
-    staging.assign(static_cast<size_t>(bytes), 0);
-    out[plan.stage_buffer()] =
-        common::BufferView{bytes > 0 ? staging.data() : nullptr, bytes, common::MemoryKind::kHost};
+    if (bytes > 0) {
+      RESHARD_ASSIGN_OR_RETURN(
+          staging, nvlink::SharedBuffer::Allocate(absl::StrCat("r", rank, "-stage"), bytes));
+      out[plan.stage_buffer()] =
+          common::BufferView{staging->data(), bytes, common::MemoryKind::kHost};
+    }
   }
   return out;
 }
@@ -234,10 +239,9 @@ absl::StatusOr<RefitHandle> RefitHandle::Create(const Communicator& comm, const 
   config.key_prefix = absl::StrCat("reshard/", impl->name);
   config.setup_timeout = options.setup_timeout;
   config.fanout_layer = options.fanout == Fanout::kAuto;
-  absl::StatusOr<std::unique_ptr<internal::RefitSession>> session =
-      internal::RefitSession::Create(std::make_shared<const plan::Plan>(std::move(plan)),
-                                     impl->rank, impl->comm->store(), std::move(runtime),
-                                     std::move(local), config);
+  absl::StatusOr<std::unique_ptr<internal::RefitSession>> session = internal::RefitSession::Create(
+      std::make_shared<const plan::Plan>(std::move(plan)), impl->rank, impl->comm->store(),
+      std::move(runtime), std::move(local), config);
   if (!session.ok()) {
     return absl::Status(session.status().code(),
                         absl::StrCat(impl->Who(), ": set-up failed: ", session.status().message()));
@@ -323,8 +327,8 @@ absl::Status RefitHandle::Barrier(absl::Time deadline) {
     // destruction must not wait for it.
     h.failed = true;
     h.failure = st;
-    return absl::Status(st.code(), absl::StrCat(h.Who(), ": barrier ", h.barriers, ": ",
-                                                st.message()));
+    return absl::Status(st.code(),
+                        absl::StrCat(h.Who(), ": barrier ", h.barriers, ": ", st.message()));
   }
   return absl::OkStatus();
 }

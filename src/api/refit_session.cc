@@ -37,9 +37,9 @@ absl::StatusOr<std::unique_ptr<RefitSession>> RefitSession::Create(
   const plan::Plan& p = *session->plan_;
 
   // 1. Agreement first: nothing is mapped or registered for a rank that planned something else.
-  const std::string agreed = absl::StrFormat(
-      "%016x (world of %d ranks, fan-out by the %s)", p.fingerprint(), p.world_size(),
-      config.fanout_layer ? "fan-out layer" : "engine");
+  const std::string agreed =
+      absl::StrFormat("%016x (world of %d ranks, fan-out by the %s)", p.fingerprint(),
+                      p.world_size(), config.fanout_layer ? "fan-out layer" : "engine");
   RESHARD_RETURN_IF_ERROR(rendezvous::CheckAgreement(store, absl::StrCat(config.key_prefix, "/fp"),
                                                      rank, AllRanks(p), agreed, "plan fingerprint",
                                                      "every rank must be given the same spec and "
@@ -83,8 +83,8 @@ absl::Status RefitSession::BuildFanout(const std::vector<common::BufferView>& bu
   nvlink::FanoutOptions options;
   options.key_prefix = absl::StrCat(config_.key_prefix, "/fanout");
   options.setup_timeout = config_.setup_timeout;
-  absl::StatusOr<std::unique_ptr<nvlink::Fanout>> fanout = nvlink::Fanout::Create(
-      std::move(table), rank_, std::move(domain), store_, buffers, options);
+  absl::StatusOr<std::unique_ptr<nvlink::Fanout>> fanout =
+      nvlink::Fanout::Create(std::move(table), rank_, std::move(domain), store_, buffers, options);
   if (!fanout.ok()) {
     return absl::Status(fanout.status().code(),
                         absl::StrCat("fan-out set-up failed: ", fanout.status().message()));
@@ -139,8 +139,7 @@ absl::Status RefitSession::Wait(uint64_t epoch, absl::Time deadline) {
 
 absl::Status RefitSession::Barrier(uint64_t n, absl::Time deadline) {
   return rendezvous::Barrier(store_, absl::StrCat(config_.key_prefix, "/barrier/", n), rank_,
-                             AllRanks(*plan_), deadline,
-                             [this] {
+                             AllRanks(*plan_), deadline, [this] {
                                RESHARD_RETURN_IF_ERROR(engine_->Progress(nullptr));
                                return engine_->CheckAllPeers();
                              });

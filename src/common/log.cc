@@ -57,8 +57,8 @@ Level Threshold() {
 }
 
 void Write(Level level, const std::string& message) {
-  const std::string line =
-      absl::StrFormat("reshard[%d] %s: %s\n", static_cast<int>(getpid()), LevelName(level), message);
+  const std::string line = absl::StrFormat("reshard[%d] %s: %s\n", static_cast<int>(getpid()),
+                                           LevelName(level), message);
   // One write so lines of concurrent ranks and threads never interleave; stderr is unbuffered.
   ssize_t rc = ::write(STDERR_FILENO, line.data(), line.size());
   (void)rc;

@@ -27,9 +27,9 @@ bool ParseLevel(const std::string& text, Level* level);
 
 }  // namespace reshard::log
 
-#define RESHARD_LOG(level, ...)                                                      \
-  do {                                                                               \
-    if (::reshard::log::Enabled(::reshard::log::level)) {                            \
+#define RESHARD_LOG(level, ...)                                                     \
+  do {                                                                              \
+    if (::reshard::log::Enabled(::reshard::log::level)) {                           \
       ::reshard::log::Write(::reshard::log::level, ::absl::StrFormat(__VA_ARGS__)); \
-    }                                                                                \
+    }                                                                               \
   } while (0)

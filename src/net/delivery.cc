@@ -85,8 +85,7 @@ class PutDelivery final : public DeliveryBase {
 
 class AmDelivery final : public DeliveryBase {
  public:
-  AmDelivery(int32_t rank, const SendProgram& program, RegisteredMemory& memory,
-             RefitStats& stats)
+  AmDelivery(int32_t rank, const SendProgram& program, RegisteredMemory& memory, RefitStats& stats)
       : DeliveryBase(rank, program, memory, stats) {}
 
   const char* name() const override { return "am"; }

@@ -31,8 +31,8 @@ absl::Status Landing::CheckSender(int32_t from_rank, uint32_t ti, const char* wh
   const auto& transfers = plan_.transfers();
   if (ti >= transfers.size() || transfers[ti].to_rank != program_.rank ||
       transfers[ti].from_rank != from_rank) {
-    return absl::DataLossError(absl::StrCat("rank ", program_.rank, ": rank ", from_rank, " ",
-                                            what, " transfer ", ti,
+    return absl::DataLossError(absl::StrCat("rank ", program_.rank, ": rank ", from_rank, " ", what,
+                                            " transfer ", ti,
                                             " that the plan does not send it here"));
   }
   return absl::OkStatus();
@@ -58,13 +58,13 @@ absl::StatusOr<bool> Landing::Data(const wire::DataHeader& h, const void* data, 
   const uint64_t landed = static_cast<uint64_t>(landed_bytes_[ti]);
   const bool packed = h.packed != 0;
   const uint32_t to_buf = plan_.buffer_of(t.tensor, t.to_side);
-  const uint64_t limit = packed ? region_bytes : static_cast<uint64_t>(memory_.buffer(to_buf).bytes);
+  const uint64_t limit =
+      packed ? region_bytes : static_cast<uint64_t>(memory_.buffer(to_buf).bytes);
   if (!wire::InBounds(h.to_offset, length, limit) ||
       !wire::InBounds(landed, length, region_bytes)) {
     return absl::DataLossError(absl::StrCat("rank ", program_.rank, ": rank ", from, " sent ",
-                                            length, (packed ? " packed" : ""),
-                                            " bytes at offset ", h.to_offset,
-                                            " outside transfer ", ti));
+                                            length, (packed ? " packed" : ""), " bytes at offset ",
+                                            h.to_offset, " outside transfer ", ti));
   }
   if (packed) {
     RESHARD_RETURN_IF_ERROR(Unpack(ti, static_cast<int64_t>(h.to_offset),
@@ -89,7 +89,8 @@ absl::Status Landing::Land(uint32_t ti) {
   const plan::Region& region = plan_.region(t.region);
   absl::Status status;
   plan::ForEachRun(region, plan_.region_dims(region), [&](int64_t, int64_t to_off, int64_t n) {
-    if (status.ok()) status = cuda::CudaCopy(device + to_off, host + to_off, static_cast<size_t>(n));
+    if (status.ok())
+      status = cuda::CudaCopy(device + to_off, host + to_off, static_cast<size_t>(n));
   });
   return status;
 }
@@ -134,7 +135,8 @@ absl::Status Landing::CopyLocal(const SendDesc& d) {
   uint8_t* to = memory_.data(d.to_buffer);
   for (uint32_t i = d.run_begin; i < d.run_end; ++i) {
     const SendRun& run = program_.runs[i];
-    RESHARD_RETURN_IF_ERROR(Copy(to + run.remote_offset, from + run.local_offset, run.bytes, device));
+    RESHARD_RETURN_IF_ERROR(
+        Copy(to + run.remote_offset, from + run.local_offset, run.bytes, device));
   }
   return absl::OkStatus();
 }

@@ -35,7 +35,8 @@ const char* CallName(int kind) {
 
 class PeerLink::Done final : public ucx::Completion {
  public:
-  Done(PeerLink* link, int kind, Batch* batch = nullptr) : link_(link), kind_(kind), batch_(batch) {}
+  Done(PeerLink* link, int kind, Batch* batch = nullptr)
+      : link_(link), kind_(kind), batch_(batch) {}
   void Complete(ucs_status_t status) override { link_->Completed(kind_, batch_, status); }
 
  private:
@@ -81,11 +82,12 @@ absl::Status PeerLink::LoadRemoteKeys(const rendezvous::Record& record, uint32_t
   for (uint32_t id = 0; id < ids; ++id) {
     auto key = record.find(KeyField(id));
     if (key == record.end()) continue;
-    RESHARD_ASSIGN_OR_RETURN(std::string base_text, rendezvous::Field(record, BaseField(id), peer_));
+    RESHARD_ASSIGN_OR_RETURN(std::string base_text,
+                             rendezvous::Field(record, BaseField(id), peer_));
     uint64_t base = 0;
     if (!absl::SimpleAtoi(base_text, &base)) {
-      return absl::DataLossError(
-          absl::StrCat("the remote key record of rank ", peer_, " has a malformed ", BaseField(id)));
+      return absl::DataLossError(absl::StrCat("the remote key record of rank ", peer_,
+                                              " has a malformed ", BaseField(id)));
     }
     RESHARD_ASSIGN_OR_RETURN(rkeys_[id], ucx::RemoteKey::Unpack(*endpoint_, key->second));
     remote_base_[id] = base;
@@ -110,10 +112,10 @@ absl::Status PeerLink::Posted(ucs_status_t status, const char* call, bool* in_fl
 absl::Status PeerLink::SendHello() {
   hello_header_ = wire::AmHeader{wire::kMagic, rank_, peer_handle_, 0};
   bool in_flight = false;
-  RESHARD_RETURN_IF_ERROR(Posted(ucx::SendAm(endpoint_->get(), wire::kHelloAm, &hello_header_,
-                                             sizeof(hello_header_), nullptr, 0, nullptr,
-                                             hello_done_.get()),
-                                 "ucp_am_send_nbx (wire-up)", &in_flight));
+  RESHARD_RETURN_IF_ERROR(
+      Posted(ucx::SendAm(endpoint_->get(), wire::kHelloAm, &hello_header_, sizeof(hello_header_),
+                         nullptr, 0, nullptr, hello_done_.get()),
+             "ucp_am_send_nbx (wire-up)", &in_flight));
   hello_pending_ = in_flight;
   return absl::OkStatus();
 }
@@ -121,19 +123,18 @@ absl::Status PeerLink::SendHello() {
 absl::Status PeerLink::SendGrant(uint64_t epoch) {
   grant_header_ = wire::AmHeader{wire::kMagic, rank_, peer_handle_, epoch};
   bool in_flight = false;
-  RESHARD_RETURN_IF_ERROR(Posted(ucx::SendAm(endpoint_->get(), wire::kGrantAm, &grant_header_,
-                                             sizeof(grant_header_), nullptr, 0, nullptr,
-                                             grant_done_.get()),
-                                 "ucp_am_send_nbx (grant)", &in_flight));
+  RESHARD_RETURN_IF_ERROR(
+      Posted(ucx::SendAm(endpoint_->get(), wire::kGrantAm, &grant_header_, sizeof(grant_header_),
+                         nullptr, 0, nullptr, grant_done_.get()),
+             "ucp_am_send_nbx (grant)", &in_flight));
   if (in_flight) grants_in_flight_++;
   return absl::OkStatus();
 }
 
 void PeerLink::SendAbort(uint64_t epoch, const std::string& reason) {
   if (endpoint_ == nullptr || !endpoint_->error().ok()) return;
-  AbortMessage& msg =
-      aborts_.emplace_back(AbortMessage{wire::AmHeader{wire::kMagic, rank_, peer_handle_, epoch},
-                                        reason});
+  AbortMessage& msg = aborts_.emplace_back(
+      AbortMessage{wire::AmHeader{wire::kMagic, rank_, peer_handle_, epoch}, reason});
   (void)Posted(ucx::SendAm(endpoint_->get(), wire::kAbortAm, &msg.header, sizeof(msg.header),
                            msg.reason.data(), msg.reason.size(), nullptr, abort_done_.get()),
                "ucp_am_send_nbx (abort)", nullptr);
@@ -181,8 +182,8 @@ absl::Status PeerLink::CloseBatch() {
   open_ = nullptr;
   if (batch == nullptr) return absl::OkStatus();
   bool in_flight = false;
-  RESHARD_RETURN_IF_ERROR(Posted(ucx::Flush(endpoint_->get(), &batch->flush_done),
-                                 "ucp_ep_flush_nbx", &in_flight));
+  RESHARD_RETURN_IF_ERROR(
+      Posted(ucx::Flush(endpoint_->get(), &batch->flush_done), "ucp_ep_flush_nbx", &in_flight));
   batch->flushed = !in_flight;
   batch->flush_pending = in_flight;
   return absl::OkStatus();
@@ -199,9 +200,9 @@ absl::Status PeerLink::SignalBatches(uint64_t epoch, int64_t* signals, int64_t* 
         bool in_flight = false;
         (*signals)++;
         RESHARD_RETURN_IF_ERROR(
-            Posted(ucx::SendAm(endpoint_->get(), wire::kDoneAm, &batch.header,
-                               sizeof(batch.header), batch.transfers.data() + i,
-                               n * sizeof(uint32_t), nullptr, &batch.signal_done),
+            Posted(ucx::SendAm(endpoint_->get(), wire::kDoneAm, &batch.header, sizeof(batch.header),
+                               batch.transfers.data() + i, n * sizeof(uint32_t), nullptr,
+                               &batch.signal_done),
                    "ucp_am_send_nbx (completion signal)", &in_flight));
         if (in_flight) batch.pending_signals++;
       }

@@ -81,8 +81,8 @@ class PeerLink {
   void SendAbort(uint64_t epoch, const std::string& reason);
 
   // Data. `run` indexes the send program's runs (data messages keep one header per run).
-  [[nodiscard]] absl::Status Put(const void* local, size_t bytes, uint64_t remote,
-                                 ucp_rkey_h rkey, ucp_mem_h memh, bool* in_flight);
+  [[nodiscard]] absl::Status Put(const void* local, size_t bytes, uint64_t remote, ucp_rkey_h rkey,
+                                 ucp_mem_h memh, bool* in_flight);
   void ReserveDataHeaders(uint32_t run_begin, uint32_t run_end);
   [[nodiscard]] absl::Status SendData(uint32_t run, const wire::DataHeader& header,
                                       const void* data, size_t bytes, ucp_mem_h memh,
@@ -105,9 +105,9 @@ class PeerLink {
   void Close(absl::Time deadline, bool force);
 
   // Role in the plan (set once by the engine).
-  bool sends_to = false;       // This rank sends into the peer.
-  bool receives_from = false;  // The peer sends into this rank (this rank grants it).
-  int64_t expected_from = 0;   // Pieces per epoch from the peer.
+  bool sends_to = false;          // This rank sends into the peer.
+  bool receives_from = false;     // The peer sends into this rank (this rank grants it).
+  int64_t expected_from = 0;      // Pieces per epoch from the peer.
   std::vector<uint32_t> initial;  // Descs without dependencies, in plan order.
   // Grants and aborts received.
   uint64_t granted = 0;  // Latest epoch the peer granted this rank.

@@ -21,9 +21,9 @@
 #include "src/net/registered_memory.h"
 #include "src/net/runtime.h"
 #include "src/net/send_program.h"
+#include "src/net/ucx/memory.h"
 #include "src/net/wire.h"
 #include "src/net/wireup.h"
-#include "src/net/ucx/memory.h"
 #include "src/rendezvous/record.h"
 
 namespace reshard::net {
@@ -137,10 +137,10 @@ absl::Status RefitEngine::Impl::Init(rendezvous::Store& store, std::vector<Buffe
   }
   handle_ = HandleOf(rank_);
   const bool am = UseActiveMessages(options_.delivery);
-  program_ = BuildSendProgram(
-      plan_, rank_,
-      SendProgramOptions{options_.execute_fanout, options_.pack_below_run_bytes,
-                         am ? wire::kAmChunkBytes : 0});
+  program_ =
+      BuildSendProgram(plan_, rank_,
+                       SendProgramOptions{options_.execute_fanout, options_.pack_below_run_bytes,
+                                          am ? wire::kAmChunkBytes : 0});
   absl::Status registered = runtime_->Register(handle_, this);
   if (!registered.ok()) {
     return absl::AlreadyExistsError(absl::StrCat("a refit handle with key prefix \"",
@@ -148,9 +148,9 @@ absl::Status RefitEngine::Impl::Init(rendezvous::Store& store, std::vector<Buffe
                                                  " already exists on this runtime"));
   }
   RESHARD_ASSIGN_OR_RETURN(
-      memory_, RegisteredMemory::Create(plan_, rank_, *runtime_, std::move(buffers),
-                                        program_.send_scratch_bytes,
-                                        am ? 0 : program_.landing_bytes));
+      memory_,
+      RegisteredMemory::Create(plan_, rank_, *runtime_, std::move(buffers),
+                               program_.send_scratch_bytes, am ? 0 : program_.landing_bytes));
   landing_ = std::make_unique<Landing>(plan_, program_, *memory_);
   delivery_ = MakeDelivery(am, rank_, program_, *memory_, options_.signal_batch_bytes, stats_);
 
@@ -336,8 +336,7 @@ void RefitEngine::Impl::PostSends() {
           return Fail(absl::Status(
               posted.code(),
               absl::StrCat(posted.message(), ", tensor \"",
-                           plan_.spec().tensors[plan_.transfers()[d.transfer].tensor].name,
-                           "\"")));
+                           plan_.spec().tensors[plan_.transfers()[d.transfer].tensor].name, "\"")));
         }
         if (in_flight) outstanding_puts_++;
         link->cursor_run++;
@@ -545,11 +544,12 @@ absl::Status RefitEngine::Impl::Shutdown(absl::Time deadline) {
   // sends into this rank). A failed rank only arrives and does not wait: its peers are failing
   // too, and one of them may be dead.
   const std::vector<int32_t> peers = failed_ ? std::vector<int32_t>{} : PeerRanks(links_);
-  absl::Status result = rendezvous::Barrier(
-      *store_, absl::StrCat(options_.key_prefix, "/bye"), rank_, peers, deadline, [this]() {
-        for (int i = 0; i < 64; ++i) runtime_->worker().Progress();
-        return absl::OkStatus();
-      });
+  absl::Status result = rendezvous::Barrier(*store_, absl::StrCat(options_.key_prefix, "/bye"),
+                                            rank_, peers, deadline, [this]() {
+                                              for (int i = 0; i < 64; ++i)
+                                                runtime_->worker().Progress();
+                                              return absl::OkStatus();
+                                            });
   for (PeerLink* link : peers_) link->Close(deadline, /*force=*/false);
   return result;
 }

@@ -13,8 +13,8 @@ std::string KeyField(uint32_t id) { return absl::StrCat("key.", id); }
 std::string BaseField(uint32_t id) { return absl::StrCat("base.", id); }
 
 absl::StatusOr<std::unique_ptr<RegisteredMemory>> RegisteredMemory::Create(
-    const plan::Plan& plan, int32_t rank, Runtime& runtime,
-    std::vector<common::BufferView> buffers, int64_t send_scratch_bytes, int64_t landing_bytes) {
+    const plan::Plan& plan, int32_t rank, Runtime& runtime, std::vector<common::BufferView> buffers,
+    int64_t send_scratch_bytes, int64_t landing_bytes) {
   std::unique_ptr<RegisteredMemory> m(new RegisteredMemory());
   const ucx::Context& context = runtime.context();
   m->buffers_ = std::move(buffers);
@@ -57,8 +57,8 @@ absl::StatusOr<std::unique_ptr<RegisteredMemory>> RegisteredMemory::Create(
   if (landing_bytes > 0) {
     m->landing_.assign(static_cast<size_t>(landing_bytes), 0);
     RESHARD_ASSIGN_OR_RETURN(m->landing_region_,
-                             ucx::MemoryRegion::Map(context, m->landing_.data(),
-                                                    m->landing_.size(), UCS_MEMORY_TYPE_HOST));
+                             ucx::MemoryRegion::Map(context, m->landing_.data(), m->landing_.size(),
+                                                    UCS_MEMORY_TYPE_HOST));
   }
   return m;
 }
@@ -86,8 +86,8 @@ absl::Status RegisteredMemory::AddRemoteKeys(rendezvous::Record* record) const {
 absl::Status RegisteredMemory::StageSources(const plan::Plan& plan) const {
   for (uint32_t b = 0; b < buffers_.size(); ++b) {
     if (staged(b) && plan.buffers()[b].side == plan::Side::kSrc) {
-      RESHARD_RETURN_IF_ERROR(cuda::CudaCopy(staging_[b], buffers_[b].data,
-                                             static_cast<size_t>(buffers_[b].bytes)));
+      RESHARD_RETURN_IF_ERROR(
+          cuda::CudaCopy(staging_[b], buffers_[b].data, static_cast<size_t>(buffers_[b].bytes)));
     }
   }
   return absl::OkStatus();

@@ -38,8 +38,9 @@ Runtime::~Runtime() = default;
 absl::Status Runtime::Register(uint64_t handle, MessageSink* sink) {
   auto [it, inserted] = sinks_.emplace(handle, sink);
   if (!inserted && it->second != sink) {
-    return absl::AlreadyExistsError("a refit handle with the same key prefix and rank already "
-                                    "exists on this runtime");
+    return absl::AlreadyExistsError(
+        "a refit handle with the same key prefix and rank already "
+        "exists on this runtime");
   }
   return absl::OkStatus();
 }

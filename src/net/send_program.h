@@ -27,9 +27,9 @@
 namespace reshard::net {
 
 struct SendProgramOptions {
-  bool execute_fanout = true;         // kFanout transfers are executed by the engine.
-  int64_t pack_below_run_bytes = 0;   // 0: never pack.
-  int64_t chunk_bytes = 0;            // 0: network runs are not cut.
+  bool execute_fanout = true;        // kFanout transfers are executed by the engine.
+  int64_t pack_below_run_bytes = 0;  // 0: never pack.
+  int64_t chunk_bytes = 0;           // 0: network runs are not cut.
 };
 
 struct SendRun {
@@ -62,8 +62,8 @@ struct SendProgram {
   int64_t send_scratch_bytes = 0;
 
   // Receiving side.
-  std::vector<uint32_t> received;     // Executed transfers landing here, in plan order.
-  std::vector<int64_t> expected_from;  // By rank: pieces per epoch (other ranks only).
+  std::vector<uint32_t> received;       // Executed transfers landing here, in plan order.
+  std::vector<int64_t> expected_from;   // By rank: pieces per epoch (other ranks only).
   std::vector<int64_t> landing_offset;  // By transfer: offset in the landing area, or -1.
   int64_t landing_bytes = 0;
 

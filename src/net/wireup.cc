@@ -31,8 +31,8 @@ absl::Status Connect(rendezvous::Store& store, const std::string& prefix, int32_
                              rendezvous::Field(theirs, "address", link->peer()));
     RESHARD_RETURN_IF_ERROR(link->Connect(address, runtime.peer_error_handling()));
     // Every plan buffer id, plus the landing area of packed streams.
-    RESHARD_RETURN_IF_ERROR(
-        link->LoadRemoteKeys(link->sends_to ? theirs : rendezvous::Record{}, memory.landing_id() + 1));
+    RESHARD_RETURN_IF_ERROR(link->LoadRemoteKeys(link->sends_to ? theirs : rendezvous::Record{},
+                                                 memory.landing_id() + 1));
   }
   return absl::OkStatus();
 }
@@ -67,19 +67,18 @@ absl::Status Handshake(rendezvous::Store& store, const std::string& prefix, int3
     }
     idle.Round(progressed);
   }
-  return rendezvous::Barrier(
-      store, absl::StrCat(prefix, "/wired"), rank, PeerRanks(links), deadline,
-      [&]() -> absl::Status {
-        for (int i = 0; i < 64; ++i) runtime.worker().Progress();
-        for (const std::unique_ptr<PeerLink>& link : links) {
-          if (link != nullptr && !link->error().ok()) {
-            return absl::UnavailableError(absl::StrCat("rank ", rank, ": waiting for rank ",
-                                                       link->peer(), " to finish wiring up: ",
-                                                       link->error().message()));
-          }
-        }
-        return absl::OkStatus();
-      });
+  return rendezvous::Barrier(store, absl::StrCat(prefix, "/wired"), rank, PeerRanks(links),
+                             deadline, [&]() -> absl::Status {
+                               for (int i = 0; i < 64; ++i) runtime.worker().Progress();
+                               for (const std::unique_ptr<PeerLink>& link : links) {
+                                 if (link != nullptr && !link->error().ok()) {
+                                   return absl::UnavailableError(absl::StrCat(
+                                       "rank ", rank, ": waiting for rank ", link->peer(),
+                                       " to finish wiring up: ", link->error().message()));
+                                 }
+                               }
+                               return absl::OkStatus();
+                             });
 }
 
 }  // namespace reshard::net

@@ -8,12 +8,11 @@
 #include "src/common/idle.h"
 #include "src/common/status.h"
 #include "src/nvlink/cuda_ipc/factory.h"
-#include "src/rendezvous/record.h"
 #include "src/nvlink/host/factory.h"
 #include "src/nvlink/nccl/factory.h"
+#include "src/rendezvous/record.h"
 
 namespace reshard::nvlink {
-
 
 FanoutTable FanoutTable::FromPlan(const plan::Plan& plan, const std::vector<int32_t>& domain) {
   FanoutTable table;
@@ -114,10 +113,10 @@ absl::Status AgreeOnBackend(const FanoutContext& ctx, const std::string& mine) {
   }
   std::sort(peers.begin(), peers.end());
   peers.erase(std::unique(peers.begin(), peers.end()), peers.end());
-  return rendezvous::CheckAgreement(
-      *ctx.store, absl::StrCat(ctx.options.key_prefix, "/backend"), ctx.rank, peers, mine,
-      "fan-out backend", "every rank of a domain must be able to run the same backend",
-      absl::Now() + ctx.options.setup_timeout);
+  return rendezvous::CheckAgreement(*ctx.store, absl::StrCat(ctx.options.key_prefix, "/backend"),
+                                    ctx.rank, peers, mine, "fan-out backend",
+                                    "every rank of a domain must be able to run the same backend",
+                                    absl::Now() + ctx.options.setup_timeout);
 }
 
 }  // namespace
@@ -326,7 +325,8 @@ absl::Status Fanout::Poll(uint64_t epoch, std::vector<uint32_t>* arrived) {
         "fan-out on rank %d: polled epoch %d during epoch %d", rank_, epoch, epoch_));
   }
   RESHARD_RETURN_IF_ERROR(Pump(epoch));
-  if (arrived != nullptr) arrived->insert(arrived->end(), ready_arrivals_.begin(), ready_arrivals_.end());
+  if (arrived != nullptr)
+    arrived->insert(arrived->end(), ready_arrivals_.begin(), ready_arrivals_.end());
   ready_arrivals_.clear();
   return absl::OkStatus();
 }
@@ -371,8 +371,8 @@ absl::Status Fanout::Check(uint64_t epoch, absl::Time deadline) {
     return absl::DeadlineExceededError(absl::StrFormat(
         "tensor \"%s\": fan-out piece %d from rank %d did not reach rank %d in epoch %d "
         "before the deadline (%d of %d pieces arrived)",
-        e.tensor < table_->tensor_names.size() ? table_->tensor_names[e.tensor] : "?",
-        e.transfer, e.from_rank, rank_, epoch, arrived_count_, incoming_.size()));
+        e.tensor < table_->tensor_names.size() ? table_->tensor_names[e.tensor] : "?", e.transfer,
+        e.from_rank, rank_, epoch, arrived_count_, incoming_.size()));
   }
   for (uint32_t i : outgoing_) {
     if (completed_[i]) continue;

@@ -29,10 +29,10 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "src/rendezvous/store.h"
 #include "src/common/memory.h"
 #include "src/plan/dependencies.h"
 #include "src/plan/plan.h"
+#include "src/rendezvous/store.h"
 
 namespace reshard::nvlink {
 

@@ -6,8 +6,8 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cctype>
 #include <atomic>
+#include <cctype>
 #include <cerrno>
 #include <cstring>
 
@@ -45,9 +45,12 @@ bool DecodeKey(const std::string& name, std::string* key) {
     for (int j = 1; j <= 2; ++j) {
       char c = name[i + j];
       v <<= 4;
-      if (c >= '0' && c <= '9') v |= c - '0';
-      else if (c >= 'A' && c <= 'F') v |= c - 'A' + 10;
-      else return false;
+      if (c >= '0' && c <= '9')
+        v |= c - '0';
+      else if (c >= 'A' && c <= 'F')
+        v |= c - 'A' + 10;
+      else
+        return false;
     }
     key->push_back(static_cast<char>(v));
     i += 2;

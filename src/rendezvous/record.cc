@@ -45,8 +45,8 @@ absl::StatusOr<Record> DecodeRecord(const std::string& text, const std::string& 
     const size_t eq = line.find('=');
     const absl::string_view hex = eq == absl::string_view::npos ? "" : line.substr(eq + 1);
     if (eq == absl::string_view::npos || eq == 0 || hex.size() % 2 != 0) {
-      return absl::DataLossError(absl::StrCat("the ", what, " is malformed (line \"",
-                                              line.substr(0, 64), "\")"));
+      return absl::DataLossError(
+          absl::StrCat("the ", what, " is malformed (line \"", line.substr(0, 64), "\")"));
     }
     std::string value(hex.size() / 2, '\0');
     for (size_t i = 0; i < value.size(); ++i) {
@@ -108,27 +108,25 @@ absl::Status Barrier(Store& store, const std::string& key, int32_t rank,
                      const WhileWaiting& while_waiting) {
   absl::Status arrived = store.Set(absl::StrCat(key, "/", rank), "1");
   if (!arrived.ok()) {
-    return absl::Status(arrived.code(),
-                        absl::StrFormat("rank %d: barrier \"%s\": %s", rank, key,
-                                        std::string(arrived.message())));
+    return absl::Status(arrived.code(), absl::StrFormat("rank %d: barrier \"%s\": %s", rank, key,
+                                                        std::string(arrived.message())));
   }
   for (int32_t peer : peers) {
     if (peer == rank) continue;
     while (true) {
-      const absl::Time until = while_waiting ? std::min(deadline, absl::Now() + kBarrierPoll)
-                                             : deadline;
+      const absl::Time until =
+          while_waiting ? std::min(deadline, absl::Now() + kBarrierPoll) : deadline;
       absl::Status got = store.Get(absl::StrCat(key, "/", peer), until).status();
       if (got.ok()) break;
       const bool timed_out = absl::IsDeadlineExceeded(got);
       if (!timed_out || absl::Now() >= deadline) {
-        return absl::Status(got.code(),
-                            timed_out ? absl::StrFormat("rank %d: barrier \"%s\": rank %d did not "
-                                                        "arrive before the deadline",
-                                                        rank, key, peer)
-                                      : absl::StrFormat("rank %d: barrier \"%s\" waiting for rank "
-                                                        "%d: %s",
-                                                        rank, key, peer,
-                                                        std::string(got.message())));
+        return absl::Status(
+            got.code(), timed_out ? absl::StrFormat("rank %d: barrier \"%s\": rank %d did not "
+                                                    "arrive before the deadline",
+                                                    rank, key, peer)
+                                  : absl::StrFormat("rank %d: barrier \"%s\" waiting for rank "
+                                                    "%d: %s",
+                                                    rank, key, peer, std::string(got.message())));
       }
       if (while_waiting) {
         absl::Status st = while_waiting();
@@ -141,8 +139,7 @@ absl::Status Barrier(Store& store, const std::string& key, int32_t rank,
 
 absl::Status CheckAgreement(Store& store, const std::string& key, int32_t rank,
                             absl::Span<const int32_t> ranks, const std::string& value,
-                            const std::string& what, const std::string& hint,
-                            absl::Time deadline) {
+                            const std::string& what, const std::string& hint, absl::Time deadline) {
   RESHARD_RETURN_IF_ERROR(store.Set(absl::StrCat(key, "/", rank), value));
   for (int32_t peer : ranks) {
     if (peer == rank) continue;
@@ -153,9 +150,9 @@ absl::Status CheckAgreement(Store& store, const std::string& key, int32_t rank,
                                           peer, std::string(theirs.status().message())));
     }
     if (*theirs != value) {
-      return absl::FailedPreconditionError(absl::StrFormat(
-          "%s mismatch: rank %d has %s but rank %d has %s; %s", what, rank, value, peer, *theirs,
-          hint));
+      return absl::FailedPreconditionError(
+          absl::StrFormat("%s mismatch: rank %d has %s but rank %d has %s; %s", what, rank, value,
+                          peer, *theirs, hint));
     }
   }
   return absl::OkStatus();

@@ -64,8 +64,8 @@ using WhileWaiting = std::function<absl::Status()>;
 // this rank and the first rank that differs; errors of the store (DeadlineExceeded,
 // Unavailable) name the rank waited for.
 [[nodiscard]] absl::Status CheckAgreement(Store& store, const std::string& key, int32_t rank,
-                                          absl::Span<const int32_t> ranks,
-                                          const std::string& value, const std::string& what,
-                                          const std::string& hint, absl::Time deadline);
+                                          absl::Span<const int32_t> ranks, const std::string& value,
+                                          const std::string& what, const std::string& hint,
+                                          absl::Time deadline);
 
 }  // namespace reshard::rendezvous

@@ -201,8 +201,8 @@ absl::StatusOr<int> OpenSocket(const std::string& host, int port, absl::Time dea
   absl::Duration backoff = absl::Milliseconds(10);
   while (true) {
     for (addrinfo* ai = res; ai != nullptr; ai = ai->ai_next) {
-      int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC,
-                      ai->ai_protocol);
+      int fd =
+          socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, ai->ai_protocol);
       if (fd < 0) {
         last_error = absl::StrCat("socket: ", std::strerror(errno));
         continue;
@@ -295,8 +295,8 @@ absl::StatusOr<std::unique_ptr<TcpStoreServer>> TcpStoreServer::Start(const std:
         absl::StrCat("store bind address ", bind_host, " does not resolve: ", gai_strerror(rc)));
   }
   std::unique_ptr<addrinfo, decltype(&freeaddrinfo)> owner(res, &freeaddrinfo);
-  int fd = socket(res->ai_family, res->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC,
-                  res->ai_protocol);
+  int fd =
+      socket(res->ai_family, res->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, res->ai_protocol);
   if (fd < 0) return absl::InternalError(absl::StrCat("socket: ", std::strerror(errno)));
   int one = 1;
   setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
@@ -309,9 +309,8 @@ absl::StatusOr<std::unique_ptr<TcpStoreServer>> TcpStoreServer::Start(const std:
   sockaddr_storage addr{};
   socklen_t len = sizeof(addr);
   getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  int bound = addr.ss_family == AF_INET6
-                  ? ntohs(reinterpret_cast<sockaddr_in6*>(&addr)->sin6_port)
-                  : ntohs(reinterpret_cast<sockaddr_in*>(&addr)->sin_port);
+  int bound = addr.ss_family == AF_INET6 ? ntohs(reinterpret_cast<sockaddr_in6*>(&addr)->sin6_port)
+                                         : ntohs(reinterpret_cast<sockaddr_in*>(&addr)->sin_port);
   int pipe_fds[2];
   if (pipe2(pipe_fds, O_NONBLOCK | O_CLOEXEC) < 0) {
     int err = errno;
@@ -385,9 +384,10 @@ void TcpStoreServer::Serve() {
       if (version != kProtocolVersion) {
         RESHARD_LOG(kWarning, "store: refused client %s: protocol version %u", c.peer, version);
         refused_.fetch_add(1);
-        reply(c, kBadRequest, str_payload(absl::StrCat("protocol version ", version,
-                                                       " is not supported (server speaks ",
-                                                       kProtocolVersion, ")")));
+        reply(
+            c, kBadRequest,
+            str_payload(absl::StrCat("protocol version ", version,
+                                     " is not supported (server speaks ", kProtocolVersion, ")")));
         c.closing = true;
         return;
       }
@@ -678,8 +678,8 @@ absl::StatusOr<std::string> TcpStore::Get(const std::string& key, absl::Time dea
   }
   std::string value;
   if (code != kOk || !r.Str(&value) || !r.Done()) {
-    return absl::DataLossError(absl::StrCat("store server sent a malformed answer for \"", key,
-                                            "\""));
+    return absl::DataLossError(
+        absl::StrCat("store server sent a malformed answer for \"", key, "\""));
   }
   return value;
 }
@@ -727,10 +727,9 @@ absl::StatusOr<std::unique_ptr<Store>> ConnectStoreFromEnv() {
     }
   }
   RESHARD_ASSIGN_OR_RETURN(auto host_port, ParseHostPort(address));
-  RESHARD_ASSIGN_OR_RETURN(
-      std::unique_ptr<TcpStore> store,
-      TcpStore::Connect(host_port.first, host_port.second, token,
-                        absl::Now() + absl::Milliseconds(timeout_ms)));
+  RESHARD_ASSIGN_OR_RETURN(std::unique_ptr<TcpStore> store,
+                           TcpStore::Connect(host_port.first, host_port.second, token,
+                                             absl::Now() + absl::Milliseconds(timeout_ms)));
   store->set_op_timeout(absl::Milliseconds(timeout_ms));
   return std::unique_ptr<Store>(std::move(store));
 }

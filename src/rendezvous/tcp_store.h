@@ -77,9 +77,9 @@ class TcpStore final : public Store {
   // `deadline` (the server may still be starting). Errors: PermissionDenied for a wrong token,
   // Unavailable when the server cannot be reached before the deadline.
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<TcpStore>> Connect(const std::string& host,
-                                                                        int port,
-                                                                        const std::string& token,
-                                                                        absl::Time deadline);
+                                                                         int port,
+                                                                         const std::string& token,
+                                                                         absl::Time deadline);
 
   ~TcpStore() override;
   TcpStore(const TcpStore&) = delete;

@@ -1,9 +1,9 @@
 // RefitEngine contracts, each rank in its own forked process (UCX shared memory, a FileStore in
 // a temporary directory): a failed epoch is remembered until Reset, Progress reports every landed
 // transfer exactly once (with puts and with active messages), buffers are validated. (Plan
-// fingerprints are compared by the refit session, tests/api.) Every child sets UCX_TLS, UCX_NET_DEVICES and uses explicit deadlines.
+// fingerprints are compared by the refit session, tests/api.) Every child sets UCX_TLS,
+// UCX_NET_DEVICES and uses explicit deadlines.
 #include "src/net/refit_engine.h"
-#include "src/net/runtime.h"
 
 #include <signal.h>
 #include <sys/wait.h>
@@ -18,10 +18,11 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "src/common/status.h"
-#include "src/rendezvous/file_store.h"
+#include "src/net/runtime.h"
 #include "src/net/ucx/context.h"
 #include "src/plan/fill.h"
 #include "src/plan/spec_json.h"
+#include "src/rendezvous/file_store.h"
 #include "tests/testing/multiprocess.h"
 
 namespace reshard::net {
@@ -121,52 +122,56 @@ TEST(RefitEngine, RejectsBuffersThatDoNotMatchThePlan) {
 
 TEST(RefitEngine, FailedEpochIsRememberedUntilReset) {
   const std::string dir = StoreDir("reset");
-  std::map<int32_t, int> codes = testing::ForkRanks(testing::Ranks(4), [&](int32_t rank) {
-    RankBuffers rb = MakeBuffers(kRowsToCols, rank);
-    auto store = FileStore::Open(dir);
-    CHILD_EXPECT(store.ok());
-    RefitEngineOptions options;
-    auto runtime = Runtime::Create();
-    CHILD_EXPECT(runtime.ok());
-    auto engine = RefitEngine::Create(rb.plan, rank, **store, *runtime, rb.buffers, options);
-    CHILD_EXPECT(engine.ok());
-    RefitEngine& e = **engine;
-    if (rank == 0) {
-      // Source 0 sits out epoch 1: its destinations miss their deadline.
-      usleep(1500 * 1000);
-    } else {
-      Fill(rb, rank, 1);
-      CHILD_EXPECT(e.Start(1).ok());
-      const absl::Status st = e.Wait(absl::Now() + absl::Milliseconds(500));
-      if (rank >= 2) {
-        CHILD_EXPECT(st.code() == absl::StatusCode::kDeadlineExceeded ||
-                     st.code() == absl::StatusCode::kUnavailable);
-        CHILD_EXPECT(e.last_status().code() == st.code());
-        const absl::Status again = e.Start(2);
-        CHILD_EXPECT(again.code() == absl::StatusCode::kFailedPrecondition);
-        CHILD_EXPECT(again.message().find("Reset") != absl::string_view::npos);
-      }
-    }
-    // Every rank resets (peers must do the same) and waits until all have.
-    e.Reset();
-    CHILD_EXPECT((*store)->Set(absl::StrCat("reset-done/", rank), "1").ok());
-    for (int r = 0; r < 4; ++r) {
-      CHILD_EXPECT(
-          (*store)->Get(absl::StrCat("reset-done/", r), absl::Now() + absl::Seconds(20)).ok());
-    }
-    Fill(rb, rank, 2);
-    for (size_t b = 0; b < rb.memory.size(); ++b) {
-      if (rb.plan.buffers()[b].side != plan::Side::kSrc)
-        std::fill(rb.memory[b].begin(), rb.memory[b].end(), kPoison);
-    }
-    CHILD_EXPECT(e.Start(2).ok());
-    const absl::Status st = e.Wait(absl::Now() + absl::Seconds(20));
-    if (!st.ok()) std::fprintf(stderr, "rank %d: %s\n", rank, std::string(st.message()).c_str());
-    CHILD_EXPECT(st.ok());
-    CHILD_EXPECT(Verify(rb, rank, 2).ok());
-    CHILD_EXPECT(e.Shutdown(absl::Now() + absl::Seconds(10)).ok());
-    return 0;
-  }, testing::SharedMemoryUcx());
+  std::map<int32_t, int> codes = testing::ForkRanks(
+      testing::Ranks(4),
+      [&](int32_t rank) {
+        RankBuffers rb = MakeBuffers(kRowsToCols, rank);
+        auto store = FileStore::Open(dir);
+        CHILD_EXPECT(store.ok());
+        RefitEngineOptions options;
+        auto runtime = Runtime::Create();
+        CHILD_EXPECT(runtime.ok());
+        auto engine = RefitEngine::Create(rb.plan, rank, **store, *runtime, rb.buffers, options);
+        CHILD_EXPECT(engine.ok());
+        RefitEngine& e = **engine;
+        if (rank == 0) {
+          // Source 0 sits out epoch 1: its destinations miss their deadline.
+          usleep(1500 * 1000);
+        } else {
+          Fill(rb, rank, 1);
+          CHILD_EXPECT(e.Start(1).ok());
+          const absl::Status st = e.Wait(absl::Now() + absl::Milliseconds(500));
+          if (rank >= 2) {
+            CHILD_EXPECT(st.code() == absl::StatusCode::kDeadlineExceeded ||
+                         st.code() == absl::StatusCode::kUnavailable);
+            CHILD_EXPECT(e.last_status().code() == st.code());
+            const absl::Status again = e.Start(2);
+            CHILD_EXPECT(again.code() == absl::StatusCode::kFailedPrecondition);
+            CHILD_EXPECT(again.message().find("Reset") != absl::string_view::npos);
+          }
+        }
+        // Every rank resets (peers must do the same) and waits until all have.
+        e.Reset();
+        CHILD_EXPECT((*store)->Set(absl::StrCat("reset-done/", rank), "1").ok());
+        for (int r = 0; r < 4; ++r) {
+          CHILD_EXPECT(
+              (*store)->Get(absl::StrCat("reset-done/", r), absl::Now() + absl::Seconds(20)).ok());
+        }
+        Fill(rb, rank, 2);
+        for (size_t b = 0; b < rb.memory.size(); ++b) {
+          if (rb.plan.buffers()[b].side != plan::Side::kSrc)
+            std::fill(rb.memory[b].begin(), rb.memory[b].end(), kPoison);
+        }
+        CHILD_EXPECT(e.Start(2).ok());
+        const absl::Status st = e.Wait(absl::Now() + absl::Seconds(20));
+        if (!st.ok())
+          std::fprintf(stderr, "rank %d: %s\n", rank, std::string(st.message()).c_str());
+        CHILD_EXPECT(st.ok());
+        CHILD_EXPECT(Verify(rb, rank, 2).ok());
+        CHILD_EXPECT(e.Shutdown(absl::Now() + absl::Seconds(10)).ok());
+        return 0;
+      },
+      testing::SharedMemoryUcx());
   for (int r = 0; r < 4; ++r) EXPECT_EQ(codes[r], 0) << "rank " << r;
 }
 
@@ -188,43 +193,46 @@ TEST_P(RefitEngineDelivery, ProgressReportsEveryLandedTransferOnce) {
     EXPECT_TRUE(fanout) << "the domain-aware plan should fan out inside the destination domain";
   }
   const std::string dir = StoreDir("progress");
-  std::map<int32_t, int> codes = testing::ForkRanks(testing::Ranks(8), [&](int32_t rank) {
-    RankBuffers rb = MakeBuffers(spec, rank);
-    auto store = FileStore::Open(dir);
-    CHILD_EXPECT(store.ok());
-    RefitEngineOptions options;
-    options.delivery = GetParam();
-    // Short runs (bf16 columns) travel packed either way; a small batch makes several signals.
-    options.signal_batch_bytes = 4096;
-    auto runtime = Runtime::Create();
-    CHILD_EXPECT(runtime.ok());
-    auto engine = RefitEngine::Create(rb.plan, rank, **store, *runtime, rb.buffers, options);
-    CHILD_EXPECT(engine.ok());
-    RefitEngine& e = **engine;
-    for (uint64_t epoch = 1; epoch <= 3; ++epoch) {
-      Fill(rb, rank, epoch);
-      CHILD_EXPECT(e.Start(epoch).ok());
-      std::vector<uint32_t> landed;
-      const absl::Time deadline = absl::Now() + absl::Seconds(20);
-      while (e.in_epoch() && absl::Now() < deadline) CHILD_EXPECT(e.Progress(&landed).ok());
-      CHILD_EXPECT(e.Wait(deadline).ok());
-      CHILD_EXPECT(e.Progress(&landed).ok());
-      std::multiset<uint32_t> got(landed.begin(), landed.end());
-      auto [begin, end] = rb.plan.receives(rank);
-      std::multiset<uint32_t> want(begin, end);
-      CHILD_EXPECT(got == want);
-      CHILD_EXPECT(Verify(rb, rank, epoch).ok());
-      const RefitStats& stats = e.last_stats();
-      const bool am = GetParam() == RefitEngineOptions::Delivery::kActiveMessage;
-      CHILD_EXPECT(std::string(e.delivery()) == (am ? "am" : "put"));
-      CHILD_EXPECT(am ? stats.puts == 0 : stats.data_messages == 0);
-      if (stats.bytes_network_sent > 0) {
-        CHILD_EXPECT((am ? stats.data_messages : stats.puts) > 0);
-      }
-    }
-    CHILD_EXPECT(e.Shutdown(absl::Now() + absl::Seconds(10)).ok());
-    return 0;
-  }, testing::SharedMemoryUcx());
+  std::map<int32_t, int> codes = testing::ForkRanks(
+      testing::Ranks(8),
+      [&](int32_t rank) {
+        RankBuffers rb = MakeBuffers(spec, rank);
+        auto store = FileStore::Open(dir);
+        CHILD_EXPECT(store.ok());
+        RefitEngineOptions options;
+        options.delivery = GetParam();
+        // Short runs (bf16 columns) travel packed either way; a small batch makes several signals.
+        options.signal_batch_bytes = 4096;
+        auto runtime = Runtime::Create();
+        CHILD_EXPECT(runtime.ok());
+        auto engine = RefitEngine::Create(rb.plan, rank, **store, *runtime, rb.buffers, options);
+        CHILD_EXPECT(engine.ok());
+        RefitEngine& e = **engine;
+        for (uint64_t epoch = 1; epoch <= 3; ++epoch) {
+          Fill(rb, rank, epoch);
+          CHILD_EXPECT(e.Start(epoch).ok());
+          std::vector<uint32_t> landed;
+          const absl::Time deadline = absl::Now() + absl::Seconds(20);
+          while (e.in_epoch() && absl::Now() < deadline) CHILD_EXPECT(e.Progress(&landed).ok());
+          CHILD_EXPECT(e.Wait(deadline).ok());
+          CHILD_EXPECT(e.Progress(&landed).ok());
+          std::multiset<uint32_t> got(landed.begin(), landed.end());
+          auto [begin, end] = rb.plan.receives(rank);
+          std::multiset<uint32_t> want(begin, end);
+          CHILD_EXPECT(got == want);
+          CHILD_EXPECT(Verify(rb, rank, epoch).ok());
+          const RefitStats& stats = e.last_stats();
+          const bool am = GetParam() == RefitEngineOptions::Delivery::kActiveMessage;
+          CHILD_EXPECT(std::string(e.delivery()) == (am ? "am" : "put"));
+          CHILD_EXPECT(am ? stats.puts == 0 : stats.data_messages == 0);
+          if (stats.bytes_network_sent > 0) {
+            CHILD_EXPECT((am ? stats.data_messages : stats.puts) > 0);
+          }
+        }
+        CHILD_EXPECT(e.Shutdown(absl::Now() + absl::Seconds(10)).ok());
+        return 0;
+      },
+      testing::SharedMemoryUcx());
   for (int r = 0; r < 8; ++r) EXPECT_EQ(codes[r], 0) << "rank " << r;
 }
 

@@ -38,7 +38,8 @@ constexpr char kMixed[] = R"json({"tensors": [
    "src": {"mesh": [0, 1], "placements": ["S(1)"]}, "dst": {"mesh": [1, 2, 3], "placements": ["S(0)"]}},
   {"name": "b", "dtype": "bf16", "shape": [32, 4096],
    "src": {"mesh": [0, 1, 2, 3], "placements": ["S(0)"]}, "dst": {"mesh": [0, 1], "placements": ["S(1)"]}}]})json";
-constexpr char kDomains[] = R"json({"topology": {"domains": [[0, 1, 2, 3], [4, 5, 6, 7]]}, "tensors": [
+constexpr char kDomains[] =
+    R"json({"topology": {"domains": [[0, 1, 2, 3], [4, 5, 6, 7]]}, "tensors": [
   {"name": "w", "dtype": "bf16", "shape": [64, 256],
    "src": {"mesh": [0, 1, 2, 3], "placements": ["S(1)"]},
    "dst": {"mesh": [[4, 5], [6, 7]], "placements": ["R", "S(1)"]}},

@@ -116,7 +116,9 @@ testing::MemoryOps CudaMemory() {
     *holder = std::shared_ptr<void>(p, [](void* q) { cudaFree(q); });
     return p;
   };
-  m.copy_in = [](void* d, const void* s, int64_t n) { cudaMemcpy(d, s, n, cudaMemcpyHostToDevice); };
+  m.copy_in = [](void* d, const void* s, int64_t n) {
+    cudaMemcpy(d, s, n, cudaMemcpyHostToDevice);
+  };
   m.copy_out = [](void* d, const void* s, int64_t n) {
     cudaMemcpy(d, s, n, cudaMemcpyDeviceToHost);
   };

@@ -115,21 +115,21 @@ TEST(CheckAgreementTest, EqualValuesPassAndADifferentOneNamesBothRanks) {
   auto store = NewStore();
   const std::vector<int32_t> ranks = {0, 1};
   std::thread other([&] {
-    EXPECT_TRUE(CheckAgreement(*store, "fp", 1, ranks, "abc", "plan fingerprint",
-                               "same spec", absl::Now() + absl::Seconds(10))
+    EXPECT_TRUE(CheckAgreement(*store, "fp", 1, ranks, "abc", "plan fingerprint", "same spec",
+                               absl::Now() + absl::Seconds(10))
                     .ok());
   });
-  EXPECT_TRUE(
-      CheckAgreement(*store, "fp", 0, ranks, "abc", "plan fingerprint", "same spec",
-                     absl::Now() + absl::Seconds(10))
-          .ok());
+  EXPECT_TRUE(CheckAgreement(*store, "fp", 0, ranks, "abc", "plan fingerprint", "same spec",
+                             absl::Now() + absl::Seconds(10))
+                  .ok());
   other.join();
   ASSERT_TRUE(store->Set("fp2/1", "xyz").ok());
-  absl::Status st = CheckAgreement(*store, "fp2", 0, ranks, "abc", "plan fingerprint",
-                                   "same spec", absl::Now() + absl::Seconds(10));
+  absl::Status st = CheckAgreement(*store, "fp2", 0, ranks, "abc", "plan fingerprint", "same spec",
+                                   absl::Now() + absl::Seconds(10));
   EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_TRUE(absl::StrContains(st.message(), "plan fingerprint mismatch: rank 0 has abc but "
-                                              "rank 1 has xyz; same spec"))
+  EXPECT_TRUE(absl::StrContains(st.message(),
+                                "plan fingerprint mismatch: rank 0 has abc but "
+                                "rank 1 has xyz; same spec"))
       << st.message();
 }
 

@@ -88,7 +88,8 @@ std::vector<reshard::RefitSpec> GatherBroadcastSpecs(const reshard::RefitSpec& s
 }
 
 int Fail(int rank, const std::string& error, int code) {
-  std::printf("{\"rank\":%d,\"ok\":false,\"error\":%s}\n", rank, reshard::cli::JsonQuote(error).c_str());
+  std::printf("{\"rank\":%d,\"ok\":false,\"error\":%s}\n", rank,
+              reshard::cli::JsonQuote(error).c_str());
   std::fflush(stdout);
   std::fprintf(stderr, "reshard-bench-rank %d: %s\n", rank, error.c_str());
   return code;
@@ -192,8 +193,9 @@ int main(int argc, char** argv) {
                                       static_cast<uint64_t>(iter) + 1, rank,
                                       buffers.Get(reshard::Side::kDestination, tile.buffer));
         if (!st.ok()) {
-          return Fail(rank, mode + ": after iteration " + std::to_string(iter + 1) + ": " +
-                                std::string(st.message()),
+          return Fail(rank,
+                      mode + ": after iteration " + std::to_string(iter + 1) + ": " +
+                          std::string(st.message()),
                       1);
         }
       }

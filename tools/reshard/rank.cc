@@ -95,8 +95,8 @@ RankReport RunRank(const RankOptions& options, const Communicator& comm) {
   absl::StatusOr<Schedule> schedule = ScheduleForMode(options.plan_mode);
   if (!schedule.ok()) return fail(schedule.status(), true);
   if (options.fanout != "auto" && options.fanout != "engine") {
-    return fail(absl::InvalidArgumentError(absl::StrCat(
-                    "--fanout must be auto or engine, not \"", options.fanout, "\"")),
+    return fail(absl::InvalidArgumentError(
+                    absl::StrCat("--fanout must be auto or engine, not \"", options.fanout, "\"")),
                 true);
   }
   absl::StatusOr<RefitSpec> spec = RefitSpec::FromFile(options.spec_path);
@@ -188,9 +188,10 @@ std::string RankReportJson(const RankReport& r) {
       ",\"data_messages\":", r.data_messages, ",\"registrations_first\":", r.registrations_first,
       ",\"registrations_after_first\":", r.registrations_after_first,
       ",\"transports\":", JsonQuote(r.transports), ",\"fanout\":", JsonQuote(r.fanout_backend),
-      ",\"bytes_fanout_sent\":", r.bytes_fanout_sent, ",\"fanout_busy_ms\":",
-      absl::StrFormat("%.3f", r.fanout_busy_ms), ",\"fanout_hidden_fraction\":",
-      absl::StrFormat("%.3f", r.fanout_hidden_fraction), ",\"fanout_domain_hidden_fraction\":",
+      ",\"bytes_fanout_sent\":", r.bytes_fanout_sent,
+      ",\"fanout_busy_ms\":", absl::StrFormat("%.3f", r.fanout_busy_ms),
+      ",\"fanout_hidden_fraction\":", absl::StrFormat("%.3f", r.fanout_hidden_fraction),
+      ",\"fanout_domain_hidden_fraction\":",
       absl::StrFormat("%.3f", r.fanout_domain_hidden_fraction), ",\"error\":", JsonQuote(r.error),
       "}");
 }

@@ -63,8 +63,7 @@ void FillTile(const LocalTile& tile, uint64_t tensor, uint64_t epoch, void* base
 void PoisonTile(const LocalTile& tile, void* base) {
   auto* bytes = static_cast<uint8_t*>(base);
   const int eb = DTypeSize(tile.dtype);
-  ForEachElement(tile,
-                 [&](int64_t off, int64_t) { std::memset(bytes + off * eb, 0xA5, eb); });
+  ForEachElement(tile, [&](int64_t off, int64_t) { std::memset(bytes + off * eb, 0xA5, eb); });
 }
 
 absl::Status VerifyTile(const LocalTile& tile, uint64_t tensor, uint64_t epoch, int rank,
@@ -78,10 +77,10 @@ absl::Status VerifyTile(const LocalTile& tile, uint64_t tensor, uint64_t epoch, 
     if (std::memcmp(bytes + off * eb, &v, static_cast<size_t>(eb)) != 0) bad = g;
   });
   if (bad < 0) return absl::OkStatus();
-  return absl::DataLossError(absl::StrCat(
-      "tensor \"", tile.tensor, "\" on rank ", rank, ": element ", bad,
-      " (flat index) does not hold epoch ", epoch, "'s value (tile [",
-      absl::StrJoin(tile.lo, ","), "] to [", absl::StrJoin(tile.hi, ","), "))"));
+  return absl::DataLossError(absl::StrCat("tensor \"", tile.tensor, "\" on rank ", rank,
+                                          ": element ", bad, " (flat index) does not hold epoch ",
+                                          epoch, "'s value (tile [", absl::StrJoin(tile.lo, ","),
+                                          "] to [", absl::StrJoin(tile.hi, ","), "))"));
 }
 
 }  // namespace reshard::cli

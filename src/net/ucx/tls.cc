@@ -9,9 +9,9 @@ namespace reshard::net::ucx {
 namespace {
 
 // Transports (and aliases) that stay on one host; everything else reaches the network.
-constexpr const char* kLocalOnly[] = {
-    "sm",        "shm",      "posix",    "sysv",      "cma",      "knem", "xpmem", "self",
-    "cuda_copy", "cuda_ipc", "gdr_copy", "rocm_copy", "rocm_ipc", "cuda", "rocm"};
+constexpr const char* kLocalOnly[] = {"sm",       "shm",       "posix",    "sysv",      "cma",
+                                      "knem",     "xpmem",     "self",     "cuda_copy", "cuda_ipc",
+                                      "gdr_copy", "rocm_copy", "rocm_ipc", "cuda",      "rocm"};
 
 bool IsRdma(absl::string_view name) {
   return name == "ib" || absl::StartsWith(name, "rc") || absl::StartsWith(name, "ud") ||
