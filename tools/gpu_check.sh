@@ -30,7 +30,7 @@ fi
 echo "== build gpu tests"
 targets=$(find "$here/tests" -name CMakeLists.txt -print0 | xargs -0 cat | awk '
   BEGIN { RS = "reshard_add_test\\(" }
-  NR > 1 { split($0, a, ")"); if (a[1] ~ /LABELS[^)]*gpu/) { split(a[1], w, /[ \t\n]+/); print w[1] } }' \
+  NR > 1 { split($0, a, ")"); if (a[1] ~ /LABELS[^)]*gpu|GPU_FILTER/) { split(a[1], w, /[ \t\n]+/); print w[1] } }' \
   | { grep -v '^NAME$' || true; } | sort -u | tr '\n' ' ')
 if [ -z "$targets" ]; then
   echo "no gpu-labelled test targets found" >&2
