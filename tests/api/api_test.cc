@@ -1,5 +1,6 @@
 // The public C++ API in one process: spec builders, JSON, buffer requirements and tiles, misuse
 // errors, and real refits on a one-rank world through the UCX engine (local copies).
+#include <cstdint>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -236,11 +237,41 @@ TEST(HandleTest, OneRankRefitsRepeatedlyWithoutRegistering) {
             absl::StatusCode::kFailedPrecondition);
   ASSERT_TRUE(handle->Start().ok());
   EXPECT_EQ(handle->Start().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(handle->Barrier(absl::Now() + absl::Seconds(1)).code(),
+            absl::StatusCode::kFailedPrecondition);
   EXPECT_TRUE(handle->Wait(absl::Now() + absl::Seconds(20)).ok());
+  // A barrier between refits (one rank: passes at once), twice.
+  EXPECT_TRUE(handle->Barrier(absl::Now() + absl::Seconds(5)).ok());
+  EXPECT_TRUE(handle->Barrier(absl::Now() + absl::Seconds(5)).ok());
   // Move-only handle keeps working after a move.
   reshard::RefitHandle moved = std::move(handle).value();
   EXPECT_TRUE(moved.Execute(absl::Seconds(20)).ok());
   EXPECT_EQ(moved.epoch(), 5u);
+}
+
+TEST(HostBufferTest, SharedZeroedAndChecked) {
+  EXPECT_EQ(reshard::HostBuffer::Allocate(0).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(reshard::HostBuffer::Allocate(-5).status().code(), absl::StatusCode::kInvalidArgument);
+  auto buffer = reshard::HostBuffer::Allocate(10000, "api-test");
+  ASSERT_TRUE(buffer.ok()) << buffer.status();
+  ASSERT_NE(buffer->data(), nullptr);
+  EXPECT_EQ(buffer->bytes(), 10000);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(buffer->data()) % 4096, 0u);  // Page-aligned.
+  const auto* bytes = static_cast<const uint8_t*>(buffer->data());
+  for (int i = 0; i < 10000; ++i) ASSERT_EQ(bytes[i], 0) << i;
+  const reshard::Buffer view = buffer->view();
+  EXPECT_EQ(view.data, buffer->data());
+  EXPECT_EQ(view.bytes, 10000);
+  EXPECT_EQ(view.kind, reshard::MemoryKind::kHost);
+  reshard::HostBuffer moved = *std::move(buffer);
+  EXPECT_EQ(moved.bytes(), 10000);
+}
+
+TEST(VersionTest, GeneratedFromTheProjectVersion) {
+  EXPECT_STREQ(reshard::Version(), RESHARD_VERSION_STRING);
+  EXPECT_EQ(std::string(reshard::Version()), std::to_string(RESHARD_VERSION_MAJOR) + "." +
+                                                 std::to_string(RESHARD_VERSION_MINOR) + "." +
+                                                 std::to_string(RESHARD_VERSION_PATCH));
 }
 
 }  // namespace

@@ -40,6 +40,21 @@ std::vector<std::string> ExampleSpecs() {
   return paths;
 }
 
+// A world of reshard-rank processes over `transport`; `specs` per rank (one: every rank).
+WorldLaunch RankWorld(std::vector<std::string> specs, int world_size, int iters,
+                      const Transport& transport, int timeout_ms) {
+  WorldLaunch launch;
+  launch.program = BinPath("reshard-rank");
+  launch.spec_paths = std::move(specs);
+  launch.world_size = world_size;
+  launch.iters = iters;
+  launch.ucx_tls = transport.tls;
+  launch.ucx_net_devices = transport.devices;
+  launch.timeout_ms = timeout_ms;
+  launch.limit = absl::Seconds(60);
+  return launch;
+}
+
 // What the plan promises `rank` per refit: pieces landing (local included) and network bytes in.
 struct Expect {
   int64_t pieces = 0;
@@ -79,15 +94,8 @@ int64_t Int(const RankResult& r, const char* key) {
 void RunAndCheck(const std::string& spec_path, const Transport& transport,
                  const std::string& mode) {
   SCOPED_TRACE(absl::StrCat(spec_path, " over ", transport.name, " plan mode ", mode));
-  WorldLaunch launch;
-  launch.program = BinPath("reshard-rank");
-  launch.spec_paths = {spec_path};
-  launch.world_size = WorldOf(spec_path);
-  launch.iters = 3;
+  WorldLaunch launch = RankWorld({spec_path}, WorldOf(spec_path), 3, transport, 20000);
   launch.extra_args = {"--plan-mode", mode};
-  launch.ucx_tls = transport.tls;
-  launch.ucx_net_devices = transport.devices;
-  launch.timeout_ms = 20000;
   launch.limit = absl::Seconds(90);
   ASSERT_GT(launch.world_size, 0);
   auto results = RunWorld(launch);
@@ -102,7 +110,8 @@ void RunAndCheck(const std::string& spec_path, const Transport& transport,
     // The transports UCX selected (empty for a rank with no peers).
     const std::string transports = r.report.Find("transports")->as_string();
     if (std::string(transport.name) == "tcp") {
-      if (!transports.empty()) EXPECT_NE(transports.find("tcp/lo"), std::string::npos) << transports;
+      if (!transports.empty())
+        EXPECT_NE(transports.find("tcp/lo"), std::string::npos) << transports;
     } else {
       EXPECT_EQ(transports.find("tcp"), std::string::npos) << transports;
     }
@@ -141,7 +150,8 @@ std::string RandomSpec(std::mt19937& rng) {
       text = "[";
       for (int a = 0; a < 2; ++a) {
         absl::StrAppend(&text, a ? ", [" : "[");
-        for (int b = 0; b < k / 2; ++b) absl::StrAppend(&text, b ? ", " : "", ranks[a * (k / 2) + b]);
+        for (int b = 0; b < k / 2; ++b)
+          absl::StrAppend(&text, b ? ", " : "", ranks[a * (k / 2) + b]);
         absl::StrAppend(&text, "]");
       }
       absl::StrAppend(&text, "]");
@@ -163,19 +173,21 @@ std::string RandomSpec(std::mt19937& rng) {
   for (int t = 0; t < n; ++t) {
     const int nd = uniform(1, 3);
     std::string shape = "[";
-    for (int d = 0; d < nd; ++d) absl::StrAppend(&shape, d ? ", " : "", uniform(1, nd == 1 ? 300 : 24));
+    for (int d = 0; d < nd; ++d)
+      absl::StrAppend(&shape, d ? ", " : "", uniform(1, nd == 1 ? 300 : 24));
     absl::StrAppend(&shape, "]");
     std::string src_pl, dst_pl;
     const std::string src_mesh = mesh(nd, src_pl);
     const std::string dst_mesh = mesh(nd, dst_pl);
     absl::StrAppend(&tensors, t ? ",\n" : "", "{\"name\": \"t", t, "\", \"dtype\": \"",
-                    kDtypes[uniform(0, 6)], "\", \"shape\": ", shape, ", \"src\": {\"mesh\": ",
-                    src_mesh, ", \"placements\": ", src_pl, "}, \"dst\": {\"mesh\": ", dst_mesh,
-                    ", \"placements\": ", dst_pl, "}}");
+                    kDtypes[uniform(0, 6)], "\", \"shape\": ", shape,
+                    ", \"src\": {\"mesh\": ", src_mesh, ", \"placements\": ", src_pl,
+                    "}, \"dst\": {\"mesh\": ", dst_mesh, ", \"placements\": ", dst_pl, "}}");
   }
   const int grouping = uniform(0, 2);
   std::string topology =
-      grouping == 0 ? "" : absl::StrCat("\"topology\": {\"ranks_per_domain\": ", grouping * 2, "},\n");
+      grouping == 0 ? ""
+                    : absl::StrCat("\"topology\": {\"ranks_per_domain\": ", grouping * 2, "},\n");
   const std::string text = absl::StrCat("{", topology, "\"tensors\": [", tensors, "]}");
   return plan::ParseSpecJson(text).ok() ? text : "";
 }
@@ -218,19 +230,9 @@ TEST(MultiprocRefit, KilledRankFailsEveryOtherRankOverTcp) {
     {"name": "w", "dtype": "fp32", "shape": [512, 512],
      "src": {"mesh": [0, 1], "placements": ["S(0)"]},
      "dst": {"mesh": [2, 3], "placements": ["S(1)"]}}]})json";
-  WorldLaunch launch;
-  launch.program = BinPath("reshard-rank");
-  launch.spec_paths = {path};
-  launch.world_size = 4;
-  launch.iters = 1000000;
-  launch.ucx_tls = kTcp.tls;
-  launch.ucx_net_devices = kTcp.devices;
-  launch.timeout_ms = 8000;
-  launch.limit = absl::Seconds(60);
+  WorldLaunch launch = RankWorld({path}, 4, 1000000, kTcp, 8000);
   bool killed = false;
-  launch.on_running = [&](const std::vector<pid_t>& pids) {
-    killed = kill(pids[0], SIGKILL) == 0;
-  };
+  launch.on_running = [&](const std::vector<pid_t>& pids) { killed = kill(pids[0], SIGKILL) == 0; };
   auto results = RunWorld(launch);
   ASSERT_TRUE(results.ok()) << results.status();
   ASSERT_TRUE(killed);
@@ -255,15 +257,7 @@ TEST(MultiprocRefit, MismatchedSpecsFailEveryRank) {
      "src": {"mesh": [0, 1], "placements": ["S(0)"]}, "dst": {"mesh": [2, 3], "placements": ["S(1)"]}}]})json";
   std::ofstream(b) << R"json({"tensors": [{"name": "w", "dtype": "fp32", "shape": [8, 8],
      "src": {"mesh": [0, 1], "placements": ["S(1)"]}, "dst": {"mesh": [2, 3], "placements": ["S(1)"]}}]})json";
-  WorldLaunch launch;
-  launch.program = BinPath("reshard-rank");
-  launch.spec_paths = {a, b, a, a};
-  launch.world_size = 4;
-  launch.iters = 3;
-  launch.ucx_tls = kTcp.tls;
-  launch.ucx_net_devices = kTcp.devices;
-  launch.timeout_ms = 10000;
-  launch.limit = absl::Seconds(60);
+  WorldLaunch launch = RankWorld({a, b, a, a}, 4, 3, kTcp, 10000);
   auto results = RunWorld(launch);
   ASSERT_TRUE(results.ok()) << results.status();
   for (const RankResult& r : *results) {
@@ -288,15 +282,7 @@ TEST(MultiprocRefit, MismatchedSpecsWithDomainsFailEveryRankWithTheFingerprintEr
      "tensors": [{"name": "w", "dtype": "fp32", "shape": [8, 8],
      "src": {"mesh": [0, 1], "placements": ["S(1)"]},
      "dst": {"mesh": [[2, 3], [4, 5]], "placements": ["R", "S(1)"]}}]})json";
-  WorldLaunch launch;
-  launch.program = BinPath("reshard-rank");
-  launch.spec_paths = {a, a, a, b, a, a};
-  launch.world_size = 6;
-  launch.iters = 2;
-  launch.ucx_tls = kSm.tls;
-  launch.ucx_net_devices = kSm.devices;
-  launch.timeout_ms = 20000;
-  launch.limit = absl::Seconds(60);
+  WorldLaunch launch = RankWorld({a, a, a, b, a, a}, 6, 2, kSm, 20000);
   const absl::Time start = absl::Now();
   auto results = RunWorld(launch);
   ASSERT_TRUE(results.ok()) << results.status();

@@ -80,6 +80,25 @@ absl::Status Verify(const RankBuffers& rb, int32_t rank, uint64_t epoch) {
   return status;
 }
 
+// One rank's engine over a file store in `dir` (forked children): its buffers, store and runtime
+// live as long as the engine.
+struct ChildEngine {
+  RankBuffers rb;
+  std::unique_ptr<FileStore> store;
+  std::shared_ptr<Runtime> runtime;
+  std::unique_ptr<RefitEngine> engine;
+};
+
+absl::StatusOr<ChildEngine> OpenEngine(const std::string& spec, int32_t rank,
+                                       const std::string& dir, const RefitEngineOptions& options) {
+  ChildEngine c{MakeBuffers(spec, rank), nullptr, nullptr, nullptr};
+  RESHARD_ASSIGN_OR_RETURN(c.store, FileStore::Open(dir));
+  RESHARD_ASSIGN_OR_RETURN(c.runtime, Runtime::Create());
+  RESHARD_ASSIGN_OR_RETURN(
+      c.engine, RefitEngine::Create(c.rb.plan, rank, *c.store, c.runtime, c.rb.buffers, options));
+  return c;
+}
+
 #define CHILD_EXPECT(cond)                                                           \
   do {                                                                               \
     if (!(cond)) {                                                                   \
@@ -125,15 +144,10 @@ TEST(RefitEngine, FailedEpochIsRememberedUntilReset) {
   std::map<int32_t, int> codes = testing::ForkRanks(
       testing::Ranks(4),
       [&](int32_t rank) {
-        RankBuffers rb = MakeBuffers(kRowsToCols, rank);
-        auto store = FileStore::Open(dir);
-        CHILD_EXPECT(store.ok());
-        RefitEngineOptions options;
-        auto runtime = Runtime::Create();
-        CHILD_EXPECT(runtime.ok());
-        auto engine = RefitEngine::Create(rb.plan, rank, **store, *runtime, rb.buffers, options);
-        CHILD_EXPECT(engine.ok());
-        RefitEngine& e = **engine;
+        absl::StatusOr<ChildEngine> child = OpenEngine(kRowsToCols, rank, dir, {});
+        CHILD_EXPECT(child.ok());
+        RankBuffers& rb = child->rb;
+        RefitEngine& e = *child->engine;
         if (rank == 0) {
           // Source 0 sits out epoch 1: its destinations miss their deadline.
           usleep(1500 * 1000);
@@ -152,10 +166,11 @@ TEST(RefitEngine, FailedEpochIsRememberedUntilReset) {
         }
         // Every rank resets (peers must do the same) and waits until all have.
         e.Reset();
-        CHILD_EXPECT((*store)->Set(absl::StrCat("reset-done/", rank), "1").ok());
+        CHILD_EXPECT(child->store->Set(absl::StrCat("reset-done/", rank), "1").ok());
         for (int r = 0; r < 4; ++r) {
           CHILD_EXPECT(
-              (*store)->Get(absl::StrCat("reset-done/", r), absl::Now() + absl::Seconds(20)).ok());
+              child->store->Get(absl::StrCat("reset-done/", r), absl::Now() + absl::Seconds(20))
+                  .ok());
         }
         Fill(rb, rank, 2);
         for (size_t b = 0; b < rb.memory.size(); ++b) {
@@ -196,18 +211,14 @@ TEST_P(RefitEngineDelivery, ProgressReportsEveryLandedTransferOnce) {
   std::map<int32_t, int> codes = testing::ForkRanks(
       testing::Ranks(8),
       [&](int32_t rank) {
-        RankBuffers rb = MakeBuffers(spec, rank);
-        auto store = FileStore::Open(dir);
-        CHILD_EXPECT(store.ok());
         RefitEngineOptions options;
         options.delivery = GetParam();
         // Short runs (bf16 columns) travel packed either way; a small batch makes several signals.
         options.signal_batch_bytes = 4096;
-        auto runtime = Runtime::Create();
-        CHILD_EXPECT(runtime.ok());
-        auto engine = RefitEngine::Create(rb.plan, rank, **store, *runtime, rb.buffers, options);
-        CHILD_EXPECT(engine.ok());
-        RefitEngine& e = **engine;
+        absl::StatusOr<ChildEngine> child = OpenEngine(spec, rank, dir, options);
+        CHILD_EXPECT(child.ok());
+        RankBuffers& rb = child->rb;
+        RefitEngine& e = *child->engine;
         for (uint64_t epoch = 1; epoch <= 3; ++epoch) {
           Fill(rb, rank, epoch);
           CHILD_EXPECT(e.Start(epoch).ok());

@@ -26,14 +26,14 @@
 #include <vector>
 
 #include "absl/strings/str_format.h"
-#include "src/rendezvous/file_store.h"
 #include "src/nvlink/fanout.h"
-#include "tests/testing/multiprocess.h"
 #include "src/nvlink/shared_buffer.h"
 #include "src/plan/fill.h"
 #include "src/plan/plan.h"
 #include "src/plan/schedule.h"
 #include "src/plan/spec_json.h"
+#include "src/rendezvous/file_store.h"
+#include "tests/testing/multiprocess.h"
 
 namespace reshard::nvlink::testing {
 
@@ -236,6 +236,54 @@ inline absl::Status RunRank(const plan::Plan& plan, int32_t rank, const std::str
   Report(dir, rank, "ok=1");
   return absl::OkStatus();
 }
+
+// Specs with fan-out shared by the fan-out suites.
+// Trainer TP4 -> inference TP2 x DP2 in one domain of 4 (DESIGN §1).
+inline constexpr char kTp4ToTp2Dp2[] = R"json({
+  "topology": {"domains": [[0, 1, 2, 3], [4, 5, 6, 7]]},
+  "tensors": [
+    {"name": "w", "dtype": "bf16", "shape": [64, 256],
+     "src": {"mesh": [0, 1, 2, 3], "placements": ["S(1)"]},
+     "dst": {"mesh": [[4, 5], [6, 7]], "placements": ["R", "S(1)"]}},
+    {"name": "rows", "dtype": "fp32", "shape": [48, 40],
+     "src": {"mesh": [0, 1, 2, 3], "placements": ["S(0)"]},
+     "dst": {"mesh": [[4, 5], [6, 7]], "placements": ["R", "S(1)"]}}
+  ]
+})json";
+
+// 8 trainer ranks -> 8 inference ranks as TP2 x DP4 in two domains of 4.
+inline constexpr char kEightToTp2Dp4[] = R"json({
+  "topology": {"ranks_per_domain": 4},
+  "tensors": [
+    {"name": "w", "dtype": "bf16", "shape": [64, 512],
+     "src": {"mesh": [0, 1, 2, 3, 4, 5, 6, 7], "placements": ["S(1)"]},
+     "dst": {"mesh": [[8, 9], [10, 11], [12, 13], [14, 15]], "placements": ["R", "S(1)"]}},
+    {"name": "o", "dtype": "fp32", "shape": [40, 96],
+     "src": {"mesh": [0, 1, 2, 3, 4, 5, 6, 7], "placements": ["S(0)"]},
+     "dst": {"mesh": [[8, 9], [10, 11], [12, 13], [14, 15]], "placements": ["R", "S(1)"]}}
+  ]
+})json";
+
+// One source tile replicated to a domain of 3: one rank takes it off the network and only
+// sends, the others only receive (peers that never send to a rank still watch its liveness).
+inline constexpr char kOneToThreeReplicas[] = R"json({
+  "topology": {"domains": [[0], [1, 2, 3]]},
+  "tensors": [
+    {"name": "bias", "dtype": "fp32", "shape": [1000],
+     "src": {"mesh": [0], "placements": ["R"]},
+     "dst": {"mesh": [1, 2, 3], "placements": ["R"]}}
+  ]
+})json";
+
+// Two sources -> two replicas in one domain of 2 (the smallest NCCL case: two GPUs).
+inline constexpr char kTp2ToDp2[] = R"json({
+  "topology": {"domains": [[0, 1], [2, 3]]},
+  "tensors": [
+    {"name": "w", "dtype": "fp32", "shape": [32, 96],
+     "src": {"mesh": [0, 1], "placements": ["S(1)"]},
+     "dst": {"mesh": [2, 3], "placements": ["R"]}}
+  ]
+})json";
 
 using reshard::testing::ForkRanks;
 

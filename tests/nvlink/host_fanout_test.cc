@@ -14,29 +14,8 @@ using testing::PlanFromJson;
 using testing::ReadReport;
 using testing::RunRank;
 
-// Trainer TP4 -> inference TP2 x DP2 in one domain of 4 (DESIGN §1).
-constexpr char kTp4ToTp2Dp2[] = R"json({
-  "topology": {"domains": [[0, 1, 2, 3], [4, 5, 6, 7]]},
-  "tensors": [
-    {"name": "w", "dtype": "bf16", "shape": [64, 256],
-     "src": {"mesh": [0, 1, 2, 3], "placements": ["S(1)"]},
-     "dst": {"mesh": [[4, 5], [6, 7]], "placements": ["R", "S(1)"]}},
-    {"name": "rows", "dtype": "fp32", "shape": [48, 40],
-     "src": {"mesh": [0, 1, 2, 3], "placements": ["S(0)"]},
-     "dst": {"mesh": [[4, 5], [6, 7]], "placements": ["R", "S(1)"]}}
-  ]
-})json";
-
-// One source tile replicated to a domain of 3: one rank takes it off the network and only
-// sends, the others only receive (peers that never send to a rank still watch its liveness).
-constexpr char kOneToThreeReplicas[] = R"json({
-  "topology": {"domains": [[0], [1, 2, 3]]},
-  "tensors": [
-    {"name": "bias", "dtype": "fp32", "shape": [1000],
-     "src": {"mesh": [0], "placements": ["R"]},
-     "dst": {"mesh": [1, 2, 3], "placements": ["R"]}}
-  ]
-})json";
+using testing::kOneToThreeReplicas;
+using testing::kTp4ToTp2Dp2;
 
 // A receiver that got everything it needed may finish and exit while its sender still waits for
 // a slower receiver's grant: that is not a lost peer.
