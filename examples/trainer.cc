@@ -1,7 +1,7 @@
 // The trainer side of the example pair: holds its Megatron-style shards, "trains" (writes new
 // values into them) and refits the inference ranks after every step.
 //
-//   mpirun --allow-run-as-root --oversubscribe -x RESHARD_STORE=127.0.0.1:29600 \
+//   mpirun --allow-run-as-root --oversubscribe -x RESHARD_STORE=127.0.0.1:29600 (continued)
 //       -x RESHARD_STORE_TOKEN=secret -np 2 ./trainer : -np 2 ./inference
 #include <cstdio>
 

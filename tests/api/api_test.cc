@@ -230,7 +230,9 @@ TEST(HandleTest, OneRankRefitsRepeatedlyWithoutRegistering) {
     EXPECT_EQ(s.epoch, static_cast<uint64_t>(step));
     EXPECT_EQ(s.bytes_local, 80);
     EXPECT_EQ(s.pieces_received, s.pieces_expected);
-    if (step > 1) EXPECT_EQ(s.registrations_this_refit, 0);
+    if (step > 1) {
+      EXPECT_EQ(s.registrations_this_refit, 0);
+    }
   }
   // Start/Wait misuse.
   EXPECT_EQ(handle->Wait(absl::Now() + absl::Seconds(1)).code(),

@@ -110,8 +110,9 @@ void RunAndCheck(const std::string& spec_path, const Transport& transport,
     // The transports UCX selected (empty for a rank with no peers).
     const std::string transports = r.report.Find("transports")->as_string();
     if (std::string(transport.name) == "tcp") {
-      if (!transports.empty())
+      if (!transports.empty()) {
         EXPECT_NE(transports.find("tcp/lo"), std::string::npos) << transports;
+      }
     } else {
       EXPECT_EQ(transports.find("tcp"), std::string::npos) << transports;
     }
