@@ -1,7 +1,8 @@
 # The layering of DESIGN §3, checked on every build (and as the ctest test `layering_test`):
 # each folder of src/ may include only the layers below it, net and nvlink never include each
-# other, and the programs that move data (reshard-rank, reshard-bench-rank, the launcher, the
-# examples) include only the public headers ("reshard/...") and their own.
+# other, the programs that move data (reshard-rank, reshard-bench-rank, the launcher, the
+# examples) include only the public headers ("reshard/...") and their own, and the rest of the
+# CLI adds only the pure-host planner (src/plan, src/common) for its offline commands.
 #
 #   cmake -DSOURCE_DIR=<repo> [-DSTAMP=<file>] -P cmake/ReshardLayers.cmake
 #
@@ -56,6 +57,21 @@ foreach(f IN LISTS public_programs)
       file(RELATIVE_PATH rel "${SOURCE_DIR}" "${f}")
       string(STRIP "${inc}" inc)
       list(APPEND failures "${rel}: a program that moves data uses the public API only (${inc})")
+    endif()
+  endforeach()
+endforeach()
+
+# The CLI's own commands: the public library, plus the pure-host planner (src/plan, src/common)
+# for the offline commands (plan, sim, spec generation); nothing of the data plane.
+file(GLOB cli_files "${SOURCE_DIR}/tools/reshard/*.h" "${SOURCE_DIR}/tools/reshard/*.cc")
+foreach(f IN LISTS cli_files)
+  math(EXPR checked "${checked} + 1")
+  file(STRINGS "${f}" includes REGEX "^[ \t]*#[ \t]*include[ \t]*[<\"](src/|ucp/|ucs/|uct/|cuda|nccl)")
+  foreach(inc IN LISTS includes)
+    if(NOT inc MATCHES "\"src/(plan|common)/")
+      file(RELATIVE_PATH rel "${SOURCE_DIR}" "${f}")
+      string(STRIP "${inc}" inc)
+      list(APPEND failures "${rel}: the CLI uses the public API and the planner only (${inc})")
     endif()
   endforeach()
 endforeach()

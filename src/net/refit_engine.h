@@ -31,8 +31,10 @@
 // Reset().
 //
 // Fan-out hook: Progress() reports which transfers landed on this rank, so an intra-domain
-// fan-out layer can forward them as they arrive. With `execute_fanout` (the default) the engine
-// executes kFanout transfers itself, as network puts from the receiver's destination buffer.
+// fan-out layer can forward them as they arrive. With `execute_fanout` set the engine executes
+// kFanout transfers itself, as network puts from the receiver's destination buffer; the refit
+// session (src/api/refit_session.h) clears it whenever the fan-out layer runs them
+// (HandleOptions::fanout = kAuto, the default of the public API).
 //
 // Memory kinds: host memory is registered directly. CUDA memory is registered directly when the
 // UCX context reports CUDA memory support; otherwise (Debian's UCX) it is staged through pinned
@@ -40,8 +42,8 @@
 //
 // Thread safety: thread-compatible. All calls on one handle come from one thread, which drives
 // the handle's net::Runtime (its UCX worker, see src/net/ucx/worker.h) and every other handle on
-// that runtime. Start and Progress never block; Wait,
-// Execute, Create and Shutdown block until done or their deadline.
+// that runtime. Start and Progress never block or yield; Wait, Execute, Create and Shutdown block
+// until done or their deadline, idling by the one IdlePolicy (src/common/idle.h).
 #pragma once
 
 #include <cstdint>
@@ -80,7 +82,9 @@ struct RefitEngineOptions {
   // the same on every rank. (Per-put cost dominates below a few KiB: 32768 runs of 512 B take
   // tens of ms as separate puts on shared memory.)
   int64_t pack_below_run_bytes = 8192;
-  // Execute kFanout transfers as network puts (until a fan-out backend takes them over).
+  // Execute kFanout transfers as network puts. The refit session clears it when the fan-out
+  // layer (src/nvlink) runs them; every rank of a handle must agree (it is part of the agreed
+  // value the session compares first).
   bool execute_fanout = true;
   // How bytes travel. kPut: ucp_put_nbx into the registered remote buffer, ep flush, then a
   // completion signal. kActiveMessage: each run travels as an eager active message that the

@@ -7,6 +7,7 @@
 #include "reshard/launch.h"        // IWYU pragma: export
 #include "reshard/refit.h"         // IWYU pragma: export
 #include "reshard/spec.h"          // IWYU pragma: export
+#include "reshard/system.h"        // IWYU pragma: export
 #include "reshard/version.h"       // IWYU pragma: export
 
 namespace reshard {
