@@ -68,9 +68,11 @@ class RefitHandle::Impl {
   std::string name;
   int rank = 0;
   uint64_t fingerprint = 0;
-  // This rank's staging buffer (schedule-owned): shared memory, so domain peers that forward
+  // This rank's staging buffer (schedule-owned), in shared memory when the fan-out layer runs
+  // (domain peers that forward relayed pieces then write it in one copy), else private memory.
   // relayed pieces write it in one copy.
-  std::unique_ptr<nvlink::SharedBuffer> staging;
+  std::unique_ptr<nvlink::SharedBuffer> shared_staging;
+  std::vector<uint8_t> private_staging;
   // Null for a rank the spec does not name (nothing to send or receive).
   std::unique_ptr<internal::RefitSession> session;
 
@@ -97,9 +99,10 @@ class RefitHandle::Impl {
 namespace {
 
 // Matches the caller's buffers with the plan's, by side and name.
-absl::StatusOr<std::vector<common::BufferView>> MatchBuffers(
-    const plan::Plan& plan, int32_t rank, const LocalBuffers& given, const HandleOptions& options,
-    std::unique_ptr<nvlink::SharedBuffer>& staging) {
+absl::StatusOr<std::vector<common::BufferView>> MatchBuffers(const plan::Plan& plan, int32_t rank,
+                                                             const LocalBuffers& given,
+                                                             const HandleOptions& options,
+                                                             RefitHandle::Impl& impl) {
   const std::vector<int64_t> required = plan.BufferBytes(rank);
   std::vector<common::BufferView> out(plan.buffers().size());
   for (Side side : {Side::kSource, Side::kDestination}) {
@@ -161,12 +164,17 @@ absl::StatusOr<std::vector<common::BufferView>> MatchBuffers(
   }
   if (plan.stage_buffer() != plan::Plan::kNoBuffer) {
     const int64_t bytes = plan.stage_bytes(rank);
-    if (bytes > 0) {
-      RESHARD_ASSIGN_OR_RETURN(
-          staging, nvlink::SharedBuffer::Allocate(absl::StrCat("r", rank, "-stage"), bytes));
-      out[plan.stage_buffer()] =
-          common::BufferView{staging->data(), bytes, common::MemoryKind::kHost};
+    const bool fanout_layer = options.fanout == Fanout::kAuto && plan.stats().bytes_fanout > 0;
+    uint8_t* data = nullptr;
+    if (bytes > 0 && fanout_layer) {
+      RESHARD_ASSIGN_OR_RETURN(impl.shared_staging, nvlink::SharedBuffer::Allocate(
+                                                        absl::StrCat("r", rank, "-stage"), bytes));
+      data = impl.shared_staging->data();
+    } else if (bytes > 0) {
+      impl.private_staging.assign(static_cast<size_t>(bytes), 0);
+      data = impl.private_staging.data();
     }
+    out[plan.stage_buffer()] = common::BufferView{data, bytes, common::MemoryKind::kHost};
   }
   return out;
 }
@@ -232,7 +240,7 @@ absl::StatusOr<RefitHandle> RefitHandle::Create(const Communicator& comm, const 
     return RefitHandle(std::move(impl));
   }
   RESHARD_ASSIGN_OR_RETURN(std::vector<common::BufferView> local,
-                           MatchBuffers(plan, impl->rank, buffers, options, impl->staging));
+                           MatchBuffers(plan, impl->rank, buffers, options, *impl));
   PlannedBytes(plan, impl->rank, impl->stats);
   RESHARD_ASSIGN_OR_RETURN(std::shared_ptr<net::Runtime> runtime, impl->comm->Runtime());
   internal::SessionConfig config;

@@ -20,16 +20,18 @@ struct AlignedFree {
   void operator()(uint8_t* p) const { std::free(p); }
 };
 
-// This rank's buffers, owned: sources in private page-aligned memory, destinations in
-// HostBuffers so the domain peers that forward pieces to this rank map them (one copy).
+// This rank's buffers, owned: sources in private page-aligned memory; destinations in
+// HostBuffers when the spec groups ranks into domains (domain peers that forward pieces to this
+// rank then map them: one copy), else private memory too (no /dev/shm needed).
 class RankBuffers {
  public:
-  absl::Status Allocate(const std::vector<BufferRequirement>& requirements, int rank) {
+  absl::Status Allocate(const std::vector<BufferRequirement>& requirements, int rank,
+                        bool shared_destinations) {
     for (const BufferRequirement& r : requirements) {
       void* data = nullptr;
       if (r.bytes == 0) {
         // Only empty tiles live here (uneven shards): nothing to allocate.
-      } else if (r.side == Side::kDestination) {
+      } else if (r.side == Side::kDestination && shared_destinations) {
         absl::StatusOr<HostBuffer> hb =
             HostBuffer::Allocate(r.bytes, absl::StrCat("r", rank, "-", r.name));
         if (!hb.ok()) return hb.status();
@@ -117,7 +119,11 @@ RankReport RunRank(const RankOptions& options, const Communicator& comm) {
   for (size_t t = 0; t < spec->tensors().size(); ++t) tensor_number[spec->tensors()[t].name] = t;
 
   RankBuffers buffers;
-  if (absl::Status st = buffers.Allocate(*requirements, me); !st.ok()) return fail(st, false);
+  bool domains = spec->ranks_per_domain() > 1;
+  for (const std::vector<int32_t>& d : spec->domains()) domains = domains || d.size() > 1;
+  if (absl::Status st = buffers.Allocate(*requirements, me, domains); !st.ok()) {
+    return fail(st, false);
+  }
   HandleOptions handle_options;
   handle_options.name = options.handle_name;
   handle_options.schedule = *schedule;
