@@ -74,6 +74,9 @@ class CallbackStore final : public rendezvous::Store {
       const std::string& prefix) override {
     return cb_.list(prefix);
   }
+  absl::Status Delete(const std::string& key) override {
+    return cb_.del ? cb_.del(key) : absl::OkStatus();
+  }
 
  private:
   StoreCallbacks cb_;
@@ -189,8 +192,9 @@ absl::StatusOr<Communicator> Communicator::FromEnvironment() {
     for (char& ch : name) {
       if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
     }
-    RESHARD_ASSIGN_OR_RETURN(std::unique_ptr<rendezvous::FileStore> fs,
-                             rendezvous::FileStore::Open(absl::StrCat("/dev/shm/reshard-mpi-", name)));
+    RESHARD_ASSIGN_OR_RETURN(
+        std::unique_ptr<rendezvous::FileStore> fs,
+        rendezvous::FileStore::Open(absl::StrCat("/dev/shm/reshard-mpi-", name)));
     auto impl = std::make_shared<FileImpl>();
     impl->rank = rank;
     impl->world_size = world;

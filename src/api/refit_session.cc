@@ -138,11 +138,11 @@ absl::Status RefitSession::Wait(uint64_t epoch, absl::Time deadline) {
 }
 
 absl::Status RefitSession::Barrier(uint64_t n, absl::Time deadline) {
-  return rendezvous::Barrier(store_, absl::StrCat(config_.key_prefix, "/barrier/", n), rank_,
-                             AllRanks(*plan_), deadline, [this] {
-                               RESHARD_RETURN_IF_ERROR(engine_->Progress(nullptr));
-                               return engine_->CheckAllPeers();
-                             });
+  return rendezvous::RepeatedBarrier(store_, absl::StrCat(config_.key_prefix, "/barrier"), n, rank_,
+                                     AllRanks(*plan_), deadline, [this] {
+                                       RESHARD_RETURN_IF_ERROR(engine_->Progress(nullptr));
+                                       return engine_->CheckAllPeers();
+                                     });
 }
 
 void RefitSession::Reset() { engine_->Reset(); }

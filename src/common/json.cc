@@ -1,12 +1,64 @@
 #include "src/common/json.h"
 
 #include <cerrno>
+#include <cmath>
 #include <cstdlib>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 
 namespace reshard::json {
+namespace {
+
+// Length of the well-formed UTF-8 sequence at the start of `s` (RFC 3629: no overlong forms, no
+// surrogates, nothing above U+10FFFF), or 0 when it is not one.
+size_t Utf8SequenceLength(std::string_view s) {
+  if (s.empty()) return 0;
+  const auto b0 = static_cast<unsigned char>(s[0]);
+  if (b0 < 0x80) return 1;
+  size_t n;
+  unsigned char lo = 0x80, hi = 0xBF;  // Range of the second byte.
+  if (b0 >= 0xC2 && b0 <= 0xDF) {
+    n = 2;
+  } else if (b0 >= 0xE0 && b0 <= 0xEF) {
+    n = 3;
+    if (b0 == 0xE0) lo = 0xA0;
+    if (b0 == 0xED) hi = 0x9F;
+  } else if (b0 >= 0xF0 && b0 <= 0xF4) {
+    n = 4;
+    if (b0 == 0xF0) lo = 0x90;
+    if (b0 == 0xF4) hi = 0x8F;
+  } else {
+    return 0;
+  }
+  if (s.size() < n) return 0;
+  const auto b1 = static_cast<unsigned char>(s[1]);
+  if (b1 < lo || b1 > hi) return 0;
+  for (size_t i = 2; i < n; ++i) {
+    const auto b = static_cast<unsigned char>(s[i]);
+    if (b < 0x80 || b > 0xBF) return 0;
+  }
+  return n;
+}
+
+// A byte as text for an error message: printable ASCII as itself, anything else as \xNN.
+std::string ByteForMessage(char c) {
+  const auto b = static_cast<unsigned char>(c);
+  if (b >= 0x20 && b < 0x7F) return std::string(1, c);
+  return absl::StrFormat("\\x%02x", b);
+}
+
+}  // namespace
+
+bool IsValidUtf8(std::string_view s) {
+  size_t i = 0;
+  while (i < s.size()) {
+    const size_t n = Utf8SequenceLength(s.substr(i));
+    if (n == 0) return false;
+    i += n;
+  }
+  return true;
+}
 
 const Value* Value::Find(std::string_view key) const {
   for (const auto& [k, v] : members_) {
@@ -51,6 +103,11 @@ class Parser {
           absl::StrFormat("line %d, column %d: %s", line_, column_, what));
     }
     return false;
+  }
+  bool FailAt(int line, int column, std::string_view what) {
+    line_ = line;
+    column_ = column;
+    return Fail(what);
   }
   absl::Status FailStatus(std::string_view what) {
     Fail(what);
@@ -101,7 +158,7 @@ class Parser {
       default: break;
     }
     if (Peek() == '-' || (Peek() >= '0' && Peek() <= '9')) return ParseNumber(v);
-    return Fail(absl::StrFormat("unexpected character '%c', expected a value", Peek()));
+    return Fail(absl::StrCat("unexpected character '", ByteForMessage(Peek()), "', expected a value"));
   }
 
   bool ParseObject(Value& v, int depth) {
@@ -120,9 +177,7 @@ class Parser {
       if (!ParseString(key)) return false;
       for (const auto& m : v.members_) {
         if (m.first == key) {
-          line_ = key_line;
-          column_ = key_column;
-          return Fail(absl::StrCat("duplicate key \"", key, "\""));
+          return FailAt(key_line, key_column, absl::StrCat("duplicate key ", QuoteForMessage(key)));
         }
       }
       SkipSpace();
@@ -212,14 +267,21 @@ class Parser {
         return true;
       }
       if (static_cast<unsigned char>(c) < 0x20) return Fail("control character in string");
+      if (static_cast<unsigned char>(c) >= 0x80) {
+        const size_t n = Utf8SequenceLength(text_.substr(pos_));
+        if (n == 0) return Fail("invalid UTF-8 in string");
+        out.append(text_.substr(pos_, n));
+        for (size_t i = 0; i < n; ++i) Advance();
+        continue;
+      }
       if (c != '\\') {
         out += c;
         Advance();
         continue;
       }
       Advance();
-      char e = Peek();
       if (AtEnd()) return Fail("unterminated string");
+      char e = Peek();
       Advance();
       switch (e) {
         case '"': out += '"'; break;
@@ -242,11 +304,13 @@ class Parser {
             if (!ParseHex4(low)) return false;
             if (low < 0xDC00 || low > 0xDFFF) return Fail("unpaired surrogate in string");
             cp = 0x10000 + ((cp - 0xD800) << 10) + (low - 0xDC00);
+          } else if (cp >= 0xDC00 && cp <= 0xDFFF) {
+            return Fail("unpaired surrogate in string");
           }
           AppendUtf8(out, cp);
           break;
         }
-        default: return Fail(absl::StrFormat("invalid escape '\\%c' in string", e));
+        default: return Fail(absl::StrCat("invalid escape '\\", ByteForMessage(e), "' in string"));
       }
     }
   }
@@ -278,6 +342,11 @@ class Parser {
     }
     std::string literal(text_.substr(start, pos_ - start));
     v.number_ = std::strtod(literal.c_str(), nullptr);
+    if (!std::isfinite(v.number_)) {
+      return FailAt(v.line_, v.column_,
+                    absl::StrCat("number ", QuoteForMessage(literal),
+                                 " is out of range (it does not fit in a double)"));
+    }
     if (integral) {
       errno = 0;
       long long parsed = std::strtoll(literal.c_str(), nullptr, 10);
@@ -299,6 +368,42 @@ class Parser {
 };
 
 absl::StatusOr<Value> Parse(std::string_view text) { return Parser(text).Document(); }
+
+std::string QuoteForMessage(std::string_view s, size_t max_chars) {
+  std::string out = "\"";
+  size_t chars = 0, i = 0;
+  while (i < s.size()) {
+    if (chars == max_chars) {
+      out += "\"...";
+      return out;
+    }
+    const char c = s[i];
+    const auto b = static_cast<unsigned char>(c);
+    size_t n = 1;
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\r': out += "\\r"; break;
+      case '\t': out += "\\t"; break;
+      default:
+        if (b < 0x20 || b == 0x7F) {
+          out += absl::StrFormat("\\u%04x", b);
+        } else if (b < 0x80) {
+          out += c;
+        } else if ((n = Utf8SequenceLength(s.substr(i))) == 0) {
+          out += absl::StrFormat("\\x%02x", b);
+          n = 1;
+        } else {
+          out.append(s.substr(i, n));
+        }
+    }
+    i += n;
+    ++chars;
+  }
+  out += '"';
+  return out;
+}
 
 std::string Quote(std::string_view s) {
   std::string out = "\"";

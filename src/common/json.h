@@ -2,7 +2,10 @@
 //
 // Spec errors must name the line and column of the offending value, which general-purpose JSON
 // libraries on Debian 12 do not expose; this reader keeps a position on every node. It accepts
-// RFC 8259 JSON only (no comments, no trailing commas) and rejects duplicate object keys.
+// RFC 8259 JSON only (no comments, no trailing commas) and rejects duplicate object keys,
+// invalid UTF-8 (raw or through unpaired \u surrogates; every string it returns is valid UTF-8)
+// and numbers that do not fit in a double (1e99999). NaN and Infinity are not JSON.
+// Columns count bytes.
 #pragma once
 
 #include <cstdint>
@@ -26,7 +29,8 @@ class Value {
   bool is_string() const { return type_ == Type::kString; }
   bool is_array() const { return type_ == Type::kArray; }
   bool is_object() const { return type_ == Type::kObject; }
-  // True for numbers written without fraction or exponent that fit in int64.
+  // True for numbers written without fraction or exponent that fit in int64 (so 2.0, 1e3 and
+  // 2^63 are numbers but not integers).
   bool is_integer() const { return type_ == Type::kNumber && integral_; }
 
   bool as_bool() const { return bool_; }
@@ -63,5 +67,14 @@ class Value {
 
 // Writes `s` as a JSON string literal (with quotes), escaping as needed.
 std::string Quote(std::string_view s);
+
+// `s` for an error message, on one line and bounded: quoted, with quotes, backslashes and
+// control characters escaped, bytes that are not UTF-8 as \xNN, and cut after `max_chars`
+// characters with `...` after the closing quote ("abc"...). Every user string echoed in an
+// error goes through this.
+std::string QuoteForMessage(std::string_view s, size_t max_chars = 64);
+
+// True when `s` is well-formed UTF-8 (RFC 3629).
+bool IsValidUtf8(std::string_view s);
 
 }  // namespace reshard::json

@@ -2,7 +2,11 @@
 
 #include <cstring>
 
+#include <new>
+
 #include "absl/strings/str_format.h"
+#include "src/common/checked.h"
+#include "src/common/json.h"
 #include "src/common/status.h"
 #include "src/plan/fill.h"
 
@@ -17,17 +21,25 @@ absl::StatusOr<LocalWorld> LocalWorld::Create(const Plan& plan, int64_t max_byte
   std::vector<std::vector<int64_t>> sizes(n);
   for (int32_t r = 0; r < n; ++r) {
     sizes[r] = plan.BufferBytes(r);
-    for (int64_t b : sizes[r]) world.total_bytes_ += b;
+    // Saturating: a sum past int64 is simply more than any limit.
+    for (int64_t b : sizes[r]) world.total_bytes_ = SaturatingAdd(world.total_bytes_, b);
   }
   if (world.total_bytes_ > max_bytes) {
     return absl::ResourceExhaustedError(absl::StrFormat(
         "verifying in process needs %d bytes of buffers, more than the limit of %d",
         world.total_bytes_, max_bytes));
   }
-  world.buffers_.resize(n);
-  for (int32_t r = 0; r < n; ++r) {
-    world.buffers_[r].resize(sizes[r].size());
-    for (size_t b = 0; b < sizes[r].size(); ++b) world.buffers_[r][b].assign(sizes[r][b], 0);
+  try {
+    world.buffers_.resize(n);
+    for (int32_t r = 0; r < n; ++r) {
+      world.buffers_[r].resize(sizes[r].size());
+      for (size_t b = 0; b < sizes[r].size(); ++b) world.buffers_[r][b].assign(sizes[r][b], 0);
+    }
+  } catch (const std::bad_alloc&) {
+    // Nothing throws across our APIs: a limit above what the host can give is still an error.
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "verifying in process needs %d bytes of buffers, more than this host can allocate",
+        world.total_bytes_));
   }
   return world;
 }
@@ -36,7 +48,10 @@ void LocalWorld::Prepare(uint64_t epoch) {
   const RefitSpec& spec = plan_->spec();
   for (auto& rank : buffers_) {
     for (size_t b = 0; b < rank.size(); ++b) {
-      if (plan_->buffers()[b].side == Side::kDst) std::memset(rank[b].data(), kPoison, rank[b].size());
+      // memset with a null pointer is undefined even for 0 bytes; empty buffers have no data().
+      if (plan_->buffers()[b].side == Side::kDst && !rank[b].empty()) {
+        std::memset(rank[b].data(), kPoison, rank[b].size());
+      }
     }
   }
   for (size_t t = 0; t < spec.tensors.size(); ++t) {
@@ -54,7 +69,7 @@ void LocalWorld::Execute() {
     const uint8_t* from = buffer(tr.from_rank, plan_->buffer_of(tr.tensor, tr.from_side));
     uint8_t* to = buffer(tr.to_rank, plan_->buffer_of(tr.tensor, tr.to_side));
     ForEachRun(r, plan_->region_dims(r), [&](int64_t f, int64_t t, int64_t n) {
-      std::memcpy(to + t, from + f, n);
+      if (n > 0) std::memcpy(to + t, from + f, n);
     });
   }
 }
@@ -87,8 +102,8 @@ absl::Status LocalWorld::Verify(uint64_t epoch) const {
       for (size_t i = 0; i < bytes.size(); ++i) {
         if ((i >= mask.size() || !mask[i]) && bytes[i] != kPoison) {
           return absl::DataLossError(absl::StrFormat(
-              "buffer \"%s\": rank %d byte %d lies outside every destination view but was written",
-              plan_->buffers()[b].name, r, i));
+              "buffer %s: rank %d byte %d lies outside every destination view but was written",
+              json::QuoteForMessage(plan_->buffers()[b].name), r, i));
         }
       }
     }

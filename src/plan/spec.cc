@@ -1,13 +1,16 @@
 #include "src/plan/spec.h"
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 #include <numeric>
+#include <queue>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "src/common/checked.h"
+#include "src/common/json.h"
 #include "src/common/status.h"
 #include "src/plan/plan.h"
 #include "src/plan/tiling.h"
@@ -15,10 +18,13 @@
 namespace reshard::plan {
 
 // Ranks are dense ids; this bound keeps per-rank tables small and catches typos like 1e9.
-inline constexpr int32_t kMaxRank = 1 << 20;
+inline constexpr int32_t kMaxRank = kMaxWorldSize;
 // Views whose non-overlap cannot be shown from their strides are checked element by element
-// up to this many elements.
+// up to this many elements; tiles sharing a buffer whose address ranges intersect are compared
+// run by run, up to this many runs per group of such tiles on a rank...
 inline constexpr int64_t kMaxExactOverlapCheck = int64_t{1} << 24;
+// ...and up to this many runs in all, so that validation stays within seconds.
+inline constexpr int64_t kMaxOverlapRunsPerSpec = int64_t{1} << 27;
 
 std::string Placement::ToString() const {
   return is_shard() ? absl::StrCat("S(", dim, ")") : std::string("R");
@@ -52,8 +58,19 @@ int32_t RefitSpec::WorldSize() const {
 
 namespace {
 
+using json::QuoteForMessage;
+
 absl::Status TensorError(const TensorSpec& t, const std::string& message) {
-  return absl::InvalidArgumentError(absl::StrCat("tensor \"", t.name, "\": ", message));
+  return absl::InvalidArgumentError(absl::StrCat("tensor ", QuoteForMessage(t.name), ": ", message));
+}
+
+absl::Status CheckName(const TensorSpec& t, const std::string& name, const std::string& field) {
+  if (name.size() > kMaxNameBytes) {
+    return TensorError(t, absl::StrFormat("%s is %d bytes long; at most %d are allowed", field,
+                                          name.size(), kMaxNameBytes));
+  }
+  if (!json::IsValidUtf8(name)) return TensorError(t, field + " is not valid UTF-8");
+  return absl::OkStatus();
 }
 
 // Checks meshes with a stamp per rank instead of a hash set: validation runs once per tensor
@@ -71,6 +88,21 @@ class RankStamp {
   std::vector<uint32_t> stamp_;
 };
 
+// The tile of the largest shape in a layout: per dim the longest interval. A view that is
+// injective on it is injective on every tile, since every tile's local box is inside it.
+Box LargestTile(const Layout& l, const std::vector<int64_t>& shape) {
+  TileGrid grid(l, shape);
+  Box b;
+  b.ndim = grid.ndim();
+  for (int d = 0; d < b.ndim; ++d) {
+    int64_t longest = 0;
+    for (const Interval& iv : grid.intervals(d)) longest = std::max(longest, iv.size());
+    b.lo[d] = 0;
+    b.hi[d] = longest;
+  }
+  return b;
+}
+
 absl::Status ValidateLayout(const TensorSpec& t, const Layout& l, const char* side,
                             RankStamp& stamp, uint32_t& epoch) {
   const int mesh_ndim = l.mesh.ndim();
@@ -84,7 +116,10 @@ absl::Status ValidateLayout(const TensorSpec& t, const Layout& l, const char* si
       return TensorError(t, absl::StrFormat("%s.mesh axis %d is empty", side, a));
     }
     auto s = CheckedMul(size, l.mesh.shape[a]);
-    if (!s || *s > kMaxRank) return TensorError(t, absl::StrFormat("%s.mesh is too large", side));
+    if (!s || *s > kMaxWorldSize) {
+      return TensorError(t, absl::StrFormat("%s.mesh has more than %d ranks, the limit of a world",
+                                            side, kMaxWorldSize));
+    }
     size = *s;
   }
   if (size != l.mesh.size()) {
@@ -126,24 +161,40 @@ absl::Status ValidateLayout(const TensorSpec& t, const Layout& l, const char* si
       }
     }
   }
-  // Every tile's extent must fit in int64 bytes. Row-major tiles are no larger than the tensor.
-  int64_t extent = l.view.offset;
-  for (int d = 0; d < ndim; ++d) {
-    const int64_t span_elems = l.view.strides.empty() ? 1 : l.view.strides[d];
-    auto span = CheckedMul(std::max<int64_t>(t.shape[d] - 1, 0), span_elems);
-    auto sum = span ? CheckedAdd(extent, *span) : std::nullopt;
-    if (!sum) return TensorError(t, absl::StrFormat("%s.view addresses overflow", side));
-    extent = *sum;
+  if (!l.buffer.empty()) {
+    RESHARD_RETURN_IF_ERROR(CheckName(t, l.buffer, absl::StrCat(side, ".buffer")));
   }
-  if (l.view.strides.empty()) {
-    int64_t elements = 1;
-    for (int64_t n : t.shape) elements *= n;  // Checked by the caller.
-    auto sum = CheckedAdd(l.view.offset, elements);
-    if (!sum) return TensorError(t, absl::StrFormat("%s.view addresses overflow", side));
-    extent = *sum;
+  // Every byte a tile addresses must lie below kMaxBufferBytes: offset and strides on their own
+  // first (their own sentence), then the extent of the largest tile, which bounds every tile's.
+  const int64_t elem = DTypeSize(t.dtype);
+  auto offset_bytes = CheckedMul(l.view.offset, elem);
+  if (!offset_bytes || *offset_bytes >= kMaxBufferBytes) {
+    return TensorError(t, absl::StrFormat(
+        "%s.view.offset %d lies beyond the per-rank buffer limit of 2^56 bytes", side,
+        l.view.offset));
   }
-  if (!CheckedMul(extent + 1, DTypeSize(t.dtype))) {
-    return TensorError(t, absl::StrFormat("%s.view addresses overflow", side));
+  for (size_t d = 0; d < l.view.strides.size(); ++d) {
+    auto stride_bytes = CheckedMul(l.view.strides[d], elem);
+    if (!stride_bytes || *stride_bytes >= kMaxBufferBytes) {
+      return TensorError(t, absl::StrFormat(
+          "%s.view.strides[%d] is %d, beyond the per-rank buffer limit of 2^56 bytes", side, d,
+          l.view.strides[d]));
+    }
+  }
+  const Box tile = LargestTile(l, t.shape);
+  if (!tile.empty()) {
+    std::array<int64_t, kMaxTensorDims> strides;
+    TileStrides(l, tile, strides);  // Row-major: products of extents, below the tensor's size.
+    std::optional<int64_t> last = l.view.offset;
+    for (int d = 0; d < tile.ndim; ++d) {
+      auto span = CheckedMul(tile.extent(d) - 1, strides[d]);
+      last = span ? CheckedAdd(last, *span) : std::nullopt;
+    }
+    auto end_bytes = CheckedMul(CheckedAdd(last, 1), elem);
+    if (!end_bytes || *end_bytes > kMaxBufferBytes) {
+      return TensorError(t, absl::StrFormat(
+          "%s.view addresses bytes beyond the per-rank buffer limit of 2^56 bytes", side));
+    }
   }
   return absl::OkStatus();
 }
@@ -184,21 +235,6 @@ bool StridesInjective(const Layout& l, const Box& tile) {
     reach += stride * (n - 1);
   }
   return true;
-}
-
-// The tile of the largest shape in a layout: per dim the longest interval. A view that is
-// injective on it is injective on every tile, since every tile's local box is inside it.
-Box LargestTile(const Layout& l, const std::vector<int64_t>& shape) {
-  TileGrid grid(l, shape);
-  Box b;
-  b.ndim = grid.ndim();
-  for (int d = 0; d < b.ndim; ++d) {
-    int64_t longest = 0;
-    for (const Interval& iv : grid.intervals(d)) longest = std::max(longest, iv.size());
-    b.lo[d] = 0;
-    b.hi[d] = longest;
-  }
-  return b;
 }
 
 absl::Status CheckSelfOverlap(const TensorSpec& t, const Layout& l, const char* side) {
@@ -269,26 +305,41 @@ int64_t TileRunCount(const Layout& l, const Box& tile) {
   return count;
 }
 
-// First element offset two tiles share, or -1. Runs of one tile are disjoint (CheckSelfOverlap).
-int64_t FirstCommonAddress(const std::vector<int64_t>& a, int64_t a_run,
-                           const std::vector<int64_t>& b, int64_t b_run) {
-  size_t i = 0, j = 0;
-  int64_t a_end = std::numeric_limits<int64_t>::min();
-  int64_t b_end = a_end;  // End of the latest run of each tile.
-  while (i < a.size() || j < b.size()) {
-    if (j == b.size() || (i < a.size() && a[i] <= b[j])) {
-      if (a[i] < b_end) return a[i];
-      a_end = a[i++] + a_run;
-    } else {
-      if (b[j] < a_end) return b[j];
-      b_end = b[j++] + b_run;
-    }
+// Two tiles of a group of tiles sharing a buffer on one rank that share an address: the
+// smallest such element offset, and the tiles, as indices into the group (earlier < later).
+struct Collision {
+  int64_t offset = -1;  // -1: the group's tiles share no address.
+  size_t earlier = 0, later = 0;
+};
+
+// Merges the tiles' runs in address order (a heap over their sorted starts). Runs of one tile
+// are disjoint (CheckSelfOverlap), so the first run that starts before the furthest end seen so
+// far gives the smallest shared offset. O(runs * log(tiles)), whatever the number of tiles.
+Collision FirstCollision(const std::vector<std::vector<int64_t>>& starts,
+                         const std::vector<int64_t>& runs, size_t tiles) {
+  using Entry = std::pair<int64_t, size_t>;  // (run start, tile)
+  std::priority_queue<Entry, std::vector<Entry>, std::greater<>> heap;
+  std::vector<size_t> next(tiles, 0);
+  for (size_t k = 0; k < tiles; ++k) {
+    if (!starts[k].empty()) heap.emplace(starts[k][0], k);
   }
-  return -1;
+  int64_t end = std::numeric_limits<int64_t>::min();
+  size_t owner = 0;
+  while (!heap.empty()) {
+    const auto [start, k] = heap.top();
+    heap.pop();
+    if (start < end) return {start, std::min(owner, k), std::max(owner, k)};
+    if (start + runs[k] > end) {
+      end = start + runs[k];
+      owner = k;
+    }
+    if (++next[k] < starts[k].size()) heap.emplace(starts[k][next[k]], k);
+  }
+  return {};
 }
 
 absl::Status CheckBufferOverlap(const RefitSpec& spec, Side side, const std::string& buffer,
-                                const std::vector<size_t>& tensors) {
+                                const std::vector<size_t>& tensors, int64_t& runs_budget) {
   absl::flat_hash_map<int32_t, std::vector<TileInBuffer>> by_rank;
   for (size_t t : tensors) {
     const Layout& l = spec.layout(t, side);
@@ -300,47 +351,58 @@ absl::Status CheckBufferOverlap(const RefitSpec& spec, Side side, const std::str
   std::vector<int32_t> ranks;
   for (const auto& [r, v] : by_rank) ranks.push_back(r);
   std::sort(ranks.begin(), ranks.end());
-  // A tile's addresses depend on its tensor's view and its extents only, so ranks holding tiles
-  // of the same extents share one answer: (tensor, extents, tensor, extents) -> common offset.
-  absl::flat_hash_map<std::vector<int64_t>, int64_t> checked;
-  std::vector<int64_t> x, y, key;
+  // A tile's addresses depend on its tensor's view and its extents only, so ranks holding groups
+  // of tiles of the same tensors and extents share one answer.
+  absl::flat_hash_map<std::vector<int64_t>, Collision> checked;
+  std::vector<std::vector<int64_t>> starts;
+  std::vector<int64_t> runs, key;
   for (int32_t rank : ranks) {
     auto& tiles = by_rank[rank];
     std::sort(tiles.begin(), tiles.end(), [](const TileInBuffer& a, const TileInBuffer& b) {
       return a.lo != b.lo ? a.lo < b.lo : a.tensor < b.tensor;
     });
-    for (size_t i = 1; i < tiles.size(); ++i) {
-      for (size_t j = 0; j < i; ++j) {
-        if (tiles[j].hi <= tiles[i].lo) continue;
-        // Hulls overlap: compare exact address sets (interleaved views are legal).
-        const TensorSpec& a = spec.tensors[tiles[j].tensor];
-        const TensorSpec& b = spec.tensors[tiles[i].tensor];
-        key.clear();
-        for (const TileInBuffer* tile : {&tiles[j], &tiles[i]}) {
-          key.push_back(static_cast<int64_t>(tile->tensor));
-          for (int d = 0; d < tile->box.ndim; ++d) key.push_back(tile->box.extent(d));
+    // Groups: maximal sets of tiles whose address hulls [lo, hi) chain together. Tiles of
+    // different groups cannot share an address; within a group, compare runs (interleaved views
+    // are legal). Linear in the tiles when nothing interleaves.
+    for (size_t first = 0; first < tiles.size();) {
+      size_t last = first + 1;
+      int64_t hi = tiles[first].hi;
+      while (last < tiles.size() && tiles[last].lo < hi) hi = std::max(hi, tiles[last++].hi);
+      const size_t n = last - first;
+      const TileInBuffer* group = &tiles[first];
+      first = last;
+      if (n < 2) continue;
+      key.clear();
+      for (size_t k = 0; k < n; ++k) {
+        key.push_back(static_cast<int64_t>(group[k].tensor));
+        for (int d = 0; d < group[k].box.ndim; ++d) key.push_back(group[k].box.extent(d));
+      }
+      auto it = checked.find(key);
+      if (it == checked.end()) {
+        int64_t total = 0;
+        for (size_t k = 0; k < n; ++k) {
+          total = SaturatingAdd(total, TileRunCount(spec.layout(group[k].tensor, side), group[k].box));
         }
-        auto it = checked.find(key);
-        if (it == checked.end()) {
-          const Layout& la = spec.layout(tiles[j].tensor, side);
-          const Layout& lb = spec.layout(tiles[i].tensor, side);
-          const int64_t runs =
-              CheckedAdd(TileRunCount(la, tiles[j].box), TileRunCount(lb, tiles[i].box))
-                  .value_or(std::numeric_limits<int64_t>::max());
-          if (runs > kMaxExactOverlapCheck) {
-            return TensorError(b, absl::StrFormat(
-                "%s.view may overlap tensor \"%s\" in buffer \"%s\" on rank %d and is too large "
-                "to check run by run", SideName(side), a.name, buffer, rank));
-          }
-          const int64_t a_run = TileRuns(la, tiles[j].box, x);
-          const int64_t b_run = TileRuns(lb, tiles[i].box, y);
-          it = checked.emplace(key, FirstCommonAddress(x, a_run, y, b_run)).first;
+        if (total > kMaxExactOverlapCheck || total > runs_budget) {
+          return TensorError(spec.tensors[group[1].tensor], absl::StrFormat(
+              "%s.view may overlap tensor %s in buffer %s on rank %d and is too large to check "
+              "run by run", SideName(side), QuoteForMessage(spec.tensors[group[0].tensor].name),
+              QuoteForMessage(buffer), rank));
         }
-        if (it->second >= 0) {
-          return TensorError(b, absl::StrFormat(
-              "%s.view overlaps tensor \"%s\" in buffer \"%s\" on rank %d (element offset %d)",
-              SideName(side), a.name, buffer, rank, it->second));
+        runs_budget -= total;
+        if (starts.size() < n) starts.resize(n);
+        runs.resize(n);
+        for (size_t k = 0; k < n; ++k) {
+          runs[k] = TileRuns(spec.layout(group[k].tensor, side), group[k].box, starts[k]);
         }
+        it = checked.emplace(key, FirstCollision(starts, runs, n)).first;
+      }
+      const Collision& c = it->second;
+      if (c.offset >= 0) {
+        return TensorError(spec.tensors[group[c.later].tensor], absl::StrFormat(
+            "%s.view overlaps tensor %s in buffer %s on rank %d (element offset %d)",
+            SideName(side), QuoteForMessage(spec.tensors[group[c.earlier].tensor].name),
+            QuoteForMessage(buffer), rank, c.offset));
       }
     }
   }
@@ -355,8 +417,9 @@ absl::Status ValidateTopology(const Topology& topo) {
     return absl::InvalidArgumentError(
         "topology gives both domains and ranks_per_domain; give one of them");
   }
-  if (!(topo.nic_gbytes_per_s > 0) || !(topo.nvlink_gbytes_per_s > 0)) {
-    return absl::InvalidArgumentError("topology bandwidths must be positive");
+  if (!(topo.nic_gbytes_per_s > 0) || !(topo.nvlink_gbytes_per_s > 0) ||
+      !std::isfinite(topo.nic_gbytes_per_s) || !std::isfinite(topo.nvlink_gbytes_per_s)) {
+    return absl::InvalidArgumentError("topology bandwidths must be positive and finite");
   }
   absl::flat_hash_map<int32_t, size_t> seen;
   for (size_t i = 0; i < topo.domains.size(); ++i) {
@@ -382,10 +445,15 @@ absl::Status ValidateTopology(const Topology& topo) {
 
 absl::Status Validate(const RefitSpec& spec) {
   if (spec.tensors.empty()) return absl::InvalidArgumentError("the spec has no tensors");
+  if (spec.tensors.size() > kMaxTensors) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "the spec has %d tensors; at most %d are allowed", spec.tensors.size(), kMaxTensors));
+  }
   RESHARD_RETURN_IF_ERROR(ValidateTopology(spec.topology));
   absl::flat_hash_map<std::string_view, size_t> names;
   RankStamp stamp;
   uint32_t epoch = 0;
+  std::optional<int64_t> total_bytes = 0;  // All tiles on all ranks, both sides.
   // Buffers per side: name -> tensors, in spec order (the first one sets the element size).
   absl::flat_hash_map<std::string_view, std::vector<size_t>> buffers[2];
   names.reserve(spec.tensors.size());
@@ -395,6 +463,7 @@ absl::Status Validate(const RefitSpec& spec) {
     if (t.name.empty()) {
       return absl::InvalidArgumentError(absl::StrFormat("tensor %d has an empty name", i));
     }
+    RESHARD_RETURN_IF_ERROR(CheckName(t, t.name, "name"));
     if (!names.emplace(t.name, i).second) {
       return TensorError(t, "the name is used by two tensors");
     }
@@ -403,17 +472,31 @@ absl::Status Validate(const RefitSpec& spec) {
       return TensorError(t, absl::StrFormat("shape has %d dims; at most %d are supported", ndim,
                                             kMaxTensorDims));
     }
-    int64_t elements = DTypeSize(t.dtype);
+    std::optional<int64_t> bytes = DTypeSize(t.dtype);
     for (int d = 0; d < ndim; ++d) {
       if (t.shape[d] < 0) {
         return TensorError(t, absl::StrFormat("shape[%d] is negative (%d)", d, t.shape[d]));
       }
-      auto n = CheckedMul(elements, t.shape[d]);
-      if (!n) return TensorError(t, "shape is too large: its size in bytes overflows 64 bits");
-      elements = *n;
+    }
+    for (int d = 0; d < ndim; ++d) bytes = CheckedMul(bytes, t.shape[d]);
+    if (!bytes || *bytes >= kMaxSpecBytes) {
+      return TensorError(t, "shape is too large: a tensor must hold fewer than 2^62 bytes");
     }
     RESHARD_RETURN_IF_ERROR(ValidateLayout(t, t.src, "src", stamp, epoch));
     RESHARD_RETURN_IF_ERROR(ValidateLayout(t, t.dst, "dst", stamp, epoch));
+    // All tiles of a side together hold the tensor once per replica.
+    for (const auto& [l, side] : {std::pair{&t.src, "src"}, std::pair{&t.dst, "dst"}}) {
+      std::optional<int64_t> replicas = 1;
+      for (int a = 0; a < l->mesh.ndim(); ++a) {
+        if (!l->placements[a].is_shard()) replicas = CheckedMul(replicas, l->mesh.shape[a]);
+      }
+      total_bytes = CheckedAdd(total_bytes, CheckedMul(replicas, *bytes).value_or(kMaxSpecBytes));
+      if (!total_bytes || *total_bytes >= kMaxSpecBytes) {
+        return TensorError(t, absl::StrFormat(
+            "%s brings the tiles of all tensors on all ranks to 2^62 bytes or more, the limit of "
+            "a spec", side));
+      }
+    }
     for (Side side : {Side::kSrc, Side::kDst}) {
       const Layout& l = side == Side::kSrc ? t.src : t.dst;
       RESHARD_RETURN_IF_ERROR(CheckSelfOverlap(t, l, SideName(side)));
@@ -422,12 +505,13 @@ absl::Status Validate(const RefitSpec& spec) {
       std::vector<size_t>& users = buffers[s][buffer];
       if (!users.empty() && DTypeSize(spec.tensors[users.front()].dtype) != DTypeSize(t.dtype)) {
         return TensorError(t, absl::StrFormat(
-            "%s.buffer \"%s\" also holds tensor \"%s\" whose dtype has a different size",
-            SideName(side), buffer, spec.tensors[users.front()].name));
+            "%s.buffer %s also holds tensor %s whose dtype has a different size", SideName(side),
+            QuoteForMessage(buffer), QuoteForMessage(spec.tensors[users.front()].name)));
       }
       users.push_back(i);
     }
   }
+  int64_t runs_budget = kMaxOverlapRunsPerSpec;
   for (Side side : {Side::kSrc, Side::kDst}) {
     // Deterministic order: by first tensor of each buffer.
     std::vector<std::pair<size_t, std::string_view>> order;
@@ -436,8 +520,8 @@ absl::Status Validate(const RefitSpec& spec) {
     }
     std::sort(order.begin(), order.end());
     for (const auto& [first, name] : order) {
-      RESHARD_RETURN_IF_ERROR(CheckBufferOverlap(spec, side, std::string(name),
-                                                 buffers[static_cast<int>(side)][name]));
+      RESHARD_RETURN_IF_ERROR(CheckBufferOverlap(
+          spec, side, std::string(name), buffers[static_cast<int>(side)][name], runs_budget));
     }
   }
   return absl::OkStatus();

@@ -22,6 +22,23 @@ namespace reshard::plan {
 inline constexpr int kMaxMeshDims = 8;
 inline constexpr int kMaxTensorDims = 8;
 
+// Limits that Validate() enforces (docs/spec-format.md, "Limits"). They keep every size, offset
+// and byte count the planner and executors derive from a spec exact in int64_t: sums of two
+// values below 2^62 cannot overflow, and nothing is allocated per rank beyond the world size.
+//
+// Ranks are in [0, kMaxWorldSize): per-rank tables of the planner and of `--verify` stay small,
+// and a mesh (its ranks distinct) holds at most this many ranks.
+inline constexpr int32_t kMaxWorldSize = 1 << 16;
+// Elements of a tensor, its bytes, and the bytes of all tiles of all tensors on all ranks (both
+// sides together) are below this.
+inline constexpr int64_t kMaxSpecBytes = int64_t{1} << 62;
+// Every byte a view addresses in a per-rank buffer is below this (64 PiB: no process can map
+// more, even with 57-bit virtual addresses); view offsets and strides are bounded by it.
+inline constexpr int64_t kMaxBufferBytes = int64_t{1} << 56;
+inline constexpr size_t kMaxTensors = size_t{1} << 20;
+// Tensor and buffer names, in bytes (valid UTF-8).
+inline constexpr size_t kMaxNameBytes = 1024;
+
 struct Placement {
   enum class Kind : uint8_t { kReplicate, kShard };
   Kind kind = Kind::kReplicate;
@@ -108,8 +125,10 @@ struct RefitSpec {
   int32_t WorldSize() const;
 };
 
-// Checks a spec for everything the planner relies on. Errors are InvalidArgument and name the
-// tensor and field, e.g. `tensor "w": dst.placements[1] shards dim 2 of a 2-D tensor`.
+// Checks a spec for everything the planner relies on, including the limits above. Errors are
+// InvalidArgument, one line, and name the tensor and field, e.g.
+// `tensor "w": dst.placements[1] shards dim 2 of a 2-D tensor`; user strings in them are quoted
+// and cut at 64 characters (json::QuoteForMessage).
 [[nodiscard]] absl::Status Validate(const RefitSpec& spec);
 
 }  // namespace reshard::plan

@@ -12,6 +12,7 @@
 namespace reshard::plan {
 namespace {
 
+using json::QuoteForMessage;
 using json::Value;
 
 // Builds "line L, column C: tensor "w": field: message".
@@ -20,7 +21,7 @@ class Context {
   explicit Context(std::string tensor = "") : tensor_(std::move(tensor)) {}
   absl::Status Error(const Value& at, const std::string& field, const std::string& message) const {
     std::string prefix = at.Where() + ": ";
-    if (!tensor_.empty()) absl::StrAppend(&prefix, "tensor \"", tensor_, "\": ");
+    if (!tensor_.empty()) absl::StrAppend(&prefix, "tensor ", QuoteForMessage(tensor_), ": ");
     return absl::InvalidArgumentError(absl::StrCat(prefix, field, " ", message));
   }
   void set_tensor(std::string name) { tensor_ = std::move(name); }
@@ -45,7 +46,7 @@ absl::Status CheckKeys(const Context& ctx, const Value& obj, const std::string& 
     for (std::string_view a : allowed) ok = ok || key == a;
     if (!ok) {
       return ctx.Error(value, field.empty() ? std::string("spec") : field,
-                       absl::StrCat("has unknown key \"", key, "\" (allowed: ",
+                       absl::StrCat("has unknown key ", QuoteForMessage(key), " (allowed: ",
                                     JoinKeys(allowed), ")"));
     }
   }
@@ -94,6 +95,10 @@ absl::Status ParseMeshLevel(const Context& ctx, const Value& v, const std::strin
     if (v.as_int() < 0 || v.as_int() > INT32_MAX) {
       return ctx.Error(v, field, absl::StrCat("rank ", v.as_int(), " is not a valid rank"));
     }
+    if (mesh.ranks.size() >= static_cast<size_t>(kMaxWorldSize)) {
+      return ctx.Error(v, field, absl::StrFormat("is one rank more than %d, the limit of a world",
+                                                 kMaxWorldSize));
+    }
     mesh.ranks.push_back(static_cast<int32_t>(v.as_int()));
     return absl::OkStatus();
   }
@@ -130,11 +135,12 @@ absl::StatusOr<Placement> ParsePlacement(const Context& ctx, const Value& v,
     for (char c : digits) all_digits = all_digits && c >= '0' && c <= '9';
     if (all_digits) return Placement::Shard(std::stoi(digits));
   }
-  return ctx.Error(v, field, absl::StrCat("is \"", s, "\"; a placement is \"R\" or \"S(d)\""));
+  return ctx.Error(v, field,
+                   absl::StrCat("is ", QuoteForMessage(s), "; a placement is \"R\" or \"S(d)\""));
 }
 
 absl::Status ParseLayout(const Context& ctx, const Value& v, const std::string& side,
-                         Layout& layout) {
+                         size_t tensor_ndim, Layout& layout) {
   RESHARD_RETURN_IF_ERROR(Expect(ctx, v, side, Value::Type::kObject));
   RESHARD_RETURN_IF_ERROR(CheckKeys(ctx, v, side, {"mesh", "placements", "buffer", "view"}));
   RESHARD_ASSIGN_OR_RETURN(const Value* mesh, Require(ctx, v, "mesh", side));
@@ -163,6 +169,13 @@ absl::Status ParseLayout(const Context& ctx, const Value& v, const std::string& 
     if (const Value* strides = view->Find("strides")) {
       RESHARD_ASSIGN_OR_RETURN(layout.view.strides,
                                IntegerList(ctx, *strides, side + ".view.strides"));
+      // In a spec, empty strides mean row-major; written out they are a mistake (a scalar's
+      // strides are [] and fine).
+      if (layout.view.strides.empty() && tensor_ndim > 0) {
+        return ctx.Error(*strides, side + ".view.strides",
+                         absl::StrFormat("has 0 entries for a %d-D tensor (omit strides for "
+                                         "row-major)", tensor_ndim));
+      }
     }
   }
   return absl::OkStatus();
@@ -224,16 +237,17 @@ absl::Status ParseTensor(const Value& v, size_t index, TensorSpec& t) {
   RESHARD_RETURN_IF_ERROR(Expect(ctx, *dtype, "dtype", Value::Type::kString));
   auto parsed = ParseDType(dtype->as_string());
   if (!parsed) {
-    return ctx.Error(*dtype, "dtype", absl::StrCat("\"", dtype->as_string(),
-                                                   "\" is unknown (known: ", std::string(DTypeNames()), ")"));
+    return ctx.Error(*dtype, "dtype",
+                     absl::StrCat(QuoteForMessage(dtype->as_string()), " is unknown (known: ",
+                                  std::string(DTypeNames()), ")"));
   }
   t.dtype = *parsed;
   RESHARD_ASSIGN_OR_RETURN(const Value* shape, Require(ctx, v, "shape", "tensor"));
   RESHARD_ASSIGN_OR_RETURN(t.shape, IntegerList(ctx, *shape, "shape"));
   RESHARD_ASSIGN_OR_RETURN(const Value* src, Require(ctx, v, "src", "tensor"));
-  RESHARD_RETURN_IF_ERROR(ParseLayout(ctx, *src, "src", t.src));
+  RESHARD_RETURN_IF_ERROR(ParseLayout(ctx, *src, "src", t.shape.size(), t.src));
   RESHARD_ASSIGN_OR_RETURN(const Value* dst, Require(ctx, v, "dst", "tensor"));
-  RESHARD_RETURN_IF_ERROR(ParseLayout(ctx, *dst, "dst", t.dst));
+  RESHARD_RETURN_IF_ERROR(ParseLayout(ctx, *dst, "dst", t.shape.size(), t.dst));
   return absl::OkStatus();
 }
 
@@ -254,6 +268,11 @@ absl::StatusOr<RefitSpec> ParseSpecJson(std::string_view text) {
   }
   RESHARD_ASSIGN_OR_RETURN(const Value* tensors, Require(ctx, doc, "tensors", "spec"));
   RESHARD_RETURN_IF_ERROR(Expect(ctx, *tensors, "tensors", Value::Type::kArray));
+  if (tensors->items().size() > kMaxTensors) {
+    return ctx.Error(*tensors, "tensors",
+                     absl::StrFormat("has %d entries; at most %d are allowed",
+                                     tensors->items().size(), kMaxTensors));
+  }
   spec.tensors.resize(tensors->items().size());
   for (size_t i = 0; i < spec.tensors.size(); ++i) {
     RESHARD_RETURN_IF_ERROR(ParseTensor(tensors->items()[i], i, spec.tensors[i]));

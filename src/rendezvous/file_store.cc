@@ -149,6 +149,15 @@ absl::StatusOr<std::string> FileStore::Get(const std::string& key, absl::Time de
   }
 }
 
+absl::Status FileStore::Delete(const std::string& key) {
+  const std::string path = absl::StrCat(directory_, "/", EncodeKey(key));
+  if (unlink(path.c_str()) < 0 && errno != ENOENT) {
+    return absl::UnavailableError(
+        absl::StrCat("store Delete \"", key, "\": unlink ", path, ": ", std::strerror(errno)));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::vector<std::pair<std::string, std::string>>> FileStore::List(
     const std::string& prefix) {
   DIR* dir = opendir(directory_.c_str());

@@ -26,6 +26,7 @@ class FileStore final : public Store {
   [[nodiscard]] absl::Status Set(const std::string& key, const std::string& value) override;
   [[nodiscard]] absl::StatusOr<std::string> Get(const std::string& key,
                                                 absl::Time deadline) override;
+  [[nodiscard]] absl::Status Delete(const std::string& key) override;
   [[nodiscard]] absl::StatusOr<std::vector<std::pair<std::string, std::string>>> List(
       const std::string& prefix) override;
 

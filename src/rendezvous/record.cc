@@ -137,6 +137,17 @@ absl::Status Barrier(Store& store, const std::string& key, int32_t rank,
   return absl::OkStatus();
 }
 
+absl::Status RepeatedBarrier(Store& store, const std::string& prefix, uint64_t generation,
+                             int32_t rank, absl::Span<const int32_t> peers, absl::Time deadline,
+                             const WhileWaiting& while_waiting) {
+  RESHARD_RETURN_IF_ERROR(
+      Barrier(store, absl::StrCat(prefix, "/", generation), rank, peers, deadline, while_waiting));
+  if (generation > 1) {
+    RESHARD_RETURN_IF_ERROR(store.Delete(absl::StrCat(prefix, "/", generation - 1, "/", rank)));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CheckAgreement(Store& store, const std::string& key, int32_t rank,
                             absl::Span<const int32_t> ranks, const std::string& value,
                             const std::string& what, const std::string& hint, absl::Time deadline) {

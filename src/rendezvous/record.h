@@ -59,6 +59,15 @@ using WhileWaiting = std::function<absl::Status()>;
                                    absl::Span<const int32_t> peers, absl::Time deadline,
                                    const WhileWaiting& while_waiting = {});
 
+// Generation `generation` (1, 2, ...) of a barrier used again and again under `prefix`: a
+// Barrier at `<prefix>/<generation>`. Once a rank passed generation n every rank has left n - 1,
+// so it then deletes its own key of n - 1: the store holds at most two generations whatever the
+// number of refits.
+[[nodiscard]] absl::Status RepeatedBarrier(Store& store, const std::string& prefix,
+                                           uint64_t generation, int32_t rank,
+                                           absl::Span<const int32_t> peers, absl::Time deadline,
+                                           const WhileWaiting& while_waiting = {});
+
 // Every rank of `ranks` publishes `value` under `<key>/<rank>` and compares it with every other
 // rank's: FailedPrecondition "<what> mismatch: rank A has X but rank B has Y; <hint>" naming
 // this rank and the first rank that differs; errors of the store (DeadlineExceeded,

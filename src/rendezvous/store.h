@@ -30,6 +30,9 @@ class Store {
   [[nodiscard]] virtual absl::StatusOr<std::string> Get(const std::string& key,
                                                         absl::Time deadline) = 0;
 
+  // Removes `key` (OK when it was absent). Used to keep long-lived stores bounded: the keys of
+  // a finished barrier generation are deleted by their owners.
+  [[nodiscard]] virtual absl::Status Delete(const std::string& key) = 0;
   // Every key (with its value) that starts with `prefix`, sorted by key. Does not wait.
   [[nodiscard]] virtual absl::StatusOr<std::vector<std::pair<std::string, std::string>>> List(
       const std::string& prefix) = 0;

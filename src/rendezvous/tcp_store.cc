@@ -33,7 +33,7 @@ constexpr absl::Duration kAuthTimeout = absl::Seconds(10);
 // Extra time a Get waits for the server's answer beyond its own deadline.
 constexpr absl::Duration kReplyGrace = absl::Seconds(5);
 
-enum Op : uint8_t { kHello = 1, kSet = 2, kGet = 3, kList = 4 };
+enum Op : uint8_t { kHello = 1, kSet = 2, kGet = 3, kList = 4, kDelete = 5 };
 enum Code : uint8_t { kOk = 0, kTimeout = 1, kDenied = 2, kBadRequest = 3 };
 
 void PutU32(std::string* out, uint32_t v) {
@@ -433,6 +433,12 @@ void TcpStoreServer::Serve() {
         }
         return;
       }
+      case kDelete: {
+        if (!r.Str(&key) || !r.Done()) break;
+        data.erase(key);
+        reply(c, kOk, "");
+        return;
+      }
       case kList: {
         std::string prefix;
         if (!r.Str(&prefix) || !r.Done()) break;
@@ -656,6 +662,19 @@ absl::Status TcpStore::Set(const std::string& key, const std::string& value) {
   Release(fd);
   if (static_cast<uint8_t>(response[0]) != kOk) {
     return absl::InternalError(absl::StrCat("store server rejected Set of key \"", key, "\""));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status TcpStore::Delete(const std::string& key) {
+  absl::Time deadline = absl::Now() + op_timeout_;
+  RESHARD_ASSIGN_OR_RETURN(int fd, Acquire(deadline));
+  std::string request(1, static_cast<char>(kDelete));
+  PutStr(&request, key);
+  RESHARD_ASSIGN_OR_RETURN(std::string response, RoundTrip(fd, request, deadline));
+  Release(fd);
+  if (static_cast<uint8_t>(response[0]) != kOk) {
+    return absl::InternalError(absl::StrCat("store server rejected Delete of key \"", key, "\""));
   }
   return absl::OkStatus();
 }

@@ -8,6 +8,7 @@
 //   SET(2)   str key, str value      -> OK
 //   GET(3)   str key, u64 wait_ms    -> OK str value | TIMEOUT   (server parks the request)
 //   LIST(4)  str prefix              -> OK u32 n, n x (str key, str value), sorted by key
+//   DELETE(5) str key                -> OK                       (absent keys too)
 // A wrong token is refused: the server answers DENIED, logs the peer address on stderr, and
 // closes the connection; the client returns PermissionDenied. Frames are limited to 256 MiB.
 //
@@ -89,6 +90,7 @@ class TcpStore final : public Store {
   [[nodiscard]] absl::Status Set(const std::string& key, const std::string& value) override;
   [[nodiscard]] absl::StatusOr<std::string> Get(const std::string& key,
                                                 absl::Time deadline) override;
+  [[nodiscard]] absl::Status Delete(const std::string& key) override;
   [[nodiscard]] absl::StatusOr<std::vector<std::pair<std::string, std::string>>> List(
       const std::string& prefix) override;
 

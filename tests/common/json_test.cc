@@ -1,5 +1,8 @@
 #include "src/common/json.h"
 
+#include <cstdint>
+#include <string>
+
 #include <gtest/gtest.h>
 
 namespace reshard::json {
@@ -35,6 +38,83 @@ TEST(JsonTest, RejectsDuplicateKeysTrailingTextAndHugeIntegers) {
 }
 
 TEST(JsonTest, QuoteEscapes) { EXPECT_EQ(Quote("a\"b\\\n"), "\"a\\\"b\\\\\\n\""); }
+
+TEST(JsonTest, RejectsInvalidUtf8WithLineAndColumn) {
+  // A bad byte, an overlong '/', a surrogate, above U+10FFFF, a cut sequence.
+  for (const char* bad : {"\xff", "\xc0\xaf", "\xed\xa0\x80", "\xf4\x90\x80\x80", "\xe2\x82"}) {
+    auto v = Parse(std::string("[\n \"a") + bad + "\"]");
+    ASSERT_FALSE(v.ok()) << bad;
+    EXPECT_EQ(v.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(std::string(v.status().message()), "line 2, column 4: invalid UTF-8 in string");
+  }
+  // Well-formed multi-byte characters pass through; so do escaped pairs.
+  auto ok = Parse("[\"\xe2\x82\xac \xf0\x9f\x98\x80 \\ud83d\\ude00\"]");
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ(ok->items()[0].as_string(), "\xe2\x82\xac \xf0\x9f\x98\x80 \xf0\x9f\x98\x80");
+  EXPECT_TRUE(IsValidUtf8(ok->items()[0].as_string()));
+  // A lone low surrogate would decode to invalid UTF-8.
+  auto low = Parse("\"\\udc00\"");
+  ASSERT_FALSE(low.ok());
+  EXPECT_EQ(std::string(low.status().message()), "line 1, column 8: unpaired surrogate in string");
+  // A stray byte outside strings is named, escaped.
+  auto stray = Parse("[\xff]");
+  ASSERT_FALSE(stray.ok());
+  EXPECT_EQ(std::string(stray.status().message()),
+            "line 1, column 2: unexpected character '\\xff', expected a value");
+}
+
+TEST(JsonTest, RejectsNonFiniteNumbers) {
+  auto huge = Parse("{\"a\":\n  [1, 1e99999]}");
+  ASSERT_FALSE(huge.ok());
+  EXPECT_EQ(std::string(huge.status().message()),
+            "line 2, column 7: number \"1e99999\" is out of range (it does not fit in a double)");
+  EXPECT_FALSE(Parse("-1e400").ok());
+  for (const char* word : {"NaN", "Infinity", "-Infinity", "nan"}) {
+    auto v = Parse(std::string("[") + word + "]");
+    ASSERT_FALSE(v.ok()) << word;
+    EXPECT_EQ(std::string(v.status().message()).rfind("line 1, column ", 0), 0u)
+        << v.status();
+  }
+  // Underflow is not infinity: it reads as zero.
+  auto tiny = Parse("1e-99999");
+  ASSERT_TRUE(tiny.ok());
+  EXPECT_EQ(tiny->as_double(), 0);
+}
+
+TEST(JsonTest, OnlyExactIntegersAreIntegers) {
+  auto v = Parse("[2.5, 2.0, 1e3, 9223372036854775807, 9223372036854775808, -9223372036854775808]");
+  ASSERT_TRUE(v.ok());
+  const auto& x = v->items();
+  EXPECT_FALSE(x[0].is_integer());
+  EXPECT_FALSE(x[1].is_integer());
+  EXPECT_FALSE(x[2].is_integer());
+  EXPECT_TRUE(x[3].is_integer());
+  EXPECT_EQ(x[3].as_int(), INT64_MAX);
+  EXPECT_FALSE(x[4].is_integer());
+  EXPECT_TRUE(x[5].is_integer());
+  EXPECT_EQ(x[5].as_int(), INT64_MIN);
+}
+
+TEST(JsonTest, DuplicateKeyIsQuotedForTheMessage) {
+  auto v = Parse("{\"a\\nb\": 1, \"a\\nb\": 2}");
+  ASSERT_FALSE(v.ok());
+  EXPECT_EQ(std::string(v.status().message()), "line 1, column 13: duplicate key \"a\\nb\"");
+}
+
+TEST(JsonTest, QuoteForMessageIsOneBoundedLine) {
+  EXPECT_EQ(QuoteForMessage("w"), "\"w\"");
+  EXPECT_EQ(QuoteForMessage("a\nb\t\"c\\\x01\x7f"), "\"a\\nb\\t\\\"c\\\\\\u0001\\u007f\"");
+  EXPECT_EQ(QuoteForMessage("\xff\xc3\xa9"), "\"\\xff\xc3\xa9\"");
+  EXPECT_EQ(QuoteForMessage(std::string(64, 'x')), "\"" + std::string(64, 'x') + "\"");
+  EXPECT_EQ(QuoteForMessage(std::string(10000, 'x')), "\"" + std::string(64, 'x') + "\"...");
+  EXPECT_EQ(QuoteForMessage("abcdef", 3), "\"abc\"...");
+  // Characters, not bytes: a multi-byte character is never cut.
+  EXPECT_EQ(QuoteForMessage("\xc3\xa9\xc3\xa9\xc3\xa9", 2), "\"\xc3\xa9\xc3\xa9\"...");
+  // Newlines in a huge string: still one line, bounded.
+  const std::string q = QuoteForMessage(std::string(50'000'000, '\n'));
+  EXPECT_EQ(q.find('\n'), std::string::npos);
+  EXPECT_LE(q.size(), 64u * 6 + 5);
+}
 
 }  // namespace
 }  // namespace reshard::json

@@ -111,6 +111,30 @@ TEST(BarrierTest, WhileWaitingRunsAndItsErrorEndsTheWait) {
   EXPECT_EQ(calls, 3);
 }
 
+TEST(BarrierTest, RepeatedBarrierKeepsTheStoreBounded) {
+  auto store = NewStore();
+  const std::vector<int32_t> ranks = {0, 1, 2, 3};
+  constexpr uint64_t kGenerations = 60;
+  std::vector<std::thread> threads;
+  for (int32_t r : ranks) {
+    threads.emplace_back([&, r] {
+      for (uint64_t g = 1; g <= kGenerations; ++g) {
+        absl::Status st =
+            RepeatedBarrier(*store, "h/barrier", g, r, ranks, absl::Now() + absl::Seconds(10));
+        ASSERT_TRUE(st.ok()) << st;
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  // Only the last generation is left: one key per rank, not 60.
+  absl::StatusOr<std::vector<std::pair<std::string, std::string>>> keys = store->List("h/barrier/");
+  ASSERT_TRUE(keys.ok()) << keys.status();
+  ASSERT_EQ(keys->size(), ranks.size());
+  for (const auto& [key, value] : *keys) {
+    EXPECT_EQ(key.rfind("h/barrier/60/", 0), 0u) << key;
+  }
+}
+
 TEST(CheckAgreementTest, EqualValuesPassAndADifferentOneNamesBothRanks) {
   auto store = NewStore();
   const std::vector<int32_t> ranks = {0, 1};

@@ -47,8 +47,8 @@ class TcpBackend : public Backend {
     server_ = *std::move(server);
   }
   std::unique_ptr<Store> NewClient() override {
-    auto client = TcpStore::Connect("127.0.0.1", server_->port(), kToken,
-                                    absl::Now() + absl::Seconds(5));
+    auto client =
+        TcpStore::Connect("127.0.0.1", server_->port(), kToken, absl::Now() + absl::Seconds(5));
     EXPECT_TRUE(client.ok()) << client.status();
     return *std::move(client);
   }
@@ -122,6 +122,19 @@ TEST_P(StoreContractTest, GetOfMissingKeyReturnsDeadlineExceeded) {
   EXPECT_TRUE(absl::IsDeadlineExceeded(a->Get("never", absl::InfinitePast()).status()));
 }
 
+TEST_P(StoreContractTest, DeleteRemovesAKeyForEveryClientAndAbsentKeysAreFine) {
+  auto a = backend_->NewClient();
+  auto b = backend_->NewClient();
+  ASSERT_TRUE(a->Set("gen/1/0", "1").ok());
+  ASSERT_TRUE(a->Set("gen/2/0", "1").ok());
+  ASSERT_TRUE(b->Delete("gen/1/0").ok());
+  EXPECT_TRUE(absl::IsDeadlineExceeded(a->Get("gen/1/0", absl::InfinitePast()).status()));
+  EXPECT_EQ(*a->Get("gen/2/0", absl::Now() + absl::Seconds(5)), "1");
+  EXPECT_EQ(a->List("gen/")->size(), 1u);
+  EXPECT_TRUE(a->Delete("gen/1/0").ok());  // Already gone.
+  EXPECT_TRUE(a->Delete("never/set").ok());
+}
+
 TEST_P(StoreContractTest, ListReturnsSortedKeysWithPrefixOnly) {
   auto a = backend_->NewClient();
   ASSERT_TRUE(a->Set("ep/2", "c").ok());
@@ -177,16 +190,16 @@ INSTANTIATE_TEST_SUITE_P(Backends, StoreContractTest, ::testing::Values("tcp", "
 TEST(TcpStoreTest, WrongTokenIsRefusedAndCounted) {
   auto server = TcpStoreServer::Start("127.0.0.1", 0, kToken);
   ASSERT_TRUE(server.ok()) << server.status();
-  auto bad = TcpStore::Connect("127.0.0.1", (*server)->port(), "guess",
-                               absl::Now() + absl::Seconds(5));
+  auto bad =
+      TcpStore::Connect("127.0.0.1", (*server)->port(), "guess", absl::Now() + absl::Seconds(5));
   EXPECT_TRUE(absl::IsPermissionDenied(bad.status())) << bad.status();
-  auto prefix = TcpStore::Connect("127.0.0.1", (*server)->port(), "s3cret",
-                                  absl::Now() + absl::Seconds(5));
+  auto prefix =
+      TcpStore::Connect("127.0.0.1", (*server)->port(), "s3cret", absl::Now() + absl::Seconds(5));
   EXPECT_TRUE(absl::IsPermissionDenied(prefix.status())) << prefix.status();
   EXPECT_EQ((*server)->refused_clients(), 2);
   // The right token still works afterwards.
-  auto good = TcpStore::Connect("127.0.0.1", (*server)->port(), kToken,
-                                absl::Now() + absl::Seconds(5));
+  auto good =
+      TcpStore::Connect("127.0.0.1", (*server)->port(), kToken, absl::Now() + absl::Seconds(5));
   ASSERT_TRUE(good.ok()) << good.status();
   EXPECT_TRUE((*good)->Set("k", "v").ok());
 }
@@ -194,8 +207,8 @@ TEST(TcpStoreTest, WrongTokenIsRefusedAndCounted) {
 TEST(TcpStoreTest, RawClientWithoutHandshakeGetsNothing) {
   auto server = TcpStoreServer::Start("127.0.0.1", 0, kToken);
   ASSERT_TRUE(server.ok());
-  auto good = TcpStore::Connect("127.0.0.1", (*server)->port(), kToken,
-                                absl::Now() + absl::Seconds(5));
+  auto good =
+      TcpStore::Connect("127.0.0.1", (*server)->port(), kToken, absl::Now() + absl::Seconds(5));
   ASSERT_TRUE((*good)->Set("secret", "value").ok());
   // A LIST frame sent before any handshake must be refused, not answered with data.
   int fd = socket(AF_INET, SOCK_STREAM, 0);
@@ -218,8 +231,8 @@ TEST(TcpStoreTest, RawClientWithoutHandshakeGetsNothing) {
 TEST(TcpStoreTest, StoppedServerTurnsAParkedGetIntoUnavailable) {
   auto server = TcpStoreServer::Start("127.0.0.1", 0, kToken);
   ASSERT_TRUE(server.ok());
-  auto client = TcpStore::Connect("127.0.0.1", (*server)->port(), kToken,
-                                  absl::Now() + absl::Seconds(5));
+  auto client =
+      TcpStore::Connect("127.0.0.1", (*server)->port(), kToken, absl::Now() + absl::Seconds(5));
   ASSERT_TRUE(client.ok());
   std::thread stopper([&] {
     absl::SleepFor(absl::Milliseconds(150));
@@ -275,8 +288,7 @@ TEST(TcpStoreTest, UnreachableServerIsUnavailableAtTheDeadline) {
     port = (*server)->port();
   }
   absl::Time start = absl::Now();
-  auto client =
-      TcpStore::Connect("127.0.0.1", port, kToken, absl::Now() + absl::Milliseconds(300));
+  auto client = TcpStore::Connect("127.0.0.1", port, kToken, absl::Now() + absl::Milliseconds(300));
   EXPECT_TRUE(absl::IsUnavailable(client.status())) << client.status();
   EXPECT_LT(absl::Now() - start, absl::Seconds(5));
 }

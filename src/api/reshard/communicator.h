@@ -45,6 +45,10 @@ struct StoreCallbacks {
   std::function<absl::StatusOr<std::vector<std::pair<std::string, std::string>>>(
       const std::string& prefix)>
       list;
+  // Optional: removes `key` (OK when absent). With it, the keys of finished barrier generations
+  // (RefitHandle::Barrier) are deleted, so a store that lives for thousands of refits stays
+  // bounded; without it they accumulate (a few bytes per rank and barrier).
+  std::function<absl::Status(const std::string& key)> del;
 };
 
 class Communicator {
