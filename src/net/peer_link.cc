@@ -271,9 +271,17 @@ void PeerLink::Close(absl::Time deadline, bool force) {
   while (in_flight_ > 0 && absl::Now() < deadline) idle.Round(worker_.Progress() > 0);
 }
 
-absl::Status PeerLink::Health(absl::string_view context) const {
+absl::Status PeerLink::Health(int32_t rank, uint64_t epoch) const {
   if (aborted) return absl::UnavailableError(abort_reason);
-  if (!error().ok()) return absl::UnavailableError(absl::StrCat(context, ": ", error().message()));
+  if (!error().ok()) {
+    return absl::UnavailableError(
+        absl::StrCat("rank ", rank, ", refit epoch ", epoch, ": ", error().message()));
+  }
+  if (process_gone_) {
+    return absl::UnavailableError(absl::StrCat("rank ", rank, ", refit epoch ", epoch,
+                                               ": lost peer rank ", peer_, ": its process (pid ",
+                                               process_.pid, ") exited"));
+  }
   return absl::OkStatus();
 }
 

@@ -21,6 +21,7 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
+#include "src/common/process.h"
 #include "src/net/ucx/endpoint.h"
 #include "src/net/ucx/memory.h"
 #include "src/net/ucx/ops.h"
@@ -61,9 +62,17 @@ class PeerLink {
   int32_t peer() const { return peer_; }
   // OK while the peer is healthy (see ucx::Endpoint::error()).
   const absl::Status& error() const { return endpoint_->error(); }
-  // OK, or Unavailable when the peer aborted an epoch or its endpoint failed (the endpoint's
-  // error prefixed with `context`).
-  [[nodiscard]] absl::Status Health(absl::string_view context) const;
+  // OK, or Unavailable when the peer aborted an epoch, its endpoint failed or its watched
+  // process exited (messages name `rank`, `epoch` and the peer). Allocates only on error.
+  [[nodiscard]] absl::Status Health(int32_t rank, uint64_t epoch) const;
+  // Same-host peers: watch the peer's process, so its death is noticed even on transports
+  // without peer error handling (shared memory). CheckProcess() reads /proc once; the engine
+  // calls it at most every few milliseconds.
+  void WatchProcess(const ProcessId& process) {
+    process_ = process;
+    watched_ = true;
+  }
+  void CheckProcess() { process_gone_ = process_gone_ || (watched_ && !ProcessAlive(process_)); }
   // The current epoch still exchanges something with the peer.
   bool involved() const { return remaining_from > 0 || unsignalled > 0 || grants_in_flight_ > 0; }
   // What the current epoch still waits for from or towards the peer, for deadline messages
@@ -129,6 +138,9 @@ class PeerLink {
 
   const int32_t rank_;
   const int32_t peer_;
+  ProcessId process_;
+  bool watched_ = false;
+  bool process_gone_ = false;
   const uint64_t peer_handle_;
   ucx::Worker& worker_;
   LinkOwner& owner_;

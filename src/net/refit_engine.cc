@@ -93,7 +93,9 @@ class RefitEngine::Impl final : public MessageSink, public LinkOwner {
 
   // Unavailable for the first peer that aborted or failed: among the peers this epoch still
   // exchanges data with, or all of them.
-  absl::Status CheckPeers(bool all) const;
+  absl::Status CheckPeers(bool all);
+  static constexpr absl::Duration kProcessCheckInterval = absl::Milliseconds(20);
+  absl::Time next_process_check_ = absl::InfinitePast();
 
  private:
   // One round of work; true when something progressed (the caller's IdlePolicy decides how
@@ -391,11 +393,17 @@ void RefitEngine::Impl::MarkLanded(uint32_t ti) {
   }
 }
 
-absl::Status RefitEngine::Impl::CheckPeers(bool all) const {
-  for (const PeerLink* link : peers_) {
-    if (all || link->involved()) {
-      RESHARD_RETURN_IF_ERROR(link->Health(absl::StrCat("rank ", rank_, ", refit epoch ", epoch_)));
+absl::Status RefitEngine::Impl::CheckPeers(bool all) {
+  // Same-host peers' processes are read from /proc at most every kProcessCheckInterval.
+  const absl::Time now = absl::Now();
+  if (now >= next_process_check_) {
+    for (PeerLink* link : peers_) {
+      if (all || link->involved()) link->CheckProcess();
     }
+    next_process_check_ = now + kProcessCheckInterval;
+  }
+  for (const PeerLink* link : peers_) {
+    if (all || link->involved()) RESHARD_RETURN_IF_ERROR(link->Health(rank_, epoch_));
   }
   return absl::OkStatus();
 }

@@ -160,7 +160,8 @@ class RefitEngine {
   bool in_epoch() const;
   // Between epochs (every peer is needed for the next one): OK while every peer this rank
   // exchanges data with is reachable and none reported a failed epoch; otherwise Unavailable
-  // naming the first such peer. Does not progress.
+  // naming the first such peer (same-host peers: their process is read from /proc). Does not
+  // progress.
   [[nodiscard]] absl::Status CheckAllPeers() const;
   // The status of the last finished or failed epoch.
   const absl::Status& last_status() const;

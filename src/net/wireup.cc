@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "src/common/idle.h"
+#include "src/common/process.h"
 #include "src/common/status.h"
 #include "src/rendezvous/record.h"
 
@@ -20,6 +21,10 @@ absl::Status Connect(rendezvous::Store& store, const std::string& prefix, int32_
                      std::vector<std::unique_ptr<PeerLink>>& links, absl::Time deadline) {
   rendezvous::Record mine;
   mine["address"] = runtime.worker().address();
+  // Same-host peers watch each other's process (wireup.h).
+  const std::string host = HostIdentity();
+  mine["host"] = host;
+  mine["process"] = ProcessId::Self().Encode();
   RESHARD_RETURN_IF_ERROR(memory.AddRemoteKeys(&mine));
   RESHARD_RETURN_IF_ERROR(rendezvous::PublishRecord(store, prefix, "wireup", rank, mine));
   for (const std::unique_ptr<PeerLink>& link : links) {
@@ -30,6 +35,12 @@ absl::Status Connect(rendezvous::Store& store, const std::string& prefix, int32_
     RESHARD_ASSIGN_OR_RETURN(std::string address,
                              rendezvous::Field(theirs, "address", link->peer()));
     RESHARD_RETURN_IF_ERROR(link->Connect(address, runtime.peer_error_handling()));
+    if (theirs.count("host") != 0 && theirs.at("host") == host) {
+      RESHARD_ASSIGN_OR_RETURN(std::string process,
+                               rendezvous::Field(theirs, "process", link->peer()));
+      RESHARD_ASSIGN_OR_RETURN(ProcessId id, ProcessId::Decode(process));
+      link->WatchProcess(id);
+    }
     // Every plan buffer id, plus the landing area of packed streams.
     RESHARD_RETURN_IF_ERROR(link->LoadRemoteKeys(link->sends_to ? theirs : rendezvous::Record{},
                                                  memory.landing_id() + 1));

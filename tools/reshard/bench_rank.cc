@@ -98,6 +98,8 @@ int Fail(int rank, const std::string& error, int code) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // stdout carries exactly one JSON line: UCX's own messages go to stderr unless the user chose.
+  setenv("UCX_LOG_FILE", "stderr", /*overwrite=*/0);
   std::string spec_path, verify = "ends";
   int iters = 5;
   for (int i = 1; i + 1 < argc; i += 2) {

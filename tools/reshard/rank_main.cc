@@ -49,6 +49,9 @@ bool EnvInt(const char* name, int64_t fallback, int64_t& out, std::string& error
 }  // namespace
 
 int main(int argc, char** argv) {
+  // stdout carries exactly one JSON line: UCX's own messages (warnings at teardown after a peer
+  // was lost, for example) go to stderr unless the user chose a destination.
+  setenv("UCX_LOG_FILE", "stderr", /*overwrite=*/0);
   reshard::cli::RankReport report;
   auto usage = [&](const std::string& message) {
     report.ok = false;
@@ -95,8 +98,11 @@ int main(int argc, char** argv) {
   if (!comm.ok()) {
     report.ok = false;
     report.invalid_input = comm.status().code() == absl::StatusCode::kInvalidArgument;
-    report.error = absl::StrCat("rank ", rank, ": ", std::string(comm.status().message()));
+    report.error = std::string(comm.status().message());
     return Finish(report);
   }
-  return Finish(reshard::cli::RunRank(options, *comm));
+  // The report is printed once the communicator (and its UCX worker) is gone.
+  report = reshard::cli::RunRank(options, *comm);
+  comm = absl::UnavailableError("released");
+  return Finish(report);
 }

@@ -8,7 +8,7 @@
 #include "src/nvlink/backend.h"
 #include "src/nvlink/cuda_ipc/factory.h"
 #include "src/cuda/runtime.h"
-#include "src/nvlink/exchange.h"
+#include "src/common/process.h"
 #include "src/rendezvous/record.h"
 
 #if RESHARD_HAVE_CUDA
@@ -145,7 +145,7 @@ class CudaIpcBackend final : public internal::BoardBackend {
                         "cudaStreamCreateWithFlags");
     Record rec;
     RESHARD_RETURN_IF_ERROR(boards_.Create(ctx, rec));
-    rec["host"] = internal::HostIdentity();
+    rec["host"] = HostIdentity();
     for (uint32_t b = 0; b < buffers_.size(); ++b) {
       if (buffers_[b].data == nullptr || buffers_[b].kind != MemoryKind::kCuda) continue;
       cudaIpcMemHandle_t h;

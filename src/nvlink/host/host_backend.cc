@@ -14,7 +14,7 @@
 #include "absl/strings/str_split.h"
 #include "src/common/status.h"
 #include "src/nvlink/backend.h"
-#include "src/nvlink/exchange.h"
+#include "src/common/process.h"
 #include "src/rendezvous/record.h"
 #include "src/nvlink/host/factory.h"
 #include "src/nvlink/shared_buffer.h"
@@ -93,7 +93,7 @@ class HostBackend final : public internal::BoardBackend {
       // Yama restricts attach to descendants; let the domain peers (siblings) write into us.
       prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0);
     }
-    rec["host"] = internal::HostIdentity();
+    rec["host"] = HostIdentity();
     rec["pid"] = absl::StrFormat("%d", getpid());
     rec["probe"] = absl::StrFormat("%d", reinterpret_cast<uintptr_t>(&probe_));
     rec["token"] = absl::StrFormat("%d", probe_);
