@@ -143,11 +143,12 @@ absl::StatusOr<Communicator> Communicator::Connect(const std::string& store_addr
   impl->description = absl::StrCat("tcp://", store_address);
   if (options.serve_store && rank == 0) {
     absl::StatusOr<std::unique_ptr<rendezvous::TcpStoreServer>> server =
-        rendezvous::TcpStoreServer::Start("0.0.0.0", host_port.second, token);
+        rendezvous::TcpStoreServer::Start(host_port.first, host_port.second, token);
     if (!server.ok()) {
       return absl::Status(server.status().code(),
-                          absl::StrCat("rank 0 could not serve the store on port ",
-                                       host_port.second, ": ", server.status().message()));
+                          absl::StrCat("rank 0 could not serve the store on ", store_address,
+                                       " (it binds that address, which must be this host's): ",
+                                       server.status().message()));
     }
     impl->server = std::move(server).value();
   }

@@ -29,7 +29,18 @@ namespace {
 
 constexpr uint32_t kProtocolVersion = 1;
 constexpr uint32_t kMaxFrame = 256u << 20;
+// Before a client authenticated, only a handshake-sized frame is accepted (a token is small):
+// an unauthenticated peer cannot make the server buffer more than this.
+constexpr uint32_t kMaxHandshakeFrame = 4096;
 constexpr absl::Duration kAuthTimeout = absl::Seconds(10);
+// An authenticated client that started a frame must finish it within this time.
+constexpr absl::Duration kPartialFrameTimeout = absl::Seconds(60);
+// Connections beyond this are accepted and closed at once (the server never runs out of fds for
+// the ranks it serves because of a flood).
+constexpr size_t kMaxConnections = 8192;
+// accept4 failing for lack of descriptors (EMFILE, ENFILE, ENOBUFS, ENOMEM): stop polling the
+// listening socket this long instead of spinning on it.
+constexpr absl::Duration kAcceptBackoff = absl::Milliseconds(100);
 // Extra time a Get waits for the server's answer beyond its own deadline.
 constexpr absl::Duration kReplyGrace = absl::Seconds(5);
 
@@ -347,8 +358,11 @@ void TcpStoreServer::Serve() {
     bool waiting = false;
     std::string wait_key;
     absl::Time wait_deadline;
+    absl::Time partial_since = absl::InfiniteFuture();  // A frame started and not finished.
   };
   std::map<int, Conn> conns;
+  absl::Time accept_paused_until = absl::InfinitePast();
+  int64_t rejected_over_cap = 0;
   std::map<std::string, std::string> data;
 
   auto reply = [](Conn& c, uint8_t code, const std::string& payload) {
@@ -453,6 +467,13 @@ void TcpStoreServer::Serve() {
         }
         PutU32(&payload, n);
         payload.append(entries);
+        if (payload.size() + 1 > kMaxFrame) {
+          reply(c, kBadRequest,
+                str_payload(absl::StrCat("the LIST of prefix \"", prefix.substr(0, 64), "\" is ",
+                                         payload.size(), " bytes, over the ", kMaxFrame,
+                                         "-byte frame limit; list a narrower prefix")));
+          return;
+        }
         reply(c, kOk, payload);
         return;
       }
@@ -467,16 +488,19 @@ void TcpStoreServer::Serve() {
   std::vector<char> buf(1 << 16);
   while (true) {
     fds.clear();
-    fds.push_back({wake_read_fd_, POLLIN, 0});
-    fds.push_back({listen_fd_, POLLIN, 0});
     absl::Time now = absl::Now();
     absl::Time next_event = now + absl::Seconds(1);
+    fds.push_back({wake_read_fd_, POLLIN, 0});
+    const bool accepting = now >= accept_paused_until;
+    fds.push_back({listen_fd_, static_cast<short>(accepting ? POLLIN : 0), 0});
+    if (!accepting) next_event = std::min(next_event, accept_paused_until);
     for (auto& [fd, c] : conns) {
       short events = c.closing ? 0 : POLLIN;
       if (!c.out.empty()) events |= POLLOUT;
       fds.push_back({fd, events, 0});
       if (!c.authed) next_event = std::min(next_event, c.auth_deadline);
       if (c.waiting) next_event = std::min(next_event, c.wait_deadline);
+      next_event = std::min(next_event, c.partial_since + kPartialFrameTimeout);
     }
     int rc = poll(fds.data(), fds.size(), RemainingMs(next_event));
     if (rc < 0 && errno != EINTR) {
@@ -491,7 +515,22 @@ void TcpStoreServer::Serve() {
         socklen_t len = sizeof(addr);
         int cfd = accept4(listen_fd_, reinterpret_cast<sockaddr*>(&addr), &len,
                           SOCK_NONBLOCK | SOCK_CLOEXEC);
-        if (cfd < 0) break;
+        if (cfd < 0) {
+          if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+            RESHARD_LOG(kWarning, "store: accept failed (%s); pausing new connections for %s",
+                        std::strerror(errno), absl::FormatDuration(kAcceptBackoff));
+            accept_paused_until = absl::Now() + kAcceptBackoff;
+          }
+          break;
+        }
+        if (conns.size() >= kMaxConnections) {
+          if (rejected_over_cap++ % 1000 == 0) {
+            RESHARD_LOG(kWarning, "store: refused client %s: %d connections are open already",
+                        PeerName(addr), conns.size());
+          }
+          close(cfd);
+          continue;
+        }
         int one = 1;
         setsockopt(cfd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
         Conn c;
@@ -507,27 +546,33 @@ void TcpStoreServer::Serve() {
       Conn& c = it->second;
       bool dead = false;
       if (fds[i].revents & (POLLIN | POLLHUP | POLLERR)) {
-        while (true) {
+        // Frames are taken out as they complete, so `in` never holds more than one frame of
+        // the size the client's state allows (a handshake before authentication).
+        while (!dead && !c.closing) {
           ssize_t n = recv(fd, buf.data(), buf.size(), MSG_DONTWAIT);
           if (n > 0) {
             c.in.append(buf.data(), static_cast<size_t>(n));
-            continue;
-          }
-          if (n < 0 && errno == EINTR) continue;
-          if (n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK)) dead = true;
-          break;
-        }
-        while (!c.closing && c.in.size() >= 4) {
-          uint32_t len = LoadU32(c.in.data());
-          if (len > kMaxFrame) {
-            RESHARD_LOG(kWarning, "store: dropped client %s: frame of %u bytes", c.peer, len);
-            dead = true;
+          } else {
+            if (n < 0 && errno == EINTR) continue;
+            if (n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK)) dead = true;
             break;
           }
-          if (c.in.size() < 4 + static_cast<size_t>(len)) break;
-          std::string body = c.in.substr(4, len);
-          c.in.erase(0, 4 + static_cast<size_t>(len));
-          handle(c, body);
+          while (!c.closing && c.in.size() >= 4) {
+            const uint32_t len = LoadU32(c.in.data());
+            const uint32_t limit = c.authed ? kMaxFrame : kMaxHandshakeFrame;
+            if (len > limit) {
+              RESHARD_LOG(kWarning, "store: dropped client %s: frame of %u bytes (limit %u%s)",
+                          c.peer, len, limit, c.authed ? "" : " before authentication");
+              dead = true;
+              break;
+            }
+            if (c.in.size() < 4 + static_cast<size_t>(len)) break;
+            std::string body = c.in.substr(4, len);
+            c.in.erase(0, 4 + static_cast<size_t>(len));
+            handle(c, body);
+          }
+          c.partial_since =
+              c.in.empty() ? absl::InfiniteFuture() : std::min(c.partial_since, absl::Now());
         }
       }
       if (dead) {
@@ -554,6 +599,11 @@ void TcpStoreServer::Serve() {
       if (c.waiting && now >= c.wait_deadline) {
         c.waiting = false;
         reply(c, kTimeout, "");
+      }
+      if (c.authed && !c.closing && now >= c.partial_since + kPartialFrameTimeout) {
+        RESHARD_LOG(kWarning, "store: dropped client %s: a frame left unfinished for %s", c.peer,
+                    absl::FormatDuration(kPartialFrameTimeout));
+        to_close.push_back(fd);
       }
       if (!c.authed && !c.closing && now >= c.auth_deadline) {
         RESHARD_LOG(kWarning, "store: dropped client %s: no handshake within %s", c.peer,

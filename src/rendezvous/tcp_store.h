@@ -10,7 +10,12 @@
 //   LIST(4)  str prefix              -> OK u32 n, n x (str key, str value), sorted by key
 //   DELETE(5) str key                -> OK                       (absent keys too)
 // A wrong token is refused: the server answers DENIED, logs the peer address on stderr, and
-// closes the connection; the client returns PermissionDenied. Frames are limited to 256 MiB.
+// closes the connection; the client returns PermissionDenied. Frames are limited to 256 MiB, and
+// to 4 KiB before a client authenticated (so an unauthenticated peer cannot make the server
+// buffer more); a LIST answer that would exceed the limit is refused (BadRequest, "list a
+// narrower prefix"). An authenticated client must finish a frame it started within 60 s. At
+// most 8,192 connections are served at once (more are closed at accept); when accept runs out of
+// descriptors the server pauses accepting for 100 ms instead of spinning.
 //
 // Failure model: every socket operation on both sides has a deadline. A client whose server
 // has died (connection reset or closed) returns Unavailable; a server that stops answering turns

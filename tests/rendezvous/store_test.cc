@@ -228,6 +228,43 @@ TEST(TcpStoreTest, RawClientWithoutHandshakeGetsNothing) {
   EXPECT_EQ((*server)->refused_clients(), 1);
 }
 
+// An unauthenticated client may not make the server buffer more than a handshake: announcing a
+// 64 MiB frame (and streaming it) gets the connection closed at once, and nothing is answered.
+TEST(TcpStoreTest, UnauthenticatedLargeFrameIsDroppedWithoutBuffering) {
+  auto server = TcpStoreServer::Start("127.0.0.1", 0, kToken);
+  ASSERT_TRUE(server.ok());
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons((*server)->port());
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  const uint32_t len = 64u << 20;
+  char header[4] = {static_cast<char>(len & 0xff), static_cast<char>((len >> 8) & 0xff),
+                    static_cast<char>((len >> 16) & 0xff), static_cast<char>(len >> 24)};
+  ASSERT_EQ(send(fd, header, sizeof(header), MSG_NOSIGNAL), 4);
+  std::string chunk(1 << 16, 'x');
+  const absl::Time start = absl::Now();
+  // The server closes the connection: sending fails (EPIPE / ECONNRESET) long before 64 MiB.
+  int64_t sent = 0;
+  while (sent < (int64_t{64} << 20)) {
+    const ssize_t n = send(fd, chunk.data(), chunk.size(), MSG_NOSIGNAL);
+    if (n <= 0) break;
+    sent += n;
+  }
+  char buf[64];
+  const ssize_t got = recv(fd, buf, sizeof(buf), 0);
+  close(fd);
+  EXPECT_LE(got, 0);  // Closed (0) or reset (-1): no answer.
+  EXPECT_LT(sent, int64_t{64} << 20) << "the server kept reading an unauthenticated 64 MiB frame";
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  // The server still serves proper clients.
+  auto good =
+      TcpStore::Connect("127.0.0.1", (*server)->port(), kToken, absl::Now() + absl::Seconds(5));
+  ASSERT_TRUE(good.ok()) << good.status();
+  EXPECT_TRUE((*good)->Set("k", "v").ok());
+}
+
 TEST(TcpStoreTest, StoppedServerTurnsAParkedGetIntoUnavailable) {
   auto server = TcpStoreServer::Start("127.0.0.1", 0, kToken);
   ASSERT_TRUE(server.ok());

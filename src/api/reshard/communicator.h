@@ -56,8 +56,8 @@ class Communicator {
   struct Options {
     // Bound on connecting to the store (and on each later set-up exchange made through it).
     absl::Duration timeout = absl::Seconds(30);
-    // Rank 0 starts a store server on the port of the address (binding every interface), like
-    // torchrun's master. Other ranks ignore it.
+    // Rank 0 starts a store server on the address (binding exactly that host and port, so
+    // "127.0.0.1:port" serves this machine only), like torchrun's master. Other ranks ignore it.
     bool serve_store = false;
   };
 
