@@ -71,12 +71,18 @@ std::string Value::Where() const { return absl::StrFormat("line %d, column %d", 
 
 const char* Value::TypeName(Type t) {
   switch (t) {
-    case Type::kNull: return "null";
-    case Type::kBool: return "a boolean";
-    case Type::kNumber: return "a number";
-    case Type::kString: return "a string";
-    case Type::kArray: return "an array";
-    case Type::kObject: return "an object";
+    case Type::kNull:
+      return "null";
+    case Type::kBool:
+      return "a boolean";
+    case Type::kNumber:
+      return "a number";
+    case Type::kString:
+      return "a string";
+    case Type::kArray:
+      return "an array";
+    case Type::kObject:
+      return "an object";
   }
   return "?";
 }
@@ -149,16 +155,30 @@ class Parser {
     v.column_ = column_;
     if (AtEnd()) return Fail("unexpected end of input, expected a value");
     switch (Peek()) {
-      case '{': return ParseObject(v, depth);
-      case '[': return ParseArray(v, depth);
-      case '"': v.type_ = Value::Type::kString; return ParseString(v.string_);
-      case 't': v.type_ = Value::Type::kBool; v.bool_ = true; return Expect("true");
-      case 'f': v.type_ = Value::Type::kBool; v.bool_ = false; return Expect("false");
-      case 'n': v.type_ = Value::Type::kNull; return Expect("null");
-      default: break;
+      case '{':
+        return ParseObject(v, depth);
+      case '[':
+        return ParseArray(v, depth);
+      case '"':
+        v.type_ = Value::Type::kString;
+        return ParseString(v.string_);
+      case 't':
+        v.type_ = Value::Type::kBool;
+        v.bool_ = true;
+        return Expect("true");
+      case 'f':
+        v.type_ = Value::Type::kBool;
+        v.bool_ = false;
+        return Expect("false");
+      case 'n':
+        v.type_ = Value::Type::kNull;
+        return Expect("null");
+      default:
+        break;
     }
     if (Peek() == '-' || (Peek() >= '0' && Peek() <= '9')) return ParseNumber(v);
-    return Fail(absl::StrCat("unexpected character '", ByteForMessage(Peek()), "', expected a value"));
+    return Fail(
+        absl::StrCat("unexpected character '", ByteForMessage(Peek()), "', expected a value"));
   }
 
   bool ParseObject(Value& v, int depth) {
@@ -247,10 +267,14 @@ class Parser {
     for (int i = 0; i < 4; ++i) {
       char c = Peek();
       int d;
-      if (c >= '0' && c <= '9') d = c - '0';
-      else if (c >= 'a' && c <= 'f') d = c - 'a' + 10;
-      else if (c >= 'A' && c <= 'F') d = c - 'A' + 10;
-      else return Fail("invalid \\u escape in string");
+      if (c >= '0' && c <= '9')
+        d = c - '0';
+      else if (c >= 'a' && c <= 'f')
+        d = c - 'a' + 10;
+      else if (c >= 'A' && c <= 'F')
+        d = c - 'A' + 10;
+      else
+        return Fail("invalid \\u escape in string");
       out = out * 16 + d;
       Advance();
     }
@@ -284,14 +308,30 @@ class Parser {
       char e = Peek();
       Advance();
       switch (e) {
-        case '"': out += '"'; break;
-        case '\\': out += '\\'; break;
-        case '/': out += '/'; break;
-        case 'b': out += '\b'; break;
-        case 'f': out += '\f'; break;
-        case 'n': out += '\n'; break;
-        case 'r': out += '\r'; break;
-        case 't': out += '\t'; break;
+        case '"':
+          out += '"';
+          break;
+        case '\\':
+          out += '\\';
+          break;
+        case '/':
+          out += '/';
+          break;
+        case 'b':
+          out += '\b';
+          break;
+        case 'f':
+          out += '\f';
+          break;
+        case 'n':
+          out += '\n';
+          break;
+        case 'r':
+          out += '\r';
+          break;
+        case 't':
+          out += '\t';
+          break;
         case 'u': {
           uint32_t cp;
           if (!ParseHex4(cp)) return false;
@@ -310,7 +350,8 @@ class Parser {
           AppendUtf8(out, cp);
           break;
         }
-        default: return Fail(absl::StrCat("invalid escape '\\", ByteForMessage(e), "' in string"));
+        default:
+          return Fail(absl::StrCat("invalid escape '\\", ByteForMessage(e), "' in string"));
       }
     }
   }
@@ -330,14 +371,16 @@ class Parser {
     if (Peek() == '.') {
       integral = false;
       Advance();
-      if (!(Peek() >= '0' && Peek() <= '9')) return Fail("invalid number: digit expected after '.'");
+      if (!(Peek() >= '0' && Peek() <= '9'))
+        return Fail("invalid number: digit expected after '.'");
       while (Peek() >= '0' && Peek() <= '9') Advance();
     }
     if (Peek() == 'e' || Peek() == 'E') {
       integral = false;
       Advance();
       if (Peek() == '+' || Peek() == '-') Advance();
-      if (!(Peek() >= '0' && Peek() <= '9')) return Fail("invalid number: digit expected in exponent");
+      if (!(Peek() >= '0' && Peek() <= '9'))
+        return Fail("invalid number: digit expected in exponent");
       while (Peek() >= '0' && Peek() <= '9') Advance();
     }
     std::string literal(text_.substr(start, pos_ - start));
@@ -381,11 +424,21 @@ std::string QuoteForMessage(std::string_view s, size_t max_chars) {
     const auto b = static_cast<unsigned char>(c);
     size_t n = 1;
     switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
       default:
         if (b < 0x20 || b == 0x7F) {
           out += absl::StrFormat("\\u%04x", b);
@@ -409,11 +462,21 @@ std::string Quote(std::string_view s) {
   std::string out = "\"";
   for (char c : s) {
     switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
       default:
         if (static_cast<unsigned char>(c) < 0x20) {
           out += absl::StrFormat("\\u%04x", static_cast<unsigned char>(c));

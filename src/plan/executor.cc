@@ -1,7 +1,6 @@
 #include "src/plan/executor.h"
 
 #include <cstring>
-
 #include <new>
 
 #include "absl/strings/str_format.h"
@@ -25,9 +24,9 @@ absl::StatusOr<LocalWorld> LocalWorld::Create(const Plan& plan, int64_t max_byte
     for (int64_t b : sizes[r]) world.total_bytes_ = SaturatingAdd(world.total_bytes_, b);
   }
   if (world.total_bytes_ > max_bytes) {
-    return absl::ResourceExhaustedError(absl::StrFormat(
-        "verifying in process needs %d bytes of buffers, more than the limit of %d",
-        world.total_bytes_, max_bytes));
+    return absl::ResourceExhaustedError(
+        absl::StrFormat("verifying in process needs %d bytes of buffers, more than the limit of %d",
+                        world.total_bytes_, max_bytes));
   }
   try {
     world.buffers_.resize(n);

@@ -38,7 +38,8 @@ int64_t Mesh::IndexOf(int32_t rank) const {
 int32_t Topology::DomainOf(int32_t rank) const {
   if (ranks_per_domain > 0) return static_cast<int32_t>(rank - rank % ranks_per_domain);
   for (const auto& d : domains) {
-    if (std::find(d.begin(), d.end(), rank) != d.end()) return *std::min_element(d.begin(), d.end());
+    if (std::find(d.begin(), d.end(), rank) != d.end())
+      return *std::min_element(d.begin(), d.end());
   }
   return rank;
 }
@@ -61,7 +62,8 @@ namespace {
 using json::QuoteForMessage;
 
 absl::Status TensorError(const TensorSpec& t, const std::string& message) {
-  return absl::InvalidArgumentError(absl::StrCat("tensor ", QuoteForMessage(t.name), ": ", message));
+  return absl::InvalidArgumentError(
+      absl::StrCat("tensor ", QuoteForMessage(t.name), ": ", message));
 }
 
 absl::Status CheckName(const TensorSpec& t, const std::string& name, const std::string& field) {
@@ -129,7 +131,8 @@ absl::Status ValidateLayout(const TensorSpec& t, const Layout& l, const char* si
   ++epoch;
   for (int32_t r : l.mesh.ranks) {
     if (r < 0 || r >= kMaxRank) {
-      return TensorError(t, absl::StrFormat("%s.mesh rank %d is outside [0, %d)", side, r, kMaxRank));
+      return TensorError(t,
+                         absl::StrFormat("%s.mesh rank %d is outside [0, %d)", side, r, kMaxRank));
     }
     if (!stamp.Mark(r, epoch)) {
       return TensorError(t, absl::StrFormat("%s.mesh names rank %d twice", side, r));
@@ -169,16 +172,17 @@ absl::Status ValidateLayout(const TensorSpec& t, const Layout& l, const char* si
   const int64_t elem = DTypeSize(t.dtype);
   auto offset_bytes = CheckedMul(l.view.offset, elem);
   if (!offset_bytes || *offset_bytes >= kMaxBufferBytes) {
-    return TensorError(t, absl::StrFormat(
-        "%s.view.offset %d lies beyond the per-rank buffer limit of 2^56 bytes", side,
-        l.view.offset));
+    return TensorError(
+        t, absl::StrFormat("%s.view.offset %d lies beyond the per-rank buffer limit of 2^56 bytes",
+                           side, l.view.offset));
   }
   for (size_t d = 0; d < l.view.strides.size(); ++d) {
     auto stride_bytes = CheckedMul(l.view.strides[d], elem);
     if (!stride_bytes || *stride_bytes >= kMaxBufferBytes) {
-      return TensorError(t, absl::StrFormat(
-          "%s.view.strides[%d] is %d, beyond the per-rank buffer limit of 2^56 bytes", side, d,
-          l.view.strides[d]));
+      return TensorError(
+          t, absl::StrFormat(
+                 "%s.view.strides[%d] is %d, beyond the per-rank buffer limit of 2^56 bytes", side,
+                 d, l.view.strides[d]));
     }
   }
   const Box tile = LargestTile(l, t.shape);
@@ -192,8 +196,9 @@ absl::Status ValidateLayout(const TensorSpec& t, const Layout& l, const char* si
     }
     auto end_bytes = CheckedMul(CheckedAdd(last, 1), elem);
     if (!end_bytes || *end_bytes > kMaxBufferBytes) {
-      return TensorError(t, absl::StrFormat(
-          "%s.view addresses bytes beyond the per-rank buffer limit of 2^56 bytes", side));
+      return TensorError(
+          t, absl::StrFormat(
+                 "%s.view addresses bytes beyond the per-rank buffer limit of 2^56 bytes", side));
     }
   }
   return absl::OkStatus();
@@ -242,15 +247,16 @@ absl::Status CheckSelfOverlap(const TensorSpec& t, const Layout& l, const char* 
   const Box tile = LargestTile(l, t.shape);
   if (StridesInjective(l, tile)) return absl::OkStatus();
   if (tile.NumElements() > kMaxExactOverlapCheck) {
-    return TensorError(t, absl::StrFormat(
-        "%s.view.strides cannot be shown to give every element its own address", side));
+    return TensorError(
+        t, absl::StrFormat("%s.view.strides cannot be shown to give every element its own address",
+                           side));
   }
   std::vector<int64_t> addresses;
   TileAddresses(l, tile, addresses);
   std::sort(addresses.begin(), addresses.end());
   if (std::adjacent_find(addresses.begin(), addresses.end()) != addresses.end()) {
-    return TensorError(t, absl::StrFormat(
-        "%s.view.strides give two elements of one tile the same address", side));
+    return TensorError(
+        t, absl::StrFormat("%s.view.strides give two elements of one tile the same address", side));
   }
   return absl::OkStatus();
 }
@@ -381,13 +387,17 @@ absl::Status CheckBufferOverlap(const RefitSpec& spec, Side side, const std::str
       if (it == checked.end()) {
         int64_t total = 0;
         for (size_t k = 0; k < n; ++k) {
-          total = SaturatingAdd(total, TileRunCount(spec.layout(group[k].tensor, side), group[k].box));
+          total =
+              SaturatingAdd(total, TileRunCount(spec.layout(group[k].tensor, side), group[k].box));
         }
         if (total > kMaxExactOverlapCheck || total > runs_budget) {
-          return TensorError(spec.tensors[group[1].tensor], absl::StrFormat(
-              "%s.view may overlap tensor %s in buffer %s on rank %d and is too large to check "
-              "run by run", SideName(side), QuoteForMessage(spec.tensors[group[0].tensor].name),
-              QuoteForMessage(buffer), rank));
+          return TensorError(
+              spec.tensors[group[1].tensor],
+              absl::StrFormat(
+                  "%s.view may overlap tensor %s in buffer %s on rank %d and is too large to check "
+                  "run by run",
+                  SideName(side), QuoteForMessage(spec.tensors[group[0].tensor].name),
+                  QuoteForMessage(buffer), rank));
         }
         runs_budget -= total;
         if (starts.size() < n) starts.resize(n);
@@ -399,14 +409,48 @@ absl::Status CheckBufferOverlap(const RefitSpec& spec, Side side, const std::str
       }
       const Collision& c = it->second;
       if (c.offset >= 0) {
-        return TensorError(spec.tensors[group[c.later].tensor], absl::StrFormat(
-            "%s.view overlaps tensor %s in buffer %s on rank %d (element offset %d)",
-            SideName(side), QuoteForMessage(spec.tensors[group[c.earlier].tensor].name),
-            QuoteForMessage(buffer), rank, c.offset));
+        return TensorError(
+            spec.tensors[group[c.later].tensor],
+            absl::StrFormat(
+                "%s.view overlaps tensor %s in buffer %s on rank %d (element offset %d)",
+                SideName(side), QuoteForMessage(spec.tensors[group[c.earlier].tensor].name),
+                QuoteForMessage(buffer), rank, c.offset));
       }
     }
   }
   return absl::OkStatus();
+}
+
+// (Destination rank, source tile) pairs that intersect: the pieces a plan holds for the tensor
+// at most. Tiles are products of per-dim intervals, so this is the product over dims of the
+// intersecting (source interval, destination interval) pairs, times the destination replicas.
+// Saturates at INT64_MAX.
+int64_t PieceBound(const TensorSpec& t) {
+  const TileGrid src(t.src, t.shape), dst(t.dst, t.shape);
+  int64_t pairs = 1;
+  for (int d = 0; d < src.ndim(); ++d) {
+    // Non-empty intervals of a dim are sorted and disjoint: a merge counts the intersections.
+    const auto a = src.intervals(d), b = dst.intervals(d);
+    int64_t count = 0;
+    size_t i = 0, j = 0;
+    while (i < a.size() && j < b.size()) {
+      if (a[i].size() == 0) {
+        ++i;
+        continue;
+      }
+      if (b[j].size() == 0) {
+        ++j;
+        continue;
+      }
+      if (std::max(a[i].lo, b[j].lo) < std::min(a[i].hi, b[j].hi)) ++count;
+      if (a[i].hi < b[j].hi)
+        ++i;
+      else
+        ++j;
+    }
+    pairs = SaturatingMul(pairs, count);
+  }
+  return SaturatingMul(pairs, dst.num_replicas());
 }
 
 absl::Status ValidateTopology(const Topology& topo) {
@@ -454,6 +498,7 @@ absl::Status Validate(const RefitSpec& spec) {
   RankStamp stamp;
   uint32_t epoch = 0;
   std::optional<int64_t> total_bytes = 0;  // All tiles on all ranks, both sides.
+  int64_t pieces = 0;
   // Buffers per side: name -> tensors, in spec order (the first one sets the element size).
   absl::flat_hash_map<std::string_view, std::vector<size_t>> buffers[2];
   names.reserve(spec.tensors.size());
@@ -469,8 +514,8 @@ absl::Status Validate(const RefitSpec& spec) {
     }
     const int ndim = static_cast<int>(t.shape.size());
     if (ndim > kMaxTensorDims) {
-      return TensorError(t, absl::StrFormat("shape has %d dims; at most %d are supported", ndim,
-                                            kMaxTensorDims));
+      return TensorError(
+          t, absl::StrFormat("shape has %d dims; at most %d are supported", ndim, kMaxTensorDims));
     }
     std::optional<int64_t> bytes = DTypeSize(t.dtype);
     for (int d = 0; d < ndim; ++d) {
@@ -484,6 +529,13 @@ absl::Status Validate(const RefitSpec& spec) {
     }
     RESHARD_RETURN_IF_ERROR(ValidateLayout(t, t.src, "src", stamp, epoch));
     RESHARD_RETURN_IF_ERROR(ValidateLayout(t, t.dst, "dst", stamp, epoch));
+    pieces = SaturatingAdd(pieces, PieceBound(t));
+    if (pieces > kMaxPieces) {
+      return TensorError(t, absl::StrFormat("src and dst intersect in more than %d (destination "
+                                            "rank, source tile) pairs, counting "
+                                            "the tensors before it: the limit of a plan",
+                                            kMaxPieces));
+    }
     // All tiles of a side together hold the tensor once per replica.
     for (const auto& [l, side] : {std::pair{&t.src, "src"}, std::pair{&t.dst, "dst"}}) {
       std::optional<int64_t> replicas = 1;
@@ -492,9 +544,10 @@ absl::Status Validate(const RefitSpec& spec) {
       }
       total_bytes = CheckedAdd(total_bytes, CheckedMul(replicas, *bytes).value_or(kMaxSpecBytes));
       if (!total_bytes || *total_bytes >= kMaxSpecBytes) {
-        return TensorError(t, absl::StrFormat(
-            "%s brings the tiles of all tensors on all ranks to 2^62 bytes or more, the limit of "
-            "a spec", side));
+        return TensorError(t, absl::StrFormat("%s brings the tiles of all tensors on all ranks to "
+                                              "2^62 bytes or more, the limit of "
+                                              "a spec",
+                                              side));
       }
     }
     for (Side side : {Side::kSrc, Side::kDst}) {
@@ -504,9 +557,10 @@ absl::Status Validate(const RefitSpec& spec) {
       const std::string& buffer = side == Side::kSrc ? t.src_buffer() : t.dst_buffer();
       std::vector<size_t>& users = buffers[s][buffer];
       if (!users.empty() && DTypeSize(spec.tensors[users.front()].dtype) != DTypeSize(t.dtype)) {
-        return TensorError(t, absl::StrFormat(
-            "%s.buffer %s also holds tensor %s whose dtype has a different size", SideName(side),
-            QuoteForMessage(buffer), QuoteForMessage(spec.tensors[users.front()].name)));
+        return TensorError(
+            t, absl::StrFormat("%s.buffer %s also holds tensor %s whose dtype has a different size",
+                               SideName(side), QuoteForMessage(buffer),
+                               QuoteForMessage(spec.tensors[users.front()].name)));
       }
       users.push_back(i);
     }

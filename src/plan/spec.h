@@ -36,6 +36,9 @@ inline constexpr int64_t kMaxSpecBytes = int64_t{1} << 62;
 // more, even with 57-bit virtual addresses); view offsets and strides are bounded by it.
 inline constexpr int64_t kMaxBufferBytes = int64_t{1} << 56;
 inline constexpr size_t kMaxTensors = size_t{1} << 20;
+// (Destination rank, source tile) pairs whose boxes intersect, over all tensors: a bound on the
+// pieces of the plan, so that planning stays within a few GB of memory.
+inline constexpr int64_t kMaxPieces = int64_t{1} << 24;
 // Tensor and buffer names, in bytes (valid UTF-8).
 inline constexpr size_t kMaxNameBytes = 1024;
 

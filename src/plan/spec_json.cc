@@ -46,18 +46,19 @@ absl::Status CheckKeys(const Context& ctx, const Value& obj, const std::string& 
     for (std::string_view a : allowed) ok = ok || key == a;
     if (!ok) {
       return ctx.Error(value, field.empty() ? std::string("spec") : field,
-                       absl::StrCat("has unknown key ", QuoteForMessage(key), " (allowed: ",
-                                    JoinKeys(allowed), ")"));
+                       absl::StrCat("has unknown key ", QuoteForMessage(key),
+                                    " (allowed: ", JoinKeys(allowed), ")"));
     }
   }
   return absl::OkStatus();
 }
 
-absl::Status Expect(const Context& ctx, const Value& v, const std::string& field, Value::Type type) {
+absl::Status Expect(const Context& ctx, const Value& v, const std::string& field,
+                    Value::Type type) {
   if (v.type() != type) {
-    return ctx.Error(v, field,
-                     absl::StrCat("must be ", Value::TypeName(type), ", not ",
-                                  Value::TypeName(v.type())));
+    return ctx.Error(
+        v, field,
+        absl::StrCat("must be ", Value::TypeName(type), ", not ", Value::TypeName(v.type())));
   }
   return absl::OkStatus();
 }
@@ -65,7 +66,8 @@ absl::Status Expect(const Context& ctx, const Value& v, const std::string& field
 absl::StatusOr<const Value*> Require(const Context& ctx, const Value& obj, const std::string& key,
                                      const std::string& field) {
   const Value* v = obj.Find(key);
-  if (v == nullptr) return ctx.Error(obj, field, absl::StrCat("is missing \"", std::string(key), "\""));
+  if (v == nullptr)
+    return ctx.Error(obj, field, absl::StrCat("is missing \"", std::string(key), "\""));
   return v;
 }
 
@@ -79,7 +81,8 @@ absl::StatusOr<std::vector<int64_t>> IntegerList(const Context& ctx, const Value
   RESHARD_RETURN_IF_ERROR(Expect(ctx, v, field, Value::Type::kArray));
   std::vector<int64_t> out;
   for (size_t i = 0; i < v.items().size(); ++i) {
-    RESHARD_ASSIGN_OR_RETURN(int64_t x, Integer(ctx, v.items()[i], absl::StrFormat("%s[%d]", field, i)));
+    RESHARD_ASSIGN_OR_RETURN(int64_t x,
+                             Integer(ctx, v.items()[i], absl::StrFormat("%s[%d]", field, i)));
     out.push_back(x);
   }
   return out;
@@ -96,8 +99,9 @@ absl::Status ParseMeshLevel(const Context& ctx, const Value& v, const std::strin
       return ctx.Error(v, field, absl::StrCat("rank ", v.as_int(), " is not a valid rank"));
     }
     if (mesh.ranks.size() >= static_cast<size_t>(kMaxWorldSize)) {
-      return ctx.Error(v, field, absl::StrFormat("is one rank more than %d, the limit of a world",
-                                                 kMaxWorldSize));
+      return ctx.Error(
+          v, field,
+          absl::StrFormat("is one rank more than %d, the limit of a world", kMaxWorldSize));
     }
     mesh.ranks.push_back(static_cast<int32_t>(v.as_int()));
     return absl::OkStatus();
@@ -174,7 +178,8 @@ absl::Status ParseLayout(const Context& ctx, const Value& v, const std::string& 
       if (layout.view.strides.empty() && tensor_ndim > 0) {
         return ctx.Error(*strides, side + ".view.strides",
                          absl::StrFormat("has 0 entries for a %d-D tensor (omit strides for "
-                                         "row-major)", tensor_ndim));
+                                         "row-major)",
+                                         tensor_ndim));
       }
     }
   }
@@ -183,9 +188,9 @@ absl::Status ParseLayout(const Context& ctx, const Value& v, const std::string& 
 
 absl::Status ParseTopology(const Context& ctx, const Value& v, Topology& topo) {
   RESHARD_RETURN_IF_ERROR(Expect(ctx, v, "topology", Value::Type::kObject));
-  RESHARD_RETURN_IF_ERROR(CheckKeys(ctx, v, "topology",
-                                    {"domains", "ranks_per_domain", "nic_gbytes_per_s",
-                                     "nvlink_gbytes_per_s", "gpus_per_node"}));
+  RESHARD_RETURN_IF_ERROR(CheckKeys(
+      ctx, v, "topology",
+      {"domains", "ranks_per_domain", "nic_gbytes_per_s", "nvlink_gbytes_per_s", "gpus_per_node"}));
   if (const Value* domains = v.Find("domains")) {
     RESHARD_RETURN_IF_ERROR(Expect(ctx, *domains, "topology.domains", Value::Type::kArray));
     for (size_t i = 0; i < domains->items().size(); ++i) {
@@ -204,7 +209,8 @@ absl::Status ParseTopology(const Context& ctx, const Value& v, Topology& topo) {
   }
   if (const Value* n = v.Find("ranks_per_domain")) {
     RESHARD_ASSIGN_OR_RETURN(topo.ranks_per_domain, Integer(ctx, *n, "topology.ranks_per_domain"));
-    if (topo.ranks_per_domain < 1) return ctx.Error(*n, "topology.ranks_per_domain", "must be >= 1");
+    if (topo.ranks_per_domain < 1)
+      return ctx.Error(*n, "topology.ranks_per_domain", "must be >= 1");
   }
   if (const Value* n = v.Find("gpus_per_node")) {
     RESHARD_ASSIGN_OR_RETURN(topo.gpus_per_node, Integer(ctx, *n, "topology.gpus_per_node"));
@@ -238,8 +244,8 @@ absl::Status ParseTensor(const Value& v, size_t index, TensorSpec& t) {
   auto parsed = ParseDType(dtype->as_string());
   if (!parsed) {
     return ctx.Error(*dtype, "dtype",
-                     absl::StrCat(QuoteForMessage(dtype->as_string()), " is unknown (known: ",
-                                  std::string(DTypeNames()), ")"));
+                     absl::StrCat(QuoteForMessage(dtype->as_string()),
+                                  " is unknown (known: ", std::string(DTypeNames()), ")"));
   }
   t.dtype = *parsed;
   RESHARD_ASSIGN_OR_RETURN(const Value* shape, Require(ctx, v, "shape", "tensor"));
@@ -333,7 +339,8 @@ void AppendLayout(std::string& out, const Layout& l) {
 
 std::string SpecToJson(const RefitSpec& spec) {
   std::string out = "{\n";
-  if (!spec.comment.empty()) absl::StrAppend(&out, "  \"comment\": ", json::Quote(spec.comment), ",\n");
+  if (!spec.comment.empty())
+    absl::StrAppend(&out, "  \"comment\": ", json::Quote(spec.comment), ",\n");
   const Topology& topo = spec.topology;
   out += "  \"topology\": {";
   if (topo.ranks_per_domain > 0) {
@@ -345,15 +352,16 @@ std::string SpecToJson(const RefitSpec& spec) {
     }
     out += "], ";
   }
-  if (topo.gpus_per_node > 0) absl::StrAppend(&out, "\"gpus_per_node\": ", topo.gpus_per_node, ", ");
+  if (topo.gpus_per_node > 0)
+    absl::StrAppend(&out, "\"gpus_per_node\": ", topo.gpus_per_node, ", ");
   absl::StrAppend(&out, "\"nic_gbytes_per_s\": ", topo.nic_gbytes_per_s,
                   ", \"nvlink_gbytes_per_s\": ", topo.nvlink_gbytes_per_s, "},\n");
   out += "  \"tensors\": [\n";
   for (size_t i = 0; i < spec.tensors.size(); ++i) {
     const TensorSpec& t = spec.tensors[i];
     absl::StrAppend(&out, "    {\"name\": ", json::Quote(t.name), ", \"dtype\": \"",
-                    std::string(DTypeName(t.dtype)), "\", \"shape\": [", absl::StrJoin(t.shape, ", "),
-                    "],\n     \"src\": ");
+                    std::string(DTypeName(t.dtype)), "\", \"shape\": [",
+                    absl::StrJoin(t.shape, ", "), "],\n     \"src\": ");
     AppendLayout(out, t.src);
     out += ",\n     \"dst\": ";
     AppendLayout(out, t.dst);

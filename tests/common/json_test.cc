@@ -1,9 +1,9 @@
 #include "src/common/json.h"
 
+#include <gtest/gtest.h>
+
 #include <cstdint>
 #include <string>
-
-#include <gtest/gtest.h>
 
 namespace reshard::json {
 namespace {
@@ -26,7 +26,8 @@ TEST(JsonTest, ParsesNestedValuesWithPositions) {
 TEST(JsonTest, ReportsLineAndColumnOfSyntaxErrors) {
   auto v = Parse("{\n  \"a\": [1, 2,,]\n}");
   ASSERT_FALSE(v.ok());
-  EXPECT_EQ(std::string(v.status().message()), "line 2, column 14: unexpected character ',', expected a value");
+  EXPECT_EQ(std::string(v.status().message()),
+            "line 2, column 14: unexpected character ',', expected a value");
 }
 
 TEST(JsonTest, RejectsDuplicateKeysTrailingTextAndHugeIntegers) {
@@ -72,8 +73,7 @@ TEST(JsonTest, RejectsNonFiniteNumbers) {
   for (const char* word : {"NaN", "Infinity", "-Infinity", "nan"}) {
     auto v = Parse(std::string("[") + word + "]");
     ASSERT_FALSE(v.ok()) << word;
-    EXPECT_EQ(std::string(v.status().message()).rfind("line 1, column ", 0), 0u)
-        << v.status();
+    EXPECT_EQ(std::string(v.status().message()).rfind("line 1, column ", 0), 0u) << v.status();
   }
   // Underflow is not infinity: it reads as zero.
   auto tiny = Parse("1e-99999");

@@ -1,4 +1,5 @@
 // `reshard plan` as users run it: exit statuses, one-line errors, machine-readable output.
+#include <gtest/gtest.h>
 #include <sys/wait.h>
 
 #include <cstdlib>
@@ -7,8 +8,6 @@
 #include <sstream>
 #include <string>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 #include "src/common/json.h"
 
@@ -97,9 +96,69 @@ TEST_F(CliTest, BadSpecsExitTwoWithOneLineOnStderrAndNothingOnStdout) {
   EXPECT_EQ(Lines(missing.err), 1);
 }
 
+TEST_F(CliTest, OverflowingSpecsExitTwoWithOneLineInsteadOfPlanningOrAborting) {
+  // Issue "Nothing lost, nothing overwritten", item 4: a 2^63-1 dim was planned with negative
+  // tiles, and a destination view offset of 2^60 made --verify abort with bad_alloc.
+  const std::string shape = Write("shape.json", R"js({"tensors":[{"name":"w","dtype":"u8",
+      "shape":[9223372036854775807],"src":{"mesh":[0,1],"placements":["S(0)"]},
+      "dst":{"mesh":[2,3],"placements":["S(0)"]}}]})js")
+                                .string();
+  const std::string offset = Write("offset.json", R"js({"tensors":[{"name":"w","dtype":"u8",
+      "shape":[8],"src":{"mesh":[0,1],"placements":["S(0)"]},
+      "dst":{"mesh":[2,3],"placements":["S(0)"],"view":{"offset":1152921504606846976}}}]})js")
+                                 .string();
+  for (const std::string& spec : {shape, offset}) {
+    for (const char* flags : {"", " --verify", " --tiles --json"}) {
+      const Result r = Run("plan " + spec + flags);
+      EXPECT_EQ(r.status, 2) << spec << flags;
+      EXPECT_EQ(r.out, "") << spec << flags;
+      EXPECT_EQ(Lines(r.err), 1) << spec << flags << ": " << r.err;
+      EXPECT_EQ(r.err.rfind("reshard plan: " + spec + ": tensor \"w\": ", 0), 0u) << r.err;
+    }
+  }
+  EXPECT_NE(Run("plan " + shape).err.find("shape is too large"), std::string::npos);
+  EXPECT_NE(Run("plan " + offset).err.find("dst.view.offset 1152921504606846976"),
+            std::string::npos);
+  // Valid but far too large to verify in process: refused by --verify-max-bytes, not an abort.
+  const std::string big = Write("big.json", R"js({"tensors":[{"name":"w","dtype":"u8",
+      "shape":[8],"src":{"mesh":[0,1],"placements":["S(0)"]},
+      "dst":{"mesh":[2,3],"placements":["S(0)"],"view":{"offset":72057594037927928}}}]})js")
+                              .string();
+  EXPECT_EQ(Run("plan " + big).status, 0);
+  const Result verify = Run("plan " + big + " --verify");
+  EXPECT_EQ(verify.status, 2);
+  EXPECT_EQ(Lines(verify.err), 1) << verify.err;
+  EXPECT_NE(verify.err.find("cannot verify"), std::string::npos) << verify.err;
+}
+
+TEST_F(CliTest, ErrorsEchoingUserStringsStayOneBoundedLine) {
+  const std::string name =
+      Write("name.json", "{\"tensors\":[{\"name\":\"a\\nb" + std::string(10000, 'x') +
+                             "\",\"dtype\":\"" + std::string(100000, 'y') +
+                             "\",\"shape\":[8],\"src\":{\"mesh\":[0],\"placements\":[\"R\"]},"
+                             "\"dst\":{\"mesh\":[1],\"placements\":[\"R\"]}}]}")
+          .string();
+  const std::string utf8 = Write("utf8.json",
+                                 "{\"tensors\":[{\"name\":\"w\xff\",\"dtype\":\"u8\","
+                                 "\"shape\":[8],\"src\":{\"mesh\":[0],\"placements\":[\"R\"]},"
+                                 "\"dst\":{\"mesh\":[1],\"placements\":[\"R\"]}}]}")
+                               .string();
+  for (const std::string& spec : {name, utf8}) {
+    for (const char* flags : {"", " --tiles --json"}) {
+      const Result r = Run("plan " + spec + flags);
+      EXPECT_EQ(r.status, 2) << spec << flags;
+      EXPECT_EQ(r.out, "") << spec << flags;
+      EXPECT_EQ(Lines(r.err), 1) << r.err.substr(0, 500);
+      EXPECT_LE(r.err.size(), 1024u) << r.err.substr(0, 500);
+    }
+  }
+  EXPECT_NE(Run("plan " + utf8).err.find("line 1, column 23: invalid UTF-8 in string"),
+            std::string::npos);
+}
+
 TEST_F(CliTest, UsageErrorsExitTwo) {
-  for (const char* args : {"plan", "plan a.json b.json", "plan --no-such-flag x.json",
-                           "no-such-command"}) {
+  for (const char* args :
+       {"plan", "plan a.json b.json", "plan --no-such-flag x.json", "no-such-command"}) {
     const Result r = Run(args);
     EXPECT_EQ(r.status, 2) << args;
     EXPECT_EQ(Lines(r.err), 1) << args << ": " << r.err;
@@ -117,7 +176,8 @@ TEST_F(CliTest, HelpExitsZeroAndDocumentsEveryOption) {
 
 TEST_F(CliTest, EveryExampleSpecVerifiesWithJsonOutput) {
   int specs = 0;
-  for (const auto& entry : fs::directory_iterator(fs::path(RESHARD_SOURCE_DIR) / "examples/specs")) {
+  for (const auto& entry :
+       fs::directory_iterator(fs::path(RESHARD_SOURCE_DIR) / "examples/specs")) {
     if (entry.path().extension() != ".json") continue;
     ++specs;
     const Result r = Run("plan " + entry.path().string() + " --verify --json");
