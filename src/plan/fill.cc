@@ -5,6 +5,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "src/common/hash.h"
+#include "src/common/json.h"
 
 namespace reshard::plan {
 namespace {
@@ -47,8 +48,8 @@ absl::Status VerifyTile(const RefitSpec& spec, size_t tensor, const Box& tile, u
   });
   if (bad < 0) return absl::OkStatus();
   return absl::DataLossError(absl::StrFormat(
-      "tensor \"%s\": rank %d holds a wrong value at global index %s (%d of %d elements wrong)",
-      t.name, rank, Coordinates(t.shape, bad), mismatches, tile.NumElements()));
+      "tensor %s: rank %d holds a wrong value at global index %s (%d of %d elements wrong)",
+      json::QuoteForMessage(t.name), rank, Coordinates(t.shape, bad), mismatches, tile.NumElements()));
 }
 
 }  // namespace reshard::plan
