@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "src/common/escape.h"
 
 namespace reshard::json {
 namespace {
@@ -423,33 +424,15 @@ std::string QuoteForMessage(std::string_view s, size_t max_chars) {
     const char c = s[i];
     const auto b = static_cast<unsigned char>(c);
     size_t n = 1;
-    switch (c) {
-      case '"':
-        out += "\\\"";
-        break;
-      case '\\':
-        out += "\\\\";
-        break;
-      case '\n':
-        out += "\\n";
-        break;
-      case '\r':
-        out += "\\r";
-        break;
-      case '\t':
-        out += "\\t";
-        break;
-      default:
-        if (b < 0x20 || b == 0x7F) {
-          out += absl::StrFormat("\\u%04x", b);
-        } else if (b < 0x80) {
-          out += c;
-        } else if ((n = Utf8SequenceLength(s.substr(i))) == 0) {
-          out += absl::StrFormat("\\x%02x", b);
-          n = 1;
-        } else {
-          out.append(s.substr(i, n));
-        }
+    if (b == 0x7F) {
+      out += "\\u007f";
+    } else if (b < 0x80) {
+      AppendJsonEscaped(out, c);
+    } else if ((n = Utf8SequenceLength(s.substr(i))) == 0) {
+      out += absl::StrFormat("\\x%02x", b);
+      n = 1;
+    } else {
+      out.append(s.substr(i, n));
     }
     i += n;
     ++chars;
@@ -458,35 +441,6 @@ std::string QuoteForMessage(std::string_view s, size_t max_chars) {
   return out;
 }
 
-std::string Quote(std::string_view s) {
-  std::string out = "\"";
-  for (char c : s) {
-    switch (c) {
-      case '"':
-        out += "\\\"";
-        break;
-      case '\\':
-        out += "\\\\";
-        break;
-      case '\n':
-        out += "\\n";
-        break;
-      case '\r':
-        out += "\\r";
-        break;
-      case '\t':
-        out += "\\t";
-        break;
-      default:
-        if (static_cast<unsigned char>(c) < 0x20) {
-          out += absl::StrFormat("\\u%04x", static_cast<unsigned char>(c));
-        } else {
-          out += c;
-        }
-    }
-  }
-  out += '"';
-  return out;
-}
+std::string Quote(std::string_view s) { return JsonQuote(s); }
 
 }  // namespace reshard::json

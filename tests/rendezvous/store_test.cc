@@ -204,6 +204,20 @@ TEST(TcpStoreTest, WrongTokenIsRefusedAndCounted) {
   EXPECT_TRUE((*good)->Set("k", "v").ok());
 }
 
+// A plain TCP connection to the loopback server, speaking no protocol yet; -1 on failure.
+int RawConnect(int port) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (fd < 0 || connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    if (fd >= 0) close(fd);
+    return -1;
+  }
+  return fd;
+}
+
 TEST(TcpStoreTest, RawClientWithoutHandshakeGetsNothing) {
   auto server = TcpStoreServer::Start("127.0.0.1", 0, kToken);
   ASSERT_TRUE(server.ok());
@@ -211,12 +225,8 @@ TEST(TcpStoreTest, RawClientWithoutHandshakeGetsNothing) {
       TcpStore::Connect("127.0.0.1", (*server)->port(), kToken, absl::Now() + absl::Seconds(5));
   ASSERT_TRUE((*good)->Set("secret", "value").ok());
   // A LIST frame sent before any handshake must be refused, not answered with data.
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons((*server)->port());
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  const int fd = RawConnect((*server)->port());
+  ASSERT_GE(fd, 0);
   const char list_frame[] = {5, 0, 0, 0, 4, 0, 0, 0, 0};  // LIST ""
   ASSERT_EQ(send(fd, list_frame, sizeof(list_frame), 0), static_cast<ssize_t>(sizeof(list_frame)));
   std::string received;
@@ -233,12 +243,8 @@ TEST(TcpStoreTest, RawClientWithoutHandshakeGetsNothing) {
 TEST(TcpStoreTest, UnauthenticatedLargeFrameIsDroppedWithoutBuffering) {
   auto server = TcpStoreServer::Start("127.0.0.1", 0, kToken);
   ASSERT_TRUE(server.ok());
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons((*server)->port());
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  const int fd = RawConnect((*server)->port());
+  ASSERT_GE(fd, 0);
   const uint32_t len = 64u << 20;
   char header[4] = {static_cast<char>(len & 0xff), static_cast<char>((len >> 8) & 0xff),
                     static_cast<char>((len >> 16) & 0xff), static_cast<char>(len >> 24)};

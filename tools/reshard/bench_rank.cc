@@ -28,7 +28,7 @@
 #include <vector>
 
 #include "reshard/reshard.h"
-#include "tools/reshard/json_quote.h"
+#include "src/common/escape.h"
 #include "tools/reshard/tile_fill.h"
 
 namespace {
@@ -88,8 +88,7 @@ std::vector<reshard::RefitSpec> GatherBroadcastSpecs(const reshard::RefitSpec& s
 }
 
 int Fail(int rank, const std::string& error, int code) {
-  std::printf("{\"rank\":%d,\"ok\":false,\"error\":%s}\n", rank,
-              reshard::cli::JsonQuote(error).c_str());
+  std::printf("{\"rank\":%d,\"ok\":false,\"error\":%s}\n", rank, reshard::JsonQuote(error).c_str());
   std::fflush(stdout);
   std::fprintf(stderr, "reshard-bench-rank %d: %s\n", rank, error.c_str());
   return code;
@@ -206,7 +205,7 @@ int main(int argc, char** argv) {
   std::string out = "{\"rank\":" + std::to_string(rank) + ",\"ok\":true,\"ms\":{";
   bool first = true;
   for (const auto& [mode, v] : ms) {
-    out += (first ? "" : ",") + reshard::cli::JsonQuote(mode) + ":[";
+    out += (first ? "" : ",") + reshard::JsonQuote(mode) + ":[";
     for (size_t i = 0; i < v.size(); ++i) out += (i ? "," : "") + std::to_string(v[i]);
     out += "]";
     first = false;
@@ -214,16 +213,16 @@ int main(int argc, char** argv) {
   out += "},\"bytes_sent\":{";
   first = true;
   for (const auto& [mode, b] : bytes_sent) {
-    out += (first ? "" : ",") + reshard::cli::JsonQuote(mode) + ":" + std::to_string(b);
+    out += (first ? "" : ",") + reshard::JsonQuote(mode) + ":" + std::to_string(b);
     first = false;
   }
   out += "},\"bytes_fanout\":{";
   first = true;
   for (const auto& [mode, b] : bytes_fanout) {
-    out += (first ? "" : ",") + reshard::cli::JsonQuote(mode) + ":" + std::to_string(b);
+    out += (first ? "" : ",") + reshard::JsonQuote(mode) + ":" + std::to_string(b);
     first = false;
   }
-  out += "},\"transports\":" + reshard::cli::JsonQuote(transports) + ",\"error\":\"\"}";
+  out += "},\"transports\":" + reshard::JsonQuote(transports) + ",\"error\":\"\"}";
   std::printf("%s\n", out.c_str());
   std::fflush(stdout);
   return 0;

@@ -8,7 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "tools/reshard/json_quote.h"
+#include "src/common/escape.h"
 #include "tools/reshard/tile_fill.h"
 
 namespace reshard::cli {
