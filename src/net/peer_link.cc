@@ -60,7 +60,7 @@ struct PeerLink::Batch {
 
 PeerLink::PeerLink(int32_t rank, int32_t peer, uint64_t peer_handle, ucx::Worker& worker,
                    LinkOwner& owner)
-    : rank_(rank), peer_(peer), peer_handle_(peer_handle), worker_(worker), owner_(owner) {
+    : rank_(rank), peer_(peer), peer_handle_(peer_handle), worker_(worker), owner_(&owner) {
   put_done_ = std::make_unique<Done>(this, kPut);
   data_done_ = std::make_unique<Done>(this, kData);
   grant_done_ = std::make_unique<Done>(this, kGrant);
@@ -237,7 +237,7 @@ void PeerLink::Completed(int kind, Batch* batch, ucs_status_t status) {
   switch (kind) {
     case kPut:
     case kData:
-      owner_.OnPutCompleted();
+      owner_->OnPutCompleted();
       break;
     case kGrant:
       grants_in_flight_--;
@@ -260,8 +260,17 @@ void PeerLink::Completed(int kind, Batch* batch, ucs_status_t status) {
       break;
   }
   if (status != UCS_OK && (batch == nullptr || !batch->abandoned)) {
-    owner_.OnSendError(ucx::ToStatus(status, CallName(kind), absl::StrCat("peer rank ", peer_)));
+    owner_->OnSendError(ucx::ToStatus(status, CallName(kind), absl::StrCat("peer rank ", peer_)));
   }
+}
+
+void PeerLink::Orphan() {
+  struct NoOwner final : LinkOwner {
+    void OnSendError(absl::Status) override {}
+    void OnPutCompleted() override {}
+  };
+  static NoOwner no_owner;
+  owner_ = &no_owner;
 }
 
 void PeerLink::Close(absl::Time deadline, bool force) {

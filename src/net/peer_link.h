@@ -109,6 +109,10 @@ class PeerLink {
   void AbandonBatches();
 
   int in_flight() const { return in_flight_; }
+  // For a link that must outlive its engine because UCX still holds requests of it (a peer that
+  // never answers even a forced close): later completions reach a no-op owner instead of the
+  // freed engine. The link's own memory (headers, batches) stays valid because it is leaked.
+  void Orphan();
   // Releases the remote keys, closes the endpoint and waits (progressing) for every request of
   // this link until `deadline`. Idempotent.
   void Close(absl::Time deadline, bool force);
@@ -143,7 +147,7 @@ class PeerLink {
   bool process_gone_ = false;
   const uint64_t peer_handle_;
   ucx::Worker& worker_;
-  LinkOwner& owner_;
+  LinkOwner* owner_;  // Never null; a no-op owner once orphaned.
   // Declared before the keys: keys are released first.
   std::unique_ptr<ucx::Endpoint> endpoint_;
   std::vector<std::unique_ptr<ucx::RemoteKey>> rkeys_;  // By buffer id; null when unused.

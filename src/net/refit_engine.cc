@@ -564,21 +564,30 @@ absl::Status RefitEngine::Impl::Shutdown(absl::Time deadline) {
 
 RefitEngine::Impl::~Impl() {
   if (runtime_ == nullptr) return;
-  // Endpoints (force-closed when failed) before registrations; a link whose requests did not
-  // complete by the deadline is kept alive (its memory is what UCX may still touch).
+  // Every in-flight UCX request points into this engine, its links or its registered memory, so
+  // none may outlive them. Endpoints are flush-closed (force-closed after a peer error) and each
+  // link progresses until its requests completed, for up to 500 ms. (A forced close of a healthy
+  // tcp endpoint with sends pending crashed UCX 1.13 later, in its tcp progress, so it is not
+  // used to cancel them.) A link whose requests are still in flight then - the peer stalls - is
+  // detached from this engine and leaked together with the registered memory its requests read,
+  // so nothing UCX may still touch is freed.
   const absl::Time deadline = absl::Now() + absl::Milliseconds(500);
   for (PeerLink* link : peers_) link->Close(deadline, /*force=*/false);
   runtime_->Unregister(handle_, this);
+  bool leaked = false;
   for (std::unique_ptr<PeerLink>& link : links_) {
     if (link != nullptr && link->in_flight() > 0) {
       RESHARD_LOG(kWarning,
-                  "rank %d: %d request(s) to rank %d did not complete at teardown; keeping their "
-                  "memory",
+                  "rank %d: %d request(s) to rank %d did not complete at teardown (the peer does "
+                  "not progress); keeping their memory and registrations",
                   rank_, link->in_flight(), link->peer());
+      link->Orphan();
       (void)link.release();
+      leaked = true;
     }
   }
   links_.clear();
+  if (leaked) (void)memory_.release();
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -8,21 +8,30 @@
 //                   both receive all of it: it crosses the network once and fans out inside the
 //                   domain (E = 1: the network engine runs the fan-out, 0: the fan-out layer).
 //                   Prints "FANOUT <backend> <bytes fanned out>" per destination rank.
+//   --destroy-failed 1  two handles (A: 32 MiB rank 0 -> rank 1, B: the 8x6 spec). Rank 1 starts
+//                   A and stops progressing for 3 s; rank 0's A misses a 1 s deadline and rank 0
+//                   destroys A while A's messages are still in flight, then both refit B for
+//                   --steps steps. Nothing A's requests point to may be used after it is freed
+//                   (run under ASan to see it); prints "DESTROYED_FAILED_HANDLE_OK".
 #include <signal.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "reshard/reshard.h"
 
 int main(int argc, char** argv) {
-  int steps = 3, die_after = -1, replicated = -1;
+  int steps = 3, die_after = -1, replicated = -1, destroy_failed = 0;
   for (int i = 1; i + 1 < argc; i += 2) {
     if (std::strcmp(argv[i], "--steps") == 0) steps = std::atoi(argv[i + 1]);
     if (std::strcmp(argv[i], "--die-after") == 0) die_after = std::atoi(argv[i + 1]);
     if (std::strcmp(argv[i], "--replicated") == 0) replicated = std::atoi(argv[i + 1]);
+    if (std::strcmp(argv[i], "--destroy-failed") == 0) destroy_failed = std::atoi(argv[i + 1]);
   }
   auto comm = reshard::Communicator::FromEnvironment();
   if (!comm.ok()) {
@@ -83,6 +92,27 @@ int main(int argc, char** argv) {
   spec.AddTensor("w", reshard::DType::kI32, {8, 6}, Layout(Mesh::Range(0, 2), {Shard(0)}),
                  Layout(Mesh::Range(0, 2), {Shard(1)}));
   const int rank = comm->rank();
+  // Handle A of --destroy-failed: a large refit that rank 0 abandons and destroys.
+  std::optional<reshard::RefitHandle> doomed;
+  std::vector<uint8_t> big;
+  if (destroy_failed != 0) {
+    reshard::RefitSpec big_spec;
+    big_spec.AddTensor("big", reshard::DType::kU8, {32 << 20},
+                       Layout(Mesh({0}), {reshard::Replicate()}),
+                       Layout(Mesh({1}), {reshard::Replicate()}));
+    big.assign(size_t{32} << 20, static_cast<uint8_t>(rank));
+    reshard::LocalBuffers b;
+    b.Add(rank == 0 ? reshard::Side::kSource : reshard::Side::kDestination, "big",
+          reshard::Buffer{big.data(), static_cast<int64_t>(big.size())});
+    reshard::HandleOptions o;
+    o.name = "doomed";
+    auto h = reshard::RefitHandle::Create(*comm, big_spec, std::move(b), o);
+    if (!h.ok()) {
+      std::fprintf(stderr, "rank %d: %s\n", rank, h.status().ToString().c_str());
+      return 1;
+    }
+    doomed.emplace(*std::move(h));
+  }
   std::vector<int32_t> src(24), dst(24);
   reshard::LocalBuffers buffers;
   buffers.Source("w", src.data(), 96).Destination("w", dst.data(), 96);
@@ -90,6 +120,19 @@ int main(int argc, char** argv) {
   if (!handle.ok()) {
     std::fprintf(stderr, "rank %d: %s\n", rank, handle.status().ToString().c_str());
     return 1;
+  }
+  if (doomed.has_value()) {
+    if (rank == 0) {
+      absl::Status st = doomed->Execute(absl::Now() + absl::Seconds(1));
+      std::fprintf(stderr, "rank 0: abandoned refit: %s\n", st.ToString().c_str());
+      doomed.reset();  // Destroyed while its messages to the stalled rank 1 are in flight.
+    } else {
+      if (!doomed->Start().ok()) return 1;
+      sleep(3);  // No progress: rank 0's deadline passes and it destroys its handle.
+      absl::Status st = doomed->Wait(absl::Now() + absl::Seconds(2));
+      std::fprintf(stderr, "rank 1: abandoned refit: %s\n", st.ToString().c_str());
+      doomed.reset();
+    }
   }
   for (int step = 1; step <= steps; ++step) {
     if (rank == 1 && step == die_after + 1) raise(SIGKILL);
@@ -134,6 +177,7 @@ int main(int argc, char** argv) {
       return 1;
     }
   }
+  if (destroy_failed != 0) std::printf("DESTROYED_FAILED_HANDLE_OK\n");
   std::printf("OK rank %d transports %s\n", rank, handle->stats().transports.c_str());
   return 0;
 }
