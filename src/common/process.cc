@@ -39,10 +39,16 @@ std::string HostIdentity() {
 }
 
 ProcessId ProcessId::Self() {
-  ProcessId id;
-  id.pid = getpid();
+  absl::StatusOr<ProcessId> self = Of(getpid());
+  return self.ok() ? *self : ProcessId{getpid(), 0};
+}
+
+absl::StatusOr<ProcessId> ProcessId::Of(int64_t pid) {
+  ProcessId id{pid, 0};
   char state = 0;
-  ReadStat(id.pid, &state, &id.start_time);
+  if (pid <= 0 || !ReadStat(pid, &state, &id.start_time)) {
+    return absl::NotFoundError(absl::StrCat("no process ", pid, " in /proc"));
+  }
   return id;
 }
 

@@ -23,6 +23,8 @@ struct ProcessId {
 
   // This process.
   static ProcessId Self();
+  // Process `pid` as it runs now; NotFound when /proc has no such process.
+  [[nodiscard]] static absl::StatusOr<ProcessId> Of(int64_t pid);
   // "pid:start_time".
   std::string Encode() const;
   // InvalidArgument when `text` is not "pid:start_time".
