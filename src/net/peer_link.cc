@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "src/common/fault.h"
 #include "src/common/idle.h"
 #include "src/common/status.h"
 #include "src/net/registered_memory.h"
@@ -73,26 +74,42 @@ PeerLink::~PeerLink() { Close(absl::Now() + absl::Milliseconds(500), /*force=*/f
 absl::Status PeerLink::Connect(const std::string& address, bool peer_error_handling) {
   RESHARD_ASSIGN_OR_RETURN(endpoint_,
                            ucx::Endpoint::Create(worker_, address, peer_, peer_error_handling));
+  if (early_hello_from_ != nullptr && SentBy(early_hello_from_)) hello_received = true;
   return absl::OkStatus();
 }
 
 absl::Status PeerLink::LoadRemoteKeys(const rendezvous::Record& record, uint32_t ids) {
   rkeys_.resize(ids);
   remote_base_.assign(ids, 0);
+  remote_bytes_.assign(ids, 0);
+  auto number = [&](const std::string& field) -> absl::StatusOr<uint64_t> {
+    RESHARD_ASSIGN_OR_RETURN(std::string text, rendezvous::Field(record, field, peer_));
+    uint64_t value = 0;
+    if (!absl::SimpleAtoi(text, &value)) {
+      return absl::DataLossError(
+          absl::StrCat("the remote key record of rank ", peer_, " has a malformed ", field));
+    }
+    return value;
+  };
   for (uint32_t id = 0; id < ids; ++id) {
     auto key = record.find(KeyField(id));
     if (key == record.end()) continue;
-    RESHARD_ASSIGN_OR_RETURN(std::string base_text,
-                             rendezvous::Field(record, BaseField(id), peer_));
-    uint64_t base = 0;
-    if (!absl::SimpleAtoi(base_text, &base)) {
+    RESHARD_ASSIGN_OR_RETURN(const uint64_t base, number(BaseField(id)));
+    RESHARD_ASSIGN_OR_RETURN(const uint64_t bytes, number(SizeField(id)));
+    if (bytes > UINT64_MAX - base) {
       return absl::DataLossError(absl::StrCat("the remote key record of rank ", peer_,
-                                              " has a malformed ", BaseField(id)));
+                                              " names a region ", id,
+                                              " that wraps around the address space"));
     }
     RESHARD_ASSIGN_OR_RETURN(rkeys_[id], ucx::RemoteKey::Unpack(*endpoint_, key->second));
     remote_base_[id] = base;
+    remote_bytes_[id] = bytes;
   }
   return absl::OkStatus();
+}
+
+bool PeerLink::SentBy(ucp_ep_h from) const {
+  return from != nullptr && endpoint_ != nullptr && endpoint_->get() == from;
 }
 
 std::string PeerLink::Transports() const {
@@ -121,6 +138,7 @@ absl::Status PeerLink::SendHello() {
 }
 
 absl::Status PeerLink::SendGrant(uint64_t epoch) {
+  common::FaultPoint(common::FaultStage::kGrant, rank_, epoch);
   grant_header_ = wire::AmHeader{wire::kMagic, rank_, peer_handle_, epoch};
   bool in_flight = false;
   RESHARD_RETURN_IF_ERROR(
@@ -193,6 +211,7 @@ absl::Status PeerLink::SignalBatches(uint64_t epoch, int64_t* signals, int64_t* 
   for (auto it = batches_.begin(); it != batches_.end();) {
     Batch& batch = **it;
     if (batch.flushed && !batch.signalled) {
+      common::FaultPoint(common::FaultStage::kSignals, rank_, epoch);
       batch.signalled = true;
       batch.header = wire::AmHeader{wire::kMagic, rank_, peer_handle_, epoch};
       for (size_t i = 0; i < batch.transfers.size(); i += wire::kMaxIndicesPerSignal) {

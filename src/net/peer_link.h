@@ -54,10 +54,20 @@ class PeerLink {
   PeerLink& operator=(const PeerLink&) = delete;
 
   [[nodiscard]] absl::Status Connect(const std::string& address, bool peer_error_handling);
-  // Unpacks the `key.<id>` / `base.<id>` fields of the peer's record for ids [0, ids).
+  // Unpacks the `key.<id>` / `base.<id>` / `size.<id>` fields of the peer's record for ids
+  // [0, ids). DataLoss for a malformed field or a region that wraps the address space.
   [[nodiscard]] absl::Status LoadRemoteKeys(const rendezvous::Record& record, uint32_t ids);
   ucp_rkey_h rkey(uint32_t id) const { return rkeys_[id] ? rkeys_[id]->get() : nullptr; }
   uint64_t remote_base(uint32_t id) const { return remote_base_[id]; }
+  // Bytes the peer registered at remote_base(id); writes must stay inside.
+  uint64_t remote_bytes(uint32_t id) const { return remote_bytes_[id]; }
+  // Whether a message that arrived on `from` (UCX's reply endpoint) came over this link's
+  // endpoint, i.e. from the peer's process and not from another process using its rank.
+  bool SentBy(ucp_ep_h from) const;
+  bool connected() const { return endpoint_ != nullptr; }
+  // A hello that arrived before Connect: accepted by Connect if it came over the endpoint that
+  // Connect then creates (UCX matches both directions of a connection to one endpoint).
+  void HelloBeforeConnect(ucp_ep_h from) { early_hello_from_ = from; }
 
   int32_t peer() const { return peer_; }
   // OK while the peer is healthy (see ucx::Endpoint::error()).
@@ -152,7 +162,9 @@ class PeerLink {
   std::unique_ptr<ucx::Endpoint> endpoint_;
   std::vector<std::unique_ptr<ucx::RemoteKey>> rkeys_;  // By buffer id; null when unused.
   std::vector<uint64_t> remote_base_;
+  std::vector<uint64_t> remote_bytes_;
   int in_flight_ = 0;
+  ucp_ep_h early_hello_from_ = nullptr;
 
   std::unique_ptr<Done> put_done_, data_done_, grant_done_, hello_done_, abort_done_;
   wire::AmHeader hello_header_, grant_header_;

@@ -45,11 +45,16 @@ class RefitEngine::Impl final : public MessageSink, public LinkOwner {
   absl::Status Shutdown(absl::Time deadline);
 
   // MessageSink (inside Worker::Progress).
-  void OnGrant(const wire::AmHeader& h) override;
-  void OnHello(const wire::AmHeader& h) override;
-  void OnDone(const wire::AmHeader& h, const uint32_t* indices, size_t count) override;
-  void OnData(const wire::DataHeader& h, const void* data, size_t length) override;
-  void OnAbort(const wire::AmHeader& h, absl::string_view reason) override;
+  void OnGrant(const wire::AmHeader& h, ucp_ep_h from) override;
+  void OnHello(const wire::AmHeader& h, ucp_ep_h from) override;
+  void OnDone(const wire::AmHeader& h, const uint32_t* indices, size_t count,
+              ucp_ep_h from) override;
+  void OnData(const wire::DataHeader& h, const void* data, size_t length, ucp_ep_h from) override;
+  void OnAbort(const wire::AmHeader& h, absl::string_view reason, ucp_ep_h from) override;
+  // The link of the peer a message names, when the message arrived on that peer's endpoint;
+  // null otherwise (the message is dropped, and the first such message is logged).
+  PeerLink* Origin(const wire::AmHeader& h, ucp_ep_h from, const char* what);
+  int64_t rejected_messages_ = 0;
   // LinkOwner (inside Worker::Progress).
   void OnSendError(absl::Status status) override {
     if (in_epoch_) Fail(std::move(status));
@@ -57,9 +62,7 @@ class RefitEngine::Impl final : public MessageSink, public LinkOwner {
   void OnPutCompleted() override { outstanding_puts_--; }
 
   // Messages to `rank` carry its handle id, so several ranks may share one runtime (tests).
-  uint64_t HandleOf(int32_t rank) const {
-    return Mix64(HashString(options_.key_prefix) ^ static_cast<uint64_t>(rank));
-  }
+  uint64_t HandleOf(int32_t rank) const { return RefitEngine::HandleId(options_.key_prefix, rank); }
 
   const plan::Plan plan_;
   const int32_t rank_;
@@ -184,19 +187,38 @@ absl::Status RefitEngine::Impl::Init(rendezvous::Store& store, std::vector<Buffe
 }
 
 absl::Status RefitEngine::Impl::CheckRemoteKeys() const {
+  const bool puts = !delivery_->counts_bytes();
   for (const SendDesc& d : program_.descs) {
     if (d.peer == rank_) continue;
     const PeerLink& link = *links_[d.peer];
+    const std::string& tensor = plan_.spec().tensors[plan_.transfers()[d.transfer].tensor].name;
     if (link.rkey(d.to_buffer) == nullptr) {
       return absl::DataLossError(absl::StrFormat(
           "rank %d published no remote key for buffer \"%s\" that rank %d must write (tensor "
           "\"%s\")",
-          d.peer, plan_.buffers()[d.to_buffer].name, rank_,
-          plan_.spec().tensors[plan_.transfers()[d.transfer].tensor].name));
+          d.peer, plan_.buffers()[d.to_buffer].name, rank_, tensor));
     }
-    if (d.packed && !delivery_->counts_bytes() && link.rkey(memory_->landing_id()) == nullptr) {
+    if (!puts) continue;  // Active messages: the receiver checks every offset (Landing::Data).
+    const uint32_t to = d.packed ? memory_->landing_id() : d.to_buffer;
+    if (d.packed && link.rkey(to) == nullptr) {
       return absl::DataLossError(absl::StrFormat(
           "rank %d published no landing area for packed pieces from rank %d", d.peer, rank_));
+    }
+    // Every put of the program lands inside what the peer registered: a record that names a
+    // smaller region (a forged or mismatched record) fails here, before any byte moves.
+    const uint64_t base = d.packed ? static_cast<uint64_t>(d.landing_offset) : 0;
+    for (uint32_t i = d.run_begin; i < d.run_end; ++i) {
+      const SendRun& run = program_.runs[i];
+      if (!wire::InBounds(base + static_cast<uint64_t>(run.remote_offset),
+                          static_cast<uint64_t>(run.bytes), link.remote_bytes(to))) {
+        return absl::DataLossError(absl::StrFormat(
+            "rank %d registered %d bytes for %s, but rank %d must write %d bytes at offset %d "
+            "there (tensor \"%s\")",
+            d.peer, link.remote_bytes(to),
+            d.packed ? std::string("its landing area")
+                     : absl::StrCat("buffer \"", plan_.buffers()[d.to_buffer].name, "\""),
+            rank_, run.bytes, base + static_cast<uint64_t>(run.remote_offset), tensor));
+      }
     }
   }
   return absl::OkStatus();
@@ -508,18 +530,39 @@ void RefitEngine::Impl::Reset() {
 // ---------------------------------------------------------------------------------------------
 // Messages.
 
-void RefitEngine::Impl::OnGrant(const wire::AmHeader& h) {
-  if (!wire::WellFormed(h, plan_.world_size()) || links_[h.from_rank] == nullptr) return;
-  PeerLink& link = *links_[h.from_rank];
-  if (h.epoch > link.granted) link.granted = h.epoch;
+PeerLink* RefitEngine::Impl::Origin(const wire::AmHeader& h, ucp_ep_h from, const char* what) {
+  if (!wire::WellFormed(h, plan_.world_size())) return nullptr;
+  PeerLink* link = links_[h.from_rank].get();
+  if (link != nullptr && link->SentBy(from)) return link;
+  if (rejected_messages_++ == 0) {
+    RESHARD_LOG(kWarning,
+                "rank %d: dropped a %s message naming rank %d that did not arrive on rank %d's "
+                "endpoint (a process other than that rank, or a rank that is not a peer)",
+                rank_, what, h.from_rank, h.from_rank);
+  }
+  return nullptr;
 }
 
-void RefitEngine::Impl::OnHello(const wire::AmHeader& h) {
-  if (!wire::WellFormed(h, plan_.world_size()) || links_[h.from_rank] == nullptr) return;
-  links_[h.from_rank]->hello_received = true;
+void RefitEngine::Impl::OnGrant(const wire::AmHeader& h, ucp_ep_h from) {
+  PeerLink* link = Origin(h, from, "grant");
+  if (link == nullptr) return;
+  if (h.epoch > link->granted) link->granted = h.epoch;
 }
 
-void RefitEngine::Impl::OnDone(const wire::AmHeader& h, const uint32_t* indices, size_t count) {
+void RefitEngine::Impl::OnHello(const wire::AmHeader& h, ucp_ep_h from) {
+  // A hello may arrive before this rank created its endpoint to the peer (it progresses its
+  // worker for other handles meanwhile): the link checks its origin once connected.
+  if (wire::WellFormed(h, plan_.world_size()) && links_[h.from_rank] != nullptr &&
+      !links_[h.from_rank]->connected()) {
+    return links_[h.from_rank]->HelloBeforeConnect(from);
+  }
+  PeerLink* link = Origin(h, from, "wire-up");
+  if (link != nullptr) link->hello_received = true;
+}
+
+void RefitEngine::Impl::OnDone(const wire::AmHeader& h, const uint32_t* indices, size_t count,
+                               ucp_ep_h from) {
+  if (Origin(h, from, "completion") == nullptr) return;
   if (!in_epoch_ || h.epoch != epoch_) return;  // A failed or abandoned epoch's signal.
   for (size_t i = 0; i < count; ++i) {
     absl::StatusOr<bool> fresh = landing_->Signalled(h.from_rank, indices[i]);
@@ -529,19 +572,30 @@ void RefitEngine::Impl::OnDone(const wire::AmHeader& h, const uint32_t* indices,
   }
 }
 
-void RefitEngine::Impl::OnData(const wire::DataHeader& h, const void* data, size_t length) {
+void RefitEngine::Impl::OnData(const wire::DataHeader& h, const void* data, size_t length,
+                               ucp_ep_h from) {
+  if (Origin(h.base, from, "data") == nullptr) return;
   if (!in_epoch_ || h.base.epoch != epoch_) return;  // A failed or abandoned epoch's data.
+  if (length > 0 && data == nullptr) {
+    return Fail(absl::DataLossError(absl::StrCat("rank ", rank_, ": rank ", h.base.from_rank,
+                                                 " sent a data message without its data")));
+  }
   absl::StatusOr<bool> complete = landing_->Data(h, data, length);
   if (!complete.ok()) return Fail(complete.status());
   if (*complete) MarkLanded(h.transfer);
 }
 
-void RefitEngine::Impl::OnAbort(const wire::AmHeader& h, absl::string_view reason) {
-  if (!wire::WellFormed(h, plan_.world_size()) || links_[h.from_rank] == nullptr) return;
+void RefitEngine::Impl::OnAbort(const wire::AmHeader& h, absl::string_view reason, ucp_ep_h from) {
+  PeerLink* link = Origin(h, from, "abort");
+  if (link == nullptr) return;
   if (h.epoch <= reset_floor_) return;
-  PeerLink& link = *links_[h.from_rank];
-  link.aborted = true;
-  link.abort_reason = absl::StrCat("rank ", rank_, ", refit epoch ", epoch_, ": peer ", reason);
+  link->aborted = true;
+  // The reason is the peer's own error message; keep it on one printable line.
+  std::string printable(reason);
+  for (char& c : printable) {
+    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) c = ' ';
+  }
+  link->abort_reason = absl::StrCat("rank ", rank_, ", refit epoch ", epoch_, ": peer ", printable);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -619,6 +673,10 @@ bool RefitEngine::in_epoch() const { return impl_->in_epoch_; }
 absl::Status RefitEngine::CheckAllPeers() const { return impl_->CheckPeers(/*all=*/true); }
 const absl::Status& RefitEngine::last_status() const { return impl_->status_; }
 const RefitStats& RefitEngine::last_stats() const { return impl_->stats_; }
+int64_t RefitEngine::rejected_messages() const { return impl_->rejected_messages_; }
+uint64_t RefitEngine::HandleId(const std::string& key_prefix, int32_t rank) {
+  return Mix64(HashString(key_prefix) ^ static_cast<uint64_t>(rank));
+}
 uint64_t RefitEngine::last_epoch() const { return impl_->epoch_; }
 std::string RefitEngine::Transports() const { return TransportsOf(impl_->peers_); }
 const char* RefitEngine::delivery() const { return impl_->delivery_->name(); }

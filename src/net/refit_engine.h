@@ -166,6 +166,11 @@ class RefitEngine {
   // The status of the last finished or failed epoch.
   const absl::Status& last_status() const;
   const RefitStats& last_stats() const;
+  // Messages dropped since Create because they did not arrive on the endpoint of the rank they
+  // name (src/net/wire.h): another process speaking for a rank.
+  int64_t rejected_messages() const;
+  // The id that messages to `rank`'s handle under `key_prefix` carry (src/net/wire.h AmHeader).
+  static uint64_t HandleId(const std::string& key_prefix, int32_t rank);
   uint64_t last_epoch() const;
 
   // Transports UCX selected towards this rank's peers, e.g. "tcp/lo" (after the first epoch).

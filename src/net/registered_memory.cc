@@ -11,6 +11,7 @@ using common::MemoryKind;
 
 std::string KeyField(uint32_t id) { return absl::StrCat("key.", id); }
 std::string BaseField(uint32_t id) { return absl::StrCat("base.", id); }
+std::string SizeField(uint32_t id) { return absl::StrCat("size.", id); }
 
 absl::StatusOr<std::unique_ptr<RegisteredMemory>> RegisteredMemory::Create(
     const plan::Plan& plan, int32_t rank, Runtime& runtime, std::vector<common::BufferView> buffers,
@@ -74,6 +75,7 @@ absl::Status RegisteredMemory::AddRemoteKeys(rendezvous::Record* record) const {
   auto add = [&](uint32_t id, const ucx::MemoryRegion& region) -> absl::Status {
     RESHARD_ASSIGN_OR_RETURN((*record)[KeyField(id)], region.PackRkey());
     (*record)[BaseField(id)] = absl::StrCat(reinterpret_cast<uintptr_t>(region.address()));
+    (*record)[SizeField(id)] = absl::StrCat(region.bytes());
     return absl::OkStatus();
   };
   for (uint32_t b = 0; b < buffers_.size(); ++b) {

@@ -75,5 +75,6 @@ class RegisteredMemory {
 // The field names of RegisteredMemory's remote keys.
 std::string KeyField(uint32_t id);
 std::string BaseField(uint32_t id);
+std::string SizeField(uint32_t id);
 
 }  // namespace reshard::net

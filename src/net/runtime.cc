@@ -1,5 +1,6 @@
 #include "src/net/runtime.h"
 
+#include <algorithm>
 #include <array>
 #include <cstring>
 
@@ -7,29 +8,23 @@
 #include "src/common/status.h"
 
 namespace reshard::net {
-namespace {
-
-bool Rendezvous(const ucp_am_recv_param_t* param) {
-  return (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
-}
-
-}  // namespace
 
 absl::StatusOr<std::shared_ptr<Runtime>> Runtime::Create() {
   std::shared_ptr<Runtime> runtime(new Runtime());
   RESHARD_ASSIGN_OR_RETURN(runtime->context_, ucx::Context::Create());
   RESHARD_ASSIGN_OR_RETURN(runtime->worker_, ucx::Worker::Create(*runtime->context_));
   Runtime* self = runtime.get();
+  ucx::Worker& worker = *self->worker_;
   RESHARD_RETURN_IF_ERROR(
-      self->worker_->SetAmHandler(wire::kGrantAm, &Runtime::OnControl<wire::kGrantAm>, self));
+      worker.SetAmHandler(wire::kGrantAm, &Runtime::OnMessage<wire::kGrantAm>, self));
   RESHARD_RETURN_IF_ERROR(
-      self->worker_->SetAmHandler(wire::kDoneAm, &Runtime::OnControl<wire::kDoneAm>, self));
+      worker.SetAmHandler(wire::kDoneAm, &Runtime::OnMessage<wire::kDoneAm>, self));
   RESHARD_RETURN_IF_ERROR(
-      self->worker_->SetAmHandler(wire::kAbortAm, &Runtime::OnControl<wire::kAbortAm>, self));
+      worker.SetAmHandler(wire::kAbortAm, &Runtime::OnMessage<wire::kAbortAm>, self));
   RESHARD_RETURN_IF_ERROR(
-      self->worker_->SetAmHandler(wire::kHelloAm, &Runtime::OnControl<wire::kHelloAm>, self));
+      worker.SetAmHandler(wire::kHelloAm, &Runtime::OnMessage<wire::kHelloAm>, self));
   RESHARD_RETURN_IF_ERROR(
-      runtime->worker_->SetAmHandler(wire::kDataAm, &Runtime::OnData, runtime.get()));
+      worker.SetAmHandler(wire::kDataAm, &Runtime::OnMessage<wire::kDataAm>, self));
   return runtime;
 }
 
@@ -55,56 +50,76 @@ MessageSink* Runtime::Find(uint64_t handle) const {
   return it == sinks_.end() ? nullptr : it->second;
 }
 
-ucs_status_t Runtime::OnData(void* arg, const void* header, size_t header_length, void* data,
-                             size_t length, const ucp_am_recv_param_t* param) {
-  auto* self = static_cast<Runtime*>(arg);
-  if (header_length != sizeof(wire::DataHeader)) return UCS_OK;
-  wire::DataHeader h;
-  std::memcpy(&h, header, sizeof(h));
-  if (h.base.magic != wire::kMagic) return UCS_OK;
-  MessageSink* sink = self->Find(h.base.handle);
-  if (sink == nullptr) return UCS_OK;  // A handle that is gone: stale message.
-  if (Rendezvous(param)) {
-    sink->OnAbort(h.base, "received a rendezvous data message (protocol error)");
-  } else {
-    sink->OnData(h, data, length);
-  }
+template <unsigned kId>
+ucs_status_t Runtime::OnMessage(void* arg, const void* header, size_t header_length, void* data,
+                                size_t length, const ucp_am_recv_param_t* param) {
+  const bool rendezvous = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
+  const ucp_ep_h from =
+      (param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) != 0 ? param->reply_ep : nullptr;
+  static_cast<Runtime*>(arg)->Dispatch(kId, header, header_length, data, length, rendezvous, from);
+  // Never UCS_INPROGRESS: the payload is consumed (copied) before returning.
   return UCS_OK;
 }
 
-template <unsigned kId>
-ucs_status_t Runtime::OnControl(void* arg, const void* header, size_t header_length, void* data,
-                                size_t length, const ucp_am_recv_param_t* param) {
-  auto* self = static_cast<Runtime*>(arg);
-  if (header_length != sizeof(wire::AmHeader)) return UCS_OK;
+void Runtime::Dispatch(unsigned id, const void* header, size_t header_length, const void* data,
+                       size_t length, bool rendezvous, ucp_ep_h from) {
+  if (header == nullptr) return;
+  if (id == wire::kDataAm) {
+    if (header_length != sizeof(wire::DataHeader)) return;
+    wire::DataHeader h;
+    std::memcpy(&h, header, sizeof(h));
+    if (h.base.magic != wire::kMagic) return;
+    MessageSink* sink = Find(h.base.handle);
+    if (sink == nullptr) return;  // A handle that is gone: stale message.
+    if (rendezvous) {
+      sink->OnAbort(h.base, "received a rendezvous data message (protocol error)", from);
+    } else {
+      sink->OnData(h, data, length, from);
+    }
+    return;
+  }
+  if (header_length != sizeof(wire::AmHeader)) return;
   wire::AmHeader h;
   std::memcpy(&h, header, sizeof(h));
-  if (h.magic != wire::kMagic) return UCS_OK;
-  MessageSink* sink = self->Find(h.handle);
-  if (sink == nullptr) return UCS_OK;  // A handle that is gone: stale message.
-  if (Rendezvous(param)) {
+  if (h.magic != wire::kMagic) return;
+  MessageSink* sink = Find(h.handle);
+  if (sink == nullptr) return;  // A handle that is gone: stale message.
+  if (rendezvous) {
     // Messages are sent eager; a rendezvous one is a protocol error.
-    sink->OnAbort(h, "received a rendezvous control message (protocol error)");
-    return UCS_OK;
+    sink->OnAbort(h, "received a rendezvous control message (protocol error)", from);
+    return;
   }
-  if constexpr (kId == wire::kGrantAm) {
-    sink->OnGrant(h);
-  } else if constexpr (kId == wire::kHelloAm) {
-    sink->OnHello(h);
-  } else if constexpr (kId == wire::kDoneAm) {
-    // No allocation: a signal carries at most kMaxIndicesPerSignal indices.
-    std::array<uint32_t, wire::kMaxIndicesPerSignal> indices;
-    const size_t count = length / sizeof(uint32_t);
-    if (count > indices.size() || length % sizeof(uint32_t) != 0) {
-      sink->OnAbort(h, "received a malformed completion signal (protocol error)");
-      return UCS_OK;
+  switch (id) {
+    case wire::kGrantAm:
+      sink->OnGrant(h, from);
+      return;
+    case wire::kHelloAm:
+      sink->OnHello(h, from);
+      return;
+    case wire::kDoneAm: {
+      // No allocation: a signal carries at most kMaxIndicesPerSignal indices.
+      std::array<uint32_t, wire::kMaxIndicesPerSignal> indices;
+      const size_t count = length / sizeof(uint32_t);
+      if (count > indices.size() || length % sizeof(uint32_t) != 0 ||
+          (count > 0 && data == nullptr)) {
+        sink->OnAbort(h, "received a malformed completion signal (protocol error)", from);
+        return;
+      }
+      if (count > 0) std::memcpy(indices.data(), data, count * sizeof(uint32_t));
+      sink->OnDone(h, indices.data(), count, from);
+      return;
     }
-    if (count > 0) std::memcpy(indices.data(), data, count * sizeof(uint32_t));
-    sink->OnDone(h, indices.data(), count);
-  } else {
-    sink->OnAbort(h, absl::string_view(static_cast<const char*>(data), length));
+    case wire::kAbortAm:
+      sink->OnAbort(h,
+                    data == nullptr
+                        ? absl::string_view()
+                        : absl::string_view(static_cast<const char*>(data),
+                                            std::min(length, wire::kMaxAbortReasonBytes)),
+                    from);
+      return;
+    default:
+      return;
   }
-  return UCS_OK;
 }
 
 }  // namespace reshard::net

@@ -27,15 +27,19 @@
 
 namespace reshard::net {
 
-// What an engine receives. Messages that arrived through UCX's rendezvous protocol (never sent
-// so by the engine) reach OnAbort as a protocol error.
+// What an engine receives. `from` is the endpoint the message arrived on (null when UCX did not
+// say); the sink checks that it is the endpoint of the rank the header names before acting.
+// Messages that arrived through UCX's rendezvous protocol (never sent so by the engine) reach
+// OnAbort as a protocol error.
 class MessageSink {
  public:
-  virtual void OnGrant(const wire::AmHeader& h) = 0;
-  virtual void OnHello(const wire::AmHeader& h) = 0;
-  virtual void OnDone(const wire::AmHeader& h, const uint32_t* indices, size_t count) = 0;
-  virtual void OnData(const wire::DataHeader& h, const void* data, size_t length) = 0;
-  virtual void OnAbort(const wire::AmHeader& h, absl::string_view reason) = 0;
+  virtual void OnGrant(const wire::AmHeader& h, ucp_ep_h from) = 0;
+  virtual void OnHello(const wire::AmHeader& h, ucp_ep_h from) = 0;
+  virtual void OnDone(const wire::AmHeader& h, const uint32_t* indices, size_t count,
+                      ucp_ep_h from) = 0;
+  virtual void OnData(const wire::DataHeader& h, const void* data, size_t length,
+                      ucp_ep_h from) = 0;
+  virtual void OnAbort(const wire::AmHeader& h, absl::string_view reason, ucp_ep_h from) = 0;
 
  protected:
   ~MessageSink() = default;
@@ -65,14 +69,19 @@ class Runtime {
   // Stops routing `handle` if `sink` holds it.
   void Unregister(uint64_t handle, const MessageSink* sink);
 
+  // Decodes one incoming active message (id from src/net/wire.h, its user header and payload)
+  // and hands it to the sink of the handle it names. Malformed headers and messages for
+  // handles that are gone are dropped. The UCX handlers call this; so do the fuzz harnesses
+  // (tests/fuzz), which feed it arbitrary bytes.
+  void Dispatch(unsigned id, const void* header, size_t header_length, const void* data,
+                size_t length, bool rendezvous, ucp_ep_h from);
+
  private:
   Runtime() = default;
   MessageSink* Find(uint64_t handle) const;
   template <unsigned kId>
-  static ucs_status_t OnControl(void* arg, const void* header, size_t header_length, void* data,
+  static ucs_status_t OnMessage(void* arg, const void* header, size_t header_length, void* data,
                                 size_t length, const ucp_am_recv_param_t* param);
-  static ucs_status_t OnData(void* arg, const void* header, size_t header_length, void* data,
-                             size_t length, const ucp_am_recv_param_t* param);
 
   std::unique_ptr<ucx::Context> context_;  // Declared first: destroyed last.
   std::unique_ptr<ucx::Worker> worker_;

@@ -24,6 +24,8 @@ constexpr size_t kMaxIndicesPerSignal = 256;
 // Largest active message carrying data (AM delivery): long runs are cut into chunks so the
 // receiver copies one while the next is on the wire.
 constexpr int64_t kAmChunkBytes = int64_t{256} << 10;
+// The longest abort reason a receiver keeps (longer ones are cut).
+constexpr size_t kMaxAbortReasonBytes = 1024;
 
 struct AmHeader {
   uint32_t magic = kMagic;
@@ -38,6 +40,16 @@ struct DataHeader {
   uint32_t packed = 0;     // 1: to_offset is an offset in the transfer's packed stream.
   uint64_t to_offset = 0;  // Otherwise bytes from the start of the receiving buffer.
 };
+
+// Every message is acted on only when it passes, in this order: the header is ours (magic) and
+// names a live handle (Runtime::Dispatch); the sender rank is in the world and a peer of the
+// receiving rank, and the message arrived on the endpoint of that peer (UCX's reply endpoint:
+// messages are sent with UCP_AM_SEND_FLAG_REPLY), so another process that learnt a rank's
+// address cannot speak for a rank; then per message: transfer ids the plan sends from that
+// sender to this rank, offsets and lengths inside the transfer and the registered buffer
+// (InBounds), at most kMaxIndicesPerSignal indices per signal. A message failing the origin
+// check is dropped (and logged once); one from the right peer that fails a later check fails
+// the epoch as a protocol error (DataLoss).
 
 // [offset, offset + length) lies inside [0, size), written so that nothing wraps.
 constexpr bool InBounds(uint64_t offset, uint64_t length, uint64_t size) {

@@ -20,9 +20,13 @@
 #include "src/common/status.h"
 #include "src/net/runtime.h"
 #include "src/net/ucx/context.h"
+#include "src/net/ucx/endpoint.h"
+#include "src/net/ucx/ops.h"
+#include "src/net/wire.h"
 #include "src/plan/fill.h"
 #include "src/plan/spec_json.h"
 #include "src/rendezvous/file_store.h"
+#include "src/rendezvous/record.h"
 #include "tests/testing/multiprocess.h"
 
 namespace reshard::net {
@@ -253,6 +257,124 @@ INSTANTIATE_TEST_SUITE_P(Delivery, RefitEngineDelivery,
                          [](const auto& info) {
                            return info.param == RefitEngineOptions::Delivery::kPut ? "Put" : "Am";
                          });
+
+// Issue 10: a process that holds the store token reads a rank's UCX address from the store and
+// sends it messages in the name of other ranks: a data message whose offset would wrap
+// (to_offset = 2^64 - 64), a completion, a grant, an abort and a hello. None may touch memory or
+// change the refit: each is dropped because it did not arrive on the named rank's endpoint, and
+// the refit after them is byte-exact. Under ASan this is the regression test of the reported
+// heap-buffer-overflow.
+class ForgedMessages : public ::testing::TestWithParam<bool> {};
+
+struct SendDone final : ucx::Completion {
+  int pending = 0;
+  void Complete(ucs_status_t) override { pending--; }
+};
+
+int Forge(const std::string& dir, const std::string& prefix, int32_t victim) {
+  const int rank = 4;
+  absl::StatusOr<std::unique_ptr<FileStore>> store = FileStore::Open(dir);
+  CHILD_EXPECT(store.ok());
+  absl::StatusOr<std::shared_ptr<Runtime>> runtime = Runtime::Create();
+  CHILD_EXPECT(runtime.ok());
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  absl::StatusOr<rendezvous::Record> record =
+      rendezvous::FetchRecord(**store, prefix, "wireup", victim, deadline);
+  CHILD_EXPECT(record.ok());
+  CHILD_EXPECT(record->count("address") == 1);
+  absl::StatusOr<std::unique_ptr<ucx::Endpoint>> ep =
+      ucx::Endpoint::Create((*runtime)->worker(), record->at("address"), victim, false);
+  CHILD_EXPECT(ep.ok());
+  const uint64_t handle = RefitEngine::HandleId(prefix, victim);
+  SendDone done;
+  auto send = [&](unsigned id, const void* header, size_t header_bytes, const void* data,
+                  size_t bytes) {
+    const ucs_status_t st =
+        ucx::SendAm((*ep)->get(), id, header, header_bytes, data, bytes, nullptr, &done);
+    if (st == UCS_INPROGRESS) done.pending++;
+    return st == UCS_OK || st == UCS_INPROGRESS;
+  };
+  wire::AmHeader base;
+  base.from_rank = 0;  // A source of the victim.
+  base.handle = handle;
+  base.epoch = 1;
+  wire::DataHeader data;
+  data.base = base;
+  data.transfer = 0;
+  data.to_offset = ~uint64_t{0} - 63;
+  static uint8_t payload[64];
+  std::memset(payload, 0xEE, sizeof(payload));
+  const uint32_t indices[2] = {0, 1};
+  const char reason[] = "forged abort";
+  wire::AmHeader grant = base;
+  grant.from_rank = 3;
+  for (int i = 0; i < 4; ++i) {
+    CHILD_EXPECT(send(wire::kDataAm, &data, sizeof(data), payload, sizeof(payload)));
+    CHILD_EXPECT(send(wire::kDoneAm, &base, sizeof(base), indices, sizeof(indices)));
+    CHILD_EXPECT(send(wire::kGrantAm, &grant, sizeof(grant), nullptr, 0));
+    CHILD_EXPECT(send(wire::kHelloAm, &base, sizeof(base), nullptr, 0));
+    CHILD_EXPECT(send(wire::kAbortAm, &base, sizeof(base), reason, sizeof(reason) - 1));
+    data.base.epoch++;
+  }
+  // Over tcp the sends complete only once the victim progresses (it does in its refits).
+  CHILD_EXPECT((*store)->Set("forged", "1").ok());
+  // Stay until the victim has seen the messages (closing the endpoint may drop unread ones).
+  while (!(*store)->Get("verified", absl::Now() + absl::Milliseconds(5)).ok()) {
+    CHILD_EXPECT(absl::Now() < deadline);
+    (*runtime)->worker().Progress();
+  }
+  CHILD_EXPECT(done.pending == 0);
+  return 0;
+}
+
+TEST_P(ForgedMessages, AreDroppedAndTheRefitStaysExact) {
+  const bool tcp = GetParam();
+  const std::string dir = StoreDir(tcp ? "forged-tcp" : "forged-sm");
+  const int32_t victim = 2;
+  testing::ForkOptions fork = testing::SharedMemoryUcx();
+  if (tcp) {
+    fork.env = {{"UCX_TLS", "tcp"}, {"UCX_NET_DEVICES", "lo"}, {"UCX_WARN_UNUSED_ENV_VARS", "n"}};
+  }
+  std::map<int32_t, int> codes = testing::ForkRanks(
+      testing::Ranks(5),
+      [&](int32_t rank) {
+        RefitEngineOptions options;
+        // Active messages: the delivery whose receiver writes what a data message says.
+        options.delivery = RefitEngineOptions::Delivery::kActiveMessage;
+        if (rank == 4) return Forge(dir, options.key_prefix, victim);
+        absl::StatusOr<ChildEngine> child = OpenEngine(kRowsToCols, rank, dir, options);
+        CHILD_EXPECT(child.ok());
+        RankBuffers& rb = child->rb;
+        RefitEngine& e = *child->engine;
+        const absl::Time deadline = absl::Now() + absl::Seconds(20);
+        CHILD_EXPECT(child->store->Get("forged", deadline).ok());
+        for (uint64_t epoch = 1; epoch <= 2; ++epoch) {
+          Fill(rb, rank, epoch);
+          CHILD_EXPECT(e.Start(epoch).ok());
+          const absl::Status st = e.Wait(deadline);
+          if (!st.ok())
+            std::fprintf(stderr, "rank %d: %s\n", rank, std::string(st.message()).c_str());
+          CHILD_EXPECT(st.ok());
+          CHILD_EXPECT(Verify(rb, rank, epoch).ok());
+        }
+        if (rank == victim) {
+          std::vector<uint32_t> landed;
+          while (e.rejected_messages() < 20 && absl::Now() < deadline) {
+            CHILD_EXPECT(e.Progress(&landed).ok());
+          }
+          CHILD_EXPECT(e.rejected_messages() == 20);
+          CHILD_EXPECT(e.CheckAllPeers().ok());
+          CHILD_EXPECT(child->store->Set("verified", "1").ok());
+        }
+        CHILD_EXPECT(e.Shutdown(absl::Now() + absl::Seconds(10)).ok());
+        return 0;
+      },
+      fork);
+  for (int r = 0; r < 5; ++r) EXPECT_EQ(codes[r], 0) << "rank " << r;
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, ForgedMessages, ::testing::Bool(),
+                         [](const auto& info) { return info.param ? "Tcp" : "SharedMemory"; });
 
 }  // namespace
 }  // namespace reshard::net

@@ -40,7 +40,10 @@ ucs_status_t Put(ucp_ep_h ep, const void* local, size_t bytes, uint64_t remote, 
 
 ucs_status_t SendAm(ucp_ep_h ep, unsigned id, const void* header, size_t header_bytes,
                     const void* data, size_t bytes, ucp_mem_h memh, Completion* done) {
-  const ucp_request_param_t param = Param(done, memh, UCP_AM_SEND_FLAG_EAGER);
+  // REPLY: the receiver learns the endpoint a message arrived on and checks that it is the
+  // endpoint of the rank the header names (src/net/wire.h).
+  const ucp_request_param_t param =
+      Param(done, memh, UCP_AM_SEND_FLAG_EAGER | UCP_AM_SEND_FLAG_REPLY);
   return Result(ucp_am_send_nbx(ep, id, header, header_bytes, data, bytes, &param));
 }
 
