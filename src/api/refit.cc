@@ -11,6 +11,7 @@
 #include "reshard/version.h"
 #include "src/api/internal.h"
 #include "src/api/refit_session.h"
+#include "src/common/fault.h"
 #include "src/common/status.h"
 #include "src/net/refit_engine.h"
 #include "src/nvlink/shared_buffer.h"
@@ -275,6 +276,7 @@ absl::Status RefitHandle::Start() {
         absl::StrCat(h.Who(), ": refit ", h.epoch, " failed (", h.failure.ToString(),
                      "); call Reset() on every rank before refitting again"));
   }
+  common::FaultPoint(common::FaultStage::kBetween, h.rank, h.epoch + 1);
   ++h.epoch;
   h.in_flight = true;
   h.started = absl::Now();

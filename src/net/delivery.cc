@@ -3,6 +3,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "src/common/fault.h"
 #include "src/common/status.h"
 #include "src/net/ucx/tls.h"
 
@@ -51,7 +52,7 @@ class PutDelivery final : public DeliveryBase {
   const char* name() const override { return "put"; }
   bool counts_bytes() const override { return false; }
 
-  absl::Status PostRun(PeerLink& link, const SendDesc& d, uint32_t run_index, uint64_t,
+  absl::Status PostRun(PeerLink& link, const SendDesc& d, uint32_t run_index, uint64_t epoch,
                        bool* in_flight) override {
     const SendRun& run = program_.runs[run_index];
     // Packed streams land in the receiver's landing area (id one past the plan's buffers).
@@ -60,8 +61,10 @@ class PutDelivery final : public DeliveryBase {
                             static_cast<uint64_t>(d.packed ? d.landing_offset : 0) +
                             static_cast<uint64_t>(run.remote_offset);
     stats_.puts++;
-    return link.Put(Source(d, run), static_cast<size_t>(run.bytes), remote, link.rkey(to),
-                    SourceMemh(d), in_flight);
+    absl::Status posted = link.Put(Source(d, run), static_cast<size_t>(run.bytes), remote,
+                                   link.rkey(to), SourceMemh(d), in_flight);
+    common::FaultPoint(common::FaultStage::kPuts, rank_, epoch);
+    return posted;
   }
 
   absl::Status DescPosted(PeerLink& link, const SendDesc& d) override {
@@ -98,8 +101,14 @@ class AmDelivery final : public DeliveryBase {
     const wire::DataHeader h{wire::AmHeader{wire::kMagic, rank_, 0, epoch}, d.transfer,
                              d.packed ? 1u : 0u, static_cast<uint64_t>(run.remote_offset)};
     stats_.data_messages++;
-    return link.SendData(run_index, h, Source(d, run), static_cast<size_t>(run.bytes),
-                         SourceMemh(d), in_flight);
+    absl::Status posted = link.SendData(run_index, h, Source(d, run),
+                                        static_cast<size_t>(run.bytes), SourceMemh(d), in_flight);
+    common::FaultPoint(common::FaultStage::kPuts, rank_, epoch);
+    // No completion signals here: the last data message to the peer stands for them.
+    if (link.unsignalled == 1 && run_index + 1 == d.run_end) {
+      common::FaultPoint(common::FaultStage::kSignals, rank_, epoch);
+    }
+    return posted;
   }
 
   // Landing is counted by the receiver byte by byte; nothing to flush or signal.

@@ -1,6 +1,7 @@
 #include "src/net/wireup.h"
 
 #include "absl/strings/str_cat.h"
+#include "src/common/fault.h"
 #include "src/common/idle.h"
 #include "src/common/process.h"
 #include "src/common/status.h"
@@ -51,6 +52,7 @@ absl::Status Connect(rendezvous::Store& store, const std::string& prefix, int32_
 absl::Status Handshake(rendezvous::Store& store, const std::string& prefix, int32_t rank,
                        Runtime& runtime, std::vector<std::unique_ptr<PeerLink>>& links,
                        absl::Time deadline) {
+  common::FaultPoint(common::FaultStage::kSetup, rank, 0);
   for (const std::unique_ptr<PeerLink>& link : links) {
     if (link != nullptr) RESHARD_RETURN_IF_ERROR(link->SendHello());
   }

@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "src/common/fault.h"
 #include "src/common/idle.h"
 #include "src/common/status.h"
 #include "src/nvlink/cuda_ipc/factory.h"
@@ -273,6 +274,7 @@ absl::Status Fanout::Pump(uint64_t epoch) {
       waiting_grant_[keep++] = i;
       continue;
     }
+    common::FaultPoint(common::FaultStage::kFanout, rank_, epoch);
     forwarded_[i] = 1;
     const absl::Time begin = absl::Now();
     if (in_flight_++ == 0) busy_since_ = begin;
