@@ -18,6 +18,7 @@ namespace reshard {
 namespace {
 
 constexpr char kExitKey[] = "reshard/comm/exit";
+constexpr absl::Duration kExitBound = absl::Seconds(10);
 
 // Every rank announces it let go of its communicator; the rank that owns the store (serves it,
 // or removes its directory) waits until every rank did, so peers still finishing their set-up
@@ -28,7 +29,7 @@ absl::Status ExitBarrier(const Communicator::Impl& comm, rendezvous::Store& stor
     for (int32_t r = 0; r < comm.world_size; ++r) everyone.push_back(r);
   }
   return rendezvous::Barrier(store, kExitKey, comm.rank, everyone,
-                             absl::Now() + std::min(comm.timeout, absl::Seconds(10)));
+                             absl::Now() + std::min(comm.timeout, kExitBound));
 }
 
 class TcpImpl final : public Communicator::Impl {
@@ -36,7 +37,10 @@ class TcpImpl final : public Communicator::Impl {
   ~TcpImpl() override {
     if (client == nullptr) return;  // Connect failed half way: nothing to say goodbye to.
     // A serving rank keeps the store up until every rank has let go of its communicator, so
-    // peers still finishing their set-up or shutdown never lose the store under them.
+    // peers still finishing their set-up or shutdown never lose the store under them. The
+    // exit's store calls share its bound: a rank cut off from the store (its link down) must
+    // not wait the whole store timeout in Set.
+    client->set_op_timeout(std::min(timeout, kExitBound));
     (void)ExitBarrier(*this, *client, server != nullptr);
     client.reset();
     server.reset();
