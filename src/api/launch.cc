@@ -28,6 +28,7 @@ int StoreServer::port() const { return impl_->server->port(); }
 int64_t StoreServer::refused() const { return impl_->server->refused_clients(); }
 
 int RemoveSharedMemoryOf(int64_t pid) { return nvlink::RemoveSharedObjectsOf(pid); }
+int RemoveSharedMemoryOfDeadProcesses() { return nvlink::RemoveSharedObjectsOfDeadProcesses(); }
 
 class HostBuffer::Impl {
  public:

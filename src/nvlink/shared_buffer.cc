@@ -2,12 +2,14 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -42,6 +44,52 @@ std::string Sanitize(const std::string& tag) {
   return out;
 }
 
+// The pid namespace of this process (the inode of /proc/self/ns/pid; 0 when unreadable): pids
+// in object names mean something only inside it, so a sweep never judges another container's.
+uint64_t PidNamespace() {
+  static const uint64_t ns = [] {
+    struct stat st;
+    return stat("/proc/self/ns/pid", &st) == 0 ? static_cast<uint64_t>(st.st_ino) : uint64_t{0};
+  }();
+  return ns;
+}
+
+// Parses "<pid>.<pidns>-" at the start of `rest` (after "reshard-" or "reshard-board-").
+bool ParseOwner(const std::string& rest, int64_t* pid, uint64_t* ns) {
+  char* end = nullptr;
+  errno = 0;
+  const long long p = std::strtoll(rest.c_str(), &end, 10);
+  if (errno != 0 || end == rest.c_str() || *end != '.' || p <= 0) return false;
+  const char* ns_begin = end + 1;
+  const unsigned long long n = std::strtoull(ns_begin, &end, 10);
+  if (errno != 0 || end == ns_begin || *end != '-') return false;
+  *pid = p;
+  *ns = n;
+  return true;
+}
+
+// Calls `f(name, pid)` for every reshard object of this pid namespace in /dev/shm.
+template <typename F>
+void ForEachObject(F&& f) {
+  DIR* dir = opendir("/dev/shm");
+  if (dir == nullptr) return;
+  while (struct dirent* ent = readdir(dir)) {
+    const std::string name = ent->d_name;
+    std::string rest;
+    if (name.rfind("reshard-board-", 0) == 0) {
+      rest = name.substr(14);
+    } else if (name.rfind("reshard-", 0) == 0) {
+      rest = name.substr(8);
+    } else {
+      continue;
+    }
+    int64_t pid = 0;
+    uint64_t ns = 0;
+    if (ParseOwner(rest, &pid, &ns) && ns == PidNamespace()) f(name, pid, dirfd(dir));
+  }
+  closedir(dir);
+}
+
 int64_t PageRound(int64_t bytes) {
   const int64_t page = sysconf(_SC_PAGESIZE);
   return (bytes + page - 1) / page * page;
@@ -55,9 +103,12 @@ absl::StatusOr<std::unique_ptr<SharedBuffer>> SharedBuffer::Allocate(const std::
     return absl::InvalidArgumentError(
         absl::StrFormat("shared buffer \"%s\": size %d must be positive", tag, bytes));
   }
+  // Once per process: objects that killed ranks of earlier jobs left behind go first.
+  static std::once_flag swept;
+  std::call_once(swept, [] { RemoveSharedObjectsOfDeadProcesses(); });
   static std::atomic<uint64_t> counter{0};
-  const std::string name =
-      absl::StrFormat("/reshard-%d-%d-%s", getpid(), counter.fetch_add(1), Sanitize(tag));
+  const std::string name = absl::StrFormat("/reshard-%s-%d-%s", SharedObjectOwner(),
+                                           counter.fetch_add(1), Sanitize(tag));
   const int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
   if (fd < 0) {
     return absl::ResourceExhaustedError(
@@ -108,19 +159,25 @@ std::optional<SharedBuffer::Location> SharedBuffer::Lookup(const void* ptr, int6
   return Location{it->second.name, static_cast<int64_t>(p - it->first), it->second.mapped};
 }
 
+std::string SharedObjectOwner() { return absl::StrFormat("%d.%d", getpid(), PidNamespace()); }
+
 int RemoveSharedObjectsOf(int64_t pid) {
-  DIR* dir = opendir("/dev/shm");
-  if (dir == nullptr) return 0;
-  const std::string a = absl::StrFormat("reshard-%d-", pid);
-  const std::string b = absl::StrFormat("reshard-board-%d-", pid);
   int removed = 0;
-  while (struct dirent* ent = readdir(dir)) {
-    const std::string name = ent->d_name;
-    if (name.rfind(a, 0) == 0 || name.rfind(b, 0) == 0) {
-      removed += shm_unlink(("/" + name).c_str()) == 0;
-    }
-  }
-  closedir(dir);
+  ForEachObject([&](const std::string& name, int64_t owner, int) {
+    if (owner == pid) removed += shm_unlink(("/" + name).c_str()) == 0;
+  });
+  return removed;
+}
+
+int RemoveSharedObjectsOfDeadProcesses() {
+  int removed = 0;
+  const uid_t uid = geteuid();
+  ForEachObject([&](const std::string& name, int64_t owner, int dir_fd) {
+    struct stat st;
+    if (fstatat(dir_fd, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0 || st.st_uid != uid) return;
+    if (kill(static_cast<pid_t>(owner), 0) == 0 || errno != ESRCH) return;  // Alive, or not ours.
+    removed += shm_unlink(("/" + name).c_str()) == 0;
+  });
   return removed;
 }
 

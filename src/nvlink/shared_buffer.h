@@ -55,10 +55,20 @@ class SharedBuffer {
   int64_t mapped_;
 };
 
-// Unlinks every reshard shared-memory object (buffers and signal boards) created by process
-// `pid`, whose names carry it. For launchers and tests after a rank was killed (a SIGKILLed
-// process cannot unlink its own objects). Returns how many were removed.
+// Shared-memory objects (buffers and signal boards) are named
+// "/reshard-[board-]<pid>.<pid namespace>-<n>-<tag>": the creating process and the pid namespace
+// its pid belongs to. SharedObjectOwner() is the "<pid>.<pid namespace>" of this process.
+std::string SharedObjectOwner();
+
+// Unlinks every reshard shared-memory object created by process `pid` of this pid namespace.
+// For launchers and tests after a rank was killed (a SIGKILLed process cannot unlink its own
+// objects). Returns how many were removed.
 int RemoveSharedObjectsOf(int64_t pid);
+
+// Unlinks the reshard objects of this user and pid namespace whose creating process is gone
+// (a killed rank whose launcher was killed too). Objects of other users, other pid namespaces
+// (containers sharing /dev/shm) and live processes are left alone. Returns how many.
+int RemoveSharedObjectsOfDeadProcesses();
 
 // A peer's shared-memory object mapped into this process (read-write). Move-only owner of the
 // mapping.

@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_format.h"
 #include "src/common/status.h"
+#include "src/nvlink/shared_buffer.h"
 
 namespace reshard::nvlink {
 
@@ -52,7 +53,8 @@ struct flock LockRequest(short type) {
 absl::StatusOr<SignalBoard> SignalBoard::Create(const std::string& tag, int64_t slots) {
   static std::atomic<uint64_t> counter{0};
   SignalBoard b;
-  b.name_ = absl::StrFormat("/reshard-board-%d-%d-%s", getpid(), counter.fetch_add(1), tag);
+  b.name_ =
+      absl::StrFormat("/reshard-board-%s-%d-%s", SharedObjectOwner(), counter.fetch_add(1), tag);
   b.slots_ = slots;
   b.bytes_ = BoardBytes(slots);
   b.fd_ = shm_open(b.name_.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);

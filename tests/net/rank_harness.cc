@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "src/nvlink/shared_buffer.h"
 #include "src/rendezvous/tcp_store.h"
 
 namespace reshard::testing {
@@ -169,7 +170,11 @@ absl::StatusOr<std::vector<RankResult>> RunWorld(const WorldLaunch& launch) {
     int status = 0;
     waitpid(pids[r], &status, 0);
     if (WIFEXITED(status)) results[r].exit_code = WEXITSTATUS(status);
-    if (WIFSIGNALED(status)) results[r].signal = WTERMSIG(status);
+    if (WIFSIGNALED(status)) {
+      results[r].signal = WTERMSIG(status);
+      // A killed rank cannot unlink its shared memory (fan-out buffers, signal boards).
+      nvlink::RemoveSharedObjectsOf(pids[r]);
+    }
     std::string line = results[r].stdout_text;
     while (!line.empty() && line.back() == '\n') line.pop_back();
     if (!line.empty() && line.find('\n') == std::string::npos) {

@@ -297,6 +297,8 @@ absl::StatusOr<std::unique_ptr<Launch>> Launch::Start(LaunchOptions options) {
   }
   std::unique_ptr<Launch> launch(new Launch(std::move(options)));
   launch->start_time_ = absl::Now();
+  // Shared memory that ranks of an earlier, killed launch left behind.
+  RemoveSharedMemoryOfDeadProcesses();
   launch->prefix_ = absl::StrCat(kNsPrefix, getpid(), "-", RandomHex(3));
   launch->token_ = RandomHex(16);
   launch->mode_ = launch->options_.mode;

@@ -41,4 +41,9 @@ class StoreServer {
 // reaping it. Returns how many objects were removed.
 int RemoveSharedMemoryOf(int64_t pid);
 
+// Removes the shared-memory objects of this user whose creating process is gone, e.g. those of
+// ranks killed together with their launcher. Launchers call it when they start; the library
+// also does once per process before it creates its first shared buffer. Returns how many.
+int RemoveSharedMemoryOfDeadProcesses();
+
 }  // namespace reshard
