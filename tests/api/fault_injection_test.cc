@@ -280,6 +280,9 @@ TEST_P(FaultStoreTest, KilledStoreFailsTheNextBarrierWithUnavailable) {
     EXPECT_EQ(rank.failures[0].what, "BARRIER 1");
     EXPECT_EQ(rank.failures[0].code, "UNAVAILABLE") << rank.failures[0].message;
     EXPECT_LT(outcome->DetectionSeconds(r), kBoundSeconds);
+    std::fprintf(stderr, "store killed: rank %d failed %.3f s after it: %s: %s\n", r,
+                 outcome->DetectionSeconds(r), rank.failures[0].code.c_str(),
+                 rank.failures[0].message.c_str());
     ASSERT_GE(rank.end_at_ns, 0);
     EXPECT_LT((rank.end_at_ns - outcome->fault_at_ns) * 1e-9, kBoundSeconds) << "slow teardown";
   }
