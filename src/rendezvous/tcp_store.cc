@@ -15,26 +15,21 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <map>
 #include <optional>
+#include <string_view>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "src/common/log.h"
 #include "src/common/status.h"
+#include "src/rendezvous/store_protocol.h"
 
 namespace reshard::rendezvous {
 namespace {
 
-constexpr uint32_t kProtocolVersion = 1;
-constexpr uint32_t kMaxFrame = 256u << 20;
-// Before a client authenticated, only a handshake-sized frame is accepted (a token is small):
-// an unauthenticated peer cannot make the server buffer more than this.
-constexpr uint32_t kMaxHandshakeFrame = 4096;
-constexpr absl::Duration kAuthTimeout = absl::Seconds(10);
-// An authenticated client that started a frame must finish it within this time.
-constexpr absl::Duration kPartialFrameTimeout = absl::Seconds(60);
+using namespace store_wire;  // NOLINT: the wire format shared with the server's protocol.
+
 // Connections beyond this are accepted and closed at once (the server never runs out of fds for
 // the ranks it serves because of a flood).
 constexpr size_t kMaxConnections = 8192;
@@ -43,82 +38,6 @@ constexpr size_t kMaxConnections = 8192;
 constexpr absl::Duration kAcceptBackoff = absl::Milliseconds(100);
 // Extra time a Get waits for the server's answer beyond its own deadline.
 constexpr absl::Duration kReplyGrace = absl::Seconds(5);
-
-enum Op : uint8_t { kHello = 1, kSet = 2, kGet = 3, kList = 4, kDelete = 5 };
-enum Code : uint8_t { kOk = 0, kTimeout = 1, kDenied = 2, kBadRequest = 3 };
-
-void PutU32(std::string* out, uint32_t v) {
-  char b[4];
-  for (int i = 0; i < 4; ++i) b[i] = static_cast<char>((v >> (8 * i)) & 0xff);
-  out->append(b, 4);
-}
-void PutU64(std::string* out, uint64_t v) {
-  char b[8];
-  for (int i = 0; i < 8; ++i) b[i] = static_cast<char>((v >> (8 * i)) & 0xff);
-  out->append(b, 8);
-}
-void PutStr(std::string* out, const std::string& s) {
-  PutU32(out, static_cast<uint32_t>(s.size()));
-  out->append(s);
-}
-// Prefixes `body` with its length.
-std::string Frame(const std::string& body) {
-  std::string out;
-  out.reserve(body.size() + 4);
-  PutU32(&out, static_cast<uint32_t>(body.size()));
-  out.append(body);
-  return out;
-}
-uint32_t LoadU32(const char* p) {
-  uint32_t v = 0;
-  for (int i = 0; i < 4; ++i) v |= static_cast<uint32_t>(static_cast<uint8_t>(p[i])) << (8 * i);
-  return v;
-}
-
-// Bounds-checked decoding of one frame body.
-class Reader {
- public:
-  explicit Reader(const std::string& s) : s_(s) {}
-  bool U8(uint8_t* v) {
-    if (pos_ + 1 > s_.size()) return false;
-    *v = static_cast<uint8_t>(s_[pos_++]);
-    return true;
-  }
-  bool U32(uint32_t* v) {
-    if (pos_ + 4 > s_.size()) return false;
-    *v = LoadU32(s_.data() + pos_);
-    pos_ += 4;
-    return true;
-  }
-  bool U64(uint64_t* v) {
-    uint32_t lo, hi;
-    if (!U32(&lo) || !U32(&hi)) return false;
-    *v = (static_cast<uint64_t>(hi) << 32) | lo;
-    return true;
-  }
-  bool Str(std::string* v) {
-    uint32_t n;
-    if (!U32(&n) || pos_ + n > s_.size()) return false;
-    v->assign(s_, pos_, n);
-    pos_ += n;
-    return true;
-  }
-  bool Done() const { return pos_ == s_.size(); }
-
- private:
-  const std::string& s_;
-  size_t pos_ = 0;
-};
-
-bool TokensEqual(const std::string& presented, const std::string& expected) {
-  // Time depends only on the presented token's length, not on where it differs.
-  unsigned diff = presented.size() == expected.size() ? 0u : 1u;
-  for (size_t i = 0; i < presented.size(); ++i) {
-    uint8_t e = i < expected.size() ? static_cast<uint8_t>(expected[i]) : 0;
-    diff |= static_cast<uint8_t>(presented[i]) ^ e;
-  }
-  return diff == 0 && !expected.empty();
-}
 
 int RemainingMs(absl::Time deadline) {
   absl::Duration left = deadline - absl::Now();
@@ -348,159 +267,24 @@ void TcpStoreServer::Stop() {
 }
 
 void TcpStoreServer::Serve() {
-  struct Conn {
-    std::string peer;
-    std::string in;
-    std::string out;
-    bool authed = false;
-    bool closing = false;  // close once `out` is flushed
-    absl::Time auth_deadline;
-    bool waiting = false;
-    std::string wait_key;
-    absl::Time wait_deadline;
-    absl::Time partial_since = absl::InfiniteFuture();  // A frame started and not finished.
-  };
-  std::map<int, Conn> conns;
+  StoreProtocol protocol(token_);
   absl::Time accept_paused_until = absl::InfinitePast();
   int64_t rejected_over_cap = 0;
-  std::map<std::string, std::string> data;
-
-  auto reply = [](Conn& c, uint8_t code, const std::string& payload) {
-    std::string body(1, static_cast<char>(code));
-    body.append(payload);
-    c.out.append(Frame(body));
-  };
-  auto str_payload = [](const std::string& s) {
-    std::string p;
-    PutStr(&p, s);
-    return p;
-  };
-
-  // Handles one complete frame body from `c`.
-  auto handle = [&](Conn& c, const std::string& body) {
-    Reader r(body);
-    uint8_t op = 0;
-    if (!r.U8(&op)) {
-      reply(c, kBadRequest, str_payload("empty request"));
-      c.closing = true;
-      return;
-    }
-    if (!c.authed) {
-      uint32_t version = 0;
-      std::string token;
-      if (op != kHello || !r.U32(&version) || !r.Str(&token) || !r.Done()) {
-        RESHARD_LOG(kWarning, "store: refused client %s: no handshake", c.peer);
-        refused_.fetch_add(1);
-        reply(c, kBadRequest, str_payload("the first request must be a handshake"));
-        c.closing = true;
-        return;
-      }
-      if (version != kProtocolVersion) {
-        RESHARD_LOG(kWarning, "store: refused client %s: protocol version %u", c.peer, version);
-        refused_.fetch_add(1);
-        reply(
-            c, kBadRequest,
-            str_payload(absl::StrCat("protocol version ", version,
-                                     " is not supported (server speaks ", kProtocolVersion, ")")));
-        c.closing = true;
-        return;
-      }
-      if (!TokensEqual(token, token_)) {
-        RESHARD_LOG(kWarning, "store: refused client %s: wrong token", c.peer);
-        refused_.fetch_add(1);
-        reply(c, kDenied, str_payload("wrong store token"));
-        c.closing = true;
-        return;
-      }
-      c.authed = true;
-      reply(c, kOk, "");
-      return;
-    }
-    std::string key;
-    switch (op) {
-      case kSet: {
-        std::string value;
-        if (!r.Str(&key) || !r.Str(&value) || !r.Done()) break;
-        reply(c, kOk, "");
-        for (auto& [fd, other] : conns) {
-          if (other.waiting && other.wait_key == key) {
-            other.waiting = false;
-            reply(other, kOk, str_payload(value));
-          }
-        }
-        data[key] = std::move(value);
-        return;
-      }
-      case kGet: {
-        uint64_t wait_ms = 0;
-        if (!r.Str(&key) || !r.U64(&wait_ms) || !r.Done()) break;
-        auto it = data.find(key);
-        if (it != data.end()) {
-          reply(c, kOk, str_payload(it->second));
-        } else if (wait_ms == 0) {
-          reply(c, kTimeout, "");
-        } else {
-          c.waiting = true;
-          c.wait_key = std::move(key);
-          c.wait_deadline =
-              absl::Now() + absl::Milliseconds(std::min<uint64_t>(wait_ms, 1ull << 40));
-        }
-        return;
-      }
-      case kDelete: {
-        if (!r.Str(&key) || !r.Done()) break;
-        data.erase(key);
-        reply(c, kOk, "");
-        return;
-      }
-      case kList: {
-        std::string prefix;
-        if (!r.Str(&prefix) || !r.Done()) break;
-        std::string payload;
-        uint32_t n = 0;
-        std::string entries;
-        for (auto it = data.lower_bound(prefix);
-             it != data.end() && it->first.compare(0, prefix.size(), prefix) == 0; ++it) {
-          PutStr(&entries, it->first);
-          PutStr(&entries, it->second);
-          ++n;
-        }
-        PutU32(&payload, n);
-        payload.append(entries);
-        if (payload.size() + 1 > kMaxFrame) {
-          reply(c, kBadRequest,
-                str_payload(absl::StrCat("the LIST of prefix \"", prefix.substr(0, 64), "\" is ",
-                                         payload.size(), " bytes, over the ", kMaxFrame,
-                                         "-byte frame limit; list a narrower prefix")));
-          return;
-        }
-        reply(c, kOk, payload);
-        return;
-      }
-      default:
-        break;
-    }
-    reply(c, kBadRequest, str_payload(absl::StrCat("malformed request (op ", op, ")")));
-    c.closing = true;
-  };
 
   std::vector<pollfd> fds;
   std::vector<char> buf(1 << 16);
   while (true) {
     fds.clear();
     absl::Time now = absl::Now();
-    absl::Time next_event = now + absl::Seconds(1);
+    absl::Time next_event = std::min(now + absl::Seconds(1), protocol.NextDeadline());
     fds.push_back({wake_read_fd_, POLLIN, 0});
     const bool accepting = now >= accept_paused_until;
     fds.push_back({listen_fd_, static_cast<short>(accepting ? POLLIN : 0), 0});
     if (!accepting) next_event = std::min(next_event, accept_paused_until);
-    for (auto& [fd, c] : conns) {
-      short events = c.closing ? 0 : POLLIN;
-      if (!c.out.empty()) events |= POLLOUT;
+    for (int fd : protocol.ids()) {
+      short events = protocol.closing(fd) ? 0 : POLLIN;
+      if (!protocol.output(fd).empty()) events |= POLLOUT;
       fds.push_back({fd, events, 0});
-      if (!c.authed) next_event = std::min(next_event, c.auth_deadline);
-      if (c.waiting) next_event = std::min(next_event, c.wait_deadline);
-      next_event = std::min(next_event, c.partial_since + kPartialFrameTimeout);
     }
     int rc = poll(fds.data(), fds.size(), RemainingMs(next_event));
     if (rc < 0 && errno != EINTR) {
@@ -523,102 +307,65 @@ void TcpStoreServer::Serve() {
           }
           break;
         }
-        if (conns.size() >= kMaxConnections) {
+        if (protocol.connections() >= kMaxConnections) {
           if (rejected_over_cap++ % 1000 == 0) {
             RESHARD_LOG(kWarning, "store: refused client %s: %d connections are open already",
-                        PeerName(addr), conns.size());
+                        PeerName(addr), protocol.connections());
           }
           close(cfd);
           continue;
         }
         int one = 1;
         setsockopt(cfd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-        Conn c;
-        c.peer = PeerName(addr);
-        c.auth_deadline = absl::Now() + kAuthTimeout;
-        conns.emplace(cfd, std::move(c));
+        protocol.Open(cfd, PeerName(addr), absl::Now());
       }
     }
     for (size_t i = 2; i < fds.size(); ++i) {
-      int fd = fds[i].fd;
-      auto it = conns.find(fd);
-      if (it == conns.end()) continue;
-      Conn& c = it->second;
-      bool dead = false;
-      if (fds[i].revents & (POLLIN | POLLHUP | POLLERR)) {
-        // Frames are taken out as they complete, so `in` never holds more than one frame of
-        // the size the client's state allows (a handshake before authentication).
-        while (!dead && !c.closing) {
-          ssize_t n = recv(fd, buf.data(), buf.size(), MSG_DONTWAIT);
-          if (n > 0) {
-            c.in.append(buf.data(), static_cast<size_t>(n));
-          } else {
-            if (n < 0 && errno == EINTR) continue;
-            if (n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK)) dead = true;
+      const int fd = fds[i].fd;
+      if (!(fds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+      // Frames are answered as they complete, so the protocol never holds more than one frame
+      // of the size the client's state allows (a handshake before authentication).
+      while (!protocol.closing(fd)) {
+        ssize_t n = recv(fd, buf.data(), buf.size(), MSG_DONTWAIT);
+        if (n > 0) {
+          if (!protocol.Receive(fd, std::string_view(buf.data(), static_cast<size_t>(n)),
+                                absl::Now())) {
+            to_close.push_back(fd);
             break;
           }
-          while (!c.closing && c.in.size() >= 4) {
-            const uint32_t len = LoadU32(c.in.data());
-            const uint32_t limit = c.authed ? kMaxFrame : kMaxHandshakeFrame;
-            if (len > limit) {
-              RESHARD_LOG(kWarning, "store: dropped client %s: frame of %u bytes (limit %u%s)",
-                          c.peer, len, limit, c.authed ? "" : " before authentication");
-              dead = true;
-              break;
-            }
-            if (c.in.size() < 4 + static_cast<size_t>(len)) break;
-            std::string body = c.in.substr(4, len);
-            c.in.erase(0, 4 + static_cast<size_t>(len));
-            handle(c, body);
-          }
-          c.partial_since =
-              c.in.empty() ? absl::InfiniteFuture() : std::min(c.partial_since, absl::Now());
+          continue;
         }
-      }
-      if (dead) {
-        to_close.push_back(fd);
-        continue;
+        if (n < 0 && errno == EINTR) continue;
+        if (n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK)) to_close.push_back(fd);
+        break;
       }
     }
-    // Flush pending output (including answers to waiters woken by another client's Set).
-    for (auto& [fd, c] : conns) {
-      while (!c.out.empty()) {
-        ssize_t n = send(fd, c.out.data(), c.out.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+    refused_.store(protocol.refused());
+    protocol.Tick(absl::Now(), &to_close);
+    // Flush pending output (including answers to waiters woken by another client's Set and
+    // TIMEOUT answers of the Tick above).
+    for (int fd : protocol.ids()) {
+      std::string& out = protocol.output(fd);
+      while (!out.empty()) {
+        ssize_t n = send(fd, out.data(), out.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
         if (n > 0) {
-          c.out.erase(0, static_cast<size_t>(n));
+          out.erase(0, static_cast<size_t>(n));
           continue;
         }
         if (n < 0 && errno == EINTR) continue;
         if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK) to_close.push_back(fd);
         break;
       }
-      if (c.out.empty() && c.closing) to_close.push_back(fd);
-    }
-    now = absl::Now();
-    for (auto& [fd, c] : conns) {
-      if (c.waiting && now >= c.wait_deadline) {
-        c.waiting = false;
-        reply(c, kTimeout, "");
-      }
-      if (c.authed && !c.closing && now >= c.partial_since + kPartialFrameTimeout) {
-        RESHARD_LOG(kWarning, "store: dropped client %s: a frame left unfinished for %s", c.peer,
-                    absl::FormatDuration(kPartialFrameTimeout));
-        to_close.push_back(fd);
-      }
-      if (!c.authed && !c.closing && now >= c.auth_deadline) {
-        RESHARD_LOG(kWarning, "store: dropped client %s: no handshake within %s", c.peer,
-                    absl::FormatDuration(kAuthTimeout));
-        to_close.push_back(fd);
-      }
+      if (out.empty() && protocol.closing(fd)) to_close.push_back(fd);
     }
     std::sort(to_close.begin(), to_close.end());
     to_close.erase(std::unique(to_close.begin(), to_close.end()), to_close.end());
     for (int fd : to_close) {
-      conns.erase(fd);
+      protocol.Close(fd);
       close(fd);
     }
   }
-  for (auto& [fd, c] : conns) close(fd);
+  for (int fd : protocol.ids()) close(fd);
 }
 
 // --- client --------------------------------------------------------------------------------

@@ -17,6 +17,8 @@
 // most 8,192 connections are served at once (more are closed at accept); when accept runs out of
 // descriptors the server pauses accepting for 100 ms instead of spinning.
 //
+// The server's side of the protocol, without sockets, is StoreProtocol (store_protocol.h).
+//
 // Failure model: every socket operation on both sides has a deadline. A client whose server
 // has died (connection reset or closed) returns Unavailable; a server that stops answering turns
 // into Unavailable when the operation's deadline passes, never a hang.
