@@ -1,11 +1,13 @@
 #include "src/rendezvous/record.h"
 
 #include <algorithm>
+#include <string_view>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "src/common/json.h"
 #include "src/common/status.h"
 
 namespace reshard::rendezvous {
@@ -23,11 +25,18 @@ int HexDigit(char c) {
 // once, long enough that an idle rank costs nothing measurable.
 constexpr absl::Duration kBarrierPoll = absl::Milliseconds(5);
 
+// What a peer sent, for an error message: escaped, cut, on one line.
+std::string Quoted(absl::string_view s) {
+  return json::QuoteForMessage(std::string_view(s.data(), s.size()));
+}
+
 }  // namespace
 
 std::string EncodeRecord(const Record& record) {
   std::string out;
   for (const auto& [field, value] : record) {
+    RESHARD_CHECK_MSG(!field.empty() && field.find_first_of("=\n") == std::string::npos,
+                      "record field names are non-empty, without '=' or a newline");
     out += field;
     out += '=';
     for (unsigned char b : value) {
@@ -46,14 +55,14 @@ absl::StatusOr<Record> DecodeRecord(const std::string& text, const std::string& 
     const absl::string_view hex = eq == absl::string_view::npos ? "" : line.substr(eq + 1);
     if (eq == absl::string_view::npos || eq == 0 || hex.size() % 2 != 0) {
       return absl::DataLossError(
-          absl::StrCat("the ", what, " is malformed (line \"", line.substr(0, 64), "\")"));
+          absl::StrCat("the ", what, " is malformed (line ", Quoted(line), ")"));
     }
     std::string value(hex.size() / 2, '\0');
     for (size_t i = 0; i < value.size(); ++i) {
       const int hi = HexDigit(hex[2 * i]), lo = HexDigit(hex[2 * i + 1]);
       if (hi < 0 || lo < 0) {
-        return absl::DataLossError(absl::StrCat("the ", what, " is malformed (field \"",
-                                                line.substr(0, eq), "\" is not hex)"));
+        return absl::DataLossError(absl::StrCat("the ", what, " is malformed (field ",
+                                                Quoted(line.substr(0, eq)), " is not hex)"));
       }
       value[i] = static_cast<char>(hi * 16 + lo);
     }
@@ -97,8 +106,8 @@ absl::StatusOr<int64_t> IntField(const Record& record, const std::string& field,
   int64_t v = 0;
   if (!absl::SimpleAtoi(*text, &v)) {
     return absl::InvalidArgumentError(
-        absl::StrFormat("the set-up record of rank %d: field \"%s\" = \"%s\" is not an integer",
-                        peer, field, *text));
+        absl::StrFormat("the set-up record of rank %d: field %s = %s is not an integer", peer,
+                        Quoted(field), Quoted(*text)));
   }
   return v;
 }

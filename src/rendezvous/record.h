@@ -24,8 +24,12 @@ namespace reshard::rendezvous {
 
 using Record = std::map<std::string, std::string>;
 
+// Field names are chosen by the code, never by a peer: non-empty, without '=' or a newline
+// (RESHARD_CHECK). Values may hold any bytes.
 std::string EncodeRecord(const Record& record);
-// DataLoss when `text` is not an encoded record (`what` names it in the message).
+// DataLoss when `text` is not an encoded record (`what` names it in the message). A record comes
+// from another process: errors quote what they repeat of it (json::QuoteForMessage), so they stay
+// one line of bounded length whatever the text holds.
 [[nodiscard]] absl::StatusOr<Record> DecodeRecord(const std::string& text, const std::string& what);
 
 // `<prefix>/<what>/<rank>`.
@@ -41,7 +45,7 @@ std::string RecordKey(const std::string& prefix, const std::string& what, int32_
                                                  absl::Time deadline);
 
 // Field `field` of `peer`'s record; InvalidArgument naming the peer and the field when missing
-// or (IntField) not an integer.
+// or (IntField) not an integer (the value quoted and cut as in DecodeRecord).
 [[nodiscard]] absl::StatusOr<std::string> Field(const Record& record, const std::string& field,
                                                 int32_t peer);
 [[nodiscard]] absl::StatusOr<int64_t> IntField(const Record& record, const std::string& field,

@@ -57,6 +57,33 @@ TEST(RecordTest, MissingAndNonIntegerFieldsNameThePeer) {
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+// fuzz_record found IntField repeating a peer's whole value raw (tests/fuzz/regressions/record/):
+// errors about what a peer sent quote it escaped and cut, so they stay one bounded line.
+TEST(RecordTest, ErrorsQuoteAndBoundWhatAPeerSent) {
+  const std::string junk = std::string(10000, '\xff') + "\n\x01\"";
+  auto expect_bounded = [](const absl::Status& status, absl::StatusCode code) {
+    EXPECT_EQ(status.code(), code) << status;
+    EXPECT_LT(status.message().size(), 1024u) << status;
+    EXPECT_EQ(status.message().find('\n'), std::string::npos) << status;
+    EXPECT_TRUE(absl::StrContains(status.message(), "\\xff")) << status;
+    EXPECT_TRUE(absl::StrContains(status.message(), "...")) << status;
+  };
+  expect_bounded(IntField({{"pid", junk}}, "pid", 7).status(), absl::StatusCode::kInvalidArgument);
+  expect_bounded(DecodeRecord(std::string(10000, '\xff') + "=zz\n", "addr record").status(),
+                 absl::StatusCode::kDataLoss);
+  expect_bounded(DecodeRecord(std::string(10000, '\xff') + "\n", "addr record").status(),
+                 absl::StatusCode::kDataLoss);
+  absl::StatusOr<int64_t> bad = IntField({{"pid", "x\n1"}}, "pid", 7);
+  EXPECT_EQ(bad.status().message(),
+            "the set-up record of rank 7: field \"pid\" = \"x\\n1\" is not an integer");
+}
+
+TEST(RecordDeathTest, FieldNamesThatCannotBeDecodedAreABug) {
+  for (const std::string field : {"", "a=b", "a\nb"}) {
+    EXPECT_DEATH(EncodeRecord({{field, "v"}}), "record field names") << field;
+  }
+}
+
 TEST(RecordTest, PublishAndFetchThroughAStore) {
   auto store = NewStore();
   ASSERT_TRUE(PublishRecord(*store, "h0/net", "addr", 2, {{"worker", "\x01\x02"}}).ok());
