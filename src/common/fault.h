@@ -61,7 +61,9 @@ const char* FaultActionName(FaultAction action);
 bool FaultMatches(const FaultSpec& spec, FaultStage stage, int32_t rank, uint64_t epoch);
 
 namespace fault_internal {
-extern bool armed;  // Set once at load time, when RESHARD_FAULT_INJECT parses.
+// Set once at load time, when RESHARD_FAULT_INJECT parses. Hidden: read PC-relative, not
+// through the GOT, inside libreshard (every FaultPoint is there).
+extern bool armed __attribute__((visibility("hidden")));
 void Hit(FaultStage stage, int32_t rank, uint64_t epoch);
 }  // namespace fault_internal
 
