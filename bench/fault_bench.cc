@@ -67,9 +67,7 @@ std::vector<Fault> Faults() {
       {"killed mid-refit", false,
        [=](const std::string& t, int64_t) { return Hook(t, "puts:kill:1:3", kLong); }},
       {"killed in fan-out", false,
-       [=](const std::string& t, int64_t) {
-         return Hook(t, "fanout:kill:1:3", kLong, "fanout");
-       }},
+       [=](const std::string& t, int64_t) { return Hook(t, "fanout:kill:1:3", kLong, "fanout"); }},
       {"killed in set-up", false,
        [=](const std::string& t, int64_t) {
          Scenario s = Hook(t, "setup:kill:1", kLong);
@@ -224,12 +222,13 @@ int main(int argc, char** argv) {
                                    ",\"deadline_ms\":", deadline_ms, ",\"rows\":[");
     for (size_t i = 0; i < rows.size(); ++i) {
       const Row& r = rows[i];
-      absl::StrAppendFormat(&out, "%s{\"fault\":\"%s\",\"transport\":\"%s\",\"median_s\":%.4f,"
-                            "\"max_s\":%.4f,\"missed\":%d}",
-                            i ? "," : "", r.fault, r.transport, Median(r.seconds),
-                            r.seconds.empty() ? -1.0
-                                              : *std::max_element(r.seconds.begin(), r.seconds.end()),
-                            r.missed);
+      absl::StrAppendFormat(
+          &out,
+          "%s{\"fault\":\"%s\",\"transport\":\"%s\",\"median_s\":%.4f,"
+          "\"max_s\":%.4f,\"missed\":%d}",
+          i ? "," : "", r.fault, r.transport, Median(r.seconds),
+          r.seconds.empty() ? -1.0 : *std::max_element(r.seconds.begin(), r.seconds.end()),
+          r.missed);
     }
     std::printf("%s]}\n", out.c_str());
   }

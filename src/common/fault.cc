@@ -97,8 +97,8 @@ const char* FaultActionName(FaultAction action) {
 absl::StatusOr<FaultSpec> ParseFaultSpec(const std::string& text) {
   const std::vector<std::string> parts = absl::StrSplit(text, ':');
   if (parts.size() < 2 || parts.size() > 4) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "\"", text, "\" is not <stage>:<action>[:<rank>[:<epoch>]]"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("\"", text, "\" is not <stage>:<action>[:<rank>[:<epoch>]]"));
   }
   FaultSpec spec;
   bool stage_ok = false, action_ok = false;

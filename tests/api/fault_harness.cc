@@ -160,8 +160,8 @@ std::string Outcome::Describe() const {
 absl::StatusOr<Outcome> RunScenario(const Scenario& s) {
   const std::string peer = s.peer.empty() ? DefaultPeer() : s.peer;
   const char* tmp = std::getenv("TMPDIR");
-  std::string dir = absl::StrCat(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp",
-                                 "/reshard-fault-XXXXXX");
+  std::string dir =
+      absl::StrCat(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp", "/reshard-fault-XXXXXX");
   if (mkdtemp(dir.data()) == nullptr) return absl::InternalError("mkdtemp failed");
   struct RemoveDir {
     std::string path;
@@ -243,8 +243,8 @@ absl::StatusOr<Outcome> RunScenario(const Scenario& s) {
             }
             break;
           case Scenario::External::kLinkDown: {
-            const std::string cmd = absl::StrCat("ip netns exec ", launch.namespace_of(s.faulted_rank),
-                                                 " ip link set veth0 down");
+            const std::string cmd = absl::StrCat(
+                "ip netns exec ", launch.namespace_of(s.faulted_rank), " ip link set veth0 down");
             if (launch.namespace_of(s.faulted_rank).empty() || std::system(cmd.c_str()) != 0) {
               external_error = absl::StrCat("\"", cmd, "\" failed");
             }

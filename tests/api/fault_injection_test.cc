@@ -90,7 +90,11 @@ void CheckMatrixCase(const MatrixCase& c, bool skip_known_defect) {
                    : absl::StrCat(c.stage, ":", c.action, ":1:", kFaultEpoch);
   // A killed rank must be noticed by loss detection, well before these deadlines; a stopped
   // rank only by the deadline, kept short.
-  s.peer_args = {"--steps", "20", "--deadline-ms", stop ? "2000" : "20000", "--setup-timeout-ms",
+  s.peer_args = {"--steps",
+                 "20",
+                 "--deadline-ms",
+                 stop ? "2000" : "20000",
+                 "--setup-timeout-ms",
                  stop && setup ? "3000" : "20000"};
   auto outcome = RunScenario(s);
   ASSERT_TRUE(outcome.ok()) << outcome.status();
@@ -167,7 +171,8 @@ std::vector<MatrixCase> AllCases() {
     cases.push_back({"grant", "exit", transport});
     // A stopped rank is caught by deadlines alone, whatever the stage: set-up, one stage of the
     // refit, and the fan-out layer.
-    for (const char* stage : {"setup", "puts", "fanout"}) cases.push_back({stage, "stop", transport});
+    for (const char* stage : {"setup", "puts", "fanout"})
+      cases.push_back({stage, "stop", transport});
   }
   return cases;
 }
@@ -200,8 +205,7 @@ TEST_P(FaultKnownDefectTest, DISABLED_SurvivorsFailWithTheDocumentedErrorAndExit
   CheckMatrixCase(GetParam(), /*skip_known_defect=*/false);
 }
 
-INSTANTIATE_TEST_SUITE_P(Stages, FaultKnownDefectTest, ::testing::ValuesIn(Cases(true)),
-                         CaseName);
+INSTANTIATE_TEST_SUITE_P(Stages, FaultKnownDefectTest, ::testing::ValuesIn(Cases(true)), CaseName);
 
 // --- Transient faults: a stall shorter than the deadline, and Reset() after a failed refit.
 
@@ -320,8 +324,7 @@ TEST_P(FaultStoreTest, KilledStoreDoesNotStopRefitsOfLiveHandles) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Transports, FaultStoreTest, ::testing::Values("sm", "tcp"),
-                         TransportName);
+INSTANTIATE_TEST_SUITE_P(Transports, FaultStoreTest, ::testing::Values("sm", "tcp"), TransportName);
 
 // --- A link taken down mid-refit (label netns: each rank in its own namespace, tcp).
 

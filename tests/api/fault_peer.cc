@@ -74,10 +74,9 @@ std::string OneLine(absl::string_view text) {
 }
 
 void Report(const std::string& what, const absl::Status& st) {
-  std::printf("%s FAIL code=%s at=%lld msg=%s\n", what.c_str(),
-              absl::StatusCodeToString(st.code()).c_str(),
-              static_cast<long long>(absl::ToUnixNanos(absl::Now())),
-              OneLine(st.message()).c_str());
+  std::printf(
+      "%s FAIL code=%s at=%lld msg=%s\n", what.c_str(), absl::StatusCodeToString(st.code()).c_str(),
+      static_cast<long long>(absl::ToUnixNanos(absl::Now())), OneLine(st.message()).c_str());
   std::fflush(stdout);
 }
 
