@@ -93,9 +93,24 @@ absl::StatusOr<std::unique_ptr<FileStore>> FileStore::Open(const std::string& di
     return absl::UnavailableError(
         absl::StrCat("cannot create store directory ", directory, ": ", std::strerror(errno)));
   }
+  // Whoever can write the directory can speak for every rank, and anyone who can read it learns
+  // every rank's address: it must be this user's, reachable by nobody else, and not a link (a
+  // directory another user created first under the expected name is refused, not trusted).
   struct stat st {};
-  if (stat(directory.c_str(), &st) < 0 || !S_ISDIR(st.st_mode)) {
-    return absl::UnavailableError(absl::StrCat("store path ", directory, " is not a directory"));
+  if (lstat(directory.c_str(), &st) < 0 || !S_ISDIR(st.st_mode)) {
+    return absl::UnavailableError(
+        absl::StrCat("store path ", directory, " is not a directory (symbolic links are refused)"));
+  }
+  if (st.st_uid != geteuid()) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "store directory ", directory, " belongs to uid ", st.st_uid, ", not to this user (uid ",
+        geteuid(), "); refusing a store another user controls"));
+  }
+  if ((st.st_mode & 077) != 0) {
+    return absl::PermissionDeniedError(absl::StrFormat(
+        "store directory %s has mode %04o; other users could read or forge records, so it must "
+        "be accessible by its owner only (chmod 700)",
+        directory, st.st_mode & 07777));
   }
   return std::unique_ptr<FileStore>(new FileStore(directory));
 }

@@ -18,8 +18,10 @@ namespace reshard::rendezvous {
 
 class FileStore final : public Store {
  public:
-  // Uses `directory`, creating it (one level) when missing. InvalidArgument for an empty path,
-  // Unavailable when it cannot be created or is not a directory.
+  // Uses `directory`, creating it (one level, mode 0700) when missing. InvalidArgument for an
+  // empty path, Unavailable when it cannot be created or is not a directory (a symbolic link is
+  // refused), PermissionDenied when it belongs to another user or group/others may access it:
+  // a store that others can read or write lets them learn or forge every rank's records.
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<FileStore>> Open(
       const std::string& directory);
 

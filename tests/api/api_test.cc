@@ -1,9 +1,13 @@
 // The public C++ API in one process: spec builders, JSON, buffer requirements and tiles, misuse
 // errors, and real refits on a one-rank world through the UCX engine (local copies).
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <cstdint>
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <string>
 
 #include "gtest/gtest.h"
 #include "reshard/reshard.h"
@@ -135,6 +139,34 @@ TEST(CommunicatorTest, EnvironmentNamesMissingVariable) {
   absl::Status st = reshard::Communicator::FromEnvironment().status();
   EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(std::string(st.message()).find("RESHARD_RANK"), std::string::npos) << st;
+}
+
+// Single-host mpirun meets in /dev/shm/reshard-mpi-<job>: a directory that someone else made
+// readable there first is refused, not trusted (issue 10).
+TEST(CommunicatorTest, MpiFileStoreRefusesADirectoryOthersCanReach) {
+  const std::string job = "reshard_api_test_" + std::to_string(getpid());
+  const std::string dir = "/dev/shm/reshard-mpi-" + job;
+  ASSERT_EQ(mkdir(dir.c_str(), 0700), 0);
+  ASSERT_EQ(chmod(dir.c_str(), 0777), 0);
+  unsetenv("RESHARD_STORE");
+  unsetenv("RESHARD_RANK");
+  unsetenv("RESHARD_WORLD_SIZE");
+  setenv("OMPI_COMM_WORLD_RANK", "0", 1);
+  setenv("OMPI_COMM_WORLD_SIZE", "1", 1);
+  setenv("OMPI_COMM_WORLD_LOCAL_SIZE", "1", 1);
+  setenv("PMIX_NAMESPACE", job.c_str(), 1);
+  absl::Status st = reshard::Communicator::FromEnvironment().status();
+  EXPECT_EQ(st.code(), absl::StatusCode::kPermissionDenied) << st;
+  EXPECT_NE(std::string(st.message()).find(dir), std::string::npos) << st;
+  rmdir(dir.c_str());
+  // Without the planted directory the job's own store is created private and used.
+  absl::StatusOr<reshard::Communicator> comm = reshard::Communicator::FromEnvironment();
+  EXPECT_TRUE(comm.ok()) << comm.status();
+  for (const char* v : {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
+                        "OMPI_COMM_WORLD_LOCAL_SIZE", "PMIX_NAMESPACE"}) {
+    unsetenv(v);
+  }
+  rmdir(dir.c_str());
 }
 
 class HandleMisuseTest : public ::testing::Test {

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -16,6 +17,7 @@
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
 #include "src/common/json.h"
+#include "src/rendezvous/tcp_store.h"
 #include "tools/launcher/launcher.h"
 
 namespace reshard {
@@ -135,8 +137,8 @@ TEST(RunTest, NaivePlanAlsoVerifies) {
 TEST(RunTest, HumanReportNamesTimesBytesRegistrationsAndTransports) {
   Output o = Reshard(absl::StrCat("run ", kSpecs, kExamples[0], " --iters 2 --timeout-ms 20000"));
   EXPECT_EQ(o.exit_code, 0) << o.out;
-  for (const char* needle : {"refit time", "bytes per refit", "registrations", "transports",
-                             "verified byte-exact"}) {
+  for (const char* needle :
+       {"refit time", "bytes per refit", "registrations", "transports", "verified byte-exact"}) {
     EXPECT_TRUE(absl::StrContains(o.out, needle)) << needle << " missing from:\n" << o.out;
   }
 }
@@ -145,8 +147,8 @@ TEST(RunNetnsTest, EveryRankRunsAsItsOwnHost) {
   if (!launcher::CanUseNetns()) GTEST_SKIP() << "network namespaces need root";
   const std::vector<std::string> before = launcher::ListNamespaces();
   for (const std::string& spec : {kExamples[0], kExamples[3]}) {
-    Output o = Reshard(absl::StrCat("run ", kSpecs, spec,
-                                    " --netns --iters 3 --timeout-ms 20000 --json"));
+    Output o =
+        Reshard(absl::StrCat("run ", kSpecs, spec, " --netns --iters 3 --timeout-ms 20000 --json"));
     EXPECT_EQ(o.exit_code, 0) << o.out;
     json::Value v = ParseJson(o.out);
     ExpectVerifiedRun(v, 3, spec);
@@ -190,8 +192,7 @@ TEST(RunTest, InfoDescribesThisMachine) {
   const json::Value* cuda = v.Find("cuda");
   EXPECT_TRUE(cuda->Find("devices")->as_int() > 0 || !cuda->Find("why_none")->as_string().empty());
   const json::Value* rdma = v.Find("rdma");
-  EXPECT_TRUE(!rdma->Find("nics")->items().empty() ||
-              !rdma->Find("why_none")->as_string().empty());
+  EXPECT_TRUE(!rdma->Find("nics")->items().empty() || !rdma->Find("why_none")->as_string().empty());
   Output text = Reshard("info");
   EXPECT_TRUE(absl::StrContains(text.out, "RDMA NICs"));
   EXPECT_TRUE(absl::StrContains(text.out, "memory types"));
@@ -244,6 +245,51 @@ TEST(RunTest, KilledRankMidRefitFailsEveryOtherRankOverSharedMemory) {
 TEST(RunNetnsTest, KilledRankMidRefitFailsEveryOtherRank) {
   if (!launcher::CanUseNetns()) GTEST_SKIP() << "network namespaces need root";
   KillOneRankMidRefit(launcher::Mode::kNetns);
+}
+
+// `reshard store`: the rendezvous store as a process of its own (issue 10: under mpirun the store
+// lived in the trainer process). Clients with the token use it; SIGTERM stops it with status 0.
+TEST(StoreCommandTest, ServesUntilSignalled) {
+  const std::string dir = testing::TempDir() + "/reshard-store-cmd-" + std::to_string(getpid());
+  std::filesystem::create_directories(dir);
+  const std::string ready = dir + "/ready";
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    setenv("RESHARD_STORE_TOKEN", "store-command-token", 1);
+    const std::string bin = kBin + "reshard";
+    execl(bin.c_str(), bin.c_str(), "store", "--listen", "127.0.0.1:0", "--ready-file",
+          ready.c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  std::string address;
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  while (address.empty() && absl::Now() < deadline) {
+    std::ifstream in(ready);
+    std::getline(in, address);
+    if (address.empty()) absl::SleepFor(absl::Milliseconds(10));
+  }
+  ASSERT_TRUE(absl::StartsWith(address, "127.0.0.1:")) << address;
+  const int port = std::stoi(address.substr(10));
+  auto client = rendezvous::TcpStore::Connect("127.0.0.1", port, "store-command-token", deadline);
+  ASSERT_TRUE(client.ok()) << client.status();
+  ASSERT_TRUE((*client)->Set("k", "v").ok());
+  auto got = (*client)->Get("k", deadline);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(*got, "v");
+  auto wrong = rendezvous::TcpStore::Connect("127.0.0.1", port, "wrong", deadline);
+  EXPECT_EQ(wrong.status().code(), absl::StatusCode::kPermissionDenied) << wrong.status();
+  ASSERT_EQ(kill(child, SIGTERM), 0);
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  std::filesystem::remove_all(dir);
+}
+
+TEST(StoreCommandTest, RefusesToServeWithoutAToken) {
+  unsetenv("RESHARD_STORE_TOKEN");
+  const Output o = Reshard("store --listen 127.0.0.1:0 2>/dev/null");
+  EXPECT_EQ(o.exit_code, 2);
 }
 
 }  // namespace

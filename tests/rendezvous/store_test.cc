@@ -4,6 +4,7 @@
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -409,6 +410,40 @@ TEST(TcpStoreTest, ProcessesRendezvousThroughTheServer) {
     ASSERT_EQ(waitpid(pid, &status, 0), pid);
     EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "status " << status;
   }
+}
+
+// Issue 10: the single-host mpirun store (/dev/shm/reshard-mpi-<job>) trusted an existing
+// directory whoever owned it. A file store is this user's directory that nobody else can open.
+TEST(FileStoreTest, RefusesDirectoriesOthersCanReachOrControl) {
+  const std::string root = TempDir();
+  const std::string open_dir = root + "/open";
+  ASSERT_EQ(mkdir(open_dir.c_str(), 0700), 0);
+  ASSERT_EQ(chmod(open_dir.c_str(), 0755), 0);
+  absl::StatusOr<std::unique_ptr<FileStore>> store = FileStore::Open(open_dir);
+  ASSERT_EQ(store.status().code(), absl::StatusCode::kPermissionDenied) << store.status();
+  EXPECT_NE(store.status().message().find("0755"), absl::string_view::npos) << store.status();
+
+  const std::string link = root + "/link";
+  ASSERT_EQ(symlink(open_dir.c_str(), link.c_str()), 0);
+  store = FileStore::Open(link);
+  EXPECT_EQ(store.status().code(), absl::StatusCode::kUnavailable) << store.status();
+
+  if (geteuid() == 0) {  // Only root can give a directory away (CI runs as root).
+    const std::string theirs = root + "/theirs";
+    ASSERT_EQ(mkdir(theirs.c_str(), 0700), 0);
+    ASSERT_EQ(chown(theirs.c_str(), 65534, 65534), 0);
+    store = FileStore::Open(theirs);
+    ASSERT_EQ(store.status().code(), absl::StatusCode::kPermissionDenied) << store.status();
+    EXPECT_NE(store.status().message().find("uid 65534"), absl::string_view::npos);
+  }
+
+  const std::string fresh = root + "/fresh";
+  store = FileStore::Open(fresh);
+  ASSERT_TRUE(store.ok()) << store.status();
+  struct stat st;
+  ASSERT_EQ(stat(fresh.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0700u);
+  std::system(absl::StrCat("rm -rf ", root).c_str());
 }
 
 }  // namespace

@@ -13,5 +13,6 @@ int SimCommand(int argc, char** argv);
 int RunCommand(int argc, char** argv);
 int InfoCommand(int argc, char** argv);
 int BenchCommand(int argc, char** argv);
+int StoreCommand(int argc, char** argv);
 
 }  // namespace reshard::cli

@@ -18,6 +18,7 @@ constexpr Command kCommands[] = {
     {"sim", reshard::cli::SimCommand, "simulate a refit on a cluster against baselines and the bound"},
     {"run", reshard::cli::RunCommand, "launch one process per rank and run real refits over UCX"},
     {"bench", reshard::cli::BenchCommand, "time ours vs naive p2p vs gather-broadcast (and MPI) on real processes"},
+    {"store", reshard::cli::StoreCommand, "serve the rendezvous store as a process of its own"},
     {"info", reshard::cli::InfoCommand, "UCX version and transports, memory types, CUDA, NCCL, RDMA NICs"},
 };
 
