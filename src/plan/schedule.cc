@@ -102,17 +102,22 @@ LowerBound ComputeLowerBound(const RefitSpec& spec, const DomainMap& domains) {
   // Bytes whose every replica lies in a rank group G must leave G at least once: for every
   // candidate group (each replica set, each source mesh, the source ranks of each domain),
   // E_G = sum of E_S over replica sets S inside G, spread over |G| NICs at best.
-  const size_t words = (static_cast<size_t>(domains.world_size()) + 63) / 64;
-  auto bits_of = [&](const std::vector<int32_t>& ranks) {
-    std::vector<uint64_t> b(words, 0);
-    for (int32_t r : ranks) b[r / 64] |= uint64_t{1} << (r % 64);
-    return b;
-  };
-  std::vector<std::pair<std::vector<uint64_t>, int64_t>> sets;  // (bits, E_S)
-  for (const auto& [set, bytes] : egress) sets.push_back({bits_of(set), bytes});
+  // Near-linear: a set S can only lie inside the groups that hold its smallest rank, so each
+  // group visits the sets indexed under its own ranks and checks their members against a stamp
+  // of the group (no world-sized bitsets, no groups x sets product).
+  const int32_t world = domains.world_size();
+  std::vector<std::pair<const std::vector<int32_t>*, int64_t>> sets;  // (sorted ranks, E_S)
+  sets.reserve(egress.size());
+  for (const auto& [set, bytes] : egress) sets.push_back({&set, bytes});
+  std::vector<int32_t> by_min_begin(static_cast<size_t>(world) + 1, 0);
+  for (const auto& [set, bytes] : sets) by_min_begin[set->front() + 1]++;
+  for (int32_t r = 0; r < world; ++r) by_min_begin[r + 1] += by_min_begin[r];
+  std::vector<int32_t> by_min(sets.size()), fill(by_min_begin.begin(), by_min_begin.end() - 1);
+  for (size_t i = 0; i < sets.size(); ++i)
+    by_min[fill[sets[i].first->front()]++] = static_cast<int32_t>(i);
   std::set<std::vector<int32_t>> groups;
   for (const auto& [set, bytes] : egress) groups.insert(set);
-  std::vector<char> is_source(domains.world_size(), 0);
+  std::vector<char> is_source(world, 0);
   const std::vector<int32_t>* previous_mesh = nullptr;
   for (const TensorSpec& ts : spec.tensors) {
     // Neighbouring tensors mostly share their source mesh: sort and insert it once.
@@ -124,19 +129,25 @@ LowerBound ComputeLowerBound(const RefitSpec& spec, const DomainMap& domains) {
     groups.insert(std::move(mesh));
   }
   std::vector<std::vector<int32_t>> src_by_domain(nd);  // Ascending source ranks per domain.
-  for (int32_t r = 0; r < domains.world_size(); ++r) {
+  for (int32_t r = 0; r < world; ++r) {
     if (is_source[r]) src_by_domain[domains.domain_of(r)].push_back(r);
   }
   for (const auto& ranks : src_by_domain) {
     if (!ranks.empty()) groups.insert(ranks);
   }
+  std::vector<uint64_t> member(world, 0);
+  uint64_t group_stamp = 0;
   for (const std::vector<int32_t>& group : groups) {
-    const std::vector<uint64_t> g = bits_of(group);
+    ++group_stamp;
+    for (int32_t r : group) member[r] = group_stamp;
     int64_t bytes = 0;
-    for (const auto& [s, e] : sets) {
-      bool inside = true;
-      for (size_t w = 0; w < words && inside; ++w) inside = (s[w] & ~g[w]) == 0;
-      if (inside) bytes += e;
+    for (int32_t r : group) {
+      for (int32_t i = by_min_begin[r]; i < by_min_begin[r + 1]; ++i) {
+        const auto& [set, e] = sets[by_min[i]];
+        bool inside = true;
+        for (int32_t h : *set) inside = inside && member[h] == group_stamp;
+        if (inside) bytes += e;
+      }
     }
     lb.source_egress_bytes =
         std::max(lb.source_egress_bytes, CeilDiv64(bytes, static_cast<int64_t>(group.size())));

@@ -399,5 +399,28 @@ TEST(ScheduleTest, LowerBoundOfFig3) {
   EXPECT_DOUBLE_EQ(lb.seconds, (tensor / 4) / 50e9);
 }
 
+// Issue 10: the source-egress term compared every candidate group with every replica set over
+// world-sized bitsets (a 10,000-rank gather planned in 14.6 s, 30,000 ranks in minutes). It now
+// visits only the sets indexed under a group's ranks; this 20,000-rank gather with replicated
+// sources (pairs of ranks hold each shard) must give the exact bound, and does in milliseconds.
+TEST(ScheduleTest, LowerBoundOfAWideReplicatedGather) {
+  const int32_t shards = 10000;
+  std::vector<std::string> rows;
+  for (int32_t i = 0; i < shards; ++i) rows.push_back(absl::StrCat("[", i, ",", shards + i, "]"));
+  const std::string json =
+      absl::StrCat(R"j({"tensors": [{"name": "w", "dtype": "u8", "shape": [)j", shards * 64,
+                   R"j(], "src": {"mesh": [)j", absl::StrJoin(rows, ","),
+                   R"j(], "placements": ["S(0)", "R"]}, "dst": {"mesh": [)j", 2 * shards,
+                   R"j(], "placements": ["R"]}}]})j");
+  auto parsed = ParseSpecJson(json);
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  const RefitSpec& spec = *parsed;
+  const LowerBound lb = ComputeLowerBound(spec, DomainMap(spec));
+  EXPECT_EQ(lb.network_bytes, shards * 64);
+  // Each shard's two holders emit its 64 bytes at best 32 each; the whole mesh its share.
+  EXPECT_EQ(lb.source_egress_bytes, 32);
+  EXPECT_EQ(lb.domain_ingest_bytes, shards * 64);  // One destination NIC ingests everything.
+}
+
 }  // namespace
 }  // namespace reshard::plan
