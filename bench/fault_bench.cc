@@ -5,7 +5,8 @@
 // returned its error. Prints figures; never fails on speed.
 //
 //   fault_bench [--trials N] [--transports sm,tcp] [--deadline-ms D] [--only TEXT] [--json]
-//               [--verbose]   (each survivor's error, per trial, on stderr)
+//               [--verbose]   (each survivor's error, per trial, on stderr; errors of any
+//                              other code than Unavailable / DeadlineExceeded always are)
 //
 // Faults (rank 1 of 2, or of 3 for fan-out; refit 3, after two verified refits):
 //   killed between refits   SIGKILL as it starts refit 3 (hook between:kill)
@@ -187,7 +188,7 @@ int main(int argc, char** argv) {
           worst = std::max(worst, d);
           const reshard::fault::Failure& f = o->ranks[r].failures.front();
           row.codes[f.code]++;
-          if (verbose) {
+          if (verbose || (f.code != "UNAVAILABLE" && f.code != "DEADLINE_EXCEEDED")) {
             std::fprintf(stderr, "%s over %s, trial %d: rank %zu after %.3f s: %s: %s\n",
                          fault.name.c_str(), transport.c_str(), t + 1, r, d, f.code.c_str(),
                          f.message.c_str());
