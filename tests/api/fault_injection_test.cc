@@ -48,9 +48,10 @@ std::string CaseName(const ::testing::TestParamInfo<MatrixCase>& info) {
   return absl::StrCat(info.param.stage, "_", info.param.action, "_", info.param.transport);
 }
 
-// Open defects of the engine, written down in docs/reliability.md ("Known defects"). Each
-// case listed here runs in the suite without the assertion its defect breaks, and in full in
-// FaultKnownDefectTest, which stays DISABLED_ until the defect is fixed.
+// Open defects of the engine, written down in docs/reliability.md ("Known defects"). A case
+// listed here runs in the suite without the assertion its defect breaks (not at all when the
+// defect breaks detection itself), and in full in FaultKnownDefectTest, which stays DISABLED_
+// until the defect is fixed; then this function returns kNone and that test goes.
 enum class Defect { kNone, kSetupLossNotWatched, kTeardownAbortsWithRequestsInFlight };
 
 Defect KnownDefect(const MatrixCase& c) {
