@@ -83,6 +83,9 @@ class PeerLink {
     watched_ = true;
   }
   void CheckProcess() { process_gone_ = process_gone_ || (watched_ && !ProcessAlive(process_)); }
+  // Whether the last CheckProcess found the watched process gone, and its pid.
+  bool process_gone() const { return process_gone_; }
+  int64_t watched_pid() const { return process_.pid; }
   // The current epoch still exchanges something with the peer.
   bool involved() const { return remaining_from > 0 || unsignalled > 0 || grants_in_flight_ > 0; }
   // What the current epoch still waits for from or towards the peer, for deadline messages

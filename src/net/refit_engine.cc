@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <deque>
+#include <mutex>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -27,6 +28,26 @@
 #include "src/rendezvous/record.h"
 
 namespace reshard::net {
+namespace {
+
+// What a torn-down engine could not free because UCX may still touch it: links whose requests a
+// stalled or lost peer never completed, the registered memory those requests read, and the
+// runtime (worker and context) they live on. Kept reachable until the process exits and never
+// destroyed: destroying the UCX worker or context under live requests aborts inside UCX
+// (ucp_cleanup's rcache assertion). A process leaks this only after a peer failed it.
+struct Graveyard {
+  std::mutex mu;
+  std::vector<std::unique_ptr<PeerLink>> links;
+  std::vector<std::unique_ptr<RegisteredMemory>> memory;
+  std::vector<std::shared_ptr<Runtime>> runtimes;
+};
+
+Graveyard& Leaked() {
+  static Graveyard* graveyard = new Graveyard();  // Never destroyed (see above).
+  return *graveyard;
+}
+
+}  // namespace
 
 int64_t RegistrationCount() { return ucx::RegistrationCount(); }
 
@@ -623,25 +644,30 @@ RefitEngine::Impl::~Impl() {
   // link progresses until its requests completed, for up to 500 ms. (A forced close of a healthy
   // tcp endpoint with sends pending crashed UCX 1.13 later, in its tcp progress, so it is not
   // used to cancel them.) A link whose requests are still in flight then - the peer stalls - is
-  // detached from this engine and leaked together with the registered memory its requests read,
-  // so nothing UCX may still touch is freed.
+  // detached from this engine and kept until the process exits, together with the registered
+  // memory its requests read and the runtime they live on (Graveyard above), so nothing UCX may
+  // still touch is freed.
   const absl::Time deadline = absl::Now() + absl::Milliseconds(500);
   for (PeerLink* link : peers_) link->Close(deadline, /*force=*/false);
   runtime_->Unregister(handle_, this);
-  bool leaked = false;
+  std::vector<std::unique_ptr<PeerLink>> stalled;
   for (std::unique_ptr<PeerLink>& link : links_) {
     if (link != nullptr && link->in_flight() > 0) {
       RESHARD_LOG(kWarning,
                   "rank %d: %d request(s) to rank %d did not complete at teardown (the peer does "
-                  "not progress); keeping their memory and registrations",
+                  "not progress); keeping their memory, registrations and UCX worker until exit",
                   rank_, link->in_flight(), link->peer());
       link->Orphan();
-      (void)link.release();
-      leaked = true;
+      stalled.push_back(std::move(link));
     }
   }
   links_.clear();
-  if (leaked) (void)memory_.release();
+  if (stalled.empty()) return;
+  Graveyard& graveyard = Leaked();
+  std::lock_guard<std::mutex> lock(graveyard.mu);
+  for (std::unique_ptr<PeerLink>& link : stalled) graveyard.links.push_back(std::move(link));
+  graveyard.memory.push_back(std::move(memory_));
+  graveyard.runtimes.push_back(runtime_);
 }
 
 // ---------------------------------------------------------------------------------------------

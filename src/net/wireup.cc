@@ -56,21 +56,38 @@ absl::Status Handshake(rendezvous::Store& store, const std::string& prefix, int3
   for (const std::unique_ptr<PeerLink>& link : links) {
     if (link != nullptr) RESHARD_RETURN_IF_ERROR(link->SendHello());
   }
-  auto peer_error = [&](const PeerLink& link) -> absl::Status {
+  // Same-host peers without UCX peer error handling (shared memory) are watched through their
+  // process, read at most every 20 ms.
+  absl::Time next_process_check = absl::InfinitePast();
+  auto peer_error = [&](PeerLink& link, const char* doing) -> absl::Status {
     if (!link.error().ok()) {
-      return absl::UnavailableError(absl::StrCat("rank ", rank, ": wiring up with rank ",
-                                                 link.peer(), ": ", link.error().message()));
+      return absl::UnavailableError(absl::StrCat("rank ", rank, ": ", doing, " rank ", link.peer(),
+                                                 ": ", link.error().message()));
     }
     if (link.aborted) return absl::UnavailableError(link.abort_reason);
+    if (link.process_gone()) {
+      return absl::UnavailableError(
+          absl::StrCat("rank ", rank, ": ", doing, " rank ", link.peer(), ": lost peer rank ",
+                       link.peer(), ": its process (pid ", link.watched_pid(), ") exited"));
+    }
     return link.hello_status();
+  };
+  auto check_processes = [&]() {
+    const absl::Time now = absl::Now();
+    if (now < next_process_check) return;
+    next_process_check = now + absl::Milliseconds(20);
+    for (const std::unique_ptr<PeerLink>& link : links) {
+      if (link != nullptr) link->CheckProcess();
+    }
   };
   IdlePolicy idle;
   while (true) {
     const bool progressed = runtime.worker().Progress() > 0;
+    check_processes();
     int32_t missing = -1;
     for (const std::unique_ptr<PeerLink>& link : links) {
       if (link == nullptr) continue;
-      RESHARD_RETURN_IF_ERROR(peer_error(*link));
+      RESHARD_RETURN_IF_ERROR(peer_error(*link, "wiring up with"));
       if ((!link->hello_received || link->hello_pending()) && missing < 0) missing = link->peer();
     }
     if (missing < 0) break;
@@ -80,18 +97,17 @@ absl::Status Handshake(rendezvous::Store& store, const std::string& prefix, int3
     }
     idle.Round(progressed);
   }
-  return rendezvous::Barrier(store, absl::StrCat(prefix, "/wired"), rank, PeerRanks(links),
-                             deadline, [&]() -> absl::Status {
-                               for (int i = 0; i < 64; ++i) runtime.worker().Progress();
-                               for (const std::unique_ptr<PeerLink>& link : links) {
-                                 if (link != nullptr && !link->error().ok()) {
-                                   return absl::UnavailableError(absl::StrCat(
-                                       "rank ", rank, ": waiting for rank ", link->peer(),
-                                       " to finish wiring up: ", link->error().message()));
-                                 }
-                               }
-                               return absl::OkStatus();
-                             });
+  return rendezvous::Barrier(
+      store, absl::StrCat(prefix, "/wired"), rank, PeerRanks(links), deadline,
+      [&]() -> absl::Status {
+        for (int i = 0; i < 64; ++i) runtime.worker().Progress();
+        check_processes();
+        for (const std::unique_ptr<PeerLink>& link : links) {
+          if (link == nullptr) continue;
+          RESHARD_RETURN_IF_ERROR(peer_error(*link, "waiting to finish wiring up with"));
+        }
+        return absl::OkStatus();
+      });
 }
 
 }  // namespace reshard::net
