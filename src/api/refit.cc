@@ -87,9 +87,15 @@ class RefitHandle::Impl {
   Stats stats;
 
   ~Impl() {
-    if (session != nullptr && !failed && !in_flight) {
+    if (session != nullptr) {
       // Orderly close so peers still finishing see no lost endpoint; errors do not matter here.
-      (void)session->Shutdown(absl::Now() + std::min(comm->timeout, absl::Seconds(10)));
+      // A handle whose refit failed or was abandoned still arrives at the closing barrier (and
+      // does not wait there): a peer whose own refit of it succeeded waits for that arrival, and
+      // without it would sit out its whole shutdown deadline while this rank went on to its
+      // next handle (issue 10: the next handle then missed its deadline).
+      const bool orderly = !failed && !in_flight;
+      (void)session->Shutdown(orderly ? absl::Now() + std::min(comm->timeout, absl::Seconds(10))
+                                      : absl::Now());
     }
     session.reset();
   }

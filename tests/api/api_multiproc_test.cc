@@ -80,6 +80,26 @@ TEST_P(ApiPeerLossTest, KilledPeerIsUnavailableThenFailedPrecondition) {
 
 INSTANTIATE_TEST_SUITE_P(Transports, ApiPeerLossTest, ::testing::Values("sm", "tcp"));
 
+// Issue 10's teardown scenario: rank 0 destroys a handle whose refit missed its deadline while
+// the stalled rank 1 still holds its messages (32 MiB of puts in flight). Nothing the requests
+// point to may be freed (ASan checks this in the sanitizer run), and the next handle between the
+// same ranks must refit byte-exact (it used to miss its deadline: the failed handle never arrived
+// at the closing barrier that rank 1's successful one waited on).
+class ApiDestroyedHandleTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(ApiDestroyedHandleTest, NextHandleRefitsAfterAFailedOneIsDestroyed) {
+  auto r = reshard::launcher::Run(
+      Options({Bin("api_peer"), "--steps", "3", "--destroy-failed", "1"}, 2, GetParam()));
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_TRUE(r->ok()) << Describe(*r);
+  for (const auto& rank : r->ranks) {
+    EXPECT_NE(rank.stdout_text.find("DESTROYED_FAILED_HANDLE_OK"), std::string::npos)
+        << Describe(*r);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, ApiDestroyedHandleTest, ::testing::Values("sm", "tcp"));
+
 // Two separately built programs in one world: ranks 0-1 run the trainer, 2-3 the inference
 // side (TP2 -> TP2; and TP2 -> TP1 x DP2 with replicas), ten verified refits each.
 class ExamplePairTest : public ::testing::TestWithParam<std::vector<std::string>> {};
