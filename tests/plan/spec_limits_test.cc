@@ -263,8 +263,7 @@ TEST(SpecLimitsTest, ExactOverlapChecksAtTheLimitsAreLinear) {
   const std::string src = R"js({"mesh":[0],"placements":["R"]})js";
   // Strides 2 and 3 are not provably injective, but 2i and 2i + 3 never meet: 2^23 elements are
   // checked one by one (a bitmap over their 2^23 + 1 addresses).
-  EXPECT_EQ(Refusal(OneTensor("[4194304, 2]", src, dst(R"js({"strides":[2,3]})js"))),
-            "(accepted)");
+  EXPECT_EQ(Refusal(OneTensor("[4194304, 2]", src, dst(R"js({"strides":[2,3]})js"))), "(accepted)");
   // More elements than addresses: two of them share one, whatever the strides.
   EXPECT_EQ(Refusal(OneTensor("[4194304, 4]", src, dst(R"js({"strides":[2,3]})js"))),
             "tensor \"w\": dst.view.strides give two elements of one tile the same address");
@@ -275,9 +274,13 @@ TEST(SpecLimitsTest, ExactOverlapChecksAtTheLimitsAreLinear) {
             "tensor \"w\": dst.view.strides give two elements of one tile the same address");
   // Two tensors interleaved element by element in one buffer, 2^23 runs each: their run starts
   // come out in order and are merged without sorting.
-  const std::string a = R"js({"name":"a","dtype":"u8","shape":[8388608],"src":{"mesh":[0],"placements":["R"]},"dst":{"mesh":[1],"placements":["R"],"buffer":"ab","view":{"offset":0,"strides":[2]}}})js";
-  const std::string b = R"js({"name":"b","dtype":"u8","shape":[8388608],"src":{"mesh":[0],"placements":["R"]},"dst":{"mesh":[1],"placements":["R"],"buffer":"ab","view":{"offset":1,"strides":[2]}}})js";
-  EXPECT_EQ(Refusal("{\"tensors\":[" + a + "," + b + "]}"), "(accepted)");
+  auto interleaved = [&](const std::string& name, const std::string& offset) {
+    return "{\"name\":\"" + name + "\",\"dtype\":\"u8\",\"shape\":[8388608],\"src\":" + src +
+           ",\"dst\":{\"mesh\":[1],\"placements\":[\"R\"],\"buffer\":\"ab\",\"view\":{\"offset\":" +
+           offset + ",\"strides\":[2]}}}";
+  };
+  EXPECT_EQ(Refusal("{\"tensors\":[" + interleaved("a", "0") + "," + interleaved("b", "1") + "]}"),
+            "(accepted)");
 }
 
 }  // namespace
