@@ -161,9 +161,10 @@ absl::StatusOr<PeerBoard> PeerBoard::Open(const std::string& name, int64_t slots
   }
   b.data_ = static_cast<uint8_t*>(p);
   b.slots_ = static_cast<int64_t>(Header(b.data_)->slots);
+  // The header is the peer's to write: its slot count must fit the object actually mapped.
   if (std::atomic_ref<uint64_t>(Header(b.data_)->magic).load(std::memory_order_acquire) !=
           kBoardMagic ||
-      b.slots_ < slots) {
+      b.slots_ < slots || b.slots_ > (b.bytes_ - BoardBytes(0)) / 8) {
     return absl::InvalidArgumentError(
         absl::StrFormat("signal board %s is not a reshard board with %d slots", name, slots));
   }

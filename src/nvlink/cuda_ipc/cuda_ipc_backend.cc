@@ -4,11 +4,12 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
+#include "src/common/process.h"
 #include "src/common/status.h"
+#include "src/cuda/runtime.h"
 #include "src/nvlink/backend.h"
 #include "src/nvlink/cuda_ipc/factory.h"
-#include "src/cuda/runtime.h"
-#include "src/common/process.h"
+#include "src/nvlink/peer_buffer.h"
 #include "src/rendezvous/record.h"
 
 #if RESHARD_HAVE_CUDA
@@ -153,16 +154,16 @@ class CudaIpcBackend final : public internal::BoardBackend {
                           absl::StrFormat("cudaIpcGetMemHandle (rank %d buffer %d)", rank_, b));
       RESHARD_ASSIGN_OR_RETURN(uintptr_t base, AllocationBase(buffers_[b].data));
       rec[absl::StrFormat("buf%d", b)] = absl::StrFormat(
-          "%s,%d", absl::BytesToHexString(absl::string_view(h.reserved, sizeof(h.reserved))),
-          reinterpret_cast<uintptr_t>(buffers_[b].data) - base);
+          "%s,%d,%d", absl::BytesToHexString(absl::string_view(h.reserved, sizeof(h.reserved))),
+          reinterpret_cast<uintptr_t>(buffers_[b].data) - base, buffers_[b].bytes);
     }
     const std::string& prefix = ctx.options.key_prefix;
     RESHARD_RETURN_IF_ERROR(rendezvous::PublishRecord(*ctx.store, prefix, "cuda_ipc", rank_, rec));
     const absl::Time deadline = absl::Now() + ctx.options.setup_timeout;
     std::map<std::string, uint8_t*> opened_handles;
     for (int32_t p : boards_.peers()) {
-      RESHARD_ASSIGN_OR_RETURN(Record pr,
-                               rendezvous::FetchRecord(*ctx.store, prefix, "cuda_ipc", p, deadline));
+      RESHARD_ASSIGN_OR_RETURN(
+          Record pr, rendezvous::FetchRecord(*ctx.store, prefix, "cuda_ipc", p, deadline));
       RESHARD_ASSIGN_OR_RETURN(std::string host, rendezvous::Field(pr, "host", p));
       if (host != rec["host"]) {
         return absl::FailedPreconditionError(absl::StrFormat(
@@ -173,22 +174,18 @@ class CudaIpcBackend final : public internal::BoardBackend {
       for (const FanoutEdge& e : table_->edges) {
         if (e.from_rank != rank_ || e.to_rank != p) continue;
         if (peer_ptr_.count({p, e.to_buffer})) continue;
-        RESHARD_ASSIGN_OR_RETURN(std::string desc,
+        RESHARD_ASSIGN_OR_RETURN(std::string text,
                                  rendezvous::Field(pr, absl::StrFormat("buf%d", e.to_buffer), p));
-        const size_t comma = desc.find(',');
-        int64_t offset = 0;
-        if (comma == std::string::npos || !absl::SimpleAtoi(desc.substr(comma + 1), &offset)) {
-          return absl::InvalidArgumentError(absl::StrFormat(
-              "cuda_ipc fan-out: rank %d published a malformed buffer \"%s\"", p, desc));
-        }
-        const std::string handle = absl::HexStringToBytes(desc.substr(0, comma));
+        cudaIpcMemHandle_t h;
+        RESHARD_ASSIGN_OR_RETURN(
+            PeerBufferDesc desc,
+            ParseCudaIpcBufferDesc(text, p, e.to_buffer,
+                                   WrittenExtent(*table_, rank_, p, e.to_buffer),
+                                   sizeof(h.reserved)));
+        const int64_t offset = desc.offset;
+        const std::string& handle = desc.name;
         auto it = opened_handles.find(handle);
         if (it == opened_handles.end()) {
-          cudaIpcMemHandle_t h;
-          if (handle.size() != sizeof(h.reserved)) {
-            return absl::InvalidArgumentError(absl::StrFormat(
-                "cuda_ipc fan-out: rank %d published a handle of %d bytes", p, handle.size()));
-          }
           std::memcpy(h.reserved, handle.data(), sizeof(h.reserved));
           void* base = nullptr;
           RESHARD_CUDA_RETURN(

@@ -12,13 +12,14 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "src/common/process.h"
 #include "src/common/status.h"
 #include "src/nvlink/backend.h"
-#include "src/common/process.h"
-#include "src/rendezvous/record.h"
 #include "src/nvlink/host/factory.h"
+#include "src/nvlink/peer_buffer.h"
 #include "src/nvlink/shared_buffer.h"
 #include "src/nvlink/signal_board.h"
+#include "src/rendezvous/record.h"
 
 namespace reshard::nvlink {
 
@@ -110,7 +111,11 @@ class HostBackend final : public internal::BoardBackend {
     RESHARD_RETURN_IF_ERROR(rendezvous::PublishRecord(*ctx.store, prefix, "host", rank_, rec));
     const absl::Time deadline = absl::Now() + ctx.options.setup_timeout;
 
-    std::map<std::string, uint8_t*> mapped_objects;
+    struct MappedObject {
+      uint8_t* data;
+      int64_t bytes;
+    };
+    std::map<std::string, MappedObject> mapped_objects;
     for (int32_t p : boards_.peers()) {
       RESHARD_ASSIGN_OR_RETURN(Record pr,
                                rendezvous::FetchRecord(*ctx.store, prefix, "host", p, deadline));
@@ -132,37 +137,34 @@ class HostBackend final : public internal::BoardBackend {
         ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
         bool probed = false;
         for (uint32_t b : ids) {
-          RESHARD_ASSIGN_OR_RETURN(std::string desc,
+          RESHARD_ASSIGN_OR_RETURN(std::string text,
                                    rendezvous::Field(pr, absl::StrFormat("buf%d", b), p));
-          std::vector<std::string> parts = absl::StrSplit(desc, ',');
+          RESHARD_ASSIGN_OR_RETURN(
+              PeerBufferDesc desc,
+              ParseHostBufferDesc(text, p, b, WrittenExtent(*table_, rank_, p, b)));
           PeerBuffer pb;
-          if (parts.size() == 5 && parts[0] == "shm") {
-            int64_t offset = 0, size = 0;
-            if (!absl::SimpleAtoi(parts[2], &offset) || !absl::SimpleAtoi(parts[3], &size)) {
-              return absl::InvalidArgumentError(absl::StrFormat(
-                  "host fan-out: rank %d published a malformed buffer \"%s\"", p, desc));
-            }
-            auto m = mapped_objects.find(parts[1]);
+          if (desc.kind == PeerBufferDesc::Kind::kShared) {
+            auto m = mapped_objects.find(desc.name);
             if (m == mapped_objects.end()) {
-              RESHARD_ASSIGN_OR_RETURN(SharedMapping mapping, SharedMapping::Open(parts[1], size));
-              m = mapped_objects.emplace(parts[1], mapping.data()).first;
+              RESHARD_ASSIGN_OR_RETURN(SharedMapping mapping,
+                                       SharedMapping::Open(desc.name, desc.mapped));
+              m = mapped_objects.emplace(desc.name, MappedObject{mapping.data(), desc.mapped})
+                      .first;
               mappings_list_.push_back(std::move(mapping));
             }
-            pb.mapped = m->second + offset;
-          } else if (parts.size() == 3 && parts[0] == "addr") {
-            uint64_t addr = 0;
-            if (!absl::SimpleAtoi(parts[1], &addr)) {
+            // Another buffer in an object mapped before: it must lie inside that mapping too.
+            if (desc.offset + desc.bytes > m->second.bytes) {
               return absl::InvalidArgumentError(absl::StrFormat(
-                  "host fan-out: rank %d published a malformed buffer \"%s\"", p, desc));
+                  "host fan-out: rank %d published buffer %d beyond the %d bytes of %s", p, b,
+                  m->second.bytes, desc.name));
             }
+            pb.mapped = m->second.data + desc.offset;
+          } else {
             if (!probed) {
               RESHARD_RETURN_IF_ERROR(Probe(pr, p, peer.pid));
               probed = true;
             }
-            pb.remote = addr;
-          } else {
-            return absl::InvalidArgumentError(absl::StrFormat(
-                "host fan-out: rank %d published a malformed buffer \"%s\"", p, desc));
+            pb.remote = desc.address;
           }
           peer.buffers[b] = pb;
         }
