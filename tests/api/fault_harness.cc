@@ -179,7 +179,7 @@ absl::StatusOr<Outcome> RunScenario(const Scenario& s) {
   o.transport = s.transport;
   o.deadline = s.deadline;
   o.rank_timeout_ms = 20000;
-  o.failure_grace = absl::Seconds(20);  // Long: every rank must end on its own.
+  o.failure_grace = s.failure_grace;  // Long: every rank must end on its own.
   o.forward_stderr = false;
   o.extra_env.push_back({"UCX_WARN_UNUSED_ENV_VARS", "n"});
   if (!s.inject.empty()) o.extra_env.push_back({"RESHARD_FAULT_INJECT", s.inject});

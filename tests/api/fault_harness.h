@@ -47,6 +47,9 @@ struct Scenario {
   absl::Duration resume_after = absl::Milliseconds(500);
 
   absl::Duration deadline = absl::Seconds(60);  // The whole launch.
+  // After the first rank ends with a failure, the others get this long to end on their own
+  // before the launcher kills them (RankResult::killed_by_launcher).
+  absl::Duration failure_grace = absl::Seconds(20);
   std::string peer;  // The fault_peer binary; default: next to this program.
 };
 
