@@ -24,6 +24,7 @@ int HexDigit(char c) {
 // Between two store reads of a waiting barrier: short enough that a lost peer is noticed at
 // once, long enough that an idle rank costs nothing measurable.
 constexpr absl::Duration kBarrierPoll = absl::Milliseconds(5);
+constexpr absl::Duration kMinArrival = absl::Seconds(1);
 
 // What a peer sent, for an error message: escaped, cut, on one line.
 std::string Quoted(absl::string_view s) {
@@ -115,7 +116,11 @@ absl::StatusOr<int64_t> IntField(const Record& record, const std::string& field,
 absl::Status Barrier(Store& store, const std::string& key, int32_t rank,
                      absl::Span<const int32_t> peers, absl::Time deadline,
                      const WhileWaiting& while_waiting) {
-  absl::Status arrived = store.Set(absl::StrCat(key, "/", rank), "1");
+  // Arriving is tried for at least kMinArrival even when the deadline already passed (a rank
+  // that only arrives on its way out), and never longer than the deadline otherwise: an
+  // unreachable store must not hold a rank past its bound.
+  absl::Status arrived = store.SetBefore(absl::StrCat(key, "/", rank), "1",
+                                         std::max(deadline, absl::Now() + kMinArrival));
   if (!arrived.ok()) {
     return absl::Status(arrived.code(), absl::StrFormat("rank %d: barrier \"%s\": %s", rank, key,
                                                         std::string(arrived.message())));

@@ -25,6 +25,12 @@ class Store {
 
   // Sets `key` to `value`, replacing any previous value.
   [[nodiscard]] virtual absl::Status Set(const std::string& key, const std::string& value) = 0;
+  // Set, giving up at `deadline` (DeadlineExceeded or Unavailable) when the store does not
+  // answer by then. Backends whose Set cannot block (files, callbacks) need not override it.
+  [[nodiscard]] virtual absl::Status SetBefore(const std::string& key, const std::string& value,
+                                               absl::Time deadline) {
+    return Set(key, value);
+  }
 
   // Returns the value of `key`, waiting until some rank sets it or `deadline` passes.
   [[nodiscard]] virtual absl::StatusOr<std::string> Get(const std::string& key,

@@ -374,7 +374,7 @@ TcpStore::TcpStore(std::string host, int port, std::string token)
     : host_(std::move(host)), port_(port), token_(std::move(token)) {}
 
 TcpStore::~TcpStore() {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   for (int fd : idle_) close(fd);
   idle_.clear();
 }
@@ -391,7 +391,7 @@ absl::StatusOr<std::unique_ptr<TcpStore>> TcpStore::Connect(const std::string& h
 
 absl::StatusOr<int> TcpStore::Acquire(absl::Time deadline, bool retry_refused) {
   {
-    absl::MutexLock lock(&mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     if (!idle_.empty()) {
       int fd = idle_.back();
       idle_.pop_back();
@@ -422,7 +422,7 @@ absl::StatusOr<int> TcpStore::Acquire(absl::Time deadline, bool retry_refused) {
 }
 
 void TcpStore::Release(int fd) {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   idle_.push_back(fd);
 }
 
@@ -450,7 +450,12 @@ absl::StatusOr<std::string> TcpStore::RoundTrip(int fd, const std::string& reque
 }
 
 absl::Status TcpStore::Set(const std::string& key, const std::string& value) {
-  absl::Time deadline = absl::Now() + op_timeout_;
+  return SetBefore(key, value, absl::InfiniteFuture());
+}
+
+absl::Status TcpStore::SetBefore(const std::string& key, const std::string& value,
+                                 absl::Time until) {
+  const absl::Time deadline = std::min(until, absl::Now() + op_timeout_);
   RESHARD_ASSIGN_OR_RETURN(int fd, Acquire(deadline));
   std::string request(1, static_cast<char>(kSet));
   PutStr(&request, key);

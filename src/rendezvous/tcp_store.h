@@ -26,6 +26,7 @@
 
 #include <atomic>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <utility>
@@ -33,7 +34,6 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "src/rendezvous/store.h"
 
@@ -95,6 +95,9 @@ class TcpStore final : public Store {
 
   // Set and List wait at most op_timeout() for the server (default 30 s).
   [[nodiscard]] absl::Status Set(const std::string& key, const std::string& value) override;
+  // Bounded by the earlier of `deadline` and the operation timeout.
+  [[nodiscard]] absl::Status SetBefore(const std::string& key, const std::string& value,
+                                       absl::Time deadline) override;
   [[nodiscard]] absl::StatusOr<std::string> Get(const std::string& key,
                                                 absl::Time deadline) override;
   [[nodiscard]] absl::Status Delete(const std::string& key) override;
@@ -120,8 +123,10 @@ class TcpStore final : public Store {
   int port_;
   std::string token_;
   absl::Duration op_timeout_ = absl::Seconds(30);
-  absl::Mutex mu_;
-  std::vector<int> idle_ ABSL_GUARDED_BY(mu_);
+  // A std::mutex, not absl::Mutex: Debian's Abseil is not built with ThreadSanitizer, which then
+  // cannot see absl::Mutex and reports what it guards as races (docs/testing.md).
+  std::mutex mu_;
+  std::vector<int> idle_;  // guarded by mu_
 };
 
 // Connects to the store named by RESHARD_STORE=host:port with RESHARD_STORE_TOKEN, waiting up

@@ -52,16 +52,10 @@ std::string CaseName(const ::testing::TestParamInfo<MatrixCase>& info) {
 // loss is detected), DeadlineExceeded for a stopped one (only the deadline can tell); the message
 // names rank 1; no refit after the fault returns OK; every OK refit was byte-exact; the survivor
 // then exits with status 1 on its own (its handle and communicator torn down).
-// Known defect (docs/reliability.md): over shared memory, a survivor that creates its endpoint
-// after the peer died during set-up gets "ucp_ep_create: Shared memory error", which
-// ucx::ToStatus maps to Internal instead of Unavailable (about 1 trial in 5). The matrix accepts
-// exactly that there (`strict` false); FaultKnownDefectTest does not.
-bool KnownInternalAtSetup(const MatrixCase& c, const Failure& f) {
-  return c.stage == "setup" && c.action != "stop" && c.transport == "sm" && f.code == "INTERNAL" &&
-         absl::StrContains(f.message, "ucp_ep_create: Shared memory error (peer rank 1)");
-}
-
-void CheckMatrixCase(const MatrixCase& c, bool strict) {
+// Over shared memory, a survivor that creates its endpoint after the peer died during set-up
+// gets "ucp_ep_create: Shared memory error": Unavailable like every other lost peer (it used to
+// be Internal, about 1 trial in 5).
+void CheckMatrixCase(const MatrixCase& c) {
   const bool stop = c.action == "stop";
   const bool setup = c.stage == "setup";
   Scenario s;
@@ -112,12 +106,7 @@ void CheckMatrixCase(const MatrixCase& c, bool strict) {
                   (f.code == "UNAVAILABLE" && absl::StrContains(f.message, "deadline")))
           << f.code << ": " << f.message;
     } else {
-      if (!strict && KnownInternalAtSetup(c, f)) {
-        std::fprintf(stderr, "known defect: Internal for a peer lost during set-up: %s\n",
-                     f.message.c_str());
-      } else {
-        EXPECT_EQ(f.code, "UNAVAILABLE") << f.message;
-      }
+      EXPECT_EQ(f.code, "UNAVAILABLE") << f.message;
     }
     EXPECT_TRUE(absl::StrContains(f.message, "rank 1")) << f.message;
     const double detection = o.DetectionSeconds(r);
@@ -162,22 +151,9 @@ std::vector<MatrixCase> AllCases() {
 
 class FaultMatrixTest : public ::testing::TestWithParam<MatrixCase> {};
 
-TEST_P(FaultMatrixTest, SurvivorsFailWithTheDocumentedError) {
-  CheckMatrixCase(GetParam(), /*strict=*/false);
-}
+TEST_P(FaultMatrixTest, SurvivorsFailWithTheDocumentedError) { CheckMatrixCase(GetParam()); }
 
 INSTANTIATE_TEST_SUITE_P(Stages, FaultMatrixTest, ::testing::ValuesIn(AllCases()), CaseName);
-
-// The cases KnownInternalAtSetup() excuses, without the excuse: they fail now and then until
-// the defect is fixed (run with --gtest_also_run_disabled_tests, repeatedly).
-class FaultKnownDefectTest : public ::testing::TestWithParam<MatrixCase> {};
-
-TEST_P(FaultKnownDefectTest, DISABLED_SurvivorsFailWithTheDocumentedError) {
-  CheckMatrixCase(GetParam(), /*strict=*/true);
-}
-
-INSTANTIATE_TEST_SUITE_P(Stages, FaultKnownDefectTest,
-                         ::testing::Values(MatrixCase{"setup", "kill", "sm"}), CaseName);
 
 // --- Transient faults: a stall shorter than the deadline, and Reset() after a failed refit.
 
@@ -341,12 +317,10 @@ void CheckLinkDown(double teardown_bound) {
 
 TEST(FaultNetnsTest, LinkDownMidRefitFailsEveryRankWithinItsDeadline) { CheckLinkDown(0); }
 
-// The rank cut off from the store must then tear down within the documented bound: the handle's
-// shutdown and the communicator's exit wait each min(RESHARD_TIMEOUT_MS = 20 s here, 10 s).
-// Disabled: since 491a7c7 a failed handle arrives at its closing barrier on destruction, and that
-// store Set waits the store client's whole op timeout (RESHARD_TIMEOUT_MS, 20 s here) whatever
-// the barrier's deadline (docs/reliability.md, known defects).
-TEST(FaultNetnsTest, DISABLED_LinkDownRankTearsDownWithinTheExitBound) { CheckLinkDown(12.0); }
+// ... and the rank cut off from the store tears down within the documented bound: the handle's
+// shutdown and the communicator's exit wait each min(RESHARD_TIMEOUT_MS = 20 s here, 10 s); a
+// failed handle only arrives at its closing barrier, for at most 1 s.
+TEST(FaultNetnsTest, LinkDownRankTearsDownWithinTheExitBound) { CheckLinkDown(12.0); }
 
 }  // namespace
 }  // namespace reshard::fault

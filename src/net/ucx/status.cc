@@ -16,6 +16,9 @@ absl::Status ToStatus(ucs_status_t status, const std::string& call, const std::s
     case UCS_ERR_REJECTED:
     case UCS_ERR_IO_ERROR:
     case UCS_ERR_CANCELED:
+    // Mapping a peer's shared-memory segment fails when the peer exited meanwhile (an endpoint
+    // created to a rank that died during set-up).
+    case UCS_ERR_SHMEM_SEGMENT:
       return absl::UnavailableError(message);
     case UCS_ERR_TIMED_OUT:
       return absl::DeadlineExceededError(message);
