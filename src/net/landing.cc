@@ -16,10 +16,24 @@ absl::Status Copy(void* dst, const void* src, int64_t bytes, bool device) {
   return absl::OkStatus();
 }
 
-Landing::Landing(const plan::Plan& plan, const SendProgram& program, RegisteredMemory& memory)
+Landing::Landing(const plan::Plan& plan, const SendProgram& program, RegisteredMemory& memory,
+                 bool data_messages)
     : plan_(plan), program_(program), memory_(memory) {
   landed_epoch_.assign(plan.transfers().size(), 0);
   landed_bytes_.assign(plan.transfers().size(), 0);
+  if (!data_messages) return;
+  for (uint32_t ti : program.received) {
+    const plan::Transfer& t = plan.transfers()[ti];
+    const plan::Region& region = plan.region(t.region);
+    if (t.from_rank == program.rank || program.landing_offset[ti] >= 0 || region.ndims == 0) {
+      continue;
+    }
+    std::vector<int64_t>& starts = run_starts_[ti];
+    starts.reserve(static_cast<size_t>(region.num_runs()));
+    plan::ForEachRun(region, plan.region_dims(region),
+                     [&](int64_t, int64_t to, int64_t) { starts.push_back(to); });
+    std::sort(starts.begin(), starts.end());
+  }
 }
 
 void Landing::StartEpoch(uint64_t epoch) {
@@ -56,12 +70,34 @@ absl::StatusOr<bool> Landing::Data(const wire::DataHeader& h, const void* data, 
   const plan::Transfer& t = plan_.transfers()[ti];
   const auto region_bytes = static_cast<uint64_t>(plan_.region(t.region).bytes);
   const uint64_t landed = static_cast<uint64_t>(landed_bytes_[ti]);
-  const bool packed = h.packed != 0;
+  const bool packed = program_.landing_offset[ti] >= 0;
+  if (h.packed != (packed ? 1u : 0u)) {
+    return absl::DataLossError(absl::StrCat("rank ", program_.rank, ": rank ", from,
+                                            " sent data for transfer ", ti, " with packed flag ",
+                                            h.packed, ", but the transfer travels ",
+                                            (packed ? "packed" : "unpacked")));
+  }
   const uint32_t to_buf = plan_.buffer_of(t.tensor, t.to_side);
-  const uint64_t limit =
-      packed ? region_bytes : static_cast<uint64_t>(memory_.buffer(to_buf).bytes);
-  if (!wire::InBounds(h.to_offset, length, limit) ||
-      !wire::InBounds(landed, length, region_bytes)) {
+  // Packed: inside the transfer's stream. Unpacked: inside one run of its region (so inside
+  // the buffer too), never in bytes that other transfers, peers or nobody write.
+  uint64_t start = 0, limit = region_bytes;
+  if (!packed) {
+    const plan::Region& region = plan_.region(t.region);
+    start = static_cast<uint64_t>(region.to_offset);
+    limit = static_cast<uint64_t>(region.run_bytes);
+    auto runs = run_starts_.find(ti);
+    if (runs != run_starts_.end()) {
+      const std::vector<int64_t>& starts = runs->second;
+      auto next = std::upper_bound(
+          starts.begin(), starts.end(), h.to_offset,
+          [](uint64_t offset, int64_t s) { return offset < static_cast<uint64_t>(s); });
+      start = next == starts.begin() ? UINT64_MAX : static_cast<uint64_t>(*(next - 1));
+    }
+  }
+  if (h.to_offset < start || !wire::InBounds(h.to_offset - start, length, limit) ||
+      !wire::InBounds(landed, length, region_bytes) ||
+      (!packed &&
+       !wire::InBounds(h.to_offset, length, static_cast<uint64_t>(memory_.buffer(to_buf).bytes)))) {
     return absl::DataLossError(absl::StrCat("rank ", program_.rank, ": rank ", from, " sent ",
                                             length, (packed ? " packed" : ""), " bytes at offset ",
                                             h.to_offset, " outside transfer ", ti));

@@ -3,8 +3,10 @@
 //  - counts each executed transfer landing here once per epoch (and, with active-message
 //    delivery, the bytes of each transfer as they arrive);
 //  - checks every wire field of an incoming signal or data message against the plan before any
-//    byte moves (a transfer the plan does not send here, offsets or lengths outside the piece or
-//    the buffer, compared without wrapping): DataLoss naming the peer;
+//    byte moves (a transfer the plan does not send here, a packed flag the transfer does not
+//    have, bytes outside the transfer's packed stream or outside one run of its region,
+//    compared without wrapping): DataLoss naming the peer. A peer can only write the bytes the
+//    plan has it write;
 //  - unpacks packed streams into place and moves staged destination pieces host -> device;
 //  - on the sending side, gathers packed streams and runs local copies.
 // Device memory is copied through src/cuda/runtime.h, host memory with memcpy.
@@ -15,6 +17,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "src/net/registered_memory.h"
@@ -26,8 +29,10 @@ namespace reshard::net {
 
 class Landing {
  public:
-  // All three must outlive the Landing.
-  Landing(const plan::Plan& plan, const SendProgram& program, RegisteredMemory& memory);
+  // All three must outlive the Landing. `data_messages`: active-message delivery (Data is
+  // called), for which the receiving runs of unpacked transfers are indexed.
+  Landing(const plan::Plan& plan, const SendProgram& program, RegisteredMemory& memory,
+          bool data_messages);
 
   void StartEpoch(uint64_t epoch);
   bool landed(uint32_t transfer) const { return landed_epoch_[transfer] == epoch_; }
@@ -58,6 +63,9 @@ class Landing {
   uint64_t epoch_ = 0;
   std::vector<uint64_t> landed_epoch_;  // By transfer.
   std::vector<int64_t> landed_bytes_;   // By transfer (active-message delivery).
+  // Active-message delivery: for each unpacked transfer landing here in several runs, the sorted
+  // offsets of its runs in the receiving buffer (each the region's run_bytes long).
+  absl::flat_hash_map<uint32_t, std::vector<int64_t>> run_starts_;
 };
 
 // One copy between any two addresses (CUDA when either side is device memory).

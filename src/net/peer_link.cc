@@ -151,11 +151,16 @@ absl::Status PeerLink::SendGrant(uint64_t epoch) {
 
 void PeerLink::SendAbort(uint64_t epoch, const std::string& reason) {
   if (endpoint_ == nullptr || !endpoint_->error().ok()) return;
+  // Messages whose sends all completed are dropped: a handle that fails again and again keeps
+  // only the aborts still in flight.
+  if (aborts_in_flight_ == 0) aborts_.clear();
   AbortMessage& msg = aborts_.emplace_back(
       AbortMessage{wire::AmHeader{wire::kMagic, rank_, peer_handle_, epoch}, reason});
+  bool in_flight = false;
   (void)Posted(ucx::SendAm(endpoint_->get(), wire::kAbortAm, &msg.header, sizeof(msg.header),
                            msg.reason.data(), msg.reason.size(), nullptr, abort_done_.get()),
-               "ucp_am_send_nbx (abort)", nullptr);
+               "ucp_am_send_nbx (abort)", &in_flight);
+  if (in_flight) aborts_in_flight_++;
 }
 
 absl::Status PeerLink::Put(const void* local, size_t bytes, uint64_t remote, ucp_rkey_h rkey,
@@ -269,6 +274,7 @@ void PeerLink::Completed(int kind, Batch* batch, ucs_status_t status) {
       }
       return;
     case kAbort:
+      aborts_in_flight_--;
       return;
     case kFlush:
       batch->flushed = true;

@@ -64,6 +64,9 @@ class PeerLink {
   // Whether a message that arrived on `from` (UCX's reply endpoint) came over this link's
   // endpoint, i.e. from the peer's process and not from another process using its rank.
   bool SentBy(ucp_ep_h from) const;
+  // The endpoint to the peer (null before Connect and after Close): the one its messages
+  // arrive on.
+  ucp_ep_h endpoint() const { return endpoint_ != nullptr ? endpoint_->get() : nullptr; }
   bool connected() const { return endpoint_ != nullptr; }
   // A hello that arrived before Connect: accepted by Connect if it came over the endpoint that
   // Connect then creates (UCX matches both directions of a connection to one endpoint).
@@ -178,7 +181,9 @@ class PeerLink {
     wire::AmHeader header;
     std::string reason;
   };
-  std::deque<AbortMessage> aborts_;  // Kept until the link goes: sends are not awaited.
+  // Sends are not awaited: kept until none is in flight (the next SendAbort then drops them).
+  std::deque<AbortMessage> aborts_;
+  int aborts_in_flight_ = 0;
   uint32_t run_base_ = 0;
   std::vector<wire::DataHeader> data_headers_;  // By run - run_base_.
   std::list<std::unique_ptr<Batch>> batches_;

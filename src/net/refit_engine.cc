@@ -177,7 +177,7 @@ absl::Status RefitEngine::Impl::Init(rendezvous::Store& store, std::vector<Buffe
       memory_,
       RegisteredMemory::Create(plan_, rank_, *runtime_, std::move(buffers),
                                program_.send_scratch_bytes, am ? 0 : program_.landing_bytes));
-  landing_ = std::make_unique<Landing>(plan_, program_, *memory_);
+  landing_ = std::make_unique<Landing>(plan_, program_, *memory_, am);
   delivery_ = MakeDelivery(am, rank_, program_, *memory_, options_.signal_batch_bytes, stats_);
 
   links_.resize(static_cast<size_t>(plan_.world_size()));
@@ -493,7 +493,12 @@ void RefitEngine::Impl::BroadcastAbort() {
 }
 
 absl::Status RefitEngine::Impl::Progress(std::vector<uint32_t>* landed, bool* progressed) {
-  if (failed_) return status_;
+  if (failed_) {
+    // A handler may have failed the epoch outside this handle's Pump (another handle on the
+    // runtime progressed the worker): tell the peers now.
+    BroadcastAbort();
+    return status_;
+  }
   const bool busy = Pump();
   if (progressed != nullptr) *progressed = busy;
   if (landed != nullptr) landed->insert(landed->end(), landed_out_.begin(), landed_out_.end());
@@ -502,7 +507,10 @@ absl::Status RefitEngine::Impl::Progress(std::vector<uint32_t>* landed, bool* pr
 }
 
 absl::Status RefitEngine::Impl::Wait(absl::Time deadline) {
-  if (failed_) return status_;
+  if (failed_) {
+    BroadcastAbort();  // See Progress.
+    return status_;
+  }
   if (!in_epoch_ && epoch_ == 0) {
     return absl::FailedPreconditionError(absl::StrCat("rank ", rank_, ": no epoch was started"));
   }
@@ -524,6 +532,9 @@ absl::Status RefitEngine::Impl::Wait(absl::Time deadline) {
 }
 
 void RefitEngine::Impl::Reset() {
+  // An abort not yet sent is about the failed epoch: send it now, with that epoch and reason
+  // (sent after Reset it would name the next epoch and fail it on every peer).
+  BroadcastAbort();
   // Take in what peers already sent about the failed epoch (aborts, late signals) before
   // forgetting it; later aborts about epochs up to this one are ignored.
   const absl::Time until = absl::Now() + absl::Milliseconds(100);
@@ -585,6 +596,13 @@ void RefitEngine::Impl::OnDone(const wire::AmHeader& h, const uint32_t* indices,
                                ucp_ep_h from) {
   if (Origin(h, from, "completion") == nullptr) return;
   if (!in_epoch_ || h.epoch != epoch_) return;  // A failed or abandoned epoch's signal.
+  if (delivery_->counts_bytes()) {
+    // Active messages land byte by byte and have no landing area to unpack from.
+    return Fail(absl::DataLossError(absl::StrCat(
+        "rank ", rank_, ": rank ", h.from_rank,
+        " sent a completion signal, but this rank receives by active messages (protocol error: "
+        "do both ranks use the same delivery?)")));
+  }
   for (size_t i = 0; i < count; ++i) {
     absl::StatusOr<bool> fresh = landing_->Signalled(h.from_rank, indices[i]);
     if (!fresh.ok()) return Fail(fresh.status());
@@ -597,6 +615,12 @@ void RefitEngine::Impl::OnData(const wire::DataHeader& h, const void* data, size
                                ucp_ep_h from) {
   if (Origin(h.base, from, "data") == nullptr) return;
   if (!in_epoch_ || h.base.epoch != epoch_) return;  // A failed or abandoned epoch's data.
+  if (!delivery_->counts_bytes()) {
+    return Fail(absl::DataLossError(
+        absl::StrCat("rank ", rank_, ": rank ", h.base.from_rank,
+                     " sent a data message, but this rank receives by puts (protocol error: do "
+                     "both ranks use the same delivery?)")));
+  }
   if (length > 0 && data == nullptr) {
     return Fail(absl::DataLossError(absl::StrCat("rank ", rank_, ": rank ", h.base.from_rank,
                                                  " sent a data message without its data")));
@@ -704,6 +728,11 @@ uint64_t RefitEngine::HandleId(const std::string& key_prefix, int32_t rank) {
   return Mix64(HashString(key_prefix) ^ static_cast<uint64_t>(rank));
 }
 uint64_t RefitEngine::last_epoch() const { return impl_->epoch_; }
+ucp_ep* RefitEngine::EndpointTo(int32_t peer) const {
+  if (peer < 0 || static_cast<size_t>(peer) >= impl_->links_.size()) return nullptr;
+  const PeerLink* link = impl_->links_[static_cast<size_t>(peer)].get();
+  return link != nullptr ? link->endpoint() : nullptr;
+}
 std::string RefitEngine::Transports() const { return TransportsOf(impl_->peers_); }
 const char* RefitEngine::delivery() const { return impl_->delivery_->name(); }
 bool RefitEngine::peer_error_handling() const { return impl_->runtime_->peer_error_handling(); }

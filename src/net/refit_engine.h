@@ -58,6 +58,8 @@
 #include "src/plan/plan.h"
 #include "src/rendezvous/store.h"
 
+struct ucp_ep;  // <ucp/api/ucp.h>: ucp_ep_h is ucp_ep*.
+
 namespace reshard::net {
 
 using common::BufferView;
@@ -171,6 +173,10 @@ class RefitEngine {
   int64_t rejected_messages() const;
   // The id that messages to `rank`'s handle under `key_prefix` carry (src/net/wire.h AmHeader).
   static uint64_t HandleId(const std::string& key_prefix, int32_t rank);
+  // This rank's endpoint to `peer` (null when `peer` is not a peer of this rank): messages from
+  // `peer` arrive on it (UCX's reply endpoint), and only those are acted on. For the fuzz harness
+  // (tests/fuzz/engine_fuzzer.cc), which passes it to Runtime::Dispatch as a message's origin.
+  ucp_ep* EndpointTo(int32_t peer) const;
   uint64_t last_epoch() const;
 
   // Transports UCX selected towards this rank's peers, e.g. "tcp/lo" (after the first epoch).

@@ -64,6 +64,12 @@ ucs_status_t Runtime::OnMessage(void* arg, const void* header, size_t header_len
 void Runtime::Dispatch(unsigned id, const void* header, size_t header_length, const void* data,
                        size_t length, bool rendezvous, ucp_ep_h from) {
   if (header == nullptr) return;
+  // Unknown ids are dropped before anything else (a rendezvous one is no protocol error of a
+  // sink's peer: it names no message of ours).
+  if (id != wire::kGrantAm && id != wire::kDoneAm && id != wire::kAbortAm && id != wire::kDataAm &&
+      id != wire::kHelloAm) {
+    return;
+  }
   if (id == wire::kDataAm) {
     if (header_length != sizeof(wire::DataHeader)) return;
     wire::DataHeader h;

@@ -70,8 +70,8 @@ class Runtime {
   void Unregister(uint64_t handle, const MessageSink* sink);
 
   // Decodes one incoming active message (id from src/net/wire.h, its user header and payload)
-  // and hands it to the sink of the handle it names. Malformed headers and messages for
-  // handles that are gone are dropped. The UCX handlers call this; so do the fuzz harnesses
+  // and hands it to the sink of the handle it names. Unknown ids, malformed headers and
+  // messages for handles that are gone are dropped. The UCX handlers call this; so do the fuzz harnesses
   // (tests/fuzz), which feed it arbitrary bytes.
   void Dispatch(unsigned id, const void* header, size_t header_length, const void* data,
                 size_t length, bool rendezvous, ucp_ep_h from);

@@ -46,8 +46,10 @@ struct DataHeader {
 // receiving rank, and the message arrived on the endpoint of that peer (UCX's reply endpoint:
 // messages are sent with UCP_AM_SEND_FLAG_REPLY), so another process that learnt a rank's
 // address cannot speak for a rank; then per message: transfer ids the plan sends from that
-// sender to this rank, offsets and lengths inside the transfer and the registered buffer
-// (InBounds), at most kMaxIndicesPerSignal indices per signal. A message failing the origin
+// sender to this rank, a message kind of this rank's delivery (completion signals for puts, data
+// messages for active messages), offsets and lengths inside the transfer (InBounds: its packed
+// stream, with the packed flag the plan gives it, or one run of its region in the registered
+// buffer), at most kMaxIndicesPerSignal indices per signal. A message failing the origin
 // check is dropped (and logged once); one from the right peer that fails a later check fails
 // the epoch as a protocol error (DataLoss).
 

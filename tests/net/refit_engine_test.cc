@@ -143,6 +143,33 @@ TEST(RefitEngine, RejectsBuffersThatDoNotMatchThePlan) {
   EXPECT_EQ(wrong_rank.status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+// Found by fuzz_engine (tests/fuzz/regressions/engine/unknown-id-by-rendezvous): Runtime::Dispatch
+// handed a message with an id that is none of the engine's to the sink's OnAbort when it came by
+// rendezvous, so it failed the named peer. Unknown ids are dropped whatever their flags.
+TEST(Runtime, DispatchDropsUnknownIds) {
+  struct Sink final : MessageSink {
+    int calls = 0;
+    void OnGrant(const wire::AmHeader&, ucp_ep_h) override { calls++; }
+    void OnHello(const wire::AmHeader&, ucp_ep_h) override { calls++; }
+    void OnDone(const wire::AmHeader&, const uint32_t*, size_t, ucp_ep_h) override { calls++; }
+    void OnData(const wire::DataHeader&, const void*, size_t, ucp_ep_h) override { calls++; }
+    void OnAbort(const wire::AmHeader&, absl::string_view, ucp_ep_h) override { calls++; }
+  } sink;
+  auto runtime = Runtime::Create();
+  ASSERT_TRUE(runtime.ok()) << runtime.status();
+  ASSERT_TRUE((*runtime)->Register(7, &sink).ok());
+  const wire::AmHeader h{wire::kMagic, 0, 7, 1};
+  for (unsigned id : {0u, 10u, 16u, 255u}) {
+    for (bool rendezvous : {false, true}) {
+      (*runtime)->Dispatch(id, &h, sizeof(h), nullptr, 0, rendezvous, nullptr);
+    }
+  }
+  EXPECT_EQ(sink.calls, 0);
+  (*runtime)->Dispatch(wire::kGrantAm, &h, sizeof(h), nullptr, 0, true, nullptr);
+  EXPECT_EQ(sink.calls, 1);  // A known id by rendezvous: a protocol error (OnAbort).
+  (*runtime)->Unregister(7, &sink);
+}
+
 TEST(RefitEngine, FailedEpochIsRememberedUntilReset) {
   const std::string dir = StoreDir("reset");
   std::map<int32_t, int> codes = testing::ForkRanks(
@@ -375,6 +402,154 @@ TEST_P(ForgedMessages, AreDroppedAndTheRefitStaysExact) {
 
 INSTANTIATE_TEST_SUITE_P(Transports, ForgedMessages, ::testing::Bool(),
                          [](const auto& info) { return info.param ? "Tcp" : "SharedMemory"; });
+
+// Found by fuzz_engine (tests/fuzz/regressions/engine/): a message that arrives on the endpoint
+// of the rank it names (a buggy peer, or one configured with another delivery) but breaks the
+// protocol. Each fails the receiver's epoch with DataLoss and writes nothing:
+//  - a completion signal to an active-message receiver (it unpacked from the landing area that
+//    receivers by active messages do not have: a null pointer, SIGSEGV);
+//  - a data message at an offset outside its transfer's runs (the bytes of another peer's piece,
+//    inside the buffer, were written);
+//  - a data message for a packed transfer that says it is unpacked (same).
+// The failure happens in a handler outside the receiver's own progress (here: Runtime::Dispatch
+// by the test; in production: another handle progressing the shared worker). Its peers must then
+// learn it from the receiver's next Progress (the abort was never sent, so they waited for their
+// deadline), and after every rank Reset the next epoch must refit (the unsent abort went out at
+// the next Start, naming the new epoch, and failed it on every peer).
+enum class PeerProtocolError { kCompletionToActiveMessages, kDataOutsideItsRuns, kWrongPackedFlag };
+class PeerProtocolErrors : public ::testing::TestWithParam<PeerProtocolError> {};
+
+// Ranks 0 and 1 send w (packed: 96-byte runs) and b (unpacked: 16 KiB pieces) to ranks 2 and 3,
+// which send r back, so ranks 0 and 1 wait for rank 2.
+constexpr char kBothWays[] = R"json({"tensors": [
+  {"name": "w", "dtype": "fp32", "shape": [64, 48],
+   "src": {"mesh": [0, 1], "placements": ["S(0)"]}, "dst": {"mesh": [2, 3], "placements": ["S(1)"]}},
+  {"name": "b", "dtype": "fp32", "shape": [64, 128],
+   "src": {"mesh": [0, 1], "placements": ["S(0)"]}, "dst": {"mesh": [2, 3], "placements": ["R"]}},
+  {"name": "r", "dtype": "fp32", "shape": [16, 16],
+   "src": {"mesh": [2, 3], "placements": ["S(0)"]}, "dst": {"mesh": [0, 1], "placements": ["S(1)"]}}]})json";
+
+// Index of the transfer of tensor `name` from `from` to `to`.
+uint32_t TransferOf(const plan::Plan& plan, const std::string& name, int32_t from, int32_t to) {
+  for (uint32_t i = 0; i < plan.transfers().size(); ++i) {
+    const plan::Transfer& t = plan.transfers()[i];
+    if (plan.spec().tensors[t.tensor].name == name && t.from_rank == from && t.to_rank == to) {
+      return i;
+    }
+  }
+  RESHARD_CHECK_MSG(false, "no such transfer");
+}
+
+// Rank 2 receives the message from rank 0's endpoint right after Start(1), before any other rank
+// starts, so ranks 0 and 1 still wait for its r.
+int ReceiveProtocolError(ChildEngine& c, PeerProtocolError error) {
+  const int32_t rank = 2;
+  RefitEngine& e = *c.engine;
+  const plan::Plan& plan = c.rb.plan;
+  const uint64_t handle = RefitEngine::HandleId(RefitEngineOptions().key_prefix, rank);
+  ucp_ep_h from = e.EndpointTo(0);
+  CHILD_EXPECT(from != nullptr);
+  CHILD_EXPECT(e.Start(1).ok());
+  const std::vector<uint8_t> before = c.rb.memory[plan.buffer_of(1, plan::Side::kDst)];
+  std::string expected;
+  static uint8_t payload[96];
+  std::memset(payload, 0xEE, sizeof(payload));
+  if (error == PeerProtocolError::kCompletionToActiveMessages) {
+    const wire::AmHeader h{wire::kMagic, 0, handle, 1};
+    const uint32_t indices[1] = {TransferOf(plan, "w", 0, rank)};
+    c.runtime->Dispatch(wire::kDoneAm, &h, sizeof(h), indices, sizeof(indices), false, from);
+    expected = "completion signal";
+  } else {
+    wire::DataHeader h{wire::AmHeader{wire::kMagic, 0, handle, 1}, 0, 0, 0};
+    if (error == PeerProtocolError::kDataOutsideItsRuns) {
+      // b from rank 0 is rows 0-31 (bytes [0, 16384)); rows 32-63 come from rank 1.
+      h.transfer = TransferOf(plan, "b", 0, rank);
+      h.to_offset = 16384;
+      expected = "outside transfer";
+    } else {
+      h.transfer = TransferOf(plan, "w", 0, rank);  // Packed; at offset 0 unpacked.
+      expected = "packed flag";
+    }
+    c.runtime->Dispatch(wire::kDataAm, &h, sizeof(h), payload, sizeof(payload), false, from);
+  }
+  // Nothing was written: b's buffer is as before (rank 1's rows included).
+  CHILD_EXPECT(c.rb.memory[plan.buffer_of(1, plan::Side::kDst)] == before);
+  CHILD_EXPECT(e.rejected_messages() == 0);
+  const absl::Status st = e.Progress(nullptr);
+  std::fprintf(stderr, "rank 2: %s\n", st.ToString().c_str());
+  CHILD_EXPECT(st.code() == absl::StatusCode::kDataLoss);
+  CHILD_EXPECT(st.message().find(expected) != absl::string_view::npos);
+  return 0;
+}
+
+TEST_P(PeerProtocolErrors, FailTheEpochWriteNothingAndReset) {
+  const std::string dir = StoreDir("protocol");
+  std::map<int32_t, int> codes = testing::ForkRanks(
+      testing::Ranks(4),
+      [&](int32_t rank) {
+        RefitEngineOptions options;
+        options.delivery = RefitEngineOptions::Delivery::kActiveMessage;
+        absl::StatusOr<ChildEngine> child = OpenEngine(kBothWays, rank, dir, options);
+        CHILD_EXPECT(child.ok());
+        RankBuffers& rb = child->rb;
+        RefitEngine& e = *child->engine;
+        Fill(rb, rank, 1);
+        if (rank == 2) {
+          if (ReceiveProtocolError(*child, GetParam()) != 0) return 1;
+          CHILD_EXPECT(child->store->Set("failed", "1").ok());
+        } else {
+          CHILD_EXPECT(child->store->Get("failed", absl::Now() + absl::Seconds(20)).ok());
+          // Told by rank 2 (directly, or through rank 0 or 1) in Start's first progress or
+          // later, long before this deadline.
+          absl::Status st = e.Start(1);
+          if (st.ok()) st = e.Wait(absl::Now() + absl::Seconds(5));
+          std::fprintf(stderr, "rank %d: %s\n", rank, st.ToString().c_str());
+          if (rank == 3) {
+            CHILD_EXPECT(st.ok() || st.code() == absl::StatusCode::kUnavailable);
+          } else {
+            CHILD_EXPECT(st.code() == absl::StatusCode::kUnavailable);
+            CHILD_EXPECT(st.message().find("rank 2 failed refit epoch 1") !=
+                         absl::string_view::npos);
+          }
+        }
+        e.Reset();
+        CHILD_EXPECT(child->store->Set(absl::StrCat("reset-done/", rank), "1").ok());
+        for (int r = 0; r < 4; ++r) {
+          CHILD_EXPECT(
+              child->store->Get(absl::StrCat("reset-done/", r), absl::Now() + absl::Seconds(20))
+                  .ok());
+        }
+        Fill(rb, rank, 2);
+        for (size_t b = 0; b < rb.memory.size(); ++b) {
+          if (rb.plan.buffers()[b].side != plan::Side::kSrc)
+            std::fill(rb.memory[b].begin(), rb.memory[b].end(), kPoison);
+        }
+        CHILD_EXPECT(e.Start(2).ok());
+        const absl::Status st = e.Wait(absl::Now() + absl::Seconds(20));
+        if (!st.ok()) std::fprintf(stderr, "rank %d: %s\n", rank, st.ToString().c_str());
+        CHILD_EXPECT(st.ok());
+        CHILD_EXPECT(Verify(rb, rank, 2).ok());
+        CHILD_EXPECT(e.Shutdown(absl::Now() + absl::Seconds(10)).ok());
+        return 0;
+      },
+      testing::SharedMemoryUcx());
+  for (int r = 0; r < 4; ++r) EXPECT_EQ(codes[r], 0) << "rank " << r;
+}
+
+INSTANTIATE_TEST_SUITE_P(Errors, PeerProtocolErrors,
+                         ::testing::Values(PeerProtocolError::kCompletionToActiveMessages,
+                                           PeerProtocolError::kDataOutsideItsRuns,
+                                           PeerProtocolError::kWrongPackedFlag),
+                         [](const auto& info) {
+                           switch (info.param) {
+                             case PeerProtocolError::kCompletionToActiveMessages:
+                               return "CompletionToActiveMessages";
+                             case PeerProtocolError::kDataOutsideItsRuns:
+                               return "DataOutsideItsRuns";
+                             default:
+                               return "WrongPackedFlag";
+                           }
+                         });
 
 }  // namespace
 }  // namespace reshard::net
