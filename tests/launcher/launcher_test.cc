@@ -152,6 +152,31 @@ TEST(LauncherTest, KillingOneRankIsReportedAsItsSignal) {
   EXPECT_EQ(result->ranks[2].Describe(), "killed by signal 9 (Killed)");
 }
 
+// Kill() from another thread while Wait() runs, as the fault-injection harness does, until the
+// rank has been reaped. ThreadSanitizer (scripts/sanitizers.sh) found Kill() reading a rank's
+// state while Wait() reaped it.
+TEST(LauncherTest, KillFromAnotherThreadWhileWaitRuns) {
+  LaunchOptions o = ProbeOptions(3, {"--hang-rank", "2"});
+  o.failure_grace = absl::Seconds(5);
+  auto launch = Launch::Start(o);
+  ASSERT_TRUE(launch.ok()) << launch.status();
+  std::thread killer([&] {
+    absl::SleepFor(absl::Milliseconds(300));
+    absl::Status first = (*launch)->Kill(2, SIGKILL);
+    EXPECT_TRUE(first.ok()) << first;
+    // Until Wait() has reaped the rank; after that Kill() says it has already ended.
+    absl::Status s;
+    while ((s = (*launch)->Kill(2, SIGKILL)).ok()) absl::SleepFor(absl::Microseconds(100));
+    EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  });
+  auto result = (*launch)->Wait();
+  killer.join();
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(result->ranks[2].term_signal, SIGKILL);
+  EXPECT_TRUE(result->ranks[0].ok());
+  EXPECT_TRUE(result->ranks[1].ok());
+}
+
 TEST(LauncherTest, SigtermStopsTheLaunch) {
   LaunchOptions o = ProbeOptions(2, {"--hang"});
   o.handle_signals = true;

@@ -17,6 +17,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <thread>
 
 #include "absl/strings/numbers.h"
@@ -516,6 +517,7 @@ absl::Status Launch::SpawnRanks() {
 }
 
 absl::Status Launch::Kill(int rank, int signal) {
+  std::lock_guard<std::mutex> lock(reap_mu_);
   if (rank < 0 || rank >= static_cast<int>(procs_.size()) || procs_[rank].pid <= 0) {
     return absl::InvalidArgumentError(absl::StrCat("no rank ", rank, " in this launch"));
   }
@@ -629,6 +631,7 @@ absl::StatusOr<LaunchResult> Launch::Wait() {
     absl::Time now = absl::Now();
     for (Proc& p : procs_) {
       if (p.pid <= 0 || p.result.exited || p.result.term_signal != 0) continue;
+      std::lock_guard<std::mutex> reaping(reap_mu_);
       int status = 0;
       pid_t got = waitpid(p.pid, &status, WNOHANG);
       if (got != p.pid) continue;
@@ -710,6 +713,7 @@ void Launch::Cleanup() {
   cleaned_up_ = true;
   KillAll(SIGKILL);
   for (Proc& p : procs_) {
+    std::lock_guard<std::mutex> reaping(reap_mu_);
     if (p.pid > 0 && !p.result.exited && p.result.term_signal == 0) {
       int status = 0;
       if (waitpid(p.pid, &status, 0) == p.pid) {

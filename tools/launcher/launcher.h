@@ -35,6 +35,7 @@
 
 #include <atomic>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <utility>
@@ -157,6 +158,10 @@ class Launch {
   std::string ucx_tls_;
   std::unique_ptr<StoreServer> store_;
   std::vector<Proc> procs_;
+  // Held while Wait() or Cleanup() reaps a rank (writing its result's exited / term_signal) and
+  // while Kill() reads them and signals: Kill() runs on other threads, and never signals a pid
+  // that was already reaped. A std::mutex, which ThreadSanitizer sees (docs/testing.md).
+  std::mutex reap_mu_;
   absl::Time start_time_;
   bool cleaned_up_ = false;
 };
