@@ -17,7 +17,6 @@
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
 #include "src/common/json.h"
-#include "src/rendezvous/tcp_store.h"
 #include "tools/launcher/launcher.h"
 
 namespace reshard {
@@ -245,51 +244,6 @@ TEST(RunTest, KilledRankMidRefitFailsEveryOtherRankOverSharedMemory) {
 TEST(RunNetnsTest, KilledRankMidRefitFailsEveryOtherRank) {
   if (!launcher::CanUseNetns()) GTEST_SKIP() << "network namespaces need root";
   KillOneRankMidRefit(launcher::Mode::kNetns);
-}
-
-// `reshard store`: the rendezvous store as a process of its own (issue 10: under mpirun the store
-// lived in the trainer process). Clients with the token use it; SIGTERM stops it with status 0.
-TEST(StoreCommandTest, ServesUntilSignalled) {
-  const std::string dir = testing::TempDir() + "/reshard-store-cmd-" + std::to_string(getpid());
-  std::filesystem::create_directories(dir);
-  const std::string ready = dir + "/ready";
-  const pid_t child = fork();
-  ASSERT_GE(child, 0);
-  if (child == 0) {
-    setenv("RESHARD_STORE_TOKEN", "store-command-token", 1);
-    const std::string bin = kBin + "reshard";
-    execl(bin.c_str(), bin.c_str(), "store", "--listen", "127.0.0.1:0", "--ready-file",
-          ready.c_str(), static_cast<char*>(nullptr));
-    _exit(127);
-  }
-  std::string address;
-  const absl::Time deadline = absl::Now() + absl::Seconds(20);
-  while (address.empty() && absl::Now() < deadline) {
-    std::ifstream in(ready);
-    std::getline(in, address);
-    if (address.empty()) absl::SleepFor(absl::Milliseconds(10));
-  }
-  ASSERT_TRUE(absl::StartsWith(address, "127.0.0.1:")) << address;
-  const int port = std::stoi(address.substr(10));
-  auto client = rendezvous::TcpStore::Connect("127.0.0.1", port, "store-command-token", deadline);
-  ASSERT_TRUE(client.ok()) << client.status();
-  ASSERT_TRUE((*client)->Set("k", "v").ok());
-  auto got = (*client)->Get("k", deadline);
-  ASSERT_TRUE(got.ok()) << got.status();
-  EXPECT_EQ(*got, "v");
-  auto wrong = rendezvous::TcpStore::Connect("127.0.0.1", port, "wrong", deadline);
-  EXPECT_EQ(wrong.status().code(), absl::StatusCode::kPermissionDenied) << wrong.status();
-  ASSERT_EQ(kill(child, SIGTERM), 0);
-  int status = 0;
-  ASSERT_EQ(waitpid(child, &status, 0), child);
-  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
-  std::filesystem::remove_all(dir);
-}
-
-TEST(StoreCommandTest, RefusesToServeWithoutAToken) {
-  unsetenv("RESHARD_STORE_TOKEN");
-  const Output o = Reshard("store --listen 127.0.0.1:0 2>/dev/null");
-  EXPECT_EQ(o.exit_code, 2);
 }
 
 }  // namespace
