@@ -9,7 +9,8 @@ set(RESHARD_SANITIZE "" CACHE STRING "Sanitizers: empty, address,undefined, or t
 set_property(CACHE RESHARD_SANITIZE PROPERTY STRINGS "" "address,undefined" "thread")
 
 if(RESHARD_SANITIZE)
-  if(NOT RESHARD_SANITIZE MATCHES "^(address|undefined|address,undefined|undefined,address|thread)$")
+  set(reshard_sanitize_known address,undefined undefined,address address undefined thread)
+  if(NOT RESHARD_SANITIZE IN_LIST reshard_sanitize_known)
     message(FATAL_ERROR "RESHARD_SANITIZE='${RESHARD_SANITIZE}': use address,undefined or thread")
   endif()
   if(CMAKE_CXX_COMPILER_ID MATCHES "Clang")

@@ -9,6 +9,9 @@ packages=(
   libucx-dev ucx-utils
   iproute2 procps
   openmpi-bin libopenmpi-dev
+  # The sanitizer trees of scripts/sanitizers.sh (and libFuzzer): clang, its sanitizer runtimes
+  # (only recommended by clang, so named) and llvm-symbolizer for readable reports.
+  clang libclang-rt-14-dev llvm
 )
 
 missing=()

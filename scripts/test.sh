@@ -1,9 +1,19 @@
 #!/usr/bin/env bash
-# Quick-start command 2: install what is missing, build, and run every test with ctest.
+# Quick-start command 2: install what is missing, build, and run every test with ctest; then the
+# unit and multi-process suites again under ASan + UBSan and the net and api suites under TSan
+# (scripts/sanitizers.sh; docs/testing.md). Arguments go to the first ctest only.
+# RESHARD_SANITIZERS=0 skips the sanitizer stages (quick local runs; CI runs them).
 # Tests labelled netns need root; gpu tests skip without a device. Fails when no test ran.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+t0=$(date +%s)
 ./scripts/build.sh
+t1=$(date +%s)
+echo "test: build $((t1 - t0)) s"
 build="${RESHARD_BUILD_DIR:-build}"
-cd "$build"
-ctest --output-on-failure --no-tests=error -j "${RESHARD_TEST_JOBS:-2}" --timeout 600 "$@"
+(cd "$build" && ctest --output-on-failure --no-tests=error -j "${RESHARD_TEST_JOBS:-2}" \
+  --timeout 600 "$@")
+echo "test: tests $(($(date +%s) - t1)) s"
+if [ "${RESHARD_SANITIZERS:-1}" != 0 ]; then
+  ./scripts/sanitizers.sh
+fi
