@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The sanitizer stages of scripts/test.sh (docs/testing.md), runnable alone:
-#   scripts/sanitizers.sh [asan] [tsan]     (both when none is named)
+#   scripts/sanitizers.sh [asan] [tsan] [fuzz]     (all three when none is named)
 # asan: every target but the benchmarks under ASan + UBSan (build-asan/), ctest on the unit,
 #       multiproc and netns suites. tsan: the net, api, rendezvous and launcher suites and what
 #       they need under TSan (build-tsan/), ctest on those suites.
@@ -16,7 +16,7 @@ test_jobs="${RESHARD_TEST_JOBS:-2}"
 cc="${RESHARD_SANITIZER_CC:-clang}"
 cxx="${RESHARD_SANITIZER_CXX:-clang++}"
 stages=("$@")
-if [ ${#stages[@]} -eq 0 ]; then stages=(asan tsan); fi
+if [ ${#stages[@]} -eq 0 ]; then stages=(asan tsan fuzz); fi
 
 # Tests that cannot run under a sanitizer, each with its reason (docs/testing.md lists them).
 # Names are ctest regular expressions, joined into one -E.
@@ -52,15 +52,16 @@ if [ -n "$symbolizer" ]; then
 fi
 
 now() { date +%s; }
-# configure DIR SANITIZERS: creates or updates a sanitizer tree.
+# configure DIR SANITIZERS [CMAKE ARGS...]: creates or updates a sanitizer tree.
 configure() {
   local dir="$1" sanitize="$2" launcher=()
+  shift 2
   if command -v ccache >/dev/null 2>&1; then
     launcher=(-DCMAKE_C_COMPILER_LAUNCHER=ccache -DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
   fi
   mkdir -p "$dir"
   cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_C_COMPILER="$cc" \
-    -DCMAKE_CXX_COMPILER="$cxx" "${launcher[@]}" -DRESHARD_SANITIZE="$sanitize" \
+    -DCMAKE_CXX_COMPILER="$cxx" "${launcher[@]}" -DRESHARD_SANITIZE="$sanitize" "$@" \
     >"$dir/reshard-configure.log" 2>&1 || {
     cat "$dir/reshard-configure.log" >&2
     exit 1
@@ -149,8 +150,25 @@ for stage in "${stages[@]}"; do
       check_reports "$reports" "TSan" || status=1
       echo "sanitizers: TSan tests $(($(now) - t1)) s"
       ;;
+    fuzz)
+      # libFuzzer under ASan+UBSan: every harness of tests/fuzz fuzzes for RESHARD_FUZZ_SECONDS
+      # (default 10) from its checked-in corpus; only the harnesses and their libraries build.
+      dir="${RESHARD_FUZZ_DIR:-build-fuzz}"
+      t0=$(now)
+      configure "$dir" "address,undefined" -DRESHARD_FUZZ=ON \
+        -DRESHARD_FUZZ_SECONDS="${RESHARD_FUZZ_SECONDS:-10}"
+      build_dirs "$dir" tests/fuzz
+      t1=$(now)
+      echo "sanitizers: fuzz build $((t1 - t0)) s"
+      status=0
+      LSAN_OPTIONS="suppressions=$supp/lsan.supp:print_suppressions=0" \
+      UBSAN_OPTIONS="print_stacktrace=1:suppressions=$supp/ubsan.supp" \
+        ctest --test-dir "$dir/tests/fuzz" --output-on-failure --no-tests=error -j 1 \
+        -L fuzz || status=$?
+      echo "sanitizers: fuzz runs $(($(now) - t1)) s"
+      ;;
     *)
-      echo "sanitizers: unknown stage '$stage' (asan, tsan)" >&2
+      echo "sanitizers: unknown stage '$stage' (asan, tsan, fuzz)" >&2
       exit 2
       ;;
   esac
