@@ -465,6 +465,15 @@ std::string RefitEngine::Impl::PendingSummary() const {
     std::string pending = link->Pending(epoch_);
     if (!pending.empty()) parts.push_back(std::move(pending));
   }
+  if (parts.empty()) {
+    // Everything was signalled, but puts or messages are still in flight: name their peers.
+    for (const PeerLink* link : peers_) {
+      if (link->in_flight() > 0) {
+        parts.push_back(
+            absl::StrCat(link->in_flight(), " request(s) in flight to rank ", link->peer()));
+      }
+    }
+  }
   return parts.empty() ? "local work" : absl::StrJoin(parts, ", ");
 }
 
