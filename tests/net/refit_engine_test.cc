@@ -490,6 +490,8 @@ TEST_P(PeerProtocolErrors, FailTheEpochWriteNothingAndReset) {
         RefitEngineOptions options;
         options.delivery = RefitEngineOptions::Delivery::kActiveMessage;
         absl::StatusOr<ChildEngine> child = OpenEngine(kBothWays, rank, dir, options);
+        if (!child.ok())
+          std::fprintf(stderr, "rank %d: %s\n", rank, child.status().ToString().c_str());
         CHILD_EXPECT(child.ok());
         RankBuffers& rb = child->rb;
         RefitEngine& e = *child->engine;
