@@ -218,7 +218,10 @@ void KillOneRankMidRefit(launcher::Mode mode, const std::string& transport = "tc
   ASSERT_TRUE(result.ok()) << result.status();
   EXPECT_LT(absl::Now() - killed, absl::Seconds(10));
   EXPECT_FALSE(result->ok());
-  EXPECT_EQ(result->first_failed_rank, 0);
+  // The first failure the launcher reaps, usually rank 0; but a peer that noticed the death can
+  // exit and be reaped before the killed process is torn down (seen over netns with ASan ranks
+  // on a loaded 2-core machine). The ranks' own outcomes are checked below.
+  EXPECT_GE(result->first_failed_rank, 0);
   EXPECT_EQ(result->ranks[0].term_signal, SIGKILL);
   for (int r = 1; r < 6; ++r) {
     const launcher::RankResult& rank = result->ranks[r];
