@@ -13,9 +13,12 @@
 #include <random>
 #include <thread>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "src/nvlink/shared_buffer.h"
 #include "src/rendezvous/tcp_store.h"
+
+extern char** environ;
 
 namespace reshard::testing {
 
@@ -78,18 +81,32 @@ absl::StatusOr<std::vector<RankResult>> RunWorld(const WorldLaunch& launch) {
         absl::StrCat("UCX_NET_DEVICES=", launch.ucx_net_devices),
         "UCX_WARN_UNUSED_ENV_VARS=n",
     };
+    // This process runs the store server's thread, so the child may only make async-signal-safe
+    // calls until it execs (a malloc there could wait forever on a lock the server thread held
+    // at the fork: ranks hung that way under ASan). Arguments and environment are built here.
+    const size_t ours = env.size();
+    for (char** e = environ; *e != nullptr; ++e) {
+      const std::string entry = *e;
+      const std::string name = entry.substr(0, entry.find('=') + 1);
+      bool overridden = false;
+      for (size_t i = 0; i < ours && !overridden; ++i) overridden = absl::StartsWith(env[i], name);
+      if (!overridden) env.push_back(entry);
+    }
+    std::vector<char*> args, envp;
+    for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    for (const std::string& e : env) envp.push_back(const_cast<char*>(e.c_str()));
+    envp.push_back(nullptr);
     const pid_t pid = fork();
     if (pid < 0) return absl::InternalError("fork failed");
     if (pid == 0) {
       prctl(PR_SET_PDEATHSIG, SIGKILL);
       dup2(out_pipe[1], 1);
       dup2(err_pipe[1], 2);
-      for (const std::string& e : env) putenv(strdup(e.c_str()));
-      std::vector<char*> args;
-      for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-      args.push_back(nullptr);
-      execv(args[0], args.data());
-      std::fprintf(stderr, "execv %s: %s\n", args[0], std::strerror(errno));
+      execve(args[0], args.data(), envp.data());
+      const char* msg = "rank harness: cannot execute the rank program\n";
+      ssize_t ignored = write(2, msg, std::strlen(msg));
+      (void)ignored;
       _exit(127);
     }
     close(out_pipe[1]);
