@@ -157,6 +157,7 @@ void RefitSession::FillStats(Stats& s) const {
   s.pieces_received = e.pieces_received;
   s.puts = e.puts;
   s.data_messages = e.data_messages;
+  s.single_copy_writes = e.single_copy_writes;
   s.signals = e.signals;
   s.transports = engine_->Transports();
   s.fanout = fanout_name_;

@@ -199,6 +199,7 @@ reshard_status_t reshard_handle_stats(const reshard_handle_t* handle, reshard_st
   out->wait_seconds = s.wait_seconds;
   out->total_seconds = s.total_seconds;
   out->data_messages = s.data_messages;
+  out->single_copy_writes = s.single_copy_writes;
   return RESHARD_OK;
 }
 

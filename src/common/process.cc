@@ -1,5 +1,6 @@
 #include "src/common/process.h"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <fstream>
@@ -36,6 +37,14 @@ std::string HostIdentity() {
   std::ifstream in("/proc/sys/kernel/random/boot_id");
   std::getline(in, boot);
   return boot.empty() ? "unknown-boot-id" : boot;
+}
+
+uint64_t PidNamespace() {
+  static const uint64_t ns = [] {
+    struct stat st;
+    return stat("/proc/self/ns/pid", &st) == 0 ? static_cast<uint64_t>(st.st_ino) : uint64_t{0};
+  }();
+  return ns;
 }
 
 ProcessId ProcessId::Self() {

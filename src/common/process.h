@@ -12,8 +12,12 @@
 namespace reshard {
 
 // This machine's boot id (/proc/sys/kernel/random/boot_id): processes with the same one run on
-// one kernel and can watch each other's pids.
+// one kernel. Their pids mean the same process only inside one pid namespace (containers on
+// one host share the boot id): compare PidNamespace() too before reading another's pid.
 std::string HostIdentity();
+
+// The pid namespace of this process: the inode of /proc/self/ns/pid, 0 when unreadable.
+uint64_t PidNamespace();
 
 // A process, robust to pid reuse: pid plus its start time (clock ticks after boot, field 22 of
 // /proc/<pid>/stat).

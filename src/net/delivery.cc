@@ -33,6 +33,8 @@ class DeliveryBase : public Delivery {
   const uint8_t* Source(const SendDesc& d, const SendRun& run) const {
     return (d.packed ? memory_.send_scratch() : memory_.data(d.from_buffer)) + run.local_offset;
   }
+  // Whether runs of `d` are read from device memory (which process_vm_writev cannot read).
+  bool SourceOnDevice(const SendDesc& d) const { return !d.packed && memory_.device(d.from_buffer); }
   ucp_mem_h SourceMemh(const SendDesc& d) const {
     return d.packed ? memory_.send_scratch_memh() : memory_.memh(d.from_buffer);
   }
@@ -60,14 +62,31 @@ class PutDelivery final : public DeliveryBase {
     const uint64_t remote = link.remote_base(to) +
                             static_cast<uint64_t>(d.packed ? d.landing_offset : 0) +
                             static_cast<uint64_t>(run.remote_offset);
-    stats_.puts++;
-    absl::Status posted = link.Put(Source(d, run), static_cast<size_t>(run.bytes), remote,
-                                   link.rkey(to), SourceMemh(d), in_flight);
+    absl::Status posted;
+    if (SingleCopyWriter* writer = link.single_copy();
+        writer != nullptr && link.remote_host(to) && !SourceOnDevice(d)) {
+      // Queued; written (many runs per call) at the latest when the piece is posted.
+      const int64_t calls = writer->calls();
+      posted = writer->Add(Source(d, run), remote, static_cast<size_t>(run.bytes));
+      stats_.single_copy_writes += writer->calls() - calls;
+    } else {
+      stats_.puts++;
+      posted = link.Put(Source(d, run), static_cast<size_t>(run.bytes), remote, link.rkey(to),
+                        SourceMemh(d), in_flight);
+    }
     common::FaultPoint(common::FaultStage::kPuts, rank_, epoch);
     return posted;
   }
 
   absl::Status DescPosted(PeerLink& link, const SendDesc& d) override {
+    // The piece's single-copy writes complete before it joins a batch (whose signal says
+    // that it landed).
+    if (SingleCopyWriter* writer = link.single_copy(); writer != nullptr) {
+      const int64_t calls = writer->calls();
+      absl::Status written = writer->Write();
+      stats_.single_copy_writes += writer->calls() - calls;
+      RESHARD_RETURN_IF_ERROR(written);
+    }
     link.AddToBatch(d.transfer, d.bytes);
     if (link.open_batch_bytes() >= signal_batch_bytes_) return link.CloseBatch();
     return absl::OkStatus();

@@ -82,6 +82,7 @@ absl::Status PeerLink::LoadRemoteKeys(const rendezvous::Record& record, uint32_t
   rkeys_.resize(ids);
   remote_base_.assign(ids, 0);
   remote_bytes_.assign(ids, 0);
+  remote_host_.assign(ids, false);
   auto number = [&](const std::string& field) -> absl::StatusOr<uint64_t> {
     RESHARD_ASSIGN_OR_RETURN(std::string text, rendezvous::Field(record, field, peer_));
     uint64_t value = 0;
@@ -104,6 +105,7 @@ absl::Status PeerLink::LoadRemoteKeys(const rendezvous::Record& record, uint32_t
     RESHARD_ASSIGN_OR_RETURN(rkeys_[id], ucx::RemoteKey::Unpack(*endpoint_, key->second));
     remote_base_[id] = base;
     remote_bytes_[id] = bytes;
+    remote_host_[id] = record.count(HostMemoryField(id)) != 0;
   }
   return absl::OkStatus();
 }
@@ -242,6 +244,7 @@ absl::Status PeerLink::SignalBatches(uint64_t epoch, int64_t* signals, int64_t* 
 }
 
 void PeerLink::AbandonBatches() {
+  if (single_copy_ != nullptr) single_copy_->Discard();
   open_ = nullptr;
   // Batches whose flush or signal is still in flight keep their memory until they finish.
   for (auto it = batches_.begin(); it != batches_.end();) {

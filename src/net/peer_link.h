@@ -22,6 +22,7 @@
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "src/common/process.h"
+#include "src/net/single_copy.h"
 #include "src/net/ucx/endpoint.h"
 #include "src/net/ucx/memory.h"
 #include "src/net/ucx/ops.h"
@@ -54,13 +55,16 @@ class PeerLink {
   PeerLink& operator=(const PeerLink&) = delete;
 
   [[nodiscard]] absl::Status Connect(const std::string& address, bool peer_error_handling);
-  // Unpacks the `key.<id>` / `base.<id>` / `size.<id>` fields of the peer's record for ids
-  // [0, ids). DataLoss for a malformed field or a region that wraps the address space.
+  // Unpacks the `key.<id>` / `base.<id>` / `size.<id>` / `host.<id>` fields of the peer's
+  // record for ids [0, ids). DataLoss for a malformed field or a region that wraps the address
+  // space.
   [[nodiscard]] absl::Status LoadRemoteKeys(const rendezvous::Record& record, uint32_t ids);
   ucp_rkey_h rkey(uint32_t id) const { return rkeys_[id] ? rkeys_[id]->get() : nullptr; }
   uint64_t remote_base(uint32_t id) const { return remote_base_[id]; }
   // Bytes the peer registered at remote_base(id); writes must stay inside.
   uint64_t remote_bytes(uint32_t id) const { return remote_bytes_[id]; }
+  // The peer registered host memory at remote_base(id) (writable with process_vm_writev).
+  bool remote_host(uint32_t id) const { return remote_host_[id]; }
   // Whether a message that arrived on `from` (UCX's reply endpoint) came over this link's
   // endpoint, i.e. from the peer's process and not from another process using its rank.
   bool SentBy(ucp_ep_h from) const;
@@ -89,6 +93,13 @@ class PeerLink {
   // Whether the last CheckProcess found the watched process gone, and its pid.
   bool process_gone() const { return process_gone_; }
   int64_t watched_pid() const { return process_.pid; }
+  bool watched() const { return watched_; }
+  // Same-host peers in host memory: put delivery writes with process_vm_writev through this
+  // writer instead of UCX puts (src/net/single_copy.h); null when not enabled.
+  void EnableSingleCopy() {
+    single_copy_ = std::make_unique<SingleCopyWriter>(rank_, peer_, process_.pid);
+  }
+  SingleCopyWriter* single_copy() const { return single_copy_.get(); }
   // The current epoch still exchanges something with the peer.
   bool involved() const { return remaining_from > 0 || unsignalled > 0 || grants_in_flight_ > 0; }
   // What the current epoch still waits for from or towards the peer, for deadline messages
@@ -169,6 +180,8 @@ class PeerLink {
   std::vector<std::unique_ptr<ucx::RemoteKey>> rkeys_;  // By buffer id; null when unused.
   std::vector<uint64_t> remote_base_;
   std::vector<uint64_t> remote_bytes_;
+  std::vector<bool> remote_host_;
+  std::unique_ptr<SingleCopyWriter> single_copy_;
   int in_flight_ = 0;
   ucp_ep_h early_hello_from_ = nullptr;
 

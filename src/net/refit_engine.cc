@@ -17,6 +17,7 @@
 #include "src/common/log.h"
 #include "src/common/status.h"
 #include "src/net/delivery.h"
+#include "src/net/ucx/tls.h"
 #include "src/net/landing.h"
 #include "src/net/peer_link.h"
 #include "src/net/registered_memory.h"
@@ -135,6 +136,9 @@ class RefitEngine::Impl final : public MessageSink, public LinkOwner {
   void RunLocalCopies();
   std::string PendingSummary() const;
   absl::Status CheckRemoteKeys() const;
+  // Put delivery: peers on this host that the kernel lets this process write into get a
+  // SingleCopyWriter (RefitEngineOptions::single_copy).
+  void EnableSingleCopy();
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -204,7 +208,35 @@ absl::Status RefitEngine::Impl::Init(rendezvous::Store& store, std::vector<Buffe
   RESHARD_RETURN_IF_ERROR(
       Connect(store, options_.key_prefix, rank_, *runtime_, *memory_, links_, deadline));
   RESHARD_RETURN_IF_ERROR(CheckRemoteKeys());
-  return Handshake(store, options_.key_prefix, rank_, *runtime_, links_, deadline);
+  RESHARD_RETURN_IF_ERROR(Handshake(store, options_.key_prefix, rank_, *runtime_, links_, deadline));
+  EnableSingleCopy();
+  return absl::OkStatus();
+}
+
+void RefitEngine::Impl::EnableSingleCopy() {
+  bool enabled = options_.single_copy;
+  if (const char* env = std::getenv("RESHARD_SINGLE_COPY")) enabled = std::string(env) != "0";
+  if (!enabled || delivery_->counts_bytes()) return;
+  for (PeerLink* link : peers_) {
+    // Same host and pid namespace (watched), and UCX itself reaches the peer through memory.
+    if (!link->sends_to || !link->watched() || !ucx::SharedMemoryLanes(link->Transports())) {
+      continue;
+    }
+    uint32_t probe = memory_->landing_id() + 1;
+    for (uint32_t id = 0; id <= memory_->landing_id() && probe > memory_->landing_id(); ++id) {
+      if (link->rkey(id) != nullptr && link->remote_host(id) && link->remote_bytes(id) > 0) {
+        probe = id;
+      }
+    }
+    if (probe > memory_->landing_id()) continue;
+    absl::Status allowed =
+        SingleCopyWriter::Probe(rank_, link->peer(), link->watched_pid(), link->remote_base(probe));
+    if (!allowed.ok()) {
+      RESHARD_LOG(kWarning, "%s; its pieces travel as UCX puts instead", allowed.message());
+      continue;
+    }
+    link->EnableSingleCopy();
+  }
 }
 
 absl::Status RefitEngine::Impl::CheckRemoteKeys() const {
@@ -742,7 +774,16 @@ ucp_ep* RefitEngine::EndpointTo(int32_t peer) const {
   const PeerLink* link = impl_->links_[static_cast<size_t>(peer)].get();
   return link != nullptr ? link->endpoint() : nullptr;
 }
-std::string RefitEngine::Transports() const { return TransportsOf(impl_->peers_); }
+std::string RefitEngine::Transports() const {
+  std::string transports = TransportsOf(impl_->peers_);
+  int single_copy = 0;
+  for (const PeerLink* link : impl_->peers_) single_copy += link->single_copy() != nullptr;
+  if (single_copy > 0) {
+    absl::StrAppend(&transports, transports.empty() ? "" : " ", "+ single-copy writes to ",
+                    single_copy, " peer(s)");
+  }
+  return transports;
+}
 const char* RefitEngine::delivery() const { return impl_->delivery_->name(); }
 bool RefitEngine::peer_error_handling() const { return impl_->runtime_->peer_error_handling(); }
 absl::Status RefitEngine::Shutdown(absl::Time deadline) { return impl_->Shutdown(deadline); }

@@ -98,6 +98,12 @@ struct RefitEngineOptions {
   // active-message path moves the same bytes with the same single copy at the target.
   enum class Delivery : uint8_t { kAuto, kPut, kActiveMessage };
   Delivery delivery = Delivery::kAuto;
+  // Put delivery to a peer that UCX reaches over shared memory (same host, same pid namespace)
+  // writes host-memory runs with process_vm_writev, up to 1024 runs per system call, instead of
+  // UCX puts: one copy, where UCX 1.13's shared-memory puts copy twice (src/net/single_copy.h).
+  // A peer the kernel does not let this process write into (ptrace rules, seccomp) gets UCX
+  // puts, with a warning naming the reason. Override: RESHARD_SINGLE_COPY=0|1.
+  bool single_copy = true;
 };
 
 // Figures of the last epoch on this rank.
@@ -108,6 +114,7 @@ struct RefitStats {
   int64_t bytes_local = 0;             // Copied within this rank.
   int64_t pieces_received = 0;         // Transfers landed here, local ones included.
   int64_t puts = 0;                    // ucp_put_nbx calls.
+  int64_t single_copy_writes = 0;      // process_vm_writev calls (same-host peers).
   int64_t data_messages = 0;           // Data active messages posted (delivery kActiveMessage).
   int64_t signals = 0;                 // Completion signals sent.
   double seconds = 0;                  // Start to the end of Wait.
@@ -179,7 +186,9 @@ class RefitEngine {
   ucp_ep* EndpointTo(int32_t peer) const;
   uint64_t last_epoch() const;
 
-  // Transports UCX selected towards this rank's peers, e.g. "tcp/lo" (after the first epoch).
+  // Transports UCX selected towards this rank's peers, e.g. "tcp/lo" (after the first epoch),
+  // followed by "+ single-copy writes to N peer(s)" when some peers are written with
+  // process_vm_writev (RefitEngineOptions::single_copy).
   std::string Transports() const;
   // Whether endpoints detect lost peers (see Runtime::peer_error_handling()).
   bool peer_error_handling() const;

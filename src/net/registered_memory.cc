@@ -12,6 +12,7 @@ using common::MemoryKind;
 std::string KeyField(uint32_t id) { return absl::StrCat("key.", id); }
 std::string BaseField(uint32_t id) { return absl::StrCat("base.", id); }
 std::string SizeField(uint32_t id) { return absl::StrCat("size.", id); }
+std::string HostMemoryField(uint32_t id) { return absl::StrCat("host.", id); }
 
 absl::StatusOr<std::unique_ptr<RegisteredMemory>> RegisteredMemory::Create(
     const plan::Plan& plan, int32_t rank, Runtime& runtime, std::vector<common::BufferView> buffers,
@@ -72,16 +73,21 @@ RegisteredMemory::~RegisteredMemory() {
 }
 
 absl::Status RegisteredMemory::AddRemoteKeys(rendezvous::Record* record) const {
-  auto add = [&](uint32_t id, const ucx::MemoryRegion& region) -> absl::Status {
+  auto add = [&](uint32_t id, const ucx::MemoryRegion& region, bool host) -> absl::Status {
     RESHARD_ASSIGN_OR_RETURN((*record)[KeyField(id)], region.PackRkey());
     (*record)[BaseField(id)] = absl::StrCat(reinterpret_cast<uintptr_t>(region.address()));
     (*record)[SizeField(id)] = absl::StrCat(region.bytes());
+    if (host) (*record)[HostMemoryField(id)] = "1";
     return absl::OkStatus();
   };
   for (uint32_t b = 0; b < buffers_.size(); ++b) {
-    if (writable_[b] && regions_[b] != nullptr) RESHARD_RETURN_IF_ERROR(add(b, *regions_[b]));
+    if (writable_[b] && regions_[b] != nullptr) {
+      RESHARD_RETURN_IF_ERROR(add(b, *regions_[b], !device(b)));
+    }
   }
-  if (landing_region_ != nullptr) RESHARD_RETURN_IF_ERROR(add(landing_id(), *landing_region_));
+  if (landing_region_ != nullptr) {
+    RESHARD_RETURN_IF_ERROR(add(landing_id(), *landing_region_, true));
+  }
   return absl::OkStatus();
 }
 

@@ -2,9 +2,10 @@
 // buffers (or, for CUDA memory UCX cannot register, pinned host staging buffers of the same
 // size), the send scratch that packed streams are gathered into, and the landing area packed
 // streams are put into (put delivery). It publishes the remote keys of what peers write into
-// as fields of this rank's wire-up record: `key.<id>` (the packed key) and `base.<id>` (the
-// address), for each destination or staging buffer id and for landing_id() (= number of plan
-// buffers).
+// as fields of this rank's wire-up record: `key.<id>` (the packed key), `base.<id>` (the
+// address), `size.<id>` (the registered bytes) and, for host memory, `host.<id>` = 1 (same-host
+// peers may write it with process_vm_writev, src/net/single_copy.h), for each destination or
+// staging buffer id and for landing_id() (= number of plan buffers).
 //
 // Thread-compatible. Regions are released before the staging memory they map.
 #pragma once
@@ -76,5 +77,6 @@ class RegisteredMemory {
 std::string KeyField(uint32_t id);
 std::string BaseField(uint32_t id);
 std::string SizeField(uint32_t id);
+std::string HostMemoryField(uint32_t id);
 
 }  // namespace reshard::net

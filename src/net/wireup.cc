@@ -26,6 +26,8 @@ absl::Status Connect(rendezvous::Store& store, const std::string& prefix, int32_
   const std::string host = HostIdentity();
   mine["host"] = host;
   mine["process"] = ProcessId::Self().Encode();
+  const std::string pidns = absl::StrCat(PidNamespace());
+  mine["pidns"] = pidns;
   RESHARD_RETURN_IF_ERROR(memory.AddRemoteKeys(&mine));
   RESHARD_RETURN_IF_ERROR(rendezvous::PublishRecord(store, prefix, "wireup", rank, mine));
   for (const std::unique_ptr<PeerLink>& link : links) {
@@ -36,7 +38,9 @@ absl::Status Connect(rendezvous::Store& store, const std::string& prefix, int32_
     RESHARD_ASSIGN_OR_RETURN(std::string address,
                              rendezvous::Field(theirs, "address", link->peer()));
     RESHARD_RETURN_IF_ERROR(link->Connect(address, runtime.peer_error_handling()));
-    if (theirs.count("host") != 0 && theirs.at("host") == host) {
+    // A pid names the same process only in one pid namespace (containers share the boot id).
+    if (theirs.count("host") != 0 && theirs.at("host") == host && theirs.count("pidns") != 0 &&
+        theirs.at("pidns") == pidns) {
       RESHARD_ASSIGN_OR_RETURN(std::string process,
                                rendezvous::Field(theirs, "process", link->peer()));
       RESHARD_ASSIGN_OR_RETURN(ProcessId id, ProcessId::Decode(process));

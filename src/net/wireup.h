@@ -1,11 +1,13 @@
 // Wire-up of a refit handle's peer links (Create's last steps).
 //
 // 1. Connect: every rank publishes ONE record `<prefix>/wireup/<rank>` with its worker address
-//    (`address`), its host (`host`, the boot id) and process (`process`, pid:start time), and the
-//    remote keys of what peers write into (RegisteredMemory's `key.<id>` / `base.<id>` fields),
-//    fetches each peer's, creates the endpoints, unpacks the keys of the peers it sends to, and
-//    watches the process of every peer on its own host (a lost shared-memory peer is noticed
-//    although UCX's shared-memory transports cannot report it).
+//    (`address`), its host (`host`, the boot id), pid namespace (`pidns`) and process (`process`,
+//    pid:start time), and the remote keys of what peers write into (RegisteredMemory's
+//    `key.<id>` / `base.<id>` / `size.<id>` / `host.<id>` fields), fetches each peer's, creates
+//    the endpoints, unpacks the keys of the peers it sends to, and watches the process of every
+//    peer on its own host and in its pid namespace (a lost shared-memory peer is noticed
+//    although UCX's shared-memory transports cannot report it; the watched pid is also the one
+//    single-copy writes go to).
 // 2. Handshake. Why: UCX wire-up is not finished when ucp_ep_create returns. An endpoint's first
 //    messages (and, on connect-to-endpoint transports such as tcp, the connection itself) need
 //    the peer to progress its worker, and UCX 1.13's shared-memory transports map the peer's

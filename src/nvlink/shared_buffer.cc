@@ -15,6 +15,7 @@
 #include <mutex>
 
 #include "absl/strings/str_format.h"
+#include "src/common/process.h"
 
 namespace reshard::nvlink {
 namespace {
@@ -42,16 +43,6 @@ std::string Sanitize(const std::string& tag) {
     out.push_back(ok ? c : '_');
   }
   return out;
-}
-
-// The pid namespace of this process (the inode of /proc/self/ns/pid; 0 when unreadable): pids
-// in object names mean something only inside it, so a sweep never judges another container's.
-uint64_t PidNamespace() {
-  static const uint64_t ns = [] {
-    struct stat st;
-    return stat("/proc/self/ns/pid", &st) == 0 ? static_cast<uint64_t>(st.st_ino) : uint64_t{0};
-  }();
-  return ns;
 }
 
 // Parses "<pid>.<pidns>-" at the start of `rest` (after "reshard-" or "reshard-board-").

@@ -222,8 +222,11 @@ TEST(RefitEngine, FailedEpochIsRememberedUntilReset) {
 }
 
 // The fan-out hook: Progress reports every transfer that lands on a rank exactly once, on a
-// domain-aware plan with fan-out transfers (executed by the engine as network puts).
-class RefitEngineDelivery : public ::testing::TestWithParam<RefitEngineOptions::Delivery> {};
+// domain-aware plan with fan-out transfers (executed by the engine as network puts), by each
+// way bytes travel: puts as single-copy writes (every peer is on this host), UCX puts, and
+// active messages.
+enum class Path { kSingleCopy, kUcxPut, kActiveMessage };
+class RefitEngineDelivery : public ::testing::TestWithParam<Path> {};
 
 TEST_P(RefitEngineDelivery, ProgressReportsEveryLandedTransferOnce) {
   const std::string spec =
@@ -243,7 +246,10 @@ TEST_P(RefitEngineDelivery, ProgressReportsEveryLandedTransferOnce) {
       testing::Ranks(8),
       [&](int32_t rank) {
         RefitEngineOptions options;
-        options.delivery = GetParam();
+        options.delivery = GetParam() == Path::kActiveMessage
+                               ? RefitEngineOptions::Delivery::kActiveMessage
+                               : RefitEngineOptions::Delivery::kPut;
+        options.single_copy = GetParam() == Path::kSingleCopy;
         // Short runs (bf16 columns) travel packed either way; a small batch makes several signals.
         options.signal_batch_bytes = 4096;
         absl::StatusOr<ChildEngine> child = OpenEngine(spec, rank, dir, options);
@@ -264,12 +270,17 @@ TEST_P(RefitEngineDelivery, ProgressReportsEveryLandedTransferOnce) {
           CHILD_EXPECT(got == want);
           CHILD_EXPECT(Verify(rb, rank, epoch).ok());
           const RefitStats& stats = e.last_stats();
-          const bool am = GetParam() == RefitEngineOptions::Delivery::kActiveMessage;
+          const bool am = GetParam() == Path::kActiveMessage;
           CHILD_EXPECT(std::string(e.delivery()) == (am ? "am" : "put"));
-          CHILD_EXPECT(am ? stats.puts == 0 : stats.data_messages == 0);
-          if (stats.bytes_network_sent > 0) {
-            CHILD_EXPECT((am ? stats.data_messages : stats.puts) > 0);
-          }
+          const int64_t used = GetParam() == Path::kSingleCopy ? stats.single_copy_writes
+                               : am                            ? stats.data_messages
+                                                               : stats.puts;
+          CHILD_EXPECT(stats.puts + stats.data_messages + stats.single_copy_writes == used);
+          if (stats.bytes_network_sent > 0) CHILD_EXPECT(used > 0);
+          const bool single_copy =
+              e.Transports().find("+ single-copy writes to") != std::string::npos;
+          CHILD_EXPECT(single_copy ==
+                       (GetParam() == Path::kSingleCopy && stats.bytes_network_sent > 0));
         }
         CHILD_EXPECT(e.Shutdown(absl::Now() + absl::Seconds(10)).ok());
         return 0;
@@ -279,10 +290,11 @@ TEST_P(RefitEngineDelivery, ProgressReportsEveryLandedTransferOnce) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Delivery, RefitEngineDelivery,
-                         ::testing::Values(RefitEngineOptions::Delivery::kPut,
-                                           RefitEngineOptions::Delivery::kActiveMessage),
+                         ::testing::Values(Path::kSingleCopy, Path::kUcxPut, Path::kActiveMessage),
                          [](const auto& info) {
-                           return info.param == RefitEngineOptions::Delivery::kPut ? "Put" : "Am";
+                           return info.param == Path::kSingleCopy ? "SingleCopy"
+                                  : info.param == Path::kUcxPut   ? "Put"
+                                                                  : "Am";
                          });
 
 // Issue 10: a process that holds the store token reads a rank's UCX address from the store and

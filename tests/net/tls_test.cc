@@ -42,5 +42,13 @@ TEST(TlsSelectionTest, PeerErrorHandlingIsTheNetworkDecision) {
   EXPECT_FALSE(TlsSupportsPeerErrorHandling("cuda_copy,cuda_ipc,posix"));
 }
 
+TEST(TlsSelectionTest, SharedMemoryLanesAreThoseThroughHostMemory) {
+  EXPECT_TRUE(SharedMemoryLanes("sysv/memory posix/memory cma/memory"));
+  EXPECT_TRUE(SharedMemoryLanes("tcp/lo xpmem/memory"));
+  EXPECT_FALSE(SharedMemoryLanes("tcp/lo"));
+  EXPECT_FALSE(SharedMemoryLanes("rc_mlx5/mlx5_0:1 cuda_ipc/cuda"));
+  EXPECT_FALSE(SharedMemoryLanes(""));
+}
+
 }  // namespace
 }  // namespace reshard::net::ucx

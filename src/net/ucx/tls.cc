@@ -56,6 +56,14 @@ TlsSelection TlsSelection::Parse(absl::string_view tls) {
   return s;
 }
 
+bool SharedMemoryLanes(absl::string_view transports) {
+  for (absl::string_view lane : absl::StrSplit(transports, ' ', absl::SkipEmpty())) {
+    const absl::string_view tl = lane.substr(0, lane.find('/'));
+    if (tl == "posix" || tl == "sysv" || tl == "cma" || tl == "knem" || tl == "xpmem") return true;
+  }
+  return false;
+}
+
 TlsSelection TlsSelection::FromEnvironment() {
   const char* tls = std::getenv("UCX_TLS");
   return Parse(tls == nullptr ? "" : tls);

@@ -26,4 +26,9 @@ struct TlsSelection {
   static TlsSelection FromEnvironment();
 };
 
+// Whether `transports` (as ucx::Endpoint::Transports() lists them, "posix/memory sysv/memory")
+// names a shared-memory transport (posix, sysv, cma, knem, xpmem): UCX reaches the peer
+// through memory of this host.
+bool SharedMemoryLanes(absl::string_view transports);
+
 }  // namespace reshard::net::ucx

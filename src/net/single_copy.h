@@ -1,0 +1,63 @@
+// Single-copy writes into a process of the same host (cross-memory attach): the sending
+// process's kernel copies many runs straight from its memory into a peer's registered buffer
+// with process_vm_writev, up to kMaxRuns runs per system call, through no intermediate buffer.
+//
+// UCX 1.13 emulates puts over shared memory with active messages: the origin copies each run
+// into a shared FIFO and the target copies it out again, two copies plus a handler per run.
+// Put delivery (src/net/delivery.h) writes through a SingleCopyWriter instead whenever UCX
+// itself reaches the peer over shared memory (so UCX_TLS still decides what may be used), both
+// sides of a run are host memory, the peer runs in this pid namespace, and the kernel allows
+// it (Probe: same user, ptrace access, no seccomp filter). Completion is unchanged: the writes
+// are complete when the call returns, and the batch's completion signal follows as with puts.
+// See docs/data-plane.md.
+//
+// Thread-compatible; Add and Write neither allocate nor lock.
+#pragma once
+
+#include <sys/uio.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/status.h"
+
+namespace reshard::net {
+
+class SingleCopyWriter {
+ public:
+  // Runs per system call (the kernel's UIO_MAXIOV).
+  static constexpr size_t kMaxRuns = 1024;
+
+  // Whether this process may write into process `pid` (rank `peer`): reads one byte at
+  // `address` there. OK, or the refusal naming both ranks and the errno (PermissionDenied for
+  // EPERM/EACCES, Unavailable for ESRCH, Unimplemented for ENOSYS, DataLoss otherwise).
+  [[nodiscard]] static absl::Status Probe(int32_t rank, int32_t peer, int64_t pid,
+                                          uint64_t address);
+
+  SingleCopyWriter(int32_t rank, int32_t peer, int64_t pid);
+
+  // Queues `bytes` from `local` to `remote` in the peer; writes the queue first when full.
+  [[nodiscard]] absl::Status Add(const void* local, uint64_t remote, size_t bytes);
+  // Writes every queued run. OK once every byte is in the peer's memory; on error the peer's
+  // buffer may hold part of the runs (the epoch fails, as with a failed put).
+  [[nodiscard]] absl::Status Write();
+
+  // Forgets queued runs (a failed epoch's).
+  void Discard() { queued_ = 0; }
+
+  int64_t calls() const { return calls_; }
+  int64_t bytes() const { return bytes_; }
+  int64_t pid() const { return pid_; }
+
+ private:
+  const int32_t rank_;
+  const int32_t peer_;
+  const int64_t pid_;
+  std::vector<iovec> local_, remote_;  // kMaxRuns each, reserved once.
+  size_t queued_ = 0;
+  int64_t calls_ = 0;
+  int64_t bytes_ = 0;
+};
+
+}  // namespace reshard::net
