@@ -192,9 +192,7 @@ absl::Status CheckModel(const ModelConfig& cfg, const Resolved& r) {
     return FieldError("train.pp", absl::StrCat(t.pp, " stages exceed num_hidden_layers (",
                                                cfg.num_hidden_layers, ")"));
   }
-  bool moe = false;
-  for (int64_t l = 0; l < cfg.num_hidden_layers; ++l) moe = moe || cfg.IsMoeLayer(l);
-  if (!moe) return absl::OkStatus();
+  if (!HasRoutedExperts(cfg)) return absl::OkStatus();
   const int64_t e = cfg.num_experts;
   if (e % t.ep != 0) {
     return FieldError("train.ep", absl::StrCat(t.ep, " does not divide the ", e, " experts"));
@@ -253,6 +251,13 @@ class SpecBuilder {
       case ParamRole::kExpertColumn:
       case ParamRole::kExpertRow: {
         const int64_t edp = stage_size_ / (t.etp * t.ep);
+        if (p.expert >= 0) {
+          // The etp x edp ranks of the expert-parallel rank whose chunk of the stack holds K.
+          const int64_t owner = ExpertOwner(p.expert, t.ep);
+          const int64_t etp = t.etp, ep = t.ep;
+          return MeshBuilder{{edp, etp}, {R, S(p.role == ParamRole::kExpertColumn ? 0 : 1)}}.Build(
+              [&](int64_t i) { return base + i % etp + etp * (owner + ep * (i / etp)); });
+        }
         const int inner = p.role == ParamRole::kExpertColumn ? 1 : 2;
         return MeshBuilder{{edp, t.ep, t.etp}, {R, S(0), S(inner)}}.Build(linear);
       }
@@ -278,10 +283,17 @@ class SpecBuilder {
         return MeshBuilder{{i.tp * i.dp}, {R}}.Build(linear);
       case ParamRole::kExpertColumn:
       case ParamRole::kExpertRow: {
+        const bool per_expert = p.expert >= 0;
         if (i.ep > 1) {
+          if (per_expert) {  // Only the ranks whose chunk of the stack holds K, whole.
+            const int64_t owner = ExpertOwner(p.expert, i.ep), ep = i.ep;
+            return MeshBuilder{{i.tp * i.dp / i.ep}, {R}}.Build(
+                [&](int64_t k) { return base + k * ep + owner; });
+          }
           return MeshBuilder{{i.tp * i.dp / i.ep, i.ep}, {R, S(0)}}.Build(linear);
         }
-        const int inner = p.role == ParamRole::kExpertColumn ? 1 : 2;
+        // The intermediate dim over tp: dim 1 (2) of a stack, dim 0 (1) of one expert's matrix.
+        const int inner = (p.role == ParamRole::kExpertColumn ? 1 : 2) - (per_expert ? 1 : 0);
         return MeshBuilder{{i.dp, i.tp}, {R, S(inner)}}.Build(linear);
       }
       case ParamRole::kRowParallel:
@@ -303,6 +315,11 @@ class SpecBuilder {
       return MeshBuilder{{reps, kv, tp / kv}, {R, S(0), R}}.Build(rank_of);
     }
     return MeshBuilder{{reps, tp}, {R, S(0)}}.Build(rank_of);
+  }
+
+  // The expert-parallel rank whose torch.chunk of the expert dim holds `expert`.
+  int64_t ExpertOwner(int64_t expert, int64_t ep) const {
+    return expert / ((cfg_.num_experts + ep - 1) / ep);
   }
 
   const ModelConfig& cfg_;
@@ -353,6 +370,28 @@ void FuseViews(RefitSpec& spec, const std::vector<size_t>& members, const std::s
   }
 }
 
+// One expert's matrix (ModelParam::expert >= 0) as a view into its stack's per-rank inference
+// buffer, at the place the stacked tensor's slice K has there: gate (fuse_index 0) and up (1)
+// rows of local expert k in w13_weight [E_l, 2*I_l, H], down in down_proj [E_l, H, I_l].
+void ExpertView(const ModelParam& p, const ModelConfig& cfg, const InferParallelism& infer,
+                TensorSpec& t) {
+  const int64_t local_experts =
+      infer.ep > 1 ? (cfg.num_experts + infer.ep - 1) / infer.ep : cfg.num_experts;
+  const int64_t k = p.expert % local_experts;
+  const bool column = p.role == ParamRole::kExpertColumn;
+  const int64_t h = cfg.hidden_size;
+  const int64_t inter = LongestTileDim(t.dst, t.shape, column ? 0 : 1);
+  t.dst.buffer = p.fused_name;
+  t.dst.has_view = true;
+  if (column) {
+    t.dst.view.offset = (k * 2 + p.fuse_index) * inter * h;
+    t.dst.view.strides = {h, 1};
+  } else {
+    t.dst.view.offset = k * h * inter;
+    t.dst.view.strides = {inter, 1};
+  }
+}
+
 }  // namespace
 
 absl::StatusOr<TrainParallelism> ParseTrainParallelism(const std::string& text) {
@@ -399,10 +438,15 @@ absl::StatusOr<RefitSpec> MakeModelSpec(const ModelConfig& cfg, const TrainParal
                                         const ModelSpecOptions& opts) {
   RESHARD_ASSIGN_OR_RETURN(Resolved r, Resolve(train, infer, cluster, opts));
   RESHARD_RETURN_IF_ERROR(CheckModel(cfg, r));
-  const std::vector<ModelParam> params = ExpandModel(cfg);
+  if (opts.experts == ExpertTensors::kPerExpert && !HasRoutedExperts(cfg)) {
+    return FieldError("experts", absl::StrCat("per-expert tensors need routed experts, and this ",
+                                              cfg.model_type, " model has none"));
+  }
+  const std::vector<ModelParam> params = ExpandModel(cfg, opts.experts);
   RefitSpec spec;
-  spec.comment = absl::StrCat(cfg.model_type, " train ", ToString(r.train), " -> infer ",
-                              ToString(r.infer), " on ", cluster.name);
+  spec.comment = absl::StrCat(
+      cfg.model_type, " train ", ToString(r.train), " -> infer ", ToString(r.infer), " on ",
+      cluster.name, opts.experts == ExpertTensors::kPerExpert ? ", per-expert tensors" : "");
   spec.topology.ranks_per_domain = cluster.gpus_per_domain;
   spec.topology.gpus_per_node = cluster.gpus_per_node;
   spec.topology.nic_gbytes_per_s = cluster.nic_gbytes_per_s;
@@ -419,7 +463,9 @@ absl::StatusOr<RefitSpec> MakeModelSpec(const ModelConfig& cfg, const TrainParal
     t.shape = p.shape;
     t.src = builder.Train(p);
     t.dst = builder.Infer(p);
-    if (!p.fused_name.empty()) {
+    if (p.expert >= 0) {
+      ExpertView(p, cfg, r.infer, t);
+    } else if (!p.fused_name.empty()) {
       auto [it, inserted] = group_index.emplace(p.fused_name, groups.size());
       if (inserted) groups.push_back({p.fused_name, {}});
       groups[it->second].second.emplace_back(p.fuse_index, spec.tensors.size());

@@ -18,6 +18,12 @@
 //   with gate rows then up rows per expert, fused_qkv_a_proj = [q_a; kv_a] (MLA, replicated).
 //   Experts: with ep > 1 the expert dim is sharded over ep consecutive ranks (expert TP 1);
 //   otherwise the intermediate dim is sharded over tp.
+// Per-expert tensors (ModelSpecOptions::experts = kPerExpert): expert K's matrices live where
+//   the stack's slice K lives on each side. Trainer: the etp x edp ranks of the ep rank that
+//   owns K, I over etp. Inference: only the ranks that own K (ep > 1), or every rank with I over
+//   tp (ep = 1); each is a view into the same per-rank buffer the stack uses (w13_weight: gate
+//   then up rows of local expert k at k * 2*I_l*H; down_proj: local expert k at k * H*I_l), so
+//   both forms fill identical inference buffers.
 // kv heads < tp (either side): tp must be a multiple of the kv heads; the tp axis splits into
 // (kv_heads, tp / kv_heads) with placements (S(0), R), so each group of tp / kv_heads consecutive
 // ranks holds one kv head, as vLLM and Megatron-style replication do.
@@ -54,6 +60,9 @@ std::string ToString(const InferParallelism& p);
 struct ModelSpecOptions {
   DType dtype = DType::kBf16;
   int64_t train_gpus = 0;  // 0: from the parallelism (gpus=, or tp*cp*dp*pp).
+  // Routed experts stacked (vLLM FusedMoE) or one tensor per expert matrix (Hugging Face
+  // names); kPerExpert on a model without routed experts is an InvalidArgument ("experts: ...").
+  ExpertTensors experts = ExpertTensors::kStacked;
 };
 
 // Where the two sides sit in the refit world.
@@ -72,7 +81,8 @@ struct RankRanges {
 // layout (dst), topology from the cluster (domains of gpus_per_domain consecutive ranks,
 // bandwidths). The result passes Validate(). InvalidArgument naming the field when a
 // parallelism degree does not divide what it splits: GPUs (dp, gpus), attention heads (tp),
-// kv heads (tp), experts (ep), tp*cp*dp (ep, etp), layers (pp larger than the layer count).
+// kv heads (tp), experts (ep), tp*cp*dp (ep, etp), layers (pp larger than the layer count);
+// "experts" when per-expert tensors are asked of a model without routed experts.
 [[nodiscard]] absl::StatusOr<RefitSpec> MakeModelSpec(const ModelConfig& cfg,
                                                       const TrainParallelism& train,
                                                       const InferParallelism& infer,

@@ -83,7 +83,7 @@ class Expander {
 
   void Add(std::string name, std::vector<int64_t> shape, ParamRole role, int layer,
            std::string fuse_group = "", int fuse_index = 0, std::string fused_name = "",
-           bool kv_heads = false) {
+           bool kv_heads = false, int64_t expert = -1) {
     ModelParam p;
     p.name = std::move(name);
     p.shape = std::move(shape);
@@ -93,6 +93,7 @@ class Expander {
     p.fuse_index = fuse_index;
     p.fused_name = std::move(fused_name);
     p.kv_heads = kv_heads;
+    p.expert = expert;
     out_.push_back(std::move(p));
   }
 
@@ -165,7 +166,7 @@ void ExpandAttention(const ModelConfig& c, int layer, Expander& x) {
   }
 }
 
-void ExpandMoe(const ModelConfig& c, int layer, Expander& x) {
+void ExpandMoe(const ModelConfig& c, int layer, ExpertTensors experts, Expander& x) {
   const std::string m = LayerPrefix(layer) + "mlp.";
   const int64_t h = c.hidden_size;
   const int64_t e = c.num_experts;
@@ -173,9 +174,20 @@ void ExpandMoe(const ModelConfig& c, int layer, Expander& x) {
   x.Add(m + "gate", {e, h}, ParamRole::kRouter, layer);
   if (c.router_bias) x.Add(m + "gate.e_score_correction_bias", {e}, ParamRole::kRouter, layer);
   const std::string w13 = m + "experts.w13_weight";
-  x.Add(m + "experts.gate_proj", {e, i, h}, ParamRole::kExpertColumn, layer, "w13", 0, w13);
-  x.Add(m + "experts.up_proj", {e, i, h}, ParamRole::kExpertColumn, layer, "w13", 1, w13);
-  x.Add(m + "experts.down_proj", {e, h, i}, ParamRole::kExpertRow, layer);
+  const std::string w2 = m + "experts.down_proj";
+  if (experts == ExpertTensors::kPerExpert) {
+    const std::string prefix = m + "experts.";
+    for (int64_t k = 0; k < e; ++k) {
+      const std::string expert = absl::StrCat(prefix, k, ".");
+      x.Add(expert + "gate_proj", {i, h}, ParamRole::kExpertColumn, layer, "w13", 0, w13, false, k);
+      x.Add(expert + "up_proj", {i, h}, ParamRole::kExpertColumn, layer, "w13", 1, w13, false, k);
+      x.Add(expert + "down_proj", {h, i}, ParamRole::kExpertRow, layer, "w2", 0, w2, false, k);
+    }
+  } else {
+    x.Add(m + "experts.gate_proj", {e, i, h}, ParamRole::kExpertColumn, layer, "w13", 0, w13);
+    x.Add(m + "experts.up_proj", {e, i, h}, ParamRole::kExpertColumn, layer, "w13", 1, w13);
+    x.Add(w2, {e, h, i}, ParamRole::kExpertRow, layer);
+  }
   if (c.n_shared_experts > 0) {
     x.GatedMlp(m + "shared_experts.", h, c.n_shared_experts * i, false, layer);
   }
@@ -314,7 +326,14 @@ absl::StatusOr<ModelConfig> LoadModelConfig(const std::string& path) {
   return ParseModelConfig(buffer.str(), path);
 }
 
-std::vector<ModelParam> ExpandModel(const ModelConfig& c) {
+bool HasRoutedExperts(const ModelConfig& c) {
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    if (c.IsMoeLayer(l)) return true;
+  }
+  return false;
+}
+
+std::vector<ModelParam> ExpandModel(const ModelConfig& c, ExpertTensors experts) {
   std::vector<ModelParam> params;
   Expander x(params);
   const int64_t h = c.hidden_size;
@@ -325,7 +344,7 @@ std::vector<ModelParam> ExpandModel(const ModelConfig& c) {
     ExpandAttention(c, layer, x);
     x.Add(p + "post_attention_layernorm", {h}, ParamRole::kNorm, layer);
     if (c.IsMoeLayer(layer)) {
-      ExpandMoe(c, layer, x);
+      ExpandMoe(c, layer, experts, x);
     } else {
       x.GatedMlp(p + "mlp.", h, c.intermediate_size, c.mlp_bias, layer);
     }

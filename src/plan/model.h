@@ -6,11 +6,15 @@
 // expanded.
 //
 // Parameter names follow Hugging Face without the "model." prefix and without ".weight";
-// biases end in ".bias". Routed experts are one 3-D stack per layer and projection:
+// biases end in ".bias". Routed experts are, by default (ExpertTensors::kStacked), one 3-D stack
+// per layer and projection:
 //   layers.N.mlp.experts.gate_proj [E, I, H]   (vLLM w1)
 //   layers.N.mlp.experts.up_proj   [E, I, H]   (vLLM w3)
 //   layers.N.mlp.experts.down_proj [E, H, I]   (vLLM w2)
-// so that tensor counts stay small at DeepSeek scale.
+// so that tensor counts stay small at DeepSeek scale. ExpertTensors::kPerExpert names every
+// expert's matrices separately, as Hugging Face checkpoints do (DeepSeek-V3: ~45 k tensors):
+//   layers.N.mlp.experts.K.gate_proj [I, H], layers.N.mlp.experts.K.up_proj [I, H],
+//   layers.N.mlp.experts.K.down_proj [H, I]   for K = 0 .. E-1, in that order.
 #pragma once
 
 #include <cstdint>
@@ -30,8 +34,10 @@ enum class ParamRole : uint8_t {
   kColumnParallel,  // Output dim 0 split over tp (q/k/v, gate/up, q_b, kv_b); also their biases.
   kRowParallel,     // Input dim 1 split over tp (o_proj, down_proj).
   kRouter,          // MoE router weight [E, H] and its correction bias [E]: replicated.
-  kExpertColumn,    // [E, I, H] expert stack (gate, up): experts over EP, dim 1 over expert TP.
-  kExpertRow,       // [E, H, I] expert stack (down): experts over EP, dim 2 over expert TP.
+  kExpertColumn,    // [E, I, H] expert stack (gate, up): experts over EP, dim 1 over expert TP;
+                    // one expert's [I, H] (ModelParam::expert >= 0): I over expert TP.
+  kExpertRow,       // [E, H, I] expert stack (down): experts over EP, dim 2 over expert TP;
+                    // one expert's [H, I]: I over expert TP.
   kReplicated,      // Other replicated weights (MLA q_a_proj, kv_a_proj_with_mqa).
 };
 const char* ParamRoleName(ParamRole role);
@@ -51,6 +57,16 @@ struct ModelParam {
   // True for attention k/v projections (and their biases), whose dim 0 is kv heads x head_dim
   // and may be replicated when tp exceeds the number of kv heads.
   bool kv_heads = false;
+  // The routed expert of a per-expert matrix (ExpertTensors::kPerExpert); -1 otherwise. Such a
+  // matrix keeps the fused_name of its stack's buffer (w13_weight for gate and up, the
+  // down_proj stack's name for down) and its fuse_index.
+  int64_t expert = -1;
+};
+
+// How routed experts are expanded.
+enum class ExpertTensors : uint8_t {
+  kStacked,    // One [E, ...] stack per layer and projection (vLLM FusedMoE).
+  kPerExpert,  // One tensor per expert matrix (Hugging Face checkpoint names).
 };
 
 // The Hugging Face fields the expansion reads. Absent optional fields take the Hugging Face
@@ -100,9 +116,14 @@ struct ModelConfig {
 // Reads and parses a file; NotFound when it cannot be read.
 [[nodiscard]] absl::StatusOr<ModelConfig> LoadModelConfig(const std::string& path);
 
+// True when some decoder layer has routed experts.
+bool HasRoutedExperts(const ModelConfig& cfg);
+
 // Every parameter of the model, in a deterministic order: embeddings, then layer by layer
 // (attention, norms, MLP or MoE), final norm, lm_head (absent when embeddings are tied).
-std::vector<ModelParam> ExpandModel(const ModelConfig& cfg);
+// `experts` only changes MoE layers (a dense model expands the same either way).
+std::vector<ModelParam> ExpandModel(const ModelConfig& cfg,
+                                    ExpertTensors experts = ExpertTensors::kStacked);
 int64_t TotalParameters(const std::vector<ModelParam>& params);
 
 }  // namespace reshard::plan

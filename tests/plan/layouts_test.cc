@@ -5,8 +5,11 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <map>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "src/plan/executor.h"
 #include "src/plan/plan.h"
@@ -40,12 +43,14 @@ ClusterDesc SmallDomains(int64_t gpus_per_domain) {
 }
 
 RefitSpec MustSpec(const ModelConfig& cfg, const std::string& train, const std::string& infer,
-                   const ClusterDesc& cluster) {
+                   const ClusterDesc& cluster, ExpertTensors experts = ExpertTensors::kStacked) {
   auto t = ParseTrainParallelism(train);
   auto i = ParseInferParallelism(infer);
   EXPECT_TRUE(t.ok()) << t.status();
   EXPECT_TRUE(i.ok()) << i.status();
-  auto spec = MakeModelSpec(cfg, *t, *i, cluster);
+  ModelSpecOptions opts;
+  opts.experts = experts;
+  auto spec = MakeModelSpec(cfg, *t, *i, cluster, opts);
   EXPECT_TRUE(spec.ok()) << spec.status();
   return spec.ok() ? *std::move(spec) : RefitSpec{};
 }
@@ -245,6 +250,109 @@ TEST(LayoutsTest, MlaFusesReplicatedDownProjections) {
             "layers.2.mlp.shared_experts.gate_up_proj");
 }
 
+// Per-expert tensors sit where the stack's slice K sits on both sides: the trainer ranks of the
+// owning expert-parallel rank (I over expert TP), and the inference ranks holding K, as views
+// into the same w13_weight / down_proj buffers the stacks fill.
+TEST(LayoutsTest, PerExpertTensorsLiveWhereTheStacksSliceLives) {
+  // Trainer stage 1 = ranks 4..7 (etp 2, ep 2: rank 6 and 7 hold experts 4..7); inference
+  // tp=2, dp=2 at ranks 8..11 with the experts' intermediate dim over tp.
+  const RefitSpec spec = MustSpec(Model("tiny-moe.json"), "tp=2,ep=2,pp=2,gpus=8", "tp=2,dp=2",
+                                  SmallDomains(4), ExpertTensors::kPerExpert);
+  EXPECT_EQ(spec.tensors.size(), 146u);
+  EXPECT_TRUE(Validate(spec).ok()) << Validate(spec);
+  const TensorSpec& gate = Tensor(spec, "layers.3.mlp.experts.5.gate_proj");
+  const TensorSpec& up = Tensor(spec, "layers.3.mlp.experts.5.up_proj");
+  const TensorSpec& down = Tensor(spec, "layers.3.mlp.experts.5.down_proj");
+  EXPECT_EQ(gate.shape, (std::vector<int64_t>{24, 64}));
+  EXPECT_EQ(down.shape, (std::vector<int64_t>{64, 24}));
+  for (const TensorSpec* t : {&gate, &up, &down}) {
+    EXPECT_EQ(t->src.mesh.ranks, (std::vector<int32_t>{6, 7})) << t->name;
+    EXPECT_EQ(t->dst.mesh.ranks, (std::vector<int32_t>{8, 9, 10, 11})) << t->name;
+    EXPECT_EQ(t->dst.mesh.shape, (std::vector<int64_t>{2, 2})) << t->name;
+    EXPECT_TRUE(t->src.buffer.empty()) << t->name;
+    EXPECT_FALSE(t->src.has_view) << t->name;
+  }
+  EXPECT_EQ(gate.src.placements, (std::vector<Placement>{Placement::Shard(0)}));
+  EXPECT_EQ(down.src.placements, (std::vector<Placement>{Placement::Shard(1)}));
+  EXPECT_EQ(gate.dst.placements,
+            (std::vector<Placement>{Placement::Replicate(), Placement::Shard(0)}));
+  EXPECT_EQ(down.dst.placements,
+            (std::vector<Placement>{Placement::Replicate(), Placement::Shard(1)}));
+  EXPECT_EQ(Rows(TileOf(up, Side::kSrc, 7)), (std::pair<int64_t, int64_t>{12, 24}));
+  EXPECT_EQ(Rows(TileOf(down, Side::kSrc, 6), 1), (std::pair<int64_t, int64_t>{0, 12}));
+  EXPECT_EQ(Rows(TileOf(up, Side::kDst, 11)), (std::pair<int64_t, int64_t>{12, 24}));
+  // w13_weight per rank is [8, 24, 64]: expert 5's gate rows at 5*24*64, its up rows 12*64 on.
+  EXPECT_EQ(gate.dst.buffer, "layers.3.mlp.experts.w13_weight");
+  EXPECT_EQ(up.dst.buffer, "layers.3.mlp.experts.w13_weight");
+  EXPECT_EQ(gate.dst.view.offset, 5 * 24 * 64);
+  EXPECT_EQ(up.dst.view.offset, 5 * 24 * 64 + 12 * 64);
+  EXPECT_EQ(gate.dst.view.strides, (std::vector<int64_t>{64, 1}));
+  EXPECT_EQ(up.dst.view.strides, (std::vector<int64_t>{64, 1}));
+  // down_proj per rank is [8, 64, 12].
+  EXPECT_EQ(down.dst.buffer, "layers.3.mlp.experts.down_proj");
+  EXPECT_EQ(down.dst.view.offset, 5 * 64 * 12);
+  EXPECT_EQ(down.dst.view.strides, (std::vector<int64_t>{12, 1}));
+  // Experts 0..3 live on trainer ranks 4 and 5; stage 0 (layer 1) on ranks 2 and 3.
+  EXPECT_EQ(Tensor(spec, "layers.3.mlp.experts.3.down_proj").src.mesh.ranks,
+            (std::vector<int32_t>{4, 5}));
+  EXPECT_EQ(Tensor(spec, "layers.1.mlp.experts.7.gate_proj").src.mesh.ranks,
+            (std::vector<int32_t>{2, 3}));
+  EXPECT_NE(spec.comment.find("per-expert"), std::string::npos) << spec.comment;
+}
+
+TEST(LayoutsTest, PerExpertTensorsGoOnlyToTheOwningRanksUnderInferenceExpertParallelism) {
+  // Inference tp=2, dp=2, ep=4 at ranks 4..7: two experts per rank, whole. Trainer etp 2, edp 2.
+  const RefitSpec spec = MustSpec(Model("tiny-moe.json"), "tp=2,dp=2", "tp=2,dp=2,ep=4",
+                                  SmallDomains(4), ExpertTensors::kPerExpert);
+  const TensorSpec& up = Tensor(spec, "layers.2.mlp.experts.5.up_proj");
+  EXPECT_EQ(up.dst.mesh.ranks, (std::vector<int32_t>{6}));
+  EXPECT_EQ(up.dst.placements, (std::vector<Placement>{Placement::Replicate()}));
+  EXPECT_EQ(up.dst.view.offset, (1 * 48 + 24) * 64);  // Local expert 1 of [2, 48, 64].
+  EXPECT_EQ(Tensor(spec, "layers.2.mlp.experts.5.down_proj").dst.view.offset, 1 * 64 * 24);
+  EXPECT_EQ(up.src.mesh.ranks, (std::vector<int32_t>{0, 1, 2, 3}));
+  EXPECT_EQ(up.src.placements,
+            (std::vector<Placement>{Placement::Replicate(), Placement::Shard(0)}));
+  // Expert parallelism folded into the trainer's tp ranks (etp 1): expert 5 whole on rank 2.
+  const RefitSpec folded = MustSpec(Model("tiny-moe.json"), "tp=2,ep=4,dp=2", "tp=2,dp=2",
+                                    SmallDomains(4), ExpertTensors::kPerExpert);
+  EXPECT_EQ(Tensor(folded, "layers.1.mlp.experts.5.gate_proj").src.mesh.ranks,
+            (std::vector<int32_t>{2}));
+}
+
+TEST(LayoutsTest, PerExpertTensorsOfADenseModelAreAnError) {
+  auto spec = MakeModelSpec(Model("qwen3-32b.json"), *ParseTrainParallelism("tp=8,dp=1"),
+                            *ParseInferParallelism("tp=8"), SmallDomains(8),
+                            ModelSpecOptions{.experts = ExpertTensors::kPerExpert});
+  EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(std::string(spec.status().message()),
+            "experts: per-expert tensors need routed experts, and this qwen3 model has none");
+}
+
+// Bytes of every destination buffer on every rank, by buffer name.
+std::map<std::pair<int32_t, std::string>, int64_t> DstBufferBytes(const Plan& plan) {
+  std::map<std::pair<int32_t, std::string>, int64_t> out;
+  for (int32_t r = 0; r < plan.world_size(); ++r) {
+    const std::vector<int64_t> bytes = plan.BufferBytes(r);
+    for (size_t b = 0; b < bytes.size(); ++b) {
+      if (plan.buffers()[b].side == Side::kDst && bytes[b] > 0) {
+        out[{r, plan.buffers()[b].name}] = bytes[b];
+      }
+    }
+  }
+  return out;
+}
+
+// Bytes of destination tiles each rank holds: what the refit writes into it.
+std::vector<int64_t> DstTileBytes(const RefitSpec& spec) {
+  std::vector<int64_t> out(spec.WorldSize(), 0);
+  for (size_t t = 0; t < spec.tensors.size(); ++t) {
+    ForEachTile(spec, t, Side::kDst, [&](int32_t rank, const Box& box) {
+      out[rank] += box.NumElements() * DTypeSize(spec.tensors[t].dtype);
+    });
+  }
+  return out;
+}
+
 struct EndToEnd {
   const char* model;
   const char* train;
@@ -263,6 +371,27 @@ TEST_P(EndToEndTest, SpecValidatesPlansAndVerifiesInProcess) {
   ASSERT_TRUE(plan.ok()) << plan.status();
   EXPECT_GT(plan->stats().pieces, 0);
   // Every destination byte is written: the destination total is the model times its replicas.
+  const absl::Status verified = VerifyPlanInProcess(*plan, int64_t{1} << 30);
+  EXPECT_TRUE(verified.ok()) << verified;
+}
+
+// The per-expert form of the same model and parallelism verifies too, and fills exactly the
+// inference buffers the stacked form fills, with the same bytes on every destination rank.
+TEST_P(EndToEndTest, PerExpertSpecFillsTheSameBuffersAsTheStackedOne) {
+  const EndToEnd& c = GetParam();
+  const RefitSpec stacked =
+      MustSpec(Model(c.model), c.train, c.infer, SmallDomains(c.gpus_per_domain));
+  const RefitSpec per_expert = MustSpec(Model(c.model), c.train, c.infer,
+                                        SmallDomains(c.gpus_per_domain), ExpertTensors::kPerExpert);
+  ASSERT_GT(per_expert.tensors.size(), stacked.tensors.size());
+  ASSERT_TRUE(Validate(per_expert).ok()) << Validate(per_expert);
+  auto stacked_plan = BuildPlan(std::make_shared<const RefitSpec>(stacked));
+  auto plan = BuildPlan(std::make_shared<const RefitSpec>(per_expert));
+  ASSERT_TRUE(stacked_plan.ok()) << stacked_plan.status();
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->stats().bytes_dst_total, stacked_plan->stats().bytes_dst_total);
+  EXPECT_EQ(DstTileBytes(per_expert), DstTileBytes(stacked));
+  EXPECT_EQ(DstBufferBytes(*plan), DstBufferBytes(*stacked_plan));
   const absl::Status verified = VerifyPlanInProcess(*plan, int64_t{1} << 30);
   EXPECT_TRUE(verified.ok()) << verified;
 }

@@ -94,6 +94,70 @@ TEST(ModelTest, DeepSeekV3HasMlaDenseFirstLayersSharedAndStackedExperts) {
   ASSERT_NE(Find(params, "lm_head"), nullptr);
 }
 
+// Per-expert expansion (Hugging Face checkpoint names): every routed expert's three matrices in
+// place of the three stacks, in expert order, and nothing else changes.
+TEST(ModelTest, PerExpertNamesEveryExpertMatrixLikeHuggingFace) {
+  const ModelConfig cfg = Load("tiny-moe.json");  // 5 layers, layer 0 dense, 8 experts, I 24.
+  const std::vector<ModelParam> stacked = ExpandModel(cfg);
+  const std::vector<ModelParam> per_expert = ExpandModel(cfg, ExpertTensors::kPerExpert);
+  EXPECT_EQ(stacked.size(), 62u);
+  EXPECT_EQ(per_expert.size(), 146u);  // 4 MoE layers x (8 experts x 3 - 3 stacks) more.
+  EXPECT_EQ(TotalParameters(per_expert), TotalParameters(stacked));
+  EXPECT_EQ(Find(per_expert, "layers.1.mlp.experts.gate_proj"), nullptr);
+  EXPECT_EQ(Find(per_expert, "layers.0.mlp.experts.0.gate_proj"), nullptr);  // Dense layer.
+  // Layer 3's MoE block: router, then gate, up, down of expert 0, 1, ..., 7.
+  size_t router = 0;
+  while (router < per_expert.size() && per_expert[router].name != "layers.3.mlp.gate") ++router;
+  ASSERT_LT(router + 24, per_expert.size());
+  for (int64_t k = 0; k < 8; ++k) {
+    const std::string prefix = "layers.3.mlp.experts." + std::to_string(k) + ".";
+    const ModelParam& gate = per_expert[router + 1 + 3 * k];
+    const ModelParam& up = per_expert[router + 2 + 3 * k];
+    const ModelParam& down = per_expert[router + 3 + 3 * k];
+    EXPECT_EQ(gate.name, prefix + "gate_proj");
+    EXPECT_EQ(up.name, prefix + "up_proj");
+    EXPECT_EQ(down.name, prefix + "down_proj");
+    EXPECT_EQ(gate.shape, (std::vector<int64_t>{24, 64}));
+    EXPECT_EQ(up.shape, (std::vector<int64_t>{24, 64}));
+    EXPECT_EQ(down.shape, (std::vector<int64_t>{64, 24}));
+    for (const ModelParam* p : {&gate, &up, &down}) {
+      EXPECT_EQ(p->expert, k) << p->name;
+      EXPECT_EQ(p->layer, 3) << p->name;
+    }
+    EXPECT_EQ(gate.role, ParamRole::kExpertColumn);
+    EXPECT_EQ(up.role, ParamRole::kExpertColumn);
+    EXPECT_EQ(down.role, ParamRole::kExpertRow);
+    EXPECT_EQ(gate.fused_name, "layers.3.mlp.experts.w13_weight");
+    EXPECT_EQ(gate.fuse_index, 0);
+    EXPECT_EQ(up.fused_name, "layers.3.mlp.experts.w13_weight");
+    EXPECT_EQ(up.fuse_index, 1);
+    EXPECT_EQ(down.fused_name, "layers.3.mlp.experts.down_proj");
+  }
+  EXPECT_EQ(per_expert[router + 25].name, "layers.4.input_layernorm");
+  for (const ModelParam& p : stacked) EXPECT_EQ(p.expert, -1) << p.name;
+  EXPECT_TRUE(HasRoutedExperts(cfg));
+  // A dense model expands the same either way.
+  const ModelConfig dense = Load("qwen3-32b.json");
+  EXPECT_FALSE(HasRoutedExperts(dense));
+  EXPECT_EQ(ExpandModel(dense, ExpertTensors::kPerExpert).size(), ExpandModel(dense).size());
+}
+
+TEST(ModelTest, DeepSeekV3PerExpertHasAbout45kTensors) {
+  const ModelConfig cfg = Load("deepseek-v3.json");
+  const std::vector<ModelParam> stacked = ExpandModel(cfg);
+  const std::vector<ModelParam> per_expert = ExpandModel(cfg, ExpertTensors::kPerExpert);
+  // 58 MoE layers x (256 experts x 3 matrices - 3 stacks) more than the 1,025 stacked tensors.
+  EXPECT_EQ(stacked.size(), 1025u);
+  EXPECT_EQ(per_expert.size(), 1025u + 58u * (256u * 3u - 3u));
+  EXPECT_EQ(TotalParameters(per_expert), 671026419200);
+  const ModelParam* down = Find(per_expert, "layers.60.mlp.experts.255.down_proj");
+  ASSERT_NE(down, nullptr);
+  EXPECT_EQ(down->shape, (std::vector<int64_t>{7168, 2048}));
+  EXPECT_EQ(Find(per_expert, "layers.2.mlp.experts.0.up_proj"), nullptr);
+  absl::flat_hash_set<std::string> names;
+  for (const ModelParam& p : per_expert) EXPECT_TRUE(names.insert(p.name).second) << p.name;
+}
+
 TEST(ModelTest, MlaWithoutQLoraUsesQProj) {
   auto cfg = ParseModelConfig(R"({"model_type": "deepseek_v3", "hidden_size": 64,
       "intermediate_size": 128, "num_hidden_layers": 1, "num_attention_heads": 4,
