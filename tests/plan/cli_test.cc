@@ -1,10 +1,12 @@
-// `reshard plan` as users run it: exit statuses, one-line errors, machine-readable output.
+// `reshard plan` and `reshard spec` as users run them: exit statuses, one-line errors,
+// machine-readable output, and specs that `spec` writes and `plan` reads back.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -268,6 +270,212 @@ TEST_F(CliTest, ExplainPrintsATablePerTensor) {
     EXPECT_NE(r.out.find(word), std::string::npos) << word << "\n" << r.out;
   }
   for (const char* name : {"q ", "k ", "v "}) EXPECT_NE(r.out.find(name), std::string::npos);
+}
+
+std::string Example(const std::string& rel) {
+  return std::string(RESHARD_SOURCE_DIR) + "/examples/" + rel;
+}
+
+// tiny-moe: 5 layers (layer 0 dense), 8 experts of I = 24, H = 64; trainers are ranks 0..7 (stage
+// 1 = ranks 4..7 with layers 2..4, experts 4..7 on ranks 6 and 7), inference tp=2, dp=2 at 8..11.
+const std::string kTinyMoe = "--model " + Example("models/tiny-moe.json") +
+                             " --train tp=2,ep=2,pp=2,gpus=8 --infer tp=2,dp=2";
+
+// Elements of destination tiles per rank, from `reshard plan --tiles --json`.
+std::map<int64_t, int64_t> DstElementsPerRank(const json::Value& plan_json) {
+  std::map<int64_t, int64_t> out;
+  for (const json::Value& tensor : plan_json.Find("tiles")->items()) {
+    for (const json::Value& tile : tensor.Find("dst")->items()) {
+      int64_t n = 1;
+      for (const json::Value& d : tile.Find("shape")->items()) n *= d.as_int();
+      out[tile.Find("rank")->as_int()] += n;
+    }
+  }
+  return out;
+}
+
+const json::Value* FindTensor(const json::Value& spec, const std::string& name) {
+  for (const json::Value& t : spec.Find("tensors")->items()) {
+    if (t.Find("name")->as_string() == name) return &t;
+  }
+  return nullptr;
+}
+
+std::vector<int64_t> Ints(const json::Value& list) {
+  std::vector<int64_t> out;
+  for (const json::Value& v : list.items()) out.push_back(v.as_int());
+  return out;
+}
+
+TEST_F(CliTest, SpecHelpDocumentsEveryOption) {
+  const Result r = Run("spec --help");
+  EXPECT_EQ(r.status, 0);
+  for (const char* word : {"--model", "--train", "--infer", "--cluster", "--per-expert", "--dtype",
+                           "--layers", "-o, --output", "exit status"}) {
+    EXPECT_NE(r.out.find(word), std::string::npos) << word;
+  }
+  EXPECT_NE(Run("--help").out.find("spec"), std::string::npos);
+  EXPECT_NE(Run("sim --help").out.find("--per-expert"), std::string::npos);
+  EXPECT_NE(Run("bench --help").out.find("--per-expert"), std::string::npos);
+}
+
+TEST_F(CliTest, SpecErrorsAreOneSentenceAndExitTwo) {
+  const fs::path gpt2 = Write("gpt2.json", R"({"model_type": "gpt2", "hidden_size": 8})");
+  const std::string tiny = "--model " + Example("models/tiny-moe.json");
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"spec", "reshard spec: needs --model M.json, --train P and --infer P (see --help)"},
+      {"spec " + tiny + " --train tp=2", "reshard spec: needs --model M.json, --train P and"},
+      {"spec --model /nonexistent/m.json --train tp=1,dp=1 --infer tp=1",
+       "reshard spec: /nonexistent/m.json: cannot open the model config"},
+      {"spec --model " + gpt2.string() + " --train tp=1,dp=1 --infer tp=1",
+       "reshard spec: " + gpt2.string() + ": "},
+      {"spec " + tiny + " --train tp=3,dp=1 --infer tp=2",
+       "reshard spec: train.tp: 3 does not divide num_attention_heads (8)"},
+      {"spec " + tiny + " --train tp=2,xp=1 --infer tp=2",
+       "reshard spec: train parallelism \"tp=2,xp=1\": unknown key \"xp\""},
+      {"spec " + tiny + " --train tp=2,dp=1 --infer tp=2,dp=2,ep=3",
+       "reshard spec: infer.ep: 3 does not divide the 8 experts"},
+      {"spec --model " + Example("models/qwen3-32b.json") +
+           " --train tp=8,dp=1 --infer tp=8 --per-expert",
+       "reshard spec: experts: per-expert tensors need routed experts, and this qwen3 model has "
+       "none"},
+      {"spec " + kTinyMoe + " --dtype fp7", "reshard spec: --dtype \"fp7\" is unknown"},
+      {"spec " + kTinyMoe + " --layers 0", "reshard spec: --layers must be a positive integer"},
+      {"spec " + kTinyMoe + " extra.json", "reshard spec: takes no positional arguments"},
+      {"spec " + kTinyMoe + " -o", "reshard spec: -o needs a value"},
+      {"spec " + kTinyMoe + " --per-expert=yes", "reshard spec: --per-expert takes no value"},
+  };
+  for (const auto& [args, prefix] : cases) {
+    const Result r = Run(args);
+    EXPECT_EQ(r.status, 2) << args;
+    EXPECT_EQ(r.out, "") << args;
+    EXPECT_EQ(Lines(r.err), 1) << args << ": " << r.err;
+    EXPECT_EQ(r.err.rfind(prefix, 0), 0u) << args << ": " << r.err;
+  }
+  EXPECT_NE(Run("spec --model " + gpt2.string() + " --train tp=1,dp=1 --infer tp=1")
+                .err.find("\"gpt2\" is not supported"),
+            std::string::npos);
+  const Result unwritable = Run("spec " + kTinyMoe + " -o /nonexistent/dir/spec.json");
+  EXPECT_EQ(unwritable.status, 1);
+  EXPECT_EQ(Lines(unwritable.err), 1) << unwritable.err;
+  EXPECT_EQ(unwritable.err.rfind("reshard spec: cannot write /nonexistent/dir/spec.json: ", 0), 0u)
+      << unwritable.err;
+}
+
+TEST_F(CliTest, SpecIsDeterministicOnStdoutAndInAFile) {
+  for (const char* per_expert : {"", " --per-expert"}) {
+    const Result a = Run("spec " + kTinyMoe + per_expert);
+    const Result b = Run("spec " + kTinyMoe + per_expert);
+    ASSERT_EQ(a.status, 0) << a.err;
+    EXPECT_EQ(a.err, "");
+    EXPECT_EQ(a.out, b.out);
+    const fs::path file = dir_ / "spec.json";
+    const Result written = Run("spec " + kTinyMoe + per_expert + " -o " + file.string());
+    EXPECT_EQ(written.status, 0) << written.err;
+    EXPECT_EQ(written.out, "");
+    EXPECT_EQ(ReadFile(file), a.out);
+    const Result long_form = Run("spec " + kTinyMoe + per_expert + " --output=" + file.string());
+    EXPECT_EQ(long_form.status, 0) << long_form.err;
+    EXPECT_EQ(ReadFile(file), a.out);
+  }
+}
+
+// What `reshard spec` writes, `reshard plan` reads, plans and verifies; the per-expert form names
+// each expert's matrices, places them where the stack's slices live, and delivers exactly the
+// stacked form's bytes to every destination rank.
+TEST_F(CliTest, PlanReadsBackWhatSpecWroteAndPerExpertAgreesInBytesWithStacked) {
+  const fs::path stacked = dir_ / "stacked.json", per_expert = dir_ / "per_expert.json";
+  ASSERT_EQ(Run("spec " + kTinyMoe + " -o " + stacked.string()).status, 0);
+  ASSERT_EQ(Run("spec " + kTinyMoe + " --per-expert -o " + per_expert.string()).status, 0);
+
+  auto spec = json::Parse(ReadFile(per_expert));
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->Find("tensors")->items().size(), 146u);
+  EXPECT_EQ(FindTensor(*spec, "layers.3.mlp.experts.gate_proj"), nullptr);
+  const json::Value* up = FindTensor(*spec, "layers.3.mlp.experts.5.up_proj");
+  ASSERT_NE(up, nullptr);
+  EXPECT_EQ(up->Find("dtype")->as_string(), "bf16");
+  EXPECT_EQ(Ints(*up->Find("shape")), (std::vector<int64_t>{24, 64}));
+  EXPECT_EQ(Ints(*up->Find("src")->Find("mesh")), (std::vector<int64_t>{6, 7}));
+  EXPECT_EQ(up->Find("src")->Find("placements")->items()[0].as_string(), "S(0)");
+  const json::Value* dst = up->Find("dst");
+  EXPECT_EQ(dst->Find("placements")->items()[1].as_string(), "S(0)");
+  EXPECT_EQ(dst->Find("buffer")->as_string(), "layers.3.mlp.experts.w13_weight");
+  EXPECT_EQ(dst->Find("view")->Find("offset")->as_int(), 5 * 24 * 64 + 12 * 64);
+  EXPECT_EQ(Ints(*dst->Find("view")->Find("strides")), (std::vector<int64_t>{64, 1}));
+  const json::Value* down = FindTensor(*spec, "layers.4.mlp.experts.0.down_proj");
+  ASSERT_NE(down, nullptr);
+  EXPECT_EQ(Ints(*down->Find("shape")), (std::vector<int64_t>{64, 24}));
+  EXPECT_EQ(Ints(*down->Find("src")->Find("mesh")), (std::vector<int64_t>{4, 5}));
+  EXPECT_EQ(down->Find("dst")->Find("buffer")->as_string(), "layers.4.mlp.experts.down_proj");
+  EXPECT_EQ(down->Find("dst")->Find("view")->Find("offset")->as_int(), 0);
+
+  const Result a = Run("plan " + stacked.string() + " --verify --tiles --json");
+  const Result b = Run("plan " + per_expert.string() + " --verify --tiles --json");
+  ASSERT_EQ(a.status, 0) << a.err;
+  ASSERT_EQ(b.status, 0) << b.err;
+  auto plan_a = json::Parse(a.out);
+  auto plan_b = json::Parse(b.out);
+  ASSERT_TRUE(plan_a.ok() && plan_b.ok());
+  EXPECT_EQ(plan_a->Find("verify")->as_string(), "passed");
+  EXPECT_EQ(plan_b->Find("verify")->as_string(), "passed");
+  EXPECT_EQ(plan_a->Find("tensors")->as_int(), 62);
+  EXPECT_EQ(plan_b->Find("tensors")->as_int(), 146);
+  EXPECT_EQ(plan_a->Find("world_size")->as_int(), 12);
+  EXPECT_EQ(plan_b->Find("world_size")->as_int(), 12);
+  EXPECT_EQ(plan_b->Find("bytes")->Find("dst_total")->as_int(),
+            plan_a->Find("bytes")->Find("dst_total")->as_int());
+  const std::map<int64_t, int64_t> per_rank = DstElementsPerRank(*plan_b);
+  EXPECT_EQ(per_rank, DstElementsPerRank(*plan_a));
+  EXPECT_EQ(per_rank.size(), 4u);  // Inference ranks 8..11 only.
+  EXPECT_EQ(per_rank.begin()->first, 8);
+}
+
+// `reshard sim --per-expert` simulates the same refit: the same bytes must cross the network.
+TEST_F(CliTest, SimPerExpertMovesTheSameBytesAsStacked) {
+  const std::string args =
+      "sim " + kTinyMoe + " --cluster " + Example("clusters/h100-nvl8.json") + " --json";
+  const Result a = Run(args);
+  const Result b = Run(args + " --per-expert");
+  ASSERT_EQ(a.status, 0) << a.err;
+  ASSERT_EQ(b.status, 0) << b.err;
+  auto sim_a = json::Parse(a.out);
+  auto sim_b = json::Parse(b.out);
+  ASSERT_TRUE(sim_a.ok() && sim_b.ok()) << a.out << b.out;
+  EXPECT_EQ(sim_a->Find("tensors")->as_int(), 62);
+  EXPECT_EQ(sim_b->Find("tensors")->as_int(), 146);
+  EXPECT_EQ(sim_b->Find("lower_bound")->Find("network_bytes")->as_int(),
+            sim_a->Find("lower_bound")->Find("network_bytes")->as_int());
+  EXPECT_NE(sim_b->Find("title")->as_string().find("per-expert"), std::string::npos);
+  const Result excluded = Run("sim --spec " + Example("specs/fused-qkv.json") + " --per-expert");
+  EXPECT_EQ(excluded.status, 2);
+  EXPECT_EQ(Lines(excluded.err), 1) << excluded.err;
+}
+
+// DeepSeek-V3 with one tensor per expert matrix: 1,025 - 58 x 3 stacks + 58 x 256 x 3 tensors.
+TEST_F(CliTest, SpecWritesDeepSeekV3PerExpert) {
+  const fs::path file = dir_ / "deepseek.json";
+  const Result r =
+      Run("spec --model " + Example("models/deepseek-v3.json") + " --cluster " +
+          Example("clusters/h100-nvl8.json") +
+          " --train pp=16,ep=16,gpus=256 --infer tp=32,dp=1 --per-expert -o " + file.string());
+  ASSERT_EQ(r.status, 0) << r.err;
+  auto spec = json::Parse(ReadFile(file));
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->Find("tensors")->items().size(), 45395u);
+  const json::Value* gate = FindTensor(*spec, "layers.60.mlp.experts.255.gate_proj");
+  ASSERT_NE(gate, nullptr);
+  EXPECT_EQ(Ints(*gate->Find("shape")), (std::vector<int64_t>{2048, 7168}));
+  // The last stage's 16 ranks (240..255) hold 16 experts each: expert 255 on rank 255, whole.
+  EXPECT_EQ(Ints(*gate->Find("src")->Find("mesh")), (std::vector<int64_t>{255}));
+  // Inference TP32 from rank 256 (one replica keeps the file at 10 MB): I split over the 32
+  // ranks, as a view at local expert 255 of w13_weight [256, 2 x 64, 7168].
+  const json::Value* dst = gate->Find("dst");
+  EXPECT_EQ(dst->Find("mesh")->items().size(), 32u);
+  EXPECT_EQ(dst->Find("mesh")->items()[0].as_int(), 256);
+  EXPECT_EQ(dst->Find("placements")->items().size(), 1u);
+  EXPECT_EQ(dst->Find("placements")->items()[0].as_string(), "S(0)");
+  EXPECT_EQ(dst->Find("view")->Find("offset")->as_int(), 255 * 128 * 7168);
 }
 
 }  // namespace

@@ -10,10 +10,19 @@
 namespace reshard::cli {
 
 absl::StatusOr<Args> Args::Parse(int argc, char** argv, const std::set<std::string>& flags,
-                                 const std::set<std::string>& options) {
+                                 const std::set<std::string>& options,
+                                 const std::map<std::string, std::string>& short_options) {
   Args args;
   for (int i = 0; i < argc; ++i) {
     std::string a = argv[i];
+    const auto alias =
+        a.size() == 2 && a[0] == '-' ? short_options.find(a.substr(1)) : short_options.end();
+    if (alias != short_options.end()) {
+      if (i + 1 >= argc) return absl::InvalidArgumentError(absl::StrCat(a, " needs a value"));
+      args.present_.insert(alias->second);
+      args.values_[alias->second] = argv[++i];
+      continue;
+    }
     if (a.rfind("--", 0) != 0 || a == "--") {
       args.positional_.push_back(a);
       continue;

@@ -1,5 +1,6 @@
-// Minimal argument parsing for subcommands: `--flag`, `--key value` and `--key=value`, plus
-// positional arguments. Unknown flags are errors.
+// Minimal argument parsing for subcommands: `--flag`, `--key value` and `--key=value`, short
+// aliases of options (`-o FILE` for `--output FILE`), plus positional arguments. Unknown flags
+// are errors.
 #pragma once
 
 #include <cstdint>
@@ -16,9 +17,12 @@ namespace reshard::cli {
 class Args {
  public:
   // `flags` take no value; `options` take one. Both are given without the leading "--".
-  [[nodiscard]] static absl::StatusOr<Args> Parse(int argc, char** argv,
-                                                  const std::set<std::string>& flags,
-                                                  const std::set<std::string>& options);
+  // `short_options` maps a one-letter alias ("o") to an option of `options` ("output"); the
+  // alias takes its value from the next argument.
+  [[nodiscard]] static absl::StatusOr<Args> Parse(
+      int argc, char** argv, const std::set<std::string>& flags,
+      const std::set<std::string>& options,
+      const std::map<std::string, std::string>& short_options = {});
 
   bool Has(const std::string& name) const { return present_.count(name) > 0; }
   std::optional<std::string> Get(const std::string& name) const;

@@ -12,26 +12,25 @@
 #include <fstream>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "src/common/json.h"
-#include "src/plan/cluster.h"
-#include "src/plan/layouts.h"
-#include "src/plan/model.h"
 #include "src/plan/plan.h"
 #include "src/plan/spec_json.h"
 #include "tools/launcher/launcher.h"
 #include "tools/reshard/args.h"
 #include "tools/reshard/commands.h"
+#include "tools/reshard/model_args.h"
 #include "tools/reshard/report.h"
 
 namespace reshard::cli {
 namespace {
 
-constexpr char kHelp[] = R"(usage: reshard bench SPEC.json [options]
+constexpr char kHelpHead[] = R"(usage: reshard bench SPEC.json [options]
        reshard bench --model M.json --train P --infer P [--cluster C.json] [options]
 
 Times one refit done three ways by the same engine in the same processes, interleaved (each
@@ -51,11 +50,19 @@ options:
                        redistribution (mpirun --allow-run-as-root --oversubscribe); needs
                        Open MPI and a spec without buffer views
   --verify ends|all|none  which iterations verify every destination element (default ends)
-  --layers N           with --model: keep only the first N layers (fits a small machine)
-  --dtype T            with --model: weight dtype (default bf16)
   --timeout-ms N       per-rank deadline for every wait (default 120000)
   --json               one JSON object: ours_ms, gather_broadcast_ms, naive_p2p_ms, mpi_ms (or
                        null), gather_broadcast_over_ours, naive_p2p_over_ours, mpi_over_ours, ...
+  --help               this text
+
+with --model instead of SPEC.json:
+)";
+
+constexpr char kHelpTail[] =
+    R"(  --cluster C.json   NVLink domains and bandwidths (default: one domain per inference TP
+                     group; the processes of this host stand in for GPUs)
+
+exit status: 0 success, 1 a rank or a refit failed, 2 invalid input or usage.
 )";
 
 double Median(std::vector<double> v) {
@@ -134,13 +141,15 @@ std::string Num(std::optional<double> v) {
 }  // namespace
 
 int BenchCommand(int argc, char** argv) {
-  auto parsed = Args::Parse(argc, argv, {"help", "json", "mpi"},
-                            {"iters", "transport", "emulate-nic", "verify", "model", "train",
-                             "infer", "cluster", "layers", "dtype", "timeout-ms"});
+  std::set<std::string> flags = ModelFlags();
+  flags.insert({"help", "json", "mpi"});
+  std::set<std::string> options = ModelOptions();
+  options.insert({"iters", "transport", "emulate-nic", "verify", "timeout-ms"});
+  auto parsed = Args::Parse(argc, argv, flags, options);
   if (!parsed.ok()) return UsageError("bench", std::string(parsed.status().message()));
   const Args& args = *parsed;
   if (args.Has("help")) {
-    std::printf("%s", kHelp);
+    std::printf("%s%s%s", kHelpHead, kModelOptionsHelp, kHelpTail);
     return kExitOk;
   }
   auto iters = args.GetInt("iters", 5);
@@ -173,40 +182,11 @@ int BenchCommand(int argc, char** argv) {
     spec = *std::move(loaded);
     title = args.positional()[0];
   } else if (args.positional().empty() && args.Has("model")) {
-    auto train_text = args.Get("train");
-    auto infer_text = args.Get("infer");
-    if (!train_text || !infer_text) return UsageError("bench", "--model needs --train and --infer");
-    auto cfg = plan::LoadModelConfig(*args.Get("model"));
-    if (!cfg.ok()) return UsageError("bench", std::string(cfg.status().message()));
-    if (args.Has("layers")) {
-      auto layers = args.GetInt("layers", 0);
-      if (!layers.ok() || *layers < 1) return UsageError("bench", "--layers must be positive");
-      cfg->num_hidden_layers = std::min(cfg->num_hidden_layers, *layers);
-      cfg->first_k_dense_replace = std::min(cfg->first_k_dense_replace, *layers);
-    }
-    auto train = plan::ParseTrainParallelism(*train_text);
-    if (!train.ok()) return UsageError("bench", std::string(train.status().message()));
-    auto infer = plan::ParseInferParallelism(*infer_text);
-    if (!infer.ok()) return UsageError("bench", std::string(infer.status().message()));
-    plan::ClusterDesc cluster;
-    if (auto path = args.Get("cluster")) {
-      auto loaded = plan::LoadClusterFile(*path);
-      if (!loaded.ok()) return UsageError("bench", std::string(loaded.status().message()));
-      cluster = *loaded;
-    } else {
-      // One domain per inference TP group: the processes of this host stand in for GPUs.
-      cluster.gpus_per_domain = cluster.gpus_per_node = infer->tp;
-    }
-    plan::ModelSpecOptions opts;
-    if (auto dtype = args.Get("dtype")) {
-      auto d = plan::ParseDType(*dtype);
-      if (!d) return UsageError("bench", absl::StrCat("--dtype \"", *dtype, "\" is unknown"));
-      opts.dtype = *d;
-    }
-    auto made = plan::MakeModelSpec(*cfg, *train, *infer, cluster, opts);
+    auto made = ModelSpecFromArgs(args, ClusterDefault::kDomainPerInferenceTp);
     if (!made.ok()) return UsageError("bench", std::string(made.status().message()));
-    spec = *std::move(made);
-    title = absl::StrCat(*args.Get("model"), ": train ", *train_text, " -> infer ", *infer_text);
+    spec = std::move(made->spec);
+    title = absl::StrCat(*args.Get("model"), ": train ", *args.Get("train"), " -> infer ",
+                         *args.Get("infer"), args.Has("per-expert") ? ", per-expert tensors" : "");
   } else {
     return UsageError("bench",
                       "needs SPEC.json or --model M.json --train P --infer P (see --help)");

@@ -7,20 +7,20 @@
 #include <fstream>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "src/common/json.h"
 #include "src/plan/cluster.h"
-#include "src/plan/layouts.h"
-#include "src/plan/model.h"
 #include "src/plan/plan.h"
 #include "src/plan/schedule.h"
 #include "src/plan/sim.h"
 #include "src/plan/spec_json.h"
 #include "tools/reshard/args.h"
 #include "tools/reshard/commands.h"
+#include "tools/reshard/model_args.h"
 #include "tools/reshard/report.h"
 
 namespace reshard::cli {
@@ -30,7 +30,7 @@ using plan::Plan;
 using plan::RefitSpec;
 using plan::SimResult;
 
-constexpr char kHelp[] =
+constexpr char kHelpHead[] =
     R"(usage: reshard sim --model M.json --cluster C.json --train P --infer P [options]
        reshard sim --spec S.json [--cluster C.json] [options]
 
@@ -39,14 +39,12 @@ sharing, fan-out streaming behind arrivals) for our domain-aware schedule, gathe
 naive point-to-point, and prints them next to the lower bound. docs/simulator.md explains the model.
 
 options:
-  --model M.json     Hugging Face config.json of the model
   --cluster C.json   cluster description (GPUs per domain, NIC and NVLink bandwidth); with --spec
                      it replaces the spec's bandwidths and, when the spec has no domains, groups
                      gpus_per_domain consecutive ranks
-  --train P          trainer parallelism, e.g. tp=4,pp=8,ep=16 (Megatron, order tp-cp-ep-dp-pp)
-  --infer P          inference parallelism, e.g. tp=8,dp=16 (vLLM)
-  --dtype T          weight dtype of the model (default bf16)
-  --spec S.json      simulate a refit spec instead of a model
+)";
+
+constexpr char kHelpTail[] = R"(  --spec S.json      simulate a refit spec instead of a model
   --no-relay         our schedule without relays between destination domains
   --no-staging       our schedule without staging receivers
   --batch-fraction F events closer than F x the current time are simulated together (default
@@ -229,13 +227,15 @@ std::string Svg(const std::string& title, const std::vector<plan::Flow>& flows, 
 }  // namespace
 
 int SimCommand(int argc, char** argv) {
-  auto parsed =
-      Args::Parse(argc, argv, {"json", "help", "no-relay", "no-staging"},
-                  {"model", "cluster", "train", "infer", "spec", "svg", "dtype", "batch-fraction"});
+  std::set<std::string> flags = ModelFlags();
+  flags.insert({"json", "help", "no-relay", "no-staging"});
+  std::set<std::string> options = ModelOptions();
+  options.insert({"spec", "svg", "batch-fraction"});
+  auto parsed = Args::Parse(argc, argv, flags, options);
   if (!parsed.ok()) return UsageError("sim", std::string(parsed.status().message()));
   const Args& args = *parsed;
   if (args.Has("help")) {
-    std::fputs(kHelp, stdout);
+    std::printf("%s%s%s", kHelpHead, kModelOptionsHelp, kHelpTail);
     return kExitOk;
   }
   if (!args.positional().empty())
@@ -251,8 +251,12 @@ int SimCommand(int argc, char** argv) {
     cluster = *loaded;
   }
   if (auto path = args.Get("spec")) {
-    if (args.Has("model") || args.Has("train") || args.Has("infer")) {
-      return UsageError("sim", "--spec excludes --model, --train and --infer");
+    for (const char* option : {"model", "train", "infer", "dtype", "layers", "per-expert"}) {
+      if (args.Has(option)) {
+        return UsageError("sim",
+                          absl::StrCat("--spec excludes --", option,
+                                       " (the spec already fixes the model and its layouts)"));
+      }
     }
     auto loaded = plan::LoadSpecFile(*path);
     if (!loaded.ok()) return UsageError("sim", std::string(loaded.status().message()));
@@ -267,35 +271,20 @@ int SimCommand(int argc, char** argv) {
     }
     title = *path;
   } else {
-    auto model_path = args.Get("model");
-    auto train_text = args.Get("train");
-    auto infer_text = args.Get("infer");
-    if (!model_path || !cluster || !train_text || !infer_text) {
+    if (!args.Has("model")) {
       return UsageError("sim",
                         "needs --model, --cluster, --train and --infer, or --spec (see --help)");
     }
-    auto cfg = plan::LoadModelConfig(*model_path);
-    if (!cfg.ok()) return UsageError("sim", std::string(cfg.status().message()));
-    auto train = plan::ParseTrainParallelism(*train_text);
-    if (!train.ok()) return UsageError("sim", std::string(train.status().message()));
-    auto infer = plan::ParseInferParallelism(*infer_text);
-    if (!infer.ok()) return UsageError("sim", std::string(infer.status().message()));
-    plan::ModelSpecOptions opts;
-    if (auto dtype = args.Get("dtype")) {
-      auto d = plan::ParseDType(*dtype);
-      if (!d) return UsageError("sim", absl::StrCat("--dtype \"", *dtype, "\" is unknown"));
-      opts.dtype = *d;
-    }
-    auto made = plan::MakeModelSpec(*cfg, *train, *infer, *cluster, opts);
+    auto made = ModelSpecFromArgs(args, ClusterDefault::kRequired);
     if (!made.ok()) return UsageError("sim", std::string(made.status().message()));
-    spec = *std::move(made);
-    spec.topology.gpus_per_node = cluster->gpus_per_node;
+    spec = std::move(made->spec);
     auto base = [](const std::string& path) {
       std::string name = path.substr(path.find_last_of('/') + 1);
       return name.size() > 5 && name.ends_with(".json") ? name.substr(0, name.size() - 5) : name;
     };
-    title = absl::StrFormat("%s on %s: train %s -> infer %s", base(*model_path),
-                            base(*args.Get("cluster")), *train_text, *infer_text);
+    title = absl::StrFormat("%s on %s: train %s -> infer %s%s", base(*args.Get("model")),
+                            base(*args.Get("cluster")), *args.Get("train"), *args.Get("infer"),
+                            args.Has("per-expert") ? ", per-expert tensors" : "");
   }
   plan::SimOptions sim_options;
   auto batch = args.GetDouble("batch-fraction", sim_options.batch_fraction);

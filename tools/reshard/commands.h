@@ -10,6 +10,7 @@ inline constexpr int kExitUsage = 2;
 
 int PlanCommand(int argc, char** argv);
 int SimCommand(int argc, char** argv);
+int SpecCommand(int argc, char** argv);
 int RunCommand(int argc, char** argv);
 int InfoCommand(int argc, char** argv);
 int BenchCommand(int argc, char** argv);

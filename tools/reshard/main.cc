@@ -16,6 +16,7 @@ struct Command {
 constexpr Command kCommands[] = {
     {"plan", reshard::cli::PlanCommand, "plan a refit spec, verify it in process, explain it"},
     {"sim", reshard::cli::SimCommand, "simulate a refit on a cluster against baselines and the bound"},
+    {"spec", reshard::cli::SpecCommand, "write the refit spec of a Hugging Face model (JSON)"},
     {"run", reshard::cli::RunCommand, "launch one process per rank and run real refits over UCX"},
     {"bench", reshard::cli::BenchCommand, "time ours vs naive p2p vs gather-broadcast (and MPI) on real processes"},
     {"store", reshard::cli::StoreCommand, "serve the rendezvous store as a process of its own"},
