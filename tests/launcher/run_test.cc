@@ -69,6 +69,19 @@ void ExpectVerifiedRun(const json::Value& v, int iters, const std::string& what)
   EXPECT_GT(v.Find("registrations_first")->as_int(), 0) << what;
   EXPECT_FALSE(v.Find("transports")->as_string().empty()) << what;
   EXPECT_TRUE(v.Find("errors")->items().empty()) << what;
+  // median_ms and p90_ms summarise iterations 2..N (the first alone when N = 1); p90 is the
+  // nearest-rank sample, the ceil(0.9 n)-th smallest, so it is one of iter_ms exactly.
+  std::vector<double> steady;
+  for (const json::Value& ms : v.Find("iter_ms")->items()) steady.push_back(ms.as_double());
+  ASSERT_EQ(steady.size(), static_cast<size_t>(iters)) << what;
+  if (steady.size() > 1) steady.erase(steady.begin());
+  std::sort(steady.begin(), steady.end());
+  ASSERT_NE(v.Find("p90_ms"), nullptr) << what;
+  ASSERT_NE(v.Find("p90_landing_ms"), nullptr) << what;
+  EXPECT_EQ(v.Find("p90_ms")->as_double(), steady[(9 * steady.size() + 9) / 10 - 1]) << what;
+  EXPECT_GE(v.Find("p90_ms")->as_double(), v.Find("median_ms")->as_double()) << what;
+  EXPECT_GE(v.Find("p90_landing_ms")->as_double(), v.Find("median_landing_ms")->as_double())
+      << what;
 }
 
 // Every reshard namespace that appeared since `before` must belong to a launcher that still
@@ -137,7 +150,8 @@ TEST(RunTest, HumanReportNamesTimesBytesRegistrationsAndTransports) {
   Output o = Reshard(absl::StrCat("run ", kSpecs, kExamples[0], " --iters 2 --timeout-ms 20000"));
   EXPECT_EQ(o.exit_code, 0) << o.out;
   for (const char* needle :
-       {"refit time", "bytes per refit", "registrations", "transports", "verified byte-exact"}) {
+       {"refit time", "median", "p90", "bytes per refit", "registrations", "transports",
+        "verified byte-exact"}) {
     EXPECT_TRUE(absl::StrContains(o.out, needle)) << needle << " missing from:\n" << o.out;
   }
 }

@@ -39,7 +39,8 @@ iteration runs every mode once, in rotating order) and verified:
   naive             point-to-point: each destination rank receives its own tile from a source
   gather_broadcast  each tensor gathered whole on one trainer rank, broadcast whole to every
                     destination rank (itself planned domain-aware, i.e. a tree), sliced locally
-Reports the median over iterations of the slowest rank's time per mode, and the ratios.
+Reports the median and p90 (nearest rank) over iterations of the slowest rank's time per mode,
+and the ratios of the medians.
 
 options:
   --iters N            iterations (default 5)
@@ -52,7 +53,9 @@ options:
   --verify ends|all|none  which iterations verify every destination element (default ends)
   --timeout-ms N       per-rank deadline for every wait (default 120000)
   --json               one JSON object: ours_ms, gather_broadcast_ms, naive_p2p_ms, mpi_ms (or
-                       null), gather_broadcast_over_ours, naive_p2p_over_ours, mpi_over_ours, ...
+                       null) (medians), ours_p90_ms, gather_broadcast_p90_ms, naive_p2p_p90_ms,
+                       mpi_p90_ms, gather_broadcast_over_ours, naive_p2p_over_ours,
+                       mpi_over_ours, ...
   --help               this text
 
 with --model instead of SPEC.json:
@@ -64,13 +67,6 @@ constexpr char kHelpTail[] =
 
 exit status: 0 success, 1 a rank or a refit failed, 2 invalid input or usage.
 )";
-
-double Median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 std::string SelfDir() {
   char buf[4096];
@@ -286,7 +282,7 @@ int BenchCommand(int argc, char** argv) {
   }
 
   // MPI reference.
-  std::optional<double> mpi_ms;
+  std::optional<double> mpi_ms, mpi_p90_ms;
   std::string mpi_note = "not requested (--mpi)";
   if (args.Has("mpi") && error.empty()) {
     const std::string mpi_program = SelfDir() + "/reshard-bench-mpi";
@@ -303,8 +299,15 @@ int BenchCommand(int argc, char** argv) {
                    "--iters", std::to_string(*iters)});
       auto doc = json::Parse(LastJsonLine(out).empty() ? "{}" : LastJsonLine(out));
       const json::Value* v = doc.ok() ? doc->Find("mpi_ms") : nullptr;
+      const json::Value* iter_ms = doc.ok() ? doc->Find("iter_ms") : nullptr;
       if (code == 0 && v != nullptr && v->is_number()) {
-        mpi_ms = v->as_double();
+        // Median and p90 of the iterations, computed like the engine modes' when available.
+        std::vector<double> samples;
+        if (iter_ms != nullptr && iter_ms->is_array()) {
+          for (const json::Value& x : iter_ms->items()) samples.push_back(x.as_double());
+        }
+        mpi_ms = samples.empty() ? v->as_double() : Median(samples);
+        mpi_p90_ms = samples.empty() ? v->as_double() : NearestRankPercentile(samples, 90);
         mpi_note = absl::StrCat("MPI_Alltoallw, subarray types, btl ", btl);
       } else {
         const json::Value* u = doc.ok() ? doc->Find("unsupported") : nullptr;
@@ -326,6 +329,7 @@ int BenchCommand(int argc, char** argv) {
   const double ours = Median(slowest["ours"]);
   const double naive = Median(slowest["naive"]);
   const double gb = Median(slowest["gather_broadcast"]);
+  auto p90 = [&](const std::string& mode) { return NearestRankPercentile(slowest[mode], 90); };
   auto ratio = [&](std::optional<double> v) -> std::optional<double> {
     if (!v || ours <= 0) return std::nullopt;
     return *v / ours;
@@ -340,6 +344,9 @@ int BenchCommand(int argc, char** argv) {
         ",\"network\":", json::Quote(net), ",\"bytes_dst_total\":", total_bytes,
         ",\"ours_ms\":", Num(ours), ",\"gather_broadcast_ms\":", Num(gb),
         ",\"naive_p2p_ms\":", Num(naive), ",\"mpi_ms\":", Num(mpi_ms),
+        ",\"ours_p90_ms\":", Num(p90("ours")),
+        ",\"gather_broadcast_p90_ms\":", Num(p90("gather_broadcast")),
+        ",\"naive_p2p_p90_ms\":", Num(p90("naive")), ",\"mpi_p90_ms\":", Num(mpi_p90_ms),
         ",\"gather_broadcast_over_ours\":", Num(ratio(gb)),
         ",\"naive_p2p_over_ours\":", Num(ratio(naive)), ",\"mpi_over_ours\":", Num(ratio(mpi_ms)),
         ",\"mpi_note\":", json::Quote(mpi_note),
@@ -371,10 +378,10 @@ int BenchCommand(int argc, char** argv) {
       world, net.c_str(), static_cast<long long>(*iters),
       FormatBytes(static_cast<double>(total_bytes)).c_str(),
       FormatBytes(static_cast<double>(max_rank_bytes)).c_str());
-  Table table({"mode", "median", "min", "max", "network", "fan-out", "vs ours"});
+  Table table({"mode", "median", "p90", "min", "max", "network", "fan-out", "vs ours"});
   auto row = [&](const std::string& name, const std::string& key) {
     const auto& v = slowest[key];
-    table.AddRow({name, FormatSeconds(Median(v) / 1e3),
+    table.AddRow({name, FormatSeconds(Median(v) / 1e3), FormatSeconds(p90(key) / 1e3),
                   FormatSeconds(*std::min_element(v.begin(), v.end()) / 1e3),
                   FormatSeconds(*std::max_element(v.begin(), v.end()) / 1e3),
                   FormatBytes(static_cast<double>(bytes_network[key])),
@@ -385,8 +392,8 @@ int BenchCommand(int argc, char** argv) {
   row("naive p2p", "naive");
   row("gather-broadcast", "gather_broadcast");
   if (mpi_ms) {
-    table.AddRow({"MPI_Alltoallw", FormatSeconds(*mpi_ms / 1e3), "", "", "", "",
-                  absl::StrFormat("%.2fx", *mpi_ms / ours)});
+    table.AddRow({"MPI_Alltoallw", FormatSeconds(*mpi_ms / 1e3), FormatSeconds(*mpi_p90_ms / 1e3),
+                  "", "", "", "", absl::StrFormat("%.2fx", *mpi_ms / ours)});
   }
   std::printf("%s", table.Render().c_str());
   std::printf("  MPI: %s\n  transports (ours): %s\n", mpi_note.c_str(),

@@ -55,7 +55,8 @@ options:
   --deadline-s S       the whole launch is killed after S seconds (default 600)
   --json               one JSON object: ok, iters, world_size, mode, transport, ucx_tls,
                        iter_ms (per iteration, slowest rank), first_ms, median_ms (median of
-                       iterations 2..N, or the first when N = 1), median_landing_ms (the same
+                       iterations 2..N, or the first when N = 1), p90_ms (their nearest-rank
+                       90th percentile), median_landing_ms and p90_landing_ms (the same
                        over receiving ranks only: from granting the epoch to the last piece
                        landing; source clocks also count waiting for destinations that are
                        still verifying the previous refit), bytes_network (per refit, all
@@ -129,13 +130,6 @@ std::string RankBinary() {
   std::string dir = n > 0 ? std::string(self, static_cast<size_t>(n)) : std::string(".");
   dir = dir.substr(0, dir.rfind('/'));
   return dir + "/reshard-rank";
-}
-
-double Median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  size_t n = v.size();
-  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
 std::string Ms(double ms) { return absl::StrFormat("%.2f", ms); }
@@ -277,12 +271,16 @@ int RunCommand(int argc, char** argv) {
       if (l.pieces > 0) landing_ms[i] = std::max(landing_ms[i], l.iter_ms[i]);
     }
   }
-  const double median_landing_ms =
-      completed > 1 ? Median(std::vector<double>(landing_ms.begin() + 1, landing_ms.end()))
-                    : (completed > 0 ? landing_ms[0] : 0);
+  // Statistics over iterations 2..N (the first includes lazy connection set-up), or over the
+  // first alone when N = 1.
+  auto steady = [completed](const std::vector<double>& v) {
+    return completed > 1 ? std::vector<double>(v.begin() + 1, v.end()) : v;
+  };
+  const double median_landing_ms = Median(steady(landing_ms));
+  const double p90_landing_ms = NearestRankPercentile(steady(landing_ms), 90);
   const double first_ms = completed > 0 ? refit_ms[0] : 0;
-  const double median_ms =
-      completed > 1 ? Median(std::vector<double>(refit_ms.begin() + 1, refit_ms.end())) : first_ms;
+  const double median_ms = Median(steady(refit_ms));
+  const double p90_ms = NearestRankPercentile(steady(refit_ms), 90);
   int64_t bytes_network = 0, max_rank_bytes = 0, reg_first = 0, reg_after = 0, pieces = 0;
   int max_rank = 0;
   int64_t bytes_fanout = 0;
@@ -337,7 +335,9 @@ int RunCommand(int argc, char** argv) {
         ",\"transport\":", Quote(result.mode == launcher::Mode::kNetns ? "tcp" : transport),
         ",\"ucx_tls\":", Quote(result.ucx_tls), ",\"plan_mode\":", Quote(plan_mode),
         ",\"iter_ms\":[", absl::StrJoin(ms, ","), "],\"first_ms\":", Ms(first_ms),
-        ",\"median_ms\":", Ms(median_ms), ",\"median_landing_ms\":", Ms(median_landing_ms), ",\"bytes_network\":", bytes_network,
+        ",\"median_ms\":", Ms(median_ms), ",\"p90_ms\":", Ms(p90_ms),
+        ",\"median_landing_ms\":", Ms(median_landing_ms),
+        ",\"p90_landing_ms\":", Ms(p90_landing_ms), ",\"bytes_network\":", bytes_network,
         ",\"max_rank_network_bytes\":", max_rank_bytes, ",\"pieces_received\":", pieces,
         ",\"registrations_first\":", reg_first,
         ",\"registrations_after_first\":", reg_after, ",\"transports\":",
@@ -374,10 +374,11 @@ int RunCommand(int argc, char** argv) {
                     absl::StrCat(slowest_rank[i])});
     }
     std::printf("%s", table.Render().c_str());
-    std::printf("refit time      first %s, median %s%s; landing median %s\n",
+    std::printf("refit time      first %s, median %s, p90 %s%s; landing median %s, p90 %s\n",
                 FormatSeconds(first_ms / 1e3).c_str(), FormatSeconds(median_ms / 1e3).c_str(),
-                completed > 1 ? " (iterations 2..N)" : "",
-                FormatSeconds(median_landing_ms / 1e3).c_str());
+                FormatSeconds(p90_ms / 1e3).c_str(), completed > 1 ? " (iterations 2..N)" : "",
+                FormatSeconds(median_landing_ms / 1e3).c_str(),
+                FormatSeconds(p90_landing_ms / 1e3).c_str());
     std::printf("bytes per refit %s over the network (busiest rank %d: %s in or out), "
                 "%lld pieces received\n",
                 FormatBytes(static_cast<double>(bytes_network)).c_str(), max_rank,

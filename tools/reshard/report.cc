@@ -25,6 +25,22 @@ std::string FormatSeconds(double s) {
 
 std::string FormatFingerprint(uint64_t fp) { return absl::StrFormat("0x%016x", fp); }
 
+double Median(std::vector<double> samples) {
+  if (samples.empty()) return 0;
+  std::sort(samples.begin(), samples.end());
+  const size_t n = samples.size();
+  return n % 2 ? samples[n / 2] : (samples[n / 2 - 1] + samples[n / 2]) / 2;
+}
+
+double NearestRankPercentile(std::vector<double> samples, int percent) {
+  if (samples.empty()) return 0;
+  percent = std::clamp(percent, 1, 100);
+  std::sort(samples.begin(), samples.end());
+  // ceil(percent * n / 100) in integers: 0.9 * 10 must give rank 9, not 10.
+  const size_t rank = (static_cast<size_t>(percent) * samples.size() + 99) / 100;
+  return samples[rank - 1];
+}
+
 std::string Table::Render() const {
   std::vector<size_t> width;
   for (const auto& row : rows_) {

@@ -1,4 +1,5 @@
-// Formatting helpers for human-readable reports: byte sizes, durations and aligned tables.
+// Helpers for reports: byte sizes, durations, aligned tables, and the statistics of timing
+// samples that `reshard run` and `reshard bench` both print.
 #pragma once
 
 #include <cstdint>
@@ -13,6 +14,15 @@ std::string FormatBytes(double bytes);
 std::string FormatSeconds(double seconds);
 // "0x0123456789abcdef".
 std::string FormatFingerprint(uint64_t fp);
+
+// The median of `samples`: the middle one, or the mean of the two middle ones for an even count;
+// 0 when empty.
+double Median(std::vector<double> samples);
+// The `percent`-th percentile (1..100) by the nearest-rank method: the smallest sample with at
+// least `percent`% of the samples at or below it, i.e. the ceil(percent/100 * n)-th smallest.
+// Always one of the samples, never interpolated: p90 of fewer than 10 samples is the largest,
+// of 10..19 samples the second largest. 0 when empty.
+double NearestRankPercentile(std::vector<double> samples, int percent);
 
 // A text table: the first row is the header; numeric-looking cells are right-aligned.
 class Table {
