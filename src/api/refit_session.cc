@@ -1,5 +1,6 @@
 #include "src/api/refit_session.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -99,14 +100,43 @@ absl::Status RefitSession::Start(uint64_t epoch) {
   return engine_->Start(epoch);
 }
 
+namespace {
+
+// What a waiting refit sleeps on (src/common/idle.h): the UCX worker while the network stage
+// runs, the fan-out doorbell once it ended. While the fan-out also waits on domain peers (an
+// incoming piece, a grant, a copy in flight), each sleep on the worker is cut to
+// kBothPendingSlice, so what they bring is seen within it.
+class WaitEvents final : public Blocker {
+ public:
+  static constexpr absl::Duration kBothPendingSlice = absl::Microseconds(250);
+  WaitEvents(Blocker& network, nvlink::Fanout* fanout) : network_(network), fanout_(fanout) {}
+  bool network_running = true;
+  void Block(absl::Duration timeout) override {
+    if (!network_running) {
+      if (fanout_ != nullptr && !fanout_->Done()) fanout_->Block(timeout);
+      return;
+    }
+    const bool fanout_waits = fanout_ != nullptr && fanout_->WaitsOnDomainPeers();
+    network_.Block(fanout_waits ? std::min(timeout, kBothPendingSlice) : timeout);
+  }
+
+ private:
+  Blocker& network_;
+  nvlink::Fanout* fanout_;
+};
+
+}  // namespace
+
 absl::Status RefitSession::Wait(uint64_t epoch, absl::Time deadline) {
-  IdlePolicy idle;
+  WaitEvents events(engine_->events(), fanout_.get());
+  IdlePolicy idle(&events);
   bool network_done = false;
   absl::Status st;
   while (true) {
     // Read before progressing: the round that starts with the engine finished is the one that
     // drains its last landings (an epoch of local copies only may finish inside Start).
     const bool engine_running = engine_->in_epoch();
+    events.network_running = engine_running;
     landed_.clear();
     bool progressed = false;
     st = engine_->Progress(&landed_, &progressed);

@@ -304,7 +304,7 @@ void PeerLink::Orphan() {
 void PeerLink::Close(absl::Time deadline, bool force) {
   rkeys_.clear();
   if (endpoint_ != nullptr) endpoint_->Close(deadline, force);
-  IdlePolicy idle;
+  IdlePolicy idle(&worker_);
   while (in_flight_ > 0 && absl::Now() < deadline) idle.Round(worker_.Progress() > 0);
 }
 

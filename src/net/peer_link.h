@@ -22,7 +22,7 @@
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "src/common/process.h"
-#include "src/net/single_copy.h"
+#include "src/common/single_copy.h"
 #include "src/net/ucx/endpoint.h"
 #include "src/net/ucx/memory.h"
 #include "src/net/ucx/ops.h"
@@ -95,7 +95,7 @@ class PeerLink {
   int64_t watched_pid() const { return process_.pid; }
   bool watched() const { return watched_; }
   // Same-host peers in host memory: put delivery writes with process_vm_writev through this
-  // writer instead of UCX puts (src/net/single_copy.h); null when not enabled.
+  // writer instead of UCX puts (src/common/single_copy.h); null when not enabled.
   void EnableSingleCopy() {
     single_copy_ = std::make_unique<SingleCopyWriter>(rank_, peer_, process_.pid);
   }

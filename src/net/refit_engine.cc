@@ -529,7 +529,7 @@ void RefitEngine::Impl::BroadcastAbort() {
   for (PeerLink* link : peers_) link->SendAbort(epoch_, reason);
   // Push the aborts out for a moment; each link keeps its messages until they are sent.
   const absl::Time until = absl::Now() + absl::Milliseconds(50);
-  IdlePolicy idle;
+  IdlePolicy idle(&runtime_->worker());
   while (absl::Now() < until) idle.Round(runtime_->worker().Progress() > 0);
 }
 
@@ -557,7 +557,7 @@ absl::Status RefitEngine::Impl::Wait(absl::Time deadline) {
   }
   // Many processes may share few cores while puts are emulated with active messages: when a
   // round does nothing, let the peer that has to progress them run.
-  IdlePolicy idle;
+  IdlePolicy idle(&runtime_->worker());
   while (status_.ok() && in_epoch_) {
     idle.Round(Pump());
     if (!status_.ok() || !in_epoch_) break;
@@ -579,7 +579,7 @@ void RefitEngine::Impl::Reset() {
   // Take in what peers already sent about the failed epoch (aborts, late signals) before
   // forgetting it; later aborts about epochs up to this one are ignored.
   const absl::Time until = absl::Now() + absl::Milliseconds(100);
-  IdlePolicy idle;
+  IdlePolicy idle(&runtime_->worker());
   for (int idle_rounds = 0; idle_rounds < 16 && absl::Now() < until;) {
     const bool progressed = runtime_->worker().Progress() > 0;
     idle_rounds = progressed ? 0 : idle_rounds + 1;
@@ -785,6 +785,7 @@ std::string RefitEngine::Transports() const {
   return transports;
 }
 const char* RefitEngine::delivery() const { return impl_->delivery_->name(); }
+Blocker& RefitEngine::events() { return impl_->runtime_->worker(); }
 bool RefitEngine::peer_error_handling() const { return impl_->runtime_->peer_error_handling(); }
 absl::Status RefitEngine::Shutdown(absl::Time deadline) { return impl_->Shutdown(deadline); }
 

@@ -54,6 +54,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "src/common/idle.h"
 #include "src/common/memory.h"
 #include "src/plan/plan.h"
 #include "src/rendezvous/store.h"
@@ -100,7 +101,7 @@ struct RefitEngineOptions {
   Delivery delivery = Delivery::kAuto;
   // Put delivery to a peer that UCX reaches over shared memory (same host, same pid namespace)
   // writes host-memory runs with process_vm_writev, up to 1024 runs per system call, instead of
-  // UCX puts: one copy, where UCX 1.13's shared-memory puts copy twice (src/net/single_copy.h).
+  // UCX puts: one copy, where UCX 1.13's shared-memory puts copy twice (src/common/single_copy.h).
   // A peer the kernel does not let this process write into (ptrace rules, seccomp) gets UCX
   // puts, with a warning naming the reason. Override: RESHARD_SINGLE_COPY=0|1.
   bool single_copy = true;
@@ -194,6 +195,9 @@ class RefitEngine {
   bool peer_error_handling() const;
   // The delivery in use: "put" or "am" (see RefitEngineOptions::delivery).
   const char* delivery() const;
+  // What an idle wait on this handle blocks on: its runtime's UCX worker (wake-up fd), shared
+  // with every handle on the runtime (src/common/idle.h).
+  Blocker& events();
 
   // Optional orderly shutdown: waits (through the store, until `deadline`) until every peer
   // of this rank has finished its epochs too, then flush-closes the endpoints. Without it the

@@ -4,7 +4,7 @@
 // streams are put into (put delivery). It publishes the remote keys of what peers write into
 // as fields of this rank's wire-up record: `key.<id>` (the packed key), `base.<id>` (the
 // address), `size.<id>` (the registered bytes) and, for host memory, `host.<id>` = 1 (same-host
-// peers may write it with process_vm_writev, src/net/single_copy.h), for each destination or
+// peers may write it with process_vm_writev, src/common/single_copy.h), for each destination or
 // staging buffer id and for landing_id() (= number of plan buffers).
 //
 // Thread-compatible. Regions are released before the staging memory they map.

@@ -84,7 +84,7 @@ absl::Status Handshake(rendezvous::Store& store, const std::string& prefix, int3
       if (link != nullptr) link->CheckProcess();
     }
   };
-  IdlePolicy idle;
+  IdlePolicy idle(&runtime.worker());
   while (true) {
     const bool progressed = runtime.worker().Progress() > 0;
     check_processes();

@@ -45,6 +45,13 @@ class BoardBackend : public FanoutBackend {
   }
   // The boards' mappings plus the subclass's own.
   int64_t mappings_created() const final { return boards_.mappings() + own_mappings(); }
+  // Sleeps on this rank's doorbell, which peers ring when a piece arrives here or when they
+  // grant an epoch this rank forwards into; subclasses with copies of their own in flight
+  // (cuda_ipc) return at once instead.
+  void Block(absl::Duration timeout) override {
+    if (CopiesInFlight()) return;
+    boards_.Block(timeout);
+  }
 
  protected:
   // Appends outgoing edges whose copy completed since the last call, after signalling their
@@ -52,6 +59,8 @@ class BoardBackend : public FanoutBackend {
   [[nodiscard]] virtual absl::Status Complete(std::vector<uint32_t>* completed) {
     return absl::OkStatus();
   }
+  // Whether copies this rank started are still running (nothing rings when they finish).
+  virtual bool CopiesInFlight() const { return false; }
   // Mappings the subclass created besides the boards (peer buffers, IPC handles).
   virtual int64_t own_mappings() const = 0;
 

@@ -19,11 +19,14 @@ absl::Status BoardSet::Create(const FanoutContext& ctx, rendezvous::Record& reco
     if (e.to_rank == rank_) {
       incoming_.push_back(i);
       peers_.push_back(e.from_rank);
+      senders_.push_back(e.from_rank);
     }
     if (e.from_rank == rank_) peers_.push_back(e.to_rank);
   }
   std::sort(peers_.begin(), peers_.end());
   peers_.erase(std::unique(peers_.begin(), peers_.end()), peers_.end());
+  std::sort(senders_.begin(), senders_.end());
+  senders_.erase(std::unique(senders_.begin(), senders_.end()), senders_.end());
   RESHARD_ASSIGN_OR_RETURN(board_, SignalBoard::Create(absl::StrFormat("r%d", rank_),
                                                        static_cast<int64_t>(incoming_.size())));
   ++mappings_;
@@ -54,6 +57,8 @@ void BoardSet::Grant(uint64_t epoch) {
   pending_in_ = incoming_;
   last_doorbell_ = ~uint64_t{0};
   board_.Grant(epoch);
+  // A sender may sleep waiting for this grant (BoardSet::Block).
+  for (int32_t peer : senders_) boards_.at(peer).Ring();
 }
 
 bool BoardSet::Granted(int32_t peer, uint64_t epoch) const {
@@ -65,10 +70,11 @@ void BoardSet::Signal(uint32_t edge, uint64_t epoch) {
 }
 
 void BoardSet::Scan(uint64_t epoch, std::vector<uint32_t>* arrived) {
-  if (pending_in_.empty()) return;
   // The doorbell is bumped after each slot store, so slots signalled before the doorbell value
-  // we read are all visible to the scan that follows it.
+  // we read are all visible to the scan that follows it; a ring after it ends Block().
   const uint64_t bell = board_.doorbell();
+  seen_doorbell_ = bell;
+  if (pending_in_.empty()) return;
   if (bell == last_doorbell_) return;
   last_doorbell_ = bell;
   size_t keep = 0;

@@ -33,6 +33,8 @@ class BoardSet {
   void Signal(uint32_t edge, uint64_t epoch);
   // Appends incoming edges that arrived for `epoch` (each once per Grant()).
   void Scan(uint64_t epoch, std::vector<uint32_t>* arrived);
+  // Sleeps while the doorbell still reads what the last Scan saw (SignalBoard::WaitForRing).
+  void Block(absl::Duration timeout) { board_.WaitForRing(seen_doorbell_, timeout); }
   // Unavailable when one of `peers` exited.
   [[nodiscard]] absl::Status CheckPeers(const std::vector<int32_t>& peers) const;
   void PublishNetworkEnd(uint64_t epoch, int64_t unix_ns) {
@@ -51,6 +53,8 @@ class BoardSet {
   std::vector<uint32_t> incoming_, pending_in_;
   std::vector<int32_t> peers_;
   uint64_t last_doorbell_ = ~uint64_t{0};
+  uint64_t seen_doorbell_ = 0;     // Read by the last Scan, before it looked at any slot.
+  std::vector<int32_t> senders_;  // Peers that forward into this rank (rung by Grant).
   int64_t mappings_ = 0;
   SignalBoard board_;
   std::map<int32_t, PeerBoard> boards_;

@@ -338,6 +338,11 @@ bool Fanout::Done() const {
          completed_count_ == static_cast<int64_t>(outgoing_.size());
 }
 
+bool Fanout::WaitsOnDomainPeers() const {
+  return arrived_count_ < static_cast<int64_t>(incoming_.size()) || !waiting_grant_.empty() ||
+         in_flight_ > 0;
+}
+
 absl::Status Fanout::Check(uint64_t epoch, absl::Time deadline) {
   if (epoch != epoch_) {
     return absl::InvalidArgumentError(absl::StrFormat(
@@ -393,7 +398,7 @@ absl::Status Fanout::Check(uint64_t epoch, absl::Time deadline) {
 }
 
 absl::Status Fanout::Wait(uint64_t epoch, absl::Time deadline) {
-  IdlePolicy idle;
+  IdlePolicy idle(this);
   while (true) {
     const int64_t before = arrived_count_ + completed_count_;
     RESHARD_RETURN_IF_ERROR(Check(epoch, deadline));

@@ -21,6 +21,8 @@
 // exited), DeadlineExceeded (a deadline passed), Internal (a system or CUDA/NCCL call failed).
 #pragma once
 
+#include <sched.h>
+
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -29,6 +31,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "src/common/idle.h"
 #include "src/common/memory.h"
 #include "src/plan/dependencies.h"
 #include "src/plan/plan.h"
@@ -134,6 +137,10 @@ class FanoutBackend {
   // read a peer's (0: not ended yet, -1: this backend cannot tell).
   virtual void PublishNetworkEnd(uint64_t epoch, int64_t unix_ns) {}
   virtual int64_t PeerNetworkEnd(int32_t peer, uint64_t epoch) { return -1; }
+  // Called by idle waits (src/common/idle.h) after a Progress() that found nothing: returns
+  // when a peer may have signalled an arrival or granted an epoch, or after at most `timeout`.
+  // Backends without an event to sleep on (NCCL) yield the core.
+  virtual void Block(absl::Duration timeout) { sched_yield(); }
 };
 
 // Everything a backend factory sees.
@@ -163,7 +170,8 @@ class FanoutFactory {
 // compiled in are listed and say so through Viable().
 std::vector<const FanoutFactory*> AllFactories();
 
-class Fanout {
+// A Blocker (src/common/idle.h): idle waits sleep on the backend's event.
+class Fanout : public Blocker {
  public:
   // Builds this rank's fan-out for `table` (a domain's edges). Collective over the ranks of
   // `domain` that appear in the table; ranks of the domain with no edge may skip it.
@@ -203,6 +211,12 @@ class Fanout {
   [[nodiscard]] absl::Status Wait(uint64_t epoch, absl::Time deadline);
   // True when Wait() would return OK now.
   bool Done() const;
+  // Whether this rank waits for something only domain peers or its own copies bring: an
+  // incoming piece, a grant, a copy in flight (outgoing edges whose piece has not landed here
+  // wait on the network instead).
+  bool WaitsOnDomainPeers() const;
+  // Sleeps until a peer may have signalled or granted something (FanoutBackend::Block).
+  void Block(absl::Duration timeout) override { backend_->Block(timeout); }
   // Statistics only: every network piece of `epoch` landed on this rank (call when the network
   // engine finished receiving). Publishes the time to the domain peers.
   void NetworkDone(uint64_t epoch);

@@ -1,12 +1,16 @@
 #include "src/nvlink/signal_board.h"
 
 #include <fcntl.h>
+#include <linux/futex.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <bit>
 #include <cerrno>
+#include <climits>
 #include <cstring>
 
 #include "absl/strings/str_format.h"
@@ -22,6 +26,7 @@ struct alignas(64) BoardHeader {
   uint64_t slots;
   alignas(64) uint64_t granted;     // Accessed through std::atomic_ref.
   alignas(64) uint64_t doorbell;    // Accessed through std::atomic_ref.
+  uint32_t sleepers;                // Owner threads blocked on the doorbell (futex).
   alignas(64) uint64_t net_end_ns;  // Written before net_epoch (release).
   uint64_t net_epoch;
 };
@@ -36,6 +41,21 @@ uint64_t* SlotPtr(uint8_t* data, int64_t slot) {
   return reinterpret_cast<uint64_t*>(data + sizeof(BoardHeader)) + slot;
 }
 BoardHeader* Header(uint8_t* data) { return reinterpret_cast<BoardHeader*>(data); }
+
+// The futex word of the doorbell: its low 32 bits (a futex is 32 bits wide; the doorbell never
+// returns to the same low half while anybody waits on it).
+static_assert(std::endian::native == std::endian::little);
+uint32_t* DoorbellWord(BoardHeader* h) { return reinterpret_cast<uint32_t*>(&h->doorbell); }
+
+// Bumps the doorbell and wakes the owner when it sleeps on it. Sequentially consistent with
+// SignalBoard::WaitForRing: either the owner sees the new doorbell before it sleeps, or this
+// sees the owner's sleepers count and wakes it (the futex re-checks the word in the kernel).
+void RingDoorbell(BoardHeader* h) {
+  std::atomic_ref<uint64_t>(h->doorbell).fetch_add(1, std::memory_order_seq_cst);
+  if (std::atomic_ref<uint32_t>(h->sleepers).load(std::memory_order_seq_cst) != 0) {
+    syscall(SYS_futex, DoorbellWord(h), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
+  }
+}
 
 // Lock byte 0 of the object through an open file description lock: held by the owner until its
 // last descriptor closes (process exit included).
@@ -125,6 +145,19 @@ uint64_t SignalBoard::doorbell() const {
   return std::atomic_ref<uint64_t>(Header(data_)->doorbell).load(std::memory_order_acquire);
 }
 
+void SignalBoard::WaitForRing(uint64_t seen, absl::Duration timeout) {
+  BoardHeader* h = Header(data_);
+  std::atomic_ref<uint32_t> sleepers(h->sleepers);
+  sleepers.fetch_add(1, std::memory_order_seq_cst);
+  if (std::atomic_ref<uint64_t>(h->doorbell).load(std::memory_order_seq_cst) == seen) {
+    const timespec ts = absl::ToTimespec(timeout);
+    // Returns at a ring (FUTEX_WAKE), when the word already differs (EAGAIN), at the timeout
+    // or on a signal (EINTR): the caller's next round looks in every case.
+    syscall(SYS_futex, DoorbellWord(h), FUTEX_WAIT, static_cast<uint32_t>(seen), &ts, nullptr, 0);
+  }
+  sleepers.fetch_sub(1, std::memory_order_seq_cst);
+}
+
 bool SignalBoard::Arrived(int64_t slot, uint64_t epoch) const {
   RESHARD_CHECK(slot >= 0 && slot < slots_);
   return std::atomic_ref<uint64_t>(*SlotPtr(data_, slot)).load(std::memory_order_acquire) == epoch;
@@ -202,8 +235,10 @@ uint64_t PeerBoard::granted() const {
 void PeerBoard::Signal(int64_t slot, uint64_t epoch) {
   RESHARD_CHECK(slot >= 0 && slot < slots_);
   std::atomic_ref<uint64_t>(*SlotPtr(data_, slot)).store(epoch, std::memory_order_release);
-  std::atomic_ref<uint64_t>(Header(data_)->doorbell).fetch_add(1, std::memory_order_acq_rel);
+  RingDoorbell(Header(data_));
 }
+
+void PeerBoard::Ring() { RingDoorbell(Header(data_)); }
 
 int64_t PeerBoard::NetworkEnd(uint64_t epoch) const {
   BoardHeader* h = Header(data_);

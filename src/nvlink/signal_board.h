@@ -17,6 +17,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 
 namespace reshard::nvlink {
 
@@ -40,6 +41,10 @@ class SignalBoard {
   void Grant(uint64_t epoch);
   // Doorbell count: changes whenever some slot was signalled.
   uint64_t doorbell() const;
+  // Blocks (futex on the doorbell, shared between processes) while the doorbell still reads
+  // `seen`, for at most `timeout`: peers ring it when they signal a slot or grant an epoch
+  // this rank waits for.
+  void WaitForRing(uint64_t seen, absl::Duration timeout);
   // True when slot `slot` was signalled for `epoch`.
   bool Arrived(int64_t slot, uint64_t epoch) const;
   // Publishes when this rank's network stage of `epoch` ended (Unix ns), for peers' statistics.
@@ -69,6 +74,8 @@ class PeerBoard {
   uint64_t granted() const;
   // Release-stores `epoch` into `slot` and rings the doorbell; call after the copy is visible.
   void Signal(int64_t slot, uint64_t epoch);
+  // Rings the doorbell only (wakes the owner if it waits; e.g. for a grant it waits on).
+  void Ring();
   // False once the owner exited.
   bool Alive() const;
   // When the owner's network stage of `epoch` ended (Unix ns), or 0 while it has not.

@@ -1,5 +1,6 @@
 // The public API across real processes started by the local launcher: a byte-exact refit over
 // shared memory and tcp, a peer killed mid-run, and the trainer/inference example pair.
+#include <sstream>
 #include <string>
 
 #include "gtest/gtest.h"
@@ -60,6 +61,36 @@ TEST(ApiFanoutTest, ReplicatedDestinationsFanOutInsideTheirDomain) {
       EXPECT_EQ(out.find("FANOUT host 0\n"), std::string::npos) << out;
     } else {
       EXPECT_NE(out.find("FANOUT engine"), std::string::npos) << out;
+    }
+  }
+}
+
+// Issue 12: waiting does not take cores. The source starts each refit 600 ms late; the rank that
+// waits on the network (the UCX worker's wake-up fd) and the one that waits on the fan-out (its
+// signal board's doorbell futex) must sleep through it. A spinning or yielding wait burns about
+// its whole wall time in CPU on an idle core; the bound is a quarter of it.
+TEST(ApiWaitTest, WaitingRanksSleepInsteadOfSpinning) {
+  for (const char* transport : {"sm", "tcp"}) {
+    auto r = reshard::launcher::Run(Options(
+        {Bin("api_peer"), "--steps", "3", "--replicated", "0", "--late-source", "600"}, 3,
+        transport));
+    ASSERT_TRUE(r.ok()) << r.status();
+    ASSERT_TRUE(r->ok()) << Describe(*r);
+    for (int rank = 1; rank <= 2; ++rank) {
+      std::istringstream out(r->ranks[rank].stdout_text);
+      std::string word;
+      int refits = 0;
+      while (out >> word) {
+        if (word != "WAIT_CPU") continue;
+        double cpu = 0, wall = 0;
+        out >> cpu >> wall;
+        refits++;
+        std::printf("%s rank %d: %.1f ms of CPU in a %.1f ms wait\n", transport, rank, cpu, wall);
+        EXPECT_GE(wall, 400) << transport << " rank " << rank << ": the source was not late";
+        EXPECT_LT(cpu, wall / 4) << transport << " rank " << rank << " used " << cpu
+                                 << " ms of CPU while waiting " << wall << " ms";
+      }
+      EXPECT_EQ(refits, 3) << Describe(*r);
     }
   }
 }

@@ -8,6 +8,9 @@
 //                   both receive all of it: it crosses the network once and fans out inside the
 //                   domain (E = 1: the network engine runs the fan-out, 0: the fan-out layer).
 //                   Prints "FANOUT <backend> <bytes fanned out>" per destination rank.
+//   --late-source MS  with --replicated: rank 0 sleeps MS ms before each refit, so ranks 1 and 2
+//                   wait (one on the network, one on the fan-out); each prints
+//                   "WAIT_CPU <cpu ms> <wall ms>" per refit: the CPU time its Execute used.
 //   --destroy-failed 1  two handles (A: 32 MiB rank 0 -> rank 1, B: the 8x6 spec). Rank 1 starts
 //                   A and stops progressing for 3 s; rank 0's A misses a 1 s deadline and rank 0
 //                   destroys A while A's messages are still in flight, then both refit B for
@@ -17,7 +20,11 @@
 //                   but over tcp B then stalls until its deadline (see docs/data-plane.md,
 //                   "Known defects").
 #include <signal.h>
+#include <sys/resource.h>
 #include <unistd.h>
+
+#include <chrono>
+#include <thread>
 
 #include <cstdio>
 #include <cstdlib>
@@ -29,12 +36,13 @@
 #include "reshard/reshard.h"
 
 int main(int argc, char** argv) {
-  int steps = 3, die_after = -1, replicated = -1, destroy_failed = 0;
+  int steps = 3, die_after = -1, replicated = -1, destroy_failed = 0, late_source = 0;
   for (int i = 1; i + 1 < argc; i += 2) {
     if (std::strcmp(argv[i], "--steps") == 0) steps = std::atoi(argv[i + 1]);
     if (std::strcmp(argv[i], "--die-after") == 0) die_after = std::atoi(argv[i + 1]);
     if (std::strcmp(argv[i], "--replicated") == 0) replicated = std::atoi(argv[i + 1]);
     if (std::strcmp(argv[i], "--destroy-failed") == 0) destroy_failed = std::atoi(argv[i + 1]);
+    if (std::strcmp(argv[i], "--late-source") == 0) late_source = std::atoi(argv[i + 1]);
   }
   auto comm = reshard::Communicator::FromEnvironment();
   if (!comm.ok()) {
@@ -65,7 +73,24 @@ int main(int argc, char** argv) {
     for (int step = 1; step <= steps; ++step) {
       for (size_t i = 0; i < w.size(); ++i)
         w[i] = rank == 0 ? step * 100000 + static_cast<int>(i) : -1;
+      if (rank == 0 && late_source > 0) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(late_source));
+      }
+      auto cpu_ms = [] {
+        rusage u{};
+        getrusage(RUSAGE_SELF, &u);
+        return (u.ru_utime.tv_sec + u.ru_stime.tv_sec) * 1e3 +
+               (u.ru_utime.tv_usec + u.ru_stime.tv_usec) / 1e3;
+      };
+      const double cpu_before = cpu_ms();
+      const auto wall_before = std::chrono::steady_clock::now();
       absl::Status st = handle->Execute(absl::Seconds(20));
+      if (late_source > 0 && rank > 0) {
+        std::printf("WAIT_CPU %.1f %.1f\n", cpu_ms() - cpu_before,
+                    std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() -
+                                                              wall_before)
+                        .count());
+      }
       if (!st.ok()) {
         std::fprintf(stderr, "rank %d step %d: %s\n", rank, step, st.ToString().c_str());
         return 1;

@@ -18,7 +18,7 @@ absl::StatusOr<std::unique_ptr<Context>> Context::Create() {
   if (st != UCS_OK) return ToStatus(st, "ucp_config_read");
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
-  params.features = UCP_FEATURE_RMA | UCP_FEATURE_AM;
+  params.features = UCP_FEATURE_RMA | UCP_FEATURE_AM | UCP_FEATURE_WAKEUP;
   params.mt_workers_shared = 0;
   ucp_context_h context = nullptr;
   st = ucp_init(&params, config, &context);

@@ -65,7 +65,7 @@ void Endpoint::Close(absl::Time deadline, bool force) {
   ucs_status_ptr_t request = StartClose(ep_, force || !error_.ok());
   ep_ = nullptr;
   if (request == nullptr || UCS_PTR_IS_ERR(request)) return;
-  IdlePolicy idle;
+  IdlePolicy idle(worker_);
   while (ucp_request_check_status(request) == UCS_INPROGRESS && absl::Now() < deadline) {
     idle.Round(worker_->Progress() > 0);
   }

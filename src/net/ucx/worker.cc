@@ -1,5 +1,11 @@
 #include "src/net/ucx/worker.h"
 
+#include <poll.h>
+#include <sched.h>
+
+#include <cerrno>
+
+#include "src/common/log.h"
 #include "src/net/ucx/status.h"
 
 namespace reshard::net::ucx {
@@ -20,7 +26,27 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Create(const Context& context) {
   }
   std::string blob(reinterpret_cast<const char*>(address), length);
   ucp_worker_release_address(worker, address);
-  return std::unique_ptr<Worker>(new Worker(worker, std::move(blob)));
+  int event_fd = -1;
+  st = ucp_worker_get_efd(worker, &event_fd);
+  if (st != UCS_OK) {
+    RESHARD_LOG(kWarning,
+                "ucp_worker_get_efd: %s; waits of this process yield the core instead of "
+                "blocking",
+                ucs_status_string(st));
+    event_fd = -1;
+  }
+  return std::unique_ptr<Worker>(new Worker(worker, std::move(blob), event_fd));
+}
+
+void Worker::Block(absl::Duration timeout) {
+  if (event_fd_ < 0) {
+    sched_yield();
+    return;
+  }
+  if (ucp_worker_arm(worker_) != UCS_OK) return;  // UCS_ERR_BUSY: events are pending.
+  pollfd fd{event_fd_, POLLIN, 0};
+  const timespec ts = absl::ToTimespec(timeout);
+  ppoll(&fd, 1, &ts, nullptr);  // EINTR or a timeout: the caller's next round checks.
 }
 
 Worker::~Worker() {

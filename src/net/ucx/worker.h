@@ -18,11 +18,16 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "src/common/idle.h"
 #include "src/net/ucx/context.h"
 
 namespace reshard::net::ucx {
 
-class Worker {
+// Blocking waits (src/common/idle.h): the context asks for UCP_FEATURE_WAKEUP and Block() arms
+// the worker, then polls its wake-up fd; every transport reshard uses (tcp, shared memory, RDMA)
+// signals incoming messages and completions through it.
+class Worker : public Blocker {
  public:
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<Worker>> Create(const Context& context);
   ~Worker();
@@ -36,15 +41,23 @@ class Worker {
   // Runs UCX callbacks; returns the number of events processed (0 when idle).
   unsigned Progress() { return ucp_worker_progress(worker_); }
 
+  // Arms the worker and waits on its wake-up fd for at most `timeout`; returns at once when
+  // events are pending (ucp_worker_arm: UCS_ERR_BUSY). Call after a Progress() that returned 0.
+  // Without a wake-up fd (ucp_worker_get_efd failed: logged once at Create) it yields instead.
+  void Block(absl::Duration timeout) override;
+  // The wake-up fd, or -1.
+  int event_fd() const { return event_fd_; }
+
   // Registers `cb(arg, ...)` for active messages with `id`. Messages are delivered whole
   // (UCP_AM_FLAG_WHOLE_MSG); callers keep their messages small enough for eager delivery.
   [[nodiscard]] absl::Status SetAmHandler(unsigned id, ucp_am_recv_callback_t cb, void* arg);
 
  private:
-  Worker(ucp_worker_h worker, std::string address)
-      : worker_(worker), address_(std::move(address)) {}
+  Worker(ucp_worker_h worker, std::string address, int event_fd)
+      : worker_(worker), address_(std::move(address)), event_fd_(event_fd) {}
   ucp_worker_h worker_;
   std::string address_;
+  int event_fd_;
 };
 
 }  // namespace reshard::net::ucx

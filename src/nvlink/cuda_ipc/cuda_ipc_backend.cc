@@ -114,6 +114,7 @@ class CudaIpcBackend final : public internal::BoardBackend {
   }
 
  private:
+  bool CopiesInFlight() const override { return !in_flight_.empty(); }
   absl::Status Complete(std::vector<uint32_t>* completed) override {
     // One stream: copies complete in order, so stop at the first one still running.
     while (!in_flight_.empty()) {

@@ -7,12 +7,14 @@
 #include <cstring>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <random>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "src/common/process.h"
+#include "src/common/single_copy.h"
 #include "src/common/status.h"
 #include "src/nvlink/backend.h"
 #include "src/nvlink/host/factory.h"
@@ -46,7 +48,7 @@ class HostBackend final : public internal::BoardBackend {
 
   absl::StatusOr<bool> Forward(uint32_t edge, uint64_t epoch) override {
     const FanoutEdge& e = table_->edges[edge];
-    const Peer& peer = peers_.at(e.to_rank);
+    Peer& peer = peers_.at(e.to_rank);
     const PeerBuffer& pb = peer.buffers.at(e.to_buffer);
     const uint8_t* src = static_cast<const uint8_t*>(buffers_[e.from_buffer].data);
     if (pb.mapped != nullptr) {
@@ -71,6 +73,7 @@ class HostBackend final : public internal::BoardBackend {
   struct Peer {
     pid_t pid = 0;
     std::map<uint32_t, PeerBuffer> buffers;
+    std::unique_ptr<SingleCopyWriter> writer;  // Set once probed: a buffer is private.
   };
 
   absl::Status Init(const FanoutContext& ctx) {
@@ -162,6 +165,7 @@ class HostBackend final : public internal::BoardBackend {
           } else {
             if (!probed) {
               RESHARD_RETURN_IF_ERROR(Probe(pr, p, peer.pid));
+              peer.writer = std::make_unique<SingleCopyWriter>(rank_, p, peer.pid);
               probed = true;
             }
             pb.remote = desc.address;
@@ -196,59 +200,22 @@ class HostBackend final : public internal::BoardBackend {
     return absl::OkStatus();
   }
 
-  absl::Status WriteRemote(const FanoutEdge& e, const Peer& peer, uintptr_t remote,
+  // One call per 1024 runs into the peer's private memory (SingleCopyWriter).
+  absl::Status WriteRemote(const FanoutEdge& e, Peer& peer, uintptr_t remote,
                            const uint8_t* src) {
-    constexpr int kBatch = 512;
-    std::vector<struct iovec> local, dst;
-    local.reserve(kBatch);
-    dst.reserve(kBatch);
     absl::Status status;
-    auto flush = [&]() {
-      int64_t want = 0;
-      for (const auto& v : local) want += static_cast<int64_t>(v.iov_len);
-      size_t li = 0, ri = 0;
-      while (want > 0 && status.ok()) {
-        const ssize_t n = process_vm_writev(peer.pid, local.data() + li, local.size() - li,
-                                            dst.data() + ri, dst.size() - ri, 0);
-        if (n < 0) {
-          if (errno == EINTR) continue;
-          status = errno == ESRCH
-                       ? absl::UnavailableError(absl::StrFormat(
-                             "fan-out: domain peer rank %d of rank %d exited", e.to_rank, rank_))
-                       : absl::InternalError(absl::StrFormat(
-                             "process_vm_writev into rank %d (tensor \"%s\"): %s", e.to_rank,
-                             table_->tensor_names.size() > e.tensor ? table_->tensor_names[e.tensor]
-                                                                    : "?",
-                             std::strerror(errno)));
-          break;
-        }
-        want -= n;
-        // Partial write: skip what was written (local and remote runs have equal lengths).
-        size_t left = static_cast<size_t>(n);
-        while (left > 0) {
-          const size_t take = std::min(left, local[li].iov_len);
-          local[li].iov_base = static_cast<uint8_t*>(local[li].iov_base) + take;
-          local[li].iov_len -= take;
-          dst[ri].iov_base = static_cast<uint8_t*>(dst[ri].iov_base) + take;
-          dst[ri].iov_len -= take;
-          left -= take;
-          if (local[li].iov_len == 0) {
-            ++li;
-            ++ri;
-          }
-        }
-      }
-      local.clear();
-      dst.clear();
-    };
     plan::ForEachRun(e.region, table_->dims_of(e), [&](int64_t f, int64_t t, int64_t n) {
-      if (!status.ok()) return;
-      local.push_back({const_cast<uint8_t*>(src + f), static_cast<size_t>(n)});
-      dst.push_back({reinterpret_cast<void*>(remote + t), static_cast<size_t>(n)});
-      if (local.size() == kBatch) flush();
+      if (status.ok()) status = peer.writer->Add(src + f, remote + t, static_cast<size_t>(n));
     });
-    if (status.ok() && !local.empty()) flush();
-    return status;
+    if (status.ok()) status = peer.writer->Write();
+    if (status.ok()) return status;
+    peer.writer->Discard();
+    return absl::Status(status.code(),
+                        absl::StrFormat("fan-out, tensor \"%s\": %s",
+                                        table_->tensor_names.size() > e.tensor
+                                            ? table_->tensor_names[e.tensor]
+                                            : "?",
+                                        status.message()));
   }
 
   const FanoutTable* table_ = nullptr;

@@ -1,4 +1,4 @@
-#include "src/net/single_copy.h"
+#include "src/common/single_copy.h"
 
 #include <sys/types.h>
 #include <sys/uio.h>
@@ -8,7 +8,7 @@
 
 #include "absl/strings/str_format.h"
 
-namespace reshard::net {
+namespace reshard {
 namespace {
 
 absl::Status Refused(int err, const std::string& what) {
@@ -86,4 +86,4 @@ absl::Status SingleCopyWriter::Write() {
   return absl::OkStatus();
 }
 
-}  // namespace reshard::net
+}  // namespace reshard

@@ -1,6 +1,6 @@
 // SingleCopyWriter: process_vm_writev of many runs per call, its short-count resumption and its
 // errors. A process may write into itself, and a forked child is a real second address space.
-#include "src/net/single_copy.h"
+#include "src/common/single_copy.h"
 
 #include <signal.h>
 #include <sys/mman.h>
@@ -13,7 +13,7 @@
 
 #include "gtest/gtest.h"
 
-namespace reshard::net {
+namespace reshard {
 namespace {
 
 uint64_t Address(const void* p) { return reinterpret_cast<uintptr_t>(p); }
@@ -105,4 +105,4 @@ TEST(SingleCopyWriter, UnmappedTargetIsDataLossAndLaterRunsStayUnwritten) {
 }
 
 }  // namespace
-}  // namespace reshard::net
+}  // namespace reshard

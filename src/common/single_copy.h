@@ -2,14 +2,12 @@
 // process's kernel copies many runs straight from its memory into a peer's registered buffer
 // with process_vm_writev, up to kMaxRuns runs per system call, through no intermediate buffer.
 //
-// UCX 1.13 emulates puts over shared memory with active messages: the origin copies each run
-// into a shared FIFO and the target copies it out again, two copies plus a handler per run.
-// Put delivery (src/net/delivery.h) writes through a SingleCopyWriter instead whenever UCX
-// itself reaches the peer over shared memory (so UCX_TLS still decides what may be used), both
-// sides of a run are host memory, the peer runs in this pid namespace, and the kernel allows
-// it (Probe: same user, ptrace access, no seccomp filter). Completion is unchanged: the writes
-// are complete when the call returns, and the batch's completion signal follows as with puts.
-// See docs/data-plane.md.
+// Two users: the network engine's put delivery (src/net/delivery.h) to a peer that UCX reaches
+// over shared memory, where UCX 1.13 would emulate each put with active messages (two copies
+// and a handler per run; docs/data-plane.md, "Single copy on one host"), and the host fan-out
+// backend (src/nvlink/host) into a domain peer's private memory. Both check first that the
+// peer runs in this pid namespace and that the kernel allows it (same user, ptrace access, no
+// seccomp filter). The writes are complete when Write() returns.
 //
 // Thread-compatible; Add and Write neither allocate nor lock.
 #pragma once
@@ -22,7 +20,7 @@
 
 #include "absl/status/status.h"
 
-namespace reshard::net {
+namespace reshard {
 
 class SingleCopyWriter {
  public:
@@ -60,4 +58,4 @@ class SingleCopyWriter {
   int64_t bytes_ = 0;
 };
 
-}  // namespace reshard::net
+}  // namespace reshard
