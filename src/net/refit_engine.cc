@@ -152,6 +152,12 @@ absl::Status RefitEngine::Impl::Init(rendezvous::Store& store, std::vector<Buffe
     return absl::InvalidArgumentError(absl::StrFormat(
         "rank %d is outside the plan's world of %d ranks", rank_, plan_.world_size()));
   }
+  if (plan_.rank() >= 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "rank %d was given rank %d's share of the plan; the engine names pieces by their index "
+        "in the whole plan and needs BuildPlan's",
+        rank_, plan_.rank()));
+  }
   if (buffers.size() != plan_.buffers().size()) {
     return absl::InvalidArgumentError(absl::StrFormat("rank %d passed %d buffers, the plan has %d",
                                                       rank_, buffers.size(),

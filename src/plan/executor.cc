@@ -15,6 +15,10 @@ constexpr uint8_t kPoison = 0xA5;
 }
 
 absl::StatusOr<LocalWorld> LocalWorld::Create(const Plan& plan, int64_t max_bytes) {
+  if (plan.rank() >= 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "verifying in process needs the whole plan, not rank %d's share", plan.rank()));
+  }
   LocalWorld world(plan);
   const int32_t n = plan.world_size();
   std::vector<std::vector<int64_t>> sizes(n);

@@ -101,7 +101,20 @@ class Plan {
   const std::vector<int64_t>& nic_in_bytes() const { return nic_in_; }
   const std::vector<int64_t>& nic_out_bytes() const { return nic_out_; }
 
+  // The world plan (rank() == -1) holds every transfer; a rank's plan (BuildRankPlan) holds only
+  // the transfers it sends or receives, in plan order, and only the regions they use. In both,
+  // Transfer::after and transfer_id() are indices into the world plan's transfers (what names a
+  // piece between ranks), Transfer::region indexes this plan's regions, and sends()/receives()
+  // index this plan's transfers(). Everything else (stats, tensor stats, NIC loads, staging
+  // sizes, buffers, fingerprint) is the world's, identical in both.
+  int32_t rank() const { return rank_; }
   const std::vector<Transfer>& transfers() const { return transfers_; }
+  // World index of transfers()[i].
+  uint32_t transfer_id(size_t i) const {
+    return transfer_ids_.empty() ? static_cast<uint32_t>(i) : transfer_ids_[i];
+  }
+  // Transfers in the world plan.
+  uint64_t world_transfers() const { return world_transfers_; }
   const Region& region(uint32_t i) const { return regions_[i]; }
   const RegionDim* region_dims(const Region& r) const { return region_dims_.data() + r.dims_begin; }
   size_t num_regions() const { return regions_.size(); }
@@ -124,6 +137,9 @@ class Plan {
   friend class PlanBuilder;
   std::shared_ptr<const RefitSpec> spec_;
   int32_t world_size_ = 0;
+  int32_t rank_ = -1;
+  uint64_t world_transfers_ = 0;
+  std::vector<uint32_t> transfer_ids_;  // Empty in the world plan (identity).
   uint64_t fingerprint_ = 0;
   PlanStats stats_;
   std::vector<TensorStats> tensor_stats_;
@@ -167,6 +183,14 @@ struct PlanOptions {
 // ResourceExhausted when the plan would exceed 2^32 transfers or regions.
 [[nodiscard]] absl::StatusOr<Plan> BuildPlan(std::shared_ptr<const RefitSpec> spec,
                                              const PlanOptions& options = {});
+
+// The share of `rank` in the plan BuildPlan(spec, options) makes: every schedule decision is
+// the same (the whole spec is scheduled), but only the transfers `rank` sends or receives (its
+// network sends and receives, relays, fan-out copies in and out, local copies) and their regions
+// are kept, so memory scales with the rank's share. Stats and fingerprint equal the world plan's.
+// Errors as BuildPlan, and InvalidArgument when rank is outside [0, world size).
+[[nodiscard]] absl::StatusOr<Plan> BuildRankPlan(std::shared_ptr<const RefitSpec> spec,
+                                                 int32_t rank, const PlanOptions& options = {});
 
 // Calls fn(rank, box) for every rank holding a tile of `tensor` on `side`, empty tiles included.
 template <typename Fn>

@@ -37,34 +37,43 @@ std::vector<int64_t> Plan::BufferBytes(int32_t rank) const {
   return bytes;
 }
 
+// Builds the world plan (rank -1) or one rank's share of it. Both schedule the whole spec and
+// see every region and transfer in the same order: statistics, NIC loads, staging sizes and the
+// fingerprint are computed as they stream past, and only what the plan keeps is stored.
 class PlanBuilder : public ScheduleSink {
  public:
-  PlanBuilder(std::shared_ptr<const RefitSpec> spec, const PlanOptions& options)
-      : options_(options) {
+  PlanBuilder(std::shared_ptr<const RefitSpec> spec, const PlanOptions& options, int32_t rank)
+      : options_(options), rank_(rank) {
     plan_.spec_ = std::move(spec);
+    plan_.rank_ = rank;
   }
 
   absl::StatusOr<Plan> Build() {
     const RefitSpec& spec = *plan_.spec_;
     plan_.world_size_ = spec.WorldSize();
     load_.assign(plan_.world_size_, 0);
+    plan_.nic_in_.assign(plan_.world_size_, 0);
+    plan_.nic_out_.assign(plan_.world_size_, 0);
     AssignBuffers();
     plan_.tensor_stats_.resize(spec.tensors.size());
     std::unique_ptr<DomainMap> domains;
     if (options_.schedule == PlanOptions::Schedule::kDomainAware) {
       domains = std::make_unique<DomainMap>(spec);
-      const LowerBound lb = ComputeLowerBound(spec, *domains);
-      scheduler_ = std::make_unique<DomainScheduler>(spec, *domains, options_, lb.max_nic_bytes);
+      scheduler_ = std::make_unique<DomainScheduler>(spec, *domains, options_);
       // Mostly two regions per piece (source to a holder, holder to holder in its domain), and
       // a quarter more for split pieces and staging: spares regrowth copies and page faults.
-      const size_t pieces = static_cast<size_t>(scheduler_->num_pieces());
-      plan_.regions_.reserve(2 * pieces + pieces / 4);
+      if (rank_ < 0) {
+        const size_t pieces = static_cast<size_t>(scheduler_->num_pieces());
+        plan_.regions_.reserve(2 * pieces + pieces / 4);
+      }
     }
     // Typically every destination rank receives a transfer or more per tensor: reserving that
     // and a quarter more spares whole-model plans most regrowth of millions of transfers.
-    size_t expected_transfers = 0;
-    for (const TensorSpec& ts : spec.tensors) expected_transfers += ts.dst.mesh.ranks.size();
-    plan_.transfers_.reserve(expected_transfers + expected_transfers / 4);
+    if (rank_ < 0) {
+      size_t expected_transfers = 0;
+      for (const TensorSpec& ts : spec.tensors) expected_transfers += ts.dst.mesh.ranks.size();
+      plan_.transfers_.reserve(expected_transfers + expected_transfers / 4);
+    }
     for (size_t t = 0; t < spec.tensors.size(); ++t) {
       RESHARD_RETURN_IF_ERROR(PlanTensor(t));
     }
@@ -74,35 +83,126 @@ class PlanBuilder : public ScheduleSink {
       plan_.buffers_.push_back({"(staging)", Side::kStage, 1});
       plan_.stage_bytes_ = std::move(stage_bytes_);
     }
+    plan_.world_transfers_ = world_transfers_;
     BuildIndexes();
-    ComputeStats();
+    FinishStats();
     ComputeFingerprint();
     return std::move(plan_);
   }
 
  private:
-  // ScheduleSink.
+  bool Keeps(const Transfer& tr) const {
+    return rank_ < 0 || tr.from_rank == rank_ || tr.to_rank == rank_;
+  }
+
+  // ScheduleSink. Region ids handed out are world ids; a rank's plan holds the regions of the
+  // current part until PartDone and stores one only when a kept transfer names it.
   uint32_t AddRegion(const Box& box, const TileAddress& from, const TileAddress& to) override {
-    plan_.regions_.push_back(MakeRegion(box, from, to, elem_, plan_.region_dims_));
-    return static_cast<uint32_t>(plan_.regions_.size() - 1);
+    const uint32_t id = world_regions_++;
+    if (rank_ < 0) {
+      plan_.regions_.push_back(MakeRegion(box, from, to, elem_, plan_.region_dims_));
+      HashRegion(plan_.regions_.back(), plan_.region_dims(plan_.regions_.back()));
+      return id;
+    }
+    if (pending_.empty()) pending_base_ = id;
+    pending_.push_back({MakeRegion(box, from, to, elem_, pending_dims_), -1});
+    HashRegion(pending_.back().region, pending_dims_.data() + pending_.back().region.dims_begin);
+    return id;
   }
   int32_t AddTransfer(const Transfer& tr) override {
-    plan_.transfers_.push_back(tr);
-    TensorStats& stats = plan_.tensor_stats_[tr.tensor];
-    if (tr.to_side == Side::kDst) {
-      const Region& region = plan_.regions_[tr.region];
-      ++stats.pieces;
-      stats.bytes += region.bytes;
-      stats.runs += region.num_runs();
-      if (region.ndims == 0) ++stats.contiguous;
+    const Region& region = WorldRegion(tr.region);
+    HashTransfer(tr);
+    CountTransfer(tr, region);
+    const auto id = static_cast<int32_t>(world_transfers_++);
+    if (rank_ < 0) {
+      plan_.transfers_.push_back(tr);
+      return id;
     }
-    return static_cast<int32_t>(plan_.transfers_.size() - 1);
+    if (!Keeps(tr)) return id;
+    Pending& p = pending_[tr.region - pending_base_];
+    if (p.local < 0) {
+      Region copy = p.region;
+      copy.dims_begin = static_cast<uint32_t>(plan_.region_dims_.size());
+      const RegionDim* dims = pending_dims_.data() + p.region.dims_begin;
+      plan_.region_dims_.insert(plan_.region_dims_.end(), dims, dims + p.region.ndims);
+      p.local = static_cast<int64_t>(plan_.regions_.size());
+      plan_.regions_.push_back(copy);
+    }
+    Transfer kept = tr;
+    kept.region = static_cast<uint32_t>(p.local);
+    plan_.transfers_.push_back(kept);
+    plan_.transfer_ids_.push_back(static_cast<uint32_t>(id));
+    return id;
   }
   int64_t AllocateStage(int32_t rank, int64_t bytes) override {
     if (stage_bytes_.empty()) stage_bytes_.assign(plan_.world_size_, 0);
     const int64_t offset = stage_bytes_[rank];
     stage_bytes_[rank] += (bytes + 63) / 64 * 64;
     return offset;
+  }
+  void PartDone() override {
+    pending_.clear();
+    pending_dims_.clear();
+  }
+
+  const Region& WorldRegion(uint32_t id) const {
+    return rank_ < 0 ? plan_.regions_[id] : pending_[id - pending_base_].region;
+  }
+
+  void HashRegion(const Region& r, const RegionDim* dims) {
+    Fingerprint& fp = region_fp_;
+    fp.Add(static_cast<uint64_t>(r.from_offset));
+    fp.Add(static_cast<uint64_t>(r.to_offset));
+    fp.Add(static_cast<uint64_t>(r.run_bytes));
+    fp.Add(static_cast<uint64_t>(r.bytes));
+    fp.Add(static_cast<uint64_t>(r.ndims));
+    for (int i = 0; i < r.ndims; ++i) {
+      fp.Add(static_cast<uint64_t>(dims[i].count));
+      fp.Add(static_cast<uint64_t>(dims[i].from_stride));
+      fp.Add(static_cast<uint64_t>(dims[i].to_stride));
+    }
+  }
+  void HashTransfer(const Transfer& tr) {
+    Fingerprint& fp = transfer_fp_;
+    fp.Add((static_cast<uint64_t>(tr.tensor) << 32) | tr.region);
+    fp.Add((static_cast<uint64_t>(static_cast<uint32_t>(tr.from_rank)) << 32) |
+           static_cast<uint32_t>(tr.to_rank));
+    fp.Add((static_cast<uint64_t>(static_cast<uint32_t>(tr.after)) << 24) |
+           (static_cast<uint64_t>(tr.to_side) << 16) | (static_cast<uint64_t>(tr.kind) << 8) |
+           static_cast<uint64_t>(tr.from_side));
+  }
+
+  // Plan and tensor statistics of one world transfer.
+  void CountTransfer(const Transfer& tr, const Region& r) {
+    PlanStats& s = plan_.stats_;
+    s.runs += r.num_runs();
+    switch (tr.kind) {
+      case TransferKind::kLocal:
+        s.bytes_local += r.bytes;
+        break;
+      case TransferKind::kNetwork:
+        s.bytes_network += r.bytes;
+        if (tr.from_side != Side::kSrc) s.bytes_relay += r.bytes;
+        plan_.nic_out_[tr.from_rank] += r.bytes;
+        plan_.nic_in_[tr.to_rank] += r.bytes;
+        break;
+      case TransferKind::kFanout:
+        s.bytes_fanout += r.bytes;
+        break;
+    }
+    ++s.pieces;
+    if (tr.to_side == Side::kDst) {
+      s.bytes_dst_total += r.bytes;
+    } else {
+      s.bytes_staged += r.bytes;
+    }
+    if (tr.to_side == Side::kDst) {
+      TensorStats& stats = plan_.tensor_stats_[tr.tensor];
+      ++stats.pieces;
+      stats.bytes += r.bytes;
+      stats.runs += r.num_runs();
+      if (r.ndims == 0) ++stats.contiguous;
+    }
   }
 
   void AssignBuffers() {
@@ -154,49 +254,39 @@ class PlanBuilder : public ScheduleSink {
       }
       ++sources_in_cell;
       stats.max_sources = std::max(stats.max_sources, sources_in_cell);
-      if (scheduler_) {
-        const int64_t sbase = src.CellBaseIndex(scell);
-        for (int64_t j = 0; j < src_replicas; ++j) {
-          src_holders[j] = ts.src.mesh.ranks[sbase + src.replica_offset(j)];
-        }
-        const int64_t dbase = dst.CellBaseIndex(dcell);
-        for (int64_t j = 0; j < dst_replicas; ++j) {
-          dst_holders[j] = ts.dst.mesh.ranks[dbase + dst.replica_offset(j)];
-        }
-        scheduler_->SchedulePiece(static_cast<uint32_t>(t), elem, piece,
-                                  MakeTileAddress(ts.src, sbox), MakeTileAddress(ts.dst, dbox),
-                                  src_holders, dst_holders, *this);
-        return;
-      }
-      const uint32_t region_index = static_cast<uint32_t>(plan_.regions_.size());
-      plan_.regions_.push_back(MakeRegion(piece, MakeTileAddress(ts.src, sbox),
-                                          MakeTileAddress(ts.dst, dbox), elem, plan_.region_dims_));
-      const Region& region = plan_.regions_.back();
       const int64_t sbase = src.CellBaseIndex(scell);
       for (int64_t j = 0; j < src_replicas; ++j) {
         src_holders[j] = ts.src.mesh.ranks[sbase + src.replica_offset(j)];
       }
       const int64_t dbase = dst.CellBaseIndex(dcell);
       for (int64_t j = 0; j < dst_replicas; ++j) {
-        const int32_t to = ts.dst.mesh.ranks[dbase + dst.replica_offset(j)];
+        dst_holders[j] = ts.dst.mesh.ranks[dbase + dst.replica_offset(j)];
+      }
+      if (scheduler_) {
+        scheduler_->SchedulePiece(static_cast<uint32_t>(t), elem, piece,
+                                  MakeTileAddress(ts.src, sbox), MakeTileAddress(ts.dst, dbox),
+                                  src_holders, dst_holders, *this);
+        return;
+      }
+      const uint32_t region =
+          AddRegion(piece, MakeTileAddress(ts.src, sbox), MakeTileAddress(ts.dst, dbox));
+      const int64_t bytes = WorldRegion(region).bytes;
+      for (const int32_t to : dst_holders) {
         const int32_t from = ChooseSource(src_holders, to);
-        load_[from] += region.bytes;
+        load_[from] += bytes;
         Transfer tr;
         tr.tensor = static_cast<uint32_t>(t);
-        tr.region = region_index;
+        tr.region = region;
         tr.from_rank = from;
         tr.to_rank = to;
         tr.kind = from == to ? TransferKind::kLocal : TransferKind::kNetwork;
         tr.from_side = Side::kSrc;
-        plan_.transfers_.push_back(tr);
-        ++stats.pieces;
-        stats.bytes += region.bytes;
-        stats.runs += region.num_runs();
-        if (region.ndims == 0) ++stats.contiguous;
+        AddTransfer(tr);
       }
+      PartDone();
     });
-    if (plan_.transfers_.size() >= std::numeric_limits<uint32_t>::max() ||
-        plan_.regions_.size() >= std::numeric_limits<uint32_t>::max() ||
+    if (world_transfers_ >= std::numeric_limits<uint32_t>::max() ||
+        world_regions_ >= std::numeric_limits<uint32_t>::max() ||
         plan_.region_dims_.size() >= std::numeric_limits<uint32_t>::max()) {
       return absl::ResourceExhaustedError(absl::StrFormat(
           "tensor \"%s\": the plan exceeds 2^32 transfers or regions; split the spec", ts.name));
@@ -245,42 +335,18 @@ class PlanBuilder : public ScheduleSink {
     }
   }
 
-  void ComputeStats() {
+  void FinishStats() {
     PlanStats& s = plan_.stats_;
     s.tensors = static_cast<int64_t>(plan_.spec_->tensors.size());
-    s.regions = static_cast<int64_t>(plan_.regions_.size());
-    plan_.nic_in_.assign(plan_.world_size_, 0);
-    plan_.nic_out_.assign(plan_.world_size_, 0);
-    for (const Transfer& tr : plan_.transfers_) {
-      const Region& r = plan_.regions_[tr.region];
-      s.runs += r.num_runs();
-      switch (tr.kind) {
-        case TransferKind::kLocal:
-          s.bytes_local += r.bytes;
-          break;
-        case TransferKind::kNetwork:
-          s.bytes_network += r.bytes;
-          if (tr.from_side != Side::kSrc) s.bytes_relay += r.bytes;
-          plan_.nic_out_[tr.from_rank] += r.bytes;
-          plan_.nic_in_[tr.to_rank] += r.bytes;
-          break;
-        case TransferKind::kFanout:
-          s.bytes_fanout += r.bytes;
-          break;
-      }
-      ++s.pieces;
-      if (tr.to_side == Side::kDst) {
-        s.bytes_dst_total += r.bytes;
-      } else {
-        s.bytes_staged += r.bytes;
-      }
-    }
+    s.regions = static_cast<int64_t>(world_regions_);
     for (int32_t rank = 0; rank < plan_.world_size_; ++rank) {
       s.max_nic_bytes =
           std::max({s.max_nic_bytes, plan_.nic_in_[rank], plan_.nic_out_[rank]});
     }
   }
 
+  // The spec's names, the buffers, then the streamed hashes of every world region and transfer
+  // in plan order (the same in the world plan and in every rank's share).
   void ComputeFingerprint() {
     Fingerprint fp;
     const RefitSpec& spec = *plan_.spec_;
@@ -294,41 +360,46 @@ class PlanBuilder : public ScheduleSink {
       fp.Add(b.name);
       fp.Add(static_cast<uint64_t>(b.side));
     }
-    for (const Region& r : plan_.regions_) {
-      fp.Add(static_cast<uint64_t>(r.from_offset));
-      fp.Add(static_cast<uint64_t>(r.to_offset));
-      fp.Add(static_cast<uint64_t>(r.run_bytes));
-      fp.Add(static_cast<uint64_t>(r.bytes));
-      fp.Add(static_cast<uint64_t>(r.ndims));
-      const RegionDim* dims = plan_.region_dims(r);
-      for (int i = 0; i < r.ndims; ++i) {
-        fp.Add(static_cast<uint64_t>(dims[i].count));
-        fp.Add(static_cast<uint64_t>(dims[i].from_stride));
-        fp.Add(static_cast<uint64_t>(dims[i].to_stride));
-      }
-    }
-    for (const Transfer& tr : plan_.transfers_) {
-      fp.Add((static_cast<uint64_t>(tr.tensor) << 32) | tr.region);
-      fp.Add((static_cast<uint64_t>(static_cast<uint32_t>(tr.from_rank)) << 32) |
-             static_cast<uint32_t>(tr.to_rank));
-      fp.Add((static_cast<uint64_t>(static_cast<uint32_t>(tr.after)) << 24) |
-             (static_cast<uint64_t>(tr.to_side) << 16) | (static_cast<uint64_t>(tr.kind) << 8) |
-             static_cast<uint64_t>(tr.from_side));
-    }
+    fp.Add(static_cast<uint64_t>(world_regions_));
+    fp.Add(region_fp_.value());
+    fp.Add(world_transfers_);
+    fp.Add(transfer_fp_.value());
     plan_.fingerprint_ = fp.value();
   }
 
+  struct Pending {
+    Region region;
+    int64_t local = -1;  // Index in the rank's plan once a kept transfer uses it.
+  };
+
   PlanOptions options_;
+  const int32_t rank_;
   Plan plan_;
   std::unique_ptr<DomainScheduler> scheduler_;
   std::vector<int64_t> stage_bytes_;
   int elem_ = 1;
   std::vector<int64_t> load_;  // Bytes each rank sends so far, for spreading replicas.
+  uint64_t world_regions_ = 0, world_transfers_ = 0;
+  Fingerprint region_fp_, transfer_fp_;
+  // A rank's plan: the regions of the part being scheduled (world ids from pending_base_).
+  std::vector<Pending> pending_;
+  std::vector<RegionDim> pending_dims_;
+  uint32_t pending_base_ = 0;
 };
 
 absl::StatusOr<Plan> BuildPlan(std::shared_ptr<const RefitSpec> spec, const PlanOptions& options) {
   RESHARD_RETURN_IF_ERROR(Validate(*spec));
-  return PlanBuilder(std::move(spec), options).Build();
+  return PlanBuilder(std::move(spec), options, -1).Build();
+}
+
+absl::StatusOr<Plan> BuildRankPlan(std::shared_ptr<const RefitSpec> spec, int32_t rank,
+                                   const PlanOptions& options) {
+  RESHARD_RETURN_IF_ERROR(Validate(*spec));
+  if (rank < 0 || rank >= spec->WorldSize()) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "rank %d is outside the spec's world of %d ranks", rank, spec->WorldSize()));
+  }
+  return PlanBuilder(std::move(spec), options, rank).Build();
 }
 
 }  // namespace reshard::plan

@@ -35,7 +35,12 @@ DomainMap::DomainMap(const RefitSpec& spec) {
   }
 }
 
-LowerBound ComputeLowerBound(const RefitSpec& spec, const DomainMap& domains) {
+namespace {
+
+// The lower bound's pass over every piece of the spec; `on_piece(t, src, dst, dcell, scell,
+// piece)` sees each piece too, so that the scheduler's own pre-pass shares the enumeration.
+template <typename OnPiece>
+LowerBound LowerBoundPass(const RefitSpec& spec, const DomainMap& domains, OnPiece&& on_piece) {
   LowerBound lb;
   const int32_t nd = domains.num_domains();
   std::vector<int64_t> ingest(nd, 0), need_sum(nd, 0);
@@ -82,6 +87,7 @@ LowerBound ComputeLowerBound(const RefitSpec& spec, const DomainMap& domains) {
                    }
                    if (network)
                      cell_egress[sbase] = std::max<int64_t>(cell_egress[sbase], 0) + bytes;
+                   on_piece(t, src, dst, dcell, scell, piece);
                  });
     for (size_t base = 0; base < cell_egress.size(); ++base) {
       if (cell_egress[base] < 0) continue;
@@ -160,9 +166,15 @@ LowerBound ComputeLowerBound(const RefitSpec& spec, const DomainMap& domains) {
   return lb;
 }
 
+}  // namespace
+
+LowerBound ComputeLowerBound(const RefitSpec& spec, const DomainMap& domains) {
+  return LowerBoundPass(spec, domains, [](auto&&...) {});
+}
+
 DomainScheduler::DomainScheduler(const RefitSpec& spec, const DomainMap& domains,
-                                 const PlanOptions& options, int64_t target_nic_bytes)
-    : spec_(spec), domains_(domains), options_(options), target_(target_nic_bytes) {
+                                 const PlanOptions& options)
+    : spec_(spec), domains_(domains), options_(options) {
   const int32_t world = domains.world_size();
   in_.assign(world, 0);
   out_.assign(world, 0);
@@ -173,49 +185,46 @@ DomainScheduler::DomainScheduler(const RefitSpec& spec, const DomainMap& domains
   domain_stamp_.assign(domains.num_domains(), 0);
   // What every holder would ingest if each piece were spread evenly over the holders of its
   // destination cell in each domain that needs it. The pieces of one destination cell come
-  // together, so its holders are grouped by domain once per cell.
-  for (size_t t = 0; t < spec.tensors.size(); ++t) {
+  // together, so its holders are grouped by domain once per cell. One pass with the bound's.
+  size_t grouped_tensor = SIZE_MAX;
+  int64_t grouped_dbase = -1;
+  lower_bound_ = LowerBoundPass(spec, domains, [&](size_t t, const TileGrid& src,
+                                                   const TileGrid& dst, const TileGrid::Cell& dcell,
+                                                   const TileGrid::Cell& scell, const Box& piece) {
     const TensorSpec& ts = spec.tensors[t];
-    const int64_t elem = DTypeSize(ts.dtype);
-    TileGrid src(ts.src, ts.shape), dst(ts.dst, ts.shape);
-    int64_t grouped_dbase = -1;
-    ForEachPiece(
-        src, dst,
-        [&](const TileGrid::Cell& dcell, const Box&, const TileGrid::Cell& scell, const Box&,
-            const Box& piece) {
-          ++num_pieces_;
-          const double bytes = static_cast<double>(piece.NumElements() * elem);
-          const int64_t dbase = dst.CellBaseIndex(dcell);
-          if (dbase != grouped_dbase) {
-            grouped_dbase = dbase;
-            dst_by_domain_.clear();
-            for (int64_t j = 0; j < dst.num_replicas(); ++j) {
-              const int32_t r = ts.dst.mesh.ranks[dbase + dst.replica_offset(j)];
-              dst_by_domain_.push_back({domains.domain_of(r), r});
-            }
-            GroupByDomain();
-          }
-          const uint64_t stamp = ++stamp_;
-          const int64_t sbase = src.CellBaseIndex(scell);
-          for (int64_t j = 0; j < src.num_replicas(); ++j) {
-            domain_stamp_[domains.domain_of(ts.src.mesh.ranks[sbase + src.replica_offset(j)])] =
-                stamp;
-          }
-          bool network = false;
-          for (const auto& [begin, end] : domain_groups_) {
-            if (domain_stamp_[dst_by_domain_[begin].first] == stamp) continue;
-            network = true;
-            for (size_t k = begin; k < end; ++k) {
-              pending_[dst_by_domain_[k].second] += bytes / (end - begin);
-            }
-          }
-          if (network) {
-            for (int64_t j = 0; j < src.num_replicas(); ++j) {
-              owed_[ts.src.mesh.ranks[sbase + src.replica_offset(j)]] += bytes / src.num_replicas();
-            }
-          }
-        });
-  }
+    ++num_pieces_;
+    const double bytes = static_cast<double>(piece.NumElements() * DTypeSize(ts.dtype));
+    const int64_t dbase = dst.CellBaseIndex(dcell);
+    if (t != grouped_tensor || dbase != grouped_dbase) {
+      grouped_tensor = t;
+      grouped_dbase = dbase;
+      dst_by_domain_.clear();
+      for (int64_t j = 0; j < dst.num_replicas(); ++j) {
+        const int32_t r = ts.dst.mesh.ranks[dbase + dst.replica_offset(j)];
+        dst_by_domain_.push_back({domains.domain_of(r), r});
+      }
+      GroupByDomain();
+    }
+    const uint64_t stamp = ++stamp_;
+    const int64_t sbase = src.CellBaseIndex(scell);
+    for (int64_t j = 0; j < src.num_replicas(); ++j) {
+      domain_stamp_[domains.domain_of(ts.src.mesh.ranks[sbase + src.replica_offset(j)])] = stamp;
+    }
+    bool network = false;
+    for (const auto& [begin, end] : domain_groups_) {
+      if (domain_stamp_[dst_by_domain_[begin].first] == stamp) continue;
+      network = true;
+      for (size_t k = begin; k < end; ++k) {
+        pending_[dst_by_domain_[k].second] += bytes / (end - begin);
+      }
+    }
+    if (network) {
+      for (int64_t j = 0; j < src.num_replicas(); ++j) {
+        owed_[ts.src.mesh.ranks[sbase + src.replica_offset(j)]] += bytes / src.num_replicas();
+      }
+    }
+  });
+  target_ = lower_bound_.max_nic_bytes;
   dst_by_domain_.clear();
   domain_groups_.clear();
 }
@@ -365,7 +374,10 @@ void DomainScheduler::SchedulePart(uint32_t tensor, int elem, const Box& part,
       emit(Endpoint{best, Side::kSrc}, target, TransferKind::kFanout, -1);
     }
   }
-  if (network_groups_.empty()) return;
+  if (network_groups_.empty()) {
+    sink.PartDone();
+    return;
+  }
   for (int32_t h : src_holders) {
     owed_[h] = std::max(0.0, owed_[h] - static_cast<double>(bytes) / src_holders.size());
   }
@@ -447,6 +459,7 @@ void DomainScheduler::SchedulePart(uint32_t tensor, int elem, const Box& part,
       emit(receiver, Endpoint{to, Side::kDst}, TransferKind::kFanout, receiver.transfer);
     }
   }
+  sink.PartDone();
 }
 
 }  // namespace reshard::plan

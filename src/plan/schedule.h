@@ -75,13 +75,19 @@ class ScheduleSink {
   virtual int32_t AddTransfer(const Transfer& transfer) = 0;
   // Reserves `bytes` of `rank`'s staging buffer; returns the byte offset (aligned to 64).
   virtual int64_t AllocateStage(int32_t rank, int64_t bytes) = 0;
+  // Every transfer naming a region added so far has been added: a sink that keeps only some
+  // transfers may forget the regions none of them used.
+  virtual void PartDone() {}
 };
 
 class DomainScheduler {
  public:
-  // `target_nic_bytes`: relays start once a source NIC would exceed it (the lower bound).
-  DomainScheduler(const RefitSpec& spec, const DomainMap& domains, const PlanOptions& options,
-                  int64_t target_nic_bytes);
+  // Computes the lower bound and the expected loads in one pass over the spec's pieces; relays
+  // start once a source NIC would exceed the bound's max_nic_bytes.
+  DomainScheduler(const RefitSpec& spec, const DomainMap& domains, const PlanOptions& options);
+
+  // ComputeLowerBound(spec, domains), computed by the constructor's pass.
+  const LowerBound& lower_bound() const { return lower_bound_; }
 
   // Schedules one piece of tensor `tensor` (element size `elem`): `src_holders` hold source
   // tile `src` (all at the same address), `dst_holders` need destination tile `dst`.
@@ -116,7 +122,8 @@ class DomainScheduler {
   const RefitSpec& spec_;
   const DomainMap& domains_;
   PlanOptions options_;
-  int64_t target_;
+  LowerBound lower_bound_;
+  int64_t target_ = 0;
   std::vector<int64_t> in_, out_, nvlink_out_;
   std::vector<double> pending_;
   // Egress each source rank still owes: one send of every piece it holds that some domain

@@ -35,6 +35,7 @@ class FlowAggregator {
 }  // namespace
 
 std::vector<Flow> FlowsFromPlan(const Plan& plan) {
+  RESHARD_CHECK(plan.rank() < 0);  // Flows of the whole world: a rank's share lacks the rest.
   FlowAggregator agg;
   const auto& transfers = plan.transfers();
   std::vector<int32_t> stage(transfers.size(), 0);

@@ -35,6 +35,7 @@
 #include "src/plan/executor.h"
 #include "src/plan/plan.h"
 #include "src/plan/spec_json.h"
+#include "tests/plan/rank_plan_check.h"
 
 namespace reshard::plan {
 namespace {
@@ -599,6 +600,7 @@ TEST(OracleTest, RandomSpecsPlanExactly) {
   const auto start = std::chrono::steady_clock::now();
   Rng rng(kSeed);
   int64_t elements = 0, transfers = 0, kinds[3] = {0, 0, 0}, staged = 0, relays = 0;
+  int64_t rank_plans = 0;
   int fused = 0, strided = 0, shared_ranks = 0, nested = 0, replicated_both = 0, empty_shards = 0;
   for (int c = 0; c < kCases; ++c) {
     RefitSpec spec = RandomSpec(rng);
@@ -660,6 +662,16 @@ TEST(OracleTest, RandomSpecsPlanExactly) {
     ASSERT_TRUE(plan.ok()) << "case " << c << ": " << plan.status();
     const std::string error = CheckPlan(*plan, elements);
     ASSERT_EQ(error, "") << "case " << c << "\n" << Describe(spec);
+    // A few ranks' shares equal the world plan restricted to them (ranks chosen from the case
+    // number, so the random stream of specs stays the same).
+    const int32_t world = plan->world_size();
+    for (int32_t rank : {static_cast<int32_t>(c % world), static_cast<int32_t>((7 * c + 3) % world),
+                         world - 1}) {
+      auto share = BuildRankPlan(shared, rank, options);
+      ASSERT_TRUE(share.ok()) << "case " << c << ": " << share.status();
+      ASSERT_EQ(CompareRankPlan(*plan, *share, rank), "") << "case " << c << "\n" << Describe(spec);
+      ++rank_plans;
+    }
     transfers += static_cast<int64_t>(plan->transfers().size());
     for (const Transfer& tr : plan->transfers()) {
       ++kinds[static_cast<int>(tr.kind)];
@@ -679,6 +691,8 @@ TEST(OracleTest, RandomSpecsPlanExactly) {
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   std::printf("oracle: %d cases, %lld transfers, %lld destination elements checked in %.2f s\n",
               kCases, static_cast<long long>(transfers), static_cast<long long>(elements), seconds);
+  std::printf("rank plans: %lld equal to the world plan restricted to their rank\n",
+              static_cast<long long>(rank_plans));
   std::printf("coverage (tensors): fused %d, strided views %d, shared ranks %d, nested %d, "
               "replicated both sides %d, layouts with empty shards %d\n",
               fused, strided, shared_ranks, nested, replicated_both, empty_shards);

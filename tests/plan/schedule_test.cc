@@ -19,6 +19,7 @@
 #include "src/plan/model.h"
 #include "src/plan/plan.h"
 #include "src/plan/spec_json.h"
+#include "tests/plan/rank_plan_check.h"
 
 namespace reshard::plan {
 namespace {
@@ -374,6 +375,46 @@ TEST(ScheduleTest, ModelLayoutsVerifyInProcess) {
   EXPECT_GT(relayed, 0);
   EXPECT_GT(staged, 0);
   EXPECT_GT(fanned_out, 0);
+}
+
+// Every rank's share of random specs with random domains, in every schedule variant, equals the
+// world plan restricted to that rank: same transfers, regions, staging, stats and fingerprint.
+TEST(ScheduleTest, RankPlansEqualTheWorldPlanRestricted) {
+  std::mt19937_64 rng(2026);
+  int compared = 0;
+  for (int iter = 0; iter < 120; ++iter) {
+    const int world = std::uniform_int_distribution<int>(2, 12)(rng);
+    RefitSpec spec = RandomSpec(rng, world);
+    if (!Validate(spec).ok()) continue;
+    auto shared = std::make_shared<const RefitSpec>(spec);
+    for (int variant = 0; variant < 5; ++variant) {
+      SCOPED_TRACE(absl::StrCat("iteration ", iter, " variant ", variant, "\n", SpecToJson(spec)));
+      PlanOptions o;
+      o.relay = variant & 1;
+      o.staging = variant & 2;
+      o.split_min_bytes = variant == 3 ? 16 : o.split_min_bytes;
+      o.split_part_bytes = 8;
+      if (variant == 4) o.schedule = PlanOptions::Schedule::kPointToPoint;
+      const Plan plan = MustPlan(shared, o);
+      for (int32_t rank = 0; rank < plan.world_size(); ++rank) {
+        auto share = BuildRankPlan(shared, rank, o);
+        ASSERT_TRUE(share.ok()) << share.status();
+        ASSERT_EQ(CompareRankPlan(plan, *share, rank), "");
+        ++compared;
+      }
+    }
+  }
+  EXPECT_GT(compared, 1000);
+  // A rank outside the world is refused.
+  auto shared = LoadExample("fig3-tp4-to-tp2dp2.json");
+  EXPECT_EQ(BuildRankPlan(shared, shared->WorldSize()).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(BuildRankPlan(shared, -1).status().code(), absl::StatusCode::kInvalidArgument);
+  // A share cannot stand for the whole plan where the whole plan is executed.
+  auto share = BuildRankPlan(shared, 0);
+  ASSERT_TRUE(share.ok());
+  EXPECT_EQ(VerifyPlanInProcess(*share, int64_t{1} << 30).code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 TEST(ScheduleTest, PlansAreDeterministic) {
