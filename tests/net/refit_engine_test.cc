@@ -141,6 +141,14 @@ TEST(RefitEngine, RejectsBuffersThatDoNotMatchThePlan) {
   auto no_runtime = RefitEngine::Create(rb.plan, 2, **store, nullptr, rb.buffers);
   EXPECT_EQ(no_runtime.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(wrong_rank.status().code(), absl::StatusCode::kInvalidArgument);
+  // A rank's share of the plan (BuildRankPlan) names its transfers by world index only through
+  // transfer_id(); the engine needs the whole plan.
+  auto share = plan::BuildRankPlan(rb.plan.shared_spec(), 2);
+  ASSERT_TRUE(share.ok()) << share.status();
+  auto from_share = RefitEngine::Create(*share, 2, **store, *runtime, rb.buffers);
+  EXPECT_EQ(from_share.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(from_share.status().message().find("share"), absl::string_view::npos)
+      << from_share.status();
 }
 
 // Found by fuzz_engine (tests/fuzz/regressions/engine/unknown-id-by-rendezvous): Runtime::Dispatch

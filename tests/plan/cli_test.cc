@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -212,6 +213,51 @@ TEST_F(CliTest, EveryExampleSpecVerifiesWithJsonOutput) {
     EXPECT_FALSE(doc->Find("fingerprint")->as_string().empty());
   }
   EXPECT_GE(specs, 4);
+}
+
+// `plan --rank R`: each rank's share carries the world plan's fingerprint and totals, and the
+// shares of all ranks add up to the world's network and fan-out bytes.
+TEST_F(CliTest, PlanOneRankSharesAddUpToTheWorld) {
+  const std::string spec =
+      std::string(RESHARD_SOURCE_DIR) + "/examples/specs/fig3-tp4-to-tp2dp2.json";
+  auto world = json::Parse(Run("plan " + spec + " --json").out);
+  ASSERT_TRUE(world.ok()) << world.status();
+  const int64_t world_size = world->Find("world_size")->as_int();
+  int64_t network_out = 0, network_in = 0, fanout_out = 0, fanout_in = 0;
+  for (int64_t r = 0; r < world_size; ++r) {
+    const Result res = Run("plan " + spec + " --rank " + std::to_string(r) + " --json");
+    ASSERT_EQ(res.status, 0) << res.err;
+    auto doc = json::Parse(res.out);
+    ASSERT_TRUE(doc.ok()) << doc.status() << "\n" << res.out;
+    EXPECT_EQ(doc->Find("fingerprint")->as_string(), world->Find("fingerprint")->as_string());
+    EXPECT_EQ(doc->Find("pieces")->as_int(), world->Find("pieces")->as_int());
+    const json::Value* rank = doc->Find("rank");
+    ASSERT_NE(rank, nullptr);
+    EXPECT_EQ(rank->Find("rank")->as_int(), r);
+    EXPECT_GT(rank->Find("peak_rss_bytes")->as_int(), 0);
+    const json::Value* bytes = rank->Find("bytes");
+    ASSERT_NE(bytes, nullptr);
+    network_out += bytes->Find("network_out")->as_int();
+    network_in += bytes->Find("network_in")->as_int();
+    fanout_out += bytes->Find("fanout_out")->as_int();
+    fanout_in += bytes->Find("fanout_in")->as_int();
+  }
+  const json::Value* bytes = world->Find("bytes");
+  EXPECT_GT(bytes->Find("network")->as_int(), 0);
+  EXPECT_EQ(network_out, bytes->Find("network")->as_int());
+  EXPECT_EQ(network_in, bytes->Find("network")->as_int());
+  EXPECT_EQ(fanout_out, bytes->Find("fanout")->as_int());
+  EXPECT_EQ(fanout_in, bytes->Find("fanout")->as_int());
+  // The text form names the rank's share.
+  const Result text = Run("plan " + spec + " --rank 4");
+  EXPECT_EQ(text.status, 0);
+  EXPECT_NE(text.out.find("rank 4"), std::string::npos) << text.out;
+  // A rank outside the world, or --verify with --rank: usage errors in one line.
+  for (const std::string& args : {std::string(" --rank 99"), std::string(" --rank 0 --verify")}) {
+    const Result bad = Run("plan " + spec + args);
+    EXPECT_EQ(bad.status, 2) << args;
+    EXPECT_EQ(std::count(bad.err.begin(), bad.err.end(), '\n'), 1) << bad.err;
+  }
 }
 
 TEST_F(CliTest, FingerprintIsTheSameAcrossRuns) {

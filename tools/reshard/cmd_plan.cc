@@ -1,6 +1,8 @@
-// `reshard plan SPEC.json [--verify] [--json] [--explain] [--tiles]`
+// `reshard plan SPEC.json [--rank R] [--verify] [--json] [--explain] [--tiles]`
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
+#include <fstream>
 #include <memory>
 #include <string>
 
@@ -28,6 +30,10 @@ Plans a refit spec: for every destination tile, the exact regions it needs from 
 tile, as contiguous runs and strided regions. Prints a readable summary.
 
 options:
+  --rank R             plan only rank R's share, as each rank of a refit does at set-up: the
+                       transfers it sends, receives, relays or fans out (every schedule decision
+                       the same as in the whole plan, same fingerprint); prints what the rank
+                       moves, its planning time and the process's peak memory
   --verify             execute the plan in process over every rank's buffers (sources filled
                        with a strong hash of tensor name and global index) and check every
                        destination element and that nothing outside destination views changed
@@ -37,8 +43,13 @@ options:
                        local shape), to check a layout against what a framework holds
   --json               one JSON object: ok, verify (passed|failed|skipped), tensors, pieces,
                        regions, runs, bytes {dst_total, network, local, fanout}, plan_seconds,
-                       fingerprint, world_size; with --explain or --tiles also "explain"/"tiles"
+                       fingerprint, world_size; with --explain or --tiles also "explain"/"tiles";
+                       with --rank also "rank" {rank, transfers, regions, sends, receives,
+                       bytes {network_out, network_in, relay_out, fanout_out, fanout_in, local,
+                       staged_in}, stage_bytes, peak_rss_bytes}
   --help               this text
+
+--verify executes the whole plan, so it cannot be combined with --rank.
 
 exit status: 0 success, 1 verification failed, 2 invalid spec or usage.
 )";
@@ -112,11 +123,51 @@ std::string ExplainJson(const Plan& plan) {
   return out + "]";
 }
 
+// Peak resident memory of this process (VmHWM), or -1 when /proc does not say.
+int64_t PeakRssBytes() {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("VmHWM:", 0) == 0) return std::strtoll(line.c_str() + 6, nullptr, 10) * 1024;
+  }
+  return -1;
+}
+
+// What one rank's share moves (a rank's plan holds only its own transfers).
+struct RankShare {
+  int64_t sends = 0, receives = 0;
+  int64_t network_out = 0, network_in = 0, relay_out = 0, fanout_out = 0, fanout_in = 0;
+  int64_t local = 0, staged_in = 0;
+};
+
+RankShare ShareOf(const Plan& p, int32_t rank) {
+  RankShare s;
+  for (const plan::Transfer& t : p.transfers()) {
+    const int64_t bytes = p.region(t.region).bytes;
+    if (t.kind == plan::TransferKind::kLocal) {
+      if (t.to_rank == rank) s.local += bytes;
+      continue;
+    }
+    const bool network = t.kind == plan::TransferKind::kNetwork;
+    if (t.from_rank == rank) {
+      ++s.sends;
+      (network ? s.network_out : s.fanout_out) += bytes;
+      if (network && t.from_side != Side::kSrc) s.relay_out += bytes;
+    }
+    if (t.to_rank == rank) {
+      ++s.receives;
+      (network ? s.network_in : s.fanout_in) += bytes;
+      if (t.to_side == Side::kStage) s.staged_in += bytes;
+    }
+  }
+  return s;
+}
+
 }  // namespace
 
 int PlanCommand(int argc, char** argv) {
   auto parsed = Args::Parse(argc, argv, {"verify", "json", "explain", "tiles", "help"},
-                            {"verify-max-bytes"});
+                            {"verify-max-bytes", "rank"});
   if (!parsed.ok()) return UsageError("plan", std::string(parsed.status().message()));
   const Args& args = *parsed;
   if (args.Has("help")) {
@@ -126,6 +177,12 @@ int PlanCommand(int argc, char** argv) {
   if (args.positional().size() != 1) return UsageError("plan", "expects one SPEC.json (see --help)");
   auto max_bytes = args.GetInt("verify-max-bytes", int64_t{4} << 30);
   if (!max_bytes.ok()) return UsageError("plan", std::string(max_bytes.status().message()));
+  auto rank_arg = args.GetInt("rank", -1);
+  if (!rank_arg.ok()) return UsageError("plan", std::string(rank_arg.status().message()));
+  const bool one_rank = args.Has("rank");
+  if (one_rank && args.Has("verify")) {
+    return UsageError("plan", "--verify executes the whole plan and cannot be combined with --rank");
+  }
 
   const std::string& path = args.positional()[0];
   auto loaded = plan::LoadSpecFile(path);
@@ -134,8 +191,13 @@ int PlanCommand(int argc, char** argv) {
     return kExitUsage;
   }
   auto spec = std::make_shared<const RefitSpec>(*std::move(loaded));
+  if (one_rank && (*rank_arg < 0 || *rank_arg >= spec->WorldSize())) {
+    return UsageError("plan", absl::StrFormat("--rank %d is not a rank of the spec's world of %d",
+                                              *rank_arg, spec->WorldSize()));
+  }
+  const int32_t rank = static_cast<int32_t>(*rank_arg);
   const auto start = std::chrono::steady_clock::now();
-  auto built = plan::BuildPlan(spec);
+  auto built = one_rank ? plan::BuildRankPlan(spec, rank) : plan::BuildPlan(spec);
   const double plan_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   if (!built.ok()) {
@@ -162,6 +224,8 @@ int PlanCommand(int argc, char** argv) {
   }
   const bool ok = verify != "failed";
   const auto& s = p.stats();
+  const int64_t peak_rss = PeakRssBytes();
+  const RankShare share = one_rank ? ShareOf(p, rank) : RankShare{};
 
   if (args.Has("json")) {
     std::string out = absl::StrFormat(
@@ -173,6 +237,18 @@ int PlanCommand(int argc, char** argv) {
         p.world_size(), s.bytes_dst_total, s.bytes_network, s.bytes_local, s.bytes_fanout,
         plan_seconds, FormatFingerprint(p.fingerprint()));
     if (!verify_error.empty()) absl::StrAppend(&out, ", \"error\": ", json::Quote(verify_error));
+    if (one_rank) {
+      absl::StrAppend(
+          &out,
+          absl::StrFormat(
+              ", \"rank\": {\"rank\": %d, \"transfers\": %d, \"regions\": %d, \"sends\": %d, "
+              "\"receives\": %d, \"bytes\": {\"network_out\": %d, \"network_in\": %d, "
+              "\"relay_out\": %d, \"fanout_out\": %d, \"fanout_in\": %d, \"local\": %d, "
+              "\"staged_in\": %d}, \"stage_bytes\": %d, \"peak_rss_bytes\": %d}",
+              rank, p.transfers().size(), p.num_regions(), share.sends, share.receives,
+              share.network_out, share.network_in, share.relay_out, share.fanout_out,
+              share.fanout_in, share.local, share.staged_in, p.stage_bytes(rank), peak_rss));
+    }
     if (args.Has("explain")) absl::StrAppend(&out, ", \"explain\": ", ExplainJson(p));
     if (args.Has("tiles")) absl::StrAppend(&out, ", \"tiles\": ", TilesJson(*spec));
     out += "}\n";
@@ -192,6 +268,20 @@ int PlanCommand(int argc, char** argv) {
                 FormatBytes(s.bytes_dst_total).c_str(), FormatBytes(s.bytes_network).c_str(),
                 FormatBytes(s.bytes_local).c_str(), FormatBytes(s.bytes_fanout).c_str());
     std::printf("fingerprint %s\n", FormatFingerprint(p.fingerprint()).c_str());
+    if (one_rank) {
+      std::printf("rank %d      %zu transfers, %zu regions, planned in %s, peak memory %s\n", rank,
+                  p.transfers().size(), p.num_regions(), FormatSeconds(plan_seconds).c_str(),
+                  peak_rss < 0 ? "unknown" : FormatBytes(static_cast<double>(peak_rss)).c_str());
+      std::printf("  sends     %lld: %s over the network (%s of it relayed), %s fan-out\n",
+                  static_cast<long long>(share.sends), FormatBytes(share.network_out).c_str(),
+                  FormatBytes(share.relay_out).c_str(), FormatBytes(share.fanout_out).c_str());
+      std::printf("  receives  %lld: %s over the network (%s into staging), %s fan-out, %s local "
+                  "copies\n",
+                  static_cast<long long>(share.receives), FormatBytes(share.network_in).c_str(),
+                  FormatBytes(share.staged_in).c_str(), FormatBytes(share.fanout_in).c_str(),
+                  FormatBytes(share.local).c_str());
+      std::printf("  staging   %s\n", FormatBytes(p.stage_bytes(rank)).c_str());
+    }
     if (args.Has("verify")) {
       std::printf("verify      %s in %s%s%s\n", verify.c_str(), FormatSeconds(verify_seconds).c_str(),
                   verify_error.empty() ? "" : ": ", verify_error.c_str());
