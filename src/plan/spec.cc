@@ -282,9 +282,11 @@ absl::Status CheckSelfOverlap(const TensorSpec& t, const Layout& l, const char* 
   return absl::OkStatus();
 }
 
+// A tile as the overlap check sorts it: small (a whole model's tiles of one buffer are sorted
+// per rank), its box recomputed from its cell only for the tiles whose hulls chain.
 struct TileInBuffer {
   size_t tensor;
-  Box box;
+  int64_t cell;    // Flat cell index in the tensor's TileGrid.
   int64_t lo, hi;  // Address hull [lo, hi) in elements.
 };
 
@@ -372,11 +374,32 @@ absl::Status CheckBufferOverlap(const RefitSpec& spec, Side side, const std::str
   absl::flat_hash_map<int32_t, std::vector<TileInBuffer>> by_rank;
   for (size_t t : tensors) {
     const Layout& l = spec.layout(t, side);
-    ForEachTile(spec, t, side, [&](int32_t rank, const Box& box) {
-      if (box.empty()) return;
-      by_rank[rank].push_back({t, box, l.view.offset, TileExtent(l, box)});
-    });
+    const TileGrid grid(l, spec.tensors[t].shape);
+    for (int64_t flat = 0; flat < grid.num_cells(); ++flat) {
+      const TileGrid::Cell cell = grid.CellAt(flat);
+      const Box box = grid.CellBox(cell);
+      if (box.empty()) continue;
+      const int64_t extent = TileExtent(l, box);  // The same for every replica of the cell.
+      const int64_t base = grid.CellBaseIndex(cell);
+      for (int64_t j = 0; j < grid.num_replicas(); ++j) {
+        by_rank[l.mesh.ranks[base + grid.replica_offset(j)]].push_back(
+            {t, flat, l.view.offset, extent});
+      }
+    }
   }
+  // Boxes of the tiles in chaining groups, from their tensors' grids (built once per tensor).
+  absl::flat_hash_map<size_t, TileGrid> grids;
+  std::vector<Box> boxes;
+  auto box_of = [&](const TileInBuffer& tile) {
+    auto it = grids.find(tile.tensor);
+    if (it == grids.end()) {
+      it = grids
+               .try_emplace(tile.tensor, spec.layout(tile.tensor, side),
+                            spec.tensors[tile.tensor].shape)
+               .first;
+    }
+    return it->second.CellBox(it->second.CellAt(tile.cell));
+  };
   std::vector<int32_t> ranks;
   for (const auto& [r, v] : by_rank) ranks.push_back(r);
   std::sort(ranks.begin(), ranks.end());
@@ -401,17 +424,19 @@ absl::Status CheckBufferOverlap(const RefitSpec& spec, Side side, const std::str
       const TileInBuffer* group = &tiles[first];
       first = last;
       if (n < 2) continue;
+      boxes.clear();
+      for (size_t k = 0; k < n; ++k) boxes.push_back(box_of(group[k]));
       key.clear();
       for (size_t k = 0; k < n; ++k) {
         key.push_back(static_cast<int64_t>(group[k].tensor));
-        for (int d = 0; d < group[k].box.ndim; ++d) key.push_back(group[k].box.extent(d));
+        for (int d = 0; d < boxes[k].ndim; ++d) key.push_back(boxes[k].extent(d));
       }
       auto it = checked.find(key);
       if (it == checked.end()) {
         int64_t total = 0;
         for (size_t k = 0; k < n; ++k) {
           total =
-              SaturatingAdd(total, TileRunCount(spec.layout(group[k].tensor, side), group[k].box));
+              SaturatingAdd(total, TileRunCount(spec.layout(group[k].tensor, side), boxes[k]));
         }
         if (total > kMaxExactOverlapCheck || total > runs_budget) {
           return TensorError(
@@ -426,7 +451,7 @@ absl::Status CheckBufferOverlap(const RefitSpec& spec, Side side, const std::str
         if (starts.size() < n) starts.resize(n);
         runs.resize(n);
         for (size_t k = 0; k < n; ++k) {
-          runs[k] = TileRuns(spec.layout(group[k].tensor, side), group[k].box, starts[k]);
+          runs[k] = TileRuns(spec.layout(group[k].tensor, side), boxes[k], starts[k]);
         }
         it = checked.emplace(key, FirstCollision(starts, runs, n)).first;
       }
