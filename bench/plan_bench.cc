@@ -27,121 +27,11 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "bench/synthetic_spec.h"
 #include "src/plan/plan.h"
 
 namespace reshard::plan {
 namespace {
-
-constexpr int kDp = 16;
-constexpr int kTp = 8;
-constexpr int kInferenceBase = kDp * kTp;
-constexpr int64_t kHidden = 7168;
-constexpr int64_t kQ = 24576;
-constexpr int64_t kKv = 576;
-constexpr int64_t kSharedFfn = 2048;
-constexpr int64_t kExpertFfn = 2048;
-constexpr int kExpertsPerLayer = 64;
-constexpr int64_t kStackedExperts = 160;
-constexpr int64_t kVocab = 151937;
-
-Mesh TrainerMesh() {
-  Mesh m;
-  m.shape = {kDp, kTp};
-  for (int r = 0; r < kDp * kTp; ++r) m.ranks.push_back(r);  // rank = dp * 8 + tp
-  return m;
-}
-
-Mesh InferenceMesh() {
-  Mesh m;
-  m.shape = {kDp, kTp};
-  for (int dp = 0; dp < kDp; ++dp) {
-    for (int tp = 0; tp < kTp; ++tp) m.ranks.push_back(kInferenceBase + tp * kDp + dp);
-  }
-  return m;
-}
-
-// The tp group of trainer dp row `dp`: a 1-D mesh of 8 ranks.
-Mesh TrainerTpGroup(int dp) {
-  Mesh m;
-  m.shape = {kTp};
-  for (int tp = 0; tp < kTp; ++tp) m.ranks.push_back(dp * kTp + tp);
-  return m;
-}
-
-Placement R() { return Placement::Replicate(); }
-Placement S(int d) { return Placement::Shard(d); }
-
-class ModelBuilder {
- public:
-  explicit ModelBuilder(size_t limit) : limit_(limit) {
-    spec_.topology.ranks_per_domain = 8;
-    spec_.tensors.reserve(limit);
-  }
-
-  bool full() const { return spec_.tensors.size() >= limit_; }
-
-  void Add(std::string name, DType dtype, std::vector<int64_t> shape, Mesh src_mesh,
-           std::vector<Placement> src, Mesh dst_mesh, std::vector<Placement> dst) {
-    if (full()) return;
-    TensorSpec t;
-    t.name = std::move(name);
-    t.dtype = dtype;
-    t.shape = std::move(shape);
-    t.src.mesh = std::move(src_mesh);
-    t.src.placements = std::move(src);
-    t.dst.mesh = std::move(dst_mesh);
-    t.dst.placements = std::move(dst);
-    spec_.tensors.push_back(std::move(t));
-  }
-
-  RefitSpec Build() {
-    const Mesh train = TrainerMesh(), infer = InferenceMesh();
-    Add("model.embed_tokens.weight", DType::kBf16, {kVocab, kHidden}, train, {R(), S(0)}, infer,
-        {R(), S(0)});
-    Add("lm_head.weight", DType::kBf16, {kVocab, kHidden}, train, {R(), S(0)}, infer, {R(), S(0)});
-    Add("model.norm.weight", DType::kBf16, {kHidden}, train, {R(), R()}, infer, {R(), R()});
-    for (int layer = 0; !full(); ++layer) {
-      const std::string p = absl::StrCat("model.layers.", layer, ".");
-      Add(p + "input_layernorm.weight", DType::kBf16, {kHidden}, train, {R(), R()}, infer,
-          {R(), R()});
-      Add(p + "self_attn.q_proj.weight", DType::kBf16, {kQ, kHidden}, train, {R(), S(0)}, infer,
-          {R(), S(0)});
-      Add(p + "self_attn.kv_proj.weight", DType::kBf16, {kKv, kHidden}, train, {R(), S(0)}, infer,
-          {R(), S(0)});
-      Add(p + "self_attn.o_proj.weight", DType::kBf16, {kHidden, kQ / 3}, train, {R(), S(1)},
-          infer, {R(), S(0)});
-      Add(p + "post_attention_layernorm.weight", DType::kBf16, {kHidden}, train, {R(), R()}, infer,
-          {R(), R()});
-      Add(p + "mlp.gate.weight", DType::kFp32, {kExpertsPerLayer, kHidden}, train, {R(), R()},
-          infer, {R(), R()});
-      Add(p + "mlp.shared_experts.gate_up_proj.weight", DType::kBf16, {2 * kSharedFfn, kHidden},
-          train, {R(), S(0)}, infer, {R(), S(0)});
-      Add(p + "mlp.shared_experts.down_proj.weight", DType::kBf16, {kHidden, kSharedFfn}, train,
-          {R(), S(1)}, infer, {R(), S(0)});
-      for (int e = 0; e < kExpertsPerLayer; ++e) {
-        const std::string x = absl::StrCat(p, "mlp.experts.", e, ".");
-        const Mesh group = TrainerTpGroup(e % kDp);
-        Add(x + "gate_proj.weight", DType::kFp8E4M3, {kExpertFfn, kHidden}, group, {S(0)}, infer,
-            {R(), S(0)});
-        Add(x + "up_proj.weight", DType::kFp8E4M3, {kExpertFfn, kHidden}, group, {S(0)}, infer,
-            {R(), S(0)});
-        Add(x + "down_proj.weight", DType::kFp8E4M3, {kHidden, kExpertFfn}, group, {S(1)}, infer,
-            {R(), S(1)});
-      }
-      if (layer % 10 == 0) {
-        Add(p + "mlp.stacked_experts.w13", DType::kBf16, {kStackedExperts, 2 * 1408, 2048}, train,
-            {S(0), R()}, infer, {R(), S(1)});
-        Add(p + "mlp.stacked_experts.w2", DType::kBf16, {kStackedExperts, 2048, 1408}, train,
-            {S(0), R()}, infer, {R(), S(2)});
-      }
-    }
-    return std::move(spec_);
-  }
-
- private:
-  size_t limit_;
-  RefitSpec spec_;
-};
 
 // CPU seconds of this process: on a shared machine, wall time also counts other programs.
 double CpuSeconds() {
@@ -178,7 +68,7 @@ int Main(int argc, char** argv) {
     }
   }
   const auto build_start = std::chrono::steady_clock::now();
-  auto spec = std::make_shared<const RefitSpec>(ModelBuilder(tensors).Build());
+  auto spec = std::make_shared<const RefitSpec>(bench::SyntheticSpec(tensors));
   const double build_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - build_start).count();
   const int64_t rss_spec = PeakRssKiB();
