@@ -27,18 +27,14 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "bench/cpu_time.h"
 #include "bench/synthetic_spec.h"
 #include "src/plan/plan.h"
 
 namespace reshard::plan {
 namespace {
 
-// CPU seconds of this process: on a shared machine, wall time also counts other programs.
-double CpuSeconds() {
-  timespec ts{};
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-  return static_cast<double>(ts.tv_sec) + ts.tv_nsec * 1e-9;
-}
+using bench::CpuSeconds;
 
 int64_t PeakRssKiB() {
   rusage u{};

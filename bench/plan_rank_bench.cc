@@ -34,6 +34,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
+#include "bench/cpu_time.h"
 #include "bench/synthetic_spec.h"
 #include "src/plan/cluster.h"
 #include "src/plan/layouts.h"
@@ -44,11 +45,7 @@
 namespace reshard::plan {
 namespace {
 
-double CpuSeconds() {
-  timespec ts{};
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-  return static_cast<double>(ts.tv_sec) + ts.tv_nsec * 1e-9;
-}
+using bench::CpuSeconds;
 
 // A field of /proc/self/status in KiB ("VmHWM", "VmRSS"), or -1.
 int64_t ProcStatusKiB(const char* field) {

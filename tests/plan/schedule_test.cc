@@ -222,6 +222,18 @@ void CheckOncePerDomain(const Plan& plan) {
   }
 }
 
+// Schedule variants of the random-topology tests: 0-3 domain-aware with relays (bit 0),
+// staging (bit 1) and, for 3, nearly every piece split; 4 point-to-point.
+PlanOptions VariantOptions(int variant) {
+  PlanOptions o;
+  o.relay = variant & 1;
+  o.staging = variant & 2;
+  o.split_min_bytes = variant == 3 ? 16 : o.split_min_bytes;
+  o.split_part_bytes = 8;
+  if (variant == 4) o.schedule = PlanOptions::Schedule::kPointToPoint;
+  return o;
+}
+
 TEST(ScheduleTest, RandomTopologiesCrossTheNetworkOncePerDomain) {
   std::mt19937_64 rng(12345);
   int checked = 0;
@@ -233,12 +245,7 @@ TEST(ScheduleTest, RandomTopologiesCrossTheNetworkOncePerDomain) {
     auto shared = std::make_shared<const RefitSpec>(spec);
     for (int variant = 0; variant < 4; ++variant) {
       SCOPED_TRACE(absl::StrCat("iteration ", iter, " variant ", variant, "\n", SpecToJson(spec)));
-      PlanOptions o;
-      o.relay = variant & 1;
-      o.staging = variant & 2;
-      o.split_min_bytes = variant == 3 ? 16 : o.split_min_bytes;
-      o.split_part_bytes = 8;
-      const Plan plan = MustPlan(shared, o);
+      const Plan plan = MustPlan(shared, VariantOptions(variant));
       CheckOncePerDomain(plan);
       EXPECT_TRUE(VerifyPlanInProcess(plan, int64_t{1} << 28).ok());
       if (HasFailure()) return;
@@ -389,12 +396,7 @@ TEST(ScheduleTest, RankPlansEqualTheWorldPlanRestricted) {
     auto shared = std::make_shared<const RefitSpec>(spec);
     for (int variant = 0; variant < 5; ++variant) {
       SCOPED_TRACE(absl::StrCat("iteration ", iter, " variant ", variant, "\n", SpecToJson(spec)));
-      PlanOptions o;
-      o.relay = variant & 1;
-      o.staging = variant & 2;
-      o.split_min_bytes = variant == 3 ? 16 : o.split_min_bytes;
-      o.split_part_bytes = 8;
-      if (variant == 4) o.schedule = PlanOptions::Schedule::kPointToPoint;
+      const PlanOptions o = VariantOptions(variant);
       const Plan plan = MustPlan(shared, o);
       for (int32_t rank = 0; rank < plan.world_size(); ++rank) {
         auto share = BuildRankPlan(shared, rank, o);
