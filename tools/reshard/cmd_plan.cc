@@ -33,7 +33,8 @@ options:
   --rank R             plan only rank R's share, as each rank of a refit does at set-up: the
                        transfers it sends, receives, relays or fans out (every schedule decision
                        the same as in the whole plan, same fingerprint); prints what the rank
-                       moves, its planning time and the process's peak memory
+                       moves, its planning time and the process's peak memory (reading the
+                       spec included: bench/plan_rank_bench measures planning alone)
   --verify             execute the plan in process over every rank's buffers (sources filled
                        with a strong hash of tensor name and global index) and check every
                        destination element and that nothing outside destination views changed
@@ -269,8 +270,10 @@ int PlanCommand(int argc, char** argv) {
                 FormatBytes(s.bytes_local).c_str(), FormatBytes(s.bytes_fanout).c_str());
     std::printf("fingerprint %s\n", FormatFingerprint(p.fingerprint()).c_str());
     if (one_rank) {
-      std::printf("rank %d      %zu transfers, %zu regions, planned in %s, peak memory %s\n", rank,
-                  p.transfers().size(), p.num_regions(), FormatSeconds(plan_seconds).c_str(),
+      std::printf("%-12s%zu transfers, %zu regions, planned in %s; process peak memory %s "
+                  "(reading the spec included)\n",
+                  absl::StrCat("rank ", rank).c_str(), p.transfers().size(), p.num_regions(),
+                  FormatSeconds(plan_seconds).c_str(),
                   peak_rss < 0 ? "unknown" : FormatBytes(static_cast<double>(peak_rss)).c_str());
       std::printf("  sends     %lld: %s over the network (%s of it relayed), %s fan-out\n",
                   static_cast<long long>(share.sends), FormatBytes(share.network_out).c_str(),
