@@ -7,8 +7,9 @@
 // same-host peers' processes. On machines with more ranks than cores (tests, trainer and
 // inference processes colocated on one host) a waiting rank then gives its core to the ranks
 // doing the work instead of competing for it, while a refit's latency stays that of a spin
-// whenever events keep coming. A loop without an event source (NCCL stream queries) yields
-// the core each idle round instead (sched_yield).
+// whenever events keep coming. A loop without an event source yields the core each idle round
+// instead (sched_yield): NCCL stream queries, and waits for sends of this process that UCX may
+// hold in its pending queue until a peer's receive queue has room (no event says so).
 //
 // Thread-compatible: one per waiting loop.
 #pragma once

@@ -304,7 +304,9 @@ void PeerLink::Orphan() {
 void PeerLink::Close(absl::Time deadline, bool force) {
   rkeys_.clear();
   if (endpoint_ != nullptr) endpoint_->Close(deadline, force);
-  IdlePolicy idle(&worker_);
+  // Requests may sit in UCX's pending queue until the peer's receive queue has room, which
+  // raises no wake-up event: yield rather than block.
+  IdlePolicy idle;
   while (in_flight_ > 0 && absl::Now() < deadline) idle.Round(worker_.Progress() > 0);
 }
 

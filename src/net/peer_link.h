@@ -100,6 +100,9 @@ class PeerLink {
     single_copy_ = std::make_unique<SingleCopyWriter>(rank_, peer_, process_.pid);
   }
   SingleCopyWriter* single_copy() const { return single_copy_.get(); }
+  // The peer may write into this rank with process_vm_writev (its wire-up record says so).
+  void set_peer_single_copy(bool on) { peer_single_copy_ = on; }
+  bool peer_single_copy() const { return peer_single_copy_; }
   // The current epoch still exchanges something with the peer.
   bool involved() const { return remaining_from > 0 || unsignalled > 0 || grants_in_flight_ > 0; }
   // What the current epoch still waits for from or towards the peer, for deadline messages
@@ -182,6 +185,7 @@ class PeerLink {
   std::vector<uint64_t> remote_bytes_;
   std::vector<bool> remote_host_;
   std::unique_ptr<SingleCopyWriter> single_copy_;
+  bool peer_single_copy_ = false;
   int in_flight_ = 0;
   ucp_ep_h early_hello_from_ = nullptr;
 

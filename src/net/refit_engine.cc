@@ -111,6 +111,32 @@ class RefitEngine::Impl final : public MessageSink, public LinkOwner {
   absl::Time started_at_;
   int64_t remaining_ = 0;  // Pieces still to land here.
   int outstanding_puts_ = 0;
+  // What idle waits of this handle block on (RefitEngine::events()): the UCX worker, except
+  // while this rank's own puts or data messages are in flight. UCX may hold those in its
+  // pending queue until the peer's receive queue (a shared-memory FIFO of 64 x 8 KiB) has room
+  // again, which raises no event: sleeping then costs the whole timeout per refill (0.9 s
+  // instead of 60 ms for 256 MiB of emulated puts, measured), so those rounds yield instead.
+  class Events final : public Blocker {
+   public:
+    explicit Events(Impl& impl) : impl_(impl) {}
+    void Block(absl::Duration timeout) override {
+      if (impl_.outstanding_puts_ > 0 || impl_.targets_emulated_puts_) {
+        sched_yield();
+      } else {
+        impl_.runtime_->worker().Block(timeout);
+      }
+    }
+
+   private:
+    Impl& impl_;
+  };
+  Events events_{*this};
+  // Some peer puts into this rank with UCX's emulated puts (put delivery over shared memory or
+  // tcp, without single copy): the acknowledgements this rank's worker sends back can sit in
+  // UCX's pending queue until the peer's receive queue has room, which raises no event, so this
+  // rank's idle rounds yield instead of sleeping (set by ChooseSingleCopy).
+  bool targets_emulated_puts_ = false;
+  bool single_copy_enabled_ = false;
   std::deque<uint32_t> local_ready_;
   std::vector<uint32_t> landed_out_;
   bool abort_pending_ = false;
@@ -138,7 +164,8 @@ class RefitEngine::Impl final : public MessageSink, public LinkOwner {
   absl::Status CheckRemoteKeys() const;
   // Put delivery: peers on this host that the kernel lets this process write into get a
   // SingleCopyWriter (RefitEngineOptions::single_copy).
-  void EnableSingleCopy();
+  // and the links whose peer writes into this rank with UCX's emulated puts.
+  void ChooseSingleCopy();
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -189,6 +216,10 @@ absl::Status RefitEngine::Impl::Init(rendezvous::Store& store, std::vector<Buffe
                                program_.send_scratch_bytes, am ? 0 : program_.landing_bytes));
   landing_ = std::make_unique<Landing>(plan_, program_, *memory_, am);
   delivery_ = MakeDelivery(am, rank_, program_, *memory_, options_.signal_batch_bytes, stats_);
+  single_copy_enabled_ = options_.single_copy && !am;
+  if (const char* env = std::getenv("RESHARD_SINGLE_COPY")) {
+    single_copy_enabled_ = !am && std::string(env) != "0";
+  }
 
   links_.resize(static_cast<size_t>(plan_.world_size()));
   for (int32_t r : program_.peers) {
@@ -203,6 +234,12 @@ absl::Status RefitEngine::Impl::Init(rendezvous::Store& store, std::vector<Buffe
     peers_.push_back(link.get());
     links_[r] = std::move(link);
   }
+  // Sends go round-robin over peers_ from its front: start each rank at another peer, so
+  // ranks that send to the same receivers do not all write into the first one together.
+  if (!peers_.empty()) {
+    std::rotate(peers_.begin(), peers_.begin() + rank_ % static_cast<int32_t>(peers_.size()),
+                peers_.end());
+  }
   for (uint32_t di : program_.dependencies.initial()) {
     const SendDesc& d = program_.descs[di];
     if (d.peer == rank_) {
@@ -212,17 +249,28 @@ absl::Status RefitEngine::Impl::Init(rendezvous::Store& store, std::vector<Buffe
     }
   }
   RESHARD_RETURN_IF_ERROR(
-      Connect(store, options_.key_prefix, rank_, *runtime_, *memory_, links_, deadline));
+      Connect(store, options_.key_prefix, rank_, *runtime_, *memory_, links_,
+              single_copy_enabled_, deadline));
   RESHARD_RETURN_IF_ERROR(CheckRemoteKeys());
   RESHARD_RETURN_IF_ERROR(Handshake(store, options_.key_prefix, rank_, *runtime_, links_, deadline));
-  EnableSingleCopy();
+  ChooseSingleCopy();
   return absl::OkStatus();
 }
 
-void RefitEngine::Impl::EnableSingleCopy() {
-  bool enabled = options_.single_copy;
-  if (const char* env = std::getenv("RESHARD_SINGLE_COPY")) enabled = std::string(env) != "0";
-  if (!enabled || delivery_->counts_bytes()) return;
+void RefitEngine::Impl::ChooseSingleCopy() {
+  if (delivery_->counts_bytes()) return;
+  for (PeerLink* link : peers_) {
+    // A peer that writes into this rank does so with process_vm_writev when it may (its record),
+    // it runs here, and UCX reaches it over shared memory (the same test it makes below; a
+    // refused probe on its side only costs this rank sleeps that end at their timeout).
+    const std::string transports = link->Transports();
+    const bool single_copy_in = link->peer_single_copy() &&
+                                link->watched() && ucx::SharedMemoryLanes(transports);
+    if (link->receives_from && !single_copy_in && ucx::EmulatedRmaLanes(transports)) {
+      targets_emulated_puts_ = true;
+    }
+  }
+  if (!single_copy_enabled_) return;
   for (PeerLink* link : peers_) {
     // Same host and pid namespace (watched), and UCX itself reaches the peer through memory.
     if (!link->sends_to || !link->watched() || !ucx::SharedMemoryLanes(link->Transports())) {
@@ -561,9 +609,9 @@ absl::Status RefitEngine::Impl::Wait(absl::Time deadline) {
   if (!in_epoch_ && epoch_ == 0) {
     return absl::FailedPreconditionError(absl::StrCat("rank ", rank_, ": no epoch was started"));
   }
-  // Many processes may share few cores while puts are emulated with active messages: when a
-  // round does nothing, let the peer that has to progress them run.
-  IdlePolicy idle(&runtime_->worker());
+  // Many processes may share few cores: when a round does nothing, sleep on this handle's
+  // events so the ranks doing the work get the cores.
+  IdlePolicy idle(&events_);
   while (status_.ok() && in_epoch_) {
     idle.Round(Pump());
     if (!status_.ok() || !in_epoch_) break;
@@ -791,7 +839,7 @@ std::string RefitEngine::Transports() const {
   return transports;
 }
 const char* RefitEngine::delivery() const { return impl_->delivery_->name(); }
-Blocker& RefitEngine::events() { return impl_->runtime_->worker(); }
+Blocker& RefitEngine::events() { return impl_->events_; }
 bool RefitEngine::peer_error_handling() const { return impl_->runtime_->peer_error_handling(); }
 absl::Status RefitEngine::Shutdown(absl::Time deadline) { return impl_->Shutdown(deadline); }
 

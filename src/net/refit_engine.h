@@ -196,7 +196,9 @@ class RefitEngine {
   // The delivery in use: "put" or "am" (see RefitEngineOptions::delivery).
   const char* delivery() const;
   // What an idle wait on this handle blocks on: its runtime's UCX worker (wake-up fd), shared
-  // with every handle on the runtime (src/common/idle.h).
+  // with every handle on the runtime, except while its own sends are in flight (then idle
+  // rounds yield: UCX may be holding them until a peer's receive queue has room, which raises
+  // no event). src/common/idle.h.
   Blocker& events();
 
   // Optional orderly shutdown: waits (through the store, until `deadline`) until every peer

@@ -19,7 +19,8 @@ std::vector<int32_t> PeerRanks(const std::vector<std::unique_ptr<PeerLink>>& lin
 
 absl::Status Connect(rendezvous::Store& store, const std::string& prefix, int32_t rank,
                      Runtime& runtime, const RegisteredMemory& memory,
-                     std::vector<std::unique_ptr<PeerLink>>& links, absl::Time deadline) {
+                     std::vector<std::unique_ptr<PeerLink>>& links, bool single_copy,
+                     absl::Time deadline) {
   rendezvous::Record mine;
   mine["address"] = runtime.worker().address();
   // Same-host peers watch each other's process (wireup.h).
@@ -28,6 +29,7 @@ absl::Status Connect(rendezvous::Store& store, const std::string& prefix, int32_
   mine["process"] = ProcessId::Self().Encode();
   const std::string pidns = absl::StrCat(PidNamespace());
   mine["pidns"] = pidns;
+  mine["single_copy"] = single_copy ? "1" : "0";
   RESHARD_RETURN_IF_ERROR(memory.AddRemoteKeys(&mine));
   RESHARD_RETURN_IF_ERROR(rendezvous::PublishRecord(store, prefix, "wireup", rank, mine));
   for (const std::unique_ptr<PeerLink>& link : links) {
@@ -46,6 +48,7 @@ absl::Status Connect(rendezvous::Store& store, const std::string& prefix, int32_
       RESHARD_ASSIGN_OR_RETURN(ProcessId id, ProcessId::Decode(process));
       link->WatchProcess(id);
     }
+    link->set_peer_single_copy(theirs.count("single_copy") != 0 && theirs.at("single_copy") == "1");
     // Every plan buffer id, plus the landing area of packed streams.
     RESHARD_RETURN_IF_ERROR(link->LoadRemoteKeys(link->sends_to ? theirs : rendezvous::Record{},
                                                  memory.landing_id() + 1));

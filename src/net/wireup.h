@@ -38,10 +38,12 @@ namespace reshard::net {
 
 // `links` is indexed by rank (null for ranks that are not peers); each link's `sends_to` says
 // whether its remote keys are needed.
+// `single_copy`: this rank may write same-host peers with process_vm_writev (published as
+// `single_copy`, read into PeerLink::peer_single_copy()).
 [[nodiscard]] absl::Status Connect(rendezvous::Store& store, const std::string& prefix,
                                    int32_t rank, Runtime& runtime, const RegisteredMemory& memory,
                                    std::vector<std::unique_ptr<PeerLink>>& links,
-                                   absl::Time deadline);
+                                   bool single_copy, absl::Time deadline);
 
 [[nodiscard]] absl::Status Handshake(rendezvous::Store& store, const std::string& prefix,
                                      int32_t rank, Runtime& runtime,

@@ -50,5 +50,13 @@ TEST(TlsSelectionTest, SharedMemoryLanesAreThoseThroughHostMemory) {
   EXPECT_FALSE(SharedMemoryLanes(""));
 }
 
+TEST(TlsSelectionTest, EmulatedRmaLanesAreSharedMemoryAndTcp) {
+  EXPECT_TRUE(EmulatedRmaLanes("sysv/memory posix/memory cma/memory"));
+  EXPECT_TRUE(EmulatedRmaLanes("tcp/lo"));
+  EXPECT_TRUE(EmulatedRmaLanes("tcp/eth0 sysv/memory"));
+  EXPECT_FALSE(EmulatedRmaLanes("rc_mlx5/mlx5_0:1 ud_mlx5/mlx5_0:1"));
+  EXPECT_FALSE(EmulatedRmaLanes(""));
+}
+
 }  // namespace
 }  // namespace reshard::net::ucx

@@ -65,7 +65,9 @@ void Endpoint::Close(absl::Time deadline, bool force) {
   ucs_status_ptr_t request = StartClose(ep_, force || !error_.ok());
   ep_ = nullptr;
   if (request == nullptr || UCS_PTR_IS_ERR(request)) return;
-  IdlePolicy idle(worker_);
+  // Closing may wait for sends UCX holds until the peer's receive queue has room (no wake-up
+  // event for that): yield rather than block.
+  IdlePolicy idle;
   while (ucp_request_check_status(request) == UCS_INPROGRESS && absl::Now() < deadline) {
     idle.Round(worker_->Progress() > 0);
   }

@@ -64,6 +64,13 @@ bool SharedMemoryLanes(absl::string_view transports) {
   return false;
 }
 
+bool EmulatedRmaLanes(absl::string_view transports) {
+  for (absl::string_view lane : absl::StrSplit(transports, ' ', absl::SkipEmpty())) {
+    if (lane.substr(0, lane.find('/')) == "tcp") return true;
+  }
+  return SharedMemoryLanes(transports);
+}
+
 TlsSelection TlsSelection::FromEnvironment() {
   const char* tls = std::getenv("UCX_TLS");
   return Parse(tls == nullptr ? "" : tls);

@@ -30,5 +30,8 @@ struct TlsSelection {
 // names a shared-memory transport (posix, sysv, cma, knem, xpmem): UCX reaches the peer
 // through memory of this host.
 bool SharedMemoryLanes(absl::string_view transports);
+// Whether UCX 1.13 emulates puts towards a peer reached over `transports` with active messages
+// that the target must progress (shared memory and tcp lanes; RDMA lanes put natively).
+bool EmulatedRmaLanes(absl::string_view transports);
 
 }  // namespace reshard::net::ucx
