@@ -127,8 +127,9 @@ class PeerLink {
                                       const void* data, size_t bytes, ucp_mem_h memh,
                                       bool* in_flight);
 
-  // Put delivery: pieces whose puts are posted join the open batch; a closed batch is flushed,
-  // then (SignalBatches) signalled in messages of at most kMaxIndicesPerSignal indices.
+  // Put delivery: pieces whose puts are posted join the open batch; a closed batch is flushed
+  // (unless only single-copy writes, complete already, went out since the last flush), then
+  // (SignalBatches) signalled in messages of at most kMaxIndicesPerSignal indices.
   // Returns the pieces whose signals completed (to be subtracted from `unsignalled`).
   void AddToBatch(uint32_t transfer, int64_t bytes);
   bool batch_open() const { return open_ != nullptr; }
@@ -186,6 +187,7 @@ class PeerLink {
   std::vector<bool> remote_host_;
   std::unique_ptr<SingleCopyWriter> single_copy_;
   bool peer_single_copy_ = false;
+  int64_t puts_since_flush_ = 0;  // UCX puts posted since the last CloseBatch flushed.
   int in_flight_ = 0;
   ucp_ep_h early_hello_from_ = nullptr;
 
