@@ -3,9 +3,14 @@
 #include <sys/types.h>
 #include <sys/uio.h>
 
+#include <unistd.h>
+
 #include <cerrno>
 #include <cstring>
+#include <random>
+#include <string>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 
 namespace reshard {
@@ -28,16 +33,30 @@ absl::Status Refused(int err, const std::string& what) {
 
 }  // namespace
 
-absl::Status SingleCopyWriter::Probe(int32_t rank, int32_t peer, int64_t pid, uint64_t address) {
-  unsigned char byte = 0;
-  iovec local{&byte, 1};
-  iovec remote{reinterpret_cast<void*>(static_cast<uintptr_t>(address)), 1};
-  if (process_vm_readv(static_cast<pid_t>(pid), &local, 1, &remote, 1, 0) == 1) {
-    return absl::OkStatus();
+absl::Status SingleCopyWriter::Probe(int32_t rank, int32_t peer, int64_t pid,
+                                     uint64_t token_address, uint64_t token) {
+  uint64_t seen = 0;
+  iovec local{&seen, sizeof(seen)};
+  iovec remote{reinterpret_cast<void*>(static_cast<uintptr_t>(token_address)), sizeof(seen)};
+  const ssize_t n = process_vm_readv(static_cast<pid_t>(pid), &local, 1, &remote, 1, 0);
+  const std::string what = absl::StrFormat(
+      "rank %d cannot write into rank %d's memory (pid %d) with process_vm_writev", rank, peer,
+      pid);
+  if (n == static_cast<ssize_t>(sizeof(seen))) {
+    if (seen == token) return absl::OkStatus();
+    return absl::FailedPreconditionError(
+        absl::StrCat(what, ": pid ", pid, " is another process (its probe token differs)"));
   }
-  return Refused(errno, absl::StrFormat("rank %d cannot write into rank %d's memory (pid %d) "
-                                        "with process_vm_writev",
-                                        rank, peer, pid));
+  return Refused(n < 0 ? errno : EFAULT, what);
+}
+
+const uint64_t* SingleCopyWriter::OwnToken() {
+  static const uint64_t token = [] {
+    std::random_device rd;
+    uint64_t t = (static_cast<uint64_t>(rd()) << 32) ^ rd() ^ static_cast<uint64_t>(getpid());
+    return t == 0 ? uint64_t{1} : t;
+  }();
+  return &token;
 }
 
 SingleCopyWriter::SingleCopyWriter(int32_t rank, int32_t peer, int64_t pid)

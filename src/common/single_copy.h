@@ -27,11 +27,17 @@ class SingleCopyWriter {
   // Runs per system call (the kernel's UIO_MAXIOV).
   static constexpr size_t kMaxRuns = 1024;
 
-  // Whether this process may write into process `pid` (rank `peer`): reads one byte at
-  // `address` there. OK, or the refusal naming both ranks and the errno (PermissionDenied for
-  // EPERM/EACCES, Unavailable for ESRCH, Unimplemented for ENOSYS, DataLoss otherwise).
+  // Whether this process may write into process `pid` and that `pid` is rank `peer`: reads the
+  // 8-byte `token` the peer published at `token_address` (a record naming a pid that was
+  // reused, or another pid namespace's, reads something else). OK, or the refusal naming both
+  // ranks: PermissionDenied for EPERM/EACCES, Unavailable for ESRCH, Unimplemented for ENOSYS
+  // (a kernel without process_vm_*), FailedPrecondition when another token was read, DataLoss
+  // otherwise.
   [[nodiscard]] static absl::Status Probe(int32_t rank, int32_t peer, int64_t pid,
-                                          uint64_t address);
+                                          uint64_t token_address, uint64_t token);
+
+  // A token for Probe: random, never 0, different in every process. Lives until exit.
+  static const uint64_t* OwnToken();
 
   SingleCopyWriter(int32_t rank, int32_t peer, int64_t pid);
 

@@ -100,6 +100,13 @@ class PeerLink {
     single_copy_ = std::make_unique<SingleCopyWriter>(rank_, peer_, process_.pid);
   }
   SingleCopyWriter* single_copy() const { return single_copy_.get(); }
+  // Where the peer's probe token lives and its value (its wire-up record; same-host peers).
+  void set_probe(uint64_t address, uint64_t token) {
+    probe_address_ = address;
+    probe_token_ = token;
+  }
+  uint64_t probe_address() const { return probe_address_; }
+  uint64_t probe_token() const { return probe_token_; }
   // The peer may write into this rank with process_vm_writev (its wire-up record says so).
   void set_peer_single_copy(bool on) { peer_single_copy_ = on; }
   bool peer_single_copy() const { return peer_single_copy_; }
@@ -187,6 +194,7 @@ class PeerLink {
   std::vector<bool> remote_host_;
   std::unique_ptr<SingleCopyWriter> single_copy_;
   bool peer_single_copy_ = false;
+  uint64_t probe_address_ = 0, probe_token_ = 0;
   int64_t puts_since_flush_ = 0;  // UCX puts posted since the last CloseBatch flushed.
   int in_flight_ = 0;
   ucp_ep_h early_hello_from_ = nullptr;

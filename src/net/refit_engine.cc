@@ -276,15 +276,9 @@ void RefitEngine::Impl::ChooseSingleCopy() {
     if (!link->sends_to || !link->watched() || !ucx::SharedMemoryLanes(link->Transports())) {
       continue;
     }
-    uint32_t probe = memory_->landing_id() + 1;
-    for (uint32_t id = 0; id <= memory_->landing_id() && probe > memory_->landing_id(); ++id) {
-      if (link->rkey(id) != nullptr && link->remote_host(id) && link->remote_bytes(id) > 0) {
-        probe = id;
-      }
-    }
-    if (probe > memory_->landing_id()) continue;
-    absl::Status allowed =
-        SingleCopyWriter::Probe(rank_, link->peer(), link->watched_pid(), link->remote_base(probe));
+    if (link->probe_address() == 0) continue;  // The peer published no probe token.
+    absl::Status allowed = SingleCopyWriter::Probe(rank_, link->peer(), link->watched_pid(),
+                                                   link->probe_address(), link->probe_token());
     if (!allowed.ok()) {
       RESHARD_LOG(kWarning, "%s; its pieces travel as UCX puts instead", allowed.message());
       continue;

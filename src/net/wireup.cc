@@ -1,5 +1,6 @@
 #include "src/net/wireup.h"
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "src/common/fault.h"
 #include "src/common/idle.h"
@@ -30,6 +31,9 @@ absl::Status Connect(rendezvous::Store& store, const std::string& prefix, int32_
   const std::string pidns = absl::StrCat(PidNamespace());
   mine["pidns"] = pidns;
   mine["single_copy"] = single_copy ? "1" : "0";
+  // Where a same-host peer reads this process's probe token back (SingleCopyWriter::Probe).
+  mine["probe"] = absl::StrCat(reinterpret_cast<uintptr_t>(SingleCopyWriter::OwnToken()));
+  mine["token"] = absl::StrCat(*SingleCopyWriter::OwnToken());
   RESHARD_RETURN_IF_ERROR(memory.AddRemoteKeys(&mine));
   RESHARD_RETURN_IF_ERROR(rendezvous::PublishRecord(store, prefix, "wireup", rank, mine));
   for (const std::unique_ptr<PeerLink>& link : links) {
@@ -47,6 +51,15 @@ absl::Status Connect(rendezvous::Store& store, const std::string& prefix, int32_
                                rendezvous::Field(theirs, "process", link->peer()));
       RESHARD_ASSIGN_OR_RETURN(ProcessId id, ProcessId::Decode(process));
       link->WatchProcess(id);
+      if (theirs.count("probe") != 0 && theirs.count("token") != 0) {
+        uint64_t probe = 0, token = 0;
+        if (!absl::SimpleAtoi(theirs.at("probe"), &probe) ||
+            !absl::SimpleAtoi(theirs.at("token"), &token)) {
+          return absl::DataLossError(absl::StrCat("the wire-up record of rank ", link->peer(),
+                                                  " has a malformed probe or token field"));
+        }
+        link->set_probe(probe, token);
+      }
     }
     link->set_peer_single_copy(theirs.count("single_copy") != 0 && theirs.at("single_copy") == "1");
     // Every plan buffer id, plus the landing area of packed streams.

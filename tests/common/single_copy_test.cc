@@ -49,16 +49,33 @@ TEST(SingleCopyWriter, WritesIntoAnotherProcess) {
       mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
   ASSERT_NE(shared, MAP_FAILED);
   std::vector<uint8_t> child_buffer(4096, 0);  // Same address in the forked child.
+  // The token is created on first use: before the fork, so the child holds it too.
+  const uint64_t token_address = Address(SingleCopyWriter::OwnToken());
+  const uint64_t token = *SingleCopyWriter::OwnToken();
   int go[2];
   ASSERT_EQ(pipe(go), 0);
   const pid_t child = fork();
   if (child == 0) {
+    // Waits for the parent's go; a parent that failed and exited closes the pipe (EOF).
+    close(go[1]);
+    alarm(60);
     char c = 0;
     if (read(go[0], &c, 1) != 1) _exit(1);
     std::copy(child_buffer.begin(), child_buffer.end(), shared);
     _exit(0);
   }
-  ASSERT_TRUE(SingleCopyWriter::Probe(0, 1, child, Address(child_buffer.data())).ok());
+  close(go[0]);
+  // The child inherited this process's token at the same address: the probe reads it back.
+  ASSERT_NE(token, 0u);
+  ASSERT_TRUE(SingleCopyWriter::Probe(0, 1, child, token_address, token).ok());
+  // A record naming this pid with another token (a reused pid, another namespace's process,
+  // a forged record) is refused before any write.
+  const absl::Status other = SingleCopyWriter::Probe(0, 1, child, token_address, token ^ 1);
+  EXPECT_EQ(other.code(), absl::StatusCode::kFailedPrecondition) << other;
+  EXPECT_NE(other.message().find("is another process"), std::string::npos) << other;
+  // An address that is not mapped there is refused too (DataLoss, EFAULT), never a crash.
+  const absl::Status unmapped = SingleCopyWriter::Probe(0, 1, child, 8, token);
+  EXPECT_EQ(unmapped.code(), absl::StatusCode::kDataLoss) << unmapped;
   std::vector<uint8_t> from(100, 7);
   SingleCopyWriter w(0, 1, child);
   ASSERT_TRUE(w.Add(from.data(), Address(child_buffer.data() + 10), 50).ok());
@@ -75,7 +92,7 @@ TEST(SingleCopyWriter, WritesIntoAnotherProcess) {
   }
   munmap(shared, 4096);
   // The child is gone: probing and writing fail with Unavailable naming both ranks.
-  const absl::Status probe = SingleCopyWriter::Probe(3, 5, child, Address(child_buffer.data()));
+  const absl::Status probe = SingleCopyWriter::Probe(3, 5, child, token_address, token);
   EXPECT_EQ(probe.code(), absl::StatusCode::kUnavailable) << probe;
   EXPECT_NE(probe.message().find("rank 3 cannot write into rank 5"), std::string::npos) << probe;
   SingleCopyWriter gone(3, 5, child);

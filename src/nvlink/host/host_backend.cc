@@ -8,7 +8,6 @@
 #include <fstream>
 #include <map>
 #include <memory>
-#include <random>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
@@ -91,16 +90,14 @@ class HostBackend final : public internal::BoardBackend {
     }
     Record rec;
     RESHARD_RETURN_IF_ERROR(boards_.Create(ctx, rec));
-    std::random_device rd;
-    probe_ = (static_cast<uint64_t>(rd()) << 32) ^ rd() ^ static_cast<uint64_t>(getpid());
     if (private_incoming && YamaPtraceScope() == 1) {
       // Yama restricts attach to descendants; let the domain peers (siblings) write into us.
       prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0);
     }
     rec["host"] = HostIdentity();
     rec["pid"] = absl::StrFormat("%d", getpid());
-    rec["probe"] = absl::StrFormat("%d", reinterpret_cast<uintptr_t>(&probe_));
-    rec["token"] = absl::StrFormat("%d", probe_);
+    rec["probe"] = absl::StrFormat("%d", reinterpret_cast<uintptr_t>(SingleCopyWriter::OwnToken()));
+    rec["token"] = absl::StrFormat("%d", *SingleCopyWriter::OwnToken());
     for (uint32_t b = 0; b < buffers_.size(); ++b) {
       if (buffers_[b].data == nullptr || buffers_[b].bytes == 0) continue;
       auto loc = SharedBuffer::Lookup(buffers_[b].data, buffers_[b].bytes);
@@ -184,18 +181,17 @@ class HostBackend final : public internal::BoardBackend {
     RESHARD_ASSIGN_OR_RETURN(int64_t probe, rendezvous::IntField(pr, "probe", p));
     RESHARD_ASSIGN_OR_RETURN(std::string token_text, rendezvous::Field(pr, "token", p));
     uint64_t token = 0;
-    (void)absl::SimpleAtoi(token_text, &token);
-    uint64_t seen = 0;
-    struct iovec local = {&seen, sizeof(seen)};
-    struct iovec remote = {reinterpret_cast<void*>(static_cast<uintptr_t>(probe)), sizeof(seen)};
-    const ssize_t n = process_vm_readv(pid, &local, 1, &remote, 1, 0);
-    if (n != static_cast<ssize_t>(sizeof(seen)) || seen != token) {
+    if (!absl::SimpleAtoi(token_text, &token)) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "host fan-out: rank %d published a malformed probe token for rank %d", p, rank_));
+    }
+    absl::Status probed = SingleCopyWriter::Probe(rank_, p, pid, static_cast<uint64_t>(probe),
+                                                  token);
+    if (!probed.ok()) {
       return absl::FailedPreconditionError(absl::StrFormat(
-          "host fan-out: rank %d cannot write into rank %d's private destination memory with "
-          "process_vm_writev (%s; yama ptrace_scope=%d); allocate destination buffers with "
+          "host fan-out: %s (yama ptrace_scope=%d); allocate destination buffers with "
           "nvlink::SharedBuffer so peers map them instead",
-          rank_, p, n < 0 ? std::strerror(errno) : "the probe read another process's memory",
-          YamaPtraceScope()));
+          probed.message(), YamaPtraceScope()));
     }
     return absl::OkStatus();
   }
@@ -221,7 +217,6 @@ class HostBackend final : public internal::BoardBackend {
   const FanoutTable* table_ = nullptr;
   int32_t rank_ = 0;
   std::vector<BufferView> buffers_;
-  volatile uint64_t probe_ = 0;
   std::vector<SharedMapping> mappings_list_;
   std::map<int32_t, Peer> peers_;
 };
