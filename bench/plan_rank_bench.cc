@@ -4,7 +4,7 @@
 // the largest peak. A program, not a test: it prints figures and never fails on speed.
 //
 // Columns: wall and CPU seconds of BuildRankPlan (validation included; validate_cpu is
-// Validate() alone), the child's peak RSS (VmHWM, the spec it inherited included) and how much
+// ValidateForRank() alone, Validate() for the world), the child's peak RSS (VmHWM, the spec it inherited included) and how much
 // planning added to it.
 //
 // usage: plan_rank_bench [SPEC SOURCE] [--ranks R,R,...|all] [--sample K] [--world]
@@ -92,7 +92,7 @@ Sample PlanInChild(const std::shared_ptr<const RefitSpec>& spec, int32_t rank) {
     // Validation is part of planning (BuildPlan and BuildRankPlan validate first); timed again
     // on its own, after the peak was read, to tell it from the schedule's pass.
     const double validate_start = CpuSeconds();
-    const bool valid = Validate(*spec).ok();
+    const bool valid = (rank < 0 ? Validate(*spec) : ValidateForRank(*spec, rank)).ok();
     m.validate_cpu_seconds = CpuSeconds() - validate_start;
     if (plan.ok() && valid) {
       m.ok = 1;

@@ -42,15 +42,17 @@ std::vector<int64_t> Plan::BufferBytes(int32_t rank) const {
 // fingerprint are computed as they stream past, and only what the plan keeps is stored.
 class PlanBuilder : public ScheduleSink {
  public:
-  PlanBuilder(std::shared_ptr<const RefitSpec> spec, const PlanOptions& options, int32_t rank)
+  // `world` is spec->WorldSize().
+  PlanBuilder(std::shared_ptr<const RefitSpec> spec, int32_t world, const PlanOptions& options,
+              int32_t rank)
       : options_(options), rank_(rank) {
     plan_.spec_ = std::move(spec);
+    plan_.world_size_ = world;
     plan_.rank_ = rank;
   }
 
   absl::StatusOr<Plan> Build() {
     const RefitSpec& spec = *plan_.spec_;
-    plan_.world_size_ = spec.WorldSize();
     load_.assign(plan_.world_size_, 0);
     plan_.nic_in_.assign(plan_.world_size_, 0);
     plan_.nic_out_.assign(plan_.world_size_, 0);
@@ -58,7 +60,7 @@ class PlanBuilder : public ScheduleSink {
     plan_.tensor_stats_.resize(spec.tensors.size());
     std::unique_ptr<DomainMap> domains;
     if (options_.schedule == PlanOptions::Schedule::kDomainAware) {
-      domains = std::make_unique<DomainMap>(spec);
+      domains = std::make_unique<DomainMap>(spec, plan_.world_size_);
       scheduler_ = std::make_unique<DomainScheduler>(spec, *domains, options_);
       // Mostly two regions per piece (source to a holder, holder to holder in its domain), and
       // a quarter more for split pieces and staging: spares regrowth copies and page faults.
@@ -389,17 +391,19 @@ class PlanBuilder : public ScheduleSink {
 
 absl::StatusOr<Plan> BuildPlan(std::shared_ptr<const RefitSpec> spec, const PlanOptions& options) {
   RESHARD_RETURN_IF_ERROR(Validate(*spec));
-  return PlanBuilder(std::move(spec), options, -1).Build();
+  const int32_t world = spec->WorldSize();
+  return PlanBuilder(std::move(spec), world, options, -1).Build();
 }
 
 absl::StatusOr<Plan> BuildRankPlan(std::shared_ptr<const RefitSpec> spec, int32_t rank,
                                    const PlanOptions& options) {
-  RESHARD_RETURN_IF_ERROR(Validate(*spec));
-  if (rank < 0 || rank >= spec->WorldSize()) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "rank %d is outside the spec's world of %d ranks", rank, spec->WorldSize()));
+  const int32_t world = spec->WorldSize();
+  if (rank < 0 || rank >= world) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("rank %d is outside the spec's world of %d ranks", rank, world));
   }
-  return PlanBuilder(std::move(spec), options, rank).Build();
+  RESHARD_RETURN_IF_ERROR(ValidateForRank(*spec, rank));
+  return PlanBuilder(std::move(spec), world, options, rank).Build();
 }
 
 }  // namespace reshard::plan

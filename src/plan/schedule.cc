@@ -14,8 +14,9 @@ int64_t CeilDiv64(int64_t a, int64_t b) { return b <= 0 ? 0 : (a + b - 1) / b; }
 
 }  // namespace
 
-DomainMap::DomainMap(const RefitSpec& spec) {
-  const int32_t world = spec.WorldSize();
+DomainMap::DomainMap(const RefitSpec& spec) : DomainMap(spec, spec.WorldSize()) {}
+
+DomainMap::DomainMap(const RefitSpec& spec, int32_t world) {
   std::vector<char> participates(world, 0);
   for (const TensorSpec& t : spec.tensors) {
     for (const Layout* l : {&t.src, &t.dst}) {
@@ -230,13 +231,19 @@ DomainScheduler::DomainScheduler(const RefitSpec& spec, const DomainMap& domains
 }
 
 void DomainScheduler::GroupByDomain() {
-  std::sort(dst_by_domain_.begin(), dst_by_domain_.end());
+  // Holders usually come in ascending rank order already (mesh ranks ascending along the
+  // replicate axes), hence in domain order: checking is cheaper than sorting, per piece.
+  if (!std::is_sorted(dst_by_domain_.begin(), dst_by_domain_.end())) {
+    std::sort(dst_by_domain_.begin(), dst_by_domain_.end());
+  }
   domain_groups_.clear();
-  for (size_t i = 0; i < dst_by_domain_.size();) {
-    size_t j = i;
-    while (j < dst_by_domain_.size() && dst_by_domain_[j].first == dst_by_domain_[i].first) ++j;
-    domain_groups_.push_back({i, j});
-    i = j;
+  const size_t n = dst_by_domain_.size();
+  size_t begin = 0;
+  for (size_t i = 1; i <= n; ++i) {
+    if (i == n || dst_by_domain_[i].first != dst_by_domain_[begin].first) {
+      domain_groups_.push_back({begin, i});
+      begin = i;
+    }
   }
 }
 

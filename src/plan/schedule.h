@@ -28,6 +28,9 @@ namespace reshard::plan {
 class DomainMap {
  public:
   explicit DomainMap(const RefitSpec& spec);
+  // `world` == spec.WorldSize(), when the caller has it (a whole-model spec names hundreds of
+  // ranks per tensor: every pass over the meshes counts).
+  DomainMap(const RefitSpec& spec, int32_t world);
 
   int32_t world_size() const { return static_cast<int32_t>(domain_of_.size()); }
   int32_t num_domains() const { return static_cast<int32_t>(ranks_.size()); }

@@ -92,15 +92,16 @@ class RankStamp {
 
 // The tile of the largest shape in a layout: per dim the longest interval. A view that is
 // injective on it is injective on every tile, since every tile's local box is inside it.
+// torch.chunk's first part is its longest (ceil(n / parts), or all of n), and a longer parent's
+// first part is no shorter, so the longest nested interval is the first of the first: O(axes),
+// no grid (validation runs this for every tensor and side).
 Box LargestTile(const Layout& l, const std::vector<int64_t>& shape) {
-  TileGrid grid(l, shape);
   Box b;
-  b.ndim = grid.ndim();
-  for (int d = 0; d < b.ndim; ++d) {
-    int64_t longest = 0;
-    for (const Interval& iv : grid.intervals(d)) longest = std::max(longest, iv.size());
-    b.lo[d] = 0;
-    b.hi[d] = longest;
+  b.ndim = static_cast<int>(shape.size());
+  for (int d = 0; d < b.ndim; ++d) b.hi[d] = shape[d];
+  for (int a = 0; a < l.mesh.ndim(); ++a) {
+    const Placement& p = l.placements[a];
+    if (p.is_shard()) b.hi[p.dim] = ChunkInterval({0, b.hi[p.dim]}, l.mesh.shape[a], 0).size();
   }
   return b;
 }
@@ -369,11 +370,28 @@ Collision FirstCollision(const std::vector<std::vector<int64_t>>& starts,
   return {};
 }
 
+// `only_rank` >= 0: checks that rank's tiles only (ValidateForRank).
 absl::Status CheckBufferOverlap(const RefitSpec& spec, Side side, const std::string& buffer,
-                                const std::vector<size_t>& tensors, int64_t& runs_budget) {
+                                const std::vector<size_t>& tensors, int32_t only_rank,
+                                int64_t& runs_budget) {
   absl::flat_hash_map<int32_t, std::vector<TileInBuffer>> by_rank;
   for (size_t t : tensors) {
     const Layout& l = spec.layout(t, side);
+    if (only_rank >= 0) {
+      // One tile per tensor at most: the rank's own cell, found by its mesh position.
+      const int64_t index = l.mesh.IndexOf(only_rank);
+      if (index < 0) continue;
+      const TileGrid grid(l, spec.tensors[t].shape);
+      const TileGrid::Cell cell = *grid.CellOfRank(only_rank);
+      const Box box = grid.CellBox(cell);
+      if (box.empty()) continue;
+      int64_t flat = 0;
+      for (int d = 0; d < grid.ndim(); ++d) {
+        flat = flat * static_cast<int64_t>(grid.intervals(d).size()) + cell[d];
+      }
+      by_rank[only_rank].push_back({t, flat, l.view.offset, TileExtent(l, box)});
+      continue;
+    }
     const TileGrid grid(l, spec.tensors[t].shape);
     for (int64_t flat = 0; flat < grid.num_cells(); ++flat) {
       const TileGrid::Cell cell = grid.CellAt(flat);
@@ -533,9 +551,7 @@ absl::Status ValidateTopology(const Topology& topo) {
   return absl::OkStatus();
 }
 
-}  // namespace
-
-absl::Status Validate(const RefitSpec& spec) {
+absl::Status ValidateImpl(const RefitSpec& spec, int32_t only_rank) {
   if (spec.tensors.empty()) return absl::InvalidArgumentError("the spec has no tensors");
   if (spec.tensors.size() > kMaxTensors) {
     return absl::InvalidArgumentError(absl::StrFormat(
@@ -622,11 +638,20 @@ absl::Status Validate(const RefitSpec& spec) {
     }
     std::sort(order.begin(), order.end());
     for (const auto& [first, name] : order) {
-      RESHARD_RETURN_IF_ERROR(CheckBufferOverlap(
-          spec, side, std::string(name), buffers[static_cast<int>(side)][name], runs_budget));
+      RESHARD_RETURN_IF_ERROR(CheckBufferOverlap(spec, side, std::string(name),
+                                                 buffers[static_cast<int>(side)][name], only_rank,
+                                                 runs_budget));
     }
   }
   return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status Validate(const RefitSpec& spec) { return ValidateImpl(spec, -1); }
+
+absl::Status ValidateForRank(const RefitSpec& spec, int32_t rank) {
+  return ValidateImpl(spec, rank);
 }
 
 }  // namespace reshard::plan

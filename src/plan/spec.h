@@ -134,4 +134,10 @@ struct RefitSpec {
 // and cut at 64 characters (json::QuoteForMessage).
 [[nodiscard]] absl::Status Validate(const RefitSpec& spec);
 
+// What one rank's share of the plan relies on (BuildRankPlan): every check of Validate() on
+// every tensor, except that the views of tensors sharing a buffer are checked for overlap on
+// `rank` only (the one check that grows with the world's tiles): an overlap on `rank` fails here
+// with Validate()'s error, an overlap on another rank fails that rank's set-up.
+[[nodiscard]] absl::Status ValidateForRank(const RefitSpec& spec, int32_t rank);
+
 }  // namespace reshard::plan

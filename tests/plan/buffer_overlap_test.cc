@@ -1,5 +1,6 @@
 // Validate() checks that tensors sharing a per-rank buffer never share an element, run by run,
-// so interleaved fused views (vLLM's expert w13) validate at full model scale.
+// so interleaved fused views (vLLM's expert w13) validate at full model scale; ValidateForRank()
+// checks one rank's buffers.
 #include <gtest/gtest.h>
 
 #include "src/plan/spec.h"
@@ -57,6 +58,39 @@ TEST(BufferOverlapTest, SharedBufferNeedsOneElementSize) {
             std::string::npos)
       << s;
   EXPECT_NE(std::string(s.message()).find("\"up\""), std::string::npos) << s;
+}
+
+// Rows 5 over two ranks: rank 0 holds 3 rows of a (elements [0, 12)), rank 1 holds 2 (elements
+// [0, 8)); b starts at element 10 of the buffer on both ranks, so only rank 0's tiles overlap.
+TEST(BufferOverlapTest, ARankValidatesItsOwnBuffers) {
+  RefitSpec spec;
+  for (const char* name : {"a", "b"}) {
+    TensorSpec t;
+    t.name = name;
+    t.dtype = DType::kFp32;
+    t.shape = {5, 4};
+    t.src.mesh = {{1}, {2}};
+    t.src.placements = {Placement::Replicate()};
+    t.dst.mesh = {{2}, {0, 1}};
+    t.dst.placements = {Placement::Shard(0)};
+    t.dst.buffer = "ab";
+    t.dst.has_view = true;
+    t.dst.view.offset = t.name == "a" ? 0 : 10;
+    spec.tensors.push_back(t);
+  }
+  const absl::Status world = Validate(spec);
+  ASSERT_FALSE(world.ok());
+  EXPECT_EQ(std::string(world.message()),
+            "tensor \"b\": dst.view overlaps tensor \"a\" in buffer \"ab\" on rank 0 (element "
+            "offset 10)");
+  EXPECT_EQ(ValidateForRank(spec, 0), world);
+  EXPECT_TRUE(ValidateForRank(spec, 1).ok());
+  EXPECT_TRUE(ValidateForRank(spec, 2).ok());  // The source rank holds no shared buffer.
+  // Every other check still covers every tensor on every rank.
+  spec.tensors[1].src.placements = {Placement::Shard(2)};
+  EXPECT_EQ(ValidateForRank(spec, 1).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(std::string(ValidateForRank(spec, 1).message()).find("src.placements[0] shards dim 2"),
+            std::string::npos);
 }
 
 }  // namespace

@@ -727,13 +727,15 @@ bool SelfAliases(const Layout& l, const std::vector<int64_t>& shape) {
   return std::adjacent_find(addresses.begin(), addresses.end()) != addresses.end();
 }
 
-bool BuffersAlias(const RefitSpec& spec, Side side) {
+// `only_rank` >= 0: tiles of that rank only.
+bool BuffersAlias(const RefitSpec& spec, Side side, int32_t only_rank = -1) {
   std::map<std::pair<int32_t, std::string>, std::vector<std::pair<int64_t, size_t>>> by_buffer;
   for (size_t t = 0; t < spec.tensors.size(); ++t) {
     const TensorSpec& ts = spec.tensors[t];
     const Layout& l = spec.layout(t, side);
     const std::string& buffer = side == Side::kSrc ? ts.src_buffer() : ts.dst_buffer();
     for (const OracleTile& tile : OracleTiles(l, ts.shape)) {
+      if (only_rank >= 0 && tile.rank != only_rank) continue;
       auto& v = by_buffer[{tile.rank, buffer}];
       OracleElements(l, ts.shape, tile, [&](int64_t, int64_t a) { v.push_back({a, t}); });
     }
@@ -779,6 +781,24 @@ TEST(OracleTest, ValidateRejectsExactlyTheViewsThatAlias) {
     }
     const absl::Status valid = Validate(spec);
     ASSERT_EQ(valid.ok(), !aliases) << "case " << c << ": " << valid << "\n" << Describe(spec);
+    // A rank's share validates the buffers of that rank only (BuildRankPlan): it fails exactly
+    // where the rank's own tiles alias, or any tile aliases itself (checked on every rank).
+    bool self_aliases = false;
+    for (const TensorSpec& ts : spec.tensors) {
+      self_aliases = self_aliases || SelfAliases(ts.src, ts.shape) || SelfAliases(ts.dst, ts.shape);
+    }
+    for (int32_t r = 0; r < spec.WorldSize(); ++r) {
+      const bool rank_aliases =
+          self_aliases || BuffersAlias(spec, Side::kSrc, r) || BuffersAlias(spec, Side::kDst, r);
+      const absl::Status rank_valid = ValidateForRank(spec, r);
+      ASSERT_EQ(rank_valid.ok(), !rank_aliases)
+          << "case " << c << " rank " << r << ": " << rank_valid << "\n" << Describe(spec);
+      if (!rank_valid.ok() && !self_aliases) {
+        EXPECT_NE(std::string(rank_valid.message()).find(absl::StrCat("on rank ", r, " ")),
+                  std::string::npos)
+            << rank_valid;
+      }
+    }
     if (!valid.ok()) {
       ++rejected;
       const std::string message(valid.message());
