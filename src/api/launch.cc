@@ -4,7 +4,7 @@
 
 #include "reshard/refit.h"
 #include "src/common/status.h"
-#include "src/nvlink/shared_buffer.h"
+#include "src/common/shared_memory.h"
 #include "src/rendezvous/tcp_store.h"
 
 namespace reshard {
@@ -27,12 +27,12 @@ absl::StatusOr<std::unique_ptr<StoreServer>> StoreServer::Start(const std::strin
 int StoreServer::port() const { return impl_->server->port(); }
 int64_t StoreServer::refused() const { return impl_->server->refused_clients(); }
 
-int RemoveSharedMemoryOf(int64_t pid) { return nvlink::RemoveSharedObjectsOf(pid); }
-int RemoveSharedMemoryOfDeadProcesses() { return nvlink::RemoveSharedObjectsOfDeadProcesses(); }
+int RemoveSharedMemoryOf(int64_t pid) { return RemoveSharedObjectsOf(pid); }
+int RemoveSharedMemoryOfDeadProcesses() { return RemoveSharedObjectsOfDeadProcesses(); }
 
 class HostBuffer::Impl {
  public:
-  std::unique_ptr<nvlink::SharedBuffer> shared;
+  std::unique_ptr<SharedBuffer> shared;
 };
 
 HostBuffer::HostBuffer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -42,7 +42,7 @@ HostBuffer::~HostBuffer() = default;
 
 absl::StatusOr<HostBuffer> HostBuffer::Allocate(int64_t bytes, const std::string& tag) {
   auto impl = std::make_unique<Impl>();
-  RESHARD_ASSIGN_OR_RETURN(impl->shared, nvlink::SharedBuffer::Allocate(tag, bytes));
+  RESHARD_ASSIGN_OR_RETURN(impl->shared, SharedBuffer::Allocate(tag, bytes));
   return HostBuffer(std::move(impl));
 }
 

@@ -14,7 +14,7 @@
 #include "src/common/fault.h"
 #include "src/common/status.h"
 #include "src/net/refit_engine.h"
-#include "src/nvlink/shared_buffer.h"
+#include "src/common/shared_memory.h"
 #include "src/plan/plan.h"
 #include "src/plan/schedule.h"
 
@@ -72,7 +72,7 @@ class RefitHandle::Impl {
   // This rank's staging buffer (schedule-owned), in shared memory when the fan-out layer runs
   // (domain peers that forward relayed pieces then write it in one copy), else private memory.
   // relayed pieces write it in one copy.
-  std::unique_ptr<nvlink::SharedBuffer> shared_staging;
+  std::unique_ptr<SharedBuffer> shared_staging;
   std::vector<uint8_t> private_staging;
   // Null for a rank the spec does not name (nothing to send or receive).
   std::unique_ptr<internal::RefitSession> session;
@@ -174,7 +174,7 @@ absl::StatusOr<std::vector<common::BufferView>> MatchBuffers(const plan::Plan& p
     const bool fanout_layer = options.fanout == Fanout::kAuto && plan.stats().bytes_fanout > 0;
     uint8_t* data = nullptr;
     if (bytes > 0 && fanout_layer) {
-      RESHARD_ASSIGN_OR_RETURN(impl.shared_staging, nvlink::SharedBuffer::Allocate(
+      RESHARD_ASSIGN_OR_RETURN(impl.shared_staging, SharedBuffer::Allocate(
                                                         absl::StrCat("r", rank, "-stage"), bytes));
       data = impl.shared_staging->data();
     } else if (bytes > 0) {

@@ -38,7 +38,7 @@ absl::StatusOr<PeerBufferDesc> ParseHostBufferDesc(absl::string_view text, int32
   if (parts.size() == 5 && parts[0] == "shm") {
     d.kind = PeerBufferDesc::Kind::kShared;
     const absl::string_view name = parts[1];
-    // One of reshard's objects (src/nvlink/shared_buffer.h), nothing else in /dev/shm.
+    // One of reshard's objects (src/common/shared_memory.h), nothing else in /dev/shm.
     if (!absl::StartsWith(name, "/reshard-") || name.size() > 255 ||
         name.find('/', 1) != absl::string_view::npos) {
       return Malformed(peer, buffer, text, "not a reshard shared-memory object");

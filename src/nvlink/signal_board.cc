@@ -15,7 +15,7 @@
 
 #include "absl/strings/str_format.h"
 #include "src/common/status.h"
-#include "src/nvlink/shared_buffer.h"
+#include "src/common/shared_memory.h"
 
 namespace reshard::nvlink {
 

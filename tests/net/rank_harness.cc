@@ -15,7 +15,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "src/nvlink/shared_buffer.h"
+#include "src/common/shared_memory.h"
 #include "src/rendezvous/tcp_store.h"
 
 extern char** environ;
@@ -190,7 +190,7 @@ absl::StatusOr<std::vector<RankResult>> RunWorld(const WorldLaunch& launch) {
     if (WIFSIGNALED(status)) {
       results[r].signal = WTERMSIG(status);
       // A killed rank cannot unlink its shared memory (fan-out buffers, signal boards).
-      nvlink::RemoveSharedObjectsOf(pids[r]);
+      RemoveSharedObjectsOf(pids[r]);
     }
     std::string line = results[r].stdout_text;
     while (!line.empty() && line.back() == '\n') line.pop_back();

@@ -27,7 +27,7 @@
 
 #include "absl/strings/str_format.h"
 #include "src/nvlink/fanout.h"
-#include "src/nvlink/shared_buffer.h"
+#include "src/common/shared_memory.h"
 #include "src/plan/fill.h"
 #include "src/plan/plan.h"
 #include "src/plan/schedule.h"

@@ -11,7 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "src/cuda/runtime.h"
-#include "src/nvlink/shared_buffer.h"
+#include "src/common/shared_memory.h"
 
 namespace reshard::testing {
 
@@ -60,7 +60,7 @@ std::map<int32_t, int> ForkRanks(const std::vector<int32_t>& ranks,
       auto it = children.find(pid);
       if (it == children.end()) continue;
       codes[it->second] = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-      if (!WIFEXITED(status)) nvlink::RemoveSharedObjectsOf(pid);
+      if (!WIFEXITED(status)) RemoveSharedObjectsOf(pid);
       children.erase(it);
       continue;
     }
@@ -68,7 +68,7 @@ std::map<int32_t, int> ForkRanks(const std::vector<int32_t>& ranks,
       for (const auto& [p, r] : children) {
         kill(p, SIGKILL);
         waitpid(p, nullptr, 0);
-        nvlink::RemoveSharedObjectsOf(p);
+        RemoveSharedObjectsOf(p);
         codes[r] = kHung;
       }
       break;

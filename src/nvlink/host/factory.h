@@ -2,7 +2,7 @@
 // into each other's destination buffers (one copy) and signal through shared memory.
 //
 // How a sender reaches a receiver's destination buffer, per buffer, by capability:
-//  - the receiver allocated it with nvlink::SharedBuffer: the sender maps it once (shm_open +
+//  - the receiver allocated it with SharedBuffer: the sender maps it once (shm_open +
 //    mmap) and copies with memcpy;
 //  - otherwise (the caller's private memory): process_vm_writev into the receiver, which needs
 //    ptrace-attach permission. Create() proves it with a probe read of a token the receiver

@@ -18,7 +18,7 @@
 #include "src/nvlink/backend.h"
 #include "src/nvlink/host/factory.h"
 #include "src/nvlink/peer_buffer.h"
-#include "src/nvlink/shared_buffer.h"
+#include "src/common/shared_memory.h"
 #include "src/nvlink/signal_board.h"
 #include "src/rendezvous/record.h"
 
@@ -190,7 +190,7 @@ class HostBackend final : public internal::BoardBackend {
     if (!probed.ok()) {
       return absl::FailedPreconditionError(absl::StrFormat(
           "host fan-out: %s (yama ptrace_scope=%d); allocate destination buffers with "
-          "nvlink::SharedBuffer so peers map them instead",
+          "SharedBuffer so peers map them instead",
           probed.message(), YamaPtraceScope()));
     }
     return absl::OkStatus();
@@ -231,7 +231,7 @@ class HostFactoryImpl final : public FanoutFactory {
               !SharedBuffer::Lookup(ctx.buffers[b].data, ctx.buffers[b].bytes)) {
             return absl::FailedPreconditionError(absl::StrFormat(
                 "buffer %d of rank %d is private memory and yama ptrace_scope=3 forbids "
-                "process_vm_writev; allocate it with nvlink::SharedBuffer",
+                "process_vm_writev; allocate it with SharedBuffer",
                 b, ctx.rank));
           }
           return absl::OkStatus();

@@ -18,7 +18,7 @@
 
 #include "absl/status/statusor.h"
 
-namespace reshard::nvlink {
+namespace reshard {
 
 class SharedBuffer {
  public:
@@ -90,4 +90,4 @@ class SharedMapping {
   int64_t bytes_ = 0;
 };
 
-}  // namespace reshard::nvlink
+}  // namespace reshard

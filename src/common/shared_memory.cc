@@ -1,4 +1,4 @@
-#include "src/nvlink/shared_buffer.h"
+#include "src/common/shared_memory.h"
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -17,7 +17,7 @@
 #include "absl/strings/str_format.h"
 #include "src/common/process.h"
 
-namespace reshard::nvlink {
+namespace reshard {
 namespace {
 
 struct Entry {
@@ -222,4 +222,4 @@ SharedMapping::~SharedMapping() {
   if (data_ != nullptr) munmap(data_, bytes_);
 }
 
-}  // namespace reshard::nvlink
+}  // namespace reshard

@@ -1,6 +1,6 @@
 // Shared-memory objects outlive a killed process; the sweep removes those whose creator is gone
 // and only those (issue 10: killing `reshard run` left /dev/shm/reshard-* behind).
-#include "src/nvlink/shared_buffer.h"
+#include "src/common/shared_memory.h"
 
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -11,7 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 
-namespace reshard::nvlink {
+namespace reshard {
 namespace {
 
 bool Exists(const std::string& shm_name) {
@@ -59,4 +59,4 @@ TEST(SharedBuffer, SweepRemovesObjectsOfDeadCreatorsOnly) {
 }
 
 }  // namespace
-}  // namespace reshard::nvlink
+}  // namespace reshard
