@@ -188,6 +188,7 @@ void RefitSession::FillStats(Stats& s) const {
   s.puts = e.puts;
   s.data_messages = e.data_messages;
   s.single_copy_writes = e.single_copy_writes;
+  s.mapped_copies = e.mapped_copies;
   s.signals = e.signals;
   s.transports = engine_->Transports();
   s.fanout = fanout_name_;

@@ -200,6 +200,7 @@ reshard_status_t reshard_handle_stats(const reshard_handle_t* handle, reshard_st
   out->total_seconds = s.total_seconds;
   out->data_messages = s.data_messages;
   out->single_copy_writes = s.single_copy_writes;
+  out->mapped_copies = s.mapped_copies;
   return RESHARD_OK;
 }
 

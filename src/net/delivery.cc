@@ -1,6 +1,8 @@
 #include "src/net/delivery.h"
 
+#include <atomic>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 
 #include "src/common/fault.h"
@@ -63,8 +65,14 @@ class PutDelivery final : public DeliveryBase {
                             static_cast<uint64_t>(d.packed ? d.landing_offset : 0) +
                             static_cast<uint64_t>(run.remote_offset);
     absl::Status posted;
-    if (SingleCopyWriter* writer = link.single_copy();
-        writer != nullptr && link.remote_host(to) && !SourceOnDevice(d)) {
+    if (uint8_t* mapped = link.mapped(to); mapped != nullptr && !SourceOnDevice(d)) {
+      // The peer's HostBuffer, mapped here: the run's one copy, done when memcpy returns
+      // (CheckRemoteKeys bounded every run by the registered region, which the mapping holds).
+      std::memcpy(mapped + (remote - link.remote_base(to)), Source(d, run),
+                  static_cast<size_t>(run.bytes));
+      stats_.mapped_copies++;
+    } else if (SingleCopyWriter* writer = link.single_copy();
+               writer != nullptr && link.remote_host(to) && !SourceOnDevice(d)) {
       // Queued; written (many runs per call) at the latest when the piece is posted.
       const int64_t calls = writer->calls();
       posted = writer->Add(Source(d, run), remote, static_cast<size_t>(run.bytes));
@@ -87,6 +95,9 @@ class PutDelivery final : public DeliveryBase {
       stats_.single_copy_writes += writer->calls() - calls;
       RESHARD_RETURN_IF_ERROR(written);
     }
+    // Mapped copies are plain stores: ordered before the batch's signal (a UCX message or
+    // put the receiver reads before it reads the piece).
+    if (link.has_mapped()) std::atomic_thread_fence(std::memory_order_release);
     link.AddToBatch(d.transfer, d.bytes);
     if (link.open_batch_bytes() >= signal_batch_bytes_) return link.CloseBatch();
     return absl::OkStatus();

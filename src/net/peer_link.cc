@@ -2,12 +2,14 @@
 
 #include <algorithm>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "src/common/fault.h"
 #include "src/common/idle.h"
+#include "src/common/log.h"
 #include "src/common/status.h"
 #include "src/net/registered_memory.h"
 #include "src/net/ucx/status.h"
@@ -83,6 +85,7 @@ absl::Status PeerLink::LoadRemoteKeys(const rendezvous::Record& record, uint32_t
   remote_base_.assign(ids, 0);
   remote_bytes_.assign(ids, 0);
   remote_host_.assign(ids, false);
+  remote_shm_.assign(ids, std::string());
   auto number = [&](const std::string& field) -> absl::StatusOr<uint64_t> {
     RESHARD_ASSIGN_OR_RETURN(std::string text, rendezvous::Field(record, field, peer_));
     uint64_t value = 0;
@@ -106,8 +109,55 @@ absl::Status PeerLink::LoadRemoteKeys(const rendezvous::Record& record, uint32_t
     remote_base_[id] = base;
     remote_bytes_[id] = bytes;
     remote_host_[id] = record.count(HostMemoryField(id)) != 0;
+    if (auto shm = record.find(SharedMemoryField(id)); shm != record.end() && remote_host_[id]) {
+      remote_shm_[id] = shm->second;
+    }
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<int> PeerLink::MapSharedRegions(uint64_t pidns) {
+  mapped_.assign(remote_shm_.size(), nullptr);
+  if (!watched_) return 0;
+  // Objects the peer's process created: "/reshard-<pid>.<pid namespace>-..." (SharedBuffer).
+  const std::string owner = absl::StrCat("/reshard-", process_.pid, ".", pidns, "-");
+  int count = 0;
+  for (uint32_t id = 0; id < remote_shm_.size(); ++id) {
+    const std::string& text = remote_shm_[id];
+    if (text.empty()) continue;
+    const std::vector<absl::string_view> parts = absl::StrSplit(text, ',');
+    int64_t offset = -1, mapped = -1;
+    auto malformed = [&](absl::string_view why) {
+      return absl::DataLossError(absl::StrCat("the remote key record of rank ", peer_,
+                                              " places region ", id, " in shared memory \"",
+                                              text.substr(0, 80), "\": ", why));
+    };
+    if (parts.size() != 3 || !absl::SimpleAtoi(parts[1], &offset) ||
+        !absl::SimpleAtoi(parts[2], &mapped) || offset < 0 || mapped < 0) {
+      return malformed("expected NAME,OFFSET,MAPPED");
+    }
+    const absl::string_view name = parts[0];
+    if (!absl::StartsWith(name, owner) || name.size() > 255 ||
+        name.find('/', 1) != absl::string_view::npos) {
+      return malformed(absl::StrCat("not an object of its process (", owner, "...)"));
+    }
+    if (offset > mapped || remote_bytes_[id] > static_cast<uint64_t>(mapped - offset)) {
+      return malformed(absl::StrCat("the object does not hold the ", remote_bytes_[id],
+                                    " bytes registered there"));
+    }
+    absl::StatusOr<SharedMapping> mapping = SharedMapping::Open(std::string(name), mapped);
+    if (!mapping.ok()) {
+      RESHARD_LOG(kWarning,
+                  "rank %d cannot map rank %d's region %d (%s); its pieces there travel by "
+                  "process_vm_writev or UCX puts instead",
+                  rank_, peer_, id, mapping.status().message());
+      continue;
+    }
+    mappings_.push_back(*std::move(mapping));
+    mapped_[id] = mappings_.back().data() + offset;
+    ++count;
+  }
+  return count;
 }
 
 bool PeerLink::SentBy(ucp_ep_h from) const {

@@ -22,6 +22,7 @@
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "src/common/process.h"
+#include "src/common/shared_memory.h"
 #include "src/common/single_copy.h"
 #include "src/net/ucx/endpoint.h"
 #include "src/net/ucx/memory.h"
@@ -100,6 +101,17 @@ class PeerLink {
     single_copy_ = std::make_unique<SingleCopyWriter>(rank_, peer_, process_.pid);
   }
   SingleCopyWriter* single_copy() const { return single_copy_.get(); }
+  // Same-host peers whose registered host regions lie in shared memory (a HostBuffer; the
+  // record's shm.<id>): maps each into this process, so put delivery copies runs into it with
+  // memcpy, one copy and no system call (src/common/shared_memory.h). Needs no ptrace access,
+  // unlike the writer above. `pidns` is this process's pid namespace, shared with the watched
+  // peer. Returns how many regions were mapped. DataLoss for a descriptor that is malformed,
+  // names an object the peer's process did not create, or does not hold the registered region;
+  // an object that cannot be opened (another /dev/shm) is logged and left to the other paths.
+  [[nodiscard]] absl::StatusOr<int> MapSharedRegions(uint64_t pidns);
+  // The peer's registered region `id` in this process (null when not mapped).
+  uint8_t* mapped(uint32_t id) const { return id < mapped_.size() ? mapped_[id] : nullptr; }
+  bool has_mapped() const { return !mappings_.empty(); }
   // Where the peer's probe token lives and its value (its wire-up record; same-host peers).
   void set_probe(uint64_t address, uint64_t token) {
     probe_address_ = address;
@@ -193,6 +205,9 @@ class PeerLink {
   std::vector<uint64_t> remote_bytes_;
   std::vector<bool> remote_host_;
   std::unique_ptr<SingleCopyWriter> single_copy_;
+  std::vector<std::string> remote_shm_;  // By id: the record's shm.<id>, or "".
+  std::vector<SharedMapping> mappings_;
+  std::vector<uint8_t*> mapped_;         // By id: the region in mappings_, or null.
   bool peer_single_copy_ = false;
   uint64_t probe_address_ = 0, probe_token_ = 0;
   int64_t puts_since_flush_ = 0;  // UCX puts posted since the last CloseBatch flushed.

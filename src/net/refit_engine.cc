@@ -137,6 +137,7 @@ class RefitEngine::Impl final : public MessageSink, public LinkOwner {
   // rank's idle rounds yield instead of sleeping (set by ChooseSingleCopy).
   bool targets_emulated_puts_ = false;
   bool single_copy_enabled_ = false;
+  bool map_shared_ = false;  // RefitEngineOptions::map_shared_memory, or RESHARD_MAP_SHARED.
   std::deque<uint32_t> local_ready_;
   std::vector<uint32_t> landed_out_;
   bool abort_pending_ = false;
@@ -163,9 +164,10 @@ class RefitEngine::Impl final : public MessageSink, public LinkOwner {
   std::string PendingSummary() const;
   absl::Status CheckRemoteKeys() const;
   // Put delivery: peers on this host that the kernel lets this process write into get a
-  // SingleCopyWriter (RefitEngineOptions::single_copy).
-  // and the links whose peer writes into this rank with UCX's emulated puts.
-  void ChooseSingleCopy();
+  // mapping of their shared-memory regions and/or a SingleCopyWriter
+  // (RefitEngineOptions::single_copy), and the links whose peer writes into this rank with
+  // UCX's emulated puts.
+  absl::Status ChooseSingleCopy();
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -220,6 +222,8 @@ absl::Status RefitEngine::Impl::Init(rendezvous::Store& store, std::vector<Buffe
   if (const char* env = std::getenv("RESHARD_SINGLE_COPY")) {
     single_copy_enabled_ = !am && std::string(env) != "0";
   }
+  map_shared_ = options_.map_shared_memory;
+  if (const char* env = std::getenv("RESHARD_MAP_SHARED")) map_shared_ = std::string(env) != "0";
 
   links_.resize(static_cast<size_t>(plan_.world_size()));
   for (int32_t r : program_.peers) {
@@ -253,12 +257,11 @@ absl::Status RefitEngine::Impl::Init(rendezvous::Store& store, std::vector<Buffe
               single_copy_enabled_, deadline));
   RESHARD_RETURN_IF_ERROR(CheckRemoteKeys());
   RESHARD_RETURN_IF_ERROR(Handshake(store, options_.key_prefix, rank_, *runtime_, links_, deadline));
-  ChooseSingleCopy();
-  return absl::OkStatus();
+  return ChooseSingleCopy();
 }
 
-void RefitEngine::Impl::ChooseSingleCopy() {
-  if (delivery_->counts_bytes()) return;
+absl::Status RefitEngine::Impl::ChooseSingleCopy() {
+  if (delivery_->counts_bytes()) return absl::OkStatus();
   for (PeerLink* link : peers_) {
     // A peer that writes into this rank does so with process_vm_writev when it may (its record),
     // it runs here, and UCX reaches it over shared memory (the same test it makes below; a
@@ -270,21 +273,29 @@ void RefitEngine::Impl::ChooseSingleCopy() {
       targets_emulated_puts_ = true;
     }
   }
-  if (!single_copy_enabled_) return;
+  if (!single_copy_enabled_) return absl::OkStatus();
   for (PeerLink* link : peers_) {
     // Same host and pid namespace (watched), and UCX itself reaches the peer through memory.
     if (!link->sends_to || !link->watched() || !ucx::SharedMemoryLanes(link->Transports())) {
       continue;
     }
+    // Regions in shared memory (HostBuffers) are mapped and written with memcpy; the others
+    // with process_vm_writev where the kernel allows it, else UCX puts.
+    int mapped = 0;
+    if (map_shared_) {
+      RESHARD_ASSIGN_OR_RETURN(mapped, link->MapSharedRegions(PidNamespace()));
+    }
     if (link->probe_address() == 0) continue;  // The peer published no probe token.
     absl::Status allowed = SingleCopyWriter::Probe(rank_, link->peer(), link->watched_pid(),
                                                    link->probe_address(), link->probe_token());
     if (!allowed.ok()) {
-      RESHARD_LOG(kWarning, "%s; its pieces travel as UCX puts instead", allowed.message());
+      RESHARD_LOG(kWarning, "%s; its pieces %stravel as UCX puts instead", allowed.message(),
+                  mapped > 0 ? "outside shared memory " : "");
       continue;
     }
     link->EnableSingleCopy();
   }
+  return absl::OkStatus();
 }
 
 absl::Status RefitEngine::Impl::CheckRemoteKeys() const {
@@ -824,8 +835,15 @@ ucp_ep* RefitEngine::EndpointTo(int32_t peer) const {
 }
 std::string RefitEngine::Transports() const {
   std::string transports = TransportsOf(impl_->peers_);
-  int single_copy = 0;
-  for (const PeerLink* link : impl_->peers_) single_copy += link->single_copy() != nullptr;
+  int mapped = 0, single_copy = 0;
+  for (const PeerLink* link : impl_->peers_) {
+    mapped += link->has_mapped();
+    single_copy += link->single_copy() != nullptr;
+  }
+  if (mapped > 0) {
+    absl::StrAppend(&transports, transports.empty() ? "" : " ", "+ mapped copies to ", mapped,
+                    " peer(s)");
+  }
   if (single_copy > 0) {
     absl::StrAppend(&transports, transports.empty() ? "" : " ", "+ single-copy writes to ",
                     single_copy, " peer(s)");

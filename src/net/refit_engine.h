@@ -105,6 +105,11 @@ struct RefitEngineOptions {
   // A peer the kernel does not let this process write into (ptrace rules, seccomp) gets UCX
   // puts, with a warning naming the reason. Override: RESHARD_SINGLE_COPY=0|1.
   bool single_copy = true;
+  // With single_copy: a peer's registered regions that lie in shared memory (HostBuffer
+  // destinations, landing areas) are mapped into this process and written with memcpy: one
+  // copy at memory speed, no system call, no ptrace access needed. Off: process_vm_writev for
+  // those too. Override: RESHARD_MAP_SHARED=0|1.
+  bool map_shared_memory = true;
 };
 
 // Figures of the last epoch on this rank.
@@ -116,6 +121,7 @@ struct RefitStats {
   int64_t pieces_received = 0;         // Transfers landed here, local ones included.
   int64_t puts = 0;                    // ucp_put_nbx calls.
   int64_t single_copy_writes = 0;      // process_vm_writev calls (same-host peers).
+  int64_t mapped_copies = 0;           // Runs copied into a mapped same-host HostBuffer.
   int64_t data_messages = 0;           // Data active messages posted (delivery kActiveMessage).
   int64_t signals = 0;                 // Completion signals sent.
   double seconds = 0;                  // Start to the end of Wait.

@@ -2,6 +2,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "src/common/log.h"
+#include "src/common/shared_memory.h"
 #include "src/common/status.h"
 #include "src/cuda/runtime.h"
 
@@ -13,6 +15,7 @@ std::string KeyField(uint32_t id) { return absl::StrCat("key.", id); }
 std::string BaseField(uint32_t id) { return absl::StrCat("base.", id); }
 std::string SizeField(uint32_t id) { return absl::StrCat("size.", id); }
 std::string HostMemoryField(uint32_t id) { return absl::StrCat("host.", id); }
+std::string SharedMemoryField(uint32_t id) { return absl::StrCat("shm.", id); }
 
 absl::StatusOr<std::unique_ptr<RegisteredMemory>> RegisteredMemory::Create(
     const plan::Plan& plan, int32_t rank, Runtime& runtime, std::vector<common::BufferView> buffers,
@@ -57,10 +60,25 @@ absl::StatusOr<std::unique_ptr<RegisteredMemory>> RegisteredMemory::Create(
                                                     m->send_scratch_.size(), UCS_MEMORY_TYPE_HOST));
   }
   if (landing_bytes > 0) {
-    m->landing_.assign(static_cast<size_t>(landing_bytes), 0);
-    RESHARD_ASSIGN_OR_RETURN(m->landing_region_,
-                             ucx::MemoryRegion::Map(context, m->landing_.data(), m->landing_.size(),
-                                                    UCS_MEMORY_TYPE_HOST));
+    // In shared memory, so that same-host senders map it and copy packed streams in with
+    // memcpy (PeerLink::MapSharedRegions); private memory where /dev/shm cannot hold it.
+    absl::StatusOr<std::unique_ptr<SharedBuffer>> shared =
+        SharedBuffer::Allocate(absl::StrCat("r", rank, "-landing"), landing_bytes);
+    if (shared.ok()) {
+      m->landing_shared_ = *std::move(shared);
+      m->landing_data_ = m->landing_shared_->data();
+    } else {
+      RESHARD_LOG(kWarning,
+                  "rank %d: the landing area of packed pieces (%d bytes) is private memory, so "
+                  "same-host peers write it by process_vm_writev or UCX puts: %s",
+                  rank, landing_bytes, shared.status().message());
+      m->landing_.assign(static_cast<size_t>(landing_bytes), 0);
+      m->landing_data_ = m->landing_.data();
+    }
+    RESHARD_ASSIGN_OR_RETURN(
+        m->landing_region_,
+        ucx::MemoryRegion::Map(context, m->landing_data_, static_cast<size_t>(landing_bytes),
+                               UCS_MEMORY_TYPE_HOST));
   }
   return m;
 }
@@ -77,7 +95,12 @@ absl::Status RegisteredMemory::AddRemoteKeys(rendezvous::Record* record) const {
     RESHARD_ASSIGN_OR_RETURN((*record)[KeyField(id)], region.PackRkey());
     (*record)[BaseField(id)] = absl::StrCat(reinterpret_cast<uintptr_t>(region.address()));
     (*record)[SizeField(id)] = absl::StrCat(region.bytes());
-    if (host) (*record)[HostMemoryField(id)] = "1";
+    if (host) {
+      (*record)[HostMemoryField(id)] = "1";
+      if (const auto at = SharedBuffer::Lookup(region.address(), region.bytes())) {
+        (*record)[SharedMemoryField(id)] = absl::StrCat(at->name, ",", at->offset, ",", at->mapped);
+      }
+    }
     return absl::OkStatus();
   };
   for (uint32_t b = 0; b < buffers_.size(); ++b) {

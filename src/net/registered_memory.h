@@ -18,6 +18,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "src/common/memory.h"
+#include "src/common/shared_memory.h"
 #include "src/net/runtime.h"
 #include "src/net/ucx/memory.h"
 #include "src/plan/plan.h"
@@ -51,7 +52,7 @@ class RegisteredMemory {
   ucp_mem_h send_scratch_memh() const {
     return send_scratch_region_ ? send_scratch_region_->get() : nullptr;
   }
-  uint8_t* landing() { return landing_.data(); }
+  uint8_t* landing() { return landing_data_; }
   uint32_t landing_id() const { return static_cast<uint32_t>(buffers_.size()); }
 
   // Adds the `key.<id>` / `base.<id>` fields of this rank's writable memory to `record`.
@@ -69,7 +70,9 @@ class RegisteredMemory {
   std::vector<std::unique_ptr<ucx::MemoryRegion>> regions_;
   std::vector<uint8_t> send_scratch_;
   std::unique_ptr<ucx::MemoryRegion> send_scratch_region_;
-  std::vector<uint8_t> landing_;
+  std::vector<uint8_t> landing_;                   // Private, when /dev/shm cannot hold it.
+  std::unique_ptr<SharedBuffer> landing_shared_;    // Else shared (same-host peers map it).
+  uint8_t* landing_data_ = nullptr;
   std::unique_ptr<ucx::MemoryRegion> landing_region_;
 };
 
@@ -78,5 +81,9 @@ std::string KeyField(uint32_t id);
 std::string BaseField(uint32_t id);
 std::string SizeField(uint32_t id);
 std::string HostMemoryField(uint32_t id);
+// "NAME,OFFSET,MAPPED": the registered host region lies OFFSET bytes into the shared-memory
+// object NAME of MAPPED bytes (a HostBuffer, src/common/shared_memory.h), so a same-host peer
+// may map it and copy into it directly.
+std::string SharedMemoryField(uint32_t id);
 
 }  // namespace reshard::net

@@ -17,6 +17,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "src/common/shared_memory.h"
 #include "src/common/status.h"
 #include "src/net/runtime.h"
 #include "src/net/ucx/context.h"
@@ -43,21 +44,36 @@ std::string StoreDir(const std::string& name) {
 
 struct RankBuffers {
   plan::Plan plan;
-  std::vector<std::vector<uint8_t>> memory;
+  std::vector<absl::Span<uint8_t>> memory;  // By buffer id, in owned or shared.
   std::vector<BufferView> buffers;
+  std::vector<std::vector<uint8_t>> owned;
+  std::vector<std::unique_ptr<SharedBuffer>> shared;
 };
 
-RankBuffers MakeBuffers(const std::string& spec_text, int32_t rank) {
+// `shared_destinations`: destination buffers are SharedBuffers (what HostBuffer allocates).
+RankBuffers MakeBuffers(const std::string& spec_text, int32_t rank,
+                        bool shared_destinations = false) {
   auto spec = plan::ParseSpecJson(spec_text);
   RESHARD_CHECK(spec.ok());
   auto plan = plan::BuildPlan(std::make_shared<const plan::RefitSpec>(*spec));
   RESHARD_CHECK(plan.ok());
-  RankBuffers out{*std::move(plan), {}, {}};
+  RankBuffers out{*std::move(plan), {}, {}, {}, {}};
   const std::vector<int64_t> bytes = out.plan.BufferBytes(rank);
-  out.memory.resize(bytes.size());
+  out.owned.resize(bytes.size());
   for (size_t b = 0; b < bytes.size(); ++b) {
-    out.memory[b].assign(bytes[b], kPoison);
-    out.buffers.push_back(BufferView{out.memory[b].data(), bytes[b], MemoryKind::kHost});
+    uint8_t* data = nullptr;
+    if (shared_destinations && bytes[b] > 0 && out.plan.buffers()[b].side == plan::Side::kDst) {
+      auto buffer = SharedBuffer::Allocate(absl::StrCat("r", rank, "-test"), bytes[b]);
+      RESHARD_CHECK(buffer.ok());
+      out.shared.push_back(*std::move(buffer));
+      data = out.shared.back()->data();
+      std::memset(data, kPoison, static_cast<size_t>(bytes[b]));
+    } else {
+      out.owned[b].assign(bytes[b], kPoison);
+      data = out.owned[b].data();
+    }
+    out.memory.push_back(absl::Span<uint8_t>(data, static_cast<size_t>(bytes[b])));
+    out.buffers.push_back(BufferView{data, bytes[b], MemoryKind::kHost});
   }
   return out;
 }
@@ -94,8 +110,9 @@ struct ChildEngine {
 };
 
 absl::StatusOr<ChildEngine> OpenEngine(const std::string& spec, int32_t rank,
-                                       const std::string& dir, const RefitEngineOptions& options) {
-  ChildEngine c{MakeBuffers(spec, rank), nullptr, nullptr, nullptr};
+                                       const std::string& dir, const RefitEngineOptions& options,
+                                       bool shared_destinations = false) {
+  ChildEngine c{MakeBuffers(spec, rank, shared_destinations), nullptr, nullptr, nullptr};
   RESHARD_ASSIGN_OR_RETURN(c.store, FileStore::Open(dir));
   RESHARD_ASSIGN_OR_RETURN(c.runtime, Runtime::Create());
   RESHARD_ASSIGN_OR_RETURN(
@@ -231,9 +248,10 @@ TEST(RefitEngine, FailedEpochIsRememberedUntilReset) {
 
 // The fan-out hook: Progress reports every transfer that lands on a rank exactly once, on a
 // domain-aware plan with fan-out transfers (executed by the engine as network puts), by each
-// way bytes travel: puts as single-copy writes (every peer is on this host), UCX puts, and
-// active messages.
-enum class Path { kSingleCopy, kUcxPut, kActiveMessage };
+// way bytes travel: puts as copies into mapped HostBuffers (destinations and landing areas in
+// shared memory; every peer is on this host), as single-copy writes (private destinations),
+// UCX puts, and active messages.
+enum class Path { kMapped, kSingleCopy, kUcxPut, kActiveMessage };
 class RefitEngineDelivery : public ::testing::TestWithParam<Path> {};
 
 TEST_P(RefitEngineDelivery, ProgressReportsEveryLandedTransferOnce) {
@@ -257,10 +275,12 @@ TEST_P(RefitEngineDelivery, ProgressReportsEveryLandedTransferOnce) {
         options.delivery = GetParam() == Path::kActiveMessage
                                ? RefitEngineOptions::Delivery::kActiveMessage
                                : RefitEngineOptions::Delivery::kPut;
-        options.single_copy = GetParam() == Path::kSingleCopy;
+        const bool mapped = GetParam() == Path::kMapped;
+        options.single_copy = mapped || GetParam() == Path::kSingleCopy;
+        options.map_shared_memory = mapped;
         // Short runs (bf16 columns) travel packed either way; a small batch makes several signals.
         options.signal_batch_bytes = 4096;
-        absl::StatusOr<ChildEngine> child = OpenEngine(spec, rank, dir, options);
+        absl::StatusOr<ChildEngine> child = OpenEngine(spec, rank, dir, options, mapped);
         CHILD_EXPECT(child.ok());
         RankBuffers& rb = child->rb;
         RefitEngine& e = *child->engine;
@@ -280,15 +300,22 @@ TEST_P(RefitEngineDelivery, ProgressReportsEveryLandedTransferOnce) {
           const RefitStats& stats = e.last_stats();
           const bool am = GetParam() == Path::kActiveMessage;
           CHILD_EXPECT(std::string(e.delivery()) == (am ? "am" : "put"));
-          const int64_t used = GetParam() == Path::kSingleCopy ? stats.single_copy_writes
-                               : am                            ? stats.data_messages
-                                                               : stats.puts;
-          CHILD_EXPECT(stats.puts + stats.data_messages + stats.single_copy_writes == used);
+          const int64_t used = mapped                           ? stats.mapped_copies
+                               : GetParam() == Path::kSingleCopy ? stats.single_copy_writes
+                               : am                              ? stats.data_messages
+                                                                 : stats.puts;
+          CHILD_EXPECT(stats.puts + stats.data_messages + stats.single_copy_writes +
+                           stats.mapped_copies ==
+                       used);
           if (stats.bytes_network_sent > 0) CHILD_EXPECT(used > 0);
           const bool single_copy =
               e.Transports().find("+ single-copy writes to") != std::string::npos;
-          CHILD_EXPECT(single_copy ==
-                       (GetParam() == Path::kSingleCopy && stats.bytes_network_sent > 0));
+          // Mapped links keep a writer for buffers outside shared memory (none here).
+          CHILD_EXPECT(single_copy == ((mapped || GetParam() == Path::kSingleCopy) &&
+                                       stats.bytes_network_sent > 0));
+          const bool mapped_copies =
+              e.Transports().find("+ mapped copies to") != std::string::npos;
+          CHILD_EXPECT(mapped_copies == (mapped && stats.bytes_network_sent > 0));
         }
         CHILD_EXPECT(e.Shutdown(absl::Now() + absl::Seconds(10)).ok());
         return 0;
@@ -298,9 +325,11 @@ TEST_P(RefitEngineDelivery, ProgressReportsEveryLandedTransferOnce) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Delivery, RefitEngineDelivery,
-                         ::testing::Values(Path::kSingleCopy, Path::kUcxPut, Path::kActiveMessage),
+                         ::testing::Values(Path::kMapped, Path::kSingleCopy, Path::kUcxPut,
+                                           Path::kActiveMessage),
                          [](const auto& info) {
-                           return info.param == Path::kSingleCopy ? "SingleCopy"
+                           return info.param == Path::kMapped       ? "Mapped"
+                                  : info.param == Path::kSingleCopy ? "SingleCopy"
                                   : info.param == Path::kUcxPut   ? "Put"
                                                                   : "Am";
                          });
@@ -470,7 +499,8 @@ int ReceiveProtocolError(ChildEngine& c, PeerProtocolError error) {
   ucp_ep_h from = e.EndpointTo(0);
   CHILD_EXPECT(from != nullptr);
   CHILD_EXPECT(e.Start(1).ok());
-  const std::vector<uint8_t> before = c.rb.memory[plan.buffer_of(1, plan::Side::kDst)];
+  const absl::Span<uint8_t> b_buffer = c.rb.memory[plan.buffer_of(1, plan::Side::kDst)];
+  const std::vector<uint8_t> before(b_buffer.begin(), b_buffer.end());
   std::string expected;
   static uint8_t payload[96];
   std::memset(payload, 0xEE, sizeof(payload));
@@ -493,7 +523,7 @@ int ReceiveProtocolError(ChildEngine& c, PeerProtocolError error) {
     c.runtime->Dispatch(wire::kDataAm, &h, sizeof(h), payload, sizeof(payload), false, from);
   }
   // Nothing was written: b's buffer is as before (rank 1's rows included).
-  CHILD_EXPECT(c.rb.memory[plan.buffer_of(1, plan::Side::kDst)] == before);
+  CHILD_EXPECT(std::equal(b_buffer.begin(), b_buffer.end(), before.begin(), before.end()));
   CHILD_EXPECT(e.rejected_messages() == 0);
   const absl::Status st = e.Progress(nullptr);
   std::fprintf(stderr, "rank 2: %s\n", st.ToString().c_str());

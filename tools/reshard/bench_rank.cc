@@ -27,6 +27,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "reshard/reshard.h"
 #include "src/common/escape.h"
 #include "tools/reshard/tile_fill.h"
@@ -37,12 +38,18 @@ using reshard::cli::FillTile;
 
 // Buffers by (side, name). Scratch buffers of gather-broadcast ("gather:<t>", "bcast:<t>") are
 // the destination of one stage and the source of the next, so they are keyed by name alone.
+// Destinations and scratch are HostBuffers, as a user's on one host would be (same-host senders
+// map them: one memcpy per run); sources are private memory.
 struct Buffers {
   std::map<std::pair<int, std::string>, std::vector<uint8_t>> mem;  // (side, name) -> bytes
+  std::map<std::pair<int, std::string>, reshard::HostBuffer> shared;
   static std::pair<int, std::string> Key(reshard::Side side, const std::string& name) {
     return {name.find(':') != std::string::npos ? -1 : static_cast<int>(side), name};
   }
   uint8_t* Get(reshard::Side side, const std::string& name) {
+    if (auto it = shared.find(Key(side, name)); it != shared.end()) {
+      return static_cast<uint8_t*>(it->second.data());
+    }
     auto it = mem.find(Key(side, name));
     return it == mem.end() ? nullptr : it->second.data();
   }
@@ -52,9 +59,21 @@ struct Buffers {
     if (!reqs.ok()) return reqs.status();
     reshard::LocalBuffers out;
     for (const reshard::BufferRequirement& r : *reqs) {
-      auto& m = mem[Key(r.side, r.name)];
-      if (m.empty()) m.assign(static_cast<size_t>(std::max<int64_t>(r.bytes, 1)), 0);
-      out.Add(r.side, r.name, reshard::Buffer{m.data(), r.bytes});
+      const auto key = Key(r.side, r.name);
+      uint8_t* data = Get(r.side, r.name);
+      if (data == nullptr && (r.side == reshard::Side::kDestination || key.first < 0) &&
+          r.bytes > 0) {
+        absl::StatusOr<reshard::HostBuffer> hb =
+            reshard::HostBuffer::Allocate(r.bytes, absl::StrCat("b", rank, "-", r.name));
+        if (!hb.ok()) return hb.status();
+        data = static_cast<uint8_t*>(hb->data());
+        shared.emplace(key, *std::move(hb));
+      } else if (data == nullptr) {
+        auto& m = mem[key];
+        m.assign(static_cast<size_t>(std::max<int64_t>(r.bytes, 1)), 0);
+        data = m.data();
+      }
+      out.Add(r.side, r.name, reshard::Buffer{data, r.bytes});
     }
     return out;
   }

@@ -1,5 +1,6 @@
 #include "tools/reshard/rank.h"
 
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -21,20 +22,26 @@ struct AlignedFree {
 };
 
 // This rank's buffers, owned: sources in private page-aligned memory; destinations in
-// HostBuffers when the spec groups ranks into domains (domain peers that forward pieces to this
-// rank then map them: one copy), else private memory too (no /dev/shm needed).
+// HostBuffers (same-host senders and domain peers that forward pieces to this rank map them:
+// one memcpy per run), or private memory with a note when /dev/shm cannot hold them.
 class RankBuffers {
  public:
-  absl::Status Allocate(const std::vector<BufferRequirement>& requirements, int rank,
-                        bool shared_destinations) {
+  absl::Status Allocate(const std::vector<BufferRequirement>& requirements, int rank) {
     for (const BufferRequirement& r : requirements) {
       void* data = nullptr;
+      absl::StatusOr<HostBuffer> hb = absl::UnavailableError("");
+      if (r.bytes > 0 && r.side == Side::kDestination) {
+        hb = HostBuffer::Allocate(r.bytes, absl::StrCat("r", rank, "-", r.name));
+        if (!hb.ok()) {
+          std::fprintf(stderr,
+                       "rank %d: destination buffer \"%s\" is private memory (senders on this "
+                       "host write it by process_vm_writev): %s\n",
+                       rank, r.name.c_str(), std::string(hb.status().message()).c_str());
+        }
+      }
       if (r.bytes == 0) {
         // Only empty tiles live here (uneven shards): nothing to allocate.
-      } else if (r.side == Side::kDestination && shared_destinations) {
-        absl::StatusOr<HostBuffer> hb =
-            HostBuffer::Allocate(r.bytes, absl::StrCat("r", rank, "-", r.name));
-        if (!hb.ok()) return hb.status();
+      } else if (hb.ok()) {
         data = hb->data();
         shared_.push_back(*std::move(hb));
       } else {
@@ -119,9 +126,7 @@ RankReport RunRank(const RankOptions& options, const Communicator& comm) {
   for (size_t t = 0; t < spec->tensors().size(); ++t) tensor_number[spec->tensors()[t].name] = t;
 
   RankBuffers buffers;
-  bool domains = spec->ranks_per_domain() > 1;
-  for (const std::vector<int32_t>& d : spec->domains()) domains = domains || d.size() > 1;
-  if (absl::Status st = buffers.Allocate(*requirements, me, domains); !st.ok()) {
+  if (absl::Status st = buffers.Allocate(*requirements, me); !st.ok()) {
     return fail(st, false);
   }
   HandleOptions handle_options;
@@ -159,6 +164,8 @@ RankReport RunRank(const RankOptions& options, const Communicator& comm) {
     report.pieces_received = s.pieces_received;
     report.puts = s.puts;
     report.data_messages = s.data_messages;
+    report.single_copy_writes = s.single_copy_writes;
+    report.mapped_copies = s.mapped_copies;
     const bool layer = s.fanout != "none" && s.fanout != "engine";
     report.fanout_backend = layer ? s.fanout : "";
     report.bytes_fanout_sent = s.bytes_fanout_sent;
@@ -198,7 +205,8 @@ std::string RankReportJson(const RankReport& r) {
       absl::StrJoin(ms, ","), "],\"bytes_network_sent\":", r.bytes_network_sent,
       ",\"bytes_network_received\":", r.bytes_network_received,
       ",\"pieces_received\":", r.pieces_received, ",\"puts\":", r.puts,
-      ",\"data_messages\":", r.data_messages, ",\"registrations_first\":", r.registrations_first,
+      ",\"data_messages\":", r.data_messages, ",\"single_copy_writes\":", r.single_copy_writes,
+      ",\"mapped_copies\":", r.mapped_copies, ",\"registrations_first\":", r.registrations_first,
       ",\"registrations_after_first\":", r.registrations_after_first,
       ",\"transports\":", JsonQuote(r.transports), ",\"fanout\":", JsonQuote(r.fanout_backend),
       ",\"bytes_fanout_sent\":", r.bytes_fanout_sent,

@@ -39,6 +39,8 @@ struct RankReport {
   int64_t pieces_received = 0;         // Per refit: network, fan-out and local pieces.
   int64_t puts = 0;                    // Per refit: one-sided puts posted.
   int64_t data_messages = 0;           // Per refit: data active messages posted.
+  int64_t single_copy_writes = 0;      // Per refit: process_vm_writev calls to same-host peers.
+  int64_t mapped_copies = 0;           // Per refit: runs copied into mapped same-host buffers.
   int64_t registrations_first = 0;     // Registrations up to the end of the first refit.
   int64_t registrations_after_first = 0;
   std::string transports;
@@ -59,7 +61,8 @@ RankReport RunRank(const RankOptions& options, const Communicator& comm);
 
 // The report as one line of JSON (no newline), fields as in RankReport:
 // {"rank":R,"ok":true,"iter_ms":[...],"bytes_network_sent":B,"bytes_network_received":B,
-//  "pieces_received":N,"puts":N,"data_messages":N,"registrations_first":N,
+//  "pieces_received":N,"puts":N,"data_messages":N,"single_copy_writes":N,"mapped_copies":N,
+//  "registrations_first":N,
 //  "registrations_after_first":N,"transports":"...","fanout":"host","bytes_fanout_sent":B,
 //  "fanout_busy_ms":T,"fanout_hidden_fraction":F,"fanout_domain_hidden_fraction":F,"error":"..."}
 std::string RankReportJson(const RankReport& report);

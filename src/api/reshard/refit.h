@@ -68,9 +68,9 @@ struct Buffer {
 };
 
 // Host memory that every process of this host can map, for destination (and staging) buffers:
-// a domain peer that forwards a landed piece writes it straight into such a buffer (one copy,
-// the fan-out maps it once per handle), while ordinary host memory is written through
-// process_vm_writev. Page-aligned, zero-filled, move-only; the memory lives until the
+// a same-host sender or a domain peer that forwards a landed piece writes it straight into such
+// a buffer with memcpy (one copy; mapped once per handle), while ordinary host memory is written
+// through process_vm_writev, at about half the speed. Page-aligned, zero-filled, move-only; the memory lives until the
 // HostBuffer is destroyed (peers keep their mapping until their handle is destroyed).
 class HostBuffer {
  public:
@@ -162,6 +162,8 @@ struct Stats {
   // process_vm_writev calls: pieces to peers on this host in host memory, many runs per call,
   // one copy (docs/data-plane.md, "Single copy on one host").
   int64_t single_copy_writes = 0;
+  // Runs memcpy'd into a same-host peer's HostBuffer, mapped here (one copy, no system call).
+  int64_t mapped_copies = 0;
   int64_t signals = 0;          // Completion signals sent.
   double start_seconds = 0;     // Time inside Start (grants, first puts, local copies).
   double wait_seconds = 0;      // Time inside Wait.
