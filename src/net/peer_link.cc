@@ -119,33 +119,13 @@ absl::Status PeerLink::LoadRemoteKeys(const rendezvous::Record& record, uint32_t
 absl::StatusOr<int> PeerLink::MapSharedRegions(uint64_t pidns) {
   mapped_.assign(remote_shm_.size(), nullptr);
   if (!watched_) return 0;
-  // Objects the peer's process created: "/reshard-<pid>.<pid namespace>-..." (SharedBuffer).
-  const std::string owner = absl::StrCat("/reshard-", process_.pid, ".", pidns, "-");
   int count = 0;
   for (uint32_t id = 0; id < remote_shm_.size(); ++id) {
-    const std::string& text = remote_shm_[id];
-    if (text.empty()) continue;
-    const std::vector<absl::string_view> parts = absl::StrSplit(text, ',');
-    int64_t offset = -1, mapped = -1;
-    auto malformed = [&](absl::string_view why) {
-      return absl::DataLossError(absl::StrCat("the remote key record of rank ", peer_,
-                                              " places region ", id, " in shared memory \"",
-                                              text.substr(0, 80), "\": ", why));
-    };
-    if (parts.size() != 3 || !absl::SimpleAtoi(parts[1], &offset) ||
-        !absl::SimpleAtoi(parts[2], &mapped) || offset < 0 || mapped < 0) {
-      return malformed("expected NAME,OFFSET,MAPPED");
-    }
-    const absl::string_view name = parts[0];
-    if (!absl::StartsWith(name, owner) || name.size() > 255 ||
-        name.find('/', 1) != absl::string_view::npos) {
-      return malformed(absl::StrCat("not an object of its process (", owner, "...)"));
-    }
-    if (offset > mapped || remote_bytes_[id] > static_cast<uint64_t>(mapped - offset)) {
-      return malformed(absl::StrCat("the object does not hold the ", remote_bytes_[id],
-                                    " bytes registered there"));
-    }
-    absl::StatusOr<SharedMapping> mapping = SharedMapping::Open(std::string(name), mapped);
+    if (remote_shm_[id].empty()) continue;
+    RESHARD_ASSIGN_OR_RETURN(const SharedRegion region,
+                             ParseSharedRegion(remote_shm_[id], peer_, id, process_.pid, pidns,
+                                               remote_bytes_[id]));
+    absl::StatusOr<SharedMapping> mapping = SharedMapping::Open(region.name, region.mapped);
     if (!mapping.ok()) {
       RESHARD_LOG(kWarning,
                   "rank %d cannot map rank %d's region %d (%s); its pieces there travel by "
@@ -154,7 +134,7 @@ absl::StatusOr<int> PeerLink::MapSharedRegions(uint64_t pidns) {
       continue;
     }
     mappings_.push_back(*std::move(mapping));
-    mapped_[id] = mappings_.back().data() + offset;
+    mapped_[id] = mappings_.back().data() + region.offset;
     ++count;
   }
   return count;

@@ -1,7 +1,10 @@
 #include "src/net/registered_memory.h"
 
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "src/common/log.h"
 #include "src/common/shared_memory.h"
 #include "src/common/status.h"
@@ -16,6 +19,33 @@ std::string BaseField(uint32_t id) { return absl::StrCat("base.", id); }
 std::string SizeField(uint32_t id) { return absl::StrCat("size.", id); }
 std::string HostMemoryField(uint32_t id) { return absl::StrCat("host.", id); }
 std::string SharedMemoryField(uint32_t id) { return absl::StrCat("shm.", id); }
+
+absl::StatusOr<SharedRegion> ParseSharedRegion(const std::string& text, int32_t peer, uint32_t id,
+                                               int64_t pid, uint64_t pidns, uint64_t registered) {
+  auto malformed = [&](absl::string_view why) {
+    return absl::DataLossError(absl::StrCat("the remote key record of rank ", peer,
+                                            " places region ", id, " in shared memory \"",
+                                            absl::string_view(text).substr(0, 80), "\": ", why));
+  };
+  const std::vector<absl::string_view> parts = absl::StrSplit(text, ',');
+  SharedRegion r;
+  if (parts.size() != 3 || !absl::SimpleAtoi(parts[1], &r.offset) ||
+      !absl::SimpleAtoi(parts[2], &r.mapped) || r.offset < 0 || r.mapped < 0) {
+    return malformed("expected NAME,OFFSET,MAPPED");
+  }
+  // Objects the peer's process created (SharedBuffer names), nothing else in /dev/shm.
+  const std::string owner = absl::StrCat("/reshard-", pid, ".", pidns, "-");
+  if (!absl::StartsWith(parts[0], owner) || parts[0].size() > 255 ||
+      parts[0].find('/', 1) != absl::string_view::npos) {
+    return malformed(absl::StrCat("not an object of its process (", owner, "...)"));
+  }
+  if (r.offset > r.mapped || registered > static_cast<uint64_t>(r.mapped - r.offset)) {
+    return malformed(
+        absl::StrCat("the object does not hold the ", registered, " bytes registered there"));
+  }
+  r.name = std::string(parts[0]);
+  return r;
+}
 
 absl::StatusOr<std::unique_ptr<RegisteredMemory>> RegisteredMemory::Create(
     const plan::Plan& plan, int32_t rank, Runtime& runtime, std::vector<common::BufferView> buffers,

@@ -86,4 +86,18 @@ std::string HostMemoryField(uint32_t id);
 // may map it and copy into it directly.
 std::string SharedMemoryField(uint32_t id);
 
+// A peer's shm.<id> value, checked before anything is mapped: NAME must be an object that the
+// peer's process (pid `pid` in pid namespace `pidns`) created ("/reshard-<pid>.<pidns>-..."),
+// and the object must hold the `registered` bytes at OFFSET. DataLoss naming the peer and the
+// region otherwise.
+struct SharedRegion {
+  std::string name;
+  int64_t offset = 0;
+  int64_t mapped = 0;
+};
+[[nodiscard]] absl::StatusOr<SharedRegion> ParseSharedRegion(const std::string& text,
+                                                             int32_t peer, uint32_t id,
+                                                             int64_t pid, uint64_t pidns,
+                                                             uint64_t registered);
+
 }  // namespace reshard::net
