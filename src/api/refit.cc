@@ -214,27 +214,45 @@ void PlannedBytes(const plan::Plan& plan, int32_t rank, Stats& s) {
 absl::StatusOr<RefitHandle> RefitHandle::Create(const Communicator& comm, const RefitSpec& spec,
                                                 LocalBuffers buffers,
                                                 const HandleOptions& options) {
-  RESHARD_RETURN_IF_ERROR(spec.Validate());
   auto impl = std::make_unique<Impl>();
   impl->comm = comm.impl();
   impl->rank = comm.rank();
+  // Every rank takes its handle number first, whatever fails below, so names stay aligned.
   impl->name =
       options.name.empty() ? absl::StrCat("h", impl->comm->NextHandleNumber()) : options.name;
-  const int32_t spec_world = spec.WorldSize();
+  if (spec.tensors().empty()) return absl::InvalidArgumentError("the refit spec lists no tensors");
+  auto shared = std::make_shared<const plan::RefitSpec>(internal::ToPlanSpec(spec));
+  const int32_t spec_world = shared->WorldSize();
   if (comm.world_size() < spec_world) {
     return absl::InvalidArgumentError(absl::StrCat("the spec names ranks up to ", spec_world - 1,
                                                    " but the communicator has ", comm.world_size(),
                                                    " ranks"));
   }
-  auto shared = std::make_shared<const plan::RefitSpec>(internal::ToPlanSpec(spec));
+  internal::SessionConfig config;
+  config.key_prefix = absl::StrCat("reshard/", impl->name);
+  config.setup_timeout = options.setup_timeout;
+  config.fanout_layer = options.fanout == Fanout::kAuto;
+  const bool in_spec = impl->rank < spec_world;
+  // A rank of the spec that fails before the session's agreement step tells the others, which
+  // would otherwise wait for its fingerprint until their set-up deadline.
+  auto fail = [&](absl::Status st) {
+    if (in_spec) internal::RefitSession::AbandonSetUp(impl->comm->store(), config, impl->rank, st);
+    return st;
+  };
   plan::PlanOptions popts;
   popts.schedule = options.schedule == Schedule::kPointToPoint
                        ? plan::PlanOptions::Schedule::kPointToPoint
                        : plan::PlanOptions::Schedule::kDomainAware;
-  RESHARD_ASSIGN_OR_RETURN(plan::Plan plan, plan::BuildPlan(shared, popts));
-  impl->fingerprint = plan.fingerprint();
+  // This rank's share of the plan: memory and work scale with what it moves (docs/planning.md),
+  // validation with what concerns it. A rank the spec does not name plans rank 0's share: every
+  // share carries the world plan's fingerprint.
+  absl::StatusOr<plan::Plan> planned =
+      plan::BuildRankPlan(shared, in_spec ? impl->rank : 0, popts);
+  if (!planned.ok()) return fail(planned.status());
+  auto plan = std::make_shared<const plan::Plan>(*std::move(planned));
+  impl->fingerprint = plan->fingerprint();
   impl->stats.fanout = "none";
-  if (impl->rank >= plan.world_size()) {
+  if (!in_spec) {
     // The spec does not name this rank: it has nothing to send or receive.
     for (Side side : {Side::kSource, Side::kDestination}) {
       const auto& list = side == Side::kSource ? buffers.sources() : buffers.destinations();
@@ -246,17 +264,15 @@ absl::StatusOr<RefitHandle> RefitHandle::Create(const Communicator& comm, const 
     }
     return RefitHandle(std::move(impl));
   }
-  RESHARD_ASSIGN_OR_RETURN(std::vector<common::BufferView> local,
-                           MatchBuffers(plan, impl->rank, buffers, options, *impl));
-  PlannedBytes(plan, impl->rank, impl->stats);
-  RESHARD_ASSIGN_OR_RETURN(std::shared_ptr<net::Runtime> runtime, impl->comm->Runtime());
-  internal::SessionConfig config;
-  config.key_prefix = absl::StrCat("reshard/", impl->name);
-  config.setup_timeout = options.setup_timeout;
-  config.fanout_layer = options.fanout == Fanout::kAuto;
+  absl::StatusOr<std::vector<common::BufferView>> local =
+      MatchBuffers(*plan, impl->rank, buffers, options, *impl);
+  if (!local.ok()) return fail(local.status());
+  PlannedBytes(*plan, impl->rank, impl->stats);
+  absl::StatusOr<std::shared_ptr<net::Runtime>> runtime = impl->comm->Runtime();
+  if (!runtime.ok()) return fail(runtime.status());
   absl::StatusOr<std::unique_ptr<internal::RefitSession>> session = internal::RefitSession::Create(
-      std::make_shared<const plan::Plan>(std::move(plan)), impl->rank, impl->comm->store(),
-      std::move(runtime), std::move(local), config);
+      std::move(plan), impl->rank, impl->comm->store(), *std::move(runtime), *std::move(local),
+      config);
   if (!session.ok()) {
     return absl::Status(session.status().code(),
                         absl::StrCat(impl->Who(), ": set-up failed: ", session.status().message()));
