@@ -41,17 +41,21 @@ std::vector<BufferRequirement> Requirements(const plan::Plan& plan, int32_t rank
   if (rank >= plan.world_size()) return out;
   const std::vector<int64_t> bytes = plan.BufferBytes(rank);
   const plan::RefitSpec& spec = plan.spec();
+  // One pass over the tensors (specs have tens of thousands of tensors and of buffers).
+  std::vector<std::vector<std::string>> tensors(plan.buffers().size());
+  for (size_t t = 0; t < spec.tensors.size(); ++t) {
+    for (plan::Side side : {plan::Side::kSrc, plan::Side::kDst}) {
+      if (spec.layout(t, side).mesh.IndexOf(rank) >= 0) {
+        tensors[plan.buffer_of(t, side)].push_back(spec.tensors[t].name);
+      }
+    }
+  }
   for (plan::Side side : {plan::Side::kSrc, plan::Side::kDst}) {
     for (uint32_t b = 0; b < plan.buffers().size(); ++b) {
       const plan::BufferInfo& info = plan.buffers()[b];
-      if (info.side != side) continue;
+      if (info.side != side || tensors[b].empty()) continue;
       BufferRequirement req;
-      for (size_t t = 0; t < spec.tensors.size(); ++t) {
-        if (plan.buffer_of(t, side) == b && spec.layout(t, side).mesh.IndexOf(rank) >= 0) {
-          req.tensors.push_back(spec.tensors[t].name);
-        }
-      }
-      if (req.tensors.empty()) continue;
+      req.tensors = std::move(tensors[b]);
       req.name = info.name;
       req.side = side == plan::Side::kSrc ? Side::kSource : Side::kDestination;
       req.bytes = bytes[b];
@@ -112,6 +116,15 @@ absl::StatusOr<std::vector<common::BufferView>> MatchBuffers(const plan::Plan& p
                                                              RefitHandle::Impl& impl) {
   const std::vector<int64_t> required = plan.BufferBytes(rank);
   std::vector<common::BufferView> out(plan.buffers().size());
+  // The first tensor of buffer `b` this rank holds, for messages (a scan: only on errors).
+  auto tensor_of = [&](uint32_t b, plan::Side ps) -> std::string {
+    for (size_t t = 0; t < plan.spec().tensors.size(); ++t) {
+      if (plan.buffer_of(t, ps) == b && plan.spec().layout(t, ps).mesh.IndexOf(rank) >= 0) {
+        return plan.spec().tensors[t].name;
+      }
+    }
+    return plan.buffers()[b].name;
+  };
   for (Side side : {Side::kSource, Side::kDestination}) {
     const plan::Side ps = side == Side::kSource ? plan::Side::kSrc : plan::Side::kDst;
     absl::flat_hash_map<std::string, uint32_t> ids;
@@ -133,39 +146,24 @@ absl::StatusOr<std::vector<common::BufferView>> MatchBuffers(const plan::Plan& p
                                                        " buffer \"", name, "\" is given twice"));
       }
       const uint32_t b = it->second;
-      // Name the first tensor of this buffer the rank holds, for the message.
-      std::string tensor = name;
-      for (size_t t = 0; t < plan.spec().tensors.size(); ++t) {
-        if (plan.buffer_of(t, ps) == b && plan.spec().layout(t, ps).mesh.IndexOf(rank) >= 0) {
-          tensor = plan.spec().tensors[t].name;
-          break;
-        }
-      }
       const int64_t want = required[b];
       if (buf.bytes < 0 || (buf.bytes > 0 && buf.data == nullptr)) {
-        return absl::InvalidArgumentError(absl::StrCat("tensor \"", tensor, "\" on rank ", rank,
-                                                       ": ", SideName(side), " buffer \"", name,
-                                                       "\" has a null pointer or negative size"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("tensor \"", tensor_of(b, ps), "\" on rank ", rank, ": ", SideName(side),
+                         " buffer \"", name, "\" has a null pointer or negative size"));
       }
       if (buf.bytes < want || (buf.bytes > want && !options.allow_larger_buffers)) {
         return absl::InvalidArgumentError(absl::StrCat(
-            "tensor \"", tensor, "\" on rank ", rank, ": ", SideName(side), " buffer \"", name,
-            "\" has ", buf.bytes, " bytes, expected ", want,
+            "tensor \"", tensor_of(b, ps), "\" on rank ", rank, ": ", SideName(side),
+            " buffer \"", name, "\" has ", buf.bytes, " bytes, expected ", want,
             buf.bytes > want ? " (set HandleOptions::allow_larger_buffers to accept more)" : ""));
       }
       out[b] = common::BufferView{buf.data, buf.bytes, internal::ToCommon(buf.kind)};
     }
     for (uint32_t b = 0; b < plan.buffers().size(); ++b) {
       if (plan.buffers()[b].side != ps || required[b] == 0 || out[b].data != nullptr) continue;
-      std::string tensor;
-      for (size_t t = 0; t < plan.spec().tensors.size(); ++t) {
-        if (plan.buffer_of(t, ps) == b && plan.spec().layout(t, ps).mesh.IndexOf(rank) >= 0) {
-          tensor = plan.spec().tensors[t].name;
-          break;
-        }
-      }
       return absl::InvalidArgumentError(absl::StrCat(
-          "tensor \"", tensor, "\" on rank ", rank, ": no ", SideName(side), " buffer \"",
+          "tensor \"", tensor_of(b, ps), "\" on rank ", rank, ": no ", SideName(side), " buffer \"",
           plan.buffers()[b].name, "\" was given (", required[b], " bytes expected)"));
     }
   }
