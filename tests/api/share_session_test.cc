@@ -106,8 +106,8 @@ bool ForEachElement(const RefitSpec& spec, int rank, Side side, int step, Memory
     std::vector<uint32_t>& words = m.buffers.at({side, tile.buffer});
     for (int64_t i = tile.lo[0]; i < tile.hi[0]; ++i) {
       for (int64_t j = tile.lo[1]; j < tile.hi[1]; ++j) {
-        const int64_t at = tile.offset + (i - tile.lo[0]) * tile.strides[0] +
-                           (j - tile.lo[1]) * tile.strides[1];
+        const int64_t at =
+            tile.offset + (i - tile.lo[0]) * tile.strides[0] + (j - tile.lo[1]) * tile.strides[1];
         fn(words[static_cast<size_t>(at)], Value(t, i * tile.global_shape[1] + j, step));
       }
     }
@@ -115,13 +115,13 @@ bool ForEachElement(const RefitSpec& spec, int rank, Side side, int step, Memory
   return true;
 }
 
-#define CHILD_EXPECT(cond, ...)                                                     \
-  do {                                                                              \
-    if (!(cond)) {                                                                  \
+#define CHILD_EXPECT(cond, ...)                                                        \
+  do {                                                                                 \
+    if (!(cond)) {                                                                     \
       std::fprintf(stderr, "rank %d: %s:%d: %s %s\n", rank, __FILE__, __LINE__, #cond, \
-                   std::string(__VA_ARGS__).c_str());                               \
-      return 1;                                                                     \
-    }                                                                               \
+                   std::string(__VA_ARGS__).c_str());                                  \
+      return 1;                                                                        \
+    }                                                                                  \
   } while (0)
 
 testing::ForkOptions Transport(const std::string& name) {
@@ -178,15 +178,15 @@ TEST_P(ShareSessionTest, RelaysStagingAndFanoutRefitByteExact) {
           const absl::Status st = handle->Execute(absl::Now() + absl::Seconds(30));
           CHILD_EXPECT(st.ok(), st.ToString());
           int64_t wrong = 0;
-          CHILD_EXPECT(ForEachElement(*spec, rank, Side::kDestination, step, *memory,
-                                      [&](uint32_t& word, uint32_t value) {
-                                        wrong += word != value;
-                                      }));
+          CHILD_EXPECT(
+              ForEachElement(*spec, rank, Side::kDestination, step, *memory,
+                             [&](uint32_t& word, uint32_t value) { wrong += word != value; }));
           CHILD_EXPECT(wrong == 0, absl::StrCat(wrong, " wrong elements in refit ", step));
           const Stats& s = handle->stats();
           CHILD_EXPECT(s.pieces_received == s.pieces_expected,
                        absl::StrCat(s.pieces_received, " of ", s.pieces_expected, " pieces"));
-          CHILD_EXPECT(s.bytes_fanout_received == (fanout == Fanout::kAuto ? s.planned_fanout_in : 0));
+          CHILD_EXPECT(s.bytes_fanout_received ==
+                       (fanout == Fanout::kAuto ? s.planned_fanout_in : 0));
           if (step > 1) CHILD_EXPECT(s.registrations_this_refit == 0);
         }
         return 0;
@@ -195,14 +195,14 @@ TEST_P(ShareSessionTest, RelaysStagingAndFanoutRefitByteExact) {
   for (int32_t r = 0; r < kWorld; ++r) EXPECT_EQ(codes[r], 0) << "rank " << r;
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Transports, ShareSessionTest,
-    ::testing::Combine(::testing::Values("sm", "tcp"),
-                       ::testing::Values(Fanout::kAuto, Fanout::kEngine)),
-    [](const auto& info) {
-      return std::get<0>(info.param) +
-             (std::get<1>(info.param) == Fanout::kAuto ? "FanoutLayer" : "EnginePuts");
-    });
+INSTANTIATE_TEST_SUITE_P(Transports, ShareSessionTest,
+                         ::testing::Combine(::testing::Values("sm", "tcp"),
+                                            ::testing::Values(Fanout::kAuto, Fanout::kEngine)),
+                         [](const auto& info) {
+                           return std::get<0>(info.param) +
+                                  (std::get<1>(info.param) == Fanout::kAuto ? "FanoutLayer"
+                                                                            : "EnginePuts");
+                         });
 
 constexpr char kRowsToCols[] = R"json({"tensors": [{"name": "w", "dtype": "fp32",
   "shape": [8, 6], "src": {"mesh": [0, 1], "placements": ["S(0)"]},
@@ -254,8 +254,8 @@ TEST_P(SetUpFailureTest, OneRanksFailureFailsTheOthersAtOnceNamingIt) {
           CHILD_EXPECT(message.find("rank 3 failed before agreeing on the plan fingerprint") !=
                            std::string::npos,
                        message);
-          CHILD_EXPECT(took < absl::Seconds(10), absl::StrCat(absl::FormatDuration(took), ": ",
-                                                              message));
+          CHILD_EXPECT(took < absl::Seconds(10),
+                       absl::StrCat(absl::FormatDuration(took), ": ", message));
         }
         // Every rank consumed the same handle number: the next handle meets on every rank.
         auto next = RefitHandle::Create(*comm, *spec, memory->Views(), options);
@@ -265,8 +265,9 @@ TEST_P(SetUpFailureTest, OneRanksFailureFailsTheOthersAtOnceNamingIt) {
         const absl::Status st = next->Execute(absl::Now() + absl::Seconds(30));
         CHILD_EXPECT(st.ok(), st.ToString());
         int64_t wrong = 0;
-        CHILD_EXPECT(ForEachElement(*spec, rank, Side::kDestination, 1, *memory,
-                                    [&](uint32_t& word, uint32_t value) { wrong += word != value; }));
+        CHILD_EXPECT(
+            ForEachElement(*spec, rank, Side::kDestination, 1, *memory,
+                           [&](uint32_t& word, uint32_t value) { wrong += word != value; }));
         CHILD_EXPECT(wrong == 0, absl::StrCat(wrong, " wrong elements"));
         return 0;
       },

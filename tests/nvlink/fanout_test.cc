@@ -89,7 +89,8 @@ TEST(FanoutTable, EveryRanksShareGivesTheWorldPlansTable) {
      "dst": {"mesh": [1, 4], "placements": ["R"]}},
     {"name": "t", "dtype": "fp32", "shape": [8, 8], "src": {"mesh": [0], "placements": ["R"]},
      "dst": {"mesh": [3, 6], "placements": ["R"]}},
-    {"name": "c", "dtype": "fp32", "shape": [64, 96], "src": {"mesh": [0, 7], "placements": ["S(0)"]},
+    {"name": "c", "dtype": "fp32", "shape": [64, 96],
+     "src": {"mesh": [0, 7], "placements": ["S(0)"]},
      "dst": {"mesh": [[1, 2], [4, 5]], "placements": ["R", "S(1)"]}}]})json");
   int compared = 0;
   for (const std::string& text : specs) {
