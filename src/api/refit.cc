@@ -41,17 +41,21 @@ std::vector<BufferRequirement> Requirements(const plan::Plan& plan, int32_t rank
   if (rank >= plan.world_size()) return out;
   const std::vector<int64_t> bytes = plan.BufferBytes(rank);
   const plan::RefitSpec& spec = plan.spec();
+  // One pass over the tensors (specs have tens of thousands of tensors and of buffers).
+  std::vector<std::vector<std::string>> tensors(plan.buffers().size());
+  for (size_t t = 0; t < spec.tensors.size(); ++t) {
+    for (plan::Side side : {plan::Side::kSrc, plan::Side::kDst}) {
+      if (spec.layout(t, side).mesh.IndexOf(rank) >= 0) {
+        tensors[plan.buffer_of(t, side)].push_back(spec.tensors[t].name);
+      }
+    }
+  }
   for (plan::Side side : {plan::Side::kSrc, plan::Side::kDst}) {
     for (uint32_t b = 0; b < plan.buffers().size(); ++b) {
       const plan::BufferInfo& info = plan.buffers()[b];
-      if (info.side != side) continue;
+      if (info.side != side || tensors[b].empty()) continue;
       BufferRequirement req;
-      for (size_t t = 0; t < spec.tensors.size(); ++t) {
-        if (plan.buffer_of(t, side) == b && spec.layout(t, side).mesh.IndexOf(rank) >= 0) {
-          req.tensors.push_back(spec.tensors[t].name);
-        }
-      }
-      if (req.tensors.empty()) continue;
+      req.tensors = std::move(tensors[b]);
       req.name = info.name;
       req.side = side == plan::Side::kSrc ? Side::kSource : Side::kDestination;
       req.bytes = bytes[b];
@@ -112,6 +116,15 @@ absl::StatusOr<std::vector<common::BufferView>> MatchBuffers(const plan::Plan& p
                                                              RefitHandle::Impl& impl) {
   const std::vector<int64_t> required = plan.BufferBytes(rank);
   std::vector<common::BufferView> out(plan.buffers().size());
+  // The first tensor of buffer `b` this rank holds, for messages (a scan: only on errors).
+  auto tensor_of = [&](uint32_t b, plan::Side ps) -> std::string {
+    for (size_t t = 0; t < plan.spec().tensors.size(); ++t) {
+      if (plan.buffer_of(t, ps) == b && plan.spec().layout(t, ps).mesh.IndexOf(rank) >= 0) {
+        return plan.spec().tensors[t].name;
+      }
+    }
+    return plan.buffers()[b].name;
+  };
   for (Side side : {Side::kSource, Side::kDestination}) {
     const plan::Side ps = side == Side::kSource ? plan::Side::kSrc : plan::Side::kDst;
     absl::flat_hash_map<std::string, uint32_t> ids;
@@ -133,39 +146,24 @@ absl::StatusOr<std::vector<common::BufferView>> MatchBuffers(const plan::Plan& p
                                                        " buffer \"", name, "\" is given twice"));
       }
       const uint32_t b = it->second;
-      // Name the first tensor of this buffer the rank holds, for the message.
-      std::string tensor = name;
-      for (size_t t = 0; t < plan.spec().tensors.size(); ++t) {
-        if (plan.buffer_of(t, ps) == b && plan.spec().layout(t, ps).mesh.IndexOf(rank) >= 0) {
-          tensor = plan.spec().tensors[t].name;
-          break;
-        }
-      }
       const int64_t want = required[b];
       if (buf.bytes < 0 || (buf.bytes > 0 && buf.data == nullptr)) {
-        return absl::InvalidArgumentError(absl::StrCat("tensor \"", tensor, "\" on rank ", rank,
-                                                       ": ", SideName(side), " buffer \"", name,
-                                                       "\" has a null pointer or negative size"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("tensor \"", tensor_of(b, ps), "\" on rank ", rank, ": ", SideName(side),
+                         " buffer \"", name, "\" has a null pointer or negative size"));
       }
       if (buf.bytes < want || (buf.bytes > want && !options.allow_larger_buffers)) {
         return absl::InvalidArgumentError(absl::StrCat(
-            "tensor \"", tensor, "\" on rank ", rank, ": ", SideName(side), " buffer \"", name,
-            "\" has ", buf.bytes, " bytes, expected ", want,
+            "tensor \"", tensor_of(b, ps), "\" on rank ", rank, ": ", SideName(side),
+            " buffer \"", name, "\" has ", buf.bytes, " bytes, expected ", want,
             buf.bytes > want ? " (set HandleOptions::allow_larger_buffers to accept more)" : ""));
       }
       out[b] = common::BufferView{buf.data, buf.bytes, internal::ToCommon(buf.kind)};
     }
     for (uint32_t b = 0; b < plan.buffers().size(); ++b) {
       if (plan.buffers()[b].side != ps || required[b] == 0 || out[b].data != nullptr) continue;
-      std::string tensor;
-      for (size_t t = 0; t < plan.spec().tensors.size(); ++t) {
-        if (plan.buffer_of(t, ps) == b && plan.spec().layout(t, ps).mesh.IndexOf(rank) >= 0) {
-          tensor = plan.spec().tensors[t].name;
-          break;
-        }
-      }
       return absl::InvalidArgumentError(absl::StrCat(
-          "tensor \"", tensor, "\" on rank ", rank, ": no ", SideName(side), " buffer \"",
+          "tensor \"", tensor_of(b, ps), "\" on rank ", rank, ": no ", SideName(side), " buffer \"",
           plan.buffers()[b].name, "\" was given (", required[b], " bytes expected)"));
     }
   }
@@ -214,27 +212,45 @@ void PlannedBytes(const plan::Plan& plan, int32_t rank, Stats& s) {
 absl::StatusOr<RefitHandle> RefitHandle::Create(const Communicator& comm, const RefitSpec& spec,
                                                 LocalBuffers buffers,
                                                 const HandleOptions& options) {
-  RESHARD_RETURN_IF_ERROR(spec.Validate());
   auto impl = std::make_unique<Impl>();
   impl->comm = comm.impl();
   impl->rank = comm.rank();
+  // Every rank takes its handle number first, whatever fails below, so names stay aligned.
   impl->name =
       options.name.empty() ? absl::StrCat("h", impl->comm->NextHandleNumber()) : options.name;
-  const int32_t spec_world = spec.WorldSize();
+  if (spec.tensors().empty()) return absl::InvalidArgumentError("the refit spec lists no tensors");
+  auto shared = std::make_shared<const plan::RefitSpec>(internal::ToPlanSpec(spec));
+  const int32_t spec_world = shared->WorldSize();
   if (comm.world_size() < spec_world) {
     return absl::InvalidArgumentError(absl::StrCat("the spec names ranks up to ", spec_world - 1,
                                                    " but the communicator has ", comm.world_size(),
                                                    " ranks"));
   }
-  auto shared = std::make_shared<const plan::RefitSpec>(internal::ToPlanSpec(spec));
+  internal::SessionConfig config;
+  config.key_prefix = absl::StrCat("reshard/", impl->name);
+  config.setup_timeout = options.setup_timeout;
+  config.fanout_layer = options.fanout == Fanout::kAuto;
+  const bool in_spec = impl->rank < spec_world;
+  // A rank of the spec that fails before the session's agreement step tells the others, which
+  // would otherwise wait for its fingerprint until their set-up deadline.
+  auto fail = [&](absl::Status st) {
+    if (in_spec) internal::RefitSession::AbandonSetUp(impl->comm->store(), config, impl->rank, st);
+    return st;
+  };
   plan::PlanOptions popts;
   popts.schedule = options.schedule == Schedule::kPointToPoint
                        ? plan::PlanOptions::Schedule::kPointToPoint
                        : plan::PlanOptions::Schedule::kDomainAware;
-  RESHARD_ASSIGN_OR_RETURN(plan::Plan plan, plan::BuildPlan(shared, popts));
-  impl->fingerprint = plan.fingerprint();
+  // This rank's share of the plan: memory and work scale with what it moves (docs/planning.md),
+  // validation with what concerns it. A rank the spec does not name plans rank 0's share: every
+  // share carries the world plan's fingerprint.
+  absl::StatusOr<plan::Plan> planned =
+      plan::BuildRankPlan(shared, in_spec ? impl->rank : 0, popts);
+  if (!planned.ok()) return fail(planned.status());
+  auto plan = std::make_shared<const plan::Plan>(*std::move(planned));
+  impl->fingerprint = plan->fingerprint();
   impl->stats.fanout = "none";
-  if (impl->rank >= plan.world_size()) {
+  if (!in_spec) {
     // The spec does not name this rank: it has nothing to send or receive.
     for (Side side : {Side::kSource, Side::kDestination}) {
       const auto& list = side == Side::kSource ? buffers.sources() : buffers.destinations();
@@ -246,17 +262,15 @@ absl::StatusOr<RefitHandle> RefitHandle::Create(const Communicator& comm, const 
     }
     return RefitHandle(std::move(impl));
   }
-  RESHARD_ASSIGN_OR_RETURN(std::vector<common::BufferView> local,
-                           MatchBuffers(plan, impl->rank, buffers, options, *impl));
-  PlannedBytes(plan, impl->rank, impl->stats);
-  RESHARD_ASSIGN_OR_RETURN(std::shared_ptr<net::Runtime> runtime, impl->comm->Runtime());
-  internal::SessionConfig config;
-  config.key_prefix = absl::StrCat("reshard/", impl->name);
-  config.setup_timeout = options.setup_timeout;
-  config.fanout_layer = options.fanout == Fanout::kAuto;
+  absl::StatusOr<std::vector<common::BufferView>> local =
+      MatchBuffers(*plan, impl->rank, buffers, options, *impl);
+  if (!local.ok()) return fail(local.status());
+  PlannedBytes(*plan, impl->rank, impl->stats);
+  absl::StatusOr<std::shared_ptr<net::Runtime>> runtime = impl->comm->Runtime();
+  if (!runtime.ok()) return fail(runtime.status());
   absl::StatusOr<std::unique_ptr<internal::RefitSession>> session = internal::RefitSession::Create(
-      std::make_shared<const plan::Plan>(std::move(plan)), impl->rank, impl->comm->store(),
-      std::move(runtime), std::move(local), config);
+      std::move(plan), impl->rank, impl->comm->store(), *std::move(runtime), *std::move(local),
+      config);
   if (!session.ok()) {
     return absl::Status(session.status().code(),
                         absl::StrCat(impl->Who(), ": set-up failed: ", session.status().message()));

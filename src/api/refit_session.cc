@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "src/common/idle.h"
+#include "src/common/log.h"
 #include "src/common/status.h"
 #include "src/plan/schedule.h"
 #include "src/rendezvous/record.h"
@@ -28,6 +29,23 @@ RefitSession::~RefitSession() {
   engine_.reset();
 }
 
+namespace {
+
+std::string AgreementKey(const SessionConfig& config) {
+  return absl::StrCat(config.key_prefix, "/fp");
+}
+
+}  // namespace
+
+void RefitSession::AbandonSetUp(rendezvous::Store& store, const SessionConfig& config,
+                                int32_t rank, const absl::Status& status) {
+  absl::Status posted = rendezvous::PostFailure(store, AgreementKey(config), rank, status);
+  if (!posted.ok()) {
+    RESHARD_LOG(kWarning, "rank %d: could not tell the other ranks that its set-up failed: %s",
+                rank, posted.message());
+  }
+}
+
 absl::StatusOr<std::unique_ptr<RefitSession>> RefitSession::Create(
     std::shared_ptr<const plan::Plan> plan, int32_t rank, rendezvous::Store& store,
     std::shared_ptr<net::Runtime> runtime, std::vector<common::BufferView> buffers,
@@ -41,7 +59,7 @@ absl::StatusOr<std::unique_ptr<RefitSession>> RefitSession::Create(
   const std::string agreed =
       absl::StrFormat("%016x (world of %d ranks, fan-out by the %s)", p.fingerprint(),
                       p.world_size(), config.fanout_layer ? "fan-out layer" : "engine");
-  RESHARD_RETURN_IF_ERROR(rendezvous::CheckAgreement(store, absl::StrCat(config.key_prefix, "/fp"),
+  RESHARD_RETURN_IF_ERROR(rendezvous::CheckAgreement(store, AgreementKey(config),
                                                      rank, AllRanks(p), agreed, "plan fingerprint",
                                                      "every rank must be given the same spec and "
                                                      "options, nothing was written",
@@ -65,8 +83,9 @@ absl::StatusOr<std::unique_ptr<RefitSession>> RefitSession::Create(
 
   // 3. The network engine.
   RESHARD_ASSIGN_OR_RETURN(session->engine_,
-                           net::RefitEngine::Create(p, rank, store, std::move(runtime),
-                                                    std::move(buffers), engine_options));
+                           net::RefitEngine::Create(session->plan_, rank, store,
+                                                    std::move(runtime), std::move(buffers),
+                                                    engine_options));
   return session;
 }
 

@@ -3,10 +3,16 @@
 // loop that drives both and merges their figures. RefitHandle is a thin shell over it; every
 // program that refits (reshard-rank, reshard-bench-rank, the examples) goes through RefitHandle.
 //
+// The plan is this rank's share (plan::BuildRankPlan, what RefitHandle passes) or the world plan;
+// everything the session reads from it (fingerprint, world size, stats, the domain's fan-out
+// transfers, this rank's transfers and buffers) is the same in both.
+//
 // Set-up order (Create), collective over every rank of the plan:
 //   1. the plan fingerprint, world size and fan-out choice are compared through the store
 //      (rendezvous::CheckAgreement): ranks given different specs or options fail with
 //      FailedPrecondition naming both ranks before anything is mapped, registered or written;
+//      a rank whose set-up failed before (its share did not plan, its buffers did not match)
+//      posts its failure there instead (AbandonSetUp), and the others fail at once naming it;
 //   2. the fan-out layer maps this rank's domain peers (only ranks with fan-out edges);
 //   3. the engine registers buffers, exchanges worker addresses and remote keys, wires up.
 // Store keys: `<key_prefix>/fp/<rank>`, `<key_prefix>/fanout/...`, `<key_prefix>/net/...`,
@@ -55,6 +61,12 @@ class RefitSession {
       std::shared_ptr<const plan::Plan> plan, int32_t rank, rendezvous::Store& store,
       std::shared_ptr<net::Runtime> runtime, std::vector<common::BufferView> buffers,
       const SessionConfig& config);
+  // For a rank of the plan whose set-up failed before Create (planning, buffers): tells the
+  // ranks waiting in Create's agreement step, which then fail at once with `status`'s code,
+  // naming this rank and its reason, instead of at their set-up deadline. Best effort (a store
+  // error is logged).
+  static void AbandonSetUp(rendezvous::Store& store, const SessionConfig& config, int32_t rank,
+                           const absl::Status& status);
   ~RefitSession();
   RefitSession(const RefitSession&) = delete;
   RefitSession& operator=(const RefitSession&) = delete;

@@ -165,9 +165,11 @@ absl::StatusOr<std::vector<BufferRequirement>> RefitSpec::LocalBuffers(int32_t r
   RESHARD_RETURN_IF_ERROR(Validate());
   auto spec = std::make_shared<plan::RefitSpec>(internal::ToPlanSpec(*this));
   if (rank < 0) return absl::InvalidArgumentError(absl::StrCat("rank ", rank, " is negative"));
+  if (rank >= spec->WorldSize()) return std::vector<BufferRequirement>{};
   plan::PlanOptions options;
   options.schedule = plan::PlanOptions::Schedule::kPointToPoint;  // Buffers do not depend on it.
-  RESHARD_ASSIGN_OR_RETURN(plan::Plan plan, plan::BuildPlan(spec, options));
+  // The rank's share: its buffers are the world plan's, at a fraction of the memory.
+  RESHARD_ASSIGN_OR_RETURN(plan::Plan plan, plan::BuildRankPlan(spec, rank, options));
   return internal::Requirements(plan, rank);
 }
 

@@ -59,11 +59,13 @@ class PutDelivery final : public DeliveryBase {
   absl::Status PostRun(PeerLink& link, const SendDesc& d, uint32_t run_index, uint64_t epoch,
                        bool* in_flight) override {
     const SendRun& run = program_.runs[run_index];
-    // Packed streams land in the receiver's landing area (id one past the plan's buffers).
+    // Packed streams land in this rank's block of the receiver's landing area (id one past the
+    // plan's buffers).
     const uint32_t to = d.packed ? memory_.landing_id() : d.to_buffer;
-    const uint64_t remote = link.remote_base(to) +
-                            static_cast<uint64_t>(d.packed ? d.landing_offset : 0) +
-                            static_cast<uint64_t>(run.remote_offset);
+    const uint64_t remote =
+        link.remote_base(to) +
+        static_cast<uint64_t>(d.packed ? link.landing_block() + d.landing_offset : 0) +
+        static_cast<uint64_t>(run.remote_offset);
     absl::Status posted;
     if (uint8_t* mapped = link.mapped(to); mapped != nullptr && !SourceOnDevice(d)) {
       // The peer's HostBuffer, mapped here: the run's one copy, done when memcpy returns
@@ -98,7 +100,7 @@ class PutDelivery final : public DeliveryBase {
     // Mapped copies are plain stores: ordered before the batch's signal (a UCX message or
     // put the receiver reads before it reads the piece).
     if (link.has_mapped()) std::atomic_thread_fence(std::memory_order_release);
-    link.AddToBatch(d.transfer, d.bytes);
+    link.AddToBatch(d.id, d.bytes);
     if (link.open_batch_bytes() >= signal_batch_bytes_) return link.CloseBatch();
     return absl::OkStatus();
   }
@@ -128,7 +130,7 @@ class AmDelivery final : public DeliveryBase {
                        bool* in_flight) override {
     const SendRun& run = program_.runs[run_index];
     // The receiver's offset: in the packed stream, or in the receiving buffer.
-    const wire::DataHeader h{wire::AmHeader{wire::kMagic, rank_, 0, epoch}, d.transfer,
+    const wire::DataHeader h{wire::AmHeader{wire::kMagic, rank_, 0, epoch}, d.id,
                              d.packed ? 1u : 0u, static_cast<uint64_t>(run.remote_offset)};
     stats_.data_messages++;
     absl::Status posted = link.SendData(run_index, h, Source(d, run),

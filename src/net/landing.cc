@@ -19,16 +19,16 @@ absl::Status Copy(void* dst, const void* src, int64_t bytes, bool device) {
 Landing::Landing(const plan::Plan& plan, const SendProgram& program, RegisteredMemory& memory,
                  bool data_messages)
     : plan_(plan), program_(program), memory_(memory) {
-  landed_epoch_.assign(plan.transfers().size(), 0);
-  landed_bytes_.assign(plan.transfers().size(), 0);
+  landed_epoch_.assign(program.received.size(), 0);
+  landed_bytes_.assign(program.received.size(), 0);
   if (!data_messages) return;
-  for (uint32_t ti : program.received) {
-    const plan::Transfer& t = plan.transfers()[ti];
+  for (uint32_t slot = 0; slot < program.received.size(); ++slot) {
+    const plan::Transfer& t = plan.transfers()[program.received[slot]];
     const plan::Region& region = plan.region(t.region);
-    if (t.from_rank == program.rank || program.landing_offset[ti] >= 0 || region.ndims == 0) {
+    if (t.from_rank == program.rank || program.landing_offset[slot] >= 0 || region.ndims == 0) {
       continue;
     }
-    std::vector<int64_t>& starts = run_starts_[ti];
+    std::vector<int64_t>& starts = run_starts_[slot];
     starts.reserve(static_cast<size_t>(region.num_runs()));
     plan::ForEachRun(region, plan.region_dims(region),
                      [&](int64_t, int64_t to, int64_t) { starts.push_back(to); });
@@ -38,42 +38,44 @@ Landing::Landing(const plan::Plan& plan, const SendProgram& program, RegisteredM
 
 void Landing::StartEpoch(uint64_t epoch) {
   epoch_ = epoch;
-  for (uint32_t t : program_.received) landed_bytes_[t] = 0;
+  std::fill(landed_bytes_.begin(), landed_bytes_.end(), 0);
 }
 
-absl::Status Landing::CheckSender(int32_t from_rank, uint32_t ti, const char* what) const {
-  const auto& transfers = plan_.transfers();
-  if (ti >= transfers.size() || transfers[ti].to_rank != program_.rank ||
-      transfers[ti].from_rank != from_rank) {
+absl::StatusOr<uint32_t> Landing::CheckSender(int32_t from_rank, uint32_t id,
+                                              const char* what) const {
+  const int64_t slot = program_.Slot(id);
+  if (slot < 0 || plan_.transfers()[program_.received[slot]].from_rank != from_rank) {
     return absl::DataLossError(absl::StrCat("rank ", program_.rank, ": rank ", from_rank, " ", what,
-                                            " transfer ", ti,
+                                            " transfer ", id,
                                             " that the plan does not send it here"));
   }
-  return absl::OkStatus();
+  return static_cast<uint32_t>(slot);
 }
 
-absl::StatusOr<bool> Landing::Signalled(int32_t from_rank, uint32_t ti) {
-  RESHARD_RETURN_IF_ERROR(CheckSender(from_rank, ti, "signalled"));
-  if (landed(ti)) return false;
-  const int64_t offset = program_.landing_offset[ti];
+absl::StatusOr<bool> Landing::Signalled(int32_t from_rank, uint32_t id, uint32_t* slot) {
+  RESHARD_ASSIGN_OR_RETURN(*slot, CheckSender(from_rank, id, "signalled"));
+  if (landed(*slot)) return false;
+  const int64_t offset = program_.landing_offset[*slot];
   if (offset >= 0) {
-    const int64_t bytes = plan_.region(plan_.transfers()[ti].region).bytes;
-    RESHARD_RETURN_IF_ERROR(Unpack(ti, 0, memory_.landing() + offset, bytes));
+    const int64_t bytes = plan_.region(plan_.transfers()[program_.received[*slot]].region).bytes;
+    RESHARD_RETURN_IF_ERROR(Unpack(*slot, 0, memory_.landing() + offset, bytes));
   }
   return true;
 }
 
-absl::StatusOr<bool> Landing::Data(const wire::DataHeader& h, const void* data, size_t length) {
+absl::StatusOr<bool> Landing::Data(const wire::DataHeader& h, const void* data, size_t length,
+                                   uint32_t* slot_out) {
   const int32_t from = h.base.from_rank;
-  const uint32_t ti = h.transfer;
-  RESHARD_RETURN_IF_ERROR(CheckSender(from, ti, "sent data for"));
-  const plan::Transfer& t = plan_.transfers()[ti];
+  const uint32_t id = h.transfer;
+  RESHARD_ASSIGN_OR_RETURN(const uint32_t slot, CheckSender(from, id, "sent data for"));
+  *slot_out = slot;
+  const plan::Transfer& t = plan_.transfers()[program_.received[slot]];
   const auto region_bytes = static_cast<uint64_t>(plan_.region(t.region).bytes);
-  const uint64_t landed = static_cast<uint64_t>(landed_bytes_[ti]);
-  const bool packed = program_.landing_offset[ti] >= 0;
+  const uint64_t landed = static_cast<uint64_t>(landed_bytes_[slot]);
+  const bool packed = program_.landing_offset[slot] >= 0;
   if (h.packed != (packed ? 1u : 0u)) {
     return absl::DataLossError(absl::StrCat("rank ", program_.rank, ": rank ", from,
-                                            " sent data for transfer ", ti, " with packed flag ",
+                                            " sent data for transfer ", id, " with packed flag ",
                                             h.packed, ", but the transfer travels ",
                                             (packed ? "packed" : "unpacked")));
   }
@@ -85,7 +87,7 @@ absl::StatusOr<bool> Landing::Data(const wire::DataHeader& h, const void* data, 
     const plan::Region& region = plan_.region(t.region);
     start = static_cast<uint64_t>(region.to_offset);
     limit = static_cast<uint64_t>(region.run_bytes);
-    auto runs = run_starts_.find(ti);
+    auto runs = run_starts_.find(slot);
     if (runs != run_starts_.end()) {
       const std::vector<int64_t>& starts = runs->second;
       auto next = std::upper_bound(
@@ -100,23 +102,23 @@ absl::StatusOr<bool> Landing::Data(const wire::DataHeader& h, const void* data, 
        !wire::InBounds(h.to_offset, length, static_cast<uint64_t>(memory_.buffer(to_buf).bytes)))) {
     return absl::DataLossError(absl::StrCat("rank ", program_.rank, ": rank ", from, " sent ",
                                             length, (packed ? " packed" : ""), " bytes at offset ",
-                                            h.to_offset, " outside transfer ", ti));
+                                            h.to_offset, " outside transfer ", id));
   }
   if (packed) {
-    RESHARD_RETURN_IF_ERROR(Unpack(ti, static_cast<int64_t>(h.to_offset),
+    RESHARD_RETURN_IF_ERROR(Unpack(slot, static_cast<int64_t>(h.to_offset),
                                    static_cast<const uint8_t*>(data),
                                    static_cast<int64_t>(length)));
   } else {
     RESHARD_RETURN_IF_ERROR(Copy(memory_.data(to_buf) + h.to_offset, data,
                                  static_cast<int64_t>(length), memory_.device(to_buf)));
   }
-  landed_bytes_[ti] += static_cast<int64_t>(length);
-  return static_cast<uint64_t>(landed_bytes_[ti]) == region_bytes;
+  landed_bytes_[slot] += static_cast<int64_t>(length);
+  return static_cast<uint64_t>(landed_bytes_[slot]) == region_bytes;
 }
 
-absl::Status Landing::Land(uint32_t ti) {
-  landed_epoch_[ti] = epoch_;
-  const plan::Transfer& t = plan_.transfers()[ti];
+absl::Status Landing::Land(uint32_t slot) {
+  landed_epoch_[slot] = epoch_;
+  const plan::Transfer& t = plan_.transfers()[program_.received[slot]];
   const uint32_t to_buf = plan_.buffer_of(t.tensor, t.to_side);
   if (!memory_.staged(to_buf)) return absl::OkStatus();
   // Staged destination: the piece landed in pinned host memory; move it to the device.
@@ -131,8 +133,8 @@ absl::Status Landing::Land(uint32_t ti) {
   return status;
 }
 
-absl::Status Landing::Unpack(uint32_t ti, int64_t begin, const uint8_t* packed, int64_t length) {
-  const plan::Transfer& t = plan_.transfers()[ti];
+absl::Status Landing::Unpack(uint32_t slot, int64_t begin, const uint8_t* packed, int64_t length) {
+  const plan::Transfer& t = plan_.transfers()[program_.received[slot]];
   const plan::Region& region = plan_.region(t.region);
   const uint32_t to_buf = plan_.buffer_of(t.tensor, t.to_side);
   uint8_t* to = memory_.data(to_buf);

@@ -1,7 +1,8 @@
 // Landing: what happens to bytes that arrive on a rank, and the copies the engine makes itself.
 //
 //  - counts each executed transfer landing here once per epoch (and, with active-message
-//    delivery, the bytes of each transfer as they arrive);
+//    delivery, the bytes of each transfer as they arrive), by its slot in the send program's
+//    receiving side; the wire names a transfer by its world index, mapped to the slot here;
 //  - checks every wire field of an incoming signal or data message against the plan before any
 //    byte moves (a transfer the plan does not send here, a packed flag the transfer does not
 //    have, bytes outside the transfer's packed stream or outside one run of its region,
@@ -35,17 +36,19 @@ class Landing {
           bool data_messages);
 
   void StartEpoch(uint64_t epoch);
-  bool landed(uint32_t transfer) const { return landed_epoch_[transfer] == epoch_; }
+  // Whether the transfer in `slot` (SendProgram::received) landed in this epoch.
+  bool landed(uint32_t slot) const { return landed_epoch_[slot] == epoch_; }
 
-  // Put delivery: `from_rank` signalled that `transfer`'s bytes are in place. Unpacks its packed
-  // stream from the landing area. True when the transfer is new in this epoch (then Land it).
-  [[nodiscard]] absl::StatusOr<bool> Signalled(int32_t from_rank, uint32_t transfer);
-  // Active-message delivery: one run or chunk. True when the transfer is now complete.
+  // Put delivery: `from_rank` signalled that the bytes of the transfer with world index `id`
+  // are in place. Unpacks its packed stream from the landing area. True when the transfer is new
+  // in this epoch (then Land its `*slot`).
+  [[nodiscard]] absl::StatusOr<bool> Signalled(int32_t from_rank, uint32_t id, uint32_t* slot);
+  // Active-message delivery: one run or chunk. True when the transfer (`*slot`) is now complete.
   [[nodiscard]] absl::StatusOr<bool> Data(const wire::DataHeader& h, const void* data,
-                                          size_t length);
-  // Marks `transfer` (not yet landed) landed in this epoch and moves a staged destination
-  // piece to the device.
-  [[nodiscard]] absl::Status Land(uint32_t transfer);
+                                          size_t length, uint32_t* slot);
+  // Marks the transfer in `slot` (not yet landed) landed in this epoch and moves a staged
+  // destination piece to the device.
+  [[nodiscard]] absl::Status Land(uint32_t slot);
 
   // Sender side: gathers the runs of packed `desc` into the send scratch.
   [[nodiscard]] absl::Status Gather(const SendDesc& desc);
@@ -53,18 +56,19 @@ class Landing {
   [[nodiscard]] absl::Status CopyLocal(const SendDesc& desc);
 
  private:
-  absl::Status CheckSender(int32_t from_rank, uint32_t transfer, const char* what) const;
-  // Copies [begin, begin + length) of `transfer`'s packed stream from `packed` into place.
-  absl::Status Unpack(uint32_t transfer, int64_t begin, const uint8_t* packed, int64_t length);
+  // The slot of world transfer `id`, which must land here from `from_rank`; DataLoss otherwise.
+  absl::StatusOr<uint32_t> CheckSender(int32_t from_rank, uint32_t id, const char* what) const;
+  // Copies [begin, begin + length) of the packed stream in `slot` from `packed` into place.
+  absl::Status Unpack(uint32_t slot, int64_t begin, const uint8_t* packed, int64_t length);
 
   const plan::Plan& plan_;
   const SendProgram& program_;
   RegisteredMemory& memory_;
   uint64_t epoch_ = 0;
-  std::vector<uint64_t> landed_epoch_;  // By transfer.
-  std::vector<int64_t> landed_bytes_;   // By transfer (active-message delivery).
-  // Active-message delivery: for each unpacked transfer landing here in several runs, the sorted
-  // offsets of its runs in the receiving buffer (each the region's run_bytes long).
+  std::vector<uint64_t> landed_epoch_;  // By slot.
+  std::vector<int64_t> landed_bytes_;   // By slot (active-message delivery).
+  // Active-message delivery: for each unpacked transfer landing here in several runs (by slot),
+  // the sorted offsets of its runs in the receiving buffer (each the region's run_bytes long).
   absl::flat_hash_map<uint32_t, std::vector<int64_t>> run_starts_;
 };
 

@@ -219,12 +219,12 @@ absl::Status PeerLink::SendData(uint32_t run, const wire::DataHeader& header, co
 
 int64_t PeerLink::open_batch_bytes() const { return open_ != nullptr ? open_->bytes : 0; }
 
-void PeerLink::AddToBatch(uint32_t transfer, int64_t bytes) {
+void PeerLink::AddToBatch(uint32_t id, int64_t bytes) {
   if (open_ == nullptr) {
     batches_.push_back(std::make_unique<Batch>(this));
     open_ = batches_.back().get();
   }
-  open_->transfers.push_back(transfer);
+  open_->transfers.push_back(id);
   open_->bytes += bytes;
 }
 

@@ -66,6 +66,10 @@ class PeerLink {
   uint64_t remote_bytes(uint32_t id) const { return remote_bytes_[id]; }
   // The peer registered host memory at remote_base(id) (writable with process_vm_writev).
   bool remote_host(uint32_t id) const { return remote_host_[id]; }
+  // Where this rank's packed streams start in the peer's landing area (the peer places the
+  // blocks of its senders and publishes them; src/net/send_program.h).
+  int64_t landing_block() const { return landing_block_; }
+  void set_landing_block(int64_t offset) { landing_block_ = offset; }
   // Whether a message that arrived on `from` (UCX's reply endpoint) came over this link's
   // endpoint, i.e. from the peer's process and not from another process using its rank.
   bool SentBy(ucp_ep_h from) const;
@@ -150,7 +154,8 @@ class PeerLink {
   // (unless only single-copy writes, complete already, went out since the last flush), then
   // (SignalBatches) signalled in messages of at most kMaxIndicesPerSignal indices.
   // Returns the pieces whose signals completed (to be subtracted from `unsignalled`).
-  void AddToBatch(uint32_t transfer, int64_t bytes);
+  // Pieces are named by world transfer index (src/net/send_program.h).
+  void AddToBatch(uint32_t id, int64_t bytes);
   bool batch_open() const { return open_ != nullptr; }
   int64_t open_batch_bytes() const;
   [[nodiscard]] absl::Status CloseBatch();
@@ -171,6 +176,8 @@ class PeerLink {
   bool sends_to = false;          // This rank sends into the peer.
   bool receives_from = false;     // The peer sends into this rank (this rank grants it).
   int64_t expected_from = 0;      // Pieces per epoch from the peer.
+  // Put delivery: bytes of this rank's packed streams in the peer's landing area.
+  int64_t packed_bytes_to = 0;
   std::vector<uint32_t> initial;  // Descs without dependencies, in plan order.
   // Grants and aborts received.
   uint64_t granted = 0;  // Latest epoch the peer granted this rank.
@@ -204,6 +211,7 @@ class PeerLink {
   std::vector<uint64_t> remote_base_;
   std::vector<uint64_t> remote_bytes_;
   std::vector<bool> remote_host_;
+  int64_t landing_block_ = 0;
   std::unique_ptr<SingleCopyWriter> single_copy_;
   std::vector<std::string> remote_shm_;  // By id: the record's shm.<id>, or "".
   std::vector<SharedMapping> mappings_;

@@ -54,9 +54,13 @@ int64_t RegistrationCount() { return ucx::RegistrationCount(); }
 
 class RefitEngine::Impl final : public MessageSink, public LinkOwner {
  public:
-  Impl(const plan::Plan& plan, int32_t rank, std::shared_ptr<Runtime> runtime,
+  Impl(std::shared_ptr<const plan::Plan> plan, int32_t rank, std::shared_ptr<Runtime> runtime,
        const RefitEngineOptions& options)
-      : plan_(plan), rank_(rank), options_(options), runtime_(std::move(runtime)) {}
+      : plan_holder_(std::move(plan)),
+        plan_(*plan_holder_),
+        rank_(rank),
+        options_(options),
+        runtime_(std::move(runtime)) {}
   ~Impl();
 
   absl::Status Init(rendezvous::Store& store, std::vector<BufferView> buffers);
@@ -86,7 +90,9 @@ class RefitEngine::Impl final : public MessageSink, public LinkOwner {
   // Messages to `rank` carry its handle id, so several ranks may share one runtime (tests).
   uint64_t HandleOf(int32_t rank) const { return RefitEngine::HandleId(options_.key_prefix, rank); }
 
-  const plan::Plan plan_;
+  // The world plan or this rank's share (shared with the refit session, not copied).
+  const std::shared_ptr<const plan::Plan> plan_holder_;
+  const plan::Plan& plan_;
   const int32_t rank_;
   const RefitEngineOptions options_;
   uint64_t handle_ = 0;
@@ -157,12 +163,14 @@ class RefitEngine::Impl final : public MessageSink, public LinkOwner {
   bool Complete() const;
   void Fail(absl::Status status);
   void BroadcastAbort();
-  void MarkLanded(uint32_t transfer);
+  // The transfer in `slot` (SendProgram::received) landed here.
+  void MarkLanded(uint32_t slot);
   void PostSends();
   void Advance();
   void RunLocalCopies();
   std::string PendingSummary() const;
   absl::Status CheckRemoteKeys() const;
+  absl::Status CheckDependencies() const;
   // Put delivery: peers on this host that the kernel lets this process write into get a
   // mapping of their shared-memory regions and/or a SingleCopyWriter
   // (RefitEngineOptions::single_copy), and the links whose peer writes into this rank with
@@ -181,10 +189,10 @@ absl::Status RefitEngine::Impl::Init(rendezvous::Store& store, std::vector<Buffe
     return absl::InvalidArgumentError(absl::StrFormat(
         "rank %d is outside the plan's world of %d ranks", rank_, plan_.world_size()));
   }
-  if (plan_.rank() >= 0) {
+  if (plan_.rank() >= 0 && plan_.rank() != rank_) {
     return absl::InvalidArgumentError(absl::StrFormat(
-        "rank %d was given rank %d's share of the plan; the engine names pieces by their index "
-        "in the whole plan and needs BuildPlan's",
+        "rank %d was given rank %d's share of the plan (BuildRankPlan); it needs its own share "
+        "or the world plan",
         rank_, plan_.rank()));
   }
   if (buffers.size() != plan_.buffers().size()) {
@@ -206,6 +214,7 @@ absl::Status RefitEngine::Impl::Init(rendezvous::Store& store, std::vector<Buffe
       BuildSendProgram(plan_, rank_,
                        SendProgramOptions{options_.execute_fanout, options_.pack_below_run_bytes,
                                           am ? wire::kAmChunkBytes : 0});
+  RESHARD_RETURN_IF_ERROR(CheckDependencies());
   absl::Status registered = runtime_->Register(handle_, this);
   if (!registered.ok()) {
     return absl::AlreadyExistsError(absl::StrCat("a refit handle with key prefix \"",
@@ -231,6 +240,14 @@ absl::Status RefitEngine::Impl::Init(rendezvous::Store& store, std::vector<Buffe
     link->sends_to = program_.sends_to(r);
     link->receives_from = program_.receives_from(r);
     link->expected_from = program_.expected_from[r];
+    if (!am) {
+      auto packed =
+          std::lower_bound(program_.packed_to.begin(), program_.packed_to.end(), r,
+                           [](const LandingBlock& b, int32_t peer) { return b.rank < peer; });
+      if (packed != program_.packed_to.end() && packed->rank == r) {
+        link->packed_bytes_to = packed->bytes;
+      }
+    }
     const uint32_t first = program_.peer_begin[r], last = program_.peer_begin[r + 1];
     if (am && first < last) {
       link->ReserveDataHeaders(program_.descs[first].run_begin, program_.descs[last - 1].run_end);
@@ -253,8 +270,9 @@ absl::Status RefitEngine::Impl::Init(rendezvous::Store& store, std::vector<Buffe
     }
   }
   RESHARD_RETURN_IF_ERROR(
-      Connect(store, options_.key_prefix, rank_, *runtime_, *memory_, links_,
-              single_copy_enabled_, deadline));
+      Connect(store, options_.key_prefix, rank_, *runtime_, *memory_,
+              am ? absl::Span<const LandingBlock>() : absl::MakeConstSpan(program_.landing_blocks),
+              links_, single_copy_enabled_, deadline));
   RESHARD_RETURN_IF_ERROR(CheckRemoteKeys());
   RESHARD_RETURN_IF_ERROR(Handshake(store, options_.key_prefix, rank_, *runtime_, links_, deadline));
   return ChooseSingleCopy();
@@ -318,7 +336,8 @@ absl::Status RefitEngine::Impl::CheckRemoteKeys() const {
     }
     // Every put of the program lands inside what the peer registered: a record that names a
     // smaller region (a forged or mismatched record) fails here, before any byte moves.
-    const uint64_t base = d.packed ? static_cast<uint64_t>(d.landing_offset) : 0;
+    const uint64_t base =
+        d.packed ? static_cast<uint64_t>(link.landing_block() + d.landing_offset) : 0;
     for (uint32_t i = d.run_begin; i < d.run_end; ++i) {
       const SendRun& run = program_.runs[i];
       if (!wire::InBounds(base + static_cast<uint64_t>(run.remote_offset),
@@ -332,6 +351,20 @@ absl::Status RefitEngine::Impl::CheckRemoteKeys() const {
             rank_, run.bytes, base + static_cast<uint64_t>(run.remote_offset), tensor));
       }
     }
+  }
+  return absl::OkStatus();
+}
+
+// A descriptor waiting for a transfer that never lands here would never start: the plan's
+// `after` (a world index) must name a transfer this rank receives and the engine runs.
+absl::Status RefitEngine::Impl::CheckDependencies() const {
+  for (const SendDesc& d : program_.descs) {
+    const plan::Transfer& t = plan_.transfers()[d.transfer];
+    if (t.after < 0 || program_.Slot(static_cast<uint32_t>(t.after)) >= 0) continue;
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "rank %d: transfer %d (tensor \"%s\") waits for transfer %d, which the engine does not "
+        "land on rank %d",
+        rank_, d.id, plan_.spec().tensors[t.tensor].name, t.after, rank_));
   }
   return absl::OkStatus();
 }
@@ -389,9 +422,9 @@ absl::Status RefitEngine::Impl::Start(uint64_t epoch) {
   }
   if (delivery_->counts_bytes()) {
     // Empty pieces carry no data message: they land as soon as the epoch starts.
-    for (uint32_t t : program_.received) {
-      const plan::Transfer& tr = plan_.transfers()[t];
-      if (tr.from_rank != rank_ && plan_.region(tr.region).bytes == 0) MarkLanded(t);
+    for (uint32_t slot = 0; slot < program_.received.size(); ++slot) {
+      const plan::Transfer& tr = plan_.transfers()[program_.received[slot]];
+      if (tr.from_rank != rank_ && plan_.region(tr.region).bytes == 0) MarkLanded(slot);
     }
   }
   // Staged source buffers: device -> pinned host before any send reads them.
@@ -501,23 +534,24 @@ void RefitEngine::Impl::RunLocalCopies() {
     absl::Status copied = landing_->CopyLocal(d);
     if (!copied.ok()) return Fail(copied);
     stats_.bytes_local += d.bytes;
-    MarkLanded(d.transfer);
+    MarkLanded(d.slot);
   }
 }
 
-void RefitEngine::Impl::MarkLanded(uint32_t ti) {
-  if (landing_->landed(ti)) return;
-  absl::Status landed = landing_->Land(ti);
+void RefitEngine::Impl::MarkLanded(uint32_t slot) {
+  if (landing_->landed(slot)) return;
+  absl::Status landed = landing_->Land(slot);
   if (!landed.ok()) Fail(landed);
-  const plan::Transfer& t = plan_.transfers()[ti];
+  const plan::Transfer& t = plan_.transfers()[program_.received[slot]];
+  const uint32_t id = program_.received_ids[slot];
   remaining_--;
   stats_.pieces_received++;
   if (t.from_rank != rank_) {
     stats_.bytes_network_received += plan_.region(t.region).bytes;
     links_[t.from_rank]->remaining_from--;
   }
-  landed_out_.push_back(ti);
-  for (uint32_t di : program_.dependencies.WaitingOn(ti)) {
+  landed_out_.push_back(id);
+  for (uint32_t di : program_.dependencies.WaitingOn(id)) {
     const SendDesc& d = program_.descs[di];
     if (d.peer == rank_) {
       local_ready_.push_back(di);
@@ -704,9 +738,10 @@ void RefitEngine::Impl::OnDone(const wire::AmHeader& h, const uint32_t* indices,
         "do both ranks use the same delivery?)")));
   }
   for (size_t i = 0; i < count; ++i) {
-    absl::StatusOr<bool> fresh = landing_->Signalled(h.from_rank, indices[i]);
+    uint32_t slot = 0;
+    absl::StatusOr<bool> fresh = landing_->Signalled(h.from_rank, indices[i], &slot);
     if (!fresh.ok()) return Fail(fresh.status());
-    if (*fresh) MarkLanded(indices[i]);
+    if (*fresh) MarkLanded(slot);
     if (!status_.ok()) return;
   }
 }
@@ -725,9 +760,10 @@ void RefitEngine::Impl::OnData(const wire::DataHeader& h, const void* data, size
     return Fail(absl::DataLossError(absl::StrCat("rank ", rank_, ": rank ", h.base.from_rank,
                                                  " sent a data message without its data")));
   }
-  absl::StatusOr<bool> complete = landing_->Data(h, data, length);
+  uint32_t slot = 0;
+  absl::StatusOr<bool> complete = landing_->Data(h, data, length, &slot);
   if (!complete.ok()) return Fail(complete.status());
-  if (*complete) MarkLanded(h.transfer);
+  if (*complete) MarkLanded(slot);
 }
 
 void RefitEngine::Impl::OnAbort(const wire::AmHeader& h, absl::string_view reason, ucp_ep_h from) {
@@ -804,7 +840,16 @@ absl::StatusOr<std::unique_ptr<RefitEngine>> RefitEngine::Create(
     const plan::Plan& plan, int32_t rank, rendezvous::Store& store,
     std::shared_ptr<Runtime> runtime, std::vector<BufferView> buffers,
     const RefitEngineOptions& options) {
-  auto impl = std::make_unique<Impl>(plan, rank, std::move(runtime), options);
+  return Create(std::make_shared<const plan::Plan>(plan), rank, store, std::move(runtime),
+                std::move(buffers), options);
+}
+
+absl::StatusOr<std::unique_ptr<RefitEngine>> RefitEngine::Create(
+    std::shared_ptr<const plan::Plan> plan, int32_t rank, rendezvous::Store& store,
+    std::shared_ptr<Runtime> runtime, std::vector<BufferView> buffers,
+    const RefitEngineOptions& options) {
+  if (plan == nullptr) return absl::InvalidArgumentError("RefitEngine::Create: no plan");
+  auto impl = std::make_unique<Impl>(std::move(plan), rank, std::move(runtime), options);
   RESHARD_RETURN_IF_ERROR(impl->Init(store, std::move(buffers)));
   return std::unique_ptr<RefitEngine>(new RefitEngine(std::move(impl)));
 }

@@ -24,7 +24,11 @@
 //     batch of pieces is remotely complete (ucp_ep_flush_nbx) sends one completion signal carrying
 //     the epoch and the indices of those pieces;
 //   - the receiver progresses its worker and counts the pieces of THIS epoch; local transfers
-//     are memcpy; transfers with `after` >= 0 (fan-out) start once that transfer landed here.
+//     are memcpy; transfers with `after` >= 0 (relays, engine-run fan-out) start once that
+//     transfer landed here.
+// Pieces are named between ranks (signals, data messages, Progress, `after`) by their index in
+// the world plan, so the engine runs on one rank's share of the plan (BuildRankPlan) exactly as on
+// the world plan, with every table sized by what the rank sends and receives.
 // Every wait is bounded by a deadline. A lost peer becomes Unavailable (peer error handling,
 // or an abort signal from a rank whose refit failed) or DeadlineExceeded on every rank; the
 // handle then records the failed epoch and refuses further epochs (FailedPrecondition) until
@@ -129,12 +133,21 @@ struct RefitStats {
 
 class RefitEngine {
  public:
-  // Builds the handle for `rank` on `runtime` (see the set-up steps above). `buffers` has one
-  // entry per plan buffer id, each at least plan.BufferBytes(rank)[id] bytes. Errors:
-  // InvalidArgument for bad buffers, rank or a null runtime, AlreadyExists when a handle with the
-  // same key prefix and rank lives on `runtime`, FailedPrecondition for an unsupported memory
-  // kind, DeadlineExceeded/Unavailable when peers or the store do not answer before
-  // setup_timeout.
+  // Builds the handle for `rank` on `runtime` (see the set-up steps above). `plan` is `rank`'s
+  // share of the plan (plan::BuildRankPlan, what the refit session passes) or the world plan
+  // (plan::BuildPlan): the engine keeps only what `rank` sends and receives, sized by that, and
+  // names pieces between ranks by their world index (plan.transfer_id()), so ranks holding
+  // shares and ranks holding the world plan interoperate. The engine keeps `plan` alive (the
+  // reference overload copies it). `buffers` has one entry per plan buffer id, each at least
+  // plan.BufferBytes(rank)[id] bytes. Errors: InvalidArgument for bad buffers, rank, another
+  // rank's share, a null plan or runtime, AlreadyExists when a handle with the same key prefix
+  // and rank lives on `runtime`, FailedPrecondition for an unsupported memory kind or peers
+  // that pack differently, DeadlineExceeded/Unavailable when peers or the store do not answer
+  // before setup_timeout.
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<RefitEngine>> Create(
+      std::shared_ptr<const plan::Plan> plan, int32_t rank, rendezvous::Store& store,
+      std::shared_ptr<Runtime> runtime, std::vector<BufferView> buffers,
+      const RefitEngineOptions& options = {});
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<RefitEngine>> Create(
       const plan::Plan& plan, int32_t rank, rendezvous::Store& store,
       std::shared_ptr<Runtime> runtime, std::vector<BufferView> buffers,
@@ -151,9 +164,10 @@ class RefitEngine {
   // `epoch` does not increase.
   [[nodiscard]] absl::Status Start(uint64_t epoch);
 
-  // Advances the epoch without blocking and appends to `landed` the indices (into
-  // plan.transfers()) of the transfers that landed on this rank since the previous call: network
-  // transfers, engine-run fan-outs and local copies. Returns the epoch's error if it failed.
+  // Advances the epoch without blocking and appends to `landed` the world indices
+  // (plan.transfer_id(), what Transfer::after names) of the transfers that landed on this rank
+  // since the previous call: network transfers, engine-run fan-outs and local copies. Returns the
+  // epoch's error if it failed.
   // `progressed` (when given) tells whether the round did anything; Progress never waits or
   // yields, so a caller driving its own loop (the refit session) applies its IdlePolicy.
   [[nodiscard]] absl::Status Progress(std::vector<uint32_t>* landed, bool* progressed = nullptr);

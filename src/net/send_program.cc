@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "src/common/status.h"
+
 namespace reshard::net {
 
 using plan::Transfer;
@@ -17,36 +19,48 @@ bool IsPacked(const plan::Plan& plan, const Transfer& t, const SendProgramOption
   return r.ndims > 0 && r.run_bytes < options.pack_below_run_bytes;
 }
 
-std::vector<int64_t> LandingOffsets(const plan::Plan& plan, int32_t rank,
-                                    const SendProgramOptions& options, int64_t* bytes) {
-  std::vector<int64_t> offsets(plan.transfers().size(), -1);
-  int64_t total = 0;
-  for (auto [it, end] = plan.receives(rank); it != end; ++it) {
-    const Transfer& t = plan.transfers()[*it];
-    if (!IsPacked(plan, t, options)) continue;
-    offsets[*it] = total;
-    total += plan.region(t.region).bytes;
-  }
-  if (bytes != nullptr) *bytes = total;
-  return offsets;
+int64_t SendProgram::Slot(uint32_t id) const {
+  auto it = std::lower_bound(received_ids.begin(), received_ids.end(), id);
+  return it != received_ids.end() && *it == id ? it - received_ids.begin() : -1;
 }
 
 SendProgram BuildSendProgram(const plan::Plan& plan, int32_t rank,
                              const SendProgramOptions& options) {
+  RESHARD_CHECK(plan.rank() < 0 || plan.rank() == rank);
   const auto& transfers = plan.transfers();
   const auto world = static_cast<size_t>(plan.world_size());
   SendProgram p;
   p.rank = rank;
   p.expected_from.assign(world, 0);
-  p.landing_offset = LandingOffsets(plan, rank, options, &p.landing_bytes);
   std::vector<bool> is_peer(world, false);
+
+  // Receiving side. Packed streams first get their offset inside their sender's block; the
+  // blocks are then laid out in ascending sender order.
+  std::vector<int64_t> block(world, 0);  // Bytes by sender, then the block's offset.
   for (auto [it, end] = plan.receives(rank); it != end; ++it) {
     const Transfer& t = transfers[*it];
     if (!Executes(t, options)) continue;
     p.received.push_back(*it);
+    p.received_ids.push_back(plan.transfer_id(*it));
+    if (IsPacked(plan, t, options)) {
+      p.landing_offset.push_back(block[t.from_rank]);
+      block[t.from_rank] += plan.region(t.region).bytes;
+    } else {
+      p.landing_offset.push_back(-1);
+    }
     if (t.from_rank == rank) continue;
     p.expected_from[t.from_rank]++;
     is_peer[t.from_rank] = true;
+  }
+  for (size_t s = 0; s < world; ++s) {
+    if (block[s] == 0) continue;
+    p.landing_blocks.push_back({static_cast<int32_t>(s), p.landing_bytes, block[s]});
+    const int64_t bytes = block[s];
+    block[s] = p.landing_bytes;
+    p.landing_bytes += bytes;
+  }
+  for (size_t k = 0; k < p.received.size(); ++k) {
+    if (p.landing_offset[k] >= 0) p.landing_offset[k] += block[transfers[p.received[k]].from_rank];
   }
 
   // Descriptors grouped by receiver (a counting sort keeps plan order within a receiver).
@@ -57,21 +71,26 @@ SendProgram BuildSendProgram(const plan::Plan& plan, int32_t rank,
     by_peer[t.to_rank].push_back(*it);
     if (t.to_rank != rank) is_peer[t.to_rank] = true;
   }
-  // Landing offsets at each receiver, computed only for receivers of packed streams.
-  std::vector<std::vector<int64_t>> remote_landing(world);
   p.peer_begin.assign(world + 1, 0);
   for (size_t r = 0; r < world; ++r) {
     p.peer_begin[r] = static_cast<uint32_t>(p.descs.size());
+    int64_t packed_bytes = 0;  // This rank's block at receiver r so far.
     for (uint32_t ti : by_peer[r]) {
       const Transfer& t = transfers[ti];
       const plan::Region& region = plan.region(t.region);
       SendDesc d;
       d.transfer = ti;
+      d.id = plan.transfer_id(ti);
       d.peer = t.to_rank;
       d.from_buffer = plan.buffer_of(t.tensor, t.from_side);
       d.to_buffer = plan.buffer_of(t.tensor, t.to_side);
       d.bytes = region.bytes;
       d.run_begin = static_cast<uint32_t>(p.runs.size());
+      if (t.to_rank == rank) {
+        const int64_t slot = p.Slot(d.id);
+        RESHARD_CHECK(slot >= 0);  // A local copy both leaves and lands here.
+        d.slot = static_cast<uint32_t>(slot);
+      }
       const int64_t chunk =
           options.chunk_bytes > 0 && t.to_rank != rank ? options.chunk_bytes : INT64_MAX;
       auto add = [&](int64_t local, int64_t remote, int64_t bytes) {
@@ -80,12 +99,10 @@ SendProgram BuildSendProgram(const plan::Plan& plan, int32_t rank,
         }
       };
       if (IsPacked(plan, t, options)) {
-        if (remote_landing[r].empty()) {
-          remote_landing[r] = LandingOffsets(plan, static_cast<int32_t>(r), options, nullptr);
-        }
         d.packed = true;
         d.send_offset = p.send_scratch_bytes;
-        d.landing_offset = remote_landing[r][ti];
+        d.landing_offset = packed_bytes;
+        packed_bytes += region.bytes;
         p.send_scratch_bytes += region.bytes;
         add(d.send_offset, 0, region.bytes);
       } else {
@@ -95,6 +112,7 @@ SendProgram BuildSendProgram(const plan::Plan& plan, int32_t rank,
       p.dependencies.Add(t.after, static_cast<uint32_t>(p.descs.size()));
       p.descs.push_back(d);
     }
+    if (packed_bytes > 0) p.packed_to.push_back({static_cast<int32_t>(r), 0, packed_bytes});
   }
   p.peer_begin[world] = static_cast<uint32_t>(p.descs.size());
   p.dependencies.Finish();

@@ -4,9 +4,14 @@
 // executes as the sender (network, engine-run fan-out and local copies), each with its runs as
 // (local offset, remote offset, bytes) relative to plan buffer ids (never raw addresses, so the
 // program is built, compared and tested without UCX), and the receiving side: which transfers
-// land here, how many from each peer, and where packed streams land. Both ends of a packed
-// transfer compute its landing-area offset with the same function (LandingOffsets), so they
-// agree without exchanging it.
+// land here, how many from each peer, and where packed streams land.
+//
+// The plan may be the world plan (BuildPlan) or the rank's share of it (BuildRankPlan): the
+// program is the same either way. Descriptors and received transfers index plan.transfers()
+// (`transfer`, `received`), and carry the transfer's world index (`id`, `received_ids`, from
+// plan.transfer_id()), which names a piece between ranks (completion signals, data messages,
+// Progress reports, dependencies: Transfer::after is a world index too). Every table is sized by
+// what this rank sends or receives, never by the world's transfers.
 //
 // Packed transfers (strided regions whose runs are shorter than pack_below_run_bytes) travel as
 // one contiguous stream: the sender gathers the runs into its send scratch at send_offset, and
@@ -14,6 +19,12 @@
 // transfers a run is (offset in buffer from_buffer, offset in the receiver's buffer to_buffer,
 // bytes). With chunk_bytes > 0 (active-message delivery) network runs are cut into pieces of
 // at most that many bytes.
+//
+// The landing area of a receiver holds one block per sender of packed streams, in ascending
+// sender order, each block that sender's streams in plan order. A sender knows its own streams,
+// so it computes each stream's offset inside its block; where its block starts depends on the
+// other senders, which only the receiver knows: the receiver publishes it (landing_blocks, in
+// its wire-up record), and the sender adds it at set-up (src/net/wireup.h).
 //
 // Thread-compatible; immutable once built.
 #pragma once
@@ -39,15 +50,26 @@ struct SendRun {
 };
 
 struct SendDesc {
-  uint32_t transfer = 0;
-  int32_t peer = 0;  // The receiver; this rank for local copies.
+  uint32_t transfer = 0;  // Index in plan.transfers().
+  uint32_t id = 0;        // World index (plan.transfer_id(transfer)): names the piece on the wire.
+  int32_t peer = 0;       // The receiver; this rank for local copies.
   uint32_t from_buffer = 0;
   uint32_t to_buffer = 0;
   int64_t bytes = 0;
   uint32_t run_begin = 0, run_end = 0;  // Into SendProgram::runs.
   bool packed = false;
   int64_t send_offset = 0;     // Packed: the stream's offset in this rank's send scratch.
-  int64_t landing_offset = 0;  // Packed: the stream's offset in the receiver's landing area.
+  // Packed: the stream's offset in this rank's block of the receiver's landing area.
+  int64_t landing_offset = 0;
+  uint32_t slot = 0;  // Local copies: the transfer's slot on the receiving side (received[slot]).
+};
+
+// Packed streams between one sender and one receiver: `bytes` at `offset` in the receiver's
+// landing area.
+struct LandingBlock {
+  int32_t rank = 0;  // The sender (receiving side) or the receiver (sending side).
+  int64_t offset = 0;
+  int64_t bytes = 0;
 };
 
 struct SendProgram {
@@ -61,27 +83,32 @@ struct SendProgram {
   plan::DependencyIndex dependencies;
   int64_t send_scratch_bytes = 0;
 
-  // Receiving side.
-  std::vector<uint32_t> received;       // Executed transfers landing here, in plan order.
-  std::vector<int64_t> expected_from;   // By rank: pieces per epoch (other ranks only).
-  std::vector<int64_t> landing_offset;  // By transfer: offset in the landing area, or -1.
+  // Sending side: the bytes of packed streams to each receiver (ascending; offset unused: the
+  // receiver places the block).
+  std::vector<LandingBlock> packed_to;
+
+  // Receiving side, by slot: the executed transfers landing here, in plan order.
+  std::vector<uint32_t> received;            // Index in plan.transfers().
+  std::vector<uint32_t> received_ids;        // World index, ascending (plan order).
+  std::vector<int64_t> landing_offset;       // Offset in the landing area, or -1 (not packed).
+  std::vector<int64_t> expected_from;        // By rank: pieces per epoch (other ranks only).
+  std::vector<LandingBlock> landing_blocks;  // One per sender of packed streams, ascending.
   int64_t landing_bytes = 0;
 
   // Ranks this rank exchanges network traffic with, ascending.
   std::vector<int32_t> peers;
   bool sends_to(int32_t r) const { return peer_begin[r + 1] > peer_begin[r] && r != rank; }
   bool receives_from(int32_t r) const { return expected_from[r] > 0; }
+  // The slot of the transfer with world index `id` among those landing here, or -1. O(log n).
+  int64_t Slot(uint32_t id) const;
 };
 
 // Whether the engine executes `t` at all.
 bool Executes(const plan::Transfer& t, const SendProgramOptions& options);
 // Whether `t` travels as a packed stream.
 bool IsPacked(const plan::Plan& plan, const plan::Transfer& t, const SendProgramOptions& options);
-// The landing area of `rank`: by transfer index, the offset of each packed stream landing there
-// (in plan order), or -1; `*bytes` receives its size.
-std::vector<int64_t> LandingOffsets(const plan::Plan& plan, int32_t rank,
-                                    const SendProgramOptions& options, int64_t* bytes);
 
+// `plan` is the world plan or `rank`'s share (plan.rank() == rank).
 SendProgram BuildSendProgram(const plan::Plan& plan, int32_t rank,
                              const SendProgramOptions& options);
 

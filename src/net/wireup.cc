@@ -2,6 +2,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "src/common/fault.h"
 #include "src/common/idle.h"
 #include "src/common/process.h"
@@ -18,8 +19,41 @@ std::vector<int32_t> PeerRanks(const std::vector<std::unique_ptr<PeerLink>>& lin
   return ranks;
 }
 
+namespace {
+
+std::string LandingField(int32_t sender) { return absl::StrCat("landing.", sender); }
+
+// Where `rank`'s packed streams start in `peer`'s landing area, from `peer`'s record.
+absl::StatusOr<int64_t> LandingBlockOf(const rendezvous::Record& theirs, int32_t rank, int32_t peer,
+                                       int64_t bytes) {
+  auto field = theirs.find(LandingField(rank));
+  if (field == theirs.end()) {
+    return absl::DataLossError(absl::StrCat("rank ", peer,
+                                            " published no landing area for packed pieces from "
+                                            "rank ",
+                                            rank));
+  }
+  std::pair<std::string, std::string> parts = absl::StrSplit(field->second, ':');
+  int64_t offset = 0, reserved = 0;
+  if (!absl::SimpleAtoi(parts.first, &offset) || !absl::SimpleAtoi(parts.second, &reserved) ||
+      offset < 0) {
+    return absl::DataLossError(absl::StrCat("the wire-up record of rank ", peer,
+                                            " has a malformed ", LandingField(rank), " field"));
+  }
+  if (reserved != bytes) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("rank ", peer, " expects ", reserved, " bytes of packed pieces from rank ",
+                     rank, ", which packs ", bytes,
+                     " (pack_below_run_bytes and the delivery must be the same on every rank)"));
+  }
+  return offset;
+}
+
+}  // namespace
+
 absl::Status Connect(rendezvous::Store& store, const std::string& prefix, int32_t rank,
                      Runtime& runtime, const RegisteredMemory& memory,
+                     absl::Span<const LandingBlock> landing_blocks,
                      std::vector<std::unique_ptr<PeerLink>>& links, bool single_copy,
                      absl::Time deadline) {
   rendezvous::Record mine;
@@ -35,6 +69,9 @@ absl::Status Connect(rendezvous::Store& store, const std::string& prefix, int32_
   mine["probe"] = absl::StrCat(reinterpret_cast<uintptr_t>(SingleCopyWriter::OwnToken()));
   mine["token"] = absl::StrCat(*SingleCopyWriter::OwnToken());
   RESHARD_RETURN_IF_ERROR(memory.AddRemoteKeys(&mine));
+  for (const LandingBlock& b : landing_blocks) {
+    mine[LandingField(b.rank)] = absl::StrCat(b.offset, ":", b.bytes);
+  }
   RESHARD_RETURN_IF_ERROR(rendezvous::PublishRecord(store, prefix, "wireup", rank, mine));
   for (const std::unique_ptr<PeerLink>& link : links) {
     if (link == nullptr) continue;
@@ -65,6 +102,11 @@ absl::Status Connect(rendezvous::Store& store, const std::string& prefix, int32_
     // Every plan buffer id, plus the landing area of packed streams.
     RESHARD_RETURN_IF_ERROR(link->LoadRemoteKeys(link->sends_to ? theirs : rendezvous::Record{},
                                                  memory.landing_id() + 1));
+    if (link->packed_bytes_to > 0) {
+      RESHARD_ASSIGN_OR_RETURN(const int64_t block,
+                               LandingBlockOf(theirs, rank, link->peer(), link->packed_bytes_to));
+      link->set_landing_block(block);
+    }
   }
   return absl::OkStatus();
 }

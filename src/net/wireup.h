@@ -3,8 +3,11 @@
 // 1. Connect: every rank publishes ONE record `<prefix>/wireup/<rank>` with its worker address
 //    (`address`), its host (`host`, the boot id), pid namespace (`pidns`) and process (`process`,
 //    pid:start time), and the remote keys of what peers write into (RegisteredMemory's
-//    `key.<id>` / `base.<id>` / `size.<id>` / `host.<id>` fields), fetches each peer's, creates
-//    the endpoints, unpacks the keys of the peers it sends to, and watches the process of every
+//    `key.<id>` / `base.<id>` / `size.<id>` / `host.<id>` fields) and, with put delivery, where
+//    each sender's packed streams start in its landing area (`landing.<sender>` =
+//    "<offset>:<bytes>", src/net/send_program.h), fetches each peer's, creates the endpoints,
+//    unpacks the keys of the peers it sends to, reads where its own packed streams go in each
+//    receiver's landing area, and watches the process of every
 //    peer on its own host and in its pid namespace (a lost shared-memory peer is noticed
 //    although UCX's shared-memory transports cannot report it; the watched pid is also the one
 //    single-copy writes go to).
@@ -29,21 +32,27 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
+#include "absl/types/span.h"
 #include "src/net/peer_link.h"
 #include "src/net/registered_memory.h"
 #include "src/net/runtime.h"
+#include "src/net/send_program.h"
 #include "src/rendezvous/store.h"
 
 namespace reshard::net {
 
 // `links` is indexed by rank (null for ranks that are not peers); each link's `sends_to` says
-// whether its remote keys are needed.
+// whether its remote keys are needed, its `packed_bytes_to` whether (and how large) a block of
+// the peer's landing area must be found in its record: FailedPrecondition when the peer
+// reserved a block of another size (the ranks disagree on what is packed), DataLoss when the
+// field is missing or malformed. `landing_blocks`: this rank's landing area, published.
 // `single_copy`: this rank may write same-host peers with process_vm_writev (published as
 // `single_copy`, read into PeerLink::peer_single_copy()).
 [[nodiscard]] absl::Status Connect(rendezvous::Store& store, const std::string& prefix,
                                    int32_t rank, Runtime& runtime, const RegisteredMemory& memory,
-                                   std::vector<std::unique_ptr<PeerLink>>& links,
-                                   bool single_copy, absl::Time deadline);
+                                   absl::Span<const LandingBlock> landing_blocks,
+                                   std::vector<std::unique_ptr<PeerLink>>& links, bool single_copy,
+                                   absl::Time deadline);
 
 [[nodiscard]] absl::Status Handshake(rendezvous::Store& store, const std::string& prefix,
                                      int32_t rank, Runtime& runtime,

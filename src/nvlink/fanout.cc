@@ -27,7 +27,7 @@ FanoutTable FanoutTable::FromPlan(const plan::Plan& plan, const std::vector<int3
     if (tr.kind != plan::TransferKind::kFanout) continue;
     if (!in_domain(tr.from_rank) || !in_domain(tr.to_rank)) continue;
     const plan::Region& r = plan.region(tr.region);
-    table.Add(i, tr.after, tr.tensor, plan.buffer_of(tr.tensor, tr.from_side),
+    table.Add(plan.transfer_id(i), tr.after, tr.tensor, plan.buffer_of(tr.tensor, tr.from_side),
               plan.buffer_of(tr.tensor, tr.to_side), tr.from_rank, tr.to_rank, r,
               plan.region_dims(r));
   }

@@ -47,8 +47,8 @@ using common::MemoryKindName;
 // destination buffer the piece landed in; a staging or source buffer when the plan says so) and
 // written into `to_rank`'s buffer `to_buffer`, once transfer `after` has landed on `from_rank`.
 struct FanoutEdge {
-  uint32_t transfer = 0;  // Index in the plan's transfers(); names the piece in signals.
-  int32_t after = -1;     // Transfer that must land on from_rank first; -1: none.
+  uint32_t transfer = 0;  // World index (plan.transfer_id()); names the piece in signals.
+  int32_t after = -1;     // World index of what must land on from_rank first; -1: none.
   uint32_t tensor = 0;
   uint32_t from_buffer = 0;  // Plan buffer ids.
   uint32_t to_buffer = 0;
@@ -60,12 +60,20 @@ struct FanoutEdge {
 // Every fan-out copy between the ranks of one domain, in plan order. Every rank of the domain
 // builds the same table (it is derived from the deterministic plan), which lets a sender know
 // where the receiver expects the signal of each piece without exchanging anything per piece.
+// What the table needs beyond a rank's own edges: BoardSet gives each edge the slot of its
+// position among all edges into its receiver (a sender must know how many edges of other
+// senders precede its own), and the NCCL backend spans every rank of the table with one
+// communicator and batches the table's edges in the same groups on every rank (ranks that group
+// differently can deadlock). A rank's share of the plan (plan::BuildRankPlan) therefore keeps
+// every fan-out transfer between two ranks of its domain; grants, forwards, buffer checks and
+// peer liveness use only the rank's own edges.
 struct FanoutTable {
   std::vector<FanoutEdge> edges;
   std::vector<plan::RegionDim> dims;
   std::vector<std::string> tensor_names;  // For error messages; indexed by FanoutEdge::tensor.
 
-  // The kFanout transfers of `plan` whose two ranks are both in `domain`.
+  // The kFanout transfers of `plan` whose two ranks are both in `domain`, named by world index.
+  // `plan` is the world plan or the share of a rank of `domain`: both give the same table.
   static FanoutTable FromPlan(const plan::Plan& plan, const std::vector<int32_t>& domain);
   // Appends one edge (tests and the benchmark build tables by hand).
   void Add(uint32_t transfer, int32_t after, uint32_t tensor, uint32_t from_buffer,
@@ -192,12 +200,12 @@ class Fanout : public Blocker {
 
   // Enters `epoch` (strictly increasing): grants it to the peers and resets the stats.
   [[nodiscard]] absl::Status Start(uint64_t epoch);
-  // `transfer` (any kind) landed on this rank: forwards every edge waiting on it.
+  // `transfer` (any kind, by world index) landed on this rank: forwards every edge waiting on it.
   [[nodiscard]] absl::Status Landed(uint32_t transfer, uint64_t epoch);
-  // Forwards one outgoing edge, given by its plan transfer index, now or as soon as the peer
+  // Forwards one outgoing edge, given by its world transfer index, now or as soon as the peer
   // granted the epoch. InvalidArgument when this rank does not send it.
   [[nodiscard]] absl::Status Forward(uint32_t transfer, uint64_t epoch);
-  // Progresses and appends to `arrived` (when not null) the plan transfer indices of fan-out
+  // Progresses and appends to `arrived` (when not null) the world transfer indices of fan-out
   // pieces that arrived on this rank since the last call (each exactly once per epoch). Does not
   // block or allocate once `arrived` has grown to the epoch's size.
   [[nodiscard]] absl::Status Poll(uint64_t epoch, std::vector<uint32_t>* arrived);

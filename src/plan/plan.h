@@ -102,11 +102,13 @@ class Plan {
   const std::vector<int64_t>& nic_out_bytes() const { return nic_out_; }
 
   // The world plan (rank() == -1) holds every transfer; a rank's plan (BuildRankPlan) holds only
-  // the transfers it sends or receives, in plan order, and only the regions they use. In both,
-  // Transfer::after and transfer_id() are indices into the world plan's transfers (what names a
-  // piece between ranks), Transfer::region indexes this plan's regions, and sends()/receives()
-  // index this plan's transfers(). Everything else (stats, tensor stats, NIC loads, staging
-  // sizes, buffers, fingerprint) is the world's, identical in both.
+  // the transfers it sends or receives, and the fan-out transfers between two other ranks of its
+  // domain (DomainMap; the fan-out layer derives the domain's table from them), in plan order,
+  // and only the regions they use. In both, Transfer::after and transfer_id() are indices into
+  // the world plan's transfers (what names a piece between ranks), Transfer::region indexes this
+  // plan's regions, and sends()/receives() index this plan's transfers(). Everything else
+  // (stats, tensor stats, NIC loads, staging sizes, buffers, fingerprint) is the world's,
+  // identical in both.
   int32_t rank() const { return rank_; }
   const std::vector<Transfer>& transfers() const { return transfers_; }
   // World index of transfers()[i].
@@ -186,8 +188,9 @@ struct PlanOptions {
 
 // The share of `rank` in the plan BuildPlan(spec, options) makes: every schedule decision is
 // the same (the whole spec is scheduled), but only the transfers `rank` sends or receives (its
-// network sends and receives, relays, fan-out copies in and out, local copies) and their regions
-// are kept, so memory scales with the rank's share. Stats and fingerprint equal the world plan's.
+// network sends and receives, relays, fan-out copies in and out, local copies), the fan-out
+// copies between other ranks of its domain, and their regions are kept, so memory scales with
+// the rank's share. Stats and fingerprint equal the world plan's.
 // Errors as BuildPlan, and InvalidArgument when rank is outside [0, world size).
 [[nodiscard]] absl::StatusOr<Plan> BuildRankPlan(std::shared_ptr<const RefitSpec> spec,
                                                  int32_t rank, const PlanOptions& options = {});

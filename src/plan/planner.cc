@@ -61,6 +61,10 @@ class PlanBuilder : public ScheduleSink {
     std::unique_ptr<DomainMap> domains;
     if (options_.schedule == PlanOptions::Schedule::kDomainAware) {
       domains = std::make_unique<DomainMap>(spec, plan_.world_size_);
+      if (rank_ >= 0) {
+        domains_ = domains.get();
+        domain_of_rank_ = domains->domain_of(rank_);
+      }
       scheduler_ = std::make_unique<DomainScheduler>(spec, *domains, options_);
       // Mostly two regions per piece (source to a holder, holder to holder in its domain), and
       // a quarter more for split pieces and staging: spares regrowth copies and page faults.
@@ -93,8 +97,14 @@ class PlanBuilder : public ScheduleSink {
   }
 
  private:
+  // A share also keeps every fan-out copy between two ranks of the rank's domain: the fan-out
+  // layer numbers signal slots and NCCL batches over the domain's whole fan-out table, which
+  // every rank of the domain must derive alike (src/nvlink/fanout.h).
   bool Keeps(const Transfer& tr) const {
-    return rank_ < 0 || tr.from_rank == rank_ || tr.to_rank == rank_;
+    if (rank_ < 0 || tr.from_rank == rank_ || tr.to_rank == rank_) return true;
+    return tr.kind == TransferKind::kFanout && domain_of_rank_ >= 0 &&
+           domains_->domain_of(tr.from_rank) == domain_of_rank_ &&
+           domains_->domain_of(tr.to_rank) == domain_of_rank_;
   }
 
   // ScheduleSink. Region ids handed out are world ids; a rank's plan holds the regions of the
@@ -376,6 +386,8 @@ class PlanBuilder : public ScheduleSink {
 
   PlanOptions options_;
   const int32_t rank_;
+  const DomainMap* domains_ = nullptr;  // A share of a domain-aware plan, while scheduling.
+  int32_t domain_of_rank_ = -1;
   Plan plan_;
   std::unique_ptr<DomainScheduler> scheduler_;
   std::vector<int64_t> stage_bytes_;

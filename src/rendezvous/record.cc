@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <string_view>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -162,9 +163,26 @@ absl::Status RepeatedBarrier(Store& store, const std::string& prefix, uint64_t g
   return absl::OkStatus();
 }
 
+namespace {
+
+// A failure in place of an agreement value: "!failed <code> <message>".
+constexpr absl::string_view kFailureMark = "!failed ";
+constexpr size_t kMaxFailureMessage = 1024;
+
+}  // namespace
+
+absl::Status PostFailure(Store& store, const std::string& key, int32_t rank,
+                         const absl::Status& status) {
+  RESHARD_CHECK(!status.ok());
+  const absl::string_view message = status.message().substr(0, kMaxFailureMessage);
+  return store.Set(absl::StrCat(key, "/", rank),
+                   absl::StrCat(kFailureMark, static_cast<int>(status.code()), " ", message));
+}
+
 absl::Status CheckAgreement(Store& store, const std::string& key, int32_t rank,
                             absl::Span<const int32_t> ranks, const std::string& value,
                             const std::string& what, const std::string& hint, absl::Time deadline) {
+  RESHARD_CHECK(!absl::StartsWith(value, "!"));
   RESHARD_RETURN_IF_ERROR(store.Set(absl::StrCat(key, "/", rank), value));
   for (int32_t peer : ranks) {
     if (peer == rank) continue;
@@ -173,6 +191,19 @@ absl::Status CheckAgreement(Store& store, const std::string& key, int32_t rank,
       return absl::Status(theirs.status().code(),
                           absl::StrFormat("rank %d: waiting for the %s of rank %d: %s", rank, what,
                                           peer, std::string(theirs.status().message())));
+    }
+    if (absl::StartsWith(*theirs, kFailureMark)) {
+      const absl::string_view failure = absl::string_view(*theirs).substr(kFailureMark.size());
+      const size_t space = failure.find(' ');
+      int code = 0;
+      if (space == absl::string_view::npos || !absl::SimpleAtoi(failure.substr(0, space), &code) ||
+          code <= 0 || code > static_cast<int>(absl::StatusCode::kUnauthenticated)) {
+        return absl::DataLossError(absl::StrFormat(
+            "rank %d: rank %d posted a malformed failure in place of its %s", rank, peer, what));
+      }
+      return absl::Status(static_cast<absl::StatusCode>(code),
+                          absl::StrFormat("rank %d failed before agreeing on the %s: %s", peer,
+                                          what, std::string(failure.substr(space + 1))));
     }
     if (*theirs != value) {
       return absl::FailedPreconditionError(

@@ -75,10 +75,18 @@ using WhileWaiting = std::function<absl::Status()>;
 // Every rank of `ranks` publishes `value` under `<key>/<rank>` and compares it with every other
 // rank's: FailedPrecondition "<what> mismatch: rank A has X but rank B has Y; <hint>" naming
 // this rank and the first rank that differs; errors of the store (DeadlineExceeded,
-// Unavailable) name the rank waited for.
+// Unavailable) name the rank waited for. A rank that posted a failure instead (PostFailure)
+// fails the others as soon as they read it, with its status code and "rank B failed before
+// agreeing on the <what>: <its message>". Values must not start with '!'.
 [[nodiscard]] absl::Status CheckAgreement(Store& store, const std::string& key, int32_t rank,
                                           absl::Span<const int32_t> ranks, const std::string& value,
                                           const std::string& what, const std::string& hint,
                                           absl::Time deadline);
+
+// For a rank that cannot reach CheckAgreement(key, ...) (its own set-up failed first): posts
+// `status` (not OK; its message cut to 1 KiB) where its value belongs, so the ranks waiting for
+// it fail at once instead of at their deadline. Errors are the store's.
+[[nodiscard]] absl::Status PostFailure(Store& store, const std::string& key, int32_t rank,
+                                       const absl::Status& status);
 
 }  // namespace reshard::rendezvous

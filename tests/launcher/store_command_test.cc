@@ -3,6 +3,7 @@
 // the internal rendezvous library, which libreshard.so (linked by the launcher's tests) holds
 // too, and two copies of it in one process are an ODR violation that ASan reports.
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -42,6 +43,9 @@ TEST(StoreCommandTest, ServesUntilSignalled) {
   const pid_t child = fork();
   ASSERT_GE(child, 0);
   if (child == 0) {
+    // The server runs until signalled: gone with the test binary if a failed assertion below
+    // skips the SIGTERM (it would hold ctest's output pipe open).
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
     setenv("RESHARD_STORE_TOKEN", "store-command-token", 1);
     const std::string bin = kBin + "reshard";
     execl(bin.c_str(), bin.c_str(), "store", "--listen", "127.0.0.1:0", "--ready-file",

@@ -5,6 +5,7 @@
 // UCX_NET_DEVICES and uses explicit deadlines.
 #include "src/net/refit_engine.h"
 
+#include <malloc.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -50,12 +51,15 @@ struct RankBuffers {
   std::vector<std::unique_ptr<SharedBuffer>> shared;
 };
 
-// `shared_destinations`: destination buffers are SharedBuffers (what HostBuffer allocates).
-RankBuffers MakeBuffers(const std::string& spec_text, int32_t rank,
+// `share`: the rank's share of the plan (BuildRankPlan, what the refit session passes), else the
+// world plan. `shared_destinations`: destination buffers are SharedBuffers (what HostBuffer
+// allocates).
+RankBuffers MakeBuffers(const std::string& spec_text, int32_t rank, bool share = false,
                         bool shared_destinations = false) {
   auto spec = plan::ParseSpecJson(spec_text);
   RESHARD_CHECK(spec.ok());
-  auto plan = plan::BuildPlan(std::make_shared<const plan::RefitSpec>(*spec));
+  auto shared = std::make_shared<const plan::RefitSpec>(*spec);
+  auto plan = share ? plan::BuildRankPlan(shared, rank) : plan::BuildPlan(shared);
   RESHARD_CHECK(plan.ok());
   RankBuffers out{*std::move(plan), {}, {}, {}, {}};
   const std::vector<int64_t> bytes = out.plan.BufferBytes(rank);
@@ -111,8 +115,8 @@ struct ChildEngine {
 
 absl::StatusOr<ChildEngine> OpenEngine(const std::string& spec, int32_t rank,
                                        const std::string& dir, const RefitEngineOptions& options,
-                                       bool shared_destinations = false) {
-  ChildEngine c{MakeBuffers(spec, rank, shared_destinations), nullptr, nullptr, nullptr};
+                                       bool share = false, bool shared_destinations = false) {
+  ChildEngine c{MakeBuffers(spec, rank, share, shared_destinations), nullptr, nullptr, nullptr};
   RESHARD_ASSIGN_OR_RETURN(c.store, FileStore::Open(dir));
   RESHARD_ASSIGN_OR_RETURN(c.runtime, Runtime::Create());
   RESHARD_ASSIGN_OR_RETURN(
@@ -158,14 +162,79 @@ TEST(RefitEngine, RejectsBuffersThatDoNotMatchThePlan) {
   auto no_runtime = RefitEngine::Create(rb.plan, 2, **store, nullptr, rb.buffers);
   EXPECT_EQ(no_runtime.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(wrong_rank.status().code(), absl::StatusCode::kInvalidArgument);
-  // A rank's share of the plan (BuildRankPlan) names its transfers by world index only through
-  // transfer_id(); the engine needs the whole plan.
-  auto share = plan::BuildRankPlan(rb.plan.shared_spec(), 2);
+  // Another rank's share of the plan (BuildRankPlan) is refused.
+  auto share = plan::BuildRankPlan(rb.plan.shared_spec(), 3);
   ASSERT_TRUE(share.ok()) << share.status();
   auto from_share = RefitEngine::Create(*share, 2, **store, *runtime, rb.buffers);
   EXPECT_EQ(from_share.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(from_share.status().message().find("share"), absl::string_view::npos)
+  EXPECT_NE(from_share.status().message().find("rank 3's share"), absl::string_view::npos)
       << from_share.status();
+}
+
+// Heap bytes in use (every arena, mmapped chunks included).
+size_t HeapInUse() {
+  const struct mallinfo2 m = mallinfo2();
+  return m.uordblks + m.hblkhd;
+}
+
+// What a rank's engine keeps is sized by what the rank sends and receives, never by the world's
+// transfers, whether it is given its share of the plan (what the refit session passes) or the
+// world plan: rank 0 copies one tensor locally while ranks 1-16 move 128k pieces among
+// themselves. (Rank 0 has no peers, so its engine wires up alone.) A forked child keeps the
+// measurement free of the test runner's heap.
+TEST(RefitEngine, SetUpMemoryDoesNotScaleWithWorldTransfers) {
+  std::string spec = R"json({"tensors": [{"name": "own", "dtype": "fp32", "shape": [16, 16],
+      "src": {"mesh": [0], "placements": ["R"]}, "dst": {"mesh": [0], "placements": ["R"]}})json";
+  for (int t = 0; t < 2000; ++t) {
+    absl::StrAppend(&spec, R"json(, {"name": "t)json", t,
+                    R"json(", "dtype": "fp32", "shape": [64, 64],
+        "src": {"mesh": [1, 2, 3, 4, 5, 6, 7, 8], "placements": ["S(1)"]},
+        "dst": {"mesh": [9, 10, 11, 12, 13, 14, 15, 16], "placements": ["S(0)"]}})json");
+  }
+  spec += "]}";
+  const std::string dir = StoreDir("memory");
+  std::map<int32_t, int> codes = testing::ForkRanks(
+      {0},
+      [&](int32_t rank) {
+        RankBuffers share = MakeBuffers(spec, rank, /*share=*/true);
+        RankBuffers world = MakeBuffers(spec, rank, /*share=*/false);
+        CHILD_EXPECT(world.plan.transfers().size() == 1 + 2000 * 64);
+        CHILD_EXPECT(share.plan.transfers().size() == 1);
+        auto store = FileStore::Open(dir);
+        CHILD_EXPECT(store.ok());
+        auto runtime = Runtime::Create();
+        CHILD_EXPECT(runtime.ok());
+        RefitEngineOptions options;
+        // UCX allocates lazily on first use: warm it up with a first engine.
+        options.key_prefix = "warm-up";
+        {
+          auto warm =
+              RefitEngine::Create(share.plan, rank, **store, *runtime, share.buffers, options);
+          CHILD_EXPECT(warm.ok());
+          CHILD_EXPECT((*warm)->Execute(absl::Now() + absl::Seconds(10)).ok());
+        }
+        size_t grown[2] = {0, 0};
+        for (int w = 0; w < 2; ++w) {
+          RankBuffers& rb = w == 0 ? share : world;
+          auto plan = std::make_shared<const plan::Plan>(rb.plan);
+          options.key_prefix = w == 0 ? "share" : "world";
+          const size_t before = HeapInUse();
+          auto engine = RefitEngine::Create(plan, rank, **store, *runtime, rb.buffers, options);
+          grown[w] = HeapInUse() - std::min(before, HeapInUse());
+          CHILD_EXPECT(engine.ok());
+          Fill(rb, rank, 1);
+          CHILD_EXPECT((*engine)->Execute(absl::Now() + absl::Seconds(10)).ok());
+          CHILD_EXPECT(Verify(rb, rank, 1).ok());
+        }
+        std::printf("engine set-up heap: %zu bytes on the share, %zu on the world plan of %d "
+                    "transfers\n",
+                    grown[0], grown[1], 1 + 2000 * 64);
+        // The world plan's transfers alone take 3 MiB; the engine keeps none of them.
+        for (size_t g : grown) CHILD_EXPECT(g < (size_t{512} << 10));
+        return 0;
+      },
+      testing::SharedMemoryUcx());
+  EXPECT_EQ(codes[0], 0);
 }
 
 // Found by fuzz_engine (tests/fuzz/regressions/engine/unknown-id-by-rendezvous): Runtime::Dispatch
@@ -246,13 +315,23 @@ TEST(RefitEngine, FailedEpochIsRememberedUntilReset) {
   for (int r = 0; r < 4; ++r) EXPECT_EQ(codes[r], 0) << "rank " << r;
 }
 
-// The fan-out hook: Progress reports every transfer that lands on a rank exactly once, on a
-// domain-aware plan with fan-out transfers (executed by the engine as network puts), by each
-// way bytes travel: puts as copies into mapped HostBuffers (destinations and landing areas in
-// shared memory; every peer is on this host), as single-copy writes (private destinations),
-// UCX puts, and active messages.
+// The fan-out hook: Progress reports every transfer that lands on a rank exactly once, by its
+// world index, on a domain-aware plan with fan-out transfers (executed by the engine as network
+// puts), by each way bytes travel: puts as copies into mapped HostBuffers (destinations and
+// landing areas in shared memory; every peer is on this host), as single-copy writes (private
+// destinations), UCX puts, and active messages; with every rank on the world plan, every rank
+// on its share (BuildRankPlan), and odd ranks on shares among even ranks on the world plan
+// (pieces are named by world index on the wire, so both interoperate).
 enum class Path { kMapped, kSingleCopy, kUcxPut, kActiveMessage };
-class RefitEngineDelivery : public ::testing::TestWithParam<Path> {};
+enum class Plans { kWorld, kShares, kMixed };
+class RefitEngineDelivery : public ::testing::TestWithParam<std::tuple<Path, Plans>> {
+ protected:
+  Path path() const { return std::get<0>(GetParam()); }
+  bool Share(int32_t rank) const {
+    const Plans plans = std::get<1>(GetParam());
+    return plans == Plans::kShares || (plans == Plans::kMixed && rank % 2 == 1);
+  }
+};
 
 TEST_P(RefitEngineDelivery, ProgressReportsEveryLandedTransferOnce) {
   const std::string spec =
@@ -272,15 +351,16 @@ TEST_P(RefitEngineDelivery, ProgressReportsEveryLandedTransferOnce) {
       testing::Ranks(8),
       [&](int32_t rank) {
         RefitEngineOptions options;
-        options.delivery = GetParam() == Path::kActiveMessage
+        options.delivery = path() == Path::kActiveMessage
                                ? RefitEngineOptions::Delivery::kActiveMessage
                                : RefitEngineOptions::Delivery::kPut;
-        const bool mapped = GetParam() == Path::kMapped;
-        options.single_copy = mapped || GetParam() == Path::kSingleCopy;
+        const bool mapped = path() == Path::kMapped;
+        options.single_copy = mapped || path() == Path::kSingleCopy;
         options.map_shared_memory = mapped;
         // Short runs (bf16 columns) travel packed either way; a small batch makes several signals.
         options.signal_batch_bytes = 4096;
-        absl::StatusOr<ChildEngine> child = OpenEngine(spec, rank, dir, options, mapped);
+        absl::StatusOr<ChildEngine> child =
+            OpenEngine(spec, rank, dir, options, Share(rank), mapped);
         CHILD_EXPECT(child.ok());
         RankBuffers& rb = child->rb;
         RefitEngine& e = *child->engine;
@@ -293,17 +373,19 @@ TEST_P(RefitEngineDelivery, ProgressReportsEveryLandedTransferOnce) {
           CHILD_EXPECT(e.Wait(deadline).ok());
           CHILD_EXPECT(e.Progress(&landed).ok());
           std::multiset<uint32_t> got(landed.begin(), landed.end());
-          auto [begin, end] = rb.plan.receives(rank);
-          std::multiset<uint32_t> want(begin, end);
+          std::multiset<uint32_t> want;
+          for (auto [it, end] = rb.plan.receives(rank); it != end; ++it) {
+            want.insert(rb.plan.transfer_id(*it));
+          }
           CHILD_EXPECT(got == want);
           CHILD_EXPECT(Verify(rb, rank, epoch).ok());
           const RefitStats& stats = e.last_stats();
-          const bool am = GetParam() == Path::kActiveMessage;
+          const bool am = path() == Path::kActiveMessage;
           CHILD_EXPECT(std::string(e.delivery()) == (am ? "am" : "put"));
-          const int64_t used = mapped                           ? stats.mapped_copies
-                               : GetParam() == Path::kSingleCopy ? stats.single_copy_writes
-                               : am                              ? stats.data_messages
-                                                                 : stats.puts;
+          const int64_t used = mapped                       ? stats.mapped_copies
+                               : path() == Path::kSingleCopy ? stats.single_copy_writes
+                               : am                          ? stats.data_messages
+                                                             : stats.puts;
           CHILD_EXPECT(stats.puts + stats.data_messages + stats.single_copy_writes +
                            stats.mapped_copies ==
                        used);
@@ -311,7 +393,7 @@ TEST_P(RefitEngineDelivery, ProgressReportsEveryLandedTransferOnce) {
           const bool single_copy =
               e.Transports().find("+ single-copy writes to") != std::string::npos;
           // Mapped links keep a writer for buffers outside shared memory (none here).
-          CHILD_EXPECT(single_copy == ((mapped || GetParam() == Path::kSingleCopy) &&
+          CHILD_EXPECT(single_copy == ((mapped || path() == Path::kSingleCopy) &&
                                        stats.bytes_network_sent > 0));
           const bool mapped_copies =
               e.Transports().find("+ mapped copies to") != std::string::npos;
@@ -324,15 +406,20 @@ TEST_P(RefitEngineDelivery, ProgressReportsEveryLandedTransferOnce) {
   for (int r = 0; r < 8; ++r) EXPECT_EQ(codes[r], 0) << "rank " << r;
 }
 
-INSTANTIATE_TEST_SUITE_P(Delivery, RefitEngineDelivery,
-                         ::testing::Values(Path::kMapped, Path::kSingleCopy, Path::kUcxPut,
-                                           Path::kActiveMessage),
-                         [](const auto& info) {
-                           return info.param == Path::kMapped       ? "Mapped"
-                                  : info.param == Path::kSingleCopy ? "SingleCopy"
-                                  : info.param == Path::kUcxPut   ? "Put"
-                                                                  : "Am";
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    Delivery, RefitEngineDelivery,
+    ::testing::Combine(::testing::Values(Path::kMapped, Path::kSingleCopy, Path::kUcxPut,
+                                         Path::kActiveMessage),
+                       ::testing::Values(Plans::kWorld, Plans::kShares, Plans::kMixed)),
+    [](const auto& info) {
+      const Path path = std::get<0>(info.param);
+      const Plans plans = std::get<1>(info.param);
+      return std::string(path == Path::kMapped       ? "Mapped"
+                         : path == Path::kSingleCopy ? "SingleCopy"
+                         : path == Path::kUcxPut     ? "Put"
+                                                     : "Am") +
+             (plans == Plans::kWorld ? "World" : plans == Plans::kShares ? "Shares" : "Mixed");
+    });
 
 // Issue 10: a process that holds the store token reads a rank's UCX address from the store and
 // sends it messages in the name of other ranks: a data message whose offset would wrap

@@ -1,7 +1,9 @@
 // The send program (src/net/send_program.h) on small plans, without UCX: every byte a rank
 // receives is covered exactly once by the runs of its senders, packed streams agree on their
-// landing offsets at both ends, dependencies are the plan's `after`, and executing the programs
-// in plan order (gather, move, unpack, as the engine does) reproduces every destination tile.
+// landing offsets at both ends, dependencies are the plan's `after`, executing the programs in
+// plan order (gather, move, unpack, as the engine does) reproduces every destination tile, and
+// the program built from a rank's share of the plan is the one built from the world plan, with
+// tables sized by the share.
 #include "src/net/send_program.h"
 
 #include <algorithm>
@@ -64,6 +66,15 @@ std::vector<Case> Cases() {
   return cases;
 }
 
+// Where `sender`'s packed streams start in `receiver`'s landing area.
+int64_t BlockAt(const SendProgram& receiver, int32_t sender) {
+  for (const LandingBlock& b : receiver.landing_blocks) {
+    if (b.rank == sender) return b.offset;
+  }
+  ADD_FAILURE() << "rank " << receiver.rank << " has no landing block for rank " << sender;
+  return 0;
+}
+
 std::vector<SendProgram> Programs(const Plan& plan, const SendProgramOptions& options) {
   std::vector<SendProgram> programs;
   for (int32_t r = 0; r < plan.world_size(); ++r) {
@@ -118,17 +129,21 @@ TEST(SendProgram, EveryReceivedByteIsCoveredOnceAndPackedOffsetsAgree) {
             }
           }
           EXPECT_EQ(run_bytes, region.bytes) << "transfer " << d.transfer;
+          const int64_t slot = programs[r].Slot(d.id);
+          ASSERT_GE(slot, 0) << "transfer " << d.transfer;
           if (d.packed) {
             EXPECT_NE(s, r);
-            // Both ends compute the same landing offset.
-            EXPECT_EQ(d.landing_offset, programs[r].landing_offset[d.transfer]);
-            ASSERT_LE(d.landing_offset + d.bytes, programs[r].landing_bytes);
+            // Both ends compute the same landing offset: the sender's inside its block, the
+            // block where the receiver placed it.
+            const int64_t at = BlockAt(programs[r], s) + d.landing_offset;
+            EXPECT_EQ(at, programs[r].landing_offset[slot]);
+            ASSERT_LE(at + d.bytes, programs[r].landing_bytes);
             for (int v : stream) ASSERT_EQ(v, 1) << "packed stream of transfer " << d.transfer;
             plan::ForEachRun(region, plan.region_dims(region), [&](int64_t, int64_t to, int64_t n) {
               for (int64_t k = 0; k < n; ++k) cover[d.to_buffer][to + k]++;
             });
           } else {
-            EXPECT_EQ(programs[r].landing_offset[d.transfer], -1);
+            EXPECT_EQ(programs[r].landing_offset[slot], -1);
           }
         }
       }
@@ -229,7 +244,8 @@ TEST(SendProgram, ExecutingTheProgramsReproducesEveryDestinationTile) {
         std::memcpy(scratch[t.from_rank].data() + d->send_offset + pos, from + f, n);
         pos += n;
       });
-      uint8_t* stream = landing[t.to_rank].data() + d->landing_offset;  // Move.
+      uint8_t* stream = landing[t.to_rank].data() + BlockAt(programs[t.to_rank], t.from_rank) +
+                        d->landing_offset;  // Move.
       for (uint32_t i = d->run_begin; i < d->run_end; ++i) {
         const SendRun& run = p.runs[i];
         std::memcpy(stream + run.remote_offset, scratch[t.from_rank].data() + run.local_offset,
@@ -252,6 +268,88 @@ TEST(SendProgram, ExecutingTheProgramsReproducesEveryDestinationTile) {
       }
     }
   }
+}
+
+// The refit session builds each rank's program from the rank's share (BuildRankPlan): it must be
+// the world plan's program, named by world index, and no table may be sized by the world's
+// transfers.
+TEST(SendProgram, ProgramsFromSharesEqualTheWorldPlans) {
+  size_t most_blocks = 0;  // Receivers of packed streams from several senders are covered.
+  for (const Case& c : Cases()) {
+    SCOPED_TRACE(absl::StrCat(c.name, "\n", c.spec));
+    const Plan world = MakePlan(c.spec);
+    const std::vector<SendProgram> expected = Programs(world, c.options);
+    for (int32_t r = 0; r < world.world_size(); ++r) {
+      SCOPED_TRACE(absl::StrCat("rank ", r));
+      auto share = plan::BuildRankPlan(world.shared_spec(), r);
+      ASSERT_TRUE(share.ok()) << share.status();
+      ASSERT_LT(share->transfers().size(), world.transfers().size());
+      const SendProgram p = BuildSendProgram(*share, r, c.options);
+      const SendProgram& w = expected[r];
+      ASSERT_EQ(p.descs.size(), w.descs.size());
+      for (size_t i = 0; i < p.descs.size(); ++i) {
+        const SendDesc& a = p.descs[i];
+        const SendDesc& b = w.descs[i];
+        EXPECT_EQ(a.id, b.id);
+        EXPECT_EQ(b.id, b.transfer);  // The world plan's index is its world index.
+        EXPECT_EQ(share->transfer_id(a.transfer), a.id);
+        EXPECT_EQ(a.peer, b.peer);
+        EXPECT_EQ(a.from_buffer, b.from_buffer);
+        EXPECT_EQ(a.to_buffer, b.to_buffer);
+        EXPECT_EQ(a.bytes, b.bytes);
+        EXPECT_EQ(a.packed, b.packed);
+        EXPECT_EQ(a.send_offset, b.send_offset);
+        EXPECT_EQ(a.landing_offset, b.landing_offset);
+        EXPECT_EQ(a.slot, b.slot);
+        ASSERT_EQ(a.run_end - a.run_begin, b.run_end - b.run_begin);
+        for (uint32_t k = 0; k < a.run_end - a.run_begin; ++k) {
+          const SendRun& ra = p.runs[a.run_begin + k];
+          const SendRun& rb = w.runs[b.run_begin + k];
+          EXPECT_EQ(ra.local_offset, rb.local_offset);
+          EXPECT_EQ(ra.remote_offset, rb.remote_offset);
+          EXPECT_EQ(ra.bytes, rb.bytes);
+        }
+        // The same dependency, by world index.
+        EXPECT_EQ(share->transfers()[a.transfer].after, world.transfers()[b.transfer].after);
+      }
+      EXPECT_EQ(p.peer_begin, w.peer_begin);
+      EXPECT_EQ(p.received_ids, w.received_ids);
+      EXPECT_EQ(w.received_ids, w.received);
+      EXPECT_EQ(p.landing_offset, w.landing_offset);
+      EXPECT_EQ(p.expected_from, w.expected_from);
+      EXPECT_EQ(p.peers, w.peers);
+      EXPECT_EQ(p.send_scratch_bytes, w.send_scratch_bytes);
+      EXPECT_EQ(p.landing_bytes, w.landing_bytes);
+      ASSERT_EQ(p.landing_blocks.size(), w.landing_blocks.size());
+      most_blocks = std::max(most_blocks, p.landing_blocks.size());
+      for (size_t k = 0; k < p.landing_blocks.size(); ++k) {
+        EXPECT_EQ(p.landing_blocks[k].rank, w.landing_blocks[k].rank);
+        EXPECT_EQ(p.landing_blocks[k].offset, w.landing_blocks[k].offset);
+        EXPECT_EQ(p.landing_blocks[k].bytes, w.landing_blocks[k].bytes);
+      }
+      ASSERT_EQ(p.packed_to.size(), w.packed_to.size());
+      for (size_t k = 0; k < p.packed_to.size(); ++k) {
+        EXPECT_EQ(p.packed_to[k].rank, w.packed_to[k].rank);
+        EXPECT_EQ(p.packed_to[k].bytes, w.packed_to[k].bytes);
+      }
+      EXPECT_EQ(
+          std::vector<uint32_t>(p.dependencies.initial().begin(), p.dependencies.initial().end()),
+          std::vector<uint32_t>(w.dependencies.initial().begin(), w.dependencies.initial().end()));
+      // Sized by what the rank sends and receives.
+      EXPECT_LE(p.received.size(), share->transfers().size());
+      EXPECT_LE(p.descs.size(), share->transfers().size());
+      for (uint32_t slot = 0; slot < p.received.size(); ++slot) {
+        EXPECT_EQ(p.Slot(p.received_ids[slot]), slot);
+        EXPECT_EQ(share->transfer_id(p.received[slot]), p.received_ids[slot]);
+      }
+      // A world index that does not land here has no slot.
+      for (uint32_t id = 0; id < world.transfers().size(); ++id) {
+        const bool lands = std::binary_search(w.received_ids.begin(), w.received_ids.end(), id);
+        EXPECT_EQ(p.Slot(id) >= 0, lands) << "transfer " << id;
+      }
+    }
+  }
+  EXPECT_GE(most_blocks, 2u);
 }
 
 TEST(Wire, InBoundsDoesNotWrap) {

@@ -1,5 +1,6 @@
 // Shared by the plan tests: a rank's share (BuildRankPlan) must equal the world plan restricted
-// to that rank. Returns "" when it does, else what differs.
+// to that rank: the transfers it sends or receives, and the fan-out transfers between two ranks of
+// its domain. Returns "" when it does, else what differs.
 #pragma once
 
 #include <cstring>
@@ -8,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "src/plan/plan.h"
+#include "src/plan/schedule.h"
 
 namespace reshard::plan {
 
@@ -56,11 +58,18 @@ inline std::string CompareRankPlan(const Plan& world, const Plan& share, int32_t
     }
   }
   if (share.BufferBytes(rank) != world.BufferBytes(rank)) return who + "buffer sizes differ";
-  // The transfers: exactly the world's that rank sends or receives, in plan order.
+  // The transfers: exactly the world's that rank sends or receives, and the fan-out copies inside
+  // its domain, in plan order.
+  const DomainMap domains(world.spec());
+  const int32_t domain = domains.domain_of(rank);
+  auto in_domain = [&](int32_t r) { return domain >= 0 && domains.domain_of(r) == domain; };
   std::vector<uint32_t> expected;
   for (uint32_t i = 0; i < world.transfers().size(); ++i) {
     const Transfer& t = world.transfers()[i];
-    if (t.from_rank == rank || t.to_rank == rank) expected.push_back(i);
+    if (t.from_rank == rank || t.to_rank == rank ||
+        (t.kind == TransferKind::kFanout && in_domain(t.from_rank) && in_domain(t.to_rank))) {
+      expected.push_back(i);
+    }
   }
   if (share.transfers().size() != expected.size()) {
     return absl::StrCat(who, share.transfers().size(), " transfers, the world plan has ",

@@ -184,5 +184,30 @@ TEST(CheckAgreementTest, EqualValuesPassAndADifferentOneNamesBothRanks) {
       << st.message();
 }
 
+// A rank whose set-up failed before it could agree posts its failure: the others fail at once
+// with its code and reason, naming it, instead of waiting for their deadline.
+TEST(CheckAgreementTest, APostedFailureFailsTheOthersAtOnceNamingTheRank) {
+  auto store = NewStore();
+  const std::vector<int32_t> ranks = {0, 1, 2};
+  ASSERT_TRUE(store->Set("fp/1", "abc").ok());
+  ASSERT_TRUE(PostFailure(*store, "fp", 2,
+                          absl::InvalidArgumentError("tensor \"w\" on rank 2: buffers overlap"))
+                  .ok());
+  const absl::Time start = absl::Now();
+  absl::Status st = CheckAgreement(*store, "fp", 0, ranks, "abc", "plan fingerprint", "same spec",
+                                   absl::Now() + absl::Seconds(30));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  EXPECT_TRUE(absl::StrContains(st.message(),
+                                "rank 2 failed before agreeing on the plan fingerprint: tensor "
+                                "\"w\" on rank 2: buffers overlap"))
+      << st.message();
+  // A malformed failure is refused, not trusted.
+  ASSERT_TRUE(store->Set("fp3/1", "!failed 99 x").ok());
+  st = CheckAgreement(*store, "fp3", 0, {0, 1}, "abc", "plan fingerprint", "same spec",
+                      absl::Now() + absl::Seconds(10));
+  EXPECT_EQ(st.code(), absl::StatusCode::kDataLoss) << st;
+}
+
 }  // namespace
 }  // namespace reshard::rendezvous

@@ -31,10 +31,11 @@ tile, as contiguous runs and strided regions. Prints a readable summary.
 
 options:
   --rank R             plan only rank R's share, as each rank of a refit does at set-up: the
-                       transfers it sends, receives, relays or fans out (every schedule decision
-                       the same as in the whole plan, same fingerprint); prints what the rank
-                       moves, its planning time and the process's peak memory (reading the
-                       spec included: bench/plan_rank_bench measures planning alone)
+                       transfers it sends, receives, relays or fans out, and the fan-out copies
+                       between other ranks of its domain (every schedule decision the same as in
+                       the whole plan, same fingerprint); prints what the rank moves, its
+                       planning time and the process's peak memory (reading the spec included:
+                       bench/plan_rank_bench measures planning alone)
   --verify             execute the plan in process over every rank's buffers (sources filled
                        with a strong hash of tensor name and global index) and check every
                        destination element and that nothing outside destination views changed

@@ -11,10 +11,15 @@
 //   }
 //
 // Create() does all set-up once (collective over every rank of the spec): plans the refit
-// (deterministic; every rank computes the same plan and their fingerprints are compared, so
-// ranks with different specs fail before any byte moves), registers the buffers, exchanges
-// worker addresses and remote keys, and pre-builds every put. Refits after the first never
-// register memory or touch the store again (Stats::registrations_this_refit is 0).
+// (deterministic; each rank plans only its own share, with every schedule decision of the whole
+// plan, so its memory scales with what it moves; every share carries the whole plan's
+// fingerprint and the fingerprints are compared, so ranks with different specs fail before any
+// byte moves), registers the buffers, exchanges worker addresses and remote keys, and pre-builds
+// every put. Refits after the first never register memory or touch the store again
+// (Stats::registrations_this_refit is 0). A rank whose Create fails before the fingerprints are
+// compared (its share does not plan, its buffers do not match) tells the other ranks, whose
+// Create then fails at once with that rank's error code and reason ("rank 3 failed before
+// agreeing on the plan fingerprint: ...") instead of at HandleOptions::setup_timeout.
 //
 // Every rank of the spec calls Execute() (or Start() + Wait()) the same number of times; on a
 // source rank it returns once its data is remotely complete, on a destination rank once every
@@ -32,7 +37,8 @@
 // (receiving, forwarding to domain peers) happens inside Wait, so call Wait soon after Start.
 // Errors:
 //   InvalidArgument     invalid spec, a buffer missing / of the wrong size / unknown name,
-//                       rank outside the communicator's world;
+//                       rank outside the communicator's world (on this rank, or on another
+//                       rank whose set-up failed first: the message names it);
 //   FailedPrecondition  ranks planned different specs (fingerprint mismatch); a refit is
 //                       already in flight; Execute/Start after a failed refit without Reset();
 //                       a memory kind this build cannot move (CUDA without CUDA support);
@@ -236,7 +242,8 @@ class RefitHandle {
   // Figures of the last refit (valid after the first Wait).
   const Stats& stats() const;
   int rank() const;
-  // Fingerprint of the plan, equal on every rank.
+  // Fingerprint of the whole plan (what plan::BuildPlan of the same spec and options gives),
+  // equal on every rank, ranks the spec does not name included.
   uint64_t plan_fingerprint() const;
 
   class Impl;

@@ -15,8 +15,10 @@
 // larger per-rank buffer through a view (fused parameters such as qkv_proj).
 //
 // These are plain value types: copyable, thread-compatible, no I/O. Building never fails;
-// Validate() (also run by RefitHandle::Create) reports the first problem as InvalidArgument with
-// one sentence naming the tensor and the field.
+// Validate() reports the first problem of the whole spec as InvalidArgument with one sentence
+// naming the tensor and the field. RefitHandle::Create leaves checking to planning: each rank
+// checks, as it plans its share, what its share relies on (and a rank that fails makes the
+// others fail).
 #pragma once
 
 #include <cstdint>

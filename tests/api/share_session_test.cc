@@ -1,0 +1,286 @@
+// Issue 12: the refit session runs on each rank's share of the plan (RefitHandle::Create plans
+// with plan::BuildRankPlan). Real processes (one forked child per rank, UCX over shared memory or
+// tcp with UCX_TLS and UCX_NET_DEVICES set, a file store), the public API inside the children:
+//  - a spec with relays, staging, fan-out and packed streams from several senders refits
+//    byte-exact, through the fan-out layer and through engine puts, and every rank reports the
+//    world plan's fingerprint;
+//  - a rank whose set-up fails (its spec does not plan, its buffers do not match) makes the
+//    other ranks fail at once, naming it, instead of at their set-up deadline; the next handle
+//    then works on every rank.
+// Children report through their exit code; every wait in them has a deadline, and the harness
+// kills a child still running at its timeout, so a failing assertion cannot hang the suite.
+#include <cstdint>
+#include <cstdio>
+#include <map>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "reshard/reshard.h"
+#include "src/plan/plan.h"
+#include "src/plan/spec_json.h"
+#include "src/rendezvous/file_store.h"
+#include "tests/testing/multiprocess.h"
+
+namespace reshard {
+namespace {
+
+// Ranks 0 and 7 (one domain) train; ranks 1-3 and 4-6 are two destination domains. Rank 0 alone
+// holds w, v and t, so the second domain gets them relayed by the first; ranks 3 and 6 hold only
+// the small t, so they take parts of w off the network into staging and forward them; u and c
+// fan out inside each domain; c's column slices (short runs) from two sources travel packed.
+constexpr char kSpec[] = R"json({"topology": {"domains": [[0, 7], [1, 2, 3], [4, 5, 6]]},
+ "tensors": [
+  {"name": "w", "dtype": "fp32", "shape": [256, 256], "src": {"mesh": [0], "placements": ["R"]},
+   "dst": {"mesh": [[1, 2], [4, 5]], "placements": ["R", "S(0)"]}},
+  {"name": "v", "dtype": "fp32", "shape": [128, 128], "src": {"mesh": [0], "placements": ["R"]},
+   "dst": {"mesh": [1, 4], "placements": ["R"]}},
+  {"name": "t", "dtype": "fp32", "shape": [8, 8], "src": {"mesh": [0], "placements": ["R"]},
+   "dst": {"mesh": [3, 6], "placements": ["R"]}},
+  {"name": "u", "dtype": "fp32", "shape": [64, 64], "src": {"mesh": [7], "placements": ["R"]},
+   "dst": {"mesh": [1, 2, 4, 5], "placements": ["R"]}},
+  {"name": "c", "dtype": "fp32", "shape": [64, 96], "src": {"mesh": [0, 7], "placements": ["S(0)"]},
+   "dst": {"mesh": [[1, 2], [4, 5]], "placements": ["R", "S(1)"]}}]})json";
+constexpr int kWorld = 8;
+
+std::string StoreDir(const std::string& tag) {
+  std::random_device rd;
+  return absl::StrCat(::testing::TempDir(), "/reshard-share-", tag, "-", getpid(), "-", rd());
+}
+
+// The public API's store callbacks over a file store shared by the forked ranks.
+StoreCallbacks Callbacks(rendezvous::Store* store) {
+  StoreCallbacks cb;
+  cb.set = [store](const std::string& k, const std::string& v) { return store->Set(k, v); };
+  cb.get = [store](const std::string& k, absl::Time deadline) { return store->Get(k, deadline); };
+  cb.list = [store](const std::string& prefix) { return store->List(prefix); };
+  cb.del = [store](const std::string& k) { return store->Delete(k); };
+  return cb;
+}
+
+// The value of element `index` (row-major, global) of tensor `tensor` in refit `step`.
+uint32_t Value(size_t tensor, int64_t index, int step) {
+  uint64_t z = (static_cast<uint64_t>(tensor) << 40) ^ (static_cast<uint64_t>(step) << 32) ^
+               static_cast<uint64_t>(index);
+  z += 0x9e3779b97f4a7c15ull;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return static_cast<uint32_t>(z ^ (z >> 31));
+}
+
+// One rank's buffers, by side and name (every tensor of kSpec is fp32).
+struct Memory {
+  std::map<std::pair<Side, std::string>, std::vector<uint32_t>> buffers;
+  LocalBuffers Views() {
+    LocalBuffers views;
+    for (auto& [key, words] : buffers) {
+      views.Add(key.first, key.second,
+                Buffer{words.data(), static_cast<int64_t>(words.size() * sizeof(uint32_t))});
+    }
+    return views;
+  }
+};
+
+absl::StatusOr<Memory> Allocate(const RefitSpec& spec, int rank) {
+  absl::StatusOr<std::vector<BufferRequirement>> reqs = spec.LocalBuffers(rank);
+  if (!reqs.ok()) return reqs.status();
+  Memory m;
+  for (const BufferRequirement& r : *reqs) {
+    m.buffers[{r.side, r.name}].assign(static_cast<size_t>(r.bytes / 4), 0xFFFFFFFFu);
+  }
+  return m;
+}
+
+// Calls fn(word in the buffer, expected value) for every element of `rank`'s tiles on `side`
+// (2-D tensors).
+template <typename Fn>
+bool ForEachElement(const RefitSpec& spec, int rank, Side side, int step, Memory& m, Fn fn) {
+  absl::StatusOr<std::vector<LocalTile>> tiles = spec.LocalTiles(rank, side);
+  if (!tiles.ok()) return false;
+  for (const LocalTile& tile : *tiles) {
+    size_t t = 0;
+    while (spec.tensors()[t].name != tile.tensor) ++t;
+    std::vector<uint32_t>& words = m.buffers.at({side, tile.buffer});
+    for (int64_t i = tile.lo[0]; i < tile.hi[0]; ++i) {
+      for (int64_t j = tile.lo[1]; j < tile.hi[1]; ++j) {
+        const int64_t at =
+            tile.offset + (i - tile.lo[0]) * tile.strides[0] + (j - tile.lo[1]) * tile.strides[1];
+        fn(words[static_cast<size_t>(at)], Value(t, i * tile.global_shape[1] + j, step));
+      }
+    }
+  }
+  return true;
+}
+
+#define CHILD_EXPECT(cond, ...)                                                        \
+  do {                                                                                 \
+    if (!(cond)) {                                                                     \
+      std::fprintf(stderr, "rank %d: %s:%d: %s %s\n", rank, __FILE__, __LINE__, #cond, \
+                   std::string(__VA_ARGS__).c_str());                                  \
+      return 1;                                                                        \
+    }                                                                                  \
+  } while (0)
+
+testing::ForkOptions Transport(const std::string& name) {
+  testing::ForkOptions fork = testing::SharedMemoryUcx(absl::Seconds(120));
+  if (name == "tcp") {
+    fork.env = {{"UCX_TLS", "tcp"}, {"UCX_NET_DEVICES", "lo"}, {"UCX_WARN_UNUSED_ENV_VARS", "n"}};
+  }
+  return fork;
+}
+
+class ShareSessionTest : public ::testing::TestWithParam<std::tuple<std::string, Fanout>> {};
+
+TEST_P(ShareSessionTest, RelaysStagingAndFanoutRefitByteExact) {
+  const auto [transport, fanout] = GetParam();
+  // The world plan, for what the ranks must report: the schedule has relays, staging and
+  // fan-out, and each rank's share is a fraction of it.
+  auto parsed = plan::ParseSpecJson(kSpec);
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  auto shared = std::make_shared<const plan::RefitSpec>(*parsed);
+  auto world = plan::BuildPlan(shared);
+  ASSERT_TRUE(world.ok()) << world.status();
+  ASSERT_GT(world->stats().bytes_relay, 0);
+  ASSERT_GT(world->stats().bytes_staged, 0);
+  ASSERT_GT(world->stats().bytes_fanout, 0);
+  for (int32_t r = 0; r < kWorld; ++r) {
+    auto share = plan::BuildRankPlan(shared, r);
+    ASSERT_TRUE(share.ok()) << share.status();
+    ASSERT_LT(share->transfers().size(), world->transfers().size()) << "rank " << r;
+  }
+  const uint64_t fingerprint = world->fingerprint();
+  const std::string dir = StoreDir("refit");
+  std::map<int32_t, int> codes = testing::ForkRanks(
+      testing::Ranks(kWorld),
+      [&](int32_t rank) {
+        auto store = rendezvous::FileStore::Open(dir);
+        CHILD_EXPECT(store.ok(), store.status().ToString());
+        auto comm = Communicator::FromCallbacks(Callbacks(store->get()), rank, kWorld);
+        CHILD_EXPECT(comm.ok(), comm.status().ToString());
+        auto spec = RefitSpec::FromJson(kSpec);
+        CHILD_EXPECT(spec.ok(), spec.status().ToString());
+        auto memory = Allocate(*spec, rank);
+        CHILD_EXPECT(memory.ok(), memory.status().ToString());
+        HandleOptions options;
+        options.fanout = fanout;
+        options.setup_timeout = absl::Seconds(30);
+        auto handle = RefitHandle::Create(*comm, *spec, memory->Views(), options);
+        CHILD_EXPECT(handle.ok(), handle.status().ToString());
+        CHILD_EXPECT(handle->plan_fingerprint() == fingerprint);
+        for (int step = 1; step <= 3; ++step) {
+          ForEachElement(*spec, rank, Side::kSource, step, *memory,
+                         [](uint32_t& word, uint32_t value) { word = value; });
+          ForEachElement(*spec, rank, Side::kDestination, step, *memory,
+                         [](uint32_t& word, uint32_t) { word = 0xFFFFFFFFu; });
+          const absl::Status st = handle->Execute(absl::Now() + absl::Seconds(30));
+          CHILD_EXPECT(st.ok(), st.ToString());
+          int64_t wrong = 0;
+          CHILD_EXPECT(
+              ForEachElement(*spec, rank, Side::kDestination, step, *memory,
+                             [&](uint32_t& word, uint32_t value) { wrong += word != value; }));
+          CHILD_EXPECT(wrong == 0, absl::StrCat(wrong, " wrong elements in refit ", step));
+          const Stats& s = handle->stats();
+          CHILD_EXPECT(s.pieces_received == s.pieces_expected,
+                       absl::StrCat(s.pieces_received, " of ", s.pieces_expected, " pieces"));
+          CHILD_EXPECT(s.bytes_fanout_received ==
+                       (fanout == Fanout::kAuto ? s.planned_fanout_in : 0));
+          if (step > 1) CHILD_EXPECT(s.registrations_this_refit == 0);
+        }
+        return 0;
+      },
+      Transport(transport));
+  for (int32_t r = 0; r < kWorld; ++r) EXPECT_EQ(codes[r], 0) << "rank " << r;
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, ShareSessionTest,
+                         ::testing::Combine(::testing::Values("sm", "tcp"),
+                                            ::testing::Values(Fanout::kAuto, Fanout::kEngine)),
+                         [](const auto& info) {
+                           return std::get<0>(info.param) +
+                                  (std::get<1>(info.param) == Fanout::kAuto ? "FanoutLayer"
+                                                                            : "EnginePuts");
+                         });
+
+constexpr char kRowsToCols[] = R"json({"tensors": [{"name": "w", "dtype": "fp32",
+  "shape": [8, 6], "src": {"mesh": [0, 1], "placements": ["S(0)"]},
+  "dst": {"mesh": [2, 3], "placements": ["S(1)"]}}]})json";
+// What goes wrong on rank 3 before the ranks agree on the plan.
+enum class Fault { kSpecDoesNotPlan, kBufferTooSmall };
+
+class SetUpFailureTest : public ::testing::TestWithParam<Fault> {};
+
+TEST_P(SetUpFailureTest, OneRanksFailureFailsTheOthersAtOnceNamingIt) {
+  const std::string dir = StoreDir("fail");
+  std::map<int32_t, int> codes = testing::ForkRanks(
+      testing::Ranks(4),
+      [&](int32_t rank) {
+        auto store = rendezvous::FileStore::Open(dir);
+        CHILD_EXPECT(store.ok(), store.status().ToString());
+        auto comm = Communicator::FromCallbacks(Callbacks(store->get()), rank, 4);
+        CHILD_EXPECT(comm.ok(), comm.status().ToString());
+        auto spec = RefitSpec::FromJson(kRowsToCols);
+        CHILD_EXPECT(spec.ok(), spec.status().ToString());
+        auto memory = Allocate(*spec, rank);
+        CHILD_EXPECT(memory.ok(), memory.status().ToString());
+        HandleOptions options;
+        options.setup_timeout = absl::Seconds(40);
+        absl::StatusOr<RefitHandle> handle = absl::UnknownError("not created");
+        const absl::Time start = absl::Now();
+        if (rank == 3 && GetParam() == Fault::kSpecDoesNotPlan) {
+          // Rank 3's copy of the spec shards a dim the tensor does not have: it alone cannot
+          // plan (as a rank whose own buffers overlap cannot, once planning validates per rank).
+          RefitSpec broken;
+          broken.AddTensor("w", DType::kFp32, {8, 6}, Layout(Mesh({0, 1}), {Shard(0)}),
+                           Layout(Mesh({2, 3}), {Shard(2)}));
+          handle = RefitHandle::Create(*comm, broken, memory->Views(), options);
+        } else if (rank == 3) {
+          LocalBuffers views;
+          for (auto& [key, words] : memory->buffers) {
+            views.Add(key.first, key.second,
+                      Buffer{words.data(), static_cast<int64_t>(words.size() * 4) - 4});
+          }
+          handle = RefitHandle::Create(*comm, *spec, std::move(views), options);
+        } else {
+          handle = RefitHandle::Create(*comm, *spec, memory->Views(), options);
+        }
+        const absl::Duration took = absl::Now() - start;
+        CHILD_EXPECT(!handle.ok());
+        const std::string message = handle.status().ToString();
+        CHILD_EXPECT(handle.status().code() == absl::StatusCode::kInvalidArgument, message);
+        if (rank != 3) {
+          CHILD_EXPECT(message.find("rank 3 failed before agreeing on the plan fingerprint") !=
+                           std::string::npos,
+                       message);
+          CHILD_EXPECT(took < absl::Seconds(10),
+                       absl::StrCat(absl::FormatDuration(took), ": ", message));
+        }
+        // Every rank consumed the same handle number: the next handle meets on every rank.
+        auto next = RefitHandle::Create(*comm, *spec, memory->Views(), options);
+        CHILD_EXPECT(next.ok(), next.status().ToString());
+        ForEachElement(*spec, rank, Side::kSource, 1, *memory,
+                       [](uint32_t& word, uint32_t value) { word = value; });
+        const absl::Status st = next->Execute(absl::Now() + absl::Seconds(30));
+        CHILD_EXPECT(st.ok(), st.ToString());
+        int64_t wrong = 0;
+        CHILD_EXPECT(
+            ForEachElement(*spec, rank, Side::kDestination, 1, *memory,
+                           [&](uint32_t& word, uint32_t value) { wrong += word != value; }));
+        CHILD_EXPECT(wrong == 0, absl::StrCat(wrong, " wrong elements"));
+        return 0;
+      },
+      Transport("sm"));
+  for (int32_t r = 0; r < 4; ++r) EXPECT_EQ(codes[r], 0) << "rank " << r;
+}
+
+INSTANTIATE_TEST_SUITE_P(Faults, SetUpFailureTest,
+                         ::testing::Values(Fault::kSpecDoesNotPlan, Fault::kBufferTooSmall),
+                         [](const auto& info) {
+                           return info.param == Fault::kSpecDoesNotPlan ? "SpecDoesNotPlan"
+                                                                        : "BufferTooSmall";
+                         });
+
+}  // namespace
+}  // namespace reshard
