@@ -135,7 +135,10 @@ testing::ForkOptions Transport(const std::string& name) {
 class ShareSessionTest : public ::testing::TestWithParam<std::tuple<std::string, Fanout>> {};
 
 TEST_P(ShareSessionTest, RelaysStagingAndFanoutRefitByteExact) {
-  const auto [transport, fanout] = GetParam();
+  // Plain variables, not a structured binding: clang (the sanitizer builds) does not let the
+  // rank lambdas below capture bindings.
+  const std::string transport = std::get<0>(GetParam());
+  const Fanout fanout = std::get<1>(GetParam());
   // The world plan, for what the ranks must report: the schedule has relays, staging and
   // fan-out, and each rank's share is a fraction of it.
   auto parsed = plan::ParseSpecJson(kSpec);
