@@ -124,12 +124,13 @@ absl::StatusOr<std::vector<RankResult>> RunWorld(const WorldLaunch& launch) {
       auto client =
           rendezvous::TcpStore::Connect("127.0.0.1", port, token, absl::Now() + absl::Seconds(30));
       if (client.ok()) {
-        // Every rank reached the first refit's barrier (reshard-rank's handle is "rank"): set-up
-        // is done everywhere.
+        // Every rank passed its engine's wire-up barrier (reshard-rank's handle is "rank"), the
+        // last step of set-up. Not the first refit's barrier: ranks delete a refit barrier's key
+        // once they pass the next one, which fast refits do before this thread reads it.
         bool all = true;
         for (int r = 0; r < n && all; ++r) {
           all = (*client)
-                    ->Get(absl::StrCat("reshard/rank/barrier/1/", r), absl::Now() + launch.limit)
+                    ->Get(absl::StrCat("reshard/rank/net/wired/", r), absl::Now() + launch.limit)
                     .ok();
         }
         if (all) {

@@ -26,8 +26,8 @@ struct WorldLaunch {
   std::string ucx_net_devices = "all";        // Always set explicitly.
   int timeout_ms = 20000;                     // RESHARD_TIMEOUT_MS.
   absl::Duration limit = absl::Seconds(120);  // Every rank is SIGKILLed after this.
-  // Called once every rank reached the barrier before its first refit (set-up is done, the
-  // refits are about to start or running), with the ranks' pids; may kill one.
+  // Called once every rank finished wiring up (set-up is done, the refits are about to start or
+  // running), 300 ms later, with the ranks' pids; may kill one.
   std::function<void(const std::vector<pid_t>&)> on_running;
 };
 
