@@ -23,9 +23,10 @@ namespace {
 
 std::string LandingField(int32_t sender) { return absl::StrCat("landing.", sender); }
 
-// Where `rank`'s packed streams start in `peer`'s landing area, from `peer`'s record.
+}  // namespace
+
 absl::StatusOr<int64_t> LandingBlockOf(const rendezvous::Record& theirs, int32_t rank, int32_t peer,
-                                       int64_t bytes) {
+                                       int64_t bytes, uint64_t registered) {
   auto field = theirs.find(LandingField(rank));
   if (field == theirs.end()) {
     return absl::DataLossError(absl::StrCat("rank ", peer,
@@ -46,10 +47,17 @@ absl::StatusOr<int64_t> LandingBlockOf(const rendezvous::Record& theirs, int32_t
                      rank, ", which packs ", bytes,
                      " (pack_below_run_bytes and the delivery must be the same on every rank)"));
   }
+  // The block lies inside the registered landing area (no sum here can wrap: both are
+  // non-negative and compared by difference), so every later offset into it stays small.
+  if (static_cast<uint64_t>(offset) > registered ||
+      static_cast<uint64_t>(bytes) > registered - static_cast<uint64_t>(offset)) {
+    return absl::DataLossError(absl::StrCat("the wire-up record of rank ", peer, " places rank ",
+                                            rank, "'s ", bytes, " bytes of packed pieces at ",
+                                            offset, ", outside its ", registered,
+                                            "-byte landing area"));
+  }
   return offset;
 }
-
-}  // namespace
 
 absl::Status Connect(rendezvous::Store& store, const std::string& prefix, int32_t rank,
                      Runtime& runtime, const RegisteredMemory& memory,
@@ -103,8 +111,10 @@ absl::Status Connect(rendezvous::Store& store, const std::string& prefix, int32_
     RESHARD_RETURN_IF_ERROR(link->LoadRemoteKeys(link->sends_to ? theirs : rendezvous::Record{},
                                                  memory.landing_id() + 1));
     if (link->packed_bytes_to > 0) {
-      RESHARD_ASSIGN_OR_RETURN(const int64_t block,
-                               LandingBlockOf(theirs, rank, link->peer(), link->packed_bytes_to));
+      RESHARD_ASSIGN_OR_RETURN(
+          const int64_t block,
+          LandingBlockOf(theirs, rank, link->peer(), link->packed_bytes_to,
+                         link->remote_bytes(memory.landing_id())));
       link->set_landing_block(block);
     }
   }

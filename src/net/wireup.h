@@ -41,6 +41,14 @@
 
 namespace reshard::net {
 
+// Where `rank`'s packed streams start in `peer`'s landing area, from `peer`'s wire-up record
+// (`landing.<rank>` = "OFFSET:BYTES"): DataLoss when the field is missing, malformed, or the
+// block does not lie inside the `registered` bytes of the landing area; FailedPrecondition when
+// the peer reserved other than the `bytes` this rank packs.
+[[nodiscard]] absl::StatusOr<int64_t> LandingBlockOf(const rendezvous::Record& theirs,
+                                                     int32_t rank, int32_t peer, int64_t bytes,
+                                                     uint64_t registered);
+
 // `links` is indexed by rank (null for ranks that are not peers); each link's `sends_to` says
 // whether its remote keys are needed, its `packed_bytes_to` whether (and how large) a block of
 // the peer's landing area must be found in its record: FailedPrecondition when the peer

@@ -1,7 +1,12 @@
-// The shm.<id> field of a peer's wire-up record is untrusted text: ParseSharedRegion accepts
-// only an object of the peer's own process that holds the registered region, before anything
-// is mapped (docs/data-plane.md, "Mapped copies on one host").
+// Fields of a peer's wire-up record are untrusted text. shm.<id>: ParseSharedRegion accepts only
+// an object of the peer's own process that holds the registered region, before anything is
+// mapped (docs/data-plane.md, "Mapped copies on one host"). landing.<rank>: LandingBlockOf
+// accepts only a block inside the registered landing area, so no later offset sum can wrap.
+#include <cstdint>
+#include <limits>
+
 #include "src/net/registered_memory.h"
+#include "src/net/wireup.h"
 
 #include <string>
 
@@ -54,6 +59,42 @@ TEST(SharedRegion, RefusesWhatIsNotThePeersOrDoesNotHoldTheRegion) {
         << message;
     EXPECT_NE(message.find(c.why), std::string::npos) << c.text << ": " << message;
   }
+}
+
+TEST(LandingBlock, AcceptsABlockInsideTheLandingArea) {
+  const rendezvous::Record theirs = {{"landing.2", "4096:1024"}};
+  absl::StatusOr<int64_t> block = LandingBlockOf(theirs, /*rank=*/2, /*peer=*/5, 1024, 5120);
+  ASSERT_TRUE(block.ok()) << block.status();
+  EXPECT_EQ(*block, 4096);
+}
+
+TEST(LandingBlock, RefusesHostileOrMismatchedFields) {
+  const std::string huge = std::to_string(std::numeric_limits<int64_t>::max());
+  const struct {
+    std::string value;
+    absl::StatusCode code;
+    const char* why;
+  } cases[] = {
+      {huge + ":1024", absl::StatusCode::kDataLoss, "outside its 5120-byte landing area"},
+      {"4097:1024", absl::StatusCode::kDataLoss, "outside its 5120-byte landing area"},
+      {"5121:1024", absl::StatusCode::kDataLoss, "outside its 5120-byte landing area"},
+      {"-1:1024", absl::StatusCode::kDataLoss, "malformed landing.2"},
+      {"0", absl::StatusCode::kDataLoss, "malformed landing.2"},
+      {"x:1024", absl::StatusCode::kDataLoss, "malformed landing.2"},
+      {"0:" + huge, absl::StatusCode::kFailedPrecondition, "expects"},
+      {"0:512", absl::StatusCode::kFailedPrecondition, "which packs 1024"},
+  };
+  for (const auto& c : cases) {
+    const rendezvous::Record theirs = {{"landing.2", c.value}};
+    absl::StatusOr<int64_t> block = LandingBlockOf(theirs, 2, 5, 1024, 5120);
+    ASSERT_FALSE(block.ok()) << c.value;
+    EXPECT_EQ(block.status().code(), c.code) << c.value << ": " << block.status();
+    EXPECT_NE(std::string(block.status().message()).find(c.why), std::string::npos)
+        << c.value << ": " << block.status();
+    EXPECT_NE(std::string(block.status().message()).find("rank 5"), std::string::npos);
+  }
+  absl::StatusOr<int64_t> missing = LandingBlockOf({}, 2, 5, 1024, 5120);
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kDataLoss);
 }
 
 }  // namespace
