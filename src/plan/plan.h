@@ -3,8 +3,8 @@
 // Planning has two steps. Overlap (overlap.h) finds, for every destination tile, the minimal set
 // of pieces (boxes of one source tile) covering it. Assignment decides which holder of a
 // replicated source tile sends each piece to which destination rank, and emits Transfers.
-// The result is byte-identical on every rank for the same spec, summarised by a 64-bit
-// fingerprint that ranks compare before moving any data.
+// The result is byte-identical on every rank for the same spec and options; ranks compare a
+// 64-bit fingerprint of what the plan is a function of before moving any data.
 #pragma once
 
 #include <cstdint>
@@ -81,7 +81,13 @@ class Plan {
   const RefitSpec& spec() const { return *spec_; }
   std::shared_ptr<const RefitSpec> shared_spec() const { return spec_; }
   int32_t world_size() const { return world_size_; }
+  // A hash of everything the plan is a function of (the schedule's version, the options, the
+  // domains and the spec's tensors): equal in the world plan and in every share of the same
+  // spec and options, which ranks compare before moving any data.
   uint64_t fingerprint() const { return fingerprint_; }
+  // The world plan only (0 in a share): a hash of its whole contents (every region and transfer
+  // in plan order), to pin schedules in tests and compare plans across versions.
+  uint64_t schedule_hash() const { return schedule_hash_; }
   const PlanStats& stats() const { return stats_; }
   const std::vector<TensorStats>& tensor_stats() const { return tensor_stats_; }
 
@@ -143,6 +149,7 @@ class Plan {
   uint64_t world_transfers_ = 0;
   std::vector<uint32_t> transfer_ids_;  // Empty in the world plan (identity).
   uint64_t fingerprint_ = 0;
+  uint64_t schedule_hash_ = 0;
   PlanStats stats_;
   std::vector<TensorStats> tensor_stats_;
   std::vector<BufferInfo> buffers_;

@@ -11,6 +11,14 @@
 #include "src/plan/schedule.h"
 
 namespace reshard::plan {
+namespace {
+
+// The version of the schedule, hashed into every plan's fingerprint: ranks whose planners would
+// schedule the same spec differently must not agree. Bump it whenever a change alters any world
+// plan (PlannerTest.ScheduleHashesOfTheExamplesArePinned fails until then).
+constexpr uint64_t kScheduleVersion = 1;
+
+}  // namespace
 
 const char* TransferKindName(TransferKind k) {
   switch (k) {
@@ -45,7 +53,7 @@ class PlanBuilder : public ScheduleSink {
   // `world` is spec->WorldSize().
   PlanBuilder(std::shared_ptr<const RefitSpec> spec, int32_t world, const PlanOptions& options,
               int32_t rank)
-      : options_(options), rank_(rank) {
+      : ScheduleSink(rank, world, spec->tensors.size()), options_(options), rank_(rank) {
     plan_.spec_ = std::move(spec);
     plan_.world_size_ = world;
     plan_.rank_ = rank;
@@ -54,17 +62,11 @@ class PlanBuilder : public ScheduleSink {
   absl::StatusOr<Plan> Build() {
     const RefitSpec& spec = *plan_.spec_;
     load_.assign(plan_.world_size_, 0);
-    plan_.nic_in_.assign(plan_.world_size_, 0);
-    plan_.nic_out_.assign(plan_.world_size_, 0);
     AssignBuffers();
-    plan_.tensor_stats_.resize(spec.tensors.size());
     std::unique_ptr<DomainMap> domains;
     if (options_.schedule == PlanOptions::Schedule::kDomainAware) {
       domains = std::make_unique<DomainMap>(spec, plan_.world_size_);
-      if (rank_ >= 0) {
-        domains_ = domains.get();
-        domain_of_rank_ = domains->domain_of(rank_);
-      }
+      KeepDomainOf(domains.get());
       scheduler_ = std::make_unique<DomainScheduler>(spec, *domains, options_);
       // Mostly two regions per piece (source to a holder, holder to holder in its domain), and
       // a quarter more for split pieces and staging: spares regrowth copies and page faults.
@@ -84,6 +86,7 @@ class PlanBuilder : public ScheduleSink {
       RESHARD_RETURN_IF_ERROR(PlanTensor(t));
     }
     scheduler_.reset();
+    KeepDomainOf(nullptr);
     if (!stage_bytes_.empty()) {
       plan_.stage_buffer_ = static_cast<uint32_t>(plan_.buffers_.size());
       plan_.buffers_.push_back({"(staging)", Side::kStage, 1});
@@ -97,68 +100,27 @@ class PlanBuilder : public ScheduleSink {
   }
 
  private:
-  // A share also keeps every fan-out copy between two ranks of the rank's domain: the fan-out
-  // layer numbers signal slots and NCCL batches over the domain's whole fan-out table, which
-  // every rank of the domain must derive alike (src/nvlink/fanout.h).
-  bool Keeps(const Transfer& tr) const {
-    if (rank_ < 0 || tr.from_rank == rank_ || tr.to_rank == rank_) return true;
-    return tr.kind == TransferKind::kFanout && domain_of_rank_ >= 0 &&
-           domains_->domain_of(tr.from_rank) == domain_of_rank_ &&
-           domains_->domain_of(tr.to_rank) == domain_of_rank_;
-  }
-
-  // ScheduleSink. Region ids handed out are world ids; a rank's plan holds the regions of the
-  // current part until PartDone and stores one only when a kept transfer names it.
+  // ScheduleSink: regions and transfers the plan keeps (all of them in the world plan, whose
+  // region ids are then world ids).
   uint32_t AddRegion(const Box& box, const TileAddress& from, const TileAddress& to) override {
-    const uint32_t id = world_regions_++;
-    if (rank_ < 0) {
-      plan_.regions_.push_back(MakeRegion(box, from, to, elem_, plan_.region_dims_));
-      HashRegion(plan_.regions_.back(), plan_.region_dims(plan_.regions_.back()));
-      return id;
-    }
-    if (pending_.empty()) pending_base_ = id;
-    pending_.push_back({MakeRegion(box, from, to, elem_, pending_dims_), -1});
-    HashRegion(pending_.back().region, pending_dims_.data() + pending_.back().region.dims_begin);
+    const auto id = static_cast<uint32_t>(plan_.regions_.size());
+    plan_.regions_.push_back(MakeRegion(box, from, to, elem_, plan_.region_dims_));
+    if (rank_ < 0) HashRegion(plan_.regions_.back(), plan_.region_dims(plan_.regions_.back()));
     return id;
   }
-  int32_t AddTransfer(const Transfer& tr) override {
-    const Region& region = WorldRegion(tr.region);
-    HashTransfer(tr);
-    CountTransfer(tr, region);
-    const auto id = static_cast<int32_t>(world_transfers_++);
+  void AddTransfer(const Transfer& tr, int32_t world_id) override {
+    plan_.transfers_.push_back(tr);
     if (rank_ < 0) {
-      plan_.transfers_.push_back(tr);
-      return id;
+      HashTransfer(tr);
+    } else {
+      plan_.transfer_ids_.push_back(static_cast<uint32_t>(world_id));
     }
-    if (!Keeps(tr)) return id;
-    Pending& p = pending_[tr.region - pending_base_];
-    if (p.local < 0) {
-      Region copy = p.region;
-      copy.dims_begin = static_cast<uint32_t>(plan_.region_dims_.size());
-      const RegionDim* dims = pending_dims_.data() + p.region.dims_begin;
-      plan_.region_dims_.insert(plan_.region_dims_.end(), dims, dims + p.region.ndims);
-      p.local = static_cast<int64_t>(plan_.regions_.size());
-      plan_.regions_.push_back(copy);
-    }
-    Transfer kept = tr;
-    kept.region = static_cast<uint32_t>(p.local);
-    plan_.transfers_.push_back(kept);
-    plan_.transfer_ids_.push_back(static_cast<uint32_t>(id));
-    return id;
   }
   int64_t AllocateStage(int32_t rank, int64_t bytes) override {
     if (stage_bytes_.empty()) stage_bytes_.assign(plan_.world_size_, 0);
     const int64_t offset = stage_bytes_[rank];
     stage_bytes_[rank] += (bytes + 63) / 64 * 64;
     return offset;
-  }
-  void PartDone() override {
-    pending_.clear();
-    pending_dims_.clear();
-  }
-
-  const Region& WorldRegion(uint32_t id) const {
-    return rank_ < 0 ? plan_.regions_[id] : pending_[id - pending_base_].region;
   }
 
   void HashRegion(const Region& r, const RegionDim* dims) {
@@ -184,39 +146,6 @@ class PlanBuilder : public ScheduleSink {
            static_cast<uint64_t>(tr.from_side));
   }
 
-  // Plan and tensor statistics of one world transfer.
-  void CountTransfer(const Transfer& tr, const Region& r) {
-    PlanStats& s = plan_.stats_;
-    s.runs += r.num_runs();
-    switch (tr.kind) {
-      case TransferKind::kLocal:
-        s.bytes_local += r.bytes;
-        break;
-      case TransferKind::kNetwork:
-        s.bytes_network += r.bytes;
-        if (tr.from_side != Side::kSrc) s.bytes_relay += r.bytes;
-        plan_.nic_out_[tr.from_rank] += r.bytes;
-        plan_.nic_in_[tr.to_rank] += r.bytes;
-        break;
-      case TransferKind::kFanout:
-        s.bytes_fanout += r.bytes;
-        break;
-    }
-    ++s.pieces;
-    if (tr.to_side == Side::kDst) {
-      s.bytes_dst_total += r.bytes;
-    } else {
-      s.bytes_staged += r.bytes;
-    }
-    if (tr.to_side == Side::kDst) {
-      TensorStats& stats = plan_.tensor_stats_[tr.tensor];
-      ++stats.pieces;
-      stats.bytes += r.bytes;
-      stats.runs += r.num_runs();
-      if (r.ndims == 0) ++stats.contiguous;
-    }
-  }
-
   void AssignBuffers() {
     const RefitSpec& spec = *plan_.spec_;
     absl::flat_hash_map<std::pair<int, std::string>, uint32_t> ids;
@@ -239,9 +168,9 @@ class PlanBuilder : public ScheduleSink {
     const RefitSpec& spec = *plan_.spec_;
     const TensorSpec& ts = spec.tensors[t];
     const int elem = DTypeSize(ts.dtype);
-    TileGrid src(ts.src, ts.shape);
-    TileGrid dst(ts.dst, ts.shape);
-    TensorStats& stats = plan_.tensor_stats_[t];
+    const TileGrid& src = src_grids_.Get(ts.src, ts.shape);
+    const TileGrid& dst = dst_grids_.Get(ts.dst, ts.shape);
+    TensorStats& stats = tensor_stats_[t];
     const int64_t src_replicas = src.num_replicas();
     const int64_t dst_replicas = dst.num_replicas();
     std::vector<int32_t> src_holders(src_replicas);
@@ -280,22 +209,26 @@ class PlanBuilder : public ScheduleSink {
                                   src_holders, dst_holders, *this);
         return;
       }
-      const uint32_t region =
-          AddRegion(piece, MakeTileAddress(ts.src, sbox), MakeTileAddress(ts.dst, dbox));
-      const int64_t bytes = WorldRegion(region).bytes;
-      for (const int32_t to : dst_holders) {
-        const int32_t from = ChooseSource(src_holders, to);
-        load_[from] += bytes;
+      const TileAddress from = MakeTileAddress(ts.src, sbox), to = MakeTileAddress(ts.dst, dbox);
+      const RegionShape shape = ShapeOfRegion(piece, from, to, elem);
+      CountRegion();
+      uint32_t region = UINT32_MAX;  // Built for the first kept transfer.
+      for (const int32_t to_rank : dst_holders) {
+        const int32_t from_rank = ChooseSource(src_holders, to_rank);
+        load_[from_rank] += shape.bytes;
         Transfer tr;
         tr.tensor = static_cast<uint32_t>(t);
-        tr.region = region;
-        tr.from_rank = from;
-        tr.to_rank = to;
-        tr.kind = from == to ? TransferKind::kLocal : TransferKind::kNetwork;
+        tr.from_rank = from_rank;
+        tr.to_rank = to_rank;
+        tr.kind = from_rank == to_rank ? TransferKind::kLocal : TransferKind::kNetwork;
         tr.from_side = Side::kSrc;
-        AddTransfer(tr);
+        const int32_t id = CountTransfer(tr, shape);
+        if (Keeps(tr)) {
+          if (region == UINT32_MAX) region = AddRegion(piece, from, to);
+          tr.region = region;
+          AddTransfer(tr, id);
+        }
       }
-      PartDone();
     });
     if (world_transfers_ >= std::numeric_limits<uint32_t>::max() ||
         world_regions_ >= std::numeric_limits<uint32_t>::max() ||
@@ -348,57 +281,105 @@ class PlanBuilder : public ScheduleSink {
   }
 
   void FinishStats() {
-    PlanStats& s = plan_.stats_;
+    PlanStats& s = stats_;
     s.tensors = static_cast<int64_t>(plan_.spec_->tensors.size());
     s.regions = static_cast<int64_t>(world_regions_);
     for (int32_t rank = 0; rank < plan_.world_size_; ++rank) {
-      s.max_nic_bytes =
-          std::max({s.max_nic_bytes, plan_.nic_in_[rank], plan_.nic_out_[rank]});
+      s.max_nic_bytes = std::max({s.max_nic_bytes, nic_in_[rank], nic_out_[rank]});
     }
+    plan_.stats_ = stats_;
+    plan_.tensor_stats_ = std::move(tensor_stats_);
+    plan_.nic_in_ = std::move(nic_in_);
+    plan_.nic_out_ = std::move(nic_out_);
   }
 
-  // The spec's names, the buffers, then the streamed hashes of every world region and transfer
-  // in plan order (the same in the world plan and in every rank's share).
+  // The fingerprint hashes everything the plan is a function of: the schedule's version, the
+  // options, the domain of every rank, and the spec's tensors (names, dtypes, shapes, meshes,
+  // placements, buffers and views; not its comment). Ranks compare it before moving data, so it
+  // catches ranks given different specs, options or topologies, and ranks running schedules of
+  // different versions; a share computes it as cheaply as the world plan does. The world plan
+  // also hashes its whole contents as they stream past (schedule_hash(): the spec's names, the
+  // buffers, every region and transfer in plan order), which tests pin to catch a schedule that
+  // changed without a new kScheduleVersion.
   void ComputeFingerprint() {
-    Fingerprint fp;
     const RefitSpec& spec = *plan_.spec_;
+    Fingerprint fp;
+    fp.Add(kScheduleVersion);
     fp.Add(static_cast<uint64_t>(plan_.world_size_));
+    fp.Add(static_cast<uint64_t>(options_.schedule));
+    fp.Add((uint64_t{options_.spread_replicas} << 2) | (uint64_t{options_.relay} << 1) |
+           uint64_t{options_.staging});
+    fp.Add(static_cast<uint64_t>(options_.split_min_bytes));
+    fp.Add(static_cast<uint64_t>(options_.split_part_bytes));
+    for (int32_t r = 0; r < plan_.world_size_; ++r) {
+      fp.Add(static_cast<uint64_t>(static_cast<uint32_t>(spec.topology.DomainOf(r))));
+    }
     fp.Add(spec.tensors.size());
+    // A mesh equal to the previous tensor's on the same side (most of a model's) is hashed as
+    // "the same" (a comparison, not a hash of hundreds of ranks per tensor).
+    const std::vector<int32_t>* previous[2] = {nullptr, nullptr};
+    auto add_layout = [&fp, &previous](const Layout& l, const std::string& buffer, int side) {
+      fp.Add(l.mesh.shape.size());
+      for (int64_t e : l.mesh.shape) fp.Add(static_cast<uint64_t>(e));
+      const std::vector<int32_t>& ranks = l.mesh.ranks;
+      fp.Add(ranks.size());
+      if (previous[side] != nullptr && *previous[side] == ranks) {
+        fp.Add(uint64_t{0x53616d654d657368});  // "SameMesh"
+      } else {
+        size_t i = 0;
+        for (; i + 1 < ranks.size(); i += 2) {
+          fp.Add((static_cast<uint64_t>(static_cast<uint32_t>(ranks[i])) << 32) |
+                 static_cast<uint32_t>(ranks[i + 1]));
+        }
+        if (i < ranks.size()) fp.Add(static_cast<uint64_t>(static_cast<uint32_t>(ranks[i])));
+      }
+      previous[side] = &ranks;
+      for (const Placement& p : l.placements) {
+        fp.Add((static_cast<uint64_t>(p.kind) << 32) | static_cast<uint32_t>(p.dim));
+      }
+      fp.Add(buffer);
+      fp.Add(uint64_t{l.has_view});
+      fp.Add(static_cast<uint64_t>(l.view.offset));
+      fp.Add(l.view.strides.size());
+      for (int64_t st : l.view.strides) fp.Add(static_cast<uint64_t>(st));
+    };
     for (const TensorSpec& ts : spec.tensors) {
       fp.Add(ts.name);
       fp.Add(static_cast<uint64_t>(ts.dtype));
+      fp.Add(ts.shape.size());
+      for (int64_t e : ts.shape) fp.Add(static_cast<uint64_t>(e));
+      add_layout(ts.src, ts.src_buffer(), 0);
+      add_layout(ts.dst, ts.dst_buffer(), 1);
+    }
+    plan_.fingerprint_ = fp.value();
+    if (rank_ >= 0) return;
+    Fingerprint contents;
+    contents.Add(static_cast<uint64_t>(plan_.world_size_));
+    contents.Add(spec.tensors.size());
+    for (const TensorSpec& ts : spec.tensors) {
+      contents.Add(ts.name);
+      contents.Add(static_cast<uint64_t>(ts.dtype));
     }
     for (const BufferInfo& b : plan_.buffers_) {
-      fp.Add(b.name);
-      fp.Add(static_cast<uint64_t>(b.side));
+      contents.Add(b.name);
+      contents.Add(static_cast<uint64_t>(b.side));
     }
-    fp.Add(static_cast<uint64_t>(world_regions_));
-    fp.Add(region_fp_.value());
-    fp.Add(world_transfers_);
-    fp.Add(transfer_fp_.value());
-    plan_.fingerprint_ = fp.value();
+    contents.Add(static_cast<uint64_t>(world_regions_));
+    contents.Add(region_fp_.value());
+    contents.Add(world_transfers_);
+    contents.Add(transfer_fp_.value());
+    plan_.schedule_hash_ = contents.value();
   }
-
-  struct Pending {
-    Region region;
-    int64_t local = -1;  // Index in the rank's plan once a kept transfer uses it.
-  };
 
   PlanOptions options_;
   const int32_t rank_;
-  const DomainMap* domains_ = nullptr;  // A share of a domain-aware plan, while scheduling.
-  int32_t domain_of_rank_ = -1;
   Plan plan_;
   std::unique_ptr<DomainScheduler> scheduler_;
+  GridCache src_grids_, dst_grids_;
   std::vector<int64_t> stage_bytes_;
   int elem_ = 1;
   std::vector<int64_t> load_;  // Bytes each rank sends so far, for spreading replicas.
-  uint64_t world_regions_ = 0, world_transfers_ = 0;
   Fingerprint region_fp_, transfer_fp_;
-  // A rank's plan: the regions of the part being scheduled (world ids from pending_base_).
-  std::vector<Pending> pending_;
-  std::vector<RegionDim> pending_dims_;
-  uint32_t pending_base_ = 0;
 };
 
 absl::StatusOr<Plan> BuildPlan(std::shared_ptr<const RefitSpec> spec, const PlanOptions& options) {

@@ -47,6 +47,18 @@ TileAddress MakeTileAddress(const Layout& layout, const Box& tile);
 Region MakeRegion(const Box& box, const TileAddress& from, const TileAddress& to, int elem_bytes,
                   std::vector<RegionDim>& dim_pool);
 
+// What statistics need of the region MakeRegion(box, from, to, elem_bytes, ...) would build
+// (its bytes, run length and number of outer dims), without its offsets or dims: the planner
+// counts every region of the world plan but builds only those a rank's share keeps.
+struct RegionShape {
+  int64_t bytes = 0;
+  int64_t run_bytes = 0;
+  int ndims = 0;
+  int64_t num_runs() const { return run_bytes == 0 ? 0 : bytes / run_bytes; }
+};
+RegionShape ShapeOfRegion(const Box& box, const TileAddress& from, const TileAddress& to,
+                          int elem_bytes);
+
 // Calls fn(from_byte_offset, to_byte_offset, bytes) for every contiguous run, in order.
 template <typename Fn>
 void ForEachRun(const Region& r, const RegionDim* dims, Fn&& fn) {

@@ -55,10 +55,12 @@ LowerBound LowerBoundPass(const RefitSpec& spec, const DomainMap& domains, OnPie
   // (the holders of a cell differ only by replica offsets from it); -1: no domain needs it.
   std::vector<int64_t> cell_egress;
   std::vector<int32_t> holders;
+  GridCache src_grids, dst_grids;
   for (size_t t = 0; t < spec.tensors.size(); ++t) {
     const TensorSpec& ts = spec.tensors[t];
     const int64_t elem = DTypeSize(ts.dtype);
-    TileGrid src(ts.src, ts.shape), dst(ts.dst, ts.shape);
+    const TileGrid& src = src_grids.Get(ts.src, ts.shape);
+    const TileGrid& dst = dst_grids.Get(ts.dst, ts.shape);
     const std::vector<int32_t>& src_ranks = ts.src.mesh.ranks;
     const std::vector<int32_t>& dst_ranks = ts.dst.mesh.ranks;
     cell_egress.assign(src_ranks.size(), -1);
@@ -184,6 +186,7 @@ DomainScheduler::DomainScheduler(const RefitSpec& spec, const DomainMap& domains
   owed_.assign(world, 0);
   rank_stamp_.assign(world, 0);
   domain_stamp_.assign(domains.num_domains(), 0);
+  least_.assign(domains.num_domains(), LeastInDomain{});
   // What every holder would ingest if each piece were spread evenly over the holders of its
   // destination cell in each domain that needs it. The pieces of one destination cell come
   // together, so its holders are grouped by domain once per cell. One pass with the bound's.
@@ -230,6 +233,36 @@ DomainScheduler::DomainScheduler(const RefitSpec& spec, const DomainMap& domains
   domain_groups_.clear();
 }
 
+std::pair<int32_t, int64_t> DomainScheduler::LeastExpected(int32_t domain) {
+  LeastInDomain& least = least_[domain];
+  if (least.rank < 0) {
+    for (int32_t r : domains_.ranks(domain)) {
+      const int64_t e = Expected(r);
+      if (least.rank < 0 || e < least.expected) {
+        least.rank = r;
+        least.expected = e;
+      }
+    }
+  }
+  return {least.rank, least.expected};
+}
+
+void DomainScheduler::ExpectedChanged(int32_t rank, int64_t before) {
+  LeastInDomain& least = least_[domains_.domain_of(rank)];
+  if (least.rank < 0) return;
+  const int64_t now = Expected(rank);
+  if (rank == least.rank) {
+    if (now <= before) {
+      least.expected = now;
+    } else {
+      least.rank = -1;  // It may no longer be the least: rescan when next asked.
+    }
+  } else if (now < least.expected || (now == least.expected && rank < least.rank)) {
+    least.rank = rank;
+    least.expected = now;
+  }
+}
+
 void DomainScheduler::GroupByDomain() {
   // Holders usually come in ascending rank order already (mesh ranks ascending along the
   // replicate axes), hence in domain order: checking is cheaper than sorting, per piece.
@@ -247,19 +280,19 @@ void DomainScheduler::GroupByDomain() {
   }
 }
 
-TileAddress DomainScheduler::AddressOf(const Endpoint& e, const Box& part, int elem,
-                                       const TileAddress& src, const TileAddress& dst) const {
+const TileAddress& DomainScheduler::AddressOf(const Endpoint& e, const Box& part, int elem,
+                                              const TileAddress& src, const TileAddress& dst,
+                                              TileAddress& scratch) const {
   if (e.side == Side::kSrc) return src;
   if (e.side == Side::kDst) return dst;
-  TileAddress a;
-  a.tile = part;
-  a.offset = e.stage_offset / elem;
+  scratch.tile = part;
+  scratch.offset = e.stage_offset / elem;
   int64_t stride = 1;
   for (int d = part.ndim - 1; d >= 0; --d) {
-    a.strides[d] = stride;
+    scratch.strides[d] = stride;
     stride *= part.extent(d);
   }
-  return a;
+  return scratch;
 }
 
 void DomainScheduler::SchedulePiece(uint32_t tensor, int elem, const Box& piece,
@@ -329,31 +362,49 @@ void DomainScheduler::SchedulePart(uint32_t tensor, int elem, const Box& part,
                                    const TileAddress& src, const TileAddress& dst,
                                    const std::vector<int32_t>& src_holders, ScheduleSink& sink) {
   const int64_t bytes = part.NumElements() * elem;
-  uint32_t region_src_dst = UINT32_MAX, region_dst_dst = UINT32_MAX;
-  auto region = [&](const Endpoint& from, const Endpoint& to) -> uint32_t {
-    const bool plain_from = from.side != Side::kStage, plain_to = to.side == Side::kDst;
-    if (plain_from && plain_to) {
-      uint32_t& cached = from.side == Side::kSrc ? region_src_dst : region_dst_dst;
-      if (cached == UINT32_MAX) {
-        cached = sink.AddRegion(part, AddressOf(from, part, elem, src, dst),
-                                AddressOf(to, part, elem, src, dst));
-      }
-      return cached;
-    }
-    return sink.AddRegion(part, AddressOf(from, part, elem, src, dst),
-                          AddressOf(to, part, elem, src, dst));
+  // A region of the part: the plain ones (source -> destination, destination -> destination
+  // tile) are shared by every transfer that copies between those tiles; one that reads or
+  // writes staging is its own. Counted once, shaped once, built only when a kept transfer uses
+  // it.
+  struct RegionSlot {
+    bool counted = false, shaped = false;
+    uint32_t id = UINT32_MAX;
+    RegionShape shape;
   };
+  RegionSlot plain[2];  // From the source tile, from the destination tile.
   auto emit = [&](const Endpoint& from, const Endpoint& to, TransferKind kind, int32_t after) {
     Transfer tr;
     tr.tensor = tensor;
-    tr.region = region(from, to);
     tr.from_rank = from.rank;
     tr.to_rank = to.rank;
     tr.after = after;
     tr.kind = kind;
     tr.from_side = from.side;
     tr.to_side = to.side;
-    return sink.AddTransfer(tr);
+    RegionSlot staged;
+    RegionSlot& slot = from.side != Side::kStage && to.side == Side::kDst
+                           ? plain[from.side == Side::kSrc ? 0 : 1]
+                           : staged;
+    if (!slot.counted) {
+      slot.counted = true;
+      sink.CountRegion();
+    }
+    const bool keep = sink.Keeps(tr);
+    if (!slot.shaped || (keep && slot.id == UINT32_MAX)) {
+      const TileAddress& a = AddressOf(from, part, elem, src, dst, from_scratch_);
+      const TileAddress& b = AddressOf(to, part, elem, src, dst, to_scratch_);
+      if (!slot.shaped) {
+        slot.shape = ShapeOfRegion(part, a, b, elem);
+        slot.shaped = true;
+      }
+      if (keep && slot.id == UINT32_MAX) slot.id = sink.AddRegion(part, a, b);
+    }
+    const int32_t id = sink.CountTransfer(tr, slot.shape);
+    if (keep) {
+      tr.region = slot.id;
+      sink.AddTransfer(tr, id);
+    }
+    return id;
   };
 
   // Domains that hold a source replica: local copies and copies over their own fabric.
@@ -381,10 +432,7 @@ void DomainScheduler::SchedulePart(uint32_t tensor, int elem, const Box& part,
       emit(Endpoint{best, Side::kSrc}, target, TransferKind::kFanout, -1);
     }
   }
-  if (network_groups_.empty()) {
-    sink.PartDone();
-    return;
-  }
+  if (network_groups_.empty()) return;
   for (int32_t h : src_holders) {
     owed_[h] = std::max(0.0, owed_[h] - static_cast<double>(bytes) / src_holders.size());
   }
@@ -408,25 +456,22 @@ void DomainScheduler::SchedulePart(uint32_t tensor, int elem, const Box& part,
     if (options_.staging) {
       // The domain's rank expected to end least loaded (lowest rank on ties). A scan: domains
       // are small, and keeping every rank in an ordered set cost a third of planning time.
-      int32_t rank = -1;
-      int64_t expected = 0;
-      for (int32_t r : domains_.ranks(d)) {
-        const int64_t e = Expected(r);
-        if (rank < 0 || e < expected) {
-          rank = r;
-          expected = e;
-        }
-      }
+      const auto [rank, expected] = LeastExpected(d);
       if (expected + bytes <= Expected(holder)) {
         receiver.rank = rank;
         receiver.side = Side::kStage;
         receiver.stage_offset = sink.AllocateStage(rank, bytes);
       }
     }
+    // The receiver's load changes twice (what it still needs, then what it received): the
+    // least-loaded tracking hears of it once, after both.
+    const int64_t receiver_before = Expected(receiver.rank);
     const double share = static_cast<double>(bytes) / static_cast<double>(end - begin);
     for (size_t k = begin; k < end; ++k) {
       const int32_t r = dst_by_domain_[k].second;
+      const int64_t before = Expected(r);
       pending_[r] = std::max(0.0, pending_[r] - share);
+      if (r != receiver.rank) ExpectedChanged(r, before);
     }
     // Sender: the least loaded source replica, unless it would pass the target and a domain
     // that already has the part can relay it with less load.
@@ -455,6 +500,7 @@ void DomainScheduler::SchedulePart(uint32_t tensor, int elem, const Box& part,
     }
     out_[sender.rank] += bytes;
     in_[receiver.rank] += bytes;
+    ExpectedChanged(receiver.rank, receiver_before);
     receiver.depth = after < 0 ? 1 : sender.depth + 1;
     receiver.transfer = emit(sender, receiver, TransferKind::kNetwork, after);
     received.push_back(receiver);
@@ -466,7 +512,6 @@ void DomainScheduler::SchedulePart(uint32_t tensor, int elem, const Box& part,
       emit(receiver, Endpoint{to, Side::kDst}, TransferKind::kFanout, receiver.transfer);
     }
   }
-  sink.PartDone();
 }
 
 }  // namespace reshard::plan

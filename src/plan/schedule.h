@@ -70,17 +70,82 @@ struct LowerBound {
 [[nodiscard]] LowerBound ComputeLowerBound(const RefitSpec& spec, const DomainMap& domains);
 
 // Where the schedule puts regions, transfers and staging space (implemented by the planner).
+// The schedule streams every transfer of the world plan past the sink in plan order: the sink
+// counts each (statistics and NIC loads, inline: a share counts millions it does not keep) and
+// is handed only those it keeps, so that regions and addresses are built only for those.
 class ScheduleSink {
  public:
   virtual ~ScheduleSink() = default;
+
+  // Whether the plan keeps `tr` (every field but `region` set): the world plan keeps every
+  // transfer; a rank's share keeps what the rank sends or receives, and every fan-out copy
+  // between two ranks of its domain (the fan-out layer numbers signal slots and NCCL batches
+  // over the domain's whole fan-out table, which every rank of the domain derives alike).
+  bool Keeps(const Transfer& tr) const {
+    if (keep_rank_ < 0 || tr.from_rank == keep_rank_ || tr.to_rank == keep_rank_) return true;
+    return tr.kind == TransferKind::kFanout && keep_domain_ >= 0 &&
+           keep_domains_->domain_of(tr.from_rank) == keep_domain_ &&
+           keep_domains_->domain_of(tr.to_rank) == keep_domain_;
+  }
+  // Counts one region of the world plan; called once per region, before AddRegion (if any).
+  void CountRegion() { ++world_regions_; }
+  // Counts one transfer of the world plan whose region has `shape`; returns its world index.
+  int32_t CountTransfer(const Transfer& tr, const RegionShape& r) {
+    const int64_t runs = r.num_runs();
+    stats_.runs += runs;
+    switch (tr.kind) {
+      case TransferKind::kLocal:
+        stats_.bytes_local += r.bytes;
+        break;
+      case TransferKind::kNetwork:
+        stats_.bytes_network += r.bytes;
+        if (tr.from_side != Side::kSrc) stats_.bytes_relay += r.bytes;
+        nic_out_[tr.from_rank] += r.bytes;
+        nic_in_[tr.to_rank] += r.bytes;
+        break;
+      case TransferKind::kFanout:
+        stats_.bytes_fanout += r.bytes;
+        break;
+    }
+    ++stats_.pieces;
+    if (tr.to_side == Side::kDst) {
+      stats_.bytes_dst_total += r.bytes;
+      TensorStats& t = tensor_stats_[tr.tensor];
+      ++t.pieces;
+      t.bytes += r.bytes;
+      t.runs += runs;
+      if (r.ndims == 0) ++t.contiguous;
+    } else {
+      stats_.bytes_staged += r.bytes;
+    }
+    return static_cast<int32_t>(world_transfers_++);
+  }
+
+  // Stores the region a kept transfer uses; returns its index in the plan's regions.
   virtual uint32_t AddRegion(const Box& box, const TileAddress& from, const TileAddress& to) = 0;
-  // Appends a transfer and returns its index.
-  virtual int32_t AddTransfer(const Transfer& transfer) = 0;
+  // A kept transfer (`tr.region` set), counted as world transfer `world_id`.
+  virtual void AddTransfer(const Transfer& tr, int32_t world_id) = 0;
   // Reserves `bytes` of `rank`'s staging buffer; returns the byte offset (aligned to 64).
   virtual int64_t AllocateStage(int32_t rank, int64_t bytes) = 0;
-  // Every transfer naming a region added so far has been added: a sink that keeps only some
-  // transfers may forget the regions none of them used.
-  virtual void PartDone() {}
+
+ protected:
+  // Keeps what `rank`'s share keeps (every transfer when rank < 0); `domains` groups the ranks
+  // of a domain-aware plan (nullptr otherwise). Counts over `world` ranks and `tensors`.
+  ScheduleSink(int32_t rank, int32_t world, size_t tensors)
+      : keep_rank_(rank), nic_in_(world, 0), nic_out_(world, 0), tensor_stats_(tensors) {}
+  void KeepDomainOf(const DomainMap* domains) {
+    keep_domains_ = domains;
+    keep_domain_ = domains != nullptr && keep_rank_ >= 0 ? domains->domain_of(keep_rank_) : -1;
+  }
+
+  const int32_t keep_rank_;
+  int32_t keep_domain_ = -1;
+  const DomainMap* keep_domains_ = nullptr;
+  // What the world plan's transfers add up to.
+  PlanStats stats_;
+  std::vector<int64_t> nic_in_, nic_out_;
+  std::vector<TensorStats> tensor_stats_;
+  uint64_t world_regions_ = 0, world_transfers_ = 0;
 };
 
 class DomainScheduler {
@@ -113,11 +178,20 @@ class DomainScheduler {
   void SchedulePart(uint32_t tensor, int elem, const Box& part, const TileAddress& src,
                     const TileAddress& dst, const std::vector<int32_t>& src_holders,
                     ScheduleSink& sink);
-  TileAddress AddressOf(const Endpoint& e, const Box& part, int elem, const TileAddress& src,
-                        const TileAddress& dst) const;
+  // The address of the part at endpoint `e`: `src` or `dst`, or a staging address written to
+  // `scratch`.
+  const TileAddress& AddressOf(const Endpoint& e, const Box& part, int elem,
+                               const TileAddress& src, const TileAddress& dst,
+                               TileAddress& scratch) const;
   // Expected final ingress of a rank: what it received plus its share of what its cells still
   // need (a holder-only schedule spreading every piece evenly over the domain's holders).
   int64_t Expected(int32_t rank) const { return in_[rank] + static_cast<int64_t>(pending_[rank]); }
+  // The rank of `domain` expected to end least loaded (the lowest on ties) and its Expected().
+  // Kept per domain and updated as loads change (ExpectedChanged), instead of a scan of the
+  // domain per network part: the scan was a sixth of a share's planning time.
+  std::pair<int32_t, int64_t> LeastExpected(int32_t domain);
+  // Called after Expected(rank) changed from `before`.
+  void ExpectedChanged(int32_t rank, int64_t before);
   // Sorts dst_by_domain_ and fills domain_groups_.
   void GroupByDomain();
   bool HoldsSource(int32_t domain) const { return domain_stamp_[domain] == stamp_; }
@@ -132,6 +206,11 @@ class DomainScheduler {
   // Egress each source rank still owes: one send of every piece it holds that some domain
   // without a replica needs, shared among the piece's replicas.
   std::vector<double> owed_;
+  struct LeastInDomain {
+    int32_t rank = -1;  // -1: unknown, rescan.
+    int64_t expected = 0;
+  };
+  std::vector<LeastInDomain> least_;  // Per domain.
   uint64_t rotation_ = 0;
   int64_t num_pieces_ = 0;
   // Scratch for one piece: destination holders grouped by domain.
@@ -140,6 +219,7 @@ class DomainScheduler {
   std::vector<std::pair<size_t, size_t>> domain_groups_;    // [begin, end) per domain.
   std::vector<std::pair<size_t, size_t>> network_groups_;   // Groups without a source replica.
   std::vector<Endpoint> received_;                          // Receivers that may relay a part.
+  TileAddress from_scratch_, to_scratch_;                   // Staging addresses of a region.
   std::vector<int32_t> src_domains_;                        // Parallel to the source holders.
   // Source membership of the current piece: rank_stamp_[r] == stamp_ when rank r holds the
   // source tile, domain_stamp_[d] == stamp_ when domain d holds a source replica.

@@ -26,6 +26,23 @@ Interval ChunkInterval(Interval whole, int64_t parts, int64_t i) {
   return {whole.lo + std::min(i * c, n), whole.lo + std::min((i + 1) * c, n)};
 }
 
+bool TileGrid::SameGeometry(const Layout& layout, const std::vector<int64_t>& shape) const {
+  if (static_cast<int>(shape.size()) != ndim_ || layout.mesh.ndim() != mesh_ndim_ ||
+      static_cast<int>(layout.placements.size()) != mesh_ndim_) {
+    return false;
+  }
+  for (int d = 0; d < ndim_; ++d) {
+    if (shape[d] != dim_size_[d]) return false;
+  }
+  for (int a = 0; a < mesh_ndim_; ++a) {
+    const Placement& p = layout.placements[a];
+    if (layout.mesh.shape[a] != mesh_shape_[a] || (p.is_shard() ? p.dim : -1) != axis_dim_[a]) {
+      return false;
+    }
+  }
+  return true;
+}
+
 TileGrid::TileGrid(const Layout& layout, const std::vector<int64_t>& shape)
     : mesh_(&layout.mesh), ndim_(static_cast<int>(shape.size())) {
   const Mesh& mesh = layout.mesh;
@@ -36,8 +53,11 @@ TileGrid::TileGrid(const Layout& layout, const std::vector<int64_t>& shape)
   std::array<int64_t, kMaxTensorDims> parts;
   parts.fill(1);
   int64_t replicas = 1;
+  mesh_ndim_ = mesh_ndim;
   for (int a = 0; a < mesh_ndim; ++a) {
     const Placement& p = layout.placements[a];
+    mesh_shape_[a] = mesh.shape[a];
+    axis_dim_[a] = static_cast<int8_t>(p.is_shard() ? p.dim : -1);
     if (p.is_shard()) {
       parts[p.dim] *= mesh.shape[a];
       dim_axes_[p.dim][num_dim_axes_[p.dim]++] = static_cast<int8_t>(a);

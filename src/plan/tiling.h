@@ -78,9 +78,20 @@ class TileGrid {
   // Mesh coordinates -> rank index helpers.
   const Mesh& mesh() const { return *mesh_; }
 
+  // Whether this grid is also the grid of `layout` over `shape`: the grid depends on the mesh's
+  // shape, the placements and the tensor's shape, not on which ranks the mesh names.
+  bool SameGeometry(const Layout& layout, const std::vector<int64_t>& shape) const;
+  // Makes this the grid of `layout`, which must have SameGeometry (another mesh of the same
+  // shape). Keeps a pointer to layout.mesh.
+  void Rebind(const Layout& layout) { mesh_ = &layout.mesh; }
+
  private:
   const Mesh* mesh_;
   int ndim_ = 0;
+  // The geometry SameGeometry compares: mesh shape and, per mesh axis, the sharded dim or -1.
+  int mesh_ndim_ = 0;
+  std::array<int64_t, kMaxMeshDims> mesh_shape_{};
+  std::array<int8_t, kMaxMeshDims> axis_dim_{};
   static constexpr size_t kInline = 16;
   // Every dim's intervals, concatenated: dim d is [dim_begin_[d], dim_begin_[d + 1]).
   absl::InlinedVector<Interval, kInline> intervals_;
@@ -96,6 +107,30 @@ class TileGrid {
   // Over replicate axes, row-major.
   absl::InlinedVector<int64_t, kInline> replica_offsets_;
   int64_t num_cells_ = 1;
+};
+
+// The grids of a run of layouts, each built once per geometry (mesh shape, placements, tensor
+// shape) among the last few: a model's tensors come in runs that repeat a handful of geometries
+// (an expert's gate, up and down projections, then the next expert's), and a planning pass
+// needs two grids per tensor. A returned grid stays valid until the next Get; the layout given
+// must outlive its use.
+class GridCache {
+ public:
+  const TileGrid& Get(const Layout& layout, const std::vector<int64_t>& shape) {
+    for (std::optional<TileGrid>& grid : grids_) {
+      if (grid.has_value() && grid->SameGeometry(layout, shape)) {
+        grid->Rebind(layout);
+        return *grid;
+      }
+    }
+    std::optional<TileGrid>& slot = grids_[next_++ % grids_.size()];
+    slot.emplace(layout, shape);
+    return *slot;
+  }
+
+ private:
+  std::array<std::optional<TileGrid>, 4> grids_;
+  size_t next_ = 0;
 };
 
 // Inline: overlap and scheduling call these once per piece.

@@ -71,6 +71,30 @@ TEST(PlannerTest, FingerprintChangesWhenTheSpecChanges) {
     const uint64_t fp = changed(from, to);
     EXPECT_TRUE(seen.insert(fp).second) << from << " -> " << to;
   }
+  // Domains, and every option, change it too (they change the schedule).
+  EXPECT_TRUE(seen.insert(changed("\"tensors\"", "\"topology\": {\"ranks_per_domain\": 2}, \"tensors\""))
+                  .second);
+  auto spec = Spec(kRowsToColumns);
+  for (int option = 0; option < 6; ++option) {
+    PlanOptions o;
+    if (option == 0) o.schedule = PlanOptions::Schedule::kPointToPoint;
+    if (option == 1) o.relay = false;
+    if (option == 2) o.staging = false;
+    if (option == 3) o.split_min_bytes = 64;
+    if (option == 4) o.split_part_bytes = 16;
+    if (option == 5) o.spread_replicas = false;
+    EXPECT_TRUE(seen.insert(MustPlan(spec, o).fingerprint()).second) << "option " << option;
+  }
+  // The world plan and every rank's share carry the same fingerprint; only the world plan has a
+  // schedule hash.
+  const Plan world = MustPlan(spec);
+  for (int32_t rank = 0; rank < world.world_size(); ++rank) {
+    auto share = BuildRankPlan(spec, rank);
+    ASSERT_TRUE(share.ok()) << share.status();
+    EXPECT_EQ(share->fingerprint(), world.fingerprint());
+    EXPECT_EQ(share->schedule_hash(), 0u);
+  }
+  EXPECT_NE(world.schedule_hash(), 0u);
 }
 
 TEST(PlannerTest, ReplicaSpreadingBalancesBytesAcrossSourceReplicas) {

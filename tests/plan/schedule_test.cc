@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "src/common/hash.h"
 #include "src/plan/executor.h"
 #include "src/plan/fill.h"
 #include "src/plan/layouts.h"
@@ -417,6 +418,48 @@ TEST(ScheduleTest, RankPlansEqualTheWorldPlanRestricted) {
   ASSERT_TRUE(share.ok());
   EXPECT_EQ(VerifyPlanInProcess(*share, int64_t{1} << 30).code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+// World plans pinned by their schedule hash (every region and transfer in plan order): the
+// examples and bench specs with default options, and 150 random specs with random domains under
+// every option variant, folded into one value per variant. A change that alters any of them
+// alters schedules: bump kScheduleVersion (src/plan/planner.cc), so that ranks running different
+// schedules cannot agree on a fingerprint, then update the values here.
+TEST(ScheduleTest, ScheduleHashesArePinned) {
+  const std::pair<const char*, uint64_t> files[] = {
+      {"examples/specs/fig1-rows-to-cols.json", 0xc0c44dd23ba71b3aULL},
+      {"examples/specs/fig3-tp4-to-tp2dp2.json", 0x7f286ad688353d6fULL},
+      {"examples/specs/fused-qkv.json", 0xe0db0517886c890eULL},
+      {"examples/specs/uneven-nested.json", 0xbd86328e1d3b9c84ULL},
+      {"bench/specs/replicated_tp4_to_tp2x2.json", 0xb5a8a55c26bd747dULL},
+      {"bench/specs/row_to_col_256mib.json", 0xdd879a131dbb0e9fULL},
+  };
+  for (const auto& [path, hash] : files) {
+    auto spec = LoadSpecFile(std::string(RESHARD_SOURCE_DIR) + "/" + path);
+    ASSERT_TRUE(spec.ok()) << spec.status();
+    const Plan plan = MustPlan(std::make_shared<const RefitSpec>(*std::move(spec)));
+    EXPECT_EQ(plan.schedule_hash(), hash) << path << ": 0x" << std::hex << plan.schedule_hash();
+  }
+  const uint64_t random[5] = {0xafd66aa2074b754aULL, 0x3fab8175701884d4ULL, 0x8bda54ea8630e5ffULL,
+                              0x1f3ef03e57901814ULL, 0x196a39ccbde8e7c5ULL};
+  Fingerprint folded[5];
+  std::mt19937_64 rng(31337);
+  int planned = 0;
+  for (int iter = 0; iter < 150; ++iter) {
+    const int world = std::uniform_int_distribution<int>(2, 12)(rng);
+    RefitSpec spec = RandomSpec(rng, world);
+    if (!Validate(spec).ok()) continue;
+    auto shared = std::make_shared<const RefitSpec>(spec);
+    for (int variant = 0; variant < 5; ++variant) {
+      folded[variant].Add(MustPlan(shared, VariantOptions(variant)).schedule_hash());
+    }
+    ++planned;
+  }
+  EXPECT_GT(planned, 100);
+  for (int variant = 0; variant < 5; ++variant) {
+    EXPECT_EQ(folded[variant].value(), random[variant])
+        << "variant " << variant << ": 0x" << std::hex << folded[variant].value();
+  }
 }
 
 TEST(ScheduleTest, PlansAreDeterministic) {

@@ -319,6 +319,55 @@ TEST(TileGridTest, EmptyTilesAtTheGlobalSizeMoveNothingAndPlansStayExact) {
   EXPECT_EQ(moved, held);
 }
 
+// GridCache hands out the grid of each layout in turn, building one only for a geometry (mesh
+// shape, placements, tensor shape) it has not kept; either way the grid equals one built
+// afresh: same cells, boxes, and holders from the layout's own mesh.
+TEST(GridCacheTest, EqualsAFreshGridForEveryLayoutInTurn) {
+  const std::vector<int64_t> shape_a = {10, 6}, shape_b = {10, 7};
+  const std::vector<std::pair<Layout, const std::vector<int64_t>*>> sequence = {
+      {MakeLayout({2, 2}, {0, 1, 2, 3}, {Placement::Shard(0), Placement::Replicate()}), &shape_a},
+      // Same geometry, other ranks: the grid is reused, the holders are the new mesh's.
+      {MakeLayout({2, 2}, {7, 5, 6, 4}, {Placement::Shard(0), Placement::Replicate()}), &shape_a},
+      // Other placements, other tensor shape, other mesh shape, other mesh ndim: rebuilt.
+      {MakeLayout({2, 2}, {7, 5, 6, 4}, {Placement::Shard(1), Placement::Replicate()}), &shape_a},
+      {MakeLayout({2, 2}, {7, 5, 6, 4}, {Placement::Shard(1), Placement::Replicate()}), &shape_b},
+      {MakeLayout({4, 1}, {7, 5, 6, 4}, {Placement::Shard(1), Placement::Replicate()}), &shape_b},
+      {MakeLayout({4}, {7, 5, 6, 4}, {Placement::Shard(1)}), &shape_b},
+      {MakeLayout({4}, {3, 2, 1, 0}, {Placement::Shard(1)}), &shape_b},
+      // Geometries seen before, alternating (an expert's projections): found among the last few.
+      {MakeLayout({2, 2}, {9, 8, 11, 10}, {Placement::Shard(1), Placement::Replicate()}), &shape_b},
+      {MakeLayout({4}, {0, 1, 2, 3}, {Placement::Shard(1)}), &shape_b},
+      {MakeLayout({2, 2}, {1, 0, 3, 2}, {Placement::Shard(1), Placement::Replicate()}), &shape_b},
+  };
+  GridCache cache;
+  for (size_t i = 0; i < sequence.size(); ++i) {
+    SCOPED_TRACE(i);
+    const auto& [layout, shape] = sequence[i];
+    const TileGrid& cached = cache.Get(layout, *shape);
+    const TileGrid fresh(layout, *shape);
+    EXPECT_TRUE(cached.SameGeometry(layout, *shape));
+    EXPECT_EQ(&cached.mesh(), &layout.mesh);
+    ASSERT_EQ(cached.num_cells(), fresh.num_cells());
+    ASSERT_EQ(cached.num_replicas(), fresh.num_replicas());
+    for (int64_t flat = 0; flat < fresh.num_cells(); ++flat) {
+      const TileGrid::Cell cell = fresh.CellAt(flat);
+      EXPECT_EQ(cached.CellAt(flat), cell);
+      const Box a = cached.CellBox(cell), b = fresh.CellBox(cell);
+      EXPECT_EQ(a.lo, b.lo);
+      EXPECT_EQ(a.hi, b.hi);
+      for (int64_t j = 0; j < fresh.num_replicas(); ++j) {
+        EXPECT_EQ(cached.Holder(cell, j), fresh.Holder(cell, j));
+      }
+    }
+    if (i > 0) {
+      const auto& [previous, previous_shape] = sequence[i - 1];
+      const bool same = previous.mesh.shape == layout.mesh.shape &&
+                        previous.placements == layout.placements && *previous_shape == *shape;
+      EXPECT_EQ(TileGrid(previous, *previous_shape).SameGeometry(layout, *shape), same);
+    }
+  }
+}
+
 TEST(TileStridesTest, RowMajorPerTileOrTheViewsStrides) {
   Layout l = MakeLayout({2}, {0, 1}, {Placement::Shard(1)});
   Box tile;

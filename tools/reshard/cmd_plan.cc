@@ -45,7 +45,8 @@ options:
                        local shape), to check a layout against what a framework holds
   --json               one JSON object: ok, verify (passed|failed|skipped), tensors, pieces,
                        regions, runs, bytes {dst_total, network, local, fanout}, plan_seconds,
-                       fingerprint, world_size; with --explain or --tiles also "explain"/"tiles";
+                       fingerprint, world_size, schedule_hash (without --rank: a hash of every
+                       region and transfer of the whole plan); with --explain or --tiles also "explain"/"tiles";
                        with --rank also "rank" {rank, transfers, regions, sends, receives,
                        bytes {network_out, network_in, relay_out, fanout_out, fanout_in, local,
                        staged_in}, stage_bytes, peak_rss_bytes}
@@ -238,6 +239,9 @@ int PlanCommand(int argc, char** argv) {
         ok ? "true" : "false", json::Quote(path), verify, s.tensors, s.pieces, s.regions, s.runs,
         p.world_size(), s.bytes_dst_total, s.bytes_network, s.bytes_local, s.bytes_fanout,
         plan_seconds, FormatFingerprint(p.fingerprint()));
+    if (!one_rank) {
+      absl::StrAppend(&out, ", \"schedule_hash\": \"", FormatFingerprint(p.schedule_hash()), "\"");
+    }
     if (!verify_error.empty()) absl::StrAppend(&out, ", \"error\": ", json::Quote(verify_error));
     if (one_rank) {
       absl::StrAppend(
@@ -269,7 +273,9 @@ int PlanCommand(int argc, char** argv) {
                 "%s fan-out\n",
                 FormatBytes(s.bytes_dst_total).c_str(), FormatBytes(s.bytes_network).c_str(),
                 FormatBytes(s.bytes_local).c_str(), FormatBytes(s.bytes_fanout).c_str());
-    std::printf("fingerprint %s\n", FormatFingerprint(p.fingerprint()).c_str());
+    std::printf("fingerprint %s", FormatFingerprint(p.fingerprint()).c_str());
+    if (!one_rank) std::printf(" (schedule hash %s)", FormatFingerprint(p.schedule_hash()).c_str());
+    std::printf("\n");
     if (one_rank) {
       std::printf("%-12s%zu transfers, %zu regions, planned in %s; process peak memory %s "
                   "(reading the spec included)\n",
