@@ -59,7 +59,8 @@ plan::RefitSpec ToPlanSpec(const RefitSpec& spec);
 
 // The source and destination buffers `rank` holds under `plan` (staging excluded), with the
 // tensors living in each.
-std::vector<BufferRequirement> Requirements(const plan::Plan& plan, int32_t rank);
+std::vector<BufferRequirement> Requirements(const plan::RefitSpec& spec,
+                                            const plan::BufferTable& table, int32_t rank);
 
 }  // namespace internal
 }  // namespace reshard

@@ -36,23 +36,22 @@ LocalBuffers& LocalBuffers::Add(Side side, std::string name, Buffer buffer) {
 
 namespace internal {
 
-std::vector<BufferRequirement> Requirements(const plan::Plan& plan, int32_t rank) {
+std::vector<BufferRequirement> Requirements(const plan::RefitSpec& spec,
+                                            const plan::BufferTable& table, int32_t rank) {
   std::vector<BufferRequirement> out;
-  if (rank >= plan.world_size()) return out;
-  const std::vector<int64_t> bytes = plan.BufferBytes(rank);
-  const plan::RefitSpec& spec = plan.spec();
+  const std::vector<int64_t> bytes = plan::BufferBytes(spec, table, rank);
   // One pass over the tensors (specs have tens of thousands of tensors and of buffers).
-  std::vector<std::vector<std::string>> tensors(plan.buffers().size());
+  std::vector<std::vector<std::string>> tensors(table.buffers.size());
   for (size_t t = 0; t < spec.tensors.size(); ++t) {
     for (plan::Side side : {plan::Side::kSrc, plan::Side::kDst}) {
       if (spec.layout(t, side).mesh.IndexOf(rank) >= 0) {
-        tensors[plan.buffer_of(t, side)].push_back(spec.tensors[t].name);
+        tensors[table.tensor_buffer[static_cast<int>(side)][t]].push_back(spec.tensors[t].name);
       }
     }
   }
   for (plan::Side side : {plan::Side::kSrc, plan::Side::kDst}) {
-    for (uint32_t b = 0; b < plan.buffers().size(); ++b) {
-      const plan::BufferInfo& info = plan.buffers()[b];
+    for (uint32_t b = 0; b < table.buffers.size(); ++b) {
+      const plan::BufferInfo& info = table.buffers[b];
       if (info.side != side || tensors[b].empty()) continue;
       BufferRequirement req;
       req.tensors = std::move(tensors[b]);

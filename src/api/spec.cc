@@ -162,15 +162,18 @@ absl::Status RefitSpec::Validate() const {
 int32_t RefitSpec::WorldSize() const { return internal::ToPlanSpec(*this).WorldSize(); }
 
 absl::StatusOr<std::vector<BufferRequirement>> RefitSpec::LocalBuffers(int32_t rank) const {
-  RESHARD_RETURN_IF_ERROR(Validate());
-  auto spec = std::make_shared<plan::RefitSpec>(internal::ToPlanSpec(*this));
+  if (tensors_.empty()) return absl::InvalidArgumentError("the refit spec lists no tensors");
+  const plan::RefitSpec spec = internal::ToPlanSpec(*this);
   if (rank < 0) return absl::InvalidArgumentError(absl::StrCat("rank ", rank, " is negative"));
-  if (rank >= spec->WorldSize()) return std::vector<BufferRequirement>{};
-  plan::PlanOptions options;
-  options.schedule = plan::PlanOptions::Schedule::kPointToPoint;  // Buffers do not depend on it.
-  // The rank's share: its buffers are the world plan's, at a fraction of the memory.
-  RESHARD_ASSIGN_OR_RETURN(plan::Plan plan, plan::BuildRankPlan(spec, rank, options));
-  return internal::Requirements(plan, rank);
+  if (rank >= spec.WorldSize()) {
+    RESHARD_RETURN_IF_ERROR(plan::Validate(spec));
+    return std::vector<BufferRequirement>{};
+  }
+  // What the rank relies on, as RefitHandle::Create checks it (plan::ValidateForRank: every
+  // structural check, buffer overlaps on this rank: the whole spec's overlap check grows with
+  // the world's tiles); buffers do not depend on any plan.
+  RESHARD_RETURN_IF_ERROR(plan::ValidateForRank(spec, rank));
+  return internal::Requirements(spec, plan::AssignBuffers(spec), rank);
 }
 
 absl::StatusOr<std::vector<LocalTile>> RefitSpec::LocalTiles(int32_t rank, Side side) const {

@@ -53,6 +53,17 @@ struct BufferInfo {
   int elem_bytes = 1;
 };
 
+// The per-rank buffers a spec names: each side's buffers in order of first appearance
+// (sources first), and each tensor's buffer per side. Every plan of the spec has these buffers.
+struct BufferTable {
+  std::vector<BufferInfo> buffers;
+  std::vector<uint32_t> tensor_buffer[2];  // [side][tensor] -> index into buffers.
+};
+BufferTable AssignBuffers(const RefitSpec& spec);
+// Bytes of every buffer of `table` on `rank` (indexed by buffer id; 0 when the rank holds no
+// tile of it): the largest extent of the rank's tiles' views. O(tensors x mesh size).
+std::vector<int64_t> BufferBytes(const RefitSpec& spec, const BufferTable& table, int32_t rank);
+
 struct TensorStats {
   int64_t pieces = 0;           // Transfers into destination ranks (one per rank and source).
   int64_t bytes = 0;            // Bytes landing in destination buffers.
@@ -153,6 +164,7 @@ class Plan {
   PlanStats stats_;
   std::vector<TensorStats> tensor_stats_;
   std::vector<BufferInfo> buffers_;
+  size_t spec_buffers_ = 0;  // The spec's (AssignBuffers); the staging buffer follows.
   std::vector<uint32_t> tensor_buffer_[2];
   std::vector<Region> regions_;
   std::vector<RegionDim> region_dims_;

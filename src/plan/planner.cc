@@ -29,18 +29,46 @@ const char* TransferKindName(TransferKind k) {
   return "?";
 }
 
-std::vector<int64_t> Plan::BufferBytes(int32_t rank) const {
-  std::vector<int64_t> bytes(buffers_.size(), 0);
-  for (size_t t = 0; t < spec_->tensors.size(); ++t) {
-    for (Side side : {Side::kSrc, Side::kDst}) {
-      const Layout& layout = spec_->layout(t, side);
-      if (layout.mesh.IndexOf(rank) < 0) continue;
-      TileGrid grid(layout, spec_->tensors[t].shape);
-      const Box box = grid.CellBox(*grid.CellOfRank(rank));
-      const uint32_t b = buffer_of(t, side);
-      bytes[b] = std::max(bytes[b], TileExtent(layout, box) * buffers_[b].elem_bytes);
+BufferTable AssignBuffers(const RefitSpec& spec) {
+  BufferTable table;
+  absl::flat_hash_map<std::pair<int, std::string>, uint32_t> ids;
+  for (Side side : {Side::kSrc, Side::kDst}) {
+    auto& per_tensor = table.tensor_buffer[static_cast<int>(side)];
+    per_tensor.resize(spec.tensors.size());
+    for (size_t t = 0; t < spec.tensors.size(); ++t) {
+      const TensorSpec& ts = spec.tensors[t];
+      const std::string& name = side == Side::kSrc ? ts.src_buffer() : ts.dst_buffer();
+      auto [it, inserted] = ids.try_emplace(std::make_pair(static_cast<int>(side), name),
+                                            static_cast<uint32_t>(table.buffers.size()));
+      if (inserted) table.buffers.push_back({name, side, DTypeSize(ts.dtype)});
+      per_tensor[t] = it->second;
     }
   }
+  return table;
+}
+
+std::vector<int64_t> BufferBytes(const RefitSpec& spec, const BufferTable& table, int32_t rank) {
+  std::vector<int64_t> bytes(table.buffers.size(), 0);
+  for (size_t t = 0; t < spec.tensors.size(); ++t) {
+    for (Side side : {Side::kSrc, Side::kDst}) {
+      const Layout& layout = spec.layout(t, side);
+      if (layout.mesh.IndexOf(rank) < 0) continue;
+      TileGrid grid(layout, spec.tensors[t].shape);
+      const Box box = grid.CellBox(*grid.CellOfRank(rank));
+      const uint32_t b = table.tensor_buffer[static_cast<int>(side)][t];
+      bytes[b] = std::max(bytes[b], TileExtent(layout, box) * table.buffers[b].elem_bytes);
+    }
+  }
+  return bytes;
+}
+
+std::vector<int64_t> Plan::BufferBytes(int32_t rank) const {
+  BufferTable table;
+  table.buffers.assign(buffers_.begin(), buffers_.begin() + spec_buffers_);
+  table.tensor_buffer[0] = tensor_buffer_[0];
+  table.tensor_buffer[1] = tensor_buffer_[1];
+  std::vector<int64_t> bytes = plan::BufferBytes(*spec_, table, rank);
+  bytes.resize(buffers_.size(), 0);
   if (stage_buffer_ != kNoBuffer) bytes[stage_buffer_] = stage_bytes(rank);
   return bytes;
 }
@@ -147,21 +175,11 @@ class PlanBuilder : public ScheduleSink {
   }
 
   void AssignBuffers() {
-    const RefitSpec& spec = *plan_.spec_;
-    absl::flat_hash_map<std::pair<int, std::string>, uint32_t> ids;
-    for (Side side : {Side::kSrc, Side::kDst}) {
-      auto& per_tensor = plan_.tensor_buffer_[static_cast<int>(side)];
-      per_tensor.resize(spec.tensors.size());
-      for (size_t t = 0; t < spec.tensors.size(); ++t) {
-        const TensorSpec& ts = spec.tensors[t];
-        const std::string& name = side == Side::kSrc ? ts.src_buffer() : ts.dst_buffer();
-        auto [it, inserted] =
-            ids.try_emplace(std::make_pair(static_cast<int>(side), name),
-                            static_cast<uint32_t>(plan_.buffers_.size()));
-        if (inserted) plan_.buffers_.push_back({name, side, DTypeSize(ts.dtype)});
-        per_tensor[t] = it->second;
-      }
-    }
+    BufferTable table = plan::AssignBuffers(*plan_.spec_);
+    plan_.buffers_ = std::move(table.buffers);
+    plan_.spec_buffers_ = plan_.buffers_.size();
+    plan_.tensor_buffer_[0] = std::move(table.tensor_buffer[0]);
+    plan_.tensor_buffer_[1] = std::move(table.tensor_buffer[1]);
   }
 
   absl::Status PlanTensor(size_t t) {

@@ -93,6 +93,42 @@ TEST(SpecTest, ValidateNamesTensorAndField) {
             absl::StatusCode::kInvalidArgument);
 }
 
+// LocalBuffers validates what the rank relies on, as RefitHandle::Create does: every structural
+// check, but buffer overlaps on the rank only (the whole spec's grows with the world's tiles).
+TEST(SpecTest, LocalBuffersChecksOverlapsOnTheRankOnly) {
+  // Rank 0's tile of a is 3 x 4 elements, so b's view at offset 10 overlaps it; rank 1's is 2 x 4.
+  auto make = [](int shard_dim) {
+    reshard::RefitSpec spec;
+    for (const char* name : {"a", "b"}) {
+      spec.AddTensor(name, DType::kFp32, {5, 4}, Layout(Mesh::Range(2, 1), {Replicate()}),
+                     Layout(Mesh::Range(0, 2), {Shard(shard_dim)})
+                         .InBuffer("ab", std::string(name) == "a" ? 0 : 10));
+    }
+    return spec;
+  };
+  const reshard::RefitSpec spec = make(0);
+  const absl::Status whole = spec.Validate();
+  EXPECT_EQ(std::string(whole.message()),
+            "tensor \"b\": dst.view overlaps tensor \"a\" in buffer \"ab\" on rank 0 (element "
+            "offset 10)");
+  EXPECT_EQ(spec.LocalBuffers(0).status(), whole);
+  auto rank1 = spec.LocalBuffers(1);
+  ASSERT_TRUE(rank1.ok()) << rank1.status();
+  ASSERT_EQ(rank1->size(), 1u);
+  EXPECT_EQ((*rank1)[0].name, "ab");
+  EXPECT_EQ((*rank1)[0].bytes, (10 + 2 * 4) * 4);
+  EXPECT_TRUE(spec.LocalBuffers(2).ok());
+  // A rank beyond the spec's world holds nothing, and the whole spec is checked for it.
+  EXPECT_EQ(spec.LocalBuffers(3).status(), whole);
+  // Every structural check still covers every tensor on every rank.
+  const reshard::RefitSpec broken = make(2);
+  for (int32_t rank : {0, 1, 2}) {
+    const absl::Status st = broken.LocalBuffers(rank).status();
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << rank;
+    EXPECT_NE(std::string(st.message()).find("shards dim 2"), std::string::npos) << st;
+  }
+}
+
 TEST(SpecTest, LocalBuffersAndTiles) {
   const reshard::RefitSpec spec = TwoByTwo();
   auto src = spec.LocalBuffers(0);

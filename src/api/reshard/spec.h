@@ -170,7 +170,9 @@ class RefitSpec {
   // 1 + the largest rank the spec names.
   int32_t WorldSize() const;
   // The buffers `rank` must pass to RefitHandle::Create, with their exact sizes (sources first,
-  // then destinations, in order of first appearance). InvalidArgument for an invalid spec.
+  // then destinations, in order of first appearance). InvalidArgument for an invalid spec; as in
+  // Create, views of one buffer are checked for overlap on `rank` only (an overlap on another
+  // rank fails that rank), so the cost grows with the rank's tiles, not the world's.
   [[nodiscard]] absl::StatusOr<std::vector<BufferRequirement>> LocalBuffers(int32_t rank) const;
   // Every tile `rank` holds on `side`, in tensor order (empty tiles of uneven shards included).
   [[nodiscard]] absl::StatusOr<std::vector<LocalTile>> LocalTiles(int32_t rank, Side side) const;
