@@ -64,7 +64,11 @@ configure() {
     launcher=(-DCMAKE_C_COMPILER_LAUNCHER=ccache -DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
   fi
   mkdir -p "$dir"
+  # Line tables (-g1) are all a sanitizer report needs to name files and lines (scripts/build.sh).
+  local g=-g1
+  if [ "${RESHARD_DEBUG_INFO:-lines}" = full ]; then g=-g; fi
   cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_C_COMPILER="$cc" \
+    -DCMAKE_C_FLAGS_RELWITHDEBINFO="-O2 $g -DNDEBUG" -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O2 $g -DNDEBUG" \
     -DCMAKE_CXX_COMPILER="$cxx" "${launcher[@]}" -DRESHARD_SANITIZE="$sanitize" "$@" \
     >"$dir/reshard-configure.log" 2>&1 || {
     cat "$dir/reshard-configure.log" >&2
