@@ -31,7 +31,12 @@ absl::StatusOr<std::unique_ptr<DevicePackBatch>> DevicePackBatch::Create(const P
   out->packed_base_align_ = batch.packed_base_align;
   int device = 0;
   cudaError_t err = cudaGetDevice(&device);
-  if (err != cudaSuccess) return CudaError(err, "cudaGetDevice");
+  if (err != cudaSuccess) {
+    cudaGetLastError();  // Clear the error so later runtime calls start clean.
+    return absl::FailedPreconditionError(
+        absl::StrCat("the pack kernels need a CUDA device: cudaGetDevice: ",
+                     cudaGetErrorString(err)));
+  }
   int sms = 0;
   err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
   if (err != cudaSuccess) return CudaError(err, "cudaDeviceGetAttribute(multiprocessor count)");

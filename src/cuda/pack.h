@@ -22,8 +22,9 @@ namespace reshard::cuda {
 // Move-only owner of that memory.
 class DevicePackBatch {
  public:
-  // Copies `batch`'s entries to the current device (synchronously). FailedPrecondition without
-  // CUDA; Internal with the failing CUDA call when allocation or the copy fails.
+  // Copies `batch`'s entries to the current device (synchronously). FailedPrecondition when the
+  // build has no CUDA or there is no usable device; Internal with the failing CUDA call when
+  // allocation or the copy fails.
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<DevicePackBatch>> Create(
       const PackBatch& batch);
   ~DevicePackBatch();

@@ -13,8 +13,10 @@
 
 #include <gtest/gtest.h>
 
+#include "src/cuda/pack.h"
 #include "src/cuda/pack_batch.h"
 #include "src/cuda/pack_index.h"
+#include "src/cuda/runtime.h"
 #include "src/plan/executor.h"
 #include "src/plan/plan.h"
 #include "src/plan/region.h"
@@ -210,6 +212,18 @@ TEST(PackIndexTest, InvalidBatchesAreRejected) {
   huge.ndims = 2;
   huge.count[0] = huge.count[1] = int64_t{1} << 20;
   EXPECT_EQ(BuildPackBatch({&huge, 1}).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// Without CUDA in the build, or without a device, the kernels say so instead of crashing.
+TEST(PackIndexTest, DeviceBatchWithoutADeviceIsAFailedPrecondition) {
+  std::string why;
+  if (CudaDeviceCount(&why) > 0) GTEST_SKIP() << "a GPU is present (cuda_pack_kernel_test runs)";
+  StridedRegion r;
+  r.run_bytes = 16;
+  absl::StatusOr<PackBatch> batch = BuildPackBatch({&r, 1});
+  ASSERT_TRUE(batch.ok()) << batch.status();
+  absl::StatusOr<std::unique_ptr<DevicePackBatch>> device = DevicePackBatch::Create(*batch);
+  EXPECT_EQ(device.status().code(), absl::StatusCode::kFailedPrecondition) << device.status();
 }
 
 // Real plans: every transfer of the example specs' plans is packed from its source buffer and
