@@ -46,7 +46,9 @@ struct PackBatch {
 };
 
 // Builds a batch. InvalidArgument when a region has a negative run length or count, more than
-// kMaxPackDims dims, an alignment is not a power of two, or the sizes overflow int64.
+// kMaxPackDims dims, an alignment is not a power of two, or the sizes overflow int64. The batch
+// does not know the strided buffer's size: every region must lie inside it, as the regions of a
+// plan do by construction (net and nvlink bounds-check what peers send before it gets here).
 [[nodiscard]] absl::StatusOr<PackBatch> BuildPackBatch(absl::Span<const StridedRegion> regions,
                                                        const PackBatchOptions& options = {});
 
