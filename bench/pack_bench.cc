@@ -117,8 +117,8 @@ int main(int argc, char** argv) {
   });
   if (memcpy_ms < 0) return 1;
   const double memcpy_gbs = payload / memcpy_ms / 1e6;
-  std::printf("pack_bench: %s (sm_%d%d), %lld MiB of payload per case, median of %d\n",
-              prop.name, prop.major, prop.minor, static_cast<long long>(mib), iters);
+  std::printf("pack_bench: %s (sm_%d%d), %lld MiB of payload per case, median of %d\n", prop.name,
+              prop.major, prop.minor, static_cast<long long>(mib), iters);
   std::printf("%10s %12s %12s %12s %10s %10s %6s\n", "run bytes", "pack GB/s", "unpack GB/s",
               "memcpy GB/s", "pack/cpy", "unpack/cpy", "width");
   for (int64_t run = 4; run <= 64 * 1024; run *= (run < 1024 ? 2 : 4)) {

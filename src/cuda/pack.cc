@@ -33,9 +33,8 @@ absl::StatusOr<std::unique_ptr<DevicePackBatch>> DevicePackBatch::Create(const P
   cudaError_t err = cudaGetDevice(&device);
   if (err != cudaSuccess) {
     cudaGetLastError();  // Clear the error so later runtime calls start clean.
-    return absl::FailedPreconditionError(
-        absl::StrCat("the pack kernels need a CUDA device: cudaGetDevice: ",
-                     cudaGetErrorString(err)));
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the pack kernels need a CUDA device: cudaGetDevice: ", cudaGetErrorString(err)));
   }
   int sms = 0;
   err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
@@ -73,8 +72,7 @@ absl::Status DevicePackBatch::Launch(bool pack, const void* strided, const void*
         pack ? "pack" : "unpack", strided, strided_base_align_, packed, packed_base_align_));
   }
   const int err = internal::LaunchPackKernel(
-      pack, entries_, num_entries_, total_units_,
-      static_cast<uint8_t*>(const_cast<void*>(strided)),
+      pack, entries_, num_entries_, total_units_, static_cast<uint8_t*>(const_cast<void*>(strided)),
       static_cast<uint8_t*>(const_cast<void*>(packed)), max_blocks_, stream);
   if (err != 0) return CudaError(err, pack ? "pack kernel launch" : "unpack kernel launch");
   return absl::OkStatus();

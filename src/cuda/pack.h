@@ -2,8 +2,9 @@
 // a contiguous stream, or scatters the stream back, moving 16, 8, 4, 2 or 1 bytes per thread as
 // the batch's runs and alignments allow (the index arithmetic is pack_index.h).
 //
-// Built with the kernels of pack_kernels.cu when the build found CUDA; otherwise Create returns FailedPrecondition,
-// so callers choose the GPU path by capability (CudaDeviceCount() > 0), never by #ifdef.
+// Built with the kernels of pack_kernels.cu when the build found CUDA; otherwise Create returns
+// FailedPrecondition, so callers choose the GPU path by capability (CudaDeviceCount() > 0), never
+// by #ifdef.
 //
 // Thread safety: a DevicePackBatch is immutable after Create; launches from several threads on
 // different streams are safe. Launches are asynchronous on the given stream.
@@ -51,12 +52,13 @@ class DevicePackBatch {
                                     void* stream) const;
   void Free();
 
-  PackEntry* entries_ = nullptr;  // Device memory.
+  // Unused in builds without CUDA, where Create never returns an object.
+  [[maybe_unused]] PackEntry* entries_ = nullptr;  // Device memory.
   int32_t num_entries_ = 0;
   uint64_t total_units_ = 0;
-  int64_t strided_base_align_ = 1;
-  int64_t packed_base_align_ = 1;
-  uint64_t max_blocks_ = 1;  // Enough resident blocks to fill the device.
+  [[maybe_unused]] int64_t strided_base_align_ = 1;
+  [[maybe_unused]] int64_t packed_base_align_ = 1;
+  [[maybe_unused]] uint64_t max_blocks_ = 1;  // Enough resident blocks to fill the device.
 };
 
 }  // namespace reshard::cuda

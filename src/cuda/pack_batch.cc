@@ -41,8 +41,8 @@ absl::StatusOr<PackBatch> BuildPackBatch(absl::Span<const StridedRegion> regions
   batch.strided_base_align = options.strided_base_align;
   batch.packed_base_align = options.packed_base_align;
   batch.packed_offsets.reserve(regions.size());
-  const int32_t base_width = CommonWidth(
-      {options.strided_base_align, options.packed_base_align}, kMaxPackWidth);
+  const int32_t base_width =
+      CommonWidth({options.strided_base_align, options.packed_base_align}, kMaxPackWidth);
   int64_t cursor = options.packed_begin;
   for (size_t i = 0; i < regions.size(); ++i) {
     const StridedRegion& r = regions[i];
@@ -53,14 +53,13 @@ absl::StatusOr<PackBatch> BuildPackBatch(absl::Span<const StridedRegion> regions
     std::optional<int64_t> bytes = r.run_bytes;
     for (int d = 0; d < r.ndims; ++d) {
       if (r.count[d] < 0) {
-        return absl::InvalidArgumentError(
-            absl::StrFormat("pack region %d has the negative count %d in dim %d", i, r.count[d], d));
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "pack region %d has the negative count %d in dim %d", i, r.count[d], d));
       }
       bytes = CheckedMul(bytes, r.count[d]);
     }
-    const std::optional<int64_t> aligned =
-        CheckedAdd(cursor, (options.region_align - cursor % options.region_align) %
-                               options.region_align);
+    const std::optional<int64_t> aligned = CheckedAdd(
+        cursor, (options.region_align - cursor % options.region_align) % options.region_align);
     if (r.run_bytes < 0 || !bytes || !aligned) {
       return absl::InvalidArgumentError(absl::StrFormat(
           "pack region %d has a negative run length or more bytes than int64 holds", i));

@@ -93,11 +93,21 @@ __global__ void __launch_bounds__(kThreads)
     if (lo == hi) {
       const PackEntry& e = entries[lo];
       switch (e.width) {
-        case 16: MoveTileOfOneEntry<16, kPack>(e, tile, tile_end, strided, packed); break;
-        case 8: MoveTileOfOneEntry<8, kPack>(e, tile, tile_end, strided, packed); break;
-        case 4: MoveTileOfOneEntry<4, kPack>(e, tile, tile_end, strided, packed); break;
-        case 2: MoveTileOfOneEntry<2, kPack>(e, tile, tile_end, strided, packed); break;
-        default: MoveTileOfOneEntry<1, kPack>(e, tile, tile_end, strided, packed); break;
+        case 16:
+          MoveTileOfOneEntry<16, kPack>(e, tile, tile_end, strided, packed);
+          break;
+        case 8:
+          MoveTileOfOneEntry<8, kPack>(e, tile, tile_end, strided, packed);
+          break;
+        case 4:
+          MoveTileOfOneEntry<4, kPack>(e, tile, tile_end, strided, packed);
+          break;
+        case 2:
+          MoveTileOfOneEntry<2, kPack>(e, tile, tile_end, strided, packed);
+          break;
+        default:
+          MoveTileOfOneEntry<1, kPack>(e, tile, tile_end, strided, packed);
+          break;
       }
     } else {
       // A tile across regions: each unit finds its own entry among [lo, hi].
@@ -109,11 +119,21 @@ __global__ void __launch_bounds__(kThreads)
         const uint8_t* from = kPack ? s : p;
         uint8_t* to = kPack ? p : s;
         switch (a.width) {
-          case 16: Move<16>(from, to); break;
-          case 8: Move<8>(from, to); break;
-          case 4: Move<4>(from, to); break;
-          case 2: Move<2>(from, to); break;
-          default: Move<1>(from, to); break;
+          case 16:
+            Move<16>(from, to);
+            break;
+          case 8:
+            Move<8>(from, to);
+            break;
+          case 4:
+            Move<4>(from, to);
+            break;
+          case 2:
+            Move<2>(from, to);
+            break;
+          default:
+            Move<1>(from, to);
+            break;
         }
       }
     }
@@ -128,19 +148,18 @@ int PackKernelBlocksPerSm(int* blocks) {
       cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks, PackKernel<true>, kThreads, 0));
 }
 
-int LaunchPackKernel(bool pack, const PackEntry* entries, int32_t num_entries,
-                     uint64_t total_units, uint8_t* strided, uint8_t* packed, uint64_t max_blocks,
-                     void* stream) {
+int LaunchPackKernel(bool pack, const PackEntry* entries, int32_t num_entries, uint64_t total_units,
+                     uint8_t* strided, uint8_t* packed, uint64_t max_blocks, void* stream) {
   if (total_units == 0) return 0;
   const uint64_t tiles = (total_units + kTileUnits - 1) / kTileUnits;
   const unsigned blocks = static_cast<unsigned>(tiles < max_blocks ? tiles : max_blocks);
   auto* st = static_cast<cudaStream_t>(stream);
   if (pack) {
-    PackKernel<true><<<blocks, kThreads, 0, st>>>(entries, num_entries, total_units, strided,
-                                                  packed);
+    PackKernel<true>
+        <<<blocks, kThreads, 0, st>>>(entries, num_entries, total_units, strided, packed);
   } else {
-    PackKernel<false><<<blocks, kThreads, 0, st>>>(entries, num_entries, total_units, strided,
-                                                   packed);
+    PackKernel<false>
+        <<<blocks, kThreads, 0, st>>>(entries, num_entries, total_units, strided, packed);
   }
   return static_cast<int>(cudaGetLastError());
 }

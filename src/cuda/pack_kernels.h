@@ -9,14 +9,14 @@
 
 namespace reshard::cuda::internal {
 
-// Resident blocks of the pack kernel per multiprocessor (cudaOccupancyMaxActiveBlocksPerMultiprocessor).
+// Resident blocks of the pack kernel per multiprocessor
+// (cudaOccupancyMaxActiveBlocksPerMultiprocessor).
 int PackKernelBlocksPerSm(int* blocks);
 
 // Enqueues one pack (pack = true: strided -> packed) or unpack launch over `total_units` units of
 // `num_entries` device-resident entries, with at most `max_blocks` blocks, on `stream`
 // (a cudaStream_t). Returns cudaGetLastError() after the launch.
-int LaunchPackKernel(bool pack, const PackEntry* entries, int32_t num_entries,
-                     uint64_t total_units, uint8_t* strided, uint8_t* packed, uint64_t max_blocks,
-                     void* stream);
+int LaunchPackKernel(bool pack, const PackEntry* entries, int32_t num_entries, uint64_t total_units,
+                     uint8_t* strided, uint8_t* packed, uint64_t max_blocks, void* stream);
 
 }  // namespace reshard::cuda::internal

@@ -1,12 +1,11 @@
 // The pack and unpack kernels on a device, against their host twin (the same index arithmetic,
 // tests/cuda/pack_test_util.h), byte for byte. Every test skips without a usable GPU.
 #include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
 
 #include <cstdint>
 #include <string>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 #include "src/cuda/pack.h"
 #include "src/cuda/pack_batch.h"
@@ -21,15 +20,15 @@ using testing::MakeRandomBatch;
 using testing::RandomBatch;
 using testing::Rng;
 
-#define SKIP_WITHOUT_GPU()                                                   \
-  do {                                                                       \
-    std::string why;                                                         \
+#define SKIP_WITHOUT_GPU()                                                    \
+  do {                                                                        \
+    std::string why;                                                          \
     if (CudaDeviceCount(&why) == 0) GTEST_SKIP() << "no usable GPU: " << why; \
   } while (0)
 
-#define ASSERT_CUDA(call)                                                    \
-  do {                                                                       \
-    const cudaError_t err_ = (call);                                         \
+#define ASSERT_CUDA(call)                                                      \
+  do {                                                                         \
+    const cudaError_t err_ = (call);                                           \
     ASSERT_EQ(err_, cudaSuccess) << #call << ": " << cudaGetErrorString(err_); \
   } while (0)
 

