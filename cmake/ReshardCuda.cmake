@@ -22,7 +22,10 @@ if(RESHARD_WITH_CUDA)
       set(CMAKE_CUDA_COMPILER ${CUDAToolkit_NVCC_EXECUTABLE} CACHE FILEPATH "nvcc of the CUDA toolkit")
     endif()
     if(CMAKE_CUDA_COMPILER)
-      set(CMAKE_CUDA_ARCHITECTURES ${RESHARD_CUDA_ARCHITECTURES})
+      # A CMAKE_CUDA_ARCHITECTURES given on the command line wins (e.g. `native` on a GPU host).
+      if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
+        set(CMAKE_CUDA_ARCHITECTURES ${RESHARD_CUDA_ARCHITECTURES})
+      endif()
       # One CUDA runtime per process: the shared one that CUDA::cudart links everywhere else.
       set(CMAKE_CUDA_RUNTIME_LIBRARY Shared)
       enable_language(CUDA)

@@ -7,7 +7,8 @@
 // by #ifdef.
 //
 // Thread safety: a DevicePackBatch is immutable after Create; launches from several threads on
-// different streams are safe. Launches are asynchronous on the given stream.
+// different streams are safe. Launches are asynchronous on the given stream and must run with
+// the device that was current at Create (its descriptors live there).
 #pragma once
 
 #include <cstdint>
