@@ -21,6 +21,14 @@ namespace {
 UcxInfo ProbeUcx() {
   UcxInfo info;
   info.version = ucp_get_version_string();
+  info.built_against = absl::StrCat(UCP_API_MAJOR, ".", UCP_API_MINOR);
+  unsigned major = 0, minor = 0, release = 0;
+  ucp_get_version(&major, &minor, &release);
+  if (major != UCP_API_MAJOR || minor < UCP_API_MINOR) {
+    info.version_warning = absl::StrCat("the loaded UCX ", major, ".", minor,
+                                        " is older than the headers reshard was built with (",
+                                        info.built_against, "); check LD_LIBRARY_PATH");
+  }
   Dl_info dl{};
   if (dladdr(reinterpret_cast<void*>(&ucp_get_version_string), &dl) != 0 && dl.dli_fname) {
     char* real = realpath(dl.dli_fname, nullptr);
@@ -49,6 +57,7 @@ UcxInfo ProbeUcx() {
     for (int t = 0; t < UCS_MEMORY_TYPE_LAST; ++t) {
       if (attr.memory_types & (1ull << t)) info.memory_types.push_back(ucs_memory_type_names[t]);
     }
+    info.registers_cuda_memory = (attr.memory_types & (1ull << UCS_MEMORY_TYPE_CUDA)) != 0;
   }
   // The resource lines of ucp_context_print_info: "#  resource 1  :  md 1  dev 1  flags -- tcp/lo".
   char* text = nullptr;

@@ -196,9 +196,20 @@ TEST(RunTest, InfoDescribesThisMachine) {
   ASSERT_NE(ucx, nullptr);
   EXPECT_FALSE(ucx->Find("version")->as_string().empty());
   EXPECT_TRUE(absl::StrContains(ucx->Find("library")->as_string(), "libucp"));
-  bool host = false;
-  for (const auto& m : ucx->Find("memory_types")->items()) host |= m.as_string() == "host";
+  bool host = false, cuda_type = false;
+  for (const auto& m : ucx->Find("memory_types")->items()) {
+    host |= m.as_string() == "host";
+    cuda_type |= m.as_string() == "cuda";
+  }
   EXPECT_TRUE(host);
+  // Whether GPU buffers are registered or staged follows from the memory types.
+  EXPECT_EQ(ucx->Find("cuda_memory")->as_string(), cuda_type ? "registered" : "staged");
+  // The UCX loaded is the one this build was compiled against (no warning about an older one).
+  const std::string version = ucx->Find("version")->as_string();
+  const std::string built = ucx->Find("built_against")->as_string();
+  EXPECT_FALSE(built.empty());
+  EXPECT_TRUE(absl::StartsWith(version, built + ".")) << version << " vs " << built;
+  EXPECT_EQ(ucx->Find("version_warning")->as_string(), "");
   bool tcp = false;
   for (const auto& t : ucx->Find("transports")->items()) tcp |= t.as_string() == "tcp";
   EXPECT_TRUE(tcp);
@@ -209,6 +220,8 @@ TEST(RunTest, InfoDescribesThisMachine) {
   Output text = Reshard("info");
   EXPECT_TRUE(absl::StrContains(text.out, "RDMA NICs"));
   EXPECT_TRUE(absl::StrContains(text.out, "memory types"));
+  EXPECT_TRUE(absl::StrContains(text.out, "CUDA memory"));
+  EXPECT_TRUE(absl::StrContains(text.out, "built against"));
 }
 
 // A source rank SIGKILLed in the middle of a long series of refits: every other rank must fail

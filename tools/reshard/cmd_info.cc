@@ -1,7 +1,6 @@
 // `reshard info [--json]`: what this machine offers for refits, as the library probes it
 // (reshard::ProbeSystem, reshard/system.h): UCX (version, the library actually loaded,
 // transports and devices, memory types), CUDA devices, NCCL, RDMA NICs.
-#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <set>
@@ -21,8 +20,10 @@ namespace {
 constexpr char kHelp[] = R"(usage: reshard info [--json]
 
 Prints what this machine offers for refits:
-  UCX        version, the libucp that was loaded, transports and devices (with UCX_TLS and
-             UCX_NET_DEVICES as set in the environment), memory types UCX can register
+  UCX        version loaded and version built against, the libucp that was loaded,
+             transports and devices (with UCX_TLS and UCX_NET_DEVICES as set in the
+             environment), memory types UCX can register, and so whether GPU buffers are
+             registered directly or staged through pinned host memory
   CUDA       devices found through libcudart (dlopen; none when absent or on error)
   NCCL       version of libnccl (dlopen), or absent
   RDMA NICs  devices from libibverbs (dlopen) with port state, link layer and rate from sysfs
@@ -84,16 +85,21 @@ int InfoCommand(int argc, char** argv) {
     std::vector<std::string> tl_quoted;
     for (const auto& t : transports) tl_quoted.push_back(Quote(t));
     std::printf(
-        "{\"ucx\":{\"version\":%s,\"library\":%s,\"error\":%s,\"ucx_tls\":%s,"
-        "\"ucx_net_devices\":%s,\"transports\":[%s],\"resources\":[%s],\"memory_types\":[%s]},"
+        "{\"ucx\":{\"version\":%s,\"built_against\":%s,\"version_warning\":%s,"
+        "\"library\":%s,\"error\":%s,\"ucx_tls\":%s,"
+        "\"ucx_net_devices\":%s,\"transports\":[%s],\"resources\":[%s],\"memory_types\":[%s],"
+        "\"cuda_memory\":%s},"
         "\"cuda\":{\"library\":%s,\"runtime_version\":%s,\"devices\":%d,\"pci_bus_ids\":[%s],"
         "\"why_none\":%s},"
         "\"nccl\":{\"library\":%s,\"version\":%s,\"why_none\":%s},"
         "\"rdma\":{\"nics\":[%s],\"why_none\":%s}}\n",
-        Quote(ucx.version).c_str(), Quote(ucx.library).c_str(), Quote(ucx.error).c_str(),
+        Quote(ucx.version).c_str(), Quote(ucx.built_against).c_str(),
+        Quote(ucx.version_warning).c_str(), Quote(ucx.library).c_str(), Quote(ucx.error).c_str(),
         Quote(Env("UCX_TLS")).c_str(), Quote(Env("UCX_NET_DEVICES")).c_str(),
         absl::StrJoin(tl_quoted, ",").c_str(), absl::StrJoin(res, ",").c_str(),
-        absl::StrJoin(mem, ",").c_str(), Quote(cuda.library).c_str(),
+        absl::StrJoin(mem, ",").c_str(),
+        Quote(ucx.registers_cuda_memory ? "registered" : "staged").c_str(),
+        Quote(cuda.library).c_str(),
         Quote(cuda.runtime_version).c_str(), cuda.devices, absl::StrJoin(buses, ",").c_str(),
         Quote(cuda.why_none).c_str(), Quote(nccl.library).c_str(), Quote(nccl.version).c_str(),
         Quote(nccl.why_none).c_str(), absl::StrJoin(nics, ",").c_str(),
@@ -101,8 +107,10 @@ int InfoCommand(int argc, char** argv) {
     return kExitOk;
   }
 
-  std::printf("UCX\n  version       %s\n  library       %s\n", ucx.version.c_str(),
+  std::printf("UCX\n  version       %s (built against %s)\n  library       %s\n",
+              ucx.version.c_str(), ucx.built_against.c_str(),
               ucx.library.empty() ? "(unknown)" : ucx.library.c_str());
+  if (!ucx.version_warning.empty()) std::printf("  warning       %s\n", ucx.version_warning.c_str());
   if (!Env("UCX_TLS").empty() || !Env("UCX_NET_DEVICES").empty()) {
     std::printf("  environment   UCX_TLS=%s UCX_NET_DEVICES=%s\n", Env("UCX_TLS").c_str(),
                 Env("UCX_NET_DEVICES").c_str());
@@ -117,11 +125,12 @@ int InfoCommand(int argc, char** argv) {
     }
     std::printf("    %-10s  %s\n", tl.c_str(), absl::StrJoin(devs, ", ").c_str());
   }
-  std::printf(
-      "  memory types  %s%s\n", absl::StrJoin(ucx.memory_types, ", ").c_str(),
-      std::find(ucx.memory_types.begin(), ucx.memory_types.end(), "cuda") == ucx.memory_types.end()
-          ? "  (no CUDA memory: GPU buffers are staged through pinned host memory)"
-          : "  (CUDA memory is registered and put directly)");
+  std::printf("  memory types  %s\n", absl::StrJoin(ucx.memory_types, ", ").c_str());
+  std::printf("  CUDA memory   %s\n",
+              ucx.registers_cuda_memory
+                  ? "registered by UCX: GPU buffers are put directly"
+                  : "not registrable by this UCX: GPU buffers are staged through pinned host "
+                    "memory");
   std::printf("CUDA\n");
   if (cuda.devices > 0) {
     std::printf("  devices       %d (%s)\n  runtime       %s (%s)\n", cuda.devices,

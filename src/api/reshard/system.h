@@ -15,11 +15,18 @@
 namespace reshard {
 
 struct UcxInfo {
-  std::string version;  // ucp_get_version_string()
-  std::string library;  // the libucp actually loaded (resolved path)
-  std::string error;    // why the context could not be created ("" when it could)
+  std::string version;        // ucp_get_version_string(): the UCX this process runs against
+  std::string built_against;  // "major.minor" of the UCX headers reshard was compiled with
+  std::string library;        // the libucp actually loaded (resolved path)
+  std::string error;          // why the context could not be created ("" when it could)
+  // Set when the loaded libucp is older than the headers (a library path that picks another
+  // UCX than the build's): UCX does not support running against an older minor version.
+  std::string version_warning;
   std::vector<std::pair<std::string, std::string>> resources;  // (transport, device)
   std::vector<std::string> memory_types;  // "host", "cuda", ... that UCX can register
+  // Whether UCX registers CUDA device memory ("cuda" among memory_types): refits then put GPU
+  // buffers directly; otherwise they are staged through pinned host memory.
+  bool registers_cuda_memory = false;
 };
 
 struct CudaInfo {

@@ -1,0 +1,98 @@
+#include "src/cuda/pack_batch.h"
+
+#include <cstdint>
+#include <optional>
+
+#include "absl/strings/str_format.h"
+#include "src/common/checked.h"
+
+namespace reshard::cuda {
+namespace {
+
+bool IsPowerOfTwo(int64_t v) { return v > 0 && (v & (v - 1)) == 0; }
+
+// The largest power of two <= kMaxPackWidth dividing every value (0 divides nothing away).
+int32_t CommonWidth(std::initializer_list<int64_t> values, int32_t width) {
+  for (int64_t v : values) {
+    while (width > 1 && v % width != 0) width /= 2;
+  }
+  return width;
+}
+
+}  // namespace
+
+absl::StatusOr<PackBatch> BuildPackBatch(absl::Span<const StridedRegion> regions,
+                                         const PackBatchOptions& options) {
+  if (!IsPowerOfTwo(options.strided_base_align) || !IsPowerOfTwo(options.packed_base_align) ||
+      !IsPowerOfTwo(options.region_align)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "pack batch alignments must be powers of two (strided base %d, packed base %d, region %d)",
+        options.strided_base_align, options.packed_base_align, options.region_align));
+  }
+  if (options.packed_begin < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("pack batch stream offset %d is negative", options.packed_begin));
+  }
+  if (regions.size() > static_cast<size_t>(INT32_MAX)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "a pack batch holds at most %d regions, not %d", INT32_MAX, regions.size()));
+  }
+  PackBatch batch;
+  batch.strided_base_align = options.strided_base_align;
+  batch.packed_base_align = options.packed_base_align;
+  batch.packed_offsets.reserve(regions.size());
+  const int32_t base_width =
+      CommonWidth({options.strided_base_align, options.packed_base_align}, kMaxPackWidth);
+  int64_t cursor = options.packed_begin;
+  for (size_t i = 0; i < regions.size(); ++i) {
+    const StridedRegion& r = regions[i];
+    if (r.ndims < 0 || r.ndims > kMaxPackDims) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "pack region %d has %d outer dims; at most %d are supported", i, r.ndims, kMaxPackDims));
+    }
+    std::optional<int64_t> bytes = r.run_bytes;
+    for (int d = 0; d < r.ndims; ++d) {
+      if (r.count[d] < 0) {
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "pack region %d has the negative count %d in dim %d", i, r.count[d], d));
+      }
+      bytes = CheckedMul(bytes, r.count[d]);
+    }
+    const std::optional<int64_t> aligned = CheckedAdd(
+        cursor, (options.region_align - cursor % options.region_align) % options.region_align);
+    if (r.run_bytes < 0 || !bytes || !aligned) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "pack region %d has a negative run length or more bytes than int64 holds", i));
+    }
+    cursor = *aligned;
+    batch.packed_offsets.push_back(cursor);
+    if (*bytes == 0) continue;
+    const std::optional<int64_t> end = CheckedAdd(cursor, *bytes);
+    if (!end) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("pack region %d ends past the int64 range of the stream", i));
+    }
+    PackEntry e;
+    e.width = CommonWidth({r.run_bytes, r.offset, cursor}, base_width);
+    for (int d = 0; d < r.ndims; ++d) {
+      // A dim of count 1 never steps, so its stride does not limit the width.
+      if (r.count[d] > 1) e.width = CommonWidth({r.stride[d]}, e.width);
+      e.count[d] = r.count[d];
+      e.stride[d] = r.stride[d];
+    }
+    e.ndims = r.ndims;
+    e.units_begin = batch.total_units;
+    e.units = static_cast<uint64_t>(*bytes / e.width);
+    e.run_units = static_cast<uint64_t>(r.run_bytes / e.width);
+    e.strided_offset = r.offset;
+    e.packed_offset = cursor;
+    batch.entries.push_back(e);
+    batch.total_units += e.units;
+    batch.bytes += *bytes;  // <= the stream's length, which fits.
+    cursor = *end;
+  }
+  batch.packed_end = cursor;
+  return batch;
+}
+
+}  // namespace reshard::cuda

@@ -1,0 +1,55 @@
+// Builds the batch descriptors of the pack and unpack kernels (pack_index.h) on the host:
+// the regions' units, their widths and prefix sums. Pure host code; needs no CUDA.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "src/cuda/pack_index.h"
+
+namespace reshard::cuda {
+
+// One side of a region, as the kernels see it: `run_bytes` contiguous bytes at `offset`, repeated
+// over `ndims` outer dims (outermost first) with byte strides. Mirrors one side of plan::Region.
+struct StridedRegion {
+  int64_t offset = 0;  // Bytes from the strided buffer's base to the first run.
+  int64_t run_bytes = 0;
+  int32_t ndims = 0;
+  int64_t count[kMaxPackDims] = {};
+  int64_t stride[kMaxPackDims] = {};  // Bytes; any sign (reads may alias, writes must not).
+};
+
+struct PackBatchOptions {
+  // Alignment (a power of two) that the strided and packed base pointers will have at every
+  // launch; the launch checks it. cudaMalloc gives 256, pinned host memory a page.
+  int64_t strided_base_align = kMaxPackWidth;
+  int64_t packed_base_align = kMaxPackWidth;
+  // Each region starts in the stream at a multiple of this (a power of two); 1 packs densely,
+  // kMaxPackWidth lets every region keep 16-byte units when its own offsets allow.
+  int64_t region_align = 1;
+  // Stream offset of the first region.
+  int64_t packed_begin = 0;
+};
+
+// A batch: its non-empty regions in stream order, and the totals. Regions with no bytes are
+// dropped; packed_offsets[i] is where input region i starts in the stream (also for empty ones).
+struct PackBatch {
+  std::vector<PackEntry> entries;
+  std::vector<int64_t> packed_offsets;
+  uint64_t total_units = 0;
+  int64_t packed_end = 0;  // One past the last stream byte (packed_begin + bytes + padding).
+  int64_t bytes = 0;       // Payload bytes moved.
+  int64_t strided_base_align = kMaxPackWidth;
+  int64_t packed_base_align = kMaxPackWidth;
+};
+
+// Builds a batch. InvalidArgument when a region has a negative run length or count, more than
+// kMaxPackDims dims, an alignment is not a power of two, or the sizes overflow int64. The batch
+// does not know the strided buffer's size: every region must lie inside it, as the regions of a
+// plan do by construction (net and nvlink bounds-check what peers send before it gets here).
+[[nodiscard]] absl::StatusOr<PackBatch> BuildPackBatch(absl::Span<const StridedRegion> regions,
+                                                       const PackBatchOptions& options = {});
+
+}  // namespace reshard::cuda
