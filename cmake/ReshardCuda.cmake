@@ -18,8 +18,17 @@ if(RESHARD_WITH_CUDA)
   find_package(CUDAToolkit QUIET)
   if(CUDAToolkit_FOUND)
     set(RESHARD_HAVE_CUDA ON)
-    if(NOT CMAKE_CUDA_COMPILER AND CUDAToolkit_NVCC_EXECUTABLE)
-      set(CMAKE_CUDA_COMPILER ${CUDAToolkit_NVCC_EXECUTABLE} CACHE FILEPATH "nvcc of the CUDA toolkit")
+    # The toolkit's nvcc, checked in a test project first (check_language): an nvcc that cannot
+    # build for this host compiler leaves the kernels out with a warning instead of failing the
+    # whole configure. A CMAKE_CUDA_COMPILER given by the user is taken as it is.
+    if(NOT DEFINED CMAKE_CUDA_COMPILER AND CUDAToolkit_NVCC_EXECUTABLE)
+      set(ENV{CUDACXX} ${CUDAToolkit_NVCC_EXECUTABLE})
+      include(CheckLanguage)
+      check_language(CUDA)
+      if(NOT CMAKE_CUDA_COMPILER)
+        message(WARNING "reshard: ${CUDAToolkit_NVCC_EXECUTABLE} cannot build a CUDA test "
+                        "program here; the pack kernels are not built")
+      endif()
     endif()
     if(CMAKE_CUDA_COMPILER)
       # A CMAKE_CUDA_ARCHITECTURES given on the command line wins (e.g. `native` on a GPU host).
@@ -40,7 +49,7 @@ if(RESHARD_WITH_CUDA)
       set(CMAKE_CUDA_STANDARD 20)
       set(CMAKE_CUDA_STANDARD_REQUIRED ON)
       set(RESHARD_HAVE_CUDA_KERNELS ON)
-    else()
+    elseif(NOT CUDAToolkit_NVCC_EXECUTABLE)
       message(STATUS "reshard: the CUDA toolkit has no nvcc; the pack kernels are not built")
     endif()
     find_path(RESHARD_NCCL_INCLUDE nccl.h HINTS ${CUDAToolkit_INCLUDE_DIRS} ${CUDAToolkit_ROOT}/include)

@@ -177,7 +177,7 @@ LowerBound ComputeLowerBound(const RefitSpec& spec, const DomainMap& domains) {
 
 DomainScheduler::DomainScheduler(const RefitSpec& spec, const DomainMap& domains,
                                  const PlanOptions& options)
-    : spec_(spec), domains_(domains), options_(options) {
+    : domains_(domains), options_(options) {
   const int32_t world = domains.world_size();
   in_.assign(world, 0);
   out_.assign(world, 0);

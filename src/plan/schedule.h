@@ -196,7 +196,6 @@ class DomainScheduler {
   void GroupByDomain();
   bool HoldsSource(int32_t domain) const { return domain_stamp_[domain] == stamp_; }
 
-  const RefitSpec& spec_;
   const DomainMap& domains_;
   PlanOptions options_;
   LowerBound lower_bound_;
