@@ -61,7 +61,8 @@ struct BufferTable {
 };
 BufferTable AssignBuffers(const RefitSpec& spec);
 // Bytes of every buffer of `table` on `rank` (indexed by buffer id; 0 when the rank holds no
-// tile of it): the largest extent of the rank's tiles' views. O(tensors x mesh size).
+// tile of it, and for buffers no tensor names, such as a plan's staging buffer): the largest
+// extent of the rank's tiles' views. O(tensors x mesh size).
 std::vector<int64_t> BufferBytes(const RefitSpec& spec, const BufferTable& table, int32_t rank);
 
 struct TensorStats {
@@ -102,10 +103,10 @@ class Plan {
   const PlanStats& stats() const { return stats_; }
   const std::vector<TensorStats>& tensor_stats() const { return tensor_stats_; }
 
-  const std::vector<BufferInfo>& buffers() const { return buffers_; }
+  const std::vector<BufferInfo>& buffers() const { return buffers_.buffers; }
   // Buffer id of `tensor` on `side`.
   uint32_t buffer_of(size_t tensor, Side side) const {
-    return side == Side::kStage ? stage_buffer_ : tensor_buffer_[static_cast<int>(side)][tensor];
+    return side == Side::kStage ? stage_buffer_ : buffers_.tensor_buffer[static_cast<int>(side)][tensor];
   }
   // Id of the staging buffer (BufferInfo side kStage, elem_bytes 1), or kNoBuffer when no
   // transfer uses staging. Every rank has one; its size is stage_bytes(rank).
@@ -163,9 +164,7 @@ class Plan {
   uint64_t schedule_hash_ = 0;
   PlanStats stats_;
   std::vector<TensorStats> tensor_stats_;
-  std::vector<BufferInfo> buffers_;
-  size_t spec_buffers_ = 0;  // The spec's (AssignBuffers); the staging buffer follows.
-  std::vector<uint32_t> tensor_buffer_[2];
+  BufferTable buffers_;  // The spec's (AssignBuffers), then the staging buffer if any.
   std::vector<Region> regions_;
   std::vector<RegionDim> region_dims_;
   std::vector<Transfer> transfers_;

@@ -63,12 +63,7 @@ std::vector<int64_t> BufferBytes(const RefitSpec& spec, const BufferTable& table
 }
 
 std::vector<int64_t> Plan::BufferBytes(int32_t rank) const {
-  BufferTable table;
-  table.buffers.assign(buffers_.begin(), buffers_.begin() + spec_buffers_);
-  table.tensor_buffer[0] = tensor_buffer_[0];
-  table.tensor_buffer[1] = tensor_buffer_[1];
-  std::vector<int64_t> bytes = plan::BufferBytes(*spec_, table, rank);
-  bytes.resize(buffers_.size(), 0);
+  std::vector<int64_t> bytes = plan::BufferBytes(*spec_, buffers_, rank);
   if (stage_buffer_ != kNoBuffer) bytes[stage_buffer_] = stage_bytes(rank);
   return bytes;
 }
@@ -116,8 +111,8 @@ class PlanBuilder : public ScheduleSink {
     scheduler_.reset();
     KeepDomainOf(nullptr);
     if (!stage_bytes_.empty()) {
-      plan_.stage_buffer_ = static_cast<uint32_t>(plan_.buffers_.size());
-      plan_.buffers_.push_back({"(staging)", Side::kStage, 1});
+      plan_.stage_buffer_ = static_cast<uint32_t>(plan_.buffers_.buffers.size());
+      plan_.buffers_.buffers.push_back({"(staging)", Side::kStage, 1});
       plan_.stage_bytes_ = std::move(stage_bytes_);
     }
     plan_.world_transfers_ = world_transfers_;
@@ -175,11 +170,7 @@ class PlanBuilder : public ScheduleSink {
   }
 
   void AssignBuffers() {
-    BufferTable table = plan::AssignBuffers(*plan_.spec_);
-    plan_.buffers_ = std::move(table.buffers);
-    plan_.spec_buffers_ = plan_.buffers_.size();
-    plan_.tensor_buffer_[0] = std::move(table.tensor_buffer[0]);
-    plan_.tensor_buffer_[1] = std::move(table.tensor_buffer[1]);
+    plan_.buffers_ = plan::AssignBuffers(*plan_.spec_);
   }
 
   absl::Status PlanTensor(size_t t) {
@@ -378,7 +369,7 @@ class PlanBuilder : public ScheduleSink {
       contents.Add(ts.name);
       contents.Add(static_cast<uint64_t>(ts.dtype));
     }
-    for (const BufferInfo& b : plan_.buffers_) {
+    for (const BufferInfo& b : plan_.buffers_.buffers) {
       contents.Add(b.name);
       contents.Add(static_cast<uint64_t>(b.side));
     }
