@@ -388,17 +388,25 @@ TEST(TcpStoreTest, ParseHostPort) {
   EXPECT_FALSE(ParseHostPort("host").ok());
 }
 
+// The clients are forked before the server's thread starts: a child forked from a process with
+// another thread may inherit a lock that thread held (ASan's allocator has no fork handler, so a
+// child's first allocation hung). They learn the port through a pipe, and the parent waits for
+// them under a deadline.
 TEST(TcpStoreTest, ProcessesRendezvousThroughTheServer) {
-  auto server = TcpStoreServer::Start("127.0.0.1", 0, kToken);
-  ASSERT_TRUE(server.ok());
   constexpr int kProcs = 4;
   std::vector<pid_t> children;
+  std::vector<int> port_pipes;
   for (int r = 0; r < kProcs; ++r) {
+    int fds[2];
+    ASSERT_EQ(pipe(fds), 0);
     pid_t pid = fork();
     ASSERT_GE(pid, 0);
     if (pid == 0) {
-      auto c = TcpStore::Connect("127.0.0.1", (*server)->port(), kToken,
-                                 absl::Now() + absl::Seconds(10));
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
+      close(fds[1]);
+      int port = 0;
+      if (read(fds[0], &port, sizeof(port)) != static_cast<ssize_t>(sizeof(port))) _exit(3);
+      auto c = TcpStore::Connect("127.0.0.1", port, kToken, absl::Now() + absl::Seconds(10));
       if (!c.ok() || !(*c)->Set(absl::StrCat("addr/", r), absl::StrCat("worker", r)).ok()) {
         _exit(1);
       }
@@ -408,11 +416,31 @@ TEST(TcpStoreTest, ProcessesRendezvousThroughTheServer) {
       }
       _exit(0);
     }
+    close(fds[0]);
     children.push_back(pid);
+    port_pipes.push_back(fds[1]);
   }
+  auto server = TcpStoreServer::Start("127.0.0.1", 0, kToken);
+  const int port = server.ok() ? (*server)->port() : 0;
+  for (int fd : port_pipes) {
+    if (server.ok()) EXPECT_EQ(write(fd, &port, sizeof(port)), static_cast<ssize_t>(sizeof(port)));
+    close(fd);  // Without a server the children read nothing and exit 3.
+  }
+  ASSERT_TRUE(server.ok()) << server.status();
+  const absl::Time deadline = absl::Now() + absl::Seconds(60);
   for (pid_t pid : children) {
     int status = 0;
-    ASSERT_EQ(waitpid(pid, &status, 0), pid);
+    pid_t done = 0;
+    while ((done = waitpid(pid, &status, WNOHANG)) == 0 && absl::Now() < deadline) {
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+    if (done == 0) {
+      kill(pid, SIGKILL);
+      waitpid(pid, &status, 0);
+      ADD_FAILURE() << "client " << pid << " still running after 60 s";
+      continue;
+    }
+    ASSERT_EQ(done, pid);
     EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "status " << status;
   }
 }
