@@ -658,6 +658,13 @@ TEST_P(PeerProtocolErrors, FailTheEpochWriteNothingAndReset) {
         RankBuffers& rb = child->rb;
         RefitEngine& e = *child->engine;
         Fill(rb, rank, 1);
+        // Every engine is set up before rank 2 fails epoch 1: an abort that reaches a rank still
+        // inside RefitEngine::Create fails its set-up instead (seen under ASan with coverage).
+        CHILD_EXPECT(child->store->Set(absl::StrCat("open/", rank), "1").ok());
+        for (int r = 0; r < 4; ++r) {
+          CHILD_EXPECT(
+              child->store->Get(absl::StrCat("open/", r), absl::Now() + absl::Seconds(20)).ok());
+        }
         if (rank == 2) {
           if (ReceiveProtocolError(*child, GetParam()) != 0) return 1;
           CHILD_EXPECT(child->store->Set("failed", "1").ok());
