@@ -85,7 +85,8 @@ template <>
 struct Fp8Traits<Fp8Format::kE4M3> {
   static constexpr int kMantissaBits = 3;
   static constexpr int kBias = 7;
-  static constexpr uint32_t kMaxCode = 0x7E;  // 448 = 1.75 * 2^8
+  static constexpr uint32_t kMaxCode = 0x7E;       // 448 = 1.75 * 2^8
+  static constexpr int32_t kMaxBits = 0x43E00000;  // 448 as fp32
   static constexpr uint32_t kNanCode = 0x7F;
   static constexpr int kEmax = 8;
 };
@@ -94,8 +95,9 @@ template <>
 struct Fp8Traits<Fp8Format::kE5M2> {
   static constexpr int kMantissaBits = 2;
   static constexpr int kBias = 15;
-  static constexpr uint32_t kMaxCode = 0x7B;  // 57344 = 1.75 * 2^15
-  static constexpr uint32_t kNanCode = 0x7E;  // the quiet NaN ml_dtypes produces
+  static constexpr uint32_t kMaxCode = 0x7B;       // 57344 = 1.75 * 2^15
+  static constexpr int32_t kMaxBits = 0x47600000;  // 57344 as fp32
+  static constexpr uint32_t kNanCode = 0x7E;       // the quiet NaN ml_dtypes produces
   static constexpr int kEmax = 15;
 };
 
@@ -125,13 +127,29 @@ RESHARD_HD inline float Bf16ToFloat(uint16_t bits) {
 // sign and payload (as numpy converts).
 RESHARD_HD inline float HalfToFloat(uint16_t bits) {
   const uint32_t sign = static_cast<uint32_t>(bits & 0x8000u) << 16;
-  const uint32_t exponent = (bits >> 10) & 0x1Fu;
-  const uint32_t mantissa = bits & 0x3FFu;
-  if (exponent == 0x1F) return FloatFromBits(sign | 0x7F800000u | (mantissa << 13));
-  if (exponent != 0) return FloatFromBits(sign | ((exponent + 112) << 23) | (mantissa << 13));
-  // Zero or subnormal: mantissa * 2^-24, a normal fp32 (or zero), so the product is exact.
-  const float magnitude = static_cast<float>(mantissa) * Pow2(-24);
-  return FloatFromBits(sign | FloatBits(magnitude));
+  const int32_t exponent = (bits >> 10) & 0x1F;
+  const int32_t mantissa = bits & 0x3FF;
+  const uint32_t normal =
+      (static_cast<uint32_t>(exponent + 112) << 23) | (static_cast<uint32_t>(mantissa) << 13);
+  const uint32_t inf_nan = 0x7F800000u | (static_cast<uint32_t>(mantissa) << 13);
+  // Subnormal (mantissa * 2^-24): shift the mantissa up until its top bit reaches the hidden
+  // bit's place (bit 10), in constant steps of 8, 4, 2 and 1, lowering the exponent as it goes.
+  // Integers and selects only: loops over this vectorise with SSE2, with no float operation
+  // that -ftrapping-math would keep inside a branch.
+  int32_t m = mantissa;
+  int32_t e = 113;  // the exponent field of 2^-14, less one per step of shift
+  e = m < (1 << 3) ? e - 8 : e;
+  m = m < (1 << 3) ? m << 8 : m;
+  e = m < (1 << 7) ? e - 4 : e;
+  m = m < (1 << 7) ? m << 4 : m;
+  e = m < (1 << 9) ? e - 2 : e;
+  m = m < (1 << 9) ? m << 2 : m;
+  e = m < (1 << 10) ? e - 1 : e;
+  m = m < (1 << 10) ? m << 1 : m;
+  const uint32_t subnormal =
+      mantissa == 0 ? 0u
+                    : (static_cast<uint32_t>(e) << 23) | (static_cast<uint32_t>(m & 0x3FF) << 13);
+  return FloatFromBits(sign | (exponent == 0x1F ? inf_nan : (exponent == 0 ? subnormal : normal)));
 }
 
 // ----- Encoding and decoding -----
@@ -143,16 +161,16 @@ RESHARD_HD inline float HalfToFloat(uint16_t bits) {
 //   - fp8 subnormals are produced exactly; values below half the smallest one (every fp32
 //     subnormal among them) become zero; zero keeps its sign, as does a value that rounds to zero.
 // Bit for bit `np.clip(x, -max, max).astype(ml_dtypes.float8_e4m3fn)` (resp. float8_e5m2).
-// Written without branches on the value, so loops over it can be vectorised.
+// Integer arithmetic only, without branches on the value and with constant shifts, so loops over
+// it vectorise (SSE2 has no per-lane variable shift) and no floating-point mode can change it.
 template <Fp8Format F>
 RESHARD_HD inline uint8_t EncodeFp8As(float x) {
   using T = internal::Fp8Traits<F>;
-  constexpr int kShift = 23 - T::kMantissaBits;                     // fp32 mantissa bits dropped
+  constexpr int kShift = 23 - T::kMantissaBits;  // fp32 mantissa bits dropped
   constexpr uint32_t kRebias = static_cast<uint32_t>(127 - T::kBias) << 23;
-  constexpr uint32_t kMinNormal = static_cast<uint32_t>(128 - T::kBias) << 23;  // 2^(1-bias)
-  // A magnitude m * 2^(e - 150) counts m * 2^(e - 150) / 2^(1 - bias - mbits) smallest
-  // subnormals: m shifted right by this minus e.
-  constexpr int kSubnormalShift = 151 - T::kBias - T::kMantissaBits;
+  constexpr int32_t kMinNormal = (128 - T::kBias) << 23;  // 2^(1-bias)
+  // Above max (which rounds to max or beyond) the result is max: the clip before the encode.
+  constexpr int32_t kMaxBits = T::kMaxBits;
 
   const uint32_t u = FloatBits(x);
   const uint32_t sign = (u >> 24) & 0x80u;
@@ -161,21 +179,35 @@ RESHARD_HD inline uint8_t EncodeFp8As(float x) {
   // Normal range: rebase the exponent, then round the mantissa to its top bits; a carry out of
   // the mantissa correctly bumps the exponent. (Computed for every a, used only when normal.)
   const uint32_t code = a - kRebias;
-  const uint32_t normal =
-      (code + (1u << (kShift - 1)) - 1 + ((code >> kShift) & 1u)) >> kShift;
+  const uint32_t normal = (code + (1u << (kShift - 1)) - 1 + ((code >> kShift) & 1u)) >> kShift;
 
-  // Subnormal range: the significand (with its hidden bit) over the subnormal step, rounded.
-  // Rounding up to 2^mbits yields the smallest normal's code, as it should.
-  const uint32_t biased_exponent = a >> 23;
+  // Subnormal range: |x| in units of the smallest subnormal 2^(1-bias-mbits), as a fixed-point
+  // number with 25 fraction bits: the significand (hidden bit included) shifted left by its
+  // exponent's distance from the lowest one that matters, then rounded to nearest even at the
+  // binary point. Exponents below that lowest one leave less than a quarter of the smallest
+  // subnormal (rounds to 0: clamping them up changes nothing); the highest one below the normal
+  // range needs a shift of mbits + 1. The shift is done in three constant steps (1, 2, 4) so that
+  // the code stays free of per-lane variable shifts and of floating-point operations: SSE2
+  // vectorises it, and flush-to-zero modes cannot change it.
+  constexpr int32_t kLowestExponent = 151 - T::kBias - T::kMantissaBits - 25;
+  static_assert(127 - T::kBias - kLowestExponent <= 7, "three shift steps cover 0..7");
+  const int32_t biased_exponent = static_cast<int32_t>(a >> 23);
   const uint32_t significand = biased_exponent != 0 ? ((a & 0x7FFFFFu) | 0x800000u) : a;
-  int shift = kSubnormalShift - static_cast<int>(biased_exponent != 0 ? biased_exponent : 1);
-  shift = shift < 1 ? 1 : (shift > 31 ? 31 : shift);  // 31 already rounds every significand to 0
-  const uint32_t subnormal =
-      (significand + (1u << (shift - 1)) - 1 + ((significand >> shift) & 1u)) >> shift;
+  // Only the low three bits matter: lanes whose exponent is out of 0..7 take another path.
+  const int32_t distance = biased_exponent - kLowestExponent;
+  uint32_t fixed = significand;  // < 2^24, and < 2^31 after the shifts
+  fixed = (distance & 1) != 0 ? fixed << 1 : fixed;
+  fixed = (distance & 2) != 0 ? fixed << 2 : fixed;
+  fixed = (distance & 4) != 0 ? fixed << 4 : fixed;
+  uint32_t subnormal = (fixed + (1u << 24) - 1 + ((fixed >> 25) & 1u)) >> 25;
+  subnormal = distance < 0 ? 0 : subnormal;
 
-  uint32_t magnitude = a < kMinNormal ? subnormal : normal;
-  magnitude = magnitude > T::kMaxCode ? T::kMaxCode : magnitude;  // saturate (Inf included)
-  magnitude = a > 0x7F800000u ? T::kNanCode : magnitude;
+  // The comparisons are on a < 2^31 as a signed integer (SSE2 compares only signed 32-bit
+  // lanes), against constants rather than as min/max (SSE2 has no 32-bit min/max either).
+  const int32_t magnitude_bits = static_cast<int32_t>(a);
+  uint32_t magnitude = magnitude_bits < kMinNormal ? subnormal : normal;
+  magnitude = magnitude_bits > kMaxBits ? T::kMaxCode : magnitude;  // saturate (Inf included)
+  magnitude = magnitude_bits > 0x7F800000 ? T::kNanCode : magnitude;
   return static_cast<uint8_t>(sign | magnitude);
 }
 
@@ -203,8 +235,7 @@ RESHARD_HD inline float DecodeFp8As(uint8_t b) {
                          (mantissa << (23 - kMantissaBits)));
   }
   // Subnormal: mantissa * 2^(1 - bias - mbits), exact in fp32.
-  const float magnitude =
-      static_cast<float>(mantissa) * Pow2(1 - T::kBias - kMantissaBits);
+  const float magnitude = static_cast<float>(mantissa) * Pow2(1 - T::kBias - kMantissaBits);
   return FloatFromBits(sign | FloatBits(magnitude));
 }
 
