@@ -8,9 +8,10 @@
 //
 // Everything is integer bit manipulation plus exactly one IEEE fp32 division or multiplication
 // per element, written out with __fdiv_rn / __fmul_rn on the device: nothing depends on the
-// rounding mode, and no fast-math flag changes a result. What the results do assume is that
-// fp32 subnormals are kept (no flush-to-zero, the default of both nvcc and the host compilers
-// without -ffast-math), since x / scale may be one.
+// rounding mode, and nvcc's --prec-div cannot change a result. What the results do assume is
+// that fp32 subnormals are kept, since x / scale may be one: no flush-to-zero, the default of
+// nvcc (-ftz=false, which --use_fast_math would turn on) and of host compilers without
+// -ffast-math.
 //
 // Formats (OCP 8-bit floating point):
 //   kE4M3: "E4M3FN": bias 7, no infinities, NaN = S.1111.111 (0x7F / 0xFF), max 448 (0x7E).
@@ -184,9 +185,8 @@ RESHARD_HD inline uint8_t EncodeFp8As(float x) {
   // Subnormal range: |x| in units of the smallest subnormal 2^(1-bias-mbits), as a fixed-point
   // number with 25 fraction bits: the significand (hidden bit included) shifted left by its
   // exponent's distance from the lowest one that matters, then rounded to nearest even at the
-  // binary point. Exponents below that lowest one leave less than a quarter of the smallest
-  // subnormal (rounds to 0: clamping them up changes nothing); the highest one below the normal
-  // range needs a shift of mbits + 1. The shift is done in three constant steps (1, 2, 4) so that
+  // binary point. Exponents below that lowest one hold less than a quarter of the smallest
+  // subnormal and give 0; the highest one below the normal range needs a shift of mbits + 1. The shift is done in three constant steps (1, 2, 4) so that
   // the code stays free of per-lane variable shifts and of floating-point operations: SSE2
   // vectorises it, and flush-to-zero modes cannot change it.
   constexpr int32_t kLowestExponent = 151 - T::kBias - T::kMantissaBits - 25;
