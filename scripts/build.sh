@@ -3,6 +3,16 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/install-deps.sh
+# numpy and ml_dtypes for the quant_ml_dtypes test, in .venv (or $RESHARD_PYENV). Without them
+# (no network) the build goes on and that test skips, or fails under scripts/test.sh.
+python_env="${RESHARD_PYENV:-$PWD/.venv}"
+python_args=()
+if ! ./scripts/python-env.sh; then
+  echo "build: scripts/python-env.sh failed: the quant_ml_dtypes test cannot check against ml_dtypes" >&2
+fi
+if [ -x "$python_env/bin/python3" ]; then
+  python_args=(-DRESHARD_PYTHON="$python_env/bin/python3")
+fi
 build="${RESHARD_BUILD_DIR:-build}"
 jobs="${RESHARD_JOBS:-$(nproc)}"
 # Line tables only (-g1): backtraces, sanitizer reports, perf and callgrind still name files
@@ -12,7 +22,7 @@ g=-g1
 if [ "${RESHARD_DEBUG_INFO:-lines}" = full ]; then g=-g; fi
 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DCMAKE_C_FLAGS_RELWITHDEBINFO="-O2 $g -DNDEBUG" -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O2 $g -DNDEBUG" \
-  >"$build.configure.log" 2>&1 || {
+  "${python_args[@]}" >"$build.configure.log" 2>&1 || {
   cat "$build.configure.log" >&2
   exit 1
 }

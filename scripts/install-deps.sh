@@ -5,6 +5,8 @@ set -euo pipefail
 
 packages=(
   build-essential cmake pkg-config git python3
+  # python3 -m venv, for scripts/python-env.sh (numpy and ml_dtypes of the quant_ml_dtypes test).
+  python3-venv
   libabsl-dev googletest libgtest-dev libgmock-dev
   libucx-dev ucx-utils
   iproute2 procps

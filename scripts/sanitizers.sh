@@ -58,18 +58,22 @@ fi
 now() { date +%s; }
 # configure DIR SANITIZERS [CMAKE ARGS...]: creates or updates a sanitizer tree.
 configure() {
-  local dir="$1" sanitize="$2" launcher=()
+  local dir="$1" sanitize="$2" launcher=() python=()
   shift 2
   if command -v ccache >/dev/null 2>&1; then
     launcher=(-DCMAKE_C_COMPILER_LAUNCHER=ccache -DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
   fi
+  # The interpreter with numpy and ml_dtypes (scripts/python-env.sh), as scripts/build.sh passes
+  # it: a tree configured before the venv existed would otherwise keep the system python3.
+  local venv="${RESHARD_PYENV:-$root/.venv}"
+  if [ -x "$venv/bin/python3" ]; then python=(-DRESHARD_PYTHON="$venv/bin/python3"); fi
   mkdir -p "$dir"
   # Line tables (-g1) are all a sanitizer report needs to name files and lines (scripts/build.sh).
   local g=-g1
   if [ "${RESHARD_DEBUG_INFO:-lines}" = full ]; then g=-g; fi
   cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_C_COMPILER="$cc" \
     -DCMAKE_C_FLAGS_RELWITHDEBINFO="-O2 $g -DNDEBUG" -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O2 $g -DNDEBUG" \
-    -DCMAKE_CXX_COMPILER="$cxx" "${launcher[@]}" -DRESHARD_SANITIZE="$sanitize" "$@" \
+    -DCMAKE_CXX_COMPILER="$cxx" "${launcher[@]}" "${python[@]}" -DRESHARD_SANITIZE="$sanitize" "$@" \
     >"$dir/reshard-configure.log" 2>&1 || {
     cat "$dir/reshard-configure.log" >&2
     exit 1

@@ -11,6 +11,9 @@ t0=$(date +%s)
 t1=$(date +%s)
 echo "test: build $((t1 - t0)) s"
 build="${RESHARD_BUILD_DIR:-build}"
+# The ml_dtypes comparison (quant_ml_dtypes) must run here: without numpy and ml_dtypes it fails
+# instead of skipping (also in the sanitizer stages, which inherit this).
+export RESHARD_REQUIRE_PYTHON_DEPS=1
 (cd "$build" && ctest --output-on-failure --no-tests=error -j "${RESHARD_TEST_JOBS:-2}" \
   --timeout 600 "$@")
 echo "test: tests $(($(date +%s) - t1)) s"

@@ -10,17 +10,14 @@
 //
 // The kernels (pack_kernels.cu) and the host reference (tests/cuda/pack_index_test.cc) call the
 // same functions, so the arithmetic is tested on machines without a GPU. Nothing here needs CUDA
-// (RESHARD_HD is empty on a plain C++ compiler) or any other header: nvcc compiles it quickly.
+// (RESHARD_HD, from src/common/host_device.h, is empty on a plain C++ compiler) or any other
+// header: nvcc compiles it quickly.
 // Batches are built on the host by BuildPackBatch (pack_batch.h).
 #pragma once
 
 #include <cstdint>
 
-#if defined(__CUDACC__)
-#define RESHARD_HD __host__ __device__
-#else
-#define RESHARD_HD
-#endif
+#include "src/common/host_device.h"
 
 namespace reshard::cuda {
 
