@@ -8,6 +8,8 @@
 #include "src/common/json.h"
 #include "src/common/status.h"
 #include "src/plan/fill.h"
+#include "src/plan/quant_spec.h"
+#include "src/plan/tiling.h"
 
 namespace reshard::plan {
 namespace {
@@ -59,9 +61,29 @@ void LocalWorld::Prepare(uint64_t epoch) {
   }
   for (size_t t = 0; t < spec.tensors.size(); ++t) {
     const uint32_t id = plan_->buffer_of(t, Side::kSrc);
+    // Quantized tensors and their scales read internal buffers, filled below.
+    if (plan_->buffers()[id].internal) continue;
     ForEachTile(spec, t, Side::kSrc, [&](int32_t rank, const Box& box) {
       FillTile(spec, t, Side::kSrc, box, epoch, buffer(rank, id));
     });
+  }
+  // A lowered spec's quantized sources: the user's tiles, then what each source rank quantizes.
+  for (size_t q = 0; q < spec.quantized_sources.size(); ++q) {
+    const QuantizedSource& qs = spec.quantized_sources[q];
+    const uint32_t user = plan_->quantized_source_buffer(q);
+    const uint32_t elements = plan_->buffer_of(qs.tensor, Side::kSrc);
+    const uint32_t scales = plan_->buffer_of(qs.scale_tensor, Side::kSrc);
+    TileGrid grid(qs.src, spec.tensors[qs.tensor].shape);
+    for (int64_t flat = 0; flat < grid.num_cells(); ++flat) {
+      const TileGrid::Cell cell = grid.CellAt(flat);
+      const Box box = grid.CellBox(cell);
+      for (int64_t j = 0; j < grid.num_replicas(); ++j) {
+        const int32_t rank = grid.Holder(cell, j);
+        FillQuantizedSourceTile(spec, q, box, epoch, buffer(rank, user));
+        QuantizeSourceTile(spec, q, box, buffer(rank, user), buffer(rank, elements),
+                           buffer(rank, scales));
+      }
+    }
   }
 }
 
@@ -82,13 +104,25 @@ absl::Status LocalWorld::Verify(uint64_t epoch) const {
   // Coverage of destination views, to check that nothing outside them was written.
   std::vector<std::vector<std::vector<bool>>> covered(buffers_.size());
   for (size_t r = 0; r < buffers_.size(); ++r) covered[r].resize(buffers_[r].size());
+  // What quantized tensors and their scales must hold: the source's values, quantized.
+  std::vector<const std::vector<uint8_t>*> expected(spec.tensors.size(), nullptr);
+  std::vector<QuantizedExpectation> quantized;
+  quantized.reserve(spec.quantized_sources.size());
+  for (size_t q = 0; q < spec.quantized_sources.size(); ++q) {
+    quantized.push_back(ExpectQuantized(spec, q, epoch));
+    expected[spec.quantized_sources[q].tensor] = &quantized.back().elements;
+    expected[spec.quantized_sources[q].scale_tensor] = &quantized.back().scales;
+  }
   for (size_t t = 0; t < spec.tensors.size(); ++t) {
     const uint32_t id = plan_->buffer_of(t, Side::kDst);
     const int elem = DTypeSize(spec.tensors[t].dtype);
     absl::Status status;
     ForEachTile(spec, t, Side::kDst, [&](int32_t rank, const Box& box) {
       if (!status.ok()) return;
-      status = VerifyTile(spec, t, box, epoch, rank, buffers_[rank][id].data());
+      status = expected[t] != nullptr
+                   ? VerifyTileAgainst(spec, t, box, rank, buffers_[rank][id].data(),
+                                       expected[t]->data())
+                   : VerifyTile(spec, t, box, epoch, rank, buffers_[rank][id].data());
       auto& mask = covered[rank][id];
       mask.resize(buffers_[rank][id].size(), false);
       ForEachElement(spec.tensors[t].dst, spec.tensors[t].shape, box, [&](int64_t off, int64_t) {

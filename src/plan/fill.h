@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "src/plan/spec.h"
@@ -20,6 +21,26 @@ void FillTile(const RefitSpec& spec, size_t tensor, Side side, const Box& tile, 
 // global index (as a coordinate tuple).
 [[nodiscard]] absl::Status VerifyTile(const RefitSpec& spec, size_t tensor, const Box& tile,
                                       uint64_t epoch, int32_t rank, const uint8_t* buffer);
+
+// The fill of a quantized tensor's source (quantized source `q` of a lowered spec,
+// quant_spec.h), written into the user's source buffer: real numbers of its dtype, most with
+// magnitudes over a few binades, a few zeros of both signs, subnormals, NaN of both signs and
+// +-Inf, and rarely a huge value (a block's scale then comes from it), each a hash of the tensor,
+// global index and epoch.
+void FillQuantizedSourceTile(const RefitSpec& lowered, size_t q, const Box& tile, uint64_t epoch,
+                             uint8_t* user_buffer);
+// What the destination of quantized source `q` must hold after a refit of `epoch`: the FP8
+// elements of the whole tensor and its scales, row-major over the shape and the blocked shape.
+struct QuantizedExpectation {
+  std::vector<uint8_t> elements;
+  std::vector<uint8_t> scales;
+};
+QuantizedExpectation ExpectQuantized(const RefitSpec& lowered, size_t q, uint64_t epoch);
+// Checks a destination tile of `tensor` against `expected`, row-major over the whole tensor
+// (elements of the tensor's dtype). Errors as VerifyTile.
+[[nodiscard]] absl::Status VerifyTileAgainst(const RefitSpec& spec, size_t tensor, const Box& tile,
+                                             int32_t rank, const uint8_t* buffer,
+                                             const uint8_t* expected);
 
 // Calls fn(element_offset, global_flat_index) for every element of `tile` under `layout`.
 template <typename Fn>

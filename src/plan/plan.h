@@ -51,13 +51,20 @@ struct BufferInfo {
   std::string name;
   Side side = Side::kSrc;
   int elem_bytes = 1;
+  // A buffer the refit owns, not one the user gives: a lowered spec's quantized sources
+  // (quant_spec.h; the staging buffer has Side::kStage instead).
+  bool internal = false;
 };
 
 // The per-rank buffers a spec names: each side's buffers in order of first appearance
 // (sources first), and each tensor's buffer per side. Every plan of the spec has these buffers.
+// A lowered spec's buffers also include the user's source buffers of its quantized tensors
+// (after the others, if no tensor reads them directly: quantized_source_buffer).
 struct BufferTable {
   std::vector<BufferInfo> buffers;
   std::vector<uint32_t> tensor_buffer[2];  // [side][tensor] -> index into buffers.
+  // Parallel to spec.quantized_sources: the user's source buffer each is quantized from.
+  std::vector<uint32_t> quantized_source_buffer;
 };
 BufferTable AssignBuffers(const RefitSpec& spec);
 // Bytes of every buffer of `table` on `rank` (indexed by buffer id; 0 when the rank holds no
@@ -104,6 +111,8 @@ class Plan {
   const std::vector<TensorStats>& tensor_stats() const { return tensor_stats_; }
 
   const std::vector<BufferInfo>& buffers() const { return buffers_.buffers; }
+  // The user's source buffer that spec().quantized_sources[q] is quantized from (quant_spec.h).
+  uint32_t quantized_source_buffer(size_t q) const { return buffers_.quantized_source_buffer[q]; }
   // Buffer id of `tensor` on `side`.
   uint32_t buffer_of(size_t tensor, Side side) const {
     return side == Side::kStage ? stage_buffer_ : buffers_.tensor_buffer[static_cast<int>(side)][tensor];

@@ -3,11 +3,13 @@
 #include <limits>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_format.h"
 #include "src/common/hash.h"
 #include "src/common/status.h"
 #include "src/plan/overlap.h"
 #include "src/plan/plan.h"
+#include "src/plan/quant_spec.h"
 #include "src/plan/schedule.h"
 
 namespace reshard::plan {
@@ -40,9 +42,19 @@ BufferTable AssignBuffers(const RefitSpec& spec) {
       const std::string& name = side == Side::kSrc ? ts.src_buffer() : ts.dst_buffer();
       auto [it, inserted] = ids.try_emplace(std::make_pair(static_cast<int>(side), name),
                                             static_cast<uint32_t>(table.buffers.size()));
-      if (inserted) table.buffers.push_back({name, side, DTypeSize(ts.dtype)});
+      if (inserted) {
+        table.buffers.push_back({name, side, DTypeSize(ts.dtype),
+                                 absl::StartsWith(name, kReservedBufferPrefix) &&
+                                     !spec.quantized_sources.empty()});
+      }
       per_tensor[t] = it->second;
     }
+  }
+  for (const QuantizedSource& q : spec.quantized_sources) {
+    auto [it, inserted] = ids.try_emplace(std::make_pair(static_cast<int>(Side::kSrc), q.src.buffer),
+                                          static_cast<uint32_t>(table.buffers.size()));
+    if (inserted) table.buffers.push_back({q.src.buffer, Side::kSrc, DTypeSize(q.dtype)});
+    table.quantized_source_buffer.push_back(it->second);
   }
   return table;
 }
@@ -58,6 +70,14 @@ std::vector<int64_t> BufferBytes(const RefitSpec& spec, const BufferTable& table
       const uint32_t b = table.tensor_buffer[static_cast<int>(side)][t];
       bytes[b] = std::max(bytes[b], TileExtent(layout, box) * table.buffers[b].elem_bytes);
     }
+  }
+  for (size_t i = 0; i < spec.quantized_sources.size(); ++i) {
+    const QuantizedSource& q = spec.quantized_sources[i];
+    if (q.src.mesh.IndexOf(rank) < 0) continue;
+    TileGrid grid(q.src, spec.tensors[q.tensor].shape);
+    const Box box = grid.CellBox(*grid.CellOfRank(rank));
+    const uint32_t b = table.quantized_source_buffer[i];
+    bytes[b] = std::max(bytes[b], TileExtent(q.src, box) * table.buffers[b].elem_bytes);
   }
   return bytes;
 }
@@ -360,6 +380,13 @@ class PlanBuilder : public ScheduleSink {
       add_layout(ts.src, ts.src_buffer(), 0);
       add_layout(ts.dst, ts.dst_buffer(), 1);
     }
+    // A lowered spec: where its quantized tensors come from, and how they are quantized.
+    for (const QuantizedSource& q : spec.quantized_sources) {
+      fp.Add((uint64_t{q.tensor} << 32) | q.scale_tensor);
+      fp.Add((static_cast<uint64_t>(q.dtype) << 8) | static_cast<uint64_t>(q.scheme));
+      for (int64_t b : q.block) fp.Add(static_cast<uint64_t>(b));
+      add_layout(q.src, q.src.buffer, 0);
+    }
     plan_.fingerprint_ = fp.value();
     if (rank_ >= 0) return;
     Fingerprint contents;
@@ -391,8 +418,25 @@ class PlanBuilder : public ScheduleSink {
   Fingerprint region_fp_, transfer_fp_;
 };
 
+namespace {
+
+// The spec a plan moves (quant_spec.h): the lowered spec when a destination is quantized,
+// validated too (its scale tensors' destination buffers and views), for `rank` only when >= 0.
+absl::StatusOr<std::shared_ptr<const RefitSpec>> LowerIfQuantized(
+    std::shared_ptr<const RefitSpec> spec, int32_t rank) {
+  RESHARD_ASSIGN_OR_RETURN(std::shared_ptr<const RefitSpec> lowered,
+                           LowerQuantization(spec));
+  if (lowered != spec) {
+    RESHARD_RETURN_IF_ERROR(rank < 0 ? Validate(*lowered) : ValidateForRank(*lowered, rank));
+  }
+  return lowered;
+}
+
+}  // namespace
+
 absl::StatusOr<Plan> BuildPlan(std::shared_ptr<const RefitSpec> spec, const PlanOptions& options) {
   RESHARD_RETURN_IF_ERROR(Validate(*spec));
+  RESHARD_ASSIGN_OR_RETURN(spec, LowerIfQuantized(std::move(spec), -1));
   const int32_t world = spec->WorldSize();
   return PlanBuilder(std::move(spec), world, options, -1).Build();
 }
@@ -405,6 +449,7 @@ absl::StatusOr<Plan> BuildRankPlan(std::shared_ptr<const RefitSpec> spec, int32_
         absl::StrFormat("rank %d is outside the spec's world of %d ranks", rank, world));
   }
   RESHARD_RETURN_IF_ERROR(ValidateForRank(*spec, rank));
+  RESHARD_ASSIGN_OR_RETURN(spec, LowerIfQuantized(std::move(spec), rank));
   return PlanBuilder(std::move(spec), world, options, rank).Build();
 }
 

@@ -7,12 +7,14 @@
 #include <queue>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "src/common/checked.h"
 #include "src/common/json.h"
 #include "src/common/status.h"
 #include "src/plan/plan.h"
+#include "src/plan/quant_spec.h"
 #include "src/plan/tiling.h"
 
 namespace reshard::plan {
@@ -90,24 +92,8 @@ class RankStamp {
   std::vector<uint32_t> stamp_;
 };
 
-// The tile of the largest shape in a layout: per dim the longest interval. A view that is
-// injective on it is injective on every tile, since every tile's local box is inside it.
-// torch.chunk's first part is its longest (ceil(n / parts), or all of n), and a longer parent's
-// first part is no shorter, so the longest nested interval is the first of the first: O(axes),
-// no grid (validation runs this for every tensor and side).
-Box LargestTile(const Layout& l, const std::vector<int64_t>& shape) {
-  Box b;
-  b.ndim = static_cast<int>(shape.size());
-  for (int d = 0; d < b.ndim; ++d) b.hi[d] = shape[d];
-  for (int a = 0; a < l.mesh.ndim(); ++a) {
-    const Placement& p = l.placements[a];
-    if (p.is_shard()) b.hi[p.dim] = ChunkInterval({0, b.hi[p.dim]}, l.mesh.shape[a], 0).size();
-  }
-  return b;
-}
-
 absl::Status ValidateLayout(const TensorSpec& t, const Layout& l, const char* side,
-                            RankStamp& stamp, uint32_t& epoch) {
+                            DType dtype, bool user_spec, RankStamp& stamp, uint32_t& epoch) {
   const int mesh_ndim = l.mesh.ndim();
   if (mesh_ndim < 1 || mesh_ndim > kMaxMeshDims) {
     return TensorError(t, absl::StrFormat("%s.mesh has %d axes; a mesh has 1 to %d", side,
@@ -167,10 +153,15 @@ absl::Status ValidateLayout(const TensorSpec& t, const Layout& l, const char* si
   }
   if (!l.buffer.empty()) {
     RESHARD_RETURN_IF_ERROR(CheckName(t, l.buffer, absl::StrCat(side, ".buffer")));
+    if (user_spec && absl::StartsWith(l.buffer, kReservedBufferPrefix)) {
+      return TensorError(t, absl::StrFormat("%s.buffer %s starts with the reserved prefix \"%s\"",
+                                            side, QuoteForMessage(l.buffer),
+                                            kReservedBufferPrefix));
+    }
   }
   // Every byte a tile addresses must lie below kMaxBufferBytes: offset and strides on their own
   // first (their own sentence), then the extent of the largest tile, which bounds every tile's.
-  const int64_t elem = DTypeSize(t.dtype);
+  const int64_t elem = DTypeSize(dtype);
   auto offset_bytes = CheckedMul(l.view.offset, elem);
   if (!offset_bytes || *offset_bytes >= kMaxBufferBytes) {
     return TensorError(
@@ -591,8 +582,12 @@ absl::Status ValidateImpl(const RefitSpec& spec, int32_t only_rank) {
     if (!bytes || *bytes >= kMaxSpecBytes) {
       return TensorError(t, "shape is too large: a tensor must hold fewer than 2^62 bytes");
     }
-    RESHARD_RETURN_IF_ERROR(ValidateLayout(t, t.src, "src", stamp, epoch));
-    RESHARD_RETURN_IF_ERROR(ValidateLayout(t, t.dst, "dst", stamp, epoch));
+    // A lowered spec (quant_spec.h) names its internal buffers; a user's spec may not.
+    const bool user_spec = spec.quantized_sources.empty();
+    RESHARD_RETURN_IF_ERROR(ValidateLayout(t, t.src, "src", t.dtype, user_spec, stamp, epoch));
+    RESHARD_RETURN_IF_ERROR(ValidateQuant(t));
+    RESHARD_RETURN_IF_ERROR(
+        ValidateLayout(t, t.dst, "dst", t.dst_dtype(), user_spec, stamp, epoch));
     pieces = SaturatingAdd(pieces, PieceBound(t));
     if (pieces > kMaxPieces) {
       return TensorError(t, absl::StrFormat("src and dst intersect in more than %d (destination "
@@ -620,7 +615,10 @@ absl::Status ValidateImpl(const RefitSpec& spec, int32_t only_rank) {
       const int s = static_cast<int>(side);
       const std::string& buffer = side == Side::kSrc ? t.src_buffer() : t.dst_buffer();
       std::vector<size_t>& users = buffers[s][buffer];
-      if (!users.empty() && DTypeSize(spec.tensors[users.front()].dtype) != DTypeSize(t.dtype)) {
+      auto elem = [side](const TensorSpec& u) {
+        return DTypeSize(side == Side::kSrc ? u.dtype : u.dst_dtype());
+      };
+      if (!users.empty() && elem(spec.tensors[users.front()]) != elem(t)) {
         return TensorError(
             t, absl::StrFormat("%s.buffer %s also holds tensor %s whose dtype has a different size",
                                SideName(side), QuoteForMessage(buffer),

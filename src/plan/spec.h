@@ -42,6 +42,13 @@ inline constexpr int64_t kMaxPieces = int64_t{1} << 24;
 // Tensor and buffer names, in bytes (valid UTF-8).
 inline constexpr size_t kMaxNameBytes = 1024;
 
+// kStage is a per-rank staging buffer of the plan (a receiver that does not hold the destination
+// tile lands the piece there and forwards it); specs only ever name kSrc and kDst.
+enum class Side : uint8_t { kSrc = 0, kDst = 1, kStage = 2 };
+inline const char* SideName(Side s) {
+  return s == Side::kSrc ? "src" : s == Side::kDst ? "dst" : "stage";
+}
+
 struct Placement {
   enum class Kind : uint8_t { kReplicate, kShard };
   Kind kind = Kind::kReplicate;
@@ -74,6 +81,18 @@ struct View {
   bool operator==(const View&) const = default;
 };
 
+// How a destination stores a tensor quantized (docs/quantization.md): FP8 elements and one scale
+// per block. `block` gives the block's extents over the tensor's last block.size() dims (the
+// dims before have extent 1); kMx defaults to [32], kChannel is [1, ..., 1, last dim] and kTensor
+// the whole shape (neither takes a block).
+enum class QuantScheme : uint8_t { kNone, kBlock, kMx, kChannel, kTensor };
+const char* QuantSchemeName(QuantScheme s);  // "none", "block", "mx", "channel", "tensor"
+struct Quant {
+  QuantScheme scheme = QuantScheme::kNone;
+  std::vector<int64_t> block;  // As written (kBlock, kMx); BlockShape() resolves it per dim.
+  bool operator==(const Quant&) const = default;
+};
+
 struct Layout {
   Mesh mesh;
   std::vector<Placement> placements;  // One per mesh axis.
@@ -82,6 +101,14 @@ struct Layout {
   std::string buffer;
   View view;
   bool has_view = false;  // True when the spec gave a view (even a contiguous one).
+  // The element type on this side when it differs from the tensor's (destinations only: an FP8
+  // type, with `quant`), how it is quantized, and where its scales live on this side: buffer
+  // `scale_buffer` (default "<tensor>.scale") with `scale_view` over the blocked shape.
+  std::optional<DType> dtype;
+  Quant quant;
+  std::string scale_buffer;
+  View scale_view;
+  bool has_scale_view = false;
 };
 
 struct TensorSpec {
@@ -93,6 +120,22 @@ struct TensorSpec {
 
   const std::string& src_buffer() const { return src.buffer.empty() ? name : src.buffer; }
   const std::string& dst_buffer() const { return dst.buffer.empty() ? name : dst.buffer; }
+  const Layout& layout(Side side) const { return side == Side::kSrc ? src : dst; }
+  // The destination's element type: dst.dtype, or the tensor's.
+  DType dst_dtype() const { return dst.dtype.value_or(dtype); }
+  bool quantized() const { return dst.quant.scheme != QuantScheme::kNone; }
+};
+
+// Where a tensor of a lowered spec (plan::LowerQuantization, quant_spec.h) takes its source from:
+// its source layout reads an internal buffer that each source rank fills before every refit by
+// quantizing its tile of the user's source (this layout, of dtype `dtype`) block by block.
+struct QuantizedSource {
+  uint32_t tensor = 0;        // The FP8 tensor in the lowered spec (same index as the user's).
+  uint32_t scale_tensor = 0;  // Its scales, a tensor of the lowered spec over the blocked shape.
+  DType dtype = DType::kBf16; // The user's source element type.
+  Layout src;                 // The user's source layout (buffer resolved: never empty).
+  QuantScheme scheme = QuantScheme::kNone;
+  std::vector<int64_t> block; // Per dim of the tensor.
 };
 
 // Which ranks share a fast local fabric (an NVLink domain; on a CPU host, one host), and the
@@ -109,17 +152,12 @@ struct Topology {
   int32_t DomainOf(int32_t rank) const;
 };
 
-// kStage is a per-rank staging buffer of the plan (a receiver that does not hold the destination
-// tile lands the piece there and forwards it); specs only ever name kSrc and kDst.
-enum class Side : uint8_t { kSrc = 0, kDst = 1, kStage = 2 };
-inline const char* SideName(Side s) {
-  return s == Side::kSrc ? "src" : s == Side::kDst ? "dst" : "stage";
-}
-
 struct RefitSpec {
   std::string comment;
   Topology topology;
   std::vector<TensorSpec> tensors;
+  // Empty in a spec as written; set by plan::LowerQuantization only (never in JSON).
+  std::vector<QuantizedSource> quantized_sources;
 
   const Layout& layout(size_t tensor, Side side) const {
     return side == Side::kSrc ? tensors[tensor].src : tensors[tensor].dst;

@@ -143,10 +143,33 @@ absl::StatusOr<Placement> ParsePlacement(const Context& ctx, const Value& v,
                    absl::StrCat("is ", QuoteForMessage(s), "; a placement is \"R\" or \"S(d)\""));
 }
 
+absl::Status ParseView(const Context& ctx, const Value& v, const std::string& field,
+                       size_t tensor_ndim, View& view) {
+  RESHARD_RETURN_IF_ERROR(Expect(ctx, v, field, Value::Type::kObject));
+  RESHARD_RETURN_IF_ERROR(CheckKeys(ctx, v, field, {"offset", "strides"}));
+  if (const Value* offset = v.Find("offset")) {
+    RESHARD_ASSIGN_OR_RETURN(view.offset, Integer(ctx, *offset, field + ".offset"));
+  }
+  if (const Value* strides = v.Find("strides")) {
+    RESHARD_ASSIGN_OR_RETURN(view.strides, IntegerList(ctx, *strides, field + ".strides"));
+    // In a spec, empty strides mean row-major; written out they are a mistake (a scalar's
+    // strides are [] and fine).
+    if (view.strides.empty() && tensor_ndim > 0) {
+      return ctx.Error(*strides, field + ".strides",
+                       absl::StrFormat("has 0 entries for a %d-D tensor (omit strides for "
+                                       "row-major)",
+                                       tensor_ndim));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ParseLayout(const Context& ctx, const Value& v, const std::string& side,
                          size_t tensor_ndim, Layout& layout) {
   RESHARD_RETURN_IF_ERROR(Expect(ctx, v, side, Value::Type::kObject));
-  RESHARD_RETURN_IF_ERROR(CheckKeys(ctx, v, side, {"mesh", "placements", "buffer", "view"}));
+  RESHARD_RETURN_IF_ERROR(CheckKeys(ctx, v, side,
+                                    {"mesh", "placements", "buffer", "view", "dtype", "quant",
+                                     "scale_buffer", "scale_view"}));
   RESHARD_ASSIGN_OR_RETURN(const Value* mesh, Require(ctx, v, "mesh", side));
   RESHARD_RETURN_IF_ERROR(Expect(ctx, *mesh, side + ".mesh", Value::Type::kArray));
   RESHARD_RETURN_IF_ERROR(ParseMeshLevel(ctx, *mesh, side + ".mesh", 0, layout.mesh));
@@ -164,24 +187,53 @@ absl::Status ParseLayout(const Context& ctx, const Value& v, const std::string& 
     layout.buffer = buffer->as_string();
   }
   if (const Value* view = v.Find("view")) {
-    RESHARD_RETURN_IF_ERROR(Expect(ctx, *view, side + ".view", Value::Type::kObject));
-    RESHARD_RETURN_IF_ERROR(CheckKeys(ctx, *view, side + ".view", {"offset", "strides"}));
+    RESHARD_RETURN_IF_ERROR(ParseView(ctx, *view, side + ".view", tensor_ndim, layout.view));
     layout.has_view = true;
-    if (const Value* offset = view->Find("offset")) {
-      RESHARD_ASSIGN_OR_RETURN(layout.view.offset, Integer(ctx, *offset, side + ".view.offset"));
+  }
+  if (const Value* dtype = v.Find("dtype")) {
+    RESHARD_RETURN_IF_ERROR(Expect(ctx, *dtype, side + ".dtype", Value::Type::kString));
+    auto parsed = ParseDType(dtype->as_string());
+    if (!parsed) {
+      return ctx.Error(*dtype, side + ".dtype",
+                       absl::StrCat(QuoteForMessage(dtype->as_string()),
+                                    " is unknown (known: ", std::string(DTypeNames()), ")"));
     }
-    if (const Value* strides = view->Find("strides")) {
-      RESHARD_ASSIGN_OR_RETURN(layout.view.strides,
-                               IntegerList(ctx, *strides, side + ".view.strides"));
-      // In a spec, empty strides mean row-major; written out they are a mistake (a scalar's
-      // strides are [] and fine).
-      if (layout.view.strides.empty() && tensor_ndim > 0) {
-        return ctx.Error(*strides, side + ".view.strides",
-                         absl::StrFormat("has 0 entries for a %d-D tensor (omit strides for "
-                                         "row-major)",
-                                         tensor_ndim));
-      }
+    layout.dtype = *parsed;
+  }
+  if (const Value* quant = v.Find("quant")) {
+    const std::string field = side + ".quant";
+    RESHARD_RETURN_IF_ERROR(Expect(ctx, *quant, field, Value::Type::kObject));
+    RESHARD_RETURN_IF_ERROR(CheckKeys(ctx, *quant, field, {"scheme", "block"}));
+    RESHARD_ASSIGN_OR_RETURN(const Value* scheme, Require(ctx, *quant, "scheme", field));
+    RESHARD_RETURN_IF_ERROR(Expect(ctx, *scheme, field + ".scheme", Value::Type::kString));
+    const std::string& name = scheme->as_string();
+    if (name == "block") {
+      layout.quant.scheme = QuantScheme::kBlock;
+    } else if (name == "mx") {
+      layout.quant.scheme = QuantScheme::kMx;
+    } else if (name == "channel") {
+      layout.quant.scheme = QuantScheme::kChannel;
+    } else if (name == "tensor") {
+      layout.quant.scheme = QuantScheme::kTensor;
+    } else {
+      return ctx.Error(*scheme, field + ".scheme",
+                       absl::StrCat(QuoteForMessage(name),
+                                    " is unknown (known: block, mx, channel, tensor)"));
     }
+    if (const Value* block = quant->Find("block")) {
+      RESHARD_ASSIGN_OR_RETURN(layout.quant.block, IntegerList(ctx, *block, field + ".block"));
+      if (layout.quant.block.empty()) return ctx.Error(*block, field + ".block", "is empty");
+    }
+  }
+  if (const Value* buffer = v.Find("scale_buffer")) {
+    RESHARD_RETURN_IF_ERROR(Expect(ctx, *buffer, side + ".scale_buffer", Value::Type::kString));
+    if (buffer->as_string().empty()) return ctx.Error(*buffer, side + ".scale_buffer", "is empty");
+    layout.scale_buffer = buffer->as_string();
+  }
+  if (const Value* view = v.Find("scale_view")) {
+    RESHARD_RETURN_IF_ERROR(
+        ParseView(ctx, *view, side + ".scale_view", tensor_ndim, layout.scale_view));
+    layout.has_scale_view = true;
   }
   return absl::OkStatus();
 }
@@ -314,6 +366,14 @@ void AppendMesh(std::string& out, const Mesh& mesh, size_t axis, int64_t& next) 
   out += ']';
 }
 
+void AppendView(std::string& out, const char* key, const View& v) {
+  absl::StrAppend(&out, ", \"", key, "\": {\"offset\": ", v.offset);
+  if (!v.strides.empty()) {
+    absl::StrAppend(&out, ", \"strides\": [", absl::StrJoin(v.strides, ", "), "]");
+  }
+  out += '}';
+}
+
 void AppendLayout(std::string& out, const Layout& l) {
   out += "{\"mesh\": ";
   int64_t next = 0;
@@ -326,11 +386,21 @@ void AppendLayout(std::string& out, const Layout& l) {
   out += ']';
   if (!l.buffer.empty()) absl::StrAppend(&out, ", \"buffer\": ", json::Quote(l.buffer));
   if (l.has_view || !l.view.strides.empty() || l.view.offset != 0) {
-    absl::StrAppend(&out, ", \"view\": {\"offset\": ", l.view.offset);
-    if (!l.view.strides.empty()) {
-      absl::StrAppend(&out, ", \"strides\": [", absl::StrJoin(l.view.strides, ", "), "]");
+    AppendView(out, "view", l.view);
+  }
+  if (l.dtype) absl::StrAppend(&out, ", \"dtype\": \"", std::string(DTypeName(*l.dtype)), "\"");
+  if (l.quant.scheme != QuantScheme::kNone) {
+    absl::StrAppend(&out, ", \"quant\": {\"scheme\": \"", QuantSchemeName(l.quant.scheme), "\"");
+    if (!l.quant.block.empty()) {
+      absl::StrAppend(&out, ", \"block\": [", absl::StrJoin(l.quant.block, ", "), "]");
     }
     out += '}';
+  }
+  if (!l.scale_buffer.empty()) {
+    absl::StrAppend(&out, ", \"scale_buffer\": ", json::Quote(l.scale_buffer));
+  }
+  if (l.has_scale_view || !l.scale_view.strides.empty() || l.scale_view.offset != 0) {
+    AppendView(out, "scale_view", l.scale_view);
   }
   out += '}';
 }

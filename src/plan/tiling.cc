@@ -158,4 +158,15 @@ int64_t TileExtent(const Layout& layout, const Box& tile) {
   return last + 1;
 }
 
+Box LargestTile(const Layout& l, const std::vector<int64_t>& shape) {
+  Box b;
+  b.ndim = static_cast<int>(shape.size());
+  for (int d = 0; d < b.ndim; ++d) b.hi[d] = shape[d];
+  for (int a = 0; a < l.mesh.ndim(); ++a) {
+    const Placement& p = l.placements[a];
+    if (p.is_shard()) b.hi[p.dim] = ChunkInterval({0, b.hi[p.dim]}, l.mesh.shape[a], 0).size();
+  }
+  return b;
+}
+
 }  // namespace reshard::plan

@@ -153,6 +153,13 @@ inline int64_t TileGrid::CellBaseIndex(const Cell& cell) const {
   return index;
 }
 
+// The tile of the largest shape in a layout: per dim the longest interval. A view that is
+// injective on it is injective on every tile, since every tile's local box is inside it, and its
+// extent bounds every tile's. torch.chunk's first part is its longest (ceil(n / parts), or all
+// of n), and a longer parent's first part is no shorter, so the longest nested interval is the
+// first of the first: O(axes), no grid (validation runs this for every tensor and side).
+Box LargestTile(const Layout& l, const std::vector<int64_t>& shape);
+
 // Resolved element strides of a tile with local shape `tile_shape` under `layout`'s view.
 void TileStrides(const Layout& layout, const Box& tile, std::array<int64_t, kMaxTensorDims>& out);
 

@@ -75,7 +75,7 @@ TEST(SpecJsonTest, UnknownKeysOnlyATopLevelCommentIsFreeText) {
   // A typo such as `placement` must not pass silently.
   EXPECT_EQ(Error(OneTensor(R"js({"mesh": [0, 1], "placement": ["S(0)"]})js", kDst)),
             "line 2, column 40: tensor \"w\": src has unknown key \"placement\" (allowed: mesh, "
-            "placements, buffer, view)");
+            "placements, buffer, view, dtype, quant, scale_buffer, scale_view)");
   EXPECT_EQ(Error(R"js({"tensor": [], "tensors": []})js"),
             "line 1, column 12: spec has unknown key \"tensor\" (allowed: comment, topology, "
             "tensors)");
@@ -94,7 +94,7 @@ TEST(SpecJsonTest, UnknownKeysOnlyATopLevelCommentIsFreeText) {
   // is an unknown key.
   EXPECT_EQ(Error(OneTensor(R"js({"mesh": [0, 1], "placements": ["S(0)"], "shape": [8, 4]})js", kDst)),
             "line 2, column 60: tensor \"w\": src has unknown key \"shape\" (allowed: mesh, "
-            "placements, buffer, view)");
+            "placements, buffer, view, dtype, quant, scale_buffer, scale_view)");
 }
 
 TEST(SpecJsonTest, UnknownDtype) {

@@ -1,0 +1,79 @@
+// Quantized destinations in the spec (docs/quantization.md): what a block is for each scheme,
+// the scales as a tensor of their own, and the lowering that turns a spec with quantized
+// destinations into a plain spec the planner, the engine and the executors move as it is.
+//
+// Lowering. A tensor whose destination is FP8 with scales becomes two tensors of the lowered
+// spec: the tensor itself with the FP8 dtype, whose source tiles are read from an internal
+// per-rank buffer (kQuantizedBuffer, 1-byte elements), and its scales (`<name>.scale`, over the
+// blocked shape, fp32 or E8M0 bytes), read from kQuantizedBuffer or kScaleBuffer (fp32) and
+// written to the destination's scale buffer. Before every refit each source rank fills its tiles
+// of those internal buffers by quantizing its tile of the user's source block by block
+// (QuantizedSource, quantize.h). So only FP8 bytes and scales cross the network, and relays and
+// fan-out forward them as any other bytes.
+//
+// Blocks and tiles. A source rank quantizes the blocks its tile holds, so source tiles must start
+// on block boundaries: a block that two source tiles share would need their partial amaxes
+// combined, which is not supported yet. A destination tile that cuts a block is an error too,
+// except along a dim the block covers whole (one block: channel's last dim, every dim of tensor):
+// there every destination rank of the dim holds that block's scale, replicated.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "src/plan/spec.h"
+#include "src/plan/tiling.h"
+
+namespace reshard::plan {
+
+// The internal source buffers of a lowered spec (Side::kSrc; BufferInfo::internal). User buffer
+// names starting with "reshard:" are reserved.
+inline constexpr char kQuantizedBuffer[] = "reshard:fp8";
+inline constexpr char kScaleBuffer[] = "reshard:fp8-scales";
+inline constexpr char kReservedBufferPrefix[] = "reshard:";
+
+// The block's extent along every dim of `t` (dst.quant of a quantized tensor, resolved).
+std::vector<int64_t> BlockShape(const TensorSpec& t);
+// ceil(shape / block) per dim: the shape of the scale tensor.
+std::vector<int64_t> BlockedShape(const std::vector<int64_t>& shape,
+                                  const std::vector<int64_t>& block);
+// The element type of the scales: fp32, or E8M0 bytes (u8) for kMx.
+DType ScaleDType(QuantScheme scheme);
+// The scales' layout on a side: the same mesh and placements, except that on the destination a
+// mesh axis that shards a dim of one block replicates instead (every tile of the dim holds part
+// of that block, so every one needs its scale). On the source such a dim has one non-empty tile
+// (ValidateQuant), which holds the block's scale as the same placement gives it.
+Layout ScaleLayout(const Layout& l, const std::vector<int64_t>& shape,
+                   const std::vector<int64_t>& block, Side side);
+
+// The quantization checks of Validate() for tensor `t`: dtypes, scheme, block, scale fields, and
+// that source and destination tiles start on block boundaries (above). InvalidArgument naming the
+// tensor, the field, and for a cut block the dim and a rank whose tile cuts it.
+[[nodiscard]] absl::Status ValidateQuant(const TensorSpec& t);
+
+// The lowered spec (above) of a valid spec; `spec` itself when no tensor is quantized.
+// InvalidArgument when a scale tensor's name is taken by another tensor.
+[[nodiscard]] absl::StatusOr<std::shared_ptr<const RefitSpec>> LowerQuantization(
+    std::shared_ptr<const RefitSpec> spec);
+
+// Quantizes one tile of quantized source `qs` to the FP8 type `fp8`: the tile's first element is
+// at `src`, the others at element `strides` (of qs.dtype); its FP8 bytes go row-major to `out`
+// and its scales row-major (over ceil(extent / block)) to `scales`. The tile starts on block
+// boundaries (ValidateQuant). Allocates nothing.
+void QuantizeBox(const QuantizedSource& qs, DType fp8, const Box& tile, const uint8_t* src,
+                 const std::array<int64_t, kMaxTensorDims>& strides, uint8_t* out,
+                 uint8_t* scales);
+// What a source rank does before each refit, for one of its tiles of quantized source `q` of a
+// lowered spec: reads the tile from the user's buffer (`user_buffer`, per qs.src's view) and
+// writes its FP8 elements and scales where the lowered spec's tensors read them
+// (`elements_buffer`: the rank's buffer of the FP8 tensor's source, `scales_buffer`: of its
+// scale tensor's; both internal).
+void QuantizeSourceTile(const RefitSpec& lowered, size_t q, const Box& tile,
+                        const uint8_t* user_buffer, uint8_t* elements_buffer,
+                        uint8_t* scales_buffer);
+
+}  // namespace reshard::plan
