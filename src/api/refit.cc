@@ -49,10 +49,17 @@ std::vector<BufferRequirement> Requirements(const plan::RefitSpec& spec,
       }
     }
   }
+  // A lowered spec's quantized tensors read the user's sources through internal buffers.
+  for (size_t q = 0; q < spec.quantized_sources.size(); ++q) {
+    const plan::QuantizedSource& qs = spec.quantized_sources[q];
+    if (qs.src.mesh.IndexOf(rank) >= 0) {
+      tensors[table.quantized_source_buffer[q]].push_back(spec.tensors[qs.tensor].name);
+    }
+  }
   for (plan::Side side : {plan::Side::kSrc, plan::Side::kDst}) {
     for (uint32_t b = 0; b < table.buffers.size(); ++b) {
       const plan::BufferInfo& info = table.buffers[b];
-      if (info.side != side || tensors[b].empty()) continue;
+      if (info.side != side || info.internal || tensors[b].empty()) continue;
       BufferRequirement req;
       req.tensors = std::move(tensors[b]);
       req.name = info.name;
@@ -77,6 +84,8 @@ class RefitHandle::Impl {
   // relayed pieces write it in one copy.
   std::unique_ptr<SharedBuffer> shared_staging;
   std::vector<uint8_t> private_staging;
+  // The lowered spec's internal buffers this rank holds (quantized sources), by plan order.
+  std::vector<std::vector<uint8_t>> internal_buffers;
   // Null for a rank the spec does not name (nothing to send or receive).
   std::unique_ptr<internal::RefitSession> session;
 
@@ -128,7 +137,7 @@ absl::StatusOr<std::vector<common::BufferView>> MatchBuffers(const plan::Plan& p
     const plan::Side ps = side == Side::kSource ? plan::Side::kSrc : plan::Side::kDst;
     absl::flat_hash_map<std::string, uint32_t> ids;
     for (uint32_t b = 0; b < plan.buffers().size(); ++b) {
-      if (plan.buffers()[b].side == ps) ids[plan.buffers()[b].name] = b;
+      if (plan.buffers()[b].side == ps && !plan.buffers()[b].internal) ids[plan.buffers()[b].name] = b;
     }
     const auto& list = side == Side::kSource ? given.sources() : given.destinations();
     absl::flat_hash_set<std::string> seen;
@@ -161,6 +170,14 @@ absl::StatusOr<std::vector<common::BufferView>> MatchBuffers(const plan::Plan& p
     }
     for (uint32_t b = 0; b < plan.buffers().size(); ++b) {
       if (plan.buffers()[b].side != ps || required[b] == 0 || out[b].data != nullptr) continue;
+      if (plan.buffers()[b].internal) {
+        // What this rank quantizes its sources into before each refit (quant_spec.h): host
+        // memory the handle owns (the session checks that the sources are host memory too).
+        impl.internal_buffers.emplace_back(static_cast<size_t>(required[b]), 0);
+        out[b] = common::BufferView{impl.internal_buffers.back().data(), required[b],
+                                    common::MemoryKind::kHost};
+        continue;
+      }
       return absl::InvalidArgumentError(absl::StrCat(
           "tensor \"", tensor_of(b, ps), "\" on rank ", rank, ": no ", SideName(side), " buffer \"",
           plan.buffers()[b].name, "\" was given (", required[b], " bytes expected)"));

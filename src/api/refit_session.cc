@@ -8,6 +8,8 @@
 #include "src/common/idle.h"
 #include "src/common/log.h"
 #include "src/common/status.h"
+#include "src/common/json.h"
+#include "src/plan/quant_spec.h"
 #include "src/plan/schedule.h"
 #include "src/rendezvous/record.h"
 
@@ -81,6 +83,8 @@ absl::StatusOr<std::unique_ptr<RefitSession>> RefitSession::Create(
     }
   }
 
+  RESHARD_RETURN_IF_ERROR(session->PrepareQuantization(buffers));
+
   // 3. The network engine.
   RESHARD_ASSIGN_OR_RETURN(session->engine_,
                            net::RefitEngine::Create(session->plan_, rank, store,
@@ -114,7 +118,40 @@ absl::Status RefitSession::BuildFanout(const std::vector<common::BufferView>& bu
   return absl::OkStatus();
 }
 
+absl::Status RefitSession::PrepareQuantization(const std::vector<common::BufferView>& buffers) {
+  const plan::Plan& p = *plan_;
+  const plan::RefitSpec& spec = p.spec();
+  for (size_t q = 0; q < spec.quantized_sources.size(); ++q) {
+    const plan::QuantizedSource& qs = spec.quantized_sources[q];
+    const plan::TensorSpec& t = spec.tensors[qs.tensor];
+    const plan::TileGrid grid(qs.src, t.shape);
+    const std::optional<plan::TileGrid::Cell> cell = grid.CellOfRank(rank_);
+    if (!cell.has_value()) continue;
+    const common::BufferView& user = buffers[p.quantized_source_buffer(q)];
+    if (user.kind != common::MemoryKind::kHost) {
+      return absl::UnimplementedError(absl::StrFormat(
+          "tensor %s on rank %d: its destination is quantized, and quantizing a source in GPU "
+          "memory needs the CUDA quantization kernels, which are not built yet; give the "
+          "source in host memory",
+          json::QuoteForMessage(t.name), rank_));
+    }
+    QuantizeJob job;
+    job.source = q;
+    job.tile = grid.CellBox(*cell);
+    job.user = static_cast<const uint8_t*>(user.data);
+    job.elements = static_cast<uint8_t*>(buffers[p.buffer_of(qs.tensor, plan::Side::kSrc)].data);
+    job.scales = static_cast<uint8_t*>(buffers[p.buffer_of(qs.scale_tensor, plan::Side::kSrc)].data);
+    quantize_.push_back(job);
+  }
+  return absl::OkStatus();
+}
+
 absl::Status RefitSession::Start(uint64_t epoch) {
+  // Quantized sources first: the puts read what this writes (host memory, before any post).
+  for (const QuantizeJob& job : quantize_) {
+    plan::QuantizeSourceTile(plan_->spec(), job.source, job.tile, job.user, job.elements,
+                             job.scales);
+  }
   if (fanout_ != nullptr) RESHARD_RETURN_IF_ERROR(fanout_->Start(epoch));
   return engine_->Start(epoch);
 }

@@ -41,6 +41,7 @@
 #include "src/net/runtime.h"
 #include "src/nvlink/fanout.h"
 #include "src/plan/plan.h"
+#include "src/plan/tiling.h"
 #include "src/rendezvous/store.h"
 
 namespace reshard::internal {
@@ -101,6 +102,17 @@ class RefitSession {
   std::unique_ptr<nvlink::Fanout> fanout_;
   std::unique_ptr<net::RefitEngine> engine_;
   std::vector<uint32_t> landed_;  // Reused by every round of Wait: no allocation per refit.
+  // This rank's tiles of quantized sources (plan::QuantizedSource), quantized by Start before
+  // anything is posted: from the user's source buffer into the internal ones the puts read.
+  struct QuantizeJob {
+    size_t source = 0;  // Index into the plan's spec().quantized_sources.
+    plan::Box tile;
+    const uint8_t* user = nullptr;
+    uint8_t* elements = nullptr;
+    uint8_t* scales = nullptr;
+  };
+  std::vector<QuantizeJob> quantize_;
+  absl::Status PrepareQuantization(const std::vector<common::BufferView>& buffers);
 };
 
 // The plan's world size and every rank in it, for collective set-up steps.

@@ -8,6 +8,7 @@
 #include "src/common/status.h"
 #include "src/plan/dtype.h"
 #include "src/plan/plan.h"
+#include "src/plan/quant_spec.h"
 #include "src/plan/spec_json.h"
 #include "src/plan/tiling.h"
 
@@ -52,6 +53,22 @@ Layout& Layout::InBuffer(std::string buffer_name, int64_t offset, std::vector<in
   return *this;
 }
 
+Layout& Layout::Quantized(DType fp8, QuantScheme scheme, std::vector<int64_t> block) {
+  dtype = fp8;
+  quant_scheme = scheme;
+  quant_block = std::move(block);
+  return *this;
+}
+
+Layout& Layout::ScalesInBuffer(std::string buffer_name, int64_t offset,
+                               std::vector<int64_t> strides) {
+  scale_buffer = std::move(buffer_name);
+  scale_view_offset = offset;
+  scale_view_strides = std::move(strides);
+  has_scale_view = true;
+  return *this;
+}
+
 int64_t LocalTile::num_elements() const {
   int64_t n = 1;
   for (size_t d = 0; d < lo.size(); ++d) n *= hi[d] - lo[d];
@@ -81,6 +98,10 @@ RefitSpec& RefitSpec::SetComment(std::string comment) {
 
 namespace {
 
+static_assert(static_cast<int>(QuantScheme::kTensor) == static_cast<int>(plan::QuantScheme::kTensor) &&
+                  static_cast<int>(QuantScheme::kMx) == static_cast<int>(plan::QuantScheme::kMx),
+              "the public QuantScheme mirrors plan::QuantScheme");
+
 plan::Layout ToPlan(const Layout& in) {
   plan::Layout out;
   out.mesh.shape = in.mesh.shape();
@@ -93,6 +114,13 @@ plan::Layout ToPlan(const Layout& in) {
   out.view.offset = in.view_offset;
   out.view.strides = in.view_strides;
   out.has_view = in.has_view;
+  if (in.dtype) out.dtype = static_cast<plan::DType>(*in.dtype);
+  out.quant.scheme = static_cast<plan::QuantScheme>(in.quant_scheme);
+  out.quant.block = in.quant_block;
+  out.scale_buffer = in.scale_buffer;
+  out.scale_view.offset = in.scale_view_offset;
+  out.scale_view.strides = in.scale_view_strides;
+  out.has_scale_view = in.has_scale_view;
   return out;
 }
 
@@ -105,6 +133,13 @@ Layout FromPlan(const plan::Layout& in) {
   out.view_offset = in.view.offset;
   out.view_strides = in.view.strides;
   out.has_view = in.has_view;
+  if (in.dtype) out.dtype = static_cast<DType>(*in.dtype);
+  out.quant_scheme = static_cast<QuantScheme>(in.quant.scheme);
+  out.quant_block = in.quant.block;
+  out.scale_buffer = in.scale_buffer;
+  out.scale_view_offset = in.scale_view.offset;
+  out.scale_view_strides = in.scale_view.strides;
+  out.has_scale_view = in.has_scale_view;
   return out;
 }
 
@@ -173,7 +208,14 @@ absl::StatusOr<std::vector<BufferRequirement>> RefitSpec::LocalBuffers(int32_t r
   // structural check, buffer overlaps on this rank: the whole spec's overlap check grows with
   // the world's tiles); buffers do not depend on any plan.
   RESHARD_RETURN_IF_ERROR(plan::ValidateForRank(spec, rank));
-  return internal::Requirements(spec, plan::AssignBuffers(spec), rank);
+  bool quantized = false;
+  for (const plan::TensorSpec& t : spec.tensors) quantized = quantized || t.quantized();
+  if (!quantized) return internal::Requirements(spec, plan::AssignBuffers(spec), rank);
+  // Quantized destinations add scale buffers (plan::LowerQuantization, as planning does).
+  RESHARD_ASSIGN_OR_RETURN(std::shared_ptr<const plan::RefitSpec> lowered,
+                           plan::LowerQuantization(std::make_shared<plan::RefitSpec>(spec)));
+  RESHARD_RETURN_IF_ERROR(plan::ValidateForRank(*lowered, rank));
+  return internal::Requirements(*lowered, plan::AssignBuffers(*lowered), rank);
 }
 
 absl::StatusOr<std::vector<LocalTile>> RefitSpec::LocalTiles(int32_t rank, Side side) const {
@@ -194,7 +236,7 @@ absl::StatusOr<std::vector<LocalTile>> RefitSpec::LocalTiles(int32_t rank, Side 
     tile.tensor = ts.name;
     tile.buffer = ps == plan::Side::kSrc ? ts.src_buffer() : ts.dst_buffer();
     tile.side = side;
-    tile.dtype = static_cast<DType>(ts.dtype);
+    tile.dtype = static_cast<DType>(side == Side::kSource ? ts.dtype : ts.dst_dtype());
     tile.global_shape = ts.shape;
     for (int d = 0; d < box.ndim; ++d) {
       tile.lo.push_back(box.lo[d]);

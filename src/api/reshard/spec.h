@@ -23,6 +23,7 @@
 
 #include <cstdint>
 #include <initializer_list>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -84,6 +85,12 @@ class Mesh {
   std::vector<int32_t> ranks_;
 };
 
+// How a destination stores a tensor quantized (docs/quantization.md): FP8 elements with one
+// scale per block. kBlock takes the block's extents over the last dims ([128, 128]: DeepSeek-V3's
+// fp32 scale per 128 x 128 block); kMx an E8M0 scale per block (default [32] along the last
+// dim); kChannel an fp32 scale per row; kTensor one fp32 scale.
+enum class QuantScheme : uint8_t { kNone, kBlock, kMx, kChannel, kTensor };
+
 // A tensor's layout on one side.
 struct Layout {
   Layout() = default;
@@ -93,6 +100,13 @@ struct Layout {
   // Places every tile of this side inside the per-rank buffer `buffer_name` at element
   // `offset`, with element `strides` (empty: row-major contiguous tile). Returns *this.
   Layout& InBuffer(std::string buffer_name, int64_t offset = 0, std::vector<int64_t> strides = {});
+  // Destinations only: store the tiles as `fp8` (kFp8E4M3 or kFp8E5M2) quantized by `scheme`
+  // with `block` (kBlock; optional for kMx; none for the others). Returns *this.
+  Layout& Quantized(DType fp8, QuantScheme scheme, std::vector<int64_t> block = {});
+  // Where a quantized destination's scales live (default: a buffer "<tensor>.scale" of their
+  // own, row-major over the blocked tile), like InBuffer. Returns *this.
+  Layout& ScalesInBuffer(std::string buffer_name, int64_t offset = 0,
+                         std::vector<int64_t> strides = {});
 
   Mesh mesh;
   std::vector<Placement> placements;  // One per mesh axis.
@@ -101,6 +115,14 @@ struct Layout {
   int64_t view_offset = 0;            // In elements.
   std::vector<int64_t> view_strides;  // In elements; empty: contiguous.
   bool has_view = false;
+  // Quantized destinations (Quantized, ScalesInBuffer); dtype unset: the tensor's.
+  std::optional<DType> dtype;
+  QuantScheme quant_scheme = QuantScheme::kNone;
+  std::vector<int64_t> quant_block;
+  std::string scale_buffer;
+  int64_t scale_view_offset = 0;
+  std::vector<int64_t> scale_view_strides;
+  bool has_scale_view = false;
 };
 
 struct TensorDesc {

@@ -1,0 +1,185 @@
+// Quantized destinations through real refits (issue 13, docs/quantization.md): six forked ranks
+// refit a spec with every scheme (block, mx, channel, tensor) and both FP8 formats from bf16, fp16
+// and fp32 sources over shared memory and tcp; every destination element and scale must equal
+// what the in-process reference (plan::ExpectQuantized, the quantizer the ml_dtypes test checks)
+// computes from the sources, bit for bit, in each of three refits.
+#include <cstdint>
+#include <cstdio>
+#include <map>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "reshard/reshard.h"
+#include "src/plan/fill.h"
+#include "src/plan/plan.h"
+#include "src/plan/quant_spec.h"
+#include "src/plan/spec_json.h"
+#include "src/plan/tiling.h"
+#include "src/rendezvous/file_store.h"
+#include "tests/testing/multiprocess.h"
+
+namespace reshard {
+namespace {
+
+// Sources on ranks 0-1, destinations on 2-5 (two domains of two). "t" is replicated on the
+// source and its one scale replicated on every destination (fan-out); "plain" is not quantized.
+constexpr char kSpec[] = R"json({"topology": {"ranks_per_domain": 2}, "tensors": [
+  {"name": "w", "dtype": "bf16", "shape": [512, 1024],
+   "src": {"mesh": [0, 1], "placements": ["S(0)"]},
+   "dst": {"mesh": [2, 3, 4, 5], "placements": ["S(1)"], "dtype": "fp8e4m3",
+           "quant": {"scheme": "block", "block": [128, 128]}}},
+  {"name": "v", "dtype": "fp32", "shape": [256, 128],
+   "src": {"mesh": [0, 1], "placements": ["S(1)"]},
+   "dst": {"mesh": [2, 3, 4, 5], "placements": ["S(0)"], "dtype": "fp8e5m2",
+           "quant": {"scheme": "mx", "block": [1, 32]}}},
+  {"name": "c", "dtype": "fp16", "shape": [64, 200],
+   "src": {"mesh": [0, 1], "placements": ["S(0)"]},
+   "dst": {"mesh": [2, 3, 4, 5], "placements": ["S(1)"], "dtype": "fp8e4m3",
+           "quant": {"scheme": "channel"}, "scale_buffer": "scales", "scale_view": {"offset": 8}}},
+  {"name": "t", "dtype": "bf16", "shape": [100, 30],
+   "src": {"mesh": [0, 1], "placements": ["R"]},
+   "dst": {"mesh": [2, 3, 4, 5], "placements": ["S(0)"], "dtype": "fp8e5m2",
+           "quant": {"scheme": "tensor"}}},
+  {"name": "plain", "dtype": "bf16", "shape": [64, 64],
+   "src": {"mesh": [0, 1], "placements": ["S(0)"]},
+   "dst": {"mesh": [2, 3, 4, 5], "placements": ["S(1)"]}}]})json";
+constexpr int kWorld = 6;
+constexpr uint8_t kPoison = 0xA5;
+
+std::string StoreDir(const std::string& tag) {
+  std::random_device rd;
+  return absl::StrCat(::testing::TempDir(), "/reshard-quant-", tag, "-", getpid(), "-", rd());
+}
+
+StoreCallbacks Callbacks(rendezvous::Store* store) {
+  StoreCallbacks cb;
+  cb.set = [store](const std::string& k, const std::string& v) { return store->Set(k, v); };
+  cb.get = [store](const std::string& k, absl::Time deadline) { return store->Get(k, deadline); };
+  cb.list = [store](const std::string& prefix) { return store->List(prefix); };
+  cb.del = [store](const std::string& k) { return store->Delete(k); };
+  return cb;
+}
+
+#define CHILD_EXPECT(cond, ...)                                                        \
+  do {                                                                                 \
+    if (!(cond)) {                                                                     \
+      std::fprintf(stderr, "rank %d: %s:%d: %s %s\n", rank, __FILE__, __LINE__, #cond, \
+                   std::string(__VA_ARGS__).c_str());                                  \
+      return 1;                                                                        \
+    }                                                                                  \
+  } while (0)
+
+testing::ForkOptions Transport(const std::string& name) {
+  testing::ForkOptions fork = testing::SharedMemoryUcx(absl::Seconds(120));
+  if (name == "tcp") {
+    fork.env = {{"UCX_TLS", "tcp"}, {"UCX_NET_DEVICES", "lo"}, {"UCX_WARN_UNUSED_ENV_VARS", "n"}};
+  }
+  return fork;
+}
+
+// `rank`'s tile of `layout`, or nullopt.
+std::optional<plan::Box> TileOf(const plan::Layout& layout, const std::vector<int64_t>& shape,
+                                int32_t rank) {
+  const plan::TileGrid grid(layout, shape);
+  const auto cell = grid.CellOfRank(rank);
+  if (!cell) return std::nullopt;
+  return grid.CellBox(*cell);
+}
+
+class QuantizedRefitTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(QuantizedRefitTest, ElementsAndScalesMatchTheReferenceBitForBit) {
+  const std::string transport = GetParam();
+  auto parsed = plan::ParseSpecJson(kSpec);
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  auto lowered_or = plan::LowerQuantization(std::make_shared<const plan::RefitSpec>(*parsed));
+  ASSERT_TRUE(lowered_or.ok()) << lowered_or.status();
+  const std::shared_ptr<const plan::RefitSpec> lowered = *lowered_or;
+  ASSERT_EQ(lowered->quantized_sources.size(), 4u);
+  const std::string dir = StoreDir(transport);
+  std::map<int32_t, int> codes = testing::ForkRanks(
+      testing::Ranks(kWorld),
+      [&](int32_t rank) {
+        auto store = rendezvous::FileStore::Open(dir);
+        CHILD_EXPECT(store.ok(), store.status().ToString());
+        auto comm = Communicator::FromCallbacks(Callbacks(store->get()), rank, kWorld);
+        CHILD_EXPECT(comm.ok(), comm.status().ToString());
+        auto spec = RefitSpec::FromJson(kSpec);
+        CHILD_EXPECT(spec.ok(), spec.status().ToString());
+        auto reqs = spec->LocalBuffers(rank);
+        CHILD_EXPECT(reqs.ok(), reqs.status().ToString());
+        std::map<std::pair<plan::Side, std::string>, std::vector<uint8_t>> memory;
+        LocalBuffers views;
+        for (const BufferRequirement& r : *reqs) {
+          CHILD_EXPECT(!absl::StartsWith(r.name, plan::kReservedBufferPrefix), r.name);
+          const plan::Side side = r.side == Side::kSource ? plan::Side::kSrc : plan::Side::kDst;
+          auto& bytes = memory[{side, r.name}];
+          bytes.assign(static_cast<size_t>(r.bytes), kPoison);
+          views.Add(r.side, r.name, Buffer{bytes.data(), r.bytes});
+        }
+        HandleOptions options;
+        options.setup_timeout = absl::Seconds(30);
+        auto handle = RefitHandle::Create(*comm, *spec, std::move(views), options);
+        CHILD_EXPECT(handle.ok(), handle.status().ToString());
+        for (uint64_t step = 1; step <= 3; ++step) {
+          // Sources: plain tensors as usual, quantized ones with real numbers (and specials).
+          for (size_t t = 0; t < lowered->tensors.size(); ++t) {
+            const plan::TensorSpec& ts = lowered->tensors[t];
+            if (absl::StartsWith(ts.src_buffer(), plan::kReservedBufferPrefix)) continue;
+            if (auto box = TileOf(ts.src, ts.shape, rank)) {
+              plan::FillTile(*lowered, t, plan::Side::kSrc, *box, step,
+                             memory.at({plan::Side::kSrc, ts.src_buffer()}).data());
+            }
+          }
+          for (size_t q = 0; q < lowered->quantized_sources.size(); ++q) {
+            const plan::QuantizedSource& qs = lowered->quantized_sources[q];
+            if (auto box = TileOf(qs.src, lowered->tensors[qs.tensor].shape, rank)) {
+              plan::FillQuantizedSourceTile(*lowered, q, *box, step,
+                                            memory.at({plan::Side::kSrc, qs.src.buffer}).data());
+            }
+          }
+          for (auto& [key, bytes] : memory) {
+            if (key.first == plan::Side::kDst) std::fill(bytes.begin(), bytes.end(), kPoison);
+          }
+          const absl::Status st = handle->Execute(absl::Now() + absl::Seconds(30));
+          CHILD_EXPECT(st.ok(), st.ToString());
+          // Destinations: quantized tensors and scales against the reference, the rest exact.
+          std::vector<plan::QuantizedExpectation> expected;
+          for (size_t q = 0; q < lowered->quantized_sources.size(); ++q) {
+            expected.push_back(plan::ExpectQuantized(*lowered, q, step));
+          }
+          int64_t checked = 0;
+          for (size_t t = 0; t < lowered->tensors.size(); ++t) {
+            const plan::TensorSpec& ts = lowered->tensors[t];
+            auto box = TileOf(ts.dst, ts.shape, rank);
+            if (!box) continue;
+            const uint8_t* buffer = memory.at({plan::Side::kDst, ts.dst_buffer()}).data();
+            const std::vector<uint8_t>* want = nullptr;
+            for (size_t q = 0; q < lowered->quantized_sources.size(); ++q) {
+              if (lowered->quantized_sources[q].tensor == t) want = &expected[q].elements;
+              if (lowered->quantized_sources[q].scale_tensor == t) want = &expected[q].scales;
+            }
+            const absl::Status v =
+                want != nullptr ? plan::VerifyTileAgainst(*lowered, t, *box, rank, buffer,
+                                                          want->data())
+                                : plan::VerifyTile(*lowered, t, *box, step, rank, buffer);
+            CHILD_EXPECT(v.ok(), absl::StrCat("refit ", step, ": ", v.ToString()));
+            checked += box->NumElements();
+          }
+          if (rank >= 2) CHILD_EXPECT(checked > 0);
+        }
+        return 0;
+      },
+      Transport(transport));
+  for (int32_t r = 0; r < kWorld; ++r) EXPECT_EQ(codes[r], 0) << "rank " << r;
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, QuantizedRefitTest, ::testing::Values("sm", "tcp"));
+
+}  // namespace
+}  // namespace reshard
