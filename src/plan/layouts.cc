@@ -4,10 +4,13 @@
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "src/common/status.h"
+#include "src/plan/quant_spec.h"
 #include "src/plan/tiling.h"
 
 namespace reshard::plan {
@@ -433,6 +436,44 @@ absl::StatusOr<RankRanges> ComputeRankRanges(const TrainParallelism& train,
   return r.ranks;
 }
 
+namespace {
+
+// ModelSpecOptions::infer_dtype: quantizes the destinations of the matrices that can be.
+void QuantizeDestinations(DType fp8, const Quant& quant, RefitSpec& spec) {
+  auto eligible = [](const TensorSpec& t) {
+    return t.shape.size() >= 2 && !absl::StrContains(t.name, "embed_tokens") &&
+           !absl::StrContains(t.name, "lm_head") && !absl::StrContains(t.name, "mlp.gate.weight");
+  };
+  int64_t quantized = 0, cut = 0;
+  for (TensorSpec& t : spec.tensors) {
+    if (!eligible(t)) continue;
+    t.dst.dtype = fp8;
+    t.dst.quant = quant;
+    if (!ValidateQuant(t).ok()) {
+      t.dst.dtype.reset();
+      t.dst.quant = Quant{};
+      ++cut;
+    }
+  }
+  // A fused destination buffer holds one element type: all of its tensors, or none.
+  absl::flat_hash_map<std::string, bool> mixed;  // Buffer -> some member not quantized.
+  for (const TensorSpec& t : spec.tensors) mixed[t.dst_buffer()] |= !t.quantized();
+  for (TensorSpec& t : spec.tensors) {
+    if (t.quantized() && mixed[t.dst_buffer()]) {
+      t.dst.dtype.reset();
+      t.dst.quant = Quant{};
+      ++cut;
+    }
+    quantized += t.quantized();
+  }
+  absl::StrAppend(&spec.comment, "; ", std::string(DTypeName(fp8)), " ", QuantSchemeName(quant.scheme),
+                  quant.block.empty() ? "" : absl::StrCat(" [", absl::StrJoin(quant.block, ", "), "]"),
+                  " destinations: ", quantized, " tensors (", cut,
+                  " matrices left unquantized: their tiles, or a fused neighbour's, cut blocks)");
+}
+
+}  // namespace
+
 absl::StatusOr<RefitSpec> MakeModelSpec(const ModelConfig& cfg, const TrainParallelism& train,
                                         const InferParallelism& infer, const ClusterDesc& cluster,
                                         const ModelSpecOptions& opts) {
@@ -478,6 +519,7 @@ absl::StatusOr<RefitSpec> MakeModelSpec(const ModelConfig& cfg, const TrainParal
     for (const auto& [index, tensor] : members) order.push_back(tensor);
     FuseViews(spec, order, buffer);
   }
+  if (opts.infer_dtype) QuantizeDestinations(*opts.infer_dtype, opts.infer_quant, spec);
   return spec;
 }
 

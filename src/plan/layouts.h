@@ -30,6 +30,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -63,6 +64,13 @@ struct ModelSpecOptions {
   // Routed experts stacked (vLLM FusedMoE) or one tensor per expert matrix (Hugging Face
   // names); kPerExpert on a model without routed experts is an InvalidArgument ("experts: ...").
   ExpertTensors experts = ExpertTensors::kStacked;
+  // Inference weights stored quantized (docs/quantization.md): every matrix but the embedding,
+  // lm_head and the MoE router gets dst.dtype `infer_dtype` with `infer_quant`, as FP8
+  // checkpoints (DeepSeek-V3, Kimi-K2) do. A matrix whose tiles would cut blocks stays in
+  // `dtype`, as does every tensor of a fused buffer with such a member; the spec's comment says
+  // how many were quantized.
+  std::optional<DType> infer_dtype;
+  Quant infer_quant{QuantScheme::kBlock, {128, 128}};
 };
 
 // Where the two sides sit in the refit world.

@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "src/plan/executor.h"
 #include "src/plan/plan.h"
 #include "src/plan/tiling.h"
@@ -487,6 +488,41 @@ TEST(LayoutsTest, FullScaleSpecsValidate) {
     const absl::Status valid = Validate(spec);
     EXPECT_TRUE(valid.ok()) << valid;
   }
+}
+
+// --infer-dtype: FP8 inference matrices (DeepSeek-V3 style 128 x 128 blocks) from a bf16 trainer.
+// Every matrix but the embedding, lm_head and router is quantized when its tiles allow, the spec
+// validates, plans and verifies in process, and the network carries fewer bytes (this model is
+// tiny: its unquantized embedding and lm_head and the scales of 16 x 16 blocks weigh much more
+// than in a real one, where `reshard sim --infer-dtype` shows half the bytes).
+TEST(LayoutsTest, Fp8InferenceMatricesHalveTheNetworkBytes) {
+  const ModelConfig cfg = Model("tiny-moe.json");
+  auto t = ParseTrainParallelism("tp=2,ep=2,gpus=4");
+  auto i = ParseInferParallelism("tp=2,dp=2");
+  ASSERT_TRUE(t.ok() && i.ok());
+  ModelSpecOptions opts;
+  auto bf16 = MakeModelSpec(cfg, *t, *i, SmallDomains(2), opts);
+  opts.infer_dtype = DType::kFp8E4M3;
+  opts.infer_quant = Quant{QuantScheme::kBlock, {16, 16}};
+  auto fp8 = MakeModelSpec(cfg, *t, *i, SmallDomains(2), opts);
+  ASSERT_TRUE(bf16.ok() && fp8.ok()) << fp8.status();
+  int quantized = 0;
+  for (const TensorSpec& ts : fp8->tensors) {
+    quantized += ts.quantized();
+    if (ts.name.find("embed_tokens") != std::string::npos ||
+        ts.name.find("lm_head") != std::string::npos || ts.shape.size() < 2) {
+      EXPECT_FALSE(ts.quantized()) << ts.name;
+    }
+  }
+  EXPECT_GT(quantized, 0);
+  EXPECT_NE(fp8->comment.find(absl::StrCat("destinations: ", quantized, " tensors")),
+            std::string::npos)
+      << fp8->comment;
+  auto plan_bf16 = BuildPlan(std::make_shared<const RefitSpec>(*bf16));
+  auto plan_fp8 = BuildPlan(std::make_shared<const RefitSpec>(*fp8));
+  ASSERT_TRUE(plan_bf16.ok() && plan_fp8.ok()) << plan_fp8.status();
+  EXPECT_LT(plan_fp8->stats().bytes_network, plan_bf16->stats().bytes_network);
+  EXPECT_TRUE(VerifyPlanInProcess(*plan_fp8, int64_t{1} << 30).ok());
 }
 
 }  // namespace

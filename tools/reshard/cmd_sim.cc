@@ -17,6 +17,7 @@
 #include "src/plan/plan.h"
 #include "src/plan/schedule.h"
 #include "src/plan/sim.h"
+#include "src/plan/quant_spec.h"
 #include "src/plan/spec_json.h"
 #include "tools/reshard/args.h"
 #include "tools/reshard/commands.h"
@@ -251,7 +252,8 @@ int SimCommand(int argc, char** argv) {
     cluster = *loaded;
   }
   if (auto path = args.Get("spec")) {
-    for (const char* option : {"model", "train", "infer", "dtype", "layers", "per-expert"}) {
+    for (const char* option : {"model", "train", "infer", "dtype", "layers", "per-expert",
+                               "infer-dtype", "infer-quant"}) {
       if (args.Has(option)) {
         return UsageError("sim",
                           absl::StrCat("--spec excludes --", option,
@@ -298,7 +300,12 @@ int SimCommand(int argc, char** argv) {
 
   auto t0 = std::chrono::steady_clock::now();
   plan::DomainMap domains(s);
-  const plan::LowerBound lb = plan::ComputeLowerBound(s, domains);
+  // Quantized destinations: the bound of what actually travels (FP8 bytes and scales). The
+  // gather-and-broadcast baselines below move the spec as written, in its source dtype, as
+  // NVIDIA's Reshard does for quantized weights (docs/quantization.md).
+  auto lowered = plan::LowerQuantization(shared);
+  if (!lowered.ok()) return UsageError("sim", std::string(lowered.status().message()));
+  const plan::LowerBound lb = plan::ComputeLowerBound(**lowered, domains);
   const double lb_seconds = Seconds(t0);
 
   t0 = std::chrono::steady_clock::now();

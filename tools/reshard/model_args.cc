@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <utility>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "src/common/status.h"
 #include "src/plan/layouts.h"
 #include "src/plan/model.h"
@@ -11,7 +13,7 @@
 namespace reshard::cli {
 
 std::set<std::string> ModelOptions() {
-  return {"model", "train", "infer", "cluster", "dtype", "layers"};
+  return {"model", "train", "infer", "cluster", "dtype", "layers", "infer-dtype", "infer-quant"};
 }
 
 std::set<std::string> ModelFlags() { return {"per-expert"}; }
@@ -24,11 +26,57 @@ const char kModelOptionsHelp[] =
   --infer P          inference parallelism, e.g. tp=8,dp=16[,ep=..] (vLLM)
   --dtype T          weight dtype of the model (default bf16)
   --layers N         keep only the first N decoder layers
+  --infer-dtype T    store the inference matrices as T (fp8e4m3 or fp8e5m2), quantized by the
+                     source so only FP8 bytes and scales travel (docs/quantization.md); the
+                     embedding, lm_head and router stay in --dtype, as do matrices whose tiles
+                     would cut a block (the spec's comment counts them)
+  --infer-quant Q    with --infer-dtype: block:AxB (default block:128x128), mx[:N] (E8M0 per N
+                     elements, default 32), channel or tensor
   --per-expert       one tensor per routed expert matrix with Hugging Face names
                      (layers.N.mlp.experts.K.gate_proj [I, H], up_proj [I, H], down_proj [H, I])
                      instead of one [E, ...] stack per layer and projection; each is a view into
                      the same inference buffer as the stack; an error for a dense model
 )";
+
+namespace {
+
+// "block:128x128", "block:128", "mx", "mx:32", "channel", "tensor".
+absl::StatusOr<plan::Quant> ParseQuant(const std::string& text) {
+  const std::vector<std::string> parts = absl::StrSplit(text, absl::MaxSplits(':', 1));
+  plan::Quant q;
+  const std::string& scheme = parts[0];
+  if (scheme == "block") {
+    q.scheme = plan::QuantScheme::kBlock;
+  } else if (scheme == "mx") {
+    q.scheme = plan::QuantScheme::kMx;
+  } else if (scheme == "channel") {
+    q.scheme = plan::QuantScheme::kChannel;
+  } else if (scheme == "tensor") {
+    q.scheme = plan::QuantScheme::kTensor;
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--infer-quant \"", text, "\": the scheme is block, mx, channel or tensor"));
+  }
+  if (parts.size() > 1) {
+    if (q.scheme != plan::QuantScheme::kBlock && q.scheme != plan::QuantScheme::kMx) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--infer-quant \"", text, "\": ", scheme, " takes no block"));
+    }
+    for (absl::string_view e : absl::StrSplit(parts[1], 'x')) {
+      int64_t v = 0;
+      if (!absl::SimpleAtoi(e, &v) || v < 1) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "--infer-quant \"", text, "\": a block is positive extents joined by x (128x128)"));
+      }
+      q.block.push_back(v);
+    }
+  } else if (q.scheme == plan::QuantScheme::kBlock) {
+    q.block = {128, 128};
+  }
+  return q;
+}
+
+}  // namespace
 
 absl::StatusOr<ModelSpec> ModelSpecFromArgs(const Args& args, ClusterDefault cluster_default) {
   const auto model_path = args.Get("model");
@@ -66,6 +114,18 @@ absl::StatusOr<ModelSpec> ModelSpecFromArgs(const Args& args, ClusterDefault clu
     opts.dtype = *d;
   }
   if (args.Has("per-expert")) opts.experts = plan::ExpertTensors::kPerExpert;
+  if (auto fp8 = args.Get("infer-dtype")) {
+    auto d = plan::ParseDType(*fp8);
+    if (!d || (*d != plan::DType::kFp8E4M3 && *d != plan::DType::kFp8E5M2)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--infer-dtype \"", *fp8, "\" is not fp8e4m3 or fp8e5m2"));
+    }
+    opts.infer_dtype = *d;
+  }
+  if (auto q = args.Get("infer-quant")) {
+    if (!opts.infer_dtype) return absl::InvalidArgumentError("--infer-quant needs --infer-dtype");
+    RESHARD_ASSIGN_OR_RETURN(opts.infer_quant, ParseQuant(*q));
+  }
   RESHARD_ASSIGN_OR_RETURN(out.spec, plan::MakeModelSpec(cfg, train, infer, out.cluster, opts));
   return out;
 }
