@@ -220,7 +220,19 @@ absl::StatusOr<std::vector<BufferRequirement>> RefitSpec::LocalBuffers(int32_t r
 
 absl::StatusOr<std::vector<LocalTile>> RefitSpec::LocalTiles(int32_t rank, Side side) const {
   RESHARD_RETURN_IF_ERROR(Validate());
-  const plan::RefitSpec spec = internal::ToPlanSpec(*this);
+  // Destinations of quantized tensors: their FP8 tiles, then their scales' tiles (the lowered
+  // spec's scale tensors, after the spec's own). Sources are the spec's as written.
+  std::shared_ptr<const plan::RefitSpec> shared =
+      std::make_shared<const plan::RefitSpec>(internal::ToPlanSpec(*this));
+  const size_t user_tensors = shared->tensors.size();
+  if (side == Side::kDestination) {
+    RESHARD_ASSIGN_OR_RETURN(shared, plan::LowerQuantization(std::move(shared)));
+  }
+  const plan::RefitSpec& spec = *shared;
+  std::vector<std::string> scales_of(spec.tensors.size());
+  for (const plan::QuantizedSource& q : spec.quantized_sources) {
+    scales_of[q.scale_tensor] = spec.tensors[q.tensor].name;
+  }
   const plan::Side ps = side == Side::kSource ? plan::Side::kSrc : plan::Side::kDst;
   std::vector<LocalTile> out;
   for (size_t t = 0; t < spec.tensors.size(); ++t) {
@@ -234,6 +246,7 @@ absl::StatusOr<std::vector<LocalTile>> RefitSpec::LocalTiles(int32_t rank, Side 
     plan::TileStrides(layout, box, strides);
     LocalTile tile;
     tile.tensor = ts.name;
+    if (t >= user_tensors) tile.scales_of = scales_of[t];
     tile.buffer = ps == plan::Side::kSrc ? ts.src_buffer() : ts.dst_buffer();
     tile.side = side;
     tile.dtype = static_cast<DType>(side == Side::kSource ? ts.dtype : ts.dst_dtype());
@@ -247,6 +260,61 @@ absl::StatusOr<std::vector<LocalTile>> RefitSpec::LocalTiles(int32_t rank, Side 
     out.push_back(std::move(tile));
   }
   return out;
+}
+
+std::vector<int64_t> QuantBlockShape(const std::vector<int64_t>& shape, QuantScheme scheme,
+                                     const std::vector<int64_t>& block) {
+  plan::TensorSpec t;
+  t.shape = shape;
+  t.dst.quant.scheme = static_cast<plan::QuantScheme>(scheme);
+  t.dst.quant.block = block;
+  return plan::BlockShape(t);
+}
+
+absl::Status QuantizeReference(DType src_dtype, const void* src,
+                               const std::vector<int64_t>& extents, DType fp8, QuantScheme scheme,
+                               const std::vector<int64_t>& block_shape, void* out, void* scales) {
+  if (src_dtype != DType::kBf16 && src_dtype != DType::kFp16 && src_dtype != DType::kFp32) {
+    return absl::InvalidArgumentError(absl::StrCat("QuantizeReference quantizes bf16, fp16 or "
+                                                   "fp32, not ", DTypeName(src_dtype)));
+  }
+  if (fp8 != DType::kFp8E4M3 && fp8 != DType::kFp8E5M2) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("QuantizeReference writes fp8e4m3 or fp8e5m2, not ", DTypeName(fp8)));
+  }
+  if (scheme == QuantScheme::kNone) {
+    return absl::InvalidArgumentError("QuantizeReference needs a quantization scheme");
+  }
+  const size_t ndim = extents.size();
+  if (ndim > static_cast<size_t>(plan::kMaxTensorDims) || block_shape.size() != ndim) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "QuantizeReference: ", extents.size(), " extents and ", block_shape.size(),
+        " block extents; give one block extent per dim, at most ", plan::kMaxTensorDims));
+  }
+  plan::QuantizedSource q;
+  q.dtype = static_cast<plan::DType>(src_dtype);
+  q.scheme = static_cast<plan::QuantScheme>(scheme);
+  q.block = block_shape;
+  plan::Box box;
+  box.ndim = static_cast<int>(ndim);
+  std::array<int64_t, plan::kMaxTensorDims> strides{};
+  int64_t stride = 1;
+  for (int d = static_cast<int>(ndim) - 1; d >= 0; --d) {
+    if (extents[d] < 0 || block_shape[d] < 1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "QuantizeReference: dim ", d, " has extent ", extents[d], " and block ",
+          block_shape[d], "; extents are >= 0 and blocks >= 1"));
+    }
+    box.hi[d] = extents[d];
+    strides[d] = stride;
+    stride *= extents[d];
+  }
+  if (box.NumElements() > 0 && (src == nullptr || out == nullptr || scales == nullptr)) {
+    return absl::InvalidArgumentError("QuantizeReference: a null pointer for a non-empty tile");
+  }
+  plan::QuantizeBox(q, static_cast<plan::DType>(fp8), box, static_cast<const uint8_t*>(src),
+                    strides, static_cast<uint8_t*>(out), static_cast<uint8_t*>(scales));
+  return absl::OkStatus();
 }
 
 }  // namespace reshard

@@ -34,7 +34,6 @@
 
 namespace {
 
-using reshard::cli::FillTile;
 
 // Buffers by (side, name). Scratch buffers of gather-broadcast ("gather:<t>", "bcast:<t>") are
 // the destination of one stage and the source of the next, so they are keyed by name alone.
@@ -173,8 +172,7 @@ int main(int argc, char** argv) {
   auto src_tiles = spec->LocalTiles(rank, reshard::Side::kSource);
   auto dst_tiles = spec->LocalTiles(rank, reshard::Side::kDestination);
   if (!src_tiles.ok() || !dst_tiles.ok()) return Fail(rank, "tiles", 2);
-  std::map<std::string, size_t> tensor_index;
-  for (size_t t = 0; t < spec->tensors().size(); ++t) tensor_index[spec->tensors()[t].name] = t;
+  const reshard::cli::TilePatterns patterns(*spec);
 
   std::map<std::string, std::vector<double>> ms;
   std::map<std::string, int64_t> bytes_sent, bytes_fanout;
@@ -182,8 +180,8 @@ int main(int argc, char** argv) {
   const absl::Duration timeout = absl::Seconds(120);
   for (int iter = 0; iter < iters; ++iter) {
     for (const reshard::LocalTile& tile : *src_tiles) {
-      FillTile(tile, tensor_index[tile.tensor], static_cast<uint64_t>(iter) + 1,
-               buffers.Get(reshard::Side::kSource, tile.buffer));
+      patterns.Fill(tile, static_cast<uint64_t>(iter) + 1,
+                    buffers.Get(reshard::Side::kSource, tile.buffer));
     }
     const bool check = verify == "all" || (verify == "ends" && (iter == 0 || iter == iters - 1));
     for (size_t k = 0; k < modes.size(); ++k) {
@@ -209,9 +207,8 @@ int main(int argc, char** argv) {
       bytes_fanout[mode] = fanned;
       if (!check) continue;
       for (const reshard::LocalTile& tile : *dst_tiles) {
-        st = reshard::cli::VerifyTile(tile, tensor_index[tile.tensor],
-                                      static_cast<uint64_t>(iter) + 1, rank,
-                                      buffers.Get(reshard::Side::kDestination, tile.buffer));
+        st = patterns.Verify(tile, static_cast<uint64_t>(iter) + 1, rank,
+                             buffers.Get(reshard::Side::kDestination, tile.buffer));
         if (!st.ok()) {
           return Fail(rank,
                       mode + ": after iteration " + std::to_string(iter + 1) + ": " +

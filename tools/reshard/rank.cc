@@ -122,8 +122,7 @@ RankReport RunRank(const RankOptions& options, const Communicator& comm) {
   absl::StatusOr<std::vector<LocalTile>> destinations = spec->LocalTiles(me, Side::kDestination);
   if (!sources.ok()) return fail(sources.status(), true);
   if (!destinations.ok()) return fail(destinations.status(), true);
-  std::map<std::string, uint64_t> tensor_number;
-  for (size_t t = 0; t < spec->tensors().size(); ++t) tensor_number[spec->tensors()[t].name] = t;
+  const TilePatterns patterns(*spec);
 
   RankBuffers buffers;
   if (absl::Status st = buffers.Allocate(*requirements, me); !st.ok()) {
@@ -143,8 +142,7 @@ RankReport RunRank(const RankOptions& options, const Communicator& comm) {
   for (int i = 0; i < options.iters; ++i) {
     const uint64_t epoch = static_cast<uint64_t>(i) + 1;
     for (const LocalTile& tile : *sources) {
-      FillTile(tile, tensor_number[tile.tensor], epoch,
-               buffers.Get(Side::kSource, tile.buffer).data);
+      patterns.Fill(tile, epoch, buffers.Get(Side::kSource, tile.buffer).data);
     }
     buffers.PoisonDestinations();
     // Measurement barrier (not part of a refit): without it a source starts its clock while
@@ -185,8 +183,7 @@ RankReport RunRank(const RankOptions& options, const Communicator& comm) {
       return fail(st, false);
     }
     for (const LocalTile& tile : *destinations) {
-      status = VerifyTile(tile, tensor_number[tile.tensor], epoch, me,
-                          buffers.Get(Side::kDestination, tile.buffer).data);
+      status = patterns.Verify(tile, epoch, me, buffers.Get(Side::kDestination, tile.buffer).data);
       if (!status.ok()) {
         return fail(absl::DataLossError(absl::StrCat("refit ", epoch, ": ", status.message())),
                     false);

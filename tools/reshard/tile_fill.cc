@@ -1,5 +1,6 @@
 #include "tools/reshard/tile_fill.h"
 
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
@@ -81,6 +82,162 @@ absl::Status VerifyTile(const LocalTile& tile, uint64_t tensor, uint64_t epoch, 
                                           ": element ", bad, " (flat index) does not hold epoch ",
                                           epoch, "'s value (tile [", absl::StrJoin(tile.lo, ","),
                                           "] to [", absl::StrJoin(tile.hi, ","), "))"));
+}
+
+namespace {
+
+// A value of `dtype` (bf16, fp16 or fp32) as its bit pattern, from 64 random bits: one in 4096
+// each NaN, +-Inf, +-0 and a subnormal; one in 65536 of the rest near the largest finite value;
+// otherwise magnitudes 2^-6 to 2^6.
+uint32_t RealBits(DType dtype, uint64_t v) {
+  const int mant_bits = dtype == DType::kFp32 ? 23 : dtype == DType::kBf16 ? 7 : 10;
+  const int exp_bits = dtype == DType::kFp16 ? 5 : 8;
+  const uint32_t bias = (1u << (exp_bits - 1)) - 1, exp_max = (1u << exp_bits) - 1;
+  const uint32_t sign = static_cast<uint32_t>(v >> 63);
+  uint32_t mant = static_cast<uint32_t>(v >> 20) & ((1u << mant_bits) - 1);
+  uint32_t exp = 0;
+  switch (v & 4095) {
+    case 0:
+      exp = exp_max;
+      mant |= 1u << (mant_bits - 1);
+      break;
+    case 1:
+      exp = exp_max;
+      mant = 0;
+      break;
+    case 2:
+      mant = 0;
+      break;
+    case 3:
+      mant |= 1;
+      break;
+    default:
+      exp = ((v >> 44) & 0xFFFF) == 0 ? exp_max - 1 : bias - 6 + ((v >> 12) % 13);
+  }
+  return (sign << (exp_bits + mant_bits)) | (exp << mant_bits) | mant;
+}
+
+void StoreReal(DType dtype, uint64_t v, uint8_t* at) {
+  const uint32_t bits = RealBits(dtype, v);
+  if (DTypeSize(dtype) == 4) {
+    std::memcpy(at, &bits, 4);
+  } else {
+    const uint16_t half = static_cast<uint16_t>(bits);
+    std::memcpy(at, &half, 2);
+  }
+}
+
+}  // namespace
+
+TilePatterns::TilePatterns(const RefitSpec& spec) : tensors_(spec.tensors()) {
+  for (size_t i = 0; i < tensors_.size(); ++i) {
+    by_name_[tensors_[i].name] =
+        Tensor{i, &tensors_[i], tensors_[i].dst.quant_scheme != QuantScheme::kNone};
+  }
+}
+
+const TilePatterns::Tensor& TilePatterns::Of(const std::string& name) const {
+  return by_name_.at(name);
+}
+
+void TilePatterns::Fill(const LocalTile& tile, uint64_t epoch, void* base) const {
+  const Tensor& t = Of(tile.tensor);
+  if (!t.quantized) {
+    FillTile(tile, t.number, epoch, base);
+    return;
+  }
+  auto* bytes = static_cast<uint8_t*>(base);
+  const int eb = DTypeSize(tile.dtype);
+  ForEachElement(tile, [&](int64_t off, int64_t g) {
+    StoreReal(tile.dtype, PatternValue(epoch, t.number, g), bytes + off * eb);
+  });
+}
+
+absl::Status TilePatterns::Verify(const LocalTile& tile, uint64_t epoch, int rank,
+                                  const void* base) const {
+  const Tensor& t = Of(tile.scales_of.empty() ? tile.tensor : tile.scales_of);
+  if (!t.quantized) return VerifyTile(tile, t.number, epoch, rank, base);
+  return VerifyQuantized(tile, t, epoch, rank, base);
+}
+
+absl::Status TilePatterns::VerifyQuantized(const LocalTile& tile, const Tensor& t, uint64_t epoch,
+                                           int rank, const void* base) const {
+  const TensorDesc& desc = *t.desc;
+  const bool scales = !tile.scales_of.empty();
+  const size_t nd = tile.lo.size();
+  for (size_t d = 0; d < nd; ++d) {
+    if (tile.hi[d] <= tile.lo[d]) return absl::OkStatus();
+  }
+  const std::vector<int64_t> block =
+      QuantBlockShape(desc.shape, desc.dst.quant_scheme, desc.dst.quant_block);
+  // The elements whose blocks the tile covers: [lo, hi) aligned outwards to blocks, or for a
+  // scale tile its blocks' elements. Their values, quantized as the source does.
+  std::vector<int64_t> lo(nd), extents(nd), blocks_lo(nd);
+  int64_t n = 1;
+  for (size_t d = 0; d < nd; ++d) {
+    const int64_t b = block[d];
+    blocks_lo[d] = scales ? tile.lo[d] : tile.lo[d] / b;
+    const int64_t blocks_hi = scales ? tile.hi[d] : (tile.hi[d] + b - 1) / b;
+    lo[d] = blocks_lo[d] * b;
+    extents[d] = std::min(blocks_hi * b, desc.shape[d]) - lo[d];
+    n *= extents[d];
+  }
+  const int src_bytes = DTypeSize(desc.dtype);
+  std::vector<uint8_t> source(static_cast<size_t>(n * src_bytes));
+  std::vector<int64_t> idx(nd, 0);
+  for (int64_t i = 0; i < n; ++i) {
+    int64_t global = 0;
+    for (size_t d = 0; d < nd; ++d) global = global * desc.shape[d] + lo[d] + idx[d];
+    StoreReal(desc.dtype, PatternValue(epoch, t.number, global), source.data() + i * src_bytes);
+    for (size_t d = nd; d-- > 0;) {
+      if (++idx[d] < extents[d]) break;
+      idx[d] = 0;
+    }
+  }
+  int64_t num_blocks = 1;
+  std::vector<int64_t> block_extents(nd);
+  for (size_t d = 0; d < nd; ++d) {
+    block_extents[d] = (extents[d] + block[d] - 1) / block[d];
+    num_blocks *= block_extents[d];
+  }
+  const DType fp8 = desc.dst.dtype.value_or(DType::kFp8E4M3);
+  const int scale_bytes = desc.dst.quant_scheme == QuantScheme::kMx ? 1 : 4;
+  std::vector<uint8_t> out(static_cast<size_t>(n)), scale(static_cast<size_t>(num_blocks * scale_bytes));
+  if (absl::Status st = QuantizeReference(desc.dtype, source.data(), extents, fp8,
+                                          desc.dst.quant_scheme, block, out.data(), scale.data());
+      !st.ok()) {
+    return st;
+  }
+  // Compare the tile with its part of what was computed (row-major over `extents`, or over the
+  // blocks for a scale tile).
+  const std::vector<int64_t>& ref_lo = scales ? blocks_lo : lo;
+  const std::vector<int64_t>& ref_extents = scales ? block_extents : extents;
+  const std::vector<uint8_t>& ref = scales ? scale : out;
+  const int eb = scales ? scale_bytes : 1;
+  const auto* bytes = static_cast<const uint8_t*>(base);
+  std::fill(idx.begin(), idx.end(), 0);
+  int64_t count = 1;
+  for (size_t d = 0; d < nd; ++d) count *= tile.hi[d] - tile.lo[d];
+  for (int64_t i = 0; i < count; ++i) {
+    int64_t offset = tile.offset, at = 0;
+    for (size_t d = 0; d < nd; ++d) {
+      offset += idx[d] * tile.strides[d];
+      at = at * ref_extents[d] + tile.lo[d] + idx[d] - ref_lo[d];
+    }
+    if (std::memcmp(bytes + offset * eb, ref.data() + at * eb, static_cast<size_t>(eb)) != 0) {
+      std::vector<int64_t> where(nd);
+      for (size_t d = 0; d < nd; ++d) where[d] = tile.lo[d] + idx[d];
+      return absl::DataLossError(absl::StrCat(
+          "tensor \"", tile.tensor, "\" on rank ", rank, ": ", scales ? "scale" : "element",
+          " [", absl::StrJoin(where, ", "), "] is not the quantized value of epoch ", epoch,
+          "'s source"));
+    }
+    for (size_t d = nd; d-- > 0;) {
+      if (++idx[d] < tile.hi[d] - tile.lo[d]) break;
+      idx[d] = 0;
+    }
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace reshard::cli

@@ -5,7 +5,9 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "reshard/reshard.h"
@@ -24,5 +26,33 @@ void PoisonTile(const LocalTile& tile, void* base);
 // epoch `epoch`'s pattern.
 [[nodiscard]] absl::Status VerifyTile(const LocalTile& tile, uint64_t tensor, uint64_t epoch,
                                       int rank, const void* base);
+
+// Fill and check for every tile of a spec, quantized destinations included
+// (docs/quantization.md): the sources of a tensor whose destination is quantized get real numbers
+// of their dtype (mostly 2^-6 to 2^6, with rare zeros, subnormals, NaN, Inf and huge values)
+// instead of bit patterns, and its destination tiles, FP8 elements and scales, are checked
+// against QuantizeReference of those numbers; every other tile as FillTile and VerifyTile do.
+class TilePatterns {
+ public:
+  explicit TilePatterns(const RefitSpec& spec);
+  // Writes epoch `epoch`'s values into source tile `tile` (elements at `base` + offsets).
+  void Fill(const LocalTile& tile, uint64_t epoch, void* base) const;
+  // DataLoss naming the tensor, rank and first wrong element when destination tile `tile`
+  // (a tensor's, or its scales') does not hold what epoch `epoch`'s sources give.
+  [[nodiscard]] absl::Status Verify(const LocalTile& tile, uint64_t epoch, int rank,
+                                    const void* base) const;
+
+ private:
+  struct Tensor {
+    uint64_t number = 0;
+    const TensorDesc* desc = nullptr;
+    bool quantized = false;
+  };
+  const Tensor& Of(const std::string& name) const;
+  absl::Status VerifyQuantized(const LocalTile& tile, const Tensor& t, uint64_t epoch, int rank,
+                               const void* base) const;
+  std::vector<TensorDesc> tensors_;
+  std::map<std::string, Tensor> by_name_;
+};
 
 }  // namespace reshard::cli

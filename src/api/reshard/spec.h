@@ -157,8 +157,27 @@ struct LocalTile {
   std::vector<int64_t> lo, hi;
   int64_t offset = 0;            // In elements.
   std::vector<int64_t> strides;  // In elements, resolved (never empty for ndim > 0).
+  // Destination tiles only: non-empty when this tile holds the scales of that quantized tensor
+  // (`tensor` is then "<that>.scale", over the blocked shape; docs/quantization.md).
+  std::string scales_of;
   int64_t num_elements() const;
 };
+
+// The block extents per dim of a tensor of `shape` quantized by `scheme` with `block` as
+// Layout::Quantized takes it (kBlock: over the last dims; kMx: default [32]; kChannel: the last
+// dim whole; kTensor: the shape).
+std::vector<int64_t> QuantBlockShape(const std::vector<int64_t>& shape, QuantScheme scheme,
+                                     const std::vector<int64_t>& block);
+// The quantizer every source runs before a refit (docs/quantization.md), for checking what
+// lands: quantizes the row-major tile `src` of `src_dtype` (bf16, fp16 or fp32) with `extents`,
+// whose origin is a block origin, into `fp8` bytes row-major at `out` and one scale per block
+// (`block_shape` per dim; fp32, or E8M0 bytes for kMx) row-major over ceil(extents / block) at
+// `scales`. InvalidArgument for other dtypes, a missing scheme, or mismatched extents.
+[[nodiscard]] absl::Status QuantizeReference(DType src_dtype, const void* src,
+                                             const std::vector<int64_t>& extents, DType fp8,
+                                             QuantScheme scheme,
+                                             const std::vector<int64_t>& block_shape, void* out,
+                                             void* scales);
 
 class RefitSpec {
  public:
