@@ -423,7 +423,9 @@ TEST(TcpStoreTest, ProcessesRendezvousThroughTheServer) {
   auto server = TcpStoreServer::Start("127.0.0.1", 0, kToken);
   const int port = server.ok() ? (*server)->port() : 0;
   for (int fd : port_pipes) {
-    if (server.ok()) EXPECT_EQ(write(fd, &port, sizeof(port)), static_cast<ssize_t>(sizeof(port)));
+    if (server.ok()) {
+      EXPECT_EQ(write(fd, &port, sizeof(port)), static_cast<ssize_t>(sizeof(port)));
+    }
     close(fd);  // Without a server the children read nothing and exit 3.
   }
   ASSERT_TRUE(server.ok()) << server.status();
