@@ -436,10 +436,7 @@ absl::StatusOr<RankRanges> ComputeRankRanges(const TrainParallelism& train,
   return r.ranks;
 }
 
-namespace {
-
-// ModelSpecOptions::infer_dtype: quantizes the destinations of the matrices that can be.
-void QuantizeDestinations(DType fp8, const Quant& quant, RefitSpec& spec) {
+int64_t QuantizeMatrices(DType fp8, const Quant& quant, RefitSpec& spec) {
   auto eligible = [](const TensorSpec& t) {
     return t.shape.size() >= 2 && !absl::StrContains(t.name, "embed_tokens") &&
            !absl::StrContains(t.name, "lm_head") && !absl::StrContains(t.name, "mlp.gate.weight");
@@ -470,9 +467,8 @@ void QuantizeDestinations(DType fp8, const Quant& quant, RefitSpec& spec) {
                   quant.block.empty() ? "" : absl::StrCat(" [", absl::StrJoin(quant.block, ", "), "]"),
                   " destinations: ", quantized, " tensors (", cut,
                   " matrices left unquantized: their tiles, or a fused neighbour's, cut blocks)");
+  return quantized;
 }
-
-}  // namespace
 
 absl::StatusOr<RefitSpec> MakeModelSpec(const ModelConfig& cfg, const TrainParallelism& train,
                                         const InferParallelism& infer, const ClusterDesc& cluster,
@@ -519,7 +515,7 @@ absl::StatusOr<RefitSpec> MakeModelSpec(const ModelConfig& cfg, const TrainParal
     for (const auto& [index, tensor] : members) order.push_back(tensor);
     FuseViews(spec, order, buffer);
   }
-  if (opts.infer_dtype) QuantizeDestinations(*opts.infer_dtype, opts.infer_quant, spec);
+  if (opts.infer_dtype) QuantizeMatrices(*opts.infer_dtype, opts.infer_quant, spec);
   return spec;
 }
 

@@ -85,6 +85,13 @@ struct RankRanges {
                                                            const ClusterDesc& cluster,
                                                            const ModelSpecOptions& opts = {});
 
+// Quantizes the destinations of `spec`'s matrices (ModelSpecOptions::infer_dtype): every tensor
+// of 2 dims or more but embeddings, lm_head and MoE routers (by name) gets dst.dtype `fp8` with
+// `quant` unless its tiles would cut a block (ValidateQuant), and a fused destination buffer
+// keeps one element type (all its tensors or none). Appends what it did to spec.comment and
+// returns the number of tensors quantized.
+int64_t QuantizeMatrices(DType fp8, const Quant& quant, RefitSpec& spec);
+
 // The full refit spec: every parameter of `cfg` with its trainer layout (src) and inference
 // layout (dst), topology from the cluster (domains of gpus_per_domain consecutive ranks,
 // bandwidths). The result passes Validate(). InvalidArgument naming the field when a

@@ -105,6 +105,35 @@ std::vector<reshard::RefitSpec> GatherBroadcastSpecs(const reshard::RefitSpec& s
   return {gather, bcast, slice};
 }
 
+// The same refit with every destination as the tensor's dtype (no quantization): what
+// `reshard bench --dst-dtype` compares with. Its destinations live in buffers of their own
+// ("unquantized:<buffer>"), the sources are the same.
+reshard::RefitSpec Unquantized(const reshard::RefitSpec& spec) {
+  reshard::RefitSpec out;
+  if (!spec.domains().empty()) out.SetDomains(spec.domains());
+  if (spec.ranks_per_domain() > 0) out.SetRanksPerDomain(spec.ranks_per_domain());
+  for (const reshard::TensorDesc& t : spec.tensors()) {
+    reshard::Layout dst = t.dst;
+    dst.dtype.reset();
+    dst.quant_scheme = reshard::QuantScheme::kNone;
+    dst.quant_block.clear();
+    dst.scale_buffer.clear();
+    dst.scale_view_offset = 0;
+    dst.scale_view_strides.clear();
+    dst.has_scale_view = false;
+    dst.buffer = "unquantized:" + (t.dst.buffer.empty() ? t.name : t.dst.buffer);
+    out.AddTensor(t.name, t.dtype, t.shape, t.src, dst);
+  }
+  return out;
+}
+
+bool AnyQuantized(const reshard::RefitSpec& spec) {
+  for (const reshard::TensorDesc& t : spec.tensors()) {
+    if (t.dst.quant_scheme != reshard::QuantScheme::kNone) return true;
+  }
+  return false;
+}
+
 int Fail(int rank, const std::string& error, int code) {
   std::printf("{\"rank\":%d,\"ok\":false,\"error\":%s}\n", rank, reshard::JsonQuote(error).c_str());
   std::fflush(stdout);
@@ -139,7 +168,11 @@ int main(int argc, char** argv) {
   if (!spec.ok()) return Fail(rank, spec.status().ToString(), 2);
 
   // Specs, in mode order, and one handle per spec built once.
-  const std::vector<std::string> modes = {"ours", "naive", "gather_broadcast"};
+  // A spec with quantized destinations is also timed unquantized (`reshard bench --dst-dtype`).
+  const bool quantized = AnyQuantized(*spec);
+  std::vector<std::string> modes = {"ours", "naive", "gather_broadcast"};
+  if (quantized) modes.push_back("unquantized");
+  const reshard::RefitSpec unquantized = quantized ? Unquantized(*spec) : reshard::RefitSpec();
   reshard::RefitSpec barrier;
   barrier.AddTensor("barrier", reshard::DType::kU8, {world},
                     reshard::Layout(reshard::Mesh::Range(0, world), {reshard::Shard(0)}),
@@ -166,6 +199,9 @@ int main(int argc, char** argv) {
     st = make("gather_broadcast." + std::to_string(i), gb[i], reshard::Schedule::kDomainAware,
               buffers);
   }
+  if (st.ok() && quantized) {
+    st = make("unquantized", unquantized, reshard::Schedule::kDomainAware, buffers);
+  }
   if (!st.ok())
     return Fail(rank, st.ToString(), st.code() == absl::StatusCode::kInvalidArgument ? 2 : 1);
 
@@ -173,6 +209,14 @@ int main(int argc, char** argv) {
   auto dst_tiles = spec->LocalTiles(rank, reshard::Side::kDestination);
   if (!src_tiles.ok() || !dst_tiles.ok()) return Fail(rank, "tiles", 2);
   const reshard::cli::TilePatterns patterns(*spec);
+  // The unquantized mode's destinations: the same sources' numbers, exactly.
+  std::vector<reshard::LocalTile> unquantized_tiles;
+  if (quantized) {
+    auto tiles = unquantized.LocalTiles(rank, reshard::Side::kDestination);
+    if (!tiles.ok()) return Fail(rank, tiles.status().ToString(), 2);
+    unquantized_tiles = *std::move(tiles);
+  }
+  const reshard::cli::TilePatterns unquantized_patterns(unquantized, &*spec);
 
   std::map<std::string, std::vector<double>> ms;
   std::map<std::string, int64_t> bytes_sent, bytes_fanout;
@@ -186,8 +230,11 @@ int main(int argc, char** argv) {
     const bool check = verify == "all" || (verify == "ends" && (iter == 0 || iter == iters - 1));
     for (size_t k = 0; k < modes.size(); ++k) {
       const std::string& mode = modes[(k + iter) % modes.size()];
+      const bool plain = mode == "unquantized";
+      const std::vector<reshard::LocalTile>& mode_tiles = plain ? unquantized_tiles : *dst_tiles;
+      const reshard::cli::TilePatterns& mode_patterns = plain ? unquantized_patterns : patterns;
       if (check) {
-        for (const reshard::LocalTile& tile : *dst_tiles) {
+        for (const reshard::LocalTile& tile : mode_tiles) {
           reshard::cli::PoisonTile(tile, buffers.Get(reshard::Side::kDestination, tile.buffer));
         }
       }
@@ -206,9 +253,9 @@ int main(int argc, char** argv) {
       bytes_sent[mode] = sent;
       bytes_fanout[mode] = fanned;
       if (!check) continue;
-      for (const reshard::LocalTile& tile : *dst_tiles) {
-        st = patterns.Verify(tile, static_cast<uint64_t>(iter) + 1, rank,
-                             buffers.Get(reshard::Side::kDestination, tile.buffer));
+      for (const reshard::LocalTile& tile : mode_tiles) {
+        st = mode_patterns.Verify(tile, static_cast<uint64_t>(iter) + 1, rank,
+                                  buffers.Get(reshard::Side::kDestination, tile.buffer));
         if (!st.ok()) {
           return Fail(rank,
                       mode + ": after iteration " + std::to_string(iter + 1) + ": " +

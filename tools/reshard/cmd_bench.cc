@@ -19,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "src/common/json.h"
+#include "src/plan/layouts.h"
 #include "src/plan/plan.h"
 #include "src/plan/spec_json.h"
 #include "tools/launcher/launcher.h"
@@ -51,6 +52,12 @@ options:
                        redistribution (mpirun --allow-run-as-root --oversubscribe); needs
                        Open MPI and a spec without buffer views
   --verify ends|all|none  which iterations verify every destination element (default ends)
+  --dst-dtype T        the spec's matrices land as T (fp8e4m3, fp8e5m2), quantized by the
+                       sources (docs/quantization.md; --model specs: --infer-dtype does the same
+                       as part of the model); adds the mode "ours, unquantized": the same refit
+                       with the destinations as written, timed in the same run
+  --dst-quant Q        with --dst-dtype: block:AxB (default block:128x128), mx[:N], channel,
+                       tensor
   --timeout-ms N       per-rank deadline for every wait (default 120000)
   --json               one JSON object: ours_ms, gather_broadcast_ms, naive_p2p_ms, mpi_ms (or
                        null) (medians), ours_p90_ms, gather_broadcast_p90_ms, naive_p2p_p90_ms,
@@ -140,7 +147,8 @@ int BenchCommand(int argc, char** argv) {
   std::set<std::string> flags = ModelFlags();
   flags.insert({"help", "json", "mpi"});
   std::set<std::string> options = ModelOptions();
-  options.insert({"iters", "transport", "emulate-nic", "verify", "timeout-ms"});
+  options.insert({"iters", "transport", "emulate-nic", "verify", "timeout-ms", "dst-dtype",
+                  "dst-quant"});
   auto parsed = Args::Parse(argc, argv, flags, options);
   if (!parsed.ok()) return UsageError("bench", std::string(parsed.status().message()));
   const Args& args = *parsed;
@@ -187,6 +195,27 @@ int BenchCommand(int argc, char** argv) {
     return UsageError("bench",
                       "needs SPEC.json or --model M.json --train P --infer P (see --help)");
   }
+  // --dst-dtype: the spec's matrices land quantized (docs/quantization.md); the ranks then also
+  // time the same spec with unquantized destinations, in the same run.
+  if (auto fp8 = args.Get("dst-dtype")) {
+    auto d = ParseFp8Option(*fp8, "dst-dtype");
+    if (!d.ok()) return UsageError("bench", std::string(d.status().message()));
+    plan::Quant quant{plan::QuantScheme::kBlock, {128, 128}};
+    if (auto q = args.Get("dst-quant")) {
+      auto parsed = ParseQuantOption(*q, "dst-quant");
+      if (!parsed.ok()) return UsageError("bench", std::string(parsed.status().message()));
+      quant = *parsed;
+    }
+    if (plan::QuantizeMatrices(*d, quant, spec) == 0) {
+      return UsageError("bench", absl::StrCat("--dst-dtype: no tensor of the spec can be "
+                                              "quantized (", spec.comment, ")"));
+    }
+    title += absl::StrCat(", ", *fp8, " destinations");
+  } else if (args.Has("dst-quant")) {
+    return UsageError("bench", "--dst-quant needs --dst-dtype");
+  }
+  bool quantized = false;
+  for (const plan::TensorSpec& t : spec.tensors) quantized = quantized || t.quantized();
   auto shared = std::make_shared<const plan::RefitSpec>(spec);
   auto planned = plan::BuildPlan(shared);
   if (!planned.ok()) return UsageError("bench", std::string(planned.status().message()));
@@ -245,7 +274,8 @@ int BenchCommand(int argc, char** argv) {
   }
 
   // Per mode: per iteration, the slowest rank.
-  const std::vector<std::string> modes = {"ours", "naive", "gather_broadcast"};
+  std::vector<std::string> modes = {"ours", "naive", "gather_broadcast"};
+  if (quantized) modes.push_back("unquantized");
   std::map<std::string, std::vector<double>> slowest;
   std::map<std::string, int64_t> bytes_network, bytes_fanout;
   std::string transports, error;
@@ -350,6 +380,12 @@ int BenchCommand(int argc, char** argv) {
         ",\"gather_broadcast_over_ours\":", Num(ratio(gb)),
         ",\"naive_p2p_over_ours\":", Num(ratio(naive)), ",\"mpi_over_ours\":", Num(ratio(mpi_ms)),
         ",\"mpi_note\":", json::Quote(mpi_note),
+        ",\"unquantized_ms\":", Num(quantized ? std::optional<double>(Median(slowest["unquantized"]))
+                                              : std::nullopt),
+        ",\"ours_over_unquantized\":",
+        Num(quantized && Median(slowest["unquantized"]) > 0
+                ? std::optional<double>(ours / Median(slowest["unquantized"]))
+                : std::nullopt),
         ",\"bytes_network\":{\"ours\":", bytes_network["ours"],
         ",\"naive_p2p\":", bytes_network["naive"],
         ",\"gather_broadcast\":", bytes_network["gather_broadcast"],
@@ -391,11 +427,17 @@ int BenchCommand(int argc, char** argv) {
   row("ours", "ours");
   row("naive p2p", "naive");
   row("gather-broadcast", "gather_broadcast");
+  if (quantized) row("ours, unquantized", "unquantized");
   if (mpi_ms) {
     table.AddRow({"MPI_Alltoallw", FormatSeconds(*mpi_ms / 1e3), FormatSeconds(*mpi_p90_ms / 1e3),
                   "", "", "", "", absl::StrFormat("%.2fx", *mpi_ms / ours)});
   }
   std::printf("%s", table.Render().c_str());
+  if (quantized) {
+    std::printf("  quantized destinations: ours takes %.2fx the time of the same refit with "
+                "unquantized destinations (%s)\n",
+                ours / Median(slowest["unquantized"]), spec.comment.c_str());
+  }
   std::printf("  MPI: %s\n  transports (ours): %s\n", mpi_note.c_str(),
               transports.empty() ? "(no network peer: everything moved inside domains)"
                                  : transports.c_str());

@@ -38,10 +38,8 @@ const char kModelOptionsHelp[] =
                      the same inference buffer as the stack; an error for a dense model
 )";
 
-namespace {
-
 // "block:128x128", "block:128", "mx", "mx:32", "channel", "tensor".
-absl::StatusOr<plan::Quant> ParseQuant(const std::string& text) {
+absl::StatusOr<plan::Quant> ParseQuantOption(const std::string& text, const std::string& flag) {
   const std::vector<std::string> parts = absl::StrSplit(text, absl::MaxSplits(':', 1));
   plan::Quant q;
   const std::string& scheme = parts[0];
@@ -55,18 +53,18 @@ absl::StatusOr<plan::Quant> ParseQuant(const std::string& text) {
     q.scheme = plan::QuantScheme::kTensor;
   } else {
     return absl::InvalidArgumentError(absl::StrCat(
-        "--infer-quant \"", text, "\": the scheme is block, mx, channel or tensor"));
+        "--", flag, " \"", text, "\": the scheme is block, mx, channel or tensor"));
   }
   if (parts.size() > 1) {
     if (q.scheme != plan::QuantScheme::kBlock && q.scheme != plan::QuantScheme::kMx) {
       return absl::InvalidArgumentError(
-          absl::StrCat("--infer-quant \"", text, "\": ", scheme, " takes no block"));
+          absl::StrCat("--", flag, " \"", text, "\": ", scheme, " takes no block"));
     }
     for (absl::string_view e : absl::StrSplit(parts[1], 'x')) {
       int64_t v = 0;
       if (!absl::SimpleAtoi(e, &v) || v < 1) {
         return absl::InvalidArgumentError(absl::StrCat(
-            "--infer-quant \"", text, "\": a block is positive extents joined by x (128x128)"));
+            "--", flag, " \"", text, "\": a block is positive extents joined by x (128x128)"));
       }
       q.block.push_back(v);
     }
@@ -76,7 +74,14 @@ absl::StatusOr<plan::Quant> ParseQuant(const std::string& text) {
   return q;
 }
 
-}  // namespace
+absl::StatusOr<plan::DType> ParseFp8Option(const std::string& text, const std::string& flag) {
+  auto d = plan::ParseDType(text);
+  if (!d || (*d != plan::DType::kFp8E4M3 && *d != plan::DType::kFp8E5M2)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--", flag, " \"", text, "\" is not fp8e4m3 or fp8e5m2"));
+  }
+  return *d;
+}
 
 absl::StatusOr<ModelSpec> ModelSpecFromArgs(const Args& args, ClusterDefault cluster_default) {
   const auto model_path = args.Get("model");
@@ -115,16 +120,11 @@ absl::StatusOr<ModelSpec> ModelSpecFromArgs(const Args& args, ClusterDefault clu
   }
   if (args.Has("per-expert")) opts.experts = plan::ExpertTensors::kPerExpert;
   if (auto fp8 = args.Get("infer-dtype")) {
-    auto d = plan::ParseDType(*fp8);
-    if (!d || (*d != plan::DType::kFp8E4M3 && *d != plan::DType::kFp8E5M2)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--infer-dtype \"", *fp8, "\" is not fp8e4m3 or fp8e5m2"));
-    }
-    opts.infer_dtype = *d;
+    RESHARD_ASSIGN_OR_RETURN(opts.infer_dtype, ParseFp8Option(*fp8, "infer-dtype"));
   }
   if (auto q = args.Get("infer-quant")) {
     if (!opts.infer_dtype) return absl::InvalidArgumentError("--infer-quant needs --infer-dtype");
-    RESHARD_ASSIGN_OR_RETURN(opts.infer_quant, ParseQuant(*q));
+    RESHARD_ASSIGN_OR_RETURN(opts.infer_quant, ParseQuantOption(*q, "infer-quant"));
   }
   RESHARD_ASSIGN_OR_RETURN(out.spec, plan::MakeModelSpec(cfg, train, infer, out.cluster, opts));
   return out;

@@ -37,4 +37,12 @@ struct ModelSpec {
 [[nodiscard]] absl::StatusOr<ModelSpec> ModelSpecFromArgs(const Args& args,
                                                           ClusterDefault cluster_default);
 
+// A quantization scheme as --infer-quant and --dst-quant take it: block:AxB (default 128x128),
+// mx[:N], channel, tensor. InvalidArgument naming `flag` otherwise.
+[[nodiscard]] absl::StatusOr<plan::Quant> ParseQuantOption(const std::string& text,
+                                                           const std::string& flag);
+// An FP8 dtype as --infer-dtype and --dst-dtype take it.
+[[nodiscard]] absl::StatusOr<plan::DType> ParseFp8Option(const std::string& text,
+                                                         const std::string& flag);
+
 }  // namespace reshard::cli

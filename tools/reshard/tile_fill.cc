@@ -129,10 +129,13 @@ void StoreReal(DType dtype, uint64_t v, uint8_t* at) {
 
 }  // namespace
 
-TilePatterns::TilePatterns(const RefitSpec& spec) : tensors_(spec.tensors()) {
+TilePatterns::TilePatterns(const RefitSpec& spec, const RefitSpec* values_of)
+    : tensors_(spec.tensors()) {
+  const std::vector<TensorDesc>& values = values_of != nullptr ? values_of->tensors() : tensors_;
   for (size_t i = 0; i < tensors_.size(); ++i) {
-    by_name_[tensors_[i].name] =
-        Tensor{i, &tensors_[i], tensors_[i].dst.quant_scheme != QuantScheme::kNone};
+    const bool quantized = tensors_[i].dst.quant_scheme != QuantScheme::kNone;
+    const bool real = i < values.size() && values[i].dst.quant_scheme != QuantScheme::kNone;
+    by_name_[tensors_[i].name] = Tensor{i, &tensors_[i], quantized, real};
   }
 }
 
@@ -142,7 +145,7 @@ const TilePatterns::Tensor& TilePatterns::Of(const std::string& name) const {
 
 void TilePatterns::Fill(const LocalTile& tile, uint64_t epoch, void* base) const {
   const Tensor& t = Of(tile.tensor);
-  if (!t.quantized) {
+  if (!t.real) {
     FillTile(tile, t.number, epoch, base);
     return;
   }
@@ -156,8 +159,22 @@ void TilePatterns::Fill(const LocalTile& tile, uint64_t epoch, void* base) const
 absl::Status TilePatterns::Verify(const LocalTile& tile, uint64_t epoch, int rank,
                                   const void* base) const {
   const Tensor& t = Of(tile.scales_of.empty() ? tile.tensor : tile.scales_of);
-  if (!t.quantized) return VerifyTile(tile, t.number, epoch, rank, base);
-  return VerifyQuantized(tile, t, epoch, rank, base);
+  if (t.quantized) return VerifyQuantized(tile, t, epoch, rank, base);
+  if (!t.real) return VerifyTile(tile, t.number, epoch, rank, base);
+  // The real numbers themselves (an unquantized destination of quantized-style sources).
+  const auto* bytes = static_cast<const uint8_t*>(base);
+  const int eb = DTypeSize(tile.dtype);
+  int64_t bad = -1;
+  uint8_t want[8];
+  ForEachElement(tile, [&](int64_t off, int64_t g) {
+    if (bad >= 0) return;
+    StoreReal(tile.dtype, PatternValue(epoch, t.number, g), want);
+    if (std::memcmp(bytes + off * eb, want, static_cast<size_t>(eb)) != 0) bad = g;
+  });
+  if (bad < 0) return absl::OkStatus();
+  return absl::DataLossError(absl::StrCat("tensor \"", tile.tensor, "\" on rank ", rank,
+                                          ": element ", bad, " (flat index) does not hold epoch ",
+                                          epoch, "'s value"));
 }
 
 absl::Status TilePatterns::VerifyQuantized(const LocalTile& tile, const Tensor& t, uint64_t epoch,

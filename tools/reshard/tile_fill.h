@@ -34,7 +34,10 @@ void PoisonTile(const LocalTile& tile, void* base);
 // against QuantizeReference of those numbers; every other tile as FillTile and VerifyTile do.
 class TilePatterns {
  public:
-  explicit TilePatterns(const RefitSpec& spec);
+  // `values_of`, when given, is the spec whose quantized destinations decide which sources get
+  // real numbers (a spec that differs only in its destinations, e.g. the same refit unquantized:
+  // its destinations are then checked for exactly those numbers).
+  explicit TilePatterns(const RefitSpec& spec, const RefitSpec* values_of = nullptr);
   // Writes epoch `epoch`'s values into source tile `tile` (elements at `base` + offsets).
   void Fill(const LocalTile& tile, uint64_t epoch, void* base) const;
   // DataLoss naming the tensor, rank and first wrong element when destination tile `tile`
@@ -46,7 +49,8 @@ class TilePatterns {
   struct Tensor {
     uint64_t number = 0;
     const TensorDesc* desc = nullptr;
-    bool quantized = false;
+    bool quantized = false;  // Its destination is quantized in this spec.
+    bool real = false;       // Its sources hold real numbers (quantized in `values_of`).
   };
   const Tensor& Of(const std::string& name) const;
   absl::Status VerifyQuantized(const LocalTile& tile, const Tensor& t, uint64_t epoch, int rank,
