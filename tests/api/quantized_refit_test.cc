@@ -21,10 +21,16 @@
 #include "src/plan/spec_json.h"
 #include "src/plan/tiling.h"
 #include "src/rendezvous/file_store.h"
+#include "tests/api/forked_ranks.h"
 #include "tests/testing/multiprocess.h"
 
 namespace reshard {
 namespace {
+
+using forked::Callbacks;
+using forked::Transport;
+
+std::string StoreDir(const std::string& tag) { return forked::StoreDir("quant", tag); }
 
 // Sources on ranks 0-1, destinations on 2-5 (two domains of two). "t" is replicated on the
 // source and its one scale replicated on every destination (fan-out); "plain" is not quantized.
@@ -50,37 +56,6 @@ constexpr char kSpec[] = R"json({"topology": {"ranks_per_domain": 2}, "tensors":
    "dst": {"mesh": [2, 3, 4, 5], "placements": ["S(1)"]}}]})json";
 constexpr int kWorld = 6;
 constexpr uint8_t kPoison = 0xA5;
-
-std::string StoreDir(const std::string& tag) {
-  std::random_device rd;
-  return absl::StrCat(::testing::TempDir(), "/reshard-quant-", tag, "-", getpid(), "-", rd());
-}
-
-StoreCallbacks Callbacks(rendezvous::Store* store) {
-  StoreCallbacks cb;
-  cb.set = [store](const std::string& k, const std::string& v) { return store->Set(k, v); };
-  cb.get = [store](const std::string& k, absl::Time deadline) { return store->Get(k, deadline); };
-  cb.list = [store](const std::string& prefix) { return store->List(prefix); };
-  cb.del = [store](const std::string& k) { return store->Delete(k); };
-  return cb;
-}
-
-#define CHILD_EXPECT(cond, ...)                                                        \
-  do {                                                                                 \
-    if (!(cond)) {                                                                     \
-      std::fprintf(stderr, "rank %d: %s:%d: %s %s\n", rank, __FILE__, __LINE__, #cond, \
-                   std::string(__VA_ARGS__).c_str());                                  \
-      return 1;                                                                        \
-    }                                                                                  \
-  } while (0)
-
-testing::ForkOptions Transport(const std::string& name) {
-  testing::ForkOptions fork = testing::SharedMemoryUcx(absl::Seconds(120));
-  if (name == "tcp") {
-    fork.env = {{"UCX_TLS", "tcp"}, {"UCX_NET_DEVICES", "lo"}, {"UCX_WARN_UNUSED_ENV_VARS", "n"}};
-  }
-  return fork;
-}
 
 // `rank`'s tile of `layout`, or nullopt.
 std::optional<plan::Box> TileOf(const plan::Layout& layout, const std::vector<int64_t>& shape,

@@ -23,10 +23,16 @@
 #include "src/plan/plan.h"
 #include "src/plan/spec_json.h"
 #include "src/rendezvous/file_store.h"
+#include "tests/api/forked_ranks.h"
 #include "tests/testing/multiprocess.h"
 
 namespace reshard {
 namespace {
+
+using forked::Callbacks;
+using forked::Transport;
+
+std::string StoreDir(const std::string& tag) { return forked::StoreDir("share", tag); }
 
 // Ranks 0 and 7 (one domain) train; ranks 1-3 and 4-6 are two destination domains. Rank 0 alone
 // holds w, v and t, so the second domain gets them relayed by the first; ranks 3 and 6 hold only
@@ -45,21 +51,6 @@ constexpr char kSpec[] = R"json({"topology": {"domains": [[0, 7], [1, 2, 3], [4,
   {"name": "c", "dtype": "fp32", "shape": [64, 96], "src": {"mesh": [0, 7], "placements": ["S(0)"]},
    "dst": {"mesh": [[1, 2], [4, 5]], "placements": ["R", "S(1)"]}}]})json";
 constexpr int kWorld = 8;
-
-std::string StoreDir(const std::string& tag) {
-  std::random_device rd;
-  return absl::StrCat(::testing::TempDir(), "/reshard-share-", tag, "-", getpid(), "-", rd());
-}
-
-// The public API's store callbacks over a file store shared by the forked ranks.
-StoreCallbacks Callbacks(rendezvous::Store* store) {
-  StoreCallbacks cb;
-  cb.set = [store](const std::string& k, const std::string& v) { return store->Set(k, v); };
-  cb.get = [store](const std::string& k, absl::Time deadline) { return store->Get(k, deadline); };
-  cb.list = [store](const std::string& prefix) { return store->List(prefix); };
-  cb.del = [store](const std::string& k) { return store->Delete(k); };
-  return cb;
-}
 
 // The value of element `index` (row-major, global) of tensor `tensor` in refit `step`.
 uint32_t Value(size_t tensor, int64_t index, int step) {
@@ -113,23 +104,6 @@ bool ForEachElement(const RefitSpec& spec, int rank, Side side, int step, Memory
     }
   }
   return true;
-}
-
-#define CHILD_EXPECT(cond, ...)                                                        \
-  do {                                                                                 \
-    if (!(cond)) {                                                                     \
-      std::fprintf(stderr, "rank %d: %s:%d: %s %s\n", rank, __FILE__, __LINE__, #cond, \
-                   std::string(__VA_ARGS__).c_str());                                  \
-      return 1;                                                                        \
-    }                                                                                  \
-  } while (0)
-
-testing::ForkOptions Transport(const std::string& name) {
-  testing::ForkOptions fork = testing::SharedMemoryUcx(absl::Seconds(120));
-  if (name == "tcp") {
-    fork.env = {{"UCX_TLS", "tcp"}, {"UCX_NET_DEVICES", "lo"}, {"UCX_WARN_UNUSED_ENV_VARS", "n"}};
-  }
-  return fork;
 }
 
 class ShareSessionTest : public ::testing::TestWithParam<std::tuple<std::string, Fanout>> {};
