@@ -83,7 +83,7 @@ absl::StatusOr<std::unique_ptr<RefitSession>> RefitSession::Create(
     }
   }
 
-  RESHARD_RETURN_IF_ERROR(session->PrepareQuantization(buffers));
+  RESHARD_RETURN_IF_ERROR(session->PrepareQuantization(buffers, runtime, deadline));
 
   // 3. The network engine.
   RESHARD_ASSIGN_OR_RETURN(session->engine_,
@@ -118,9 +118,43 @@ absl::Status RefitSession::BuildFanout(const std::vector<common::BufferView>& bu
   return absl::OkStatus();
 }
 
-absl::Status RefitSession::PrepareQuantization(const std::vector<common::BufferView>& buffers) {
+absl::Status RefitSession::PrepareQuantization(const std::vector<common::BufferView>& buffers,
+                                               std::shared_ptr<net::Runtime> runtime,
+                                               absl::Time deadline) {
   const plan::Plan& p = *plan_;
   const plan::RefitSpec& spec = p.spec();
+  // The amax exchange: a refit of partial amaxes among the source ranks, planned once, with
+  // buffers of its own. Every rank of its world takes part (its set-up is collective).
+  std::shared_ptr<const plan::Plan> exchange_plan;
+  if (spec.amax_exchange != nullptr && rank_ < spec.amax_exchange->WorldSize()) {
+    absl::StatusOr<plan::Plan> planned = plan::BuildRankPlan(spec.amax_exchange, rank_);
+    if (!planned.ok()) {
+      return absl::Status(planned.status().code(),
+                          absl::StrCat("the amax exchange did not plan: ", planned.status().message()));
+    }
+    exchange_plan = std::make_shared<const plan::Plan>(*std::move(planned));
+    const std::vector<int64_t> bytes = exchange_plan->BufferBytes(rank_);
+    std::vector<common::BufferView> views(exchange_plan->buffers().size());
+    amax_memory_.resize(views.size());
+    for (size_t b = 0; b < views.size(); ++b) {
+      const int64_t n = b == exchange_plan->stage_buffer() ? exchange_plan->stage_bytes(rank_)
+                                                            : bytes[b];
+      amax_memory_[b].assign(static_cast<size_t>(n), 0);
+      views[b] = common::BufferView{amax_memory_[b].data(), n, common::MemoryKind::kHost};
+    }
+    SessionConfig config = config_;
+    config.key_prefix = absl::StrCat(config_.key_prefix, "/amax");
+    config.setup_timeout = std::max(absl::ZeroDuration(), deadline - absl::Now());
+    config.fanout_layer = false;  // A few floats: the engine copies them inside domains too.
+    absl::StatusOr<std::unique_ptr<RefitSession>> exchange =
+        Create(exchange_plan, rank_, store_, std::move(runtime), std::move(views), config);
+    if (!exchange.ok()) {
+      return absl::Status(exchange.status().code(),
+                          absl::StrCat("the amax exchange's set-up failed: ",
+                                       exchange.status().message()));
+    }
+    amax_ = *std::move(exchange);
+  }
   for (size_t q = 0; q < spec.quantized_sources.size(); ++q) {
     const plan::QuantizedSource& qs = spec.quantized_sources[q];
     const plan::TensorSpec& t = spec.tensors[qs.tensor];
@@ -141,19 +175,54 @@ absl::Status RefitSession::PrepareQuantization(const std::vector<common::BufferV
     job.user = static_cast<const uint8_t*>(user.data);
     job.elements = static_cast<uint8_t*>(buffers[p.buffer_of(qs.tensor, plan::Side::kSrc)].data);
     job.scales = static_cast<uint8_t*>(buffers[p.buffer_of(qs.scale_tensor, plan::Side::kSrc)].data);
-    quantize_.push_back(job);
+    if (qs.exchange) {
+      if (exchange_plan == nullptr) {
+        return absl::InternalError(absl::StrFormat(
+            "tensor %s on rank %d needs the amax exchange, which has no plan on this rank",
+            json::QuoteForMessage(t.name), rank_));
+      }
+      const plan::TensorSpec& partials = spec.amax_exchange->tensors[qs.partial_tensor];
+      auto at = [&](plan::Side side) {
+        return reinterpret_cast<float*>(
+                   amax_memory_[exchange_plan->buffer_of(qs.partial_tensor, side)].data()) +
+               partials.layout(side).view.offset;
+      };
+      job.partial = at(plan::Side::kSrc);
+      job.gathered = at(plan::Side::kDst);
+      const std::array<int64_t, plan::kMaxTensorDims> blocks = plan::TileBlocks(qs, job.tile);
+      int64_t n = 1;
+      for (int d = 0; d < job.tile.ndim; ++d) n *= blocks[d];
+      job.amax.assign(static_cast<size_t>(n), 0.0f);
+      exchange_jobs_ = true;
+    }
+    quantize_.push_back(std::move(job));
   }
   return absl::OkStatus();
 }
 
-absl::Status RefitSession::Start(uint64_t epoch) {
-  // Quantized sources first: the puts read what this writes (host memory, before any post).
-  for (const QuantizeJob& job : quantize_) {
-    plan::QuantizeSourceTile(plan_->spec(), job.source, job.tile, job.user, job.elements,
-                             job.scales);
-  }
+absl::Status RefitSession::StartLayers(uint64_t epoch) {
   if (fanout_ != nullptr) RESHARD_RETURN_IF_ERROR(fanout_->Start(epoch));
   return engine_->Start(epoch);
+}
+
+absl::Status RefitSession::Start(uint64_t epoch) {
+  // Quantized sources first: the puts read what this writes (host memory, before any post).
+  // Those whose blocks other tiles share post their partial amaxes to the exchange instead and
+  // are quantized in Wait, once it has gathered the others'; the layers then start there.
+  for (const QuantizeJob& job : quantize_) {
+    if (job.partial != nullptr) {
+      plan::PartialAmaxTile(plan_->spec(), job.source, job.tile, job.user, job.partial);
+    } else {
+      plan::QuantizeSourceTile(plan_->spec(), job.source, job.tile, job.user, job.elements,
+                               job.scales);
+    }
+  }
+  if (amax_ != nullptr) {
+    RESHARD_RETURN_IF_ERROR(amax_->Start(epoch));
+    exchange_pending_ = true;
+    if (exchange_jobs_) return absl::OkStatus();
+  }
+  return StartLayers(epoch);
 }
 
 namespace {
@@ -184,6 +253,24 @@ class WaitEvents final : public Blocker {
 }  // namespace
 
 absl::Status RefitSession::Wait(uint64_t epoch, absl::Time deadline) {
+  if (exchange_pending_) {
+    exchange_pending_ = false;
+    const absl::Status exchanged = amax_->Wait(epoch, deadline);
+    if (!exchanged.ok()) {
+      return absl::Status(exchanged.code(),
+                          absl::StrCat("the amax exchange failed: ", exchanged.message()));
+    }
+    if (exchange_jobs_) {
+      for (QuantizeJob& job : quantize_) {
+        if (job.partial == nullptr) continue;
+        const plan::QuantizedSource& qs = plan_->spec().quantized_sources[job.source];
+        plan::CombineAmax(qs, job.tile, job.gathered, job.amax.data());
+        plan::QuantizeSourceTile(plan_->spec(), job.source, job.tile, job.user, job.elements,
+                                 job.scales, job.amax.data());
+      }
+      RESHARD_RETURN_IF_ERROR(StartLayers(epoch));
+    }
+  }
   WaitEvents events(engine_->events(), fanout_.get());
   IdlePolicy idle(&events);
   bool network_done = false;
@@ -231,9 +318,20 @@ absl::Status RefitSession::Barrier(uint64_t n, absl::Time deadline) {
                                      });
 }
 
-void RefitSession::Reset() { engine_->Reset(); }
+void RefitSession::Reset() {
+  engine_->Reset();
+  if (amax_ != nullptr) amax_->Reset();
+  exchange_pending_ = false;
+}
 
-absl::Status RefitSession::Shutdown(absl::Time deadline) { return engine_->Shutdown(deadline); }
+absl::Status RefitSession::Shutdown(absl::Time deadline) {
+  const absl::Status st = engine_->Shutdown(deadline);
+  if (amax_ != nullptr) {
+    const absl::Status exchange = amax_->Shutdown(deadline);
+    if (st.ok() && !exchange.ok()) return exchange;
+  }
+  return st;
+}
 
 void RefitSession::FillStats(Stats& s) const {
   const net::RefitStats& e = engine_->last_stats();

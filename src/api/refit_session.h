@@ -110,9 +110,23 @@ class RefitSession {
     const uint8_t* user = nullptr;
     uint8_t* elements = nullptr;
     uint8_t* scales = nullptr;
+    // A source whose blocks other tiles share (QuantizedSource::exchange): this tile's partial
+    // amaxes and what the exchange gathers (in amax_memory_), and their combination.
+    float* partial = nullptr;
+    const float* gathered = nullptr;
+    std::vector<float> amax;
   };
   std::vector<QuantizeJob> quantize_;
-  absl::Status PrepareQuantization(const std::vector<common::BufferView>& buffers);
+  absl::Status PrepareQuantization(const std::vector<common::BufferView>& buffers,
+                                   std::shared_ptr<net::Runtime> runtime, absl::Time deadline);
+  // Starts the fan-out layer and the engine on `epoch`.
+  absl::Status StartLayers(uint64_t epoch);
+  // The amax exchange (plan::RefitSpec::amax_exchange), a session of its own on every rank of its
+  // world, run before this rank quantizes the sources that need it; null without one.
+  std::unique_ptr<RefitSession> amax_;
+  std::vector<std::vector<uint8_t>> amax_memory_;  // Its buffers on this rank, by its plan's ids.
+  bool exchange_jobs_ = false;  // Some job waits for the exchange: the layers start in Wait.
+  bool exchange_pending_ = false;  // Start began the exchange's epoch; Wait finishes it.
 };
 
 // The plan's world size and every rank in it, for collective set-up steps.

@@ -67,23 +67,57 @@ void LocalWorld::Prepare(uint64_t epoch) {
       FillTile(spec, t, Side::kSrc, box, epoch, buffer(rank, id));
     });
   }
-  // A lowered spec's quantized sources: the user's tiles, then what each source rank quantizes.
+  // A lowered spec's quantized sources: the user's tiles, then what each source rank quantizes
+  // (after the amax exchange, done here in process, when source tiles share blocks).
   for (size_t q = 0; q < spec.quantized_sources.size(); ++q) {
     const QuantizedSource& qs = spec.quantized_sources[q];
     const uint32_t user = plan_->quantized_source_buffer(q);
     const uint32_t elements = plan_->buffer_of(qs.tensor, Side::kSrc);
     const uint32_t scales = plan_->buffer_of(qs.scale_tensor, Side::kSrc);
     TileGrid grid(qs.src, spec.tensors[qs.tensor].shape);
-    for (int64_t flat = 0; flat < grid.num_cells(); ++flat) {
-      const TileGrid::Cell cell = grid.CellAt(flat);
-      const Box box = grid.CellBox(cell);
-      for (int64_t j = 0; j < grid.num_replicas(); ++j) {
-        const int32_t rank = grid.Holder(cell, j);
-        FillQuantizedSourceTile(spec, q, box, epoch, buffer(rank, user));
+    auto for_each_tile = [&](auto&& fn) {
+      for (int64_t flat = 0; flat < grid.num_cells(); ++flat) {
+        const TileGrid::Cell cell = grid.CellAt(flat);
+        const Box box = grid.CellBox(cell);
+        for (int64_t j = 0; j < grid.num_replicas(); ++j) fn(grid.Holder(cell, j), box);
+      }
+    };
+    for_each_tile([&](int32_t rank, const Box& box) {
+      FillQuantizedSourceTile(spec, q, box, epoch, buffer(rank, user));
+    });
+    if (!qs.exchange) {
+      for_each_tile([&](int32_t rank, const Box& box) {
         QuantizeSourceTile(spec, q, box, buffer(rank, user), buffer(rank, elements),
                            buffer(rank, scales));
-      }
+      });
+      continue;
     }
+    // The exchange: every tile's partial amaxes into the whole partial tensor, then each tile's
+    // gathered part of it, combined.
+    const TensorSpec& partials = spec.amax_exchange->tensors[qs.partial_tensor];
+    const TileGrid partial_grid(partials.src, partials.shape);
+    const TileGrid gathered_grid(partials.dst, partials.shape);
+    int64_t n = 1;
+    for (int64_t e : partials.shape) n *= e;
+    std::vector<float> all(static_cast<size_t>(n), 0.0f), tile_amax, gathered, amax;
+    const Layout row_major;  // Tile-local row-major offsets.
+    for_each_tile([&](int32_t rank, const Box& box) {
+      const Box pbox = partial_grid.CellBox(*partial_grid.CellOfRank(rank));
+      tile_amax.assign(static_cast<size_t>(std::max<int64_t>(pbox.NumElements(), 0)), 0.0f);
+      PartialAmaxTile(spec, q, box, buffer(rank, user), tile_amax.data());
+      ForEachElement(row_major, partials.shape, pbox,
+                     [&](int64_t off, int64_t g) { all[g] = tile_amax[off]; });
+    });
+    for_each_tile([&](int32_t rank, const Box& box) {
+      const Box gbox = gathered_grid.CellBox(*gathered_grid.CellOfRank(rank));
+      gathered.assign(static_cast<size_t>(std::max<int64_t>(gbox.NumElements(), 0)), 0.0f);
+      ForEachElement(row_major, partials.shape, gbox,
+                     [&](int64_t off, int64_t g) { gathered[off] = all[g]; });
+      amax.assign(gathered.size(), 0.0f);
+      CombineAmax(qs, box, gathered.data(), amax.data());
+      QuantizeSourceTile(spec, q, box, buffer(rank, user), buffer(rank, elements),
+                         buffer(rank, scales), amax.data());
+    });
   }
 }
 

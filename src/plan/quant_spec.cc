@@ -1,5 +1,7 @@
 #include "src/plan/quant_spec.h"
 
+#include <algorithm>
+#include <cstring>
 #include <string>
 #include <utility>
 
@@ -105,11 +107,10 @@ DType ScaleDType(QuantScheme scheme) {
 }
 
 Layout ScaleLayout(const Layout& l, const std::vector<int64_t>& shape,
-                   const std::vector<int64_t>& block, Side side) {
+                   const std::vector<int64_t>& block) {
   Layout s;
   s.mesh = l.mesh;
   s.placements = l.placements;
-  if (side != Side::kDst) return s;
   for (Placement& p : s.placements) {
     if (p.is_shard() && shape[p.dim] <= block[p.dim]) p = Placement::Replicate();
   }
@@ -185,13 +186,16 @@ absl::Status ValidateQuant(const TensorSpec& t) {
       break;
   }
   const std::vector<int64_t> block = BlockShape(t);
-  // Source tiles quantize whole blocks: each must start on a block boundary.
-  const Cut src_cut = FirstCut(t.src, t.shape, block, [](int) { return true; });
+  // Source tiles quantize whole blocks, except along a dim of one block: each tile computes its
+  // part's amax there, and the parts are combined (the amax exchange).
+  const Cut src_cut = FirstCut(t.src, t.shape, block,
+                               [&](int d) { return t.shape[d] > block[d]; });
   if (src_cut.dim >= 0) {
     return QuantError(
         t, absl::StrFormat("src tiles cut the quantization blocks of dim %d (rank %d's tile "
-                           "starts at element %d, not a multiple of the block's %d): combining "
-                           "partial amaxes across source tiles is not supported yet",
+                           "starts at element %d, not a multiple of the block's %d); only a dim "
+                           "of one block may be cut (its amax is then combined across the "
+                           "source tiles)",
                            src_cut.dim, src_cut.rank, src_cut.start, block[src_cut.dim]));
   }
   // Destination tiles hold whole blocks, except along a dim of one block (scales replicated).
@@ -208,11 +212,11 @@ absl::Status ValidateQuant(const TensorSpec& t) {
   const std::vector<int64_t> blocked = BlockedShape(t.shape, block);
   for (const Side side : {Side::kSrc, Side::kDst}) {
     const Layout& l = t.layout(side);
-    const Layout scales = ScaleLayout(l, t.shape, block, side);
+    const Layout scales = ScaleLayout(l, t.shape, block);
     const TileGrid elements(l, t.shape), blocks(scales, blocked);
     for (int d = 0; d < ndim; ++d) {
-      // A destination dim of one block: its scale is replicated, nothing to compare.
-      if (side == Side::kDst && t.shape[d] <= block[d]) continue;
+      // A dim of one block: its scale is replicated, nothing to compare.
+      if (t.shape[d] <= block[d]) continue;
       const auto e = elements.intervals(d), b = blocks.intervals(d);
       for (size_t i = 0; i < e.size() && i < b.size(); ++i) {
         const bool empty = e[i].size() == 0;
@@ -259,11 +263,14 @@ absl::StatusOr<std::shared_ptr<const RefitSpec>> LowerQuantization(
   lowered->comment = spec->comment;
   lowered->topology = spec->topology;
   lowered->tensors = spec->tensors;
-  absl::flat_hash_set<std::string_view> names;
+  auto exchange = std::make_shared<RefitSpec>();
+  exchange->comment = "the amax exchange of quantized sources that share blocks";
+  exchange->topology = spec->topology;
+  absl::flat_hash_set<std::string> names;  // Owned: scale names outlive their TensorSpec moves.
   for (const TensorSpec& t : spec->tensors) names.insert(t.name);
   // Each internal buffer holds every quantized tensor's largest tile in turn: the same offset on
   // every rank (a view is per tensor), contiguous row-major tiles.
-  int64_t bytes_offset = 0, scales_offset = 0;
+  int64_t bytes_offset = 0, scales_offset = 0, partial_offset = 0, gathered_offset = 0;
   for (size_t i = 0; i < spec->tensors.size(); ++i) {
     const TensorSpec& user = spec->tensors[i];
     if (!user.quantized()) continue;
@@ -274,6 +281,17 @@ absl::StatusOr<std::shared_ptr<const RefitSpec>> LowerQuantization(
     q.src.buffer = user.src_buffer();
     q.scheme = user.dst.quant.scheme;
     q.block = BlockShape(user);
+    const std::vector<int64_t> blocked = BlockedShape(user.shape, q.block);
+    // Dims of one block that the source shards: their tiles' amaxes are combined.
+    const TileGrid src_grid(user.src, user.shape);
+    q.cut_parts.assign(user.shape.size(), 1);
+    for (int d = 0; d < src_grid.ndim(); ++d) {
+      const int64_t parts = static_cast<int64_t>(src_grid.intervals(d).size());
+      if (user.shape[d] <= q.block[d] && parts > 1) {
+        q.cut_parts[d] = parts;
+        q.exchange = true;
+      }
+    }
 
     TensorSpec& t = lowered->tensors[i];
     t.dtype = user.dst_dtype();
@@ -295,8 +313,8 @@ absl::StatusOr<std::shared_ptr<const RefitSpec>> LowerQuantization(
                                               QuoteForMessage(s.name)));
     }
     s.dtype = ScaleDType(q.scheme);
-    s.shape = BlockedShape(user.shape, q.block);
-    s.src = ScaleLayout(user.src, user.shape, q.block, Side::kSrc);
+    s.shape = blocked;
+    s.src = ScaleLayout(user.src, user.shape, q.block);
     if (s.dtype == DType::kU8) {
       s.src.buffer = kQuantizedBuffer;
       s.src.view = View{bytes_offset, {}};
@@ -307,20 +325,49 @@ absl::StatusOr<std::shared_ptr<const RefitSpec>> LowerQuantization(
       scales_offset += LargestTileElements(s.src, s.shape);
     }
     s.src.has_view = true;
-    s.dst = ScaleLayout(user.dst, user.shape, q.block, Side::kDst);
+    s.dst = ScaleLayout(user.dst, user.shape, q.block);
     s.dst.buffer = user.dst.scale_buffer.empty() ? s.name : user.dst.scale_buffer;
     s.dst.view = user.dst.scale_view;
     s.dst.has_view = user.dst.has_scale_view;
     q.scale_tensor = static_cast<uint32_t>(lowered->tensors.size());
     lowered->tensors.push_back(std::move(s));
+
+    if (q.exchange) {
+      // Partial amaxes: one per block a tile holds, indexed along a cut dim by the tile's shard
+      // (torch.chunk of the parts gives every tile exactly one); gathered along the cut dims.
+      TensorSpec p;
+      p.name = user.name + ".amax";
+      p.dtype = DType::kFp32;
+      p.shape = blocked;
+      for (size_t d = 0; d < p.shape.size(); ++d) {
+        if (q.cut_parts[d] > 1) p.shape[d] = q.cut_parts[d];
+      }
+      p.src.mesh = user.src.mesh;
+      p.src.placements = user.src.placements;
+      p.src.buffer = kPartialAmaxBuffer;
+      p.src.view = View{partial_offset, {}};
+      p.src.has_view = true;
+      partial_offset += LargestTileElements(p.src, p.shape);
+      p.dst = ScaleLayout(user.src, user.shape, q.block);
+      p.dst.buffer = kGatheredAmaxBuffer;
+      p.dst.view = View{gathered_offset, {}};
+      p.dst.has_view = true;
+      gathered_offset += LargestTileElements(p.dst, p.shape);
+      q.partial_tensor = static_cast<uint32_t>(exchange->tensors.size());
+      exchange->tensors.push_back(std::move(p));
+    }
     lowered->quantized_sources.push_back(std::move(q));
   }
+  if (!exchange->tensors.empty()) lowered->amax_exchange = std::move(exchange);
   return std::shared_ptr<const RefitSpec>(std::move(lowered));
 }
 
-void QuantizeBox(const QuantizedSource& qs, DType fp8, const Box& tile, const uint8_t* src,
-                 const std::array<int64_t, kMaxTensorDims>& strides, uint8_t* out,
-                 uint8_t* scales) {
+namespace {
+
+// The QuantTile of `tile` (a rank's source tile of qs, non-empty): along a cut dim the tile is
+// one block of its own extent, whose amax comes from the exchange.
+QuantTile TileOf(const QuantizedSource& qs, DType fp8, const Box& tile, const uint8_t* src,
+                 const std::array<int64_t, kMaxTensorDims>& strides) {
   QuantTile q;
   q.src_dtype = qs.dtype;
   q.src = src;
@@ -328,27 +375,124 @@ void QuantizeBox(const QuantizedSource& qs, DType fp8, const Box& tile, const ui
   for (int d = 0; d < tile.ndim; ++d) {
     q.extent[d] = tile.extent(d);
     q.src_strides[d] = strides[d];
-    q.block[d] = qs.block[d];
+    q.block[d] = qs.cut_parts.empty() || qs.cut_parts[d] == 1
+                     ? qs.block[d]
+                     : std::max<int64_t>(1, tile.extent(d));
   }
   q.arith = qs.scheme == QuantScheme::kMx ? QuantArith::kMx : QuantArith::kFp32Scale;
   q.format = fp8 == DType::kFp8E5M2 ? quant::Fp8Format::kE5M2 : quant::Fp8Format::kE4M3;
+  return q;
+}
+
+}  // namespace
+
+void QuantizeBox(const QuantizedSource& qs, DType fp8, const Box& tile, const uint8_t* src,
+                 const std::array<int64_t, kMaxTensorDims>& strides, uint8_t* out,
+                 uint8_t* scales) {
+  QuantTile q = TileOf(qs, fp8, tile, src, strides);
+  for (int d = 0; d < tile.ndim; ++d) q.block[d] = qs.block[d];  // The whole tensor's blocks.
   q.out = out;
   q.scales = scales;
   QuantizeTile(q);
 }
 
+std::array<int64_t, kMaxTensorDims> TileBlocks(const QuantizedSource& qs, const Box& tile) {
+  std::array<int64_t, kMaxTensorDims> blocks{};
+  for (int d = 0; d < tile.ndim; ++d) {
+    blocks[d] = qs.cut_parts[d] > 1 ? 1 : (tile.extent(d) + qs.block[d] - 1) / qs.block[d];
+  }
+  return blocks;
+}
+
+void PartialAmaxTile(const RefitSpec& lowered, size_t q, const Box& tile,
+                     const uint8_t* user_buffer, float* partial) {
+  const QuantizedSource& qs = lowered.quantized_sources[q];
+  const std::array<int64_t, kMaxTensorDims> blocks = TileBlocks(qs, tile);
+  int64_t n = 1;
+  for (int d = 0; d < tile.ndim; ++d) n *= blocks[d];
+  std::fill(partial, partial + n, 0.0f);  // A tile empty along a cut dim holds no element.
+  if (tile.empty()) return;
+  std::array<int64_t, kMaxTensorDims> strides{};
+  TileStrides(qs.src, tile, strides);
+  const QuantTile t =
+      TileOf(qs, lowered.tensors[qs.tensor].dtype, tile,
+             user_buffer + qs.src.view.offset * DTypeSize(qs.dtype), strides);
+  BlockAmax(t, partial);
+}
+
+void CombineAmax(const QuantizedSource& qs, const Box& tile, const float* gathered,
+                 float* amax) {
+  const std::array<int64_t, kMaxTensorDims> blocks = TileBlocks(qs, tile);
+  const int nd = tile.ndim;
+  // gathered: row-major over `blocks` with every cut dim widened to its parts.
+  std::array<int64_t, kMaxTensorDims> g_extent{}, g_stride{};
+  int64_t stride = 1, n = 1;
+  for (int d = nd - 1; d >= 0; --d) {
+    g_extent[d] = qs.cut_parts[d] > 1 ? qs.cut_parts[d] : blocks[d];
+    g_stride[d] = stride;
+    stride *= g_extent[d];
+  }
+  for (int d = 0; d < nd; ++d) n *= blocks[d];
+  std::array<int64_t, kMaxTensorDims> idx{};
+  for (int64_t i = 0; i < n; ++i) {
+    // Max over the cut dims' parts at this block (its other indices fixed).
+    int64_t base = 0;
+    for (int d = 0; d < nd; ++d) base += (qs.cut_parts[d] > 1 ? 0 : idx[d]) * g_stride[d];
+    float m = 0.0f;
+    std::array<int64_t, kMaxTensorDims> part{};
+    while (true) {
+      int64_t at = base;
+      for (int d = 0; d < nd; ++d) at += part[d] * g_stride[d];
+      m = std::max(m, gathered[at]);
+      int d = nd - 1;
+      for (; d >= 0; --d) {
+        if (qs.cut_parts[d] <= 1) continue;
+        if (++part[d] < qs.cut_parts[d]) break;
+        part[d] = 0;
+      }
+      if (d < 0) break;
+    }
+    amax[i] = m;
+    for (int d = nd - 1; d >= 0; --d) {
+      if (++idx[d] < blocks[d]) break;
+      idx[d] = 0;
+    }
+  }
+}
+
 void QuantizeSourceTile(const RefitSpec& lowered, size_t q, const Box& tile,
                         const uint8_t* user_buffer, uint8_t* elements_buffer,
-                        uint8_t* scales_buffer) {
-  if (tile.empty()) return;
+                        uint8_t* scales_buffer, const float* amax) {
   const QuantizedSource& qs = lowered.quantized_sources[q];
   const TensorSpec& t = lowered.tensors[qs.tensor];
   const TensorSpec& s = lowered.tensors[qs.scale_tensor];
+  uint8_t* scales = scales_buffer + s.src.view.offset * DTypeSize(s.dtype);
+  const quant::Fp8Format format =
+      t.dtype == DType::kFp8E5M2 ? quant::Fp8Format::kE5M2 : quant::Fp8Format::kE4M3;
+  if (amax != nullptr) {
+    // Scales from the combined amaxes: also on a rank whose tile is empty along a cut dim, which
+    // holds the (replicated) scales all the same.
+    const std::array<int64_t, kMaxTensorDims> blocks = TileBlocks(qs, tile);
+    int64_t n = 1;
+    for (int d = 0; d < tile.ndim; ++d) n *= blocks[d];
+    for (int64_t i = 0; i < n; ++i) {
+      if (qs.scheme == QuantScheme::kMx) {
+        scales[i] = quant::MxScaleFromAmax(amax[i], format);
+      } else {
+        const float scale = quant::ScaleFromAmax(amax[i], format);
+        std::memcpy(scales + 4 * i, &scale, 4);
+      }
+    }
+  }
+  if (tile.empty()) return;
   std::array<int64_t, kMaxTensorDims> strides{};
   TileStrides(qs.src, tile, strides);
-  QuantizeBox(qs, t.dtype, tile, user_buffer + qs.src.view.offset * DTypeSize(qs.dtype), strides,
-              elements_buffer + t.src.view.offset,
-              scales_buffer + s.src.view.offset * DTypeSize(s.dtype));
+  QuantTile qt = TileOf(qs, t.dtype, tile, user_buffer + qs.src.view.offset * DTypeSize(qs.dtype),
+                        strides);
+  qt.out = elements_buffer + t.src.view.offset;
+  qt.scales = scales;
+  qt.amax = amax;
+  QuantizeTile(qt);
 }
 
 }  // namespace reshard::plan

@@ -12,10 +12,11 @@
 // fan-out forward them as any other bytes.
 //
 // Blocks and tiles. A source rank quantizes the blocks its tile holds, so source tiles must start
-// on block boundaries: a block that two source tiles share would need their partial amaxes
-// combined, which is not supported yet. A destination tile that cuts a block is an error too,
-// except along a dim the block covers whole (one block: channel's last dim, every dim of tensor):
-// there every destination rank of the dim holds that block's scale, replicated.
+// on block boundaries, except along a dim the block covers whole (one block: channel's last dim,
+// every dim of tensor): the source tiles that share such a block combine their partial amaxes
+// first (the amax exchange: RefitSpec::amax_exchange, a small refit before the quantization),
+// and every one of them holds the block's scale. A destination tile that cuts a block is an error
+// too, with the same exception: every destination rank of such a dim holds the scale, replicated.
 #pragma once
 
 #include <array>
@@ -35,6 +36,9 @@ namespace reshard::plan {
 inline constexpr char kQuantizedBuffer[] = "reshard:fp8";
 inline constexpr char kScaleBuffer[] = "reshard:fp8-scales";
 inline constexpr char kReservedBufferPrefix[] = "reshard:";
+// The buffers of RefitSpec::amax_exchange (source ranks only; fp32; a spec of their own).
+inline constexpr char kPartialAmaxBuffer[] = "amax.partial";
+inline constexpr char kGatheredAmaxBuffer[] = "amax.gathered";
 
 // The block's extent along every dim of `t` (dst.quant of a quantized tensor, resolved).
 std::vector<int64_t> BlockShape(const TensorSpec& t);
@@ -43,12 +47,11 @@ std::vector<int64_t> BlockedShape(const std::vector<int64_t>& shape,
                                   const std::vector<int64_t>& block);
 // The element type of the scales: fp32, or E8M0 bytes (u8) for kMx.
 DType ScaleDType(QuantScheme scheme);
-// The scales' layout on a side: the same mesh and placements, except that on the destination a
-// mesh axis that shards a dim of one block replicates instead (every tile of the dim holds part
-// of that block, so every one needs its scale). On the source such a dim has one non-empty tile
-// (ValidateQuant), which holds the block's scale as the same placement gives it.
+// The scales' layout on a side: the same mesh and placements, except that a mesh axis that
+// shards a dim of one block replicates instead: every tile of the dim holds part of that block,
+// so every one needs its scale (on the source, every one computes it from the combined amax).
 Layout ScaleLayout(const Layout& l, const std::vector<int64_t>& shape,
-                   const std::vector<int64_t>& block, Side side);
+                   const std::vector<int64_t>& block);
 
 // The quantization checks of Validate() for tensor `t`: dtypes, scheme, block, scale fields, and
 // that source and destination tiles start on block boundaries (above). InvalidArgument naming the
@@ -71,9 +74,22 @@ void QuantizeBox(const QuantizedSource& qs, DType fp8, const Box& tile, const ui
 // lowered spec: reads the tile from the user's buffer (`user_buffer`, per qs.src's view) and
 // writes its FP8 elements and scales where the lowered spec's tensors read them
 // (`elements_buffer`: the rank's buffer of the FP8 tensor's source, `scales_buffer`: of its
-// scale tensor's; both internal).
+// scale tensor's; both internal). For a source with qs.exchange, `amax` is CombineAmax's (the
+// scales are written from it even when the tile is empty); otherwise null.
 void QuantizeSourceTile(const RefitSpec& lowered, size_t q, const Box& tile,
                         const uint8_t* user_buffer, uint8_t* elements_buffer,
-                        uint8_t* scales_buffer);
+                        uint8_t* scales_buffer, const float* amax = nullptr);
+
+// The amax exchange (qs.exchange: the source shards a dim of one block). A rank's tile has
+// TileBlocks(qs, tile) blocks per dim (1 along a cut dim), in the row-major order of its scales.
+// Before each refit the rank writes its partial amaxes (PartialAmaxTile, into its tile of the
+// partial tensor of RefitSpec::amax_exchange), the exchange refits them to every tile that shares
+// the blocks, and CombineAmax takes the max over the parts (the rank's tile of the gathered
+// tensor: row-major over TileBlocks with every cut dim widened to qs.cut_parts) for
+// QuantizeSourceTile.
+std::array<int64_t, kMaxTensorDims> TileBlocks(const QuantizedSource& qs, const Box& tile);
+void PartialAmaxTile(const RefitSpec& lowered, size_t q, const Box& tile,
+                     const uint8_t* user_buffer, float* partial);
+void CombineAmax(const QuantizedSource& qs, const Box& tile, const float* gathered, float* amax);
 
 }  // namespace reshard::plan

@@ -115,8 +115,9 @@ void ForEachRow(const Geometry& g, const int64_t* lo, const int64_t* hi, Fn&& fn
   }
 }
 
-template <typename S, Fp8Format F, bool kMx, bool kContiguous>
-void QuantizeBlocks(const QuantTile& t, const Geometry& g) {
+// kAmaxOnly: writes each block's amax to `amax_out` and quantizes nothing (BlockAmax).
+template <typename S, Fp8Format F, bool kMx, bool kContiguous, bool kAmaxOnly = false>
+void QuantizeBlocks(const QuantTile& t, const Geometry& g, float* amax_out = nullptr) {
   const int last = g.nd - 1;
   const int64_t width = g.extent[last];
   const int64_t block_width = g.block[last];
@@ -144,18 +145,29 @@ void QuantizeBlocks(const QuantTile& t, const Geometry& g) {
     }
     for (int64_t first = 0; first < last_blocks; first += chunk) {
       const int64_t count = std::min(chunk, last_blocks - first);
-      std::fill(amax, amax + count, 0u);
-      ForEachRow(g, lo, hi, [&](int64_t src_offset, int64_t) {
+      const int64_t block0 = block_row * last_blocks + first;  // Row-major block index.
+      if (t.amax == nullptr) {
+        std::fill(amax, amax + count, 0u);
+        ForEachRow(g, lo, hi, [&](int64_t src_offset, int64_t) {
+          for (int64_t j = 0; j < count; ++j) {
+            const int64_t c0 = (first + j) * block_width;
+            const int64_t n = std::min(block_width, width - c0);
+            amax[j] = std::max(amax[j], RunAmax<S, kContiguous>(t.src + src_offset + c0 * last_stride,
+                                                                last_stride, n));
+          }
+        });
+      }
+      if constexpr (kAmaxOnly) {
         for (int64_t j = 0; j < count; ++j) {
-          const int64_t c0 = (first + j) * block_width;
-          const int64_t n = std::min(block_width, width - c0);
-          amax[j] = std::max(amax[j], RunAmax<S, kContiguous>(t.src + src_offset + c0 * last_stride,
-                                                              last_stride, n));
+          amax_out[block0 + j] = S::ToFloat(static_cast<typename S::Raw>(amax[j]));
         }
-      });
+        continue;
+      }
       for (int64_t j = 0; j < count; ++j) {
-        const float block_amax = S::ToFloat(static_cast<typename S::Raw>(amax[j]));
-        uint8_t* scale_out = t.scales + (block_row * last_blocks + first + j) * ScaleBytes(t.arith);
+        const float block_amax = t.amax != nullptr
+                                     ? t.amax[block0 + j]
+                                     : S::ToFloat(static_cast<typename S::Raw>(amax[j]));
+        uint8_t* scale_out = t.scales + (block0 + j) * ScaleBytes(t.arith);
         if constexpr (kMx) {
           const uint8_t e8m0 = quant::MxScaleFromAmax(block_amax, F);
           *scale_out = e8m0;
@@ -228,10 +240,9 @@ int64_t NumBlocks(const QuantTile& t) {
   return n;
 }
 
-void QuantizeTile(const QuantTile& t) {
-  if (NumBlocks(t) == 0) return;  // an empty tile (NumBlocks checks the tile)
-  RESHARD_CHECK_MSG(t.src != nullptr && t.out != nullptr && t.scales != nullptr,
-                    "QuantTile: null source, output or scales for a non-empty tile");
+namespace {
+
+Geometry GeometryOf(const QuantTile& t) {
   Geometry g;
   const int64_t elem = DTypeSize(t.src_dtype);
   if (t.ndim == 0) {
@@ -251,6 +262,26 @@ void QuantizeTile(const QuantTile& t) {
       out_stride *= t.extent[k];
     }
   }
+  return g;
+}
+
+template <typename S>
+void AmaxFrom(const QuantTile& t, const Geometry& g, float* amax) {
+  // The format and arithmetic do not change amaxes: one instantiation serves them all.
+  if (g.src_stride[g.nd - 1] == int64_t{sizeof(typename S::Raw)}) {
+    QuantizeBlocks<S, Fp8Format::kE4M3, false, true, true>(t, g, amax);
+  } else {
+    QuantizeBlocks<S, Fp8Format::kE4M3, false, false, true>(t, g, amax);
+  }
+}
+
+}  // namespace
+
+void QuantizeTile(const QuantTile& t) {
+  if (NumBlocks(t) == 0) return;  // an empty tile (NumBlocks checks the tile)
+  RESHARD_CHECK_MSG(t.src != nullptr && t.out != nullptr && t.scales != nullptr,
+                    "QuantTile: null source, output or scales for a non-empty tile");
+  const Geometry g = GeometryOf(t);
   switch (t.src_dtype) {
     case DType::kBf16:
       QuantizeFrom<Bf16Source>(t, g);
@@ -260,6 +291,26 @@ void QuantizeTile(const QuantTile& t) {
       break;
     default:
       QuantizeFrom<Fp32Source>(t, g);
+      break;
+  }
+}
+
+void BlockAmax(const QuantTile& t, float* amax) {
+  if (NumBlocks(t) == 0) return;
+  RESHARD_CHECK_MSG(t.src != nullptr && amax != nullptr,
+                    "QuantTile: null source or amax output for a non-empty tile");
+  QuantTile own = t;
+  own.amax = nullptr;  // Computed here, not taken.
+  const Geometry g = GeometryOf(own);
+  switch (t.src_dtype) {
+    case DType::kBf16:
+      AmaxFrom<Bf16Source>(own, g, amax);
+      break;
+    case DType::kFp16:
+      AmaxFrom<Fp16Source>(own, g, amax);
+      break;
+    default:
+      AmaxFrom<Fp32Source>(own, g, amax);
       break;
   }
 }

@@ -45,6 +45,10 @@ struct QuantTile {
   // Row-major over ceil(extent / block) per dim: fp32 (4 bytes, kFp32Scale) or E8M0 (1 byte,
   // kMx). Written byte-wise: no alignment needed.
   uint8_t* scales = nullptr;
+  // When set, each block's amax (row-major over the tile's blocks, like the scales) is taken from
+  // here instead of from the tile's elements: a block the tile shares with other tiles, whose
+  // partial amaxes (BlockAmax) were combined first.
+  const float* amax = nullptr;
 };
 
 // Quantizes the tile: each block's amax over its finite elements, its scale, then every element
@@ -53,6 +57,11 @@ struct QuantTile {
 // bf16/fp16/fp32, ndim out of range, a negative extent, a block extent < 1, a null pointer for a
 // non-empty tile) is a broken invariant of the caller: RESHARD_CHECK.
 void QuantizeTile(const QuantTile& t);
+
+// The tile's partial amaxes: each block's largest finite magnitude among the tile's elements (0
+// when none), row-major over the tile's blocks into `amax` (NumBlocks(t) floats); reads only
+// t.src. Combined across the tiles that share a block (their max), they are QuantizeTile's amax.
+void BlockAmax(const QuantTile& t, float* amax);
 
 // Blocks of the tile, the product of ceil(extent / block): the number of scales written.
 int64_t NumBlocks(const QuantTile& t);

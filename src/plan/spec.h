@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -136,6 +137,12 @@ struct QuantizedSource {
   Layout src;                 // The user's source layout (buffer resolved: never empty).
   QuantScheme scheme = QuantScheme::kNone;
   std::vector<int64_t> block; // Per dim of the tensor.
+  // Per dim: how many source tiles split it when it is one block that the source shards (its
+  // blocks' amaxes are then combined across those tiles before quantizing: the amax exchange),
+  // else 1. `partial_tensor` is then this tensor's partial amaxes in RefitSpec::amax_exchange.
+  std::vector<int64_t> cut_parts;
+  bool exchange = false;
+  uint32_t partial_tensor = 0;
 };
 
 // Which ranks share a fast local fabric (an NVLink domain; on a CPU host, one host), and the
@@ -158,6 +165,9 @@ struct RefitSpec {
   std::vector<TensorSpec> tensors;
   // Empty in a spec as written; set by plan::LowerQuantization only (never in JSON).
   std::vector<QuantizedSource> quantized_sources;
+  // A lowered spec whose quantized sources share blocks across source tiles: the refit of their
+  // partial amaxes that runs before they are quantized (quant_spec.h), else null.
+  std::shared_ptr<const RefitSpec> amax_exchange;
 
   const Layout& layout(size_t tensor, Side side) const {
     return side == Side::kSrc ? tensors[tensor].src : tensors[tensor].dst;

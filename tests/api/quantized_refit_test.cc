@@ -1,8 +1,9 @@
 // Quantized destinations through real refits (issue 13, docs/quantization.md): six forked ranks
 // refit a spec with every scheme (block, mx, channel, tensor) and both FP8 formats from bf16, fp16
-// and fp32 sources over shared memory and tcp; every destination element and scale must equal
-// what the in-process reference (plan::ExpectQuantized, the quantizer the ml_dtypes test checks)
-// computes from the sources, bit for bit, in each of three refits.
+// and fp32 sources over shared memory and tcp, three of them from source tiles that share blocks
+// (the amax exchange runs first); every destination element and scale must equal what the
+// in-process reference (plan::ExpectQuantized, the quantizer the ml_dtypes test checks) computes
+// from the whole tensor, bit for bit, in each of three refits.
 #include <cstdint>
 #include <cstdio>
 #include <map>
@@ -53,7 +54,19 @@ constexpr char kSpec[] = R"json({"topology": {"ranks_per_domain": 2}, "tensors":
            "quant": {"scheme": "tensor"}}},
   {"name": "plain", "dtype": "bf16", "shape": [64, 64],
    "src": {"mesh": [0, 1], "placements": ["S(0)"]},
-   "dst": {"mesh": [2, 3, 4, 5], "placements": ["S(1)"]}}]})json";
+   "dst": {"mesh": [2, 3, 4, 5], "placements": ["S(1)"]}},
+  {"name": "channel_cut", "dtype": "bf16", "shape": [64, 200],
+   "src": {"mesh": [0, 1], "placements": ["S(1)"]},
+   "dst": {"mesh": [2, 3, 4, 5], "placements": ["S(0)"], "dtype": "fp8e4m3",
+           "quant": {"scheme": "channel"}}},
+  {"name": "tensor_cut", "dtype": "fp32", "shape": [30, 50],
+   "src": {"mesh": [0, 1], "placements": ["S(0)"]},
+   "dst": {"mesh": [2, 3, 4, 5], "placements": ["S(1)"], "dtype": "fp8e5m2",
+           "quant": {"scheme": "tensor"}}},
+  {"name": "mx_cut", "dtype": "fp16", "shape": [48, 20],
+   "src": {"mesh": [0, 1], "placements": ["S(1)"]},
+   "dst": {"mesh": [2, 3], "placements": ["S(0)"], "dtype": "fp8e4m3",
+           "quant": {"scheme": "mx"}}}]})json";
 constexpr int kWorld = 6;
 constexpr uint8_t kPoison = 0xA5;
 
@@ -75,7 +88,8 @@ TEST_P(QuantizedRefitTest, ElementsAndScalesMatchTheReferenceBitForBit) {
   auto lowered_or = plan::LowerQuantization(std::make_shared<const plan::RefitSpec>(*parsed));
   ASSERT_TRUE(lowered_or.ok()) << lowered_or.status();
   const std::shared_ptr<const plan::RefitSpec> lowered = *lowered_or;
-  ASSERT_EQ(lowered->quantized_sources.size(), 4u);
+  ASSERT_EQ(lowered->quantized_sources.size(), 7u);
+  ASSERT_NE(lowered->amax_exchange, nullptr);  // The *_cut tensors share blocks across sources.
   const std::string dir = StoreDir(transport);
   std::map<int32_t, int> codes = testing::ForkRanks(
       testing::Ranks(kWorld),

@@ -82,11 +82,15 @@ TEST(QuantSpecTest, ErrorsNameTensorFieldDimAndRank) {
             "tensor \"w\": dst tiles cut the quantization blocks of dim 1 (rank 3's tile starts at "
             "element 256, not a multiple of the block's 384); only a dim of one block may be cut "
             "(its scale is then replicated)");
-  // Source column shards cut every row (a channel): partial amaxes would have to be combined.
+  // Source row shards of 250 cut 128-row blocks (more than one block along the dim).
+  EXPECT_EQ(ErrorOf(OneTensor(R"j(, "dtype": "fp8e4m3", "quant": {"scheme": "block", "block": [128, 128]})j",
+                              "S(0)", "[500, 1024]")),
+            "tensor \"w\": src tiles cut the quantization blocks of dim 0 (rank 1's tile starts at "
+            "element 250, not a multiple of the block's 128); only a dim of one block may be cut "
+            "(its amax is then combined across the source tiles)");
+  // Source column shards cut every row (a channel): their partial amaxes are exchanged.
   EXPECT_EQ(ErrorOf(OneTensor(R"j(, "dtype": "fp8e4m3", "quant": {"scheme": "channel"})j", "S(1)")),
-            "tensor \"w\": src tiles cut the quantization blocks of dim 1 (rank 1's tile starts at "
-            "element 512, not a multiple of the block's 1024): combining partial amaxes across "
-            "source tiles is not supported yet");
+            "ok");
   EXPECT_EQ(ErrorOf(OneTensor(R"j(, "buffer": "reshard:x")j")),
             "tensor \"w\": dst.buffer \"reshard:x\" starts with the reserved prefix \"reshard:\"");
   // A channel destination cut along its rows' one block is fine: each rank gets every scale.
@@ -132,9 +136,8 @@ TEST(QuantSpecTest, InProcessRefitsEqualTheReferenceForEverySchemeAndFormat) {
         SCOPED_TRACE(absl::StrCat(fp8, " ", quant, " from ", dtype));
         const std::string json =
             OneTensor(absl::StrCat(R"j(, "dtype": ")j", fp8, R"j(", "quant": )j", quant),
-                      // One scale for the tensor: a source rank must hold all of it.
-                      std::string(quant).find("tensor") != std::string::npos ? "R" : "S(0)",
-                      "[256, 512]", dtype);
+                      // Channel and tensor blocks are cut by column shards: amax exchange.
+                      "S(1)", "[256, 512]", dtype);
         auto plan = PlanOf(json);
         ASSERT_TRUE(plan.ok()) << plan.status();
         EXPECT_TRUE(VerifyPlanInProcess(*plan, int64_t{1} << 30).ok());
@@ -149,6 +152,51 @@ TEST(QuantSpecTest, InProcessRefitsEqualTheReferenceForEverySchemeAndFormat) {
       }
     }
   }
+}
+
+TEST(QuantSpecTest, SourcesThatShareBlocksExchangeTheirAmaxes) {
+  // Channel scales of a column-sharded source, and one scale for a tensor sharded both ways.
+  auto spec = ParseSpecJson(R"j({"topology": {"ranks_per_domain": 2}, "tensors": [
+    {"name": "c", "dtype": "bf16", "shape": [64, 200], "src": {"mesh": [0, 1], "placements": ["S(1)"]},
+     "dst": {"mesh": [2, 3, 4, 5], "placements": ["S(0)"], "dtype": "fp8e4m3", "quant": {"scheme": "channel"}}},
+    {"name": "t", "dtype": "fp32", "shape": [30, 50], "src": {"mesh": [[0, 1], [6, 7]], "placements": ["S(0)", "S(1)"]},
+     "dst": {"mesh": [2, 3, 4, 5], "placements": ["S(1)"], "dtype": "fp8e5m2", "quant": {"scheme": "tensor"}}},
+    {"name": "b", "dtype": "bf16", "shape": [256, 256], "src": {"mesh": [0, 1], "placements": ["S(0)"]},
+     "dst": {"mesh": [2, 3], "placements": ["S(1)"], "dtype": "fp8e4m3", "quant": {"scheme": "block", "block": [128, 128]}}}]})j");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  auto lowered = LowerQuantization(std::make_shared<const RefitSpec>(*spec));
+  ASSERT_TRUE(lowered.ok()) << lowered.status();
+  const RefitSpec& l = **lowered;
+  ASSERT_NE(l.amax_exchange, nullptr);
+  ASSERT_EQ(l.amax_exchange->tensors.size(), 2u);  // Not "b": its source tiles hold whole blocks.
+  EXPECT_TRUE(l.quantized_sources[0].exchange);
+  EXPECT_EQ(l.quantized_sources[0].cut_parts, (std::vector<int64_t>{1, 2}));
+  EXPECT_EQ(l.quantized_sources[1].cut_parts, (std::vector<int64_t>{2, 2}));
+  EXPECT_FALSE(l.quantized_sources[2].exchange);
+  // Partials: one per row and source shard, gathered by both shards of the row.
+  const TensorSpec& partials = l.amax_exchange->tensors[0];
+  EXPECT_EQ(partials.shape, (std::vector<int64_t>{64, 2}));
+  EXPECT_EQ(partials.src.placements[0], Placement::Shard(1));
+  EXPECT_EQ(partials.dst.placements[0], Placement::Replicate());
+  // The scales are replicated over the shards that share their blocks.
+  EXPECT_EQ(l.tensors[l.quantized_sources[0].scale_tensor].src.placements[0], Placement::Replicate());
+  EXPECT_TRUE(Validate(*l.amax_exchange).ok());
+  auto plan = BuildPlan(std::make_shared<const RefitSpec>(*spec));
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_TRUE(VerifyPlanInProcess(*plan, int64_t{1} << 30).ok());
+  // CombineAmax: the max over the parts of each block.
+  const QuantizedSource& qs = l.quantized_sources[0];
+  Box tile;
+  tile.ndim = 2;
+  tile.hi = {64, 100};
+  const float gathered[] = {1, 5, 7, 2, 0, 0};  // Rows 0-2, parts 0-1 (only rows 0-2 read).
+  float amax[3] = {};
+  Box rows = tile;
+  rows.hi[0] = 3;
+  CombineAmax(qs, rows, gathered, amax);
+  EXPECT_EQ(amax[0], 5);
+  EXPECT_EQ(amax[1], 7);
+  EXPECT_EQ(amax[2], 0);
 }
 
 TEST(QuantSpecTest, ExecutorVerifyCatchesAWrongScale) {
