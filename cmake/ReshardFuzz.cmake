@@ -13,6 +13,13 @@
 option(RESHARD_FUZZ "Build the libFuzzer harnesses and instrument the libraries (clang only)" OFF)
 set(RESHARD_FUZZ_SECONDS 15 CACHE STRING
     "Seconds each `fuzz` ctest fuzzes (libFuzzer -max_total_time)")
+# How the project's code is instrumented for libFuzzer: "full" (-fsanitize=fuzzer-no-link:
+# 8-bit edge counters plus comparison and indirect-call tracing, the best guidance, for a tree
+# that only fuzzes) or "counters" (-fsanitize-coverage=inline-8bit-counters,pc-table: edge
+# coverage alone, much cheaper to build and to run, for a tree whose other tests also run:
+# scripts/sanitizers.sh's ASan tree doubles as its fuzzing tree that way).
+set(RESHARD_FUZZ_INSTRUMENTATION full CACHE STRING "libFuzzer instrumentation: full or counters")
+set_property(CACHE RESHARD_FUZZ_INSTRUMENTATION PROPERTY STRINGS full counters)
 
 if(RESHARD_FUZZ)
   if(NOT CMAKE_CXX_COMPILER_ID MATCHES "Clang" OR NOT CMAKE_C_COMPILER_ID MATCHES "Clang")
@@ -40,7 +47,16 @@ if(RESHARD_FUZZ)
   if(NOT RESHARD_FUZZ_SECONDS MATCHES "^[1-9][0-9]*$")
     message(FATAL_ERROR "RESHARD_FUZZ_SECONDS must be a positive integer, not \"${RESHARD_FUZZ_SECONDS}\"")
   endif()
-  add_compile_options(-fsanitize=fuzzer-no-link)
-  add_link_options(-fsanitize=fuzzer-no-link)
-  message(STATUS "reshard: fuzzing ON (libFuzzer, ${RESHARD_FUZZ_SECONDS} s per `fuzz` test)")
+  if(RESHARD_FUZZ_INSTRUMENTATION STREQUAL "full")
+    set(reshard_fuzz_flags -fsanitize=fuzzer-no-link)
+  elseif(RESHARD_FUZZ_INSTRUMENTATION STREQUAL "counters")
+    set(reshard_fuzz_flags -fsanitize-coverage=inline-8bit-counters,pc-table)
+  else()
+    message(FATAL_ERROR "RESHARD_FUZZ_INSTRUMENTATION must be full or counters, not "
+                        "\"${RESHARD_FUZZ_INSTRUMENTATION}\"")
+  endif()
+  add_compile_options(${reshard_fuzz_flags})
+  add_link_options(${reshard_fuzz_flags})
+  message(STATUS "reshard: fuzzing ON (libFuzzer, ${RESHARD_FUZZ_INSTRUMENTATION} "
+                 "instrumentation, ${RESHARD_FUZZ_SECONDS} s per `fuzz` test)")
 endif()

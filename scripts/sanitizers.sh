@@ -2,11 +2,14 @@
 # The sanitizer stages of scripts/test.sh (docs/testing.md), runnable alone:
 #   scripts/sanitizers.sh [asan] [tsan] [fuzz]     (all three when none is named)
 # asan: every target but the benchmarks under ASan + UBSan (build-asan/), ctest on the unit,
-#       multiproc and netns suites. tsan: the net, api, rendezvous and launcher suites and what
+#       multiproc and netns suites. With clang the tree is also the fuzzing tree: every file
+#       carries libFuzzer's edge counters (RESHARD_FUZZ_INSTRUMENTATION=counters, cheap to build
+#       and run), so the fuzz stage builds only its harnesses instead of a third tree. tsan: the net, api, rendezvous and launcher suites and what
 #       they need under TSan (build-tsan/), ctest on those suites.
 # A stage fails when a test fails, when no test ran, or when any process wrote a sanitizer
 # report (also one whose failure its test expected); the script then exits 1 after the others.
-# Environment: RESHARD_ASAN_DIR, RESHARD_TSAN_DIR (build trees), RESHARD_SANITIZER_CC and
+# Environment: RESHARD_ASAN_DIR, RESHARD_TSAN_DIR, RESHARD_FUZZ_DIR (build trees; the fuzz stage
+# uses the ASan tree unless RESHARD_FUZZ_DIR names another), RESHARD_SANITIZER_CC and
 # RESHARD_SANITIZER_CXX (default clang, clang++), RESHARD_JOBS, RESHARD_TEST_JOBS.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -122,13 +125,20 @@ check_reports() {
   fi
 }
 
+# The ASan tree doubles as the fuzzing tree when the compiler is clang (libFuzzer is clang's).
+asan_dir="${RESHARD_ASAN_DIR:-build-asan}"
+fuzz_args=(-DRESHARD_FUZZ=ON -DRESHARD_FUZZ_SECONDS="${RESHARD_FUZZ_SECONDS:-10}"
+  -DRESHARD_FUZZ_INSTRUMENTATION=counters)
+asan_args=()
+if "$cxx" --version 2>/dev/null | grep -qi clang; then asan_args=("${fuzz_args[@]}"); fi
+
 failed=0
 for stage in "${stages[@]}"; do
   case "$stage" in
     asan)
-      dir="${RESHARD_ASAN_DIR:-build-asan}"
+      dir="$asan_dir"
       t0=$(now)
-      configure "$dir" "address,undefined"
+      configure "$dir" "address,undefined" "${asan_args[@]}"
       cmake --build "$dir" -j "$jobs"
       t1=$(now)
       echo "sanitizers: ASan+UBSan build $((t1 - t0)) s"
@@ -168,11 +178,11 @@ for stage in "${stages[@]}"; do
       ;;
     fuzz)
       # libFuzzer under ASan+UBSan: every harness of tests/fuzz fuzzes for RESHARD_FUZZ_SECONDS
-      # (default 10) from its checked-in corpus; only the harnesses and their libraries build.
-      dir="${RESHARD_FUZZ_DIR:-build-fuzz}"
+      # (default 10) from its checked-in corpus, in the ASan tree (built by that stage; alone,
+      # only the harnesses and their libraries build there) or RESHARD_FUZZ_DIR.
+      dir="${RESHARD_FUZZ_DIR:-$asan_dir}"
       t0=$(now)
-      configure "$dir" "address,undefined" -DRESHARD_FUZZ=ON \
-        -DRESHARD_FUZZ_SECONDS="${RESHARD_FUZZ_SECONDS:-10}"
+      configure "$dir" "address,undefined" "${fuzz_args[@]}"
       build_dirs "$dir" tests/fuzz
       t1=$(now)
       echo "sanitizers: fuzz build $((t1 - t0)) s"
