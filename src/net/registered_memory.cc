@@ -126,7 +126,8 @@ absl::Status RegisteredMemory::AddRemoteKeys(rendezvous::Record* record) const {
     (*record)[BaseField(id)] = absl::StrCat(reinterpret_cast<uintptr_t>(region.address()));
     (*record)[SizeField(id)] = absl::StrCat(region.bytes());
     if (host) {
-      (*record)[HostMemoryField(id)] = "1";
+      // assign, not = "1": gcc 12 warns there (-Wrestrict, a false positive in an inlined copy).
+      (*record)[HostMemoryField(id)].assign(1, '1');
       if (const auto at = SharedBuffer::Lookup(region.address(), region.bytes())) {
         (*record)[SharedMemoryField(id)] = absl::StrCat(at->name, ",", at->offset, ",", at->mapped);
       }
