@@ -300,10 +300,11 @@ absl::Status QuantizeReference(DType src_dtype, const void* src,
   std::array<int64_t, plan::kMaxTensorDims> strides{};
   int64_t stride = 1;
   for (int d = static_cast<int>(ndim) - 1; d >= 0; --d) {
-    if (extents[d] < 0 || block_shape[d] < 1) {
+    if (extents[d] < 0 || extents[d] >= plan::kMaxSpecBytes || block_shape[d] < 1 ||
+        block_shape[d] >= plan::kMaxSpecBytes) {
       return absl::InvalidArgumentError(absl::StrCat(
           "QuantizeReference: dim ", d, " has extent ", extents[d], " and block ",
-          block_shape[d], "; extents are >= 0 and blocks >= 1"));
+          block_shape[d], "; extents are >= 0, blocks >= 1, both below 2^62"));
     }
     box.hi[d] = extents[d];
     strides[d] = stride;

@@ -163,8 +163,10 @@ absl::Status ValidateQuant(const TensorSpec& t) {
                                              std::max<size_t>(given.size(), 1), ndim));
       }
       for (size_t i = 0; i < given.size(); ++i) {
-        if (given[i] < 1) {
-          return QuantError(t, absl::StrFormat("dst.quant.block[%d] is %d; blocks are at least 1",
+        // Below 2^62 like every shape: shape + block - 1 (ceil divisions) cannot wrap.
+        if (given[i] < 1 || given[i] >= kMaxSpecBytes) {
+          return QuantError(t, absl::StrFormat("dst.quant.block[%d] is %d; blocks are at least 1 "
+                                               "and below 2^62",
                                                i, given[i]));
         }
       }

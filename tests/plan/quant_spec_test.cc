@@ -73,7 +73,12 @@ TEST(QuantSpecTest, ErrorsNameTensorFieldDimAndRank) {
   EXPECT_EQ(ErrorOf(OneTensor(R"j(, "dtype": "fp8e4m3", "quant": {"scheme": "block", "block": [1, 2, 3]})j")),
             "tensor \"w\": dst.quant.block has 3 entries for a 2-D tensor");
   EXPECT_EQ(ErrorOf(OneTensor(R"j(, "dtype": "fp8e4m3", "quant": {"scheme": "mx", "block": [0]})j")),
-            "tensor \"w\": dst.quant.block[0] is 0; blocks are at least 1");
+            "tensor \"w\": dst.quant.block[0] is 0; blocks are at least 1 and below 2^62");
+  // A hostile block: ceil(shape / block) must not wrap.
+  EXPECT_EQ(ErrorOf(OneTensor(
+                R"j(, "dtype": "fp8e4m3", "quant": {"scheme": "block", "block": [9223372036854775807, 1]})j")),
+            "tensor \"w\": dst.quant.block[0] is 9223372036854775807; blocks are at least 1 and "
+            "below 2^62");
   EXPECT_EQ(ErrorOf(OneTensor(R"j(, "dtype": "fp8e4m3", "quant": {"scheme": "block", "block": [128, 128]})j",
                               "S(0)", "[512, 1024]", "i32")),
             "tensor \"w\": dst.quant quantizes bf16, fp16 or fp32 tensors, not i32");
