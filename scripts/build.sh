@@ -12,6 +12,12 @@ if ! ./scripts/python-env.sh; then
 fi
 if [ -x "$python_env/bin/python3" ]; then
   python_args=(-DRESHARD_PYTHON="$python_env/bin/python3")
+  # The Python extension (python/) when the venv can build it (scripts/python-env.sh --test,
+  # which scripts/test.sh runs); its tests then run against the package installed in the venv
+  # (scripts/python-install.sh).
+  if "$python_env/bin/python3" -c "import nanobind" >/dev/null 2>&1; then
+    python_args+=(-DRESHARD_BUILD_PYTHON=ON -DPython_EXECUTABLE="$python_env/bin/python3")
+  fi
 fi
 build="${RESHARD_BUILD_DIR:-build}"
 jobs="${RESHARD_JOBS:-$(nproc)}"

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Quick-start command 2: install what is missing, build, and run every test with ctest; then the
+# Quick-start command 2: install what is missing, build, install the Python package into .venv
+# and run every test with ctest (the C++ suites and the Python package's); then the
 # unit and multi-process suites again under ASan + UBSan and the net and api suites under TSan
 # (scripts/sanitizers.sh; docs/testing.md). Arguments go to the first ctest only.
 # RESHARD_SANITIZERS=0 skips the sanitizer stages (quick local runs; CI runs them).
@@ -7,7 +8,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 t0=$(date +%s)
+# The Python package's build and test dependencies (PyTorch among them), the build with the
+# extension, and the package installed into .venv the way users install it (pip install .),
+# from the same build tree.
+./scripts/python-env.sh --test
 ./scripts/build.sh
+./scripts/python-install.sh
 t1=$(date +%s)
 echo "test: build $((t1 - t0)) s"
 build="${RESHARD_BUILD_DIR:-build}"

@@ -1,0 +1,122 @@
+"""RefitHandle: the persistent refit of one spec between this rank's buffers and its peers'."""
+from . import _reshard
+from ._buffers import buffer_args
+from .errors import InvalidArgumentError
+
+_SCHEDULES = {"domain_aware": _reshard.Schedule.domain_aware,
+              "point_to_point": _reshard.Schedule.point_to_point}
+_FANOUTS = {"auto": _reshard.Fanout.auto, "engine": _reshard.Fanout.engine}
+
+
+def _enum(value, table, what):
+    if isinstance(value, str):
+        if value not in table:
+            raise InvalidArgumentError("%s must be one of %s, not %r"
+                                       % (what, ", ".join(table), value))
+        return table[value]
+    return value
+
+
+def _synchronize(stream):
+    """Orders the refit after the work queued on `stream` (a torch.cuda.Stream or anything
+    with synchronize()), without synchronising the whole device."""
+    if stream is None:
+        return
+    sync = getattr(stream, "synchronize", None)
+    if sync is None:
+        raise InvalidArgumentError(
+            "stream must be a torch.cuda.Stream (or have synchronize()), not %r" % (stream,))
+    sync()
+
+
+class RefitHandle:
+    """Refits `spec` between this rank's buffers and its peers', once per training step.
+
+    Creating one is collective over every rank the spec names (each plans its share, registers
+    its buffers and exchanges keys once); refits after the first only move data. `sources` and
+    `destinations` map this rank's buffer names (the spec's buffer names, or tensor names for
+    tensors without a buffer) to torch tensors (host or CUDA; DTensors give their local shard),
+    DLPack or buffer-protocol arrays, or (address, bytes[, 'host'|'cuda']) tuples; the handle
+    keeps them alive. ``spec.local_buffers(rank)`` lists what this rank must give, with sizes.
+
+    Every rank calls execute() (or start() + wait()) the same number of times. Blocking calls
+    release the GIL. Errors are reshard.errors' classes with the library's message.
+    """
+
+    def __init__(self, comm, spec, sources=None, destinations=None, *, name="",
+                 schedule="domain_aware", fanout="auto", setup_timeout=60.0,
+                 allow_larger_buffers=False):
+        options = _reshard.HandleOptions()
+        options.name = name
+        options.schedule = _enum(schedule, _SCHEDULES, "schedule")
+        options.fanout = _enum(fanout, _FANOUTS, "fanout")
+        options.setup_timeout = float(setup_timeout)
+        options.allow_larger_buffers = bool(allow_larger_buffers)
+        args = buffer_args(spec, comm.rank, sources, destinations)
+        self._handle = _reshard._Handle.create(comm, spec, args, options)
+
+    def execute(self, timeout=60.0, *, stream=None):
+        """One refit, every rank: returns when this rank's part is done (sources: data remotely
+        complete; destinations: every byte landed). `stream`: a CUDA stream whose queued work
+        (the optimizer step that wrote the weights) the refit must follow."""
+        _synchronize(stream)
+        self._handle.execute(float(timeout))
+
+    def start(self, *, stream=None):
+        """Begins the next refit without blocking; call wait() soon (progress happens there)."""
+        _synchronize(stream)
+        self._handle.start()
+
+    def wait(self, timeout=60.0, *, stream=None):
+        """Completes the refit begun by start(). Destinations hold the new weights on return,
+        so work queued on `stream` afterwards (the next forward pass) sees them."""
+        self._handle.wait(float(timeout))
+
+    def reset(self):
+        """Forgets a failed refit so the handle may refit again (every rank must reset)."""
+        self._handle.reset()
+
+    def barrier(self, timeout=60.0):
+        """Blocks until every rank of the spec called barrier() as often as this one."""
+        self._handle.barrier(float(timeout))
+
+    def close(self):
+        """Destroys the handle (abandoning a refit in flight) and releases the buffers."""
+        self._handle.close()
+
+    @property
+    def closed(self):
+        return self._handle.closed
+
+    @property
+    def stats(self):
+        """reshard.Stats of the last refit on this rank (bytes by path, pieces, times ...)."""
+        return self._handle.stats
+
+    @property
+    def failed(self):
+        return self._handle.failed
+
+    @property
+    def epoch(self):
+        return self._handle.epoch
+
+    @property
+    def rank(self):
+        return self._handle.rank
+
+    @property
+    def plan_fingerprint(self):
+        return self._handle.plan_fingerprint
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+    def __repr__(self):
+        if self.closed:
+            return "RefitHandle(closed)"
+        return "RefitHandle(rank=%d, epoch=%d, failed=%s)" % (self.rank, self.epoch, self.failed)

@@ -1,0 +1,157 @@
+"""One rank of the refit tests of test_refit.py (run as a script, one process per rank).
+
+The spec: 4 ranks; trainers 0 and 1, inference ranks 2 and 3.
+  w    fp32 16x12  rows over [0, 1]          -> columns over [2, 3]       (numpy buffers)
+  q    bf16 8x4    rows over [0, 1]          -> rows over [2, 3] in "qkv"  (torch; vLLM-style
+  k    bf16 4x4    replicated on [0, 1]      -> rows over [2, 3] in "qkv"   fused projection:
+  v    bf16 4x4    columns over [0, 1]       -> rows over [2, 3] in "qkv"   q, k, v shards)
+Values change every step; every destination element is checked after every refit, through the
+tiles that spec.local_tiles gives (offset and strides into the rank's buffer).
+"""
+import argparse
+import os
+import sys
+import threading
+import time
+
+import numpy as np
+import torch
+
+import reshard
+
+TRAINERS = [0, 1]
+INFERENCE = [2, 3]
+
+
+def build_spec():
+    spec = reshard.RefitSpec()
+    train = reshard.Mesh(TRAINERS)
+    infer = reshard.Mesh(INFERENCE)
+    spec.add_tensor("w", "fp32", [16, 12], reshard.Layout(train, [reshard.Shard(0)]),
+                    reshard.Layout(infer, [reshard.Shard(1)]))
+    # The fused buffer of one inference rank: its q rows (4x4), then k (2x4), then v (2x4).
+    spec.add_tensor("q", torch.bfloat16, (8, 4), reshard.Layout(train, [reshard.Shard(0)]),
+                    reshard.Layout(infer, [reshard.Shard(0)]).in_buffer("qkv", 0, [4, 1]))
+    spec.add_tensor("k", torch.bfloat16, (4, 4), reshard.Layout(train, [reshard.Replicate()]),
+                    reshard.Layout(infer, [reshard.Shard(0)]).in_buffer("qkv", 16, [4, 1]))
+    spec.add_tensor("v", torch.bfloat16, (4, 4), reshard.Layout(train, [reshard.Shard(1)]),
+                    reshard.Layout(infer, [reshard.Shard(0)]).in_buffer("qkv", 24, [4, 1]))
+    spec.set_domains([[0, 1, 2, 3]])
+    return spec
+
+
+def full_value(spec_tensor, step):
+    """The tensor's values at `step`: small integers, exact in bf16."""
+    n = 1
+    for s in spec_tensor.shape:
+        n *= s
+    salt = sum(map(ord, spec_tensor.name))
+    values = (torch.arange(n, dtype=torch.int64) * 7 + step * 13 + salt) % 251
+    return values.reshape(spec_tensor.shape)
+
+
+def tile_view(buffer_flat, tile):
+    """The elements of `tile` in this rank's buffer (a 1-D torch view of the whole buffer)."""
+    return buffer_flat.as_strided(tile.shape, tile.strides, tile.offset)
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--rank", type=int, required=True)
+    p.add_argument("--store", required=True)
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--case", default="refit")
+    p.add_argument("--flags", default="", help="a directory for the thread case's flag files")
+    a = p.parse_args()
+    spec = build_spec()
+    comm = reshard.Communicator.connect(a.store, "pytest", a.rank, spec.world_size,
+                                        serve_store=True, timeout=60)
+    tensors = {t.name: t for t in spec.tensors}
+    side = reshard.Side.source if a.rank in TRAINERS else reshard.Side.destination
+    tiles = spec.local_tiles(a.rank, side)
+    torch_dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+    # One buffer per name: numpy for w, torch for the rest (both go through the same checks).
+    buffers, flat = {}, {}
+    for req in spec.local_buffers(a.rank):
+        dtype = torch_dtypes[tensors[req.tensors[0]].dtype.spec_name]
+        elements = req.bytes // torch.tensor([], dtype=dtype).element_size()
+        t = torch.full((elements,), -1, dtype=dtype)
+        flat[req.name] = t
+        buffers[req.name] = t.numpy() if req.name == "w" else t
+    if a.case == "wrong_dtype" and side == reshard.Side.destination:
+        buffers["w"] = np.zeros(16 * 6, np.float64)
+    if a.case == "strided" and side == reshard.Side.source:
+        buffers["w"] = flat["w"].reshape(-1, 2)[:, 0]
+    kwargs = {"sources": buffers} if side == reshard.Side.source else {"destinations": buffers}
+    try:
+        # In the error cases the ranks whose buffers are fine wait for the failing ones until
+        # setup_timeout: a buffer refused in Python never reaches the library's set-up, which
+        # would tell them at once.
+        setup_timeout = 60 if a.case in ("refit", "thread") else 5
+        handle = reshard.RefitHandle(comm, spec, setup_timeout=setup_timeout, **kwargs)
+    except reshard.errors.InvalidArgumentError as e:
+        print("InvalidArgumentError:", e)
+        return 3
+    except reshard.Error as e:
+        print("%s: %s" % (type(e).__name__, e))
+        return 4
+
+    for step in range(a.steps):
+        if side == reshard.Side.source:
+            for tile in tiles:
+                full = full_value(tensors[tile.tensor], step)
+                region = full[tuple(slice(lo, hi) for lo, hi in zip(tile.lo, tile.hi))]
+                tile_view(flat[tile.buffer], tile).copy_(region)
+        if a.case == "thread" and side == reshard.Side.source:
+            # Wait until both destinations' main threads wrote their flag for this step.
+            flags = [os.path.join(a.flags, "dst%d-step%d" % (r, step)) for r in INFERENCE]
+            deadline = time.monotonic() + 30
+            while not all(os.path.exists(f) for f in flags):
+                assert time.monotonic() < deadline, "destinations never ran Python beside a refit"
+                time.sleep(0.01)
+            handle.execute(timeout=60)
+        elif a.case == "thread":
+            # The refit on another Python thread, blocked until the sources put data, which they
+            # do only after this (main) thread wrote its flag: this passes only because
+            # execute() releases the GIL while it waits.
+            error = []
+
+            def run():
+                try:
+                    handle.execute(timeout=60)
+                except BaseException as e:  # noqa: BLE001  (re-raised below)
+                    error.append(e)
+            worker = threading.Thread(target=run)
+            worker.start()
+            time.sleep(0.05)
+            with open(os.path.join(a.flags, "dst%d-step%d" % (a.rank, step)), "w"):
+                pass
+            worker.join()
+            if error:
+                raise error[0]
+        else:
+            handle.start()
+            handle.wait(timeout=60)
+        if side == reshard.Side.destination:
+            for tile in tiles:
+                full = full_value(tensors[tile.tensor], step)
+                want = full[tuple(slice(lo, hi) for lo, hi in zip(tile.lo, tile.hi))]
+                got = tile_view(flat[tile.buffer], tile)
+                if not torch.equal(got.to(torch.int64), want):
+                    print("rank %d step %d: tensor %s tile %s differs" % (a.rank, step,
+                                                                        tile.tensor, tile))
+                    return 1
+        stats = handle.stats
+        assert stats.epoch == step + 1, stats.epoch
+        assert stats.pieces_received == stats.pieces_expected
+        if step > 0:
+            assert stats.registrations_this_refit == 0
+    print("rank %d: %d refits verified, epoch %d, last %.3f ms" %
+          (a.rank, a.steps, handle.epoch, handle.stats.total_seconds * 1e3))
+    handle.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

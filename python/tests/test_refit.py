@@ -1,0 +1,44 @@
+"""Real refits between processes through the Python package (refit_worker.py is one rank)."""
+import os
+
+import pytest
+
+from ranks import HERE, UCX_TCP_ENV, check_all, free_port, run_ranks
+
+WORKER = os.path.join(HERE, "refit_worker.py")
+
+
+def run(case, steps=10, env=None, flags=""):
+    store = "127.0.0.1:%d" % free_port()
+    return run_ranks(lambda r: [WORKER, "--rank", str(r), "--store", store, "--steps",
+                                str(steps), "--case", case, "--flags", str(flags)],
+                     world=4, env=env)
+
+
+@pytest.mark.parametrize("env", [None, UCX_TCP_ENV], ids=["sm", "tcp"])
+def test_ten_refits_byte_exact(env):
+    check_all(run("refit", env=env))
+
+
+def test_refit_on_a_python_thread_releases_the_gil(tmp_path):
+    check_all(run("thread", steps=3, flags=tmp_path))
+
+
+def test_wrong_dtype_names_buffer_and_rank():
+    results = run("wrong_dtype", steps=1)
+    for rank in (2, 3):
+        code, out = results[rank]
+        assert code == 3, out
+        assert ('buffer "w" (destination of rank %d): the buffer holds fp64 elements but the '
+                'spec stores fp32 there' % rank) in out
+    for rank in (0, 1):  # Their peers never arrived: a deadline, not a hang.
+        code, out = results[rank]
+        assert code == 4 and "DeadlineExceededError" in out, out
+
+
+def test_strided_source_is_refused_before_set_up():
+    results = run("strided", steps=1)
+    for rank in (0, 1):
+        code, out = results[rank]
+        assert code == 3, out
+        assert 'buffer "w" (source of rank %d): the tensor is not contiguous' % rank in out
