@@ -51,7 +51,11 @@ for req in md.requires("torch") or []:
         print(spec)
 PY
 )
-  "${pip[@]}" nvidia-cufile "${companions[@]}"
+  # pip lists torch's CUDA dependencies left out on purpose as conflicts: kept out of the log
+  # unless the install fails.
+  log="$(mktemp)"
+  "${pip[@]}" nvidia-cufile "${companions[@]}" >"$log" 2>&1 || { cat "$log" >&2; rm -f "$log"; exit 1; }
+  rm -f "$log"
   if ! "$python" -c "import torch" >/dev/null 2>&1; then
     torch_version="$("$python" -c 'import importlib.metadata as m; print(m.version("torch"))')"
     echo "python-env: torch does not import with /usr/local/cuda's libraries; installing all of torch's dependencies"

@@ -14,6 +14,10 @@ if ! grep -q '^RESHARD_BUILD_PYTHON:BOOL=ON' "$cache" 2>/dev/null; then
   echo "python-install: $build is not configured with the Python extension (RESHARD_BUILD_PYTHON); run scripts/python-env.sh --test, then scripts/build.sh" >&2
   exit 1
 fi
+# scikit-build-core deletes a tree's CMakeCache.txt when the record it keeps there names another
+# scikit-build-core installation (another venv): that would reconfigure this tree for the wheel
+# alone (no tests, no tools) and rebuild it whole. The tree is ours; forget the record.
+rm -f "$build/.skbuild-info.json"
 # The tree's own generator, or scikit-build-core would ask for another and CMake would refuse.
 CMAKE_GENERATOR="$(sed -n 's/^CMAKE_GENERATOR:INTERNAL=//p' "$cache")"
 export CMAKE_GENERATOR

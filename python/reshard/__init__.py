@@ -33,8 +33,8 @@ if "torch" not in _sys.modules:
 from . import errors
 from ._reshard import (
     __version__, DType, Side, MemoryKind, QuantScheme, Schedule, Fanout, Placement, Shard,
-    Replicate, Mesh, Layout, TensorDesc, BufferRequirement, LocalTile, RefitSpec, Communicator,
-    Stats, quant_block_shape,
+    StridedShard, Replicate, Mesh, Layout, TensorDesc, BufferRequirement, LocalTile, RefitSpec,
+    Communicator, Stats, quant_block_shape,
 )
 from .errors import Error
 from ._handle import RefitHandle
@@ -43,7 +43,7 @@ from . import _torch  # noqa: F401  (adds Layout.from_dtensor, Communicator.from
 
 __all__ = [
     "__version__", "DType", "Side", "MemoryKind", "QuantScheme", "Schedule", "Fanout",
-    "Placement", "Shard", "Replicate", "Mesh", "Layout", "TensorDesc",
+    "Placement", "Shard", "StridedShard", "Replicate", "Mesh", "Layout", "TensorDesc",
     "BufferRequirement", "LocalTile", "RefitSpec", "Communicator", "Stats", "RefitHandle",
     "Error", "errors", "as_dtype", "quant_block_shape",
 ]

@@ -323,12 +323,21 @@ NB_MODULE(_reshard, m) {
   nb::class_<reshard::Placement>(m, "Placement")
       .def_ro("shard", &reshard::Placement::shard)
       .def_ro("dim", &reshard::Placement::dim)
+      .def_ro("split_factor", &reshard::Placement::split_factor)
       .def("__eq__", [](const reshard::Placement& a, const reshard::Placement& b) { return a == b; })
-      .def("__hash__", [](const reshard::Placement& p) { return nb::hash(nb::make_tuple(p.shard, p.dim)); })
+      .def("__hash__", [](const reshard::Placement& p) {
+        return nb::hash(nb::make_tuple(p.shard, p.dim, p.split_factor));
+      })
       .def("__repr__", [](const reshard::Placement& p) {
-        return p.shard ? "Shard(" + std::to_string(p.dim) + ")" : std::string("Replicate()");
+        if (!p.shard) return std::string("Replicate()");
+        if (p.split_factor == 1) return "Shard(" + std::to_string(p.dim) + ")";
+        return "StridedShard(" + std::to_string(p.dim) + ", " + std::to_string(p.split_factor) +
+               ")";
       });
   m.def("Shard", &reshard::Shard, "dim"_a, "Shards tensor dim `dim` over a mesh axis.");
+  m.def("StridedShard", &reshard::StridedShard, "dim"_a, "split_factor"_a,
+        "torch's _StridedShard(dim, split_factor): FSDP2 over TP on a (dp, tp) mesh is "
+        "[StridedShard(0, tp), Shard(0)] (docs/spec-format.md).");
   m.def("Replicate", &reshard::Replicate, "Replicates the tensor over a mesh axis.");
 
   nb::class_<reshard::Mesh>(m, "Mesh")

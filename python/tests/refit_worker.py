@@ -55,6 +55,16 @@ def tile_view(buffer_flat, tile):
     return buffer_flat.as_strided(tile.shape, tile.strides, tile.offset)
 
 
+class NoStore:
+    """A store that is never reached (the bad_buffers case fails before set-up)."""
+
+    def set(self, key, value):
+        raise AssertionError("the store was used")
+
+    def get(self, key, timeout):
+        raise AssertionError("the store was used")
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--rank", type=int, required=True)
@@ -64,8 +74,13 @@ def main():
     p.add_argument("--flags", default="", help="a directory for the thread case's flag files")
     a = p.parse_args()
     spec = build_spec()
-    comm = reshard.Communicator.connect(a.store, "pytest", a.rank, spec.world_size,
-                                        serve_store=True, timeout=60)
+    if a.case == "bad_buffers":
+        # Refused before any rendezvous: no store is needed (and none is served, so no rank
+        # waits for a rank 0 that already left).
+        comm = reshard.Communicator.from_store(NoStore(), a.rank, spec.world_size)
+    else:
+        comm = reshard.Communicator.connect(a.store, "pytest", a.rank, spec.world_size,
+                                            serve_store=True, timeout=60)
     tensors = {t.name: t for t in spec.tensors}
     side = reshard.Side.source if a.rank in TRAINERS else reshard.Side.destination
     tiles = spec.local_tiles(a.rank, side)
@@ -79,17 +94,14 @@ def main():
         t = torch.full((elements,), -1, dtype=dtype)
         flat[req.name] = t
         buffers[req.name] = t.numpy() if req.name == "w" else t
-    if a.case == "wrong_dtype" and side == reshard.Side.destination:
-        buffers["w"] = np.zeros(16 * 6, np.float64)
-    if a.case == "strided" and side == reshard.Side.source:
-        buffers["w"] = flat["w"].reshape(-1, 2)[:, 0]
+    if a.case == "bad_buffers":  # every rank passes a buffer its own checks refuse
+        if side == reshard.Side.destination:
+            buffers["w"] = np.zeros(16 * 6, np.float64)
+        else:
+            buffers["w"] = flat["w"].reshape(-1, 2)[:, 0]
     kwargs = {"sources": buffers} if side == reshard.Side.source else {"destinations": buffers}
     try:
-        # In the error cases the ranks whose buffers are fine wait for the failing ones until
-        # setup_timeout: a buffer refused in Python never reaches the library's set-up, which
-        # would tell them at once.
-        setup_timeout = 60 if a.case in ("refit", "thread") else 5
-        handle = reshard.RefitHandle(comm, spec, setup_timeout=setup_timeout, **kwargs)
+        handle = reshard.RefitHandle(comm, spec, setup_timeout=60, **kwargs)
     except reshard.errors.InvalidArgumentError as e:
         print("InvalidArgumentError:", e)
         return 3
