@@ -169,9 +169,38 @@ TEST(CommunicatorTest, RejectsBadIdentityAndMissingCallbacks) {
             absl::StatusCode::kInvalidArgument);
 }
 
+// The library never lists: list (and del) may stay empty, torch.distributed's stores have no
+// listing on every backend.
+TEST(CommunicatorTest, CallbacksWithoutListRefit) {
+  MemoryStore store;
+  reshard::StoreCallbacks cb = store.Callbacks();
+  cb.list = nullptr;
+  auto comm = reshard::Communicator::FromCallbacks(std::move(cb), 0, 1);
+  ASSERT_TRUE(comm.ok()) << comm.status();
+  EXPECT_EQ(comm->local_rank(), -1);
+  reshard::RefitSpec spec;
+  spec.AddTensor("w", DType::kI32, {4, 6}, Layout(Mesh({0}), {Replicate()}),
+                 Layout(Mesh({0}), {Replicate()}));
+  std::vector<int32_t> src(24), dst(24, -1);
+  for (int i = 0; i < 24; ++i) src[i] = 11 * i;
+  reshard::LocalBuffers b;
+  b.Source("w", src.data(), 96).Destination("w", dst.data(), 96);
+  auto handle = reshard::RefitHandle::Create(*comm, spec, std::move(b));
+  ASSERT_TRUE(handle.ok()) << handle.status();
+  ASSERT_TRUE(handle->Execute(absl::Now() + absl::Seconds(20)).ok());
+  EXPECT_EQ(dst, src);
+  reshard::StoreCallbacks no_get = store.Callbacks();
+  no_get.get = nullptr;
+  absl::Status st = reshard::Communicator::FromCallbacks(std::move(no_get), 0, 1).status();
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(std::string(st.message()).find("get is empty"), std::string::npos) << st;
+}
+
 TEST(CommunicatorTest, EnvironmentNamesMissingVariable) {
-  unsetenv("RESHARD_RANK");
-  unsetenv("OMPI_COMM_WORLD_RANK");
+  for (const char* v : {"RESHARD_RANK", "RESHARD_WORLD_SIZE", "RANK", "WORLD_SIZE",
+                        "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "SLURM_PROCID"}) {
+    unsetenv(v);
+  }
   absl::Status st = reshard::Communicator::FromEnvironment().status();
   EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(std::string(st.message()).find("RESHARD_RANK"), std::string::npos) << st;
