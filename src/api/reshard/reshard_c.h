@@ -109,6 +109,9 @@ const char* reshard_version(void);
 reshard_status_t reshard_comm_connect(const char* store_address, const char* token, int32_t rank,
                                       int32_t world_size, int32_t serve_store, int64_t timeout_ms,
                                       reshard_comm_t** out);
+/* reshard::Communicator::FromEnvironment: the variables of reshard's launcher, torchrun, mpirun
+ * or Slurm's srun, in the precedence of docs/configuration.md (RESHARD_* first). Under torchrun
+ * rank 0 serves the store on MASTER_ADDR at MASTER_PORT + 1 (RESHARD_STORE_PORT). */
 reshard_status_t reshard_comm_from_env(reshard_comm_t** out);
 int32_t reshard_comm_rank(const reshard_comm_t* comm);
 int32_t reshard_comm_world_size(const reshard_comm_t* comm);
