@@ -41,7 +41,8 @@ class Stats(ctypes.Structure):
                 ("pieces_received", ctypes.c_int64), ("pieces_expected", ctypes.c_int64),
                 ("puts", ctypes.c_int64), ("registrations_this_refit", ctypes.c_int64),
                 ("start_seconds", ctypes.c_double), ("wait_seconds", ctypes.c_double),
-                ("total_seconds", ctypes.c_double), ("data_messages", ctypes.c_int64)]
+                ("total_seconds", ctypes.c_double), ("data_messages", ctypes.c_int64),
+                ("single_copy_writes", ctypes.c_int64), ("mapped_copies", ctypes.c_int64)]
 
 
 class Reshard:

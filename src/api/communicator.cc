@@ -1,13 +1,11 @@
 #include "reshard/communicator.h"
 
-#include <cctype>
-#include <cstdlib>
 #include <filesystem>
 #include <string>
 #include <utility>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "src/api/environment.h"
 #include "src/api/internal.h"
 #include "src/common/status.h"
 #include "src/rendezvous/file_store.h"
@@ -76,6 +74,10 @@ class CallbackStore final : public rendezvous::Store {
   }
   absl::StatusOr<std::vector<std::pair<std::string, std::string>>> List(
       const std::string& prefix) override {
+    if (!cb_.list) {
+      return absl::UnimplementedError(
+          "the store callbacks have no list function (StoreCallbacks::list is optional)");
+    }
     return cb_.list(prefix);
   }
   absl::Status Delete(const std::string& key) override {
@@ -104,30 +106,6 @@ absl::Status CheckRank(int rank, int world_size) {
         absl::StrCat("rank ", rank, " is outside the world of ", world_size, " ranks"));
   }
   return absl::OkStatus();
-}
-
-const char* Env(const char* name) {
-  const char* v = std::getenv(name);
-  return v != nullptr && *v != '\0' ? v : nullptr;
-}
-
-absl::StatusOr<int> EnvInt(const char* name, const char* fallback_name) {
-  const char* used = name;
-  const char* v = Env(name);
-  if (v == nullptr && fallback_name != nullptr) {
-    used = fallback_name;
-    v = Env(fallback_name);
-  }
-  if (v == nullptr) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        name, " is not set", fallback_name ? absl::StrCat(" (nor ", fallback_name, ")") : "",
-        "; set it or launch with the reshard launcher, torchrun-style variables or mpirun"));
-  }
-  int out = 0;
-  if (!absl::SimpleAtoi(v, &out)) {
-    return absl::InvalidArgumentError(absl::StrCat(used, "=\"", v, "\" is not an integer"));
-  }
-  return out;
 }
 
 }  // namespace
@@ -171,9 +149,9 @@ absl::StatusOr<Communicator> Communicator::Connect(const std::string& store_addr
 absl::StatusOr<Communicator> Communicator::FromCallbacks(StoreCallbacks store, int rank,
                                                          int world_size) {
   RESHARD_RETURN_IF_ERROR(CheckRank(rank, world_size));
-  if (!store.set || !store.get || !store.list) {
-    return absl::InvalidArgumentError(
-        "StoreCallbacks needs all three functions: set, get and list");
+  if (!store.set || !store.get) {
+    return absl::InvalidArgumentError(absl::StrCat("StoreCallbacks needs both set and get; ",
+                                                   store.set ? "get" : "set", " is empty"));
   }
   auto impl = std::make_shared<CallbackImpl>(std::move(store));
   impl->rank = rank;
@@ -183,56 +161,32 @@ absl::StatusOr<Communicator> Communicator::FromCallbacks(StoreCallbacks store, i
 }
 
 absl::StatusOr<Communicator> Communicator::FromEnvironment() {
-  const bool mpi = Env("OMPI_COMM_WORLD_RANK") != nullptr;
-  RESHARD_ASSIGN_OR_RETURN(int rank, EnvInt("RESHARD_RANK", "OMPI_COMM_WORLD_RANK"));
-  RESHARD_ASSIGN_OR_RETURN(int world, EnvInt("RESHARD_WORLD_SIZE", "OMPI_COMM_WORLD_SIZE"));
-  const char* store = Env("RESHARD_STORE");
-  const char* job = Env("PMIX_NAMESPACE");
-  const char* local_size = Env("OMPI_COMM_WORLD_LOCAL_SIZE");
-  if (store == nullptr && mpi && job != nullptr && local_size != nullptr &&
-      std::atoi(local_size) == world) {
-    // Every rank of this mpirun job is on this host: meet in shared memory, no port needed.
-    RESHARD_RETURN_IF_ERROR(CheckRank(rank, world));
-    std::string name = job;
-    for (char& ch : name) {
-      if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
-    }
-    RESHARD_ASSIGN_OR_RETURN(
-        std::unique_ptr<rendezvous::FileStore> fs,
-        rendezvous::FileStore::Open(absl::StrCat("/dev/shm/reshard-mpi-", name)));
+  RESHARD_ASSIGN_OR_RETURN(internal::LaunchEnvironment env,
+                           internal::ParseLaunchEnvironment(internal::ReadLaunchVariables()));
+  if (!env.file_store_directory.empty()) {
+    RESHARD_ASSIGN_OR_RETURN(std::unique_ptr<rendezvous::FileStore> fs,
+                             rendezvous::FileStore::Open(env.file_store_directory));
     auto impl = std::make_shared<FileImpl>();
-    impl->rank = rank;
-    impl->world_size = world;
+    impl->rank = env.rank;
+    impl->world_size = env.world_size;
+    impl->local_rank = env.local_rank;
+    impl->timeout = env.timeout;
     impl->description = absl::StrCat("file://", fs->directory());
     impl->store_ = std::move(fs);
     return Communicator(std::move(impl));
   }
-  if (store == nullptr) {
-    return absl::InvalidArgumentError(
-        "RESHARD_STORE is not set; give the rendezvous store as host:port (under a multi-host "
-        "mpirun: -x RESHARD_STORE=<host of rank 0>:<port> -x RESHARD_STORE_TOKEN=<secret>)");
-  }
-  const char* token = Env("RESHARD_STORE_TOKEN");
-  if (token == nullptr) {
-    return absl::InvalidArgumentError(
-        "RESHARD_STORE_TOKEN is not set; every rank must present the store's shared secret");
-  }
   Options options;
-  if (Env("RESHARD_TIMEOUT_MS") != nullptr) {
-    RESHARD_ASSIGN_OR_RETURN(int ms, EnvInt("RESHARD_TIMEOUT_MS", nullptr));
-    if (ms <= 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("RESHARD_TIMEOUT_MS=", ms, " must be positive"));
-    }
-    options.timeout = absl::Milliseconds(ms);
-  }
-  const char* serve = Env("RESHARD_STORE_SERVE");
-  options.serve_store = serve != nullptr ? std::string(serve) == "1" : mpi;
-  return Connect(store, token, rank, world, options);
+  options.timeout = env.timeout;
+  options.serve_store = env.serve_store;
+  RESHARD_ASSIGN_OR_RETURN(Communicator comm,
+                           Connect(env.store_address, env.token, env.rank, env.world_size, options));
+  comm.impl_->local_rank = env.local_rank;
+  return comm;
 }
 
 int Communicator::rank() const { return impl_->rank; }
 int Communicator::world_size() const { return impl_->world_size; }
+int Communicator::local_rank() const { return impl_->local_rank; }
 std::string Communicator::store_description() const { return impl_->description; }
 
 }  // namespace reshard

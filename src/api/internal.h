@@ -24,6 +24,7 @@ class Communicator::Impl {
   virtual ~Impl() = default;
   int rank = 0;
   int world_size = 0;
+  int local_rank = -1;  // -1: unknown (only FromEnvironment learns it from a launcher).
   absl::Duration timeout = absl::Seconds(30);
   std::string description;
   // Next default handle name ("h<N>").

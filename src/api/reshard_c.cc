@@ -1,22 +1,61 @@
 #include "reshard/reshard_c.h"
 
+#include <algorithm>
+#include <deque>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "reshard/reshard.h"
+#include "src/api/internal.h"
+#include "src/common/status.h"
 
 struct reshard_comm {
   reshard::Communicator comm;
 };
+// The tiles of one (rank, side) and their C views, which point into `tiles`.
+struct TileCache {
+  int32_t rank = 0;
+  reshard::Side side = reshard::Side::kSource;
+  std::vector<reshard::LocalTile> tiles;
+  std::vector<reshard_tile_info_t> infos;
+};
 struct reshard_spec {
   reshard::RefitSpec spec;
-  // Buffer requirements per rank asked so far (names must stay valid while the spec lives).
-  std::vector<std::pair<int32_t, std::vector<reshard::BufferRequirement>>> requirements;
+  // What was asked so far, per rank (and side). Deques: growing one never moves its elements,
+  // whose strings the returned `const char*` point into (a short std::string keeps its
+  // characters inside the object, so moving it would leave them dangling).
+  std::deque<std::pair<int32_t, std::vector<reshard::BufferRequirement>>> requirements;
+  std::deque<TileCache> tiles;
 };
 struct reshard_handle {
   reshard::RefitHandle handle;
 };
+// Filled by a store callback, read by the adapter once it returns.
+struct reshard_store_result {
+  std::string value;
+  bool has_value = false;
+  std::vector<std::pair<std::string, std::string>> entries;
+  std::string error;
+};
+
+#define RESHARD_SAME_DTYPE(c, cc) \
+  static_assert(static_cast<int>(c) == static_cast<int>(reshard::DType::cc), #c " drifted")
+RESHARD_SAME_DTYPE(RESHARD_DTYPE_BOOL, kBool);
+RESHARD_SAME_DTYPE(RESHARD_DTYPE_U8, kU8);
+RESHARD_SAME_DTYPE(RESHARD_DTYPE_I8, kI8);
+RESHARD_SAME_DTYPE(RESHARD_DTYPE_I16, kI16);
+RESHARD_SAME_DTYPE(RESHARD_DTYPE_I32, kI32);
+RESHARD_SAME_DTYPE(RESHARD_DTYPE_I64, kI64);
+RESHARD_SAME_DTYPE(RESHARD_DTYPE_FP8E4M3, kFp8E4M3);
+RESHARD_SAME_DTYPE(RESHARD_DTYPE_FP8E5M2, kFp8E5M2);
+RESHARD_SAME_DTYPE(RESHARD_DTYPE_FP16, kFp16);
+RESHARD_SAME_DTYPE(RESHARD_DTYPE_BF16, kBf16);
+RESHARD_SAME_DTYPE(RESHARD_DTYPE_FP32, kFp32);
+RESHARD_SAME_DTYPE(RESHARD_DTYPE_FP64, kFp64);
+#undef RESHARD_SAME_DTYPE
 
 namespace {
 
@@ -65,10 +104,143 @@ reshard_status_t reshard_comm_from_env(reshard_comm_t** out) {
 }
 
 int32_t reshard_comm_rank(const reshard_comm_t* comm) { return comm ? comm->comm.rank() : -1; }
+int32_t reshard_comm_local_rank(const reshard_comm_t* comm) {
+  return comm ? comm->comm.local_rank() : -1;
+}
 int32_t reshard_comm_world_size(const reshard_comm_t* comm) {
   return comm ? comm->comm.world_size() : -1;
 }
 void reshard_comm_destroy(reshard_comm_t* comm) { delete comm; }
+
+namespace {
+
+// The C callbacks, shared by the std::functions of the C++ adapter; the last of them to go
+// releases `user`, so release runs exactly once, after the last call.
+struct CStoreState {
+  reshard_store_callbacks_t cb;
+  ~CStoreState() {
+    if (cb.release != nullptr) cb.release(cb.user);
+  }
+};
+
+// A callback's return code (and message) as a status naming the callback and the key.
+absl::Status FromCallback(const char* callback, int32_t code, const std::string& key,
+                          const reshard_store_result& result) {
+  if (code == RESHARD_OK) return absl::OkStatus();
+  const bool known = code > RESHARD_OK && code <= RESHARD_UNAUTHENTICATED;
+  std::string message =
+      result.error.empty()
+          ? absl::StrCat("the store's ", callback, " callback failed with code ", code, " for \"",
+                         key, "\"")
+          : absl::StrCat("the store's ", callback, " callback for \"", key, "\": ", result.error);
+  if (!known) absl::StrAppend(&message, " (", code, " is no reshard_status_t)");
+  return absl::Status(known ? static_cast<absl::StatusCode>(code) : absl::StatusCode::kUnknown,
+                      message);
+}
+
+reshard::StoreCallbacks Adapt(std::shared_ptr<const CStoreState> state) {
+  reshard::StoreCallbacks out;
+  out.set = [state](const std::string& key, const std::string& value) {
+    reshard_store_result result;
+    const int32_t code = state->cb.set(state->cb.user, key.c_str(), value.data(),
+                                       static_cast<int64_t>(value.size()), &result);
+    return FromCallback("set", code, key, result);
+  };
+  out.get = [state](const std::string& key,
+                    absl::Time deadline) -> absl::StatusOr<std::string> {
+    // Rounded up, so a wait of a few microseconds is a 1 ms wait, not a busy look.
+    const absl::Duration left = deadline - absl::Now();
+    const int64_t timeout_ms =
+        left <= absl::ZeroDuration()
+            ? 0
+            : absl::ToInt64Milliseconds(absl::Ceil(left, absl::Milliseconds(1)));
+    reshard_store_result result;
+    const int32_t code = state->cb.get(state->cb.user, key.c_str(), timeout_ms, &result);
+    RESHARD_RETURN_IF_ERROR(FromCallback("get", code, key, result));
+    if (!result.has_value) {
+      return absl::InternalError(
+          absl::StrCat("the store's get callback returned RESHARD_OK for \"", key,
+                       "\" without a value (reshard_store_result_set_value)"));
+    }
+    return std::move(result.value);
+  };
+  if (state->cb.list != nullptr) {
+    out.list = [state](const std::string& prefix)
+        -> absl::StatusOr<std::vector<std::pair<std::string, std::string>>> {
+      reshard_store_result result;
+      const int32_t code = state->cb.list(state->cb.user, prefix.c_str(), &result);
+      RESHARD_RETURN_IF_ERROR(FromCallback("list", code, prefix, result));
+      std::sort(result.entries.begin(), result.entries.end());
+      return std::move(result.entries);
+    };
+  }
+  if (state->cb.delete_key != nullptr) {
+    out.del = [state](const std::string& key) {
+      reshard_store_result result;
+      return FromCallback("delete_key", state->cb.delete_key(state->cb.user, key.c_str(), &result),
+                          key, result);
+    };
+  }
+  return out;
+}
+
+}  // namespace
+
+reshard_status_t reshard_comm_from_callbacks(const reshard_store_callbacks_t* callbacks,
+                                             int32_t rank, int32_t world_size, int64_t timeout_ms,
+                                             reshard_comm_t** out) {
+  if (callbacks == nullptr) {
+    return Invalid("reshard_comm_from_callbacks: callbacks must not be NULL");
+  }
+  // Owned from here on, so every return below releases `user` when nothing else holds it.
+  auto state = std::make_shared<CStoreState>();
+  state->cb = *callbacks;
+  if (out == nullptr) return Invalid("reshard_comm_from_callbacks: out must not be NULL");
+  if (callbacks->set == nullptr || callbacks->get == nullptr) {
+    return Invalid(callbacks->set == nullptr
+                       ? "reshard_comm_from_callbacks: the set callback is NULL (it is required)"
+                       : "reshard_comm_from_callbacks: the get callback is NULL (it is required)");
+  }
+  auto comm = reshard::Communicator::FromCallbacks(Adapt(std::move(state)), rank, world_size);
+  if (!comm.ok()) return Report(comm.status());
+  comm->impl()->timeout = Timeout(timeout_ms);
+  *out = new reshard_comm{std::move(comm).value()};
+  return RESHARD_OK;
+}
+
+reshard_status_t reshard_store_result_set_value(reshard_store_result_t* result, const void* value,
+                                                int64_t value_size) {
+  if (result == nullptr || value_size < 0 || (value == nullptr && value_size > 0)) {
+    return Invalid(
+        "reshard_store_result_set_value: result is NULL, value_size negative, or value NULL with "
+        "bytes to copy");
+  }
+  if (value_size == 0) {
+    result->value.clear();
+  } else {
+    result->value.assign(static_cast<const char*>(value), static_cast<size_t>(value_size));
+  }
+  result->has_value = true;
+  return RESHARD_OK;
+}
+
+reshard_status_t reshard_store_result_add_entry(reshard_store_result_t* result, const char* key,
+                                                const void* value, int64_t value_size) {
+  if (result == nullptr || key == nullptr || value_size < 0 ||
+      (value == nullptr && value_size > 0)) {
+    return Invalid(
+        "reshard_store_result_add_entry: result or key is NULL, value_size negative, or value "
+        "NULL with bytes to copy");
+  }
+  result->entries.emplace_back(key, value_size == 0 ? std::string()
+                                                   : std::string(static_cast<const char*>(value),
+                                                                 static_cast<size_t>(value_size)));
+  return RESHARD_OK;
+}
+
+void reshard_store_result_set_error(reshard_store_result_t* result, const char* message) {
+  if (result != nullptr && message != nullptr) result->error = message;
+}
 
 reshard_status_t reshard_spec_from_json(const char* json, reshard_spec_t** out) {
   if (json == nullptr || out == nullptr) {
@@ -76,7 +248,7 @@ reshard_status_t reshard_spec_from_json(const char* json, reshard_spec_t** out) 
   }
   auto spec = reshard::RefitSpec::FromJson(json);
   if (!spec.ok()) return Report(spec.status());
-  *out = new reshard_spec{std::move(spec).value(), {}};
+  *out = new reshard_spec{std::move(spec).value(), {}, {}};
   return RESHARD_OK;
 }
 
@@ -86,7 +258,7 @@ reshard_status_t reshard_spec_from_file(const char* path, reshard_spec_t** out) 
   }
   auto spec = reshard::RefitSpec::FromFile(path);
   if (!spec.ok()) return Report(spec.status());
-  *out = new reshard_spec{std::move(spec).value(), {}};
+  *out = new reshard_spec{std::move(spec).value(), {}, {}};
   return RESHARD_OK;
 }
 
@@ -134,11 +306,102 @@ reshard_status_t reshard_spec_buffer_info(reshard_spec_t* spec, int32_t rank, in
   return RESHARD_OK;
 }
 
+namespace {
+absl::StatusOr<const TileCache*> TilesOf(reshard_spec_t* spec, int32_t rank, int32_t side,
+                                         const char* who) {
+  if (side != RESHARD_SOURCE && side != RESHARD_DESTINATION) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(who, ": side ", side, " is neither RESHARD_SOURCE nor RESHARD_DESTINATION"));
+  }
+  const auto s = static_cast<reshard::Side>(side);
+  for (const TileCache& c : spec->tiles) {
+    if (c.rank == rank && c.side == s) return &c;
+  }
+  absl::StatusOr<std::vector<reshard::LocalTile>> tiles = spec->spec.LocalTiles(rank, s);
+  if (!tiles.ok()) return tiles.status();
+  TileCache& c = spec->tiles.emplace_back();
+  c.rank = rank;
+  c.side = s;
+  c.tiles = *std::move(tiles);
+  // The views are made once the tiles sit where they stay.
+  for (const reshard::LocalTile& t : c.tiles) {
+    reshard_tile_info_t info{};
+    info.tensor = t.tensor.c_str();
+    info.buffer = t.buffer.c_str();
+    info.side = static_cast<int32_t>(t.side);
+    info.dtype = static_cast<int32_t>(t.dtype);
+    info.dtype_name = reshard::DTypeName(t.dtype);
+    info.ndim = static_cast<int32_t>(t.global_shape.size());
+    if (info.ndim > 0) {
+      info.global_shape = t.global_shape.data();
+      info.lo = t.lo.data();
+      info.hi = t.hi.data();
+      info.strides = t.strides.data();
+    }
+    info.offset = t.offset;
+    info.num_elements = t.num_elements();
+    info.scales_of = t.scales_of.c_str();
+    c.infos.push_back(info);
+  }
+  return &c;
+}
+
+bool IsDType(int32_t dtype) {
+  return dtype >= RESHARD_DTYPE_BOOL && dtype <= RESHARD_DTYPE_FP64;
+}
+}  // namespace
+
+reshard_status_t reshard_spec_tile_count(reshard_spec_t* spec, int32_t rank, int32_t side,
+                                         int32_t* count) {
+  if (spec == nullptr || count == nullptr) {
+    return Invalid("reshard_spec_tile_count: spec and count must not be NULL");
+  }
+  auto tiles = TilesOf(spec, rank, side, "reshard_spec_tile_count");
+  if (!tiles.ok()) return Report(tiles.status());
+  *count = static_cast<int32_t>((*tiles)->infos.size());
+  return RESHARD_OK;
+}
+
+reshard_status_t reshard_spec_tile_info(reshard_spec_t* spec, int32_t rank, int32_t side,
+                                        int32_t index, reshard_tile_info_t* out) {
+  if (spec == nullptr || out == nullptr) {
+    return Invalid("reshard_spec_tile_info: spec and out must not be NULL");
+  }
+  auto tiles = TilesOf(spec, rank, side, "reshard_spec_tile_info");
+  if (!tiles.ok()) return Report(tiles.status());
+  const std::vector<reshard_tile_info_t>& infos = (*tiles)->infos;
+  if (index < 0 || index >= static_cast<int32_t>(infos.size())) {
+    return Report(absl::OutOfRangeError(
+        absl::StrCat("reshard_spec_tile_info: index ", index, " is outside the ", infos.size(),
+                     " tiles of rank ", rank, " on the ", side == RESHARD_SOURCE ? "source" : "destination",
+                     " side")));
+  }
+  *out = infos[index];
+  return RESHARD_OK;
+}
+
+const char* reshard_dtype_name(int32_t dtype) {
+  return IsDType(dtype) ? reshard::DTypeName(static_cast<reshard::DType>(dtype)) : nullptr;
+}
+int32_t reshard_dtype_size(int32_t dtype) {
+  return IsDType(dtype) ? reshard::DTypeSize(static_cast<reshard::DType>(dtype)) : 0;
+}
+
 void reshard_spec_destroy(reshard_spec_t* spec) { delete spec; }
 
 reshard_status_t reshard_handle_create(reshard_comm_t* comm, const reshard_spec_t* spec,
                                        const reshard_buffer_t* buffers, int32_t num_buffers,
                                        const char* name, int32_t schedule, reshard_handle_t** out) {
+  return reshard_handle_create_with_timeout(comm, spec, buffers, num_buffers, name, schedule, 0,
+                                            out);
+}
+
+reshard_status_t reshard_handle_create_with_timeout(reshard_comm_t* comm,
+                                                    const reshard_spec_t* spec,
+                                                    const reshard_buffer_t* buffers,
+                                                    int32_t num_buffers, const char* name,
+                                                    int32_t schedule, int64_t setup_timeout_ms,
+                                                    reshard_handle_t** out) {
   if (comm == nullptr || spec == nullptr || out == nullptr ||
       (num_buffers > 0 && buffers == nullptr) || num_buffers < 0) {
     return Invalid("reshard_handle_create: comm, spec, out (and buffers) must not be NULL");
@@ -158,6 +421,7 @@ reshard_status_t reshard_handle_create(reshard_comm_t* comm, const reshard_spec_
   }
   reshard::HandleOptions options;
   if (name != nullptr) options.name = name;
+  if (setup_timeout_ms > 0) options.setup_timeout = absl::Milliseconds(setup_timeout_ms);
   options.schedule = schedule == RESHARD_SCHEDULE_POINT_TO_POINT ? reshard::Schedule::kPointToPoint
                                                                  : reshard::Schedule::kDomainAware;
   auto handle = reshard::RefitHandle::Create(comm->comm, spec->spec, std::move(local), options);

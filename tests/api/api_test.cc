@@ -169,9 +169,38 @@ TEST(CommunicatorTest, RejectsBadIdentityAndMissingCallbacks) {
             absl::StatusCode::kInvalidArgument);
 }
 
+// The library never lists: list (and del) may stay empty, torch.distributed's stores have no
+// listing on every backend.
+TEST(CommunicatorTest, CallbacksWithoutListRefit) {
+  MemoryStore store;
+  reshard::StoreCallbacks cb = store.Callbacks();
+  cb.list = nullptr;
+  auto comm = reshard::Communicator::FromCallbacks(std::move(cb), 0, 1);
+  ASSERT_TRUE(comm.ok()) << comm.status();
+  EXPECT_EQ(comm->local_rank(), -1);
+  reshard::RefitSpec spec;
+  spec.AddTensor("w", DType::kI32, {4, 6}, Layout(Mesh({0}), {Replicate()}),
+                 Layout(Mesh({0}), {Replicate()}));
+  std::vector<int32_t> src(24), dst(24, -1);
+  for (int i = 0; i < 24; ++i) src[i] = 11 * i;
+  reshard::LocalBuffers b;
+  b.Source("w", src.data(), 96).Destination("w", dst.data(), 96);
+  auto handle = reshard::RefitHandle::Create(*comm, spec, std::move(b));
+  ASSERT_TRUE(handle.ok()) << handle.status();
+  ASSERT_TRUE(handle->Execute(absl::Now() + absl::Seconds(20)).ok());
+  EXPECT_EQ(dst, src);
+  reshard::StoreCallbacks no_get = store.Callbacks();
+  no_get.get = nullptr;
+  absl::Status st = reshard::Communicator::FromCallbacks(std::move(no_get), 0, 1).status();
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(std::string(st.message()).find("get is empty"), std::string::npos) << st;
+}
+
 TEST(CommunicatorTest, EnvironmentNamesMissingVariable) {
-  unsetenv("RESHARD_RANK");
-  unsetenv("OMPI_COMM_WORLD_RANK");
+  for (const char* v : {"RESHARD_RANK", "RESHARD_WORLD_SIZE", "RANK", "WORLD_SIZE",
+                        "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "SLURM_PROCID"}) {
+    unsetenv(v);
+  }
   absl::Status st = reshard::Communicator::FromEnvironment().status();
   EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(std::string(st.message()).find("RESHARD_RANK"), std::string::npos) << st;
@@ -410,6 +439,119 @@ TEST(CApiTest, ErrorsCodesAndARefit) {
   reshard_handle_destroy(handle);
   reshard_spec_destroy(spec);
   reshard_comm_destroy(comm);
+}
+
+// Per-rank tiles through the C API: the fields LocalTiles gives, scales of a quantized
+// destination, stable pointers (computed once per rank and side), and errors.
+TEST(CApiTest, TileInfo) {
+  reshard_spec_t* spec = nullptr;
+  ASSERT_EQ(reshard_spec_from_json(
+                "{\"tensors\": ["
+                " {\"name\": \"w\", \"dtype\": \"fp32\", \"shape\": [8, 6],"
+                "  \"src\": {\"mesh\": [0, 1], \"placements\": [\"S(0)\"]},"
+                "  \"dst\": {\"mesh\": [2, 3], \"placements\": [\"S(1)\"]}},"
+                " {\"name\": \"k\", \"dtype\": \"bf16\", \"shape\": [2, 4],"
+                "  \"src\": {\"mesh\": [0, 1], \"placements\": [\"R\"]},"
+                "  \"dst\": {\"mesh\": [2, 3], \"placements\": [\"R\"], \"buffer\": \"qkv\","
+                "           \"view\": {\"offset\": 16}}},"
+                " {\"name\": \"e\", \"dtype\": \"bf16\", \"shape\": [256, 128],"
+                "  \"src\": {\"mesh\": [0, 1], \"placements\": [\"S(0)\"]},"
+                "  \"dst\": {\"mesh\": [2, 3], \"placements\": [\"S(0)\"],"
+                "           \"dtype\": \"fp8e4m3\","
+                "           \"quant\": {\"scheme\": \"block\", \"block\": [128, 128]}}}]}",
+                &spec),
+            RESHARD_OK)
+      << reshard_last_error();
+  int32_t count = 0;
+  ASSERT_EQ(reshard_spec_tile_count(spec, 3, RESHARD_DESTINATION, &count), RESHARD_OK)
+      << reshard_last_error();
+  ASSERT_EQ(count, 4);  // w, k, e, then e's scales.
+  reshard_tile_info_t w{};
+  ASSERT_EQ(reshard_spec_tile_info(spec, 3, RESHARD_DESTINATION, 0, &w), RESHARD_OK);
+  EXPECT_STREQ(w.tensor, "w");
+  EXPECT_STREQ(w.buffer, "w");
+  EXPECT_EQ(w.side, RESHARD_DESTINATION);
+  EXPECT_EQ(w.dtype, RESHARD_DTYPE_FP32);
+  EXPECT_STREQ(w.dtype_name, "fp32");
+  ASSERT_EQ(w.ndim, 2);
+  EXPECT_EQ(std::vector<int64_t>(w.global_shape, w.global_shape + 2), (std::vector<int64_t>{8, 6}));
+  EXPECT_EQ(std::vector<int64_t>(w.lo, w.lo + 2), (std::vector<int64_t>{0, 3}));
+  EXPECT_EQ(std::vector<int64_t>(w.hi, w.hi + 2), (std::vector<int64_t>{8, 6}));
+  EXPECT_EQ(std::vector<int64_t>(w.strides, w.strides + 2), (std::vector<int64_t>{3, 1}));
+  EXPECT_EQ(w.offset, 0);
+  EXPECT_EQ(w.num_elements, 24);
+  EXPECT_STREQ(w.scales_of, "");
+  reshard_tile_info_t k{};
+  ASSERT_EQ(reshard_spec_tile_info(spec, 3, RESHARD_DESTINATION, 1, &k), RESHARD_OK);
+  EXPECT_STREQ(k.buffer, "qkv");
+  EXPECT_EQ(k.offset, 16);
+  EXPECT_EQ(k.dtype, RESHARD_DTYPE_BF16);
+  reshard_tile_info_t e{}, scales{};
+  ASSERT_EQ(reshard_spec_tile_info(spec, 3, RESHARD_DESTINATION, 2, &e), RESHARD_OK);
+  EXPECT_EQ(e.dtype, RESHARD_DTYPE_FP8E4M3);
+  EXPECT_EQ(std::vector<int64_t>(e.lo, e.lo + 2), (std::vector<int64_t>{128, 0}));
+  ASSERT_EQ(reshard_spec_tile_info(spec, 3, RESHARD_DESTINATION, 3, &scales), RESHARD_OK);
+  EXPECT_STREQ(scales.tensor, "e.scale");
+  EXPECT_STREQ(scales.scales_of, "e");
+  EXPECT_EQ(scales.dtype, RESHARD_DTYPE_FP32);
+  EXPECT_EQ(scales.num_elements, 1);
+  // The source side of rank 0 keeps e's bf16.
+  reshard_tile_info_t src{};
+  ASSERT_EQ(reshard_spec_tile_info(spec, 0, RESHARD_SOURCE, 2, &src), RESHARD_OK);
+  EXPECT_EQ(src.dtype, RESHARD_DTYPE_BF16);
+  EXPECT_EQ(src.num_elements, 128 * 128);
+
+  // Many more (rank, side) lists later, the first pointers still read the same: they point into
+  // what the spec keeps, and asking again returns the same views, not recomputed ones.
+  for (int32_t rank = 0; rank < 40; ++rank) {
+    for (int32_t side : {RESHARD_SOURCE, RESHARD_DESTINATION}) {
+      ASSERT_EQ(reshard_spec_tile_count(spec, rank, side, &count), RESHARD_OK);
+      ASSERT_EQ(reshard_spec_buffer_count(spec, rank, &count), RESHARD_OK);
+    }
+  }
+  EXPECT_STREQ(w.tensor, "w");
+  EXPECT_STREQ(scales.scales_of, "e");
+  EXPECT_EQ(w.lo[1], 3);
+  reshard_tile_info_t again{};
+  ASSERT_EQ(reshard_spec_tile_info(spec, 3, RESHARD_DESTINATION, 0, &again), RESHARD_OK);
+  EXPECT_EQ(again.tensor, w.tensor);
+  EXPECT_EQ(again.lo, w.lo);
+  ASSERT_EQ(reshard_spec_tile_count(spec, 39, RESHARD_DESTINATION, &count), RESHARD_OK);
+  EXPECT_EQ(count, 0);  // A rank beyond the spec holds nothing.
+
+  EXPECT_EQ(reshard_spec_tile_info(spec, 3, RESHARD_DESTINATION, 4, &again), RESHARD_OUT_OF_RANGE);
+  EXPECT_NE(std::string(reshard_last_error()).find("index 4 is outside the 4 tiles of rank 3"),
+            std::string::npos)
+      << reshard_last_error();
+  EXPECT_EQ(reshard_spec_tile_count(spec, 0, 7, &count), RESHARD_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(reshard_last_error()).find("side 7"), std::string::npos)
+      << reshard_last_error();
+  EXPECT_EQ(reshard_spec_tile_count(nullptr, 0, 0, &count), RESHARD_INVALID_ARGUMENT);
+  reshard_spec_destroy(spec);
+  EXPECT_EQ(reshard_comm_local_rank(nullptr), -1);
+}
+
+// Buffer names stay valid while the spec lives, however many ranks are asked afterwards (they
+// lived in a vector whose growth moved short names' characters; ASan saw the reads).
+TEST(CApiTest, BufferNamesOutliveLaterQueries) {
+  reshard_spec_t* spec = nullptr;
+  ASSERT_EQ(reshard_spec_from_json(
+                "{\"tensors\": [{\"name\": \"w\", \"dtype\": \"i32\", \"shape\": [64],"
+                " \"src\": {\"mesh\": [0], \"placements\": [\"R\"]},"
+                " \"dst\": {\"mesh\": [[1, 2, 3, 4], [5, 6, 7, 8]], \"placements\": [\"S(0)\", \"R\"]}}]}",
+                &spec),
+            RESHARD_OK)
+      << reshard_last_error();
+  const char* first = nullptr;
+  int32_t side = 0;
+  int64_t bytes = 0;
+  ASSERT_EQ(reshard_spec_buffer_info(spec, 0, 0, &first, &side, &bytes), RESHARD_OK);
+  int32_t count = 0;
+  for (int32_t rank = 1; rank <= 8; ++rank) {
+    ASSERT_EQ(reshard_spec_buffer_count(spec, rank, &count), RESHARD_OK);
+  }
+  EXPECT_STREQ(first, "w");
+  reshard_spec_destroy(spec);
 }
 
 }  // namespace

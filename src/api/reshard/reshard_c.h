@@ -51,6 +51,22 @@ typedef enum reshard_schedule {
   RESHARD_SCHEDULE_POINT_TO_POINT = 1
 } reshard_schedule_t;
 
+/* Element types, mirroring reshard::DType (values are stable: new ones are appended). */
+typedef enum reshard_dtype {
+  RESHARD_DTYPE_BOOL = 0,
+  RESHARD_DTYPE_U8 = 1,
+  RESHARD_DTYPE_I8 = 2,
+  RESHARD_DTYPE_I16 = 3,
+  RESHARD_DTYPE_I32 = 4,
+  RESHARD_DTYPE_I64 = 5,
+  RESHARD_DTYPE_FP8E4M3 = 6,
+  RESHARD_DTYPE_FP8E5M2 = 7,
+  RESHARD_DTYPE_FP16 = 8,
+  RESHARD_DTYPE_BF16 = 9,
+  RESHARD_DTYPE_FP32 = 10,
+  RESHARD_DTYPE_FP64 = 11
+} reshard_dtype_t;
+
 typedef struct reshard_comm reshard_comm_t;
 typedef struct reshard_spec reshard_spec_t;
 typedef struct reshard_handle reshard_handle_t;
@@ -93,10 +109,94 @@ const char* reshard_version(void);
 reshard_status_t reshard_comm_connect(const char* store_address, const char* token, int32_t rank,
                                       int32_t world_size, int32_t serve_store, int64_t timeout_ms,
                                       reshard_comm_t** out);
+/* reshard::Communicator::FromEnvironment: the variables of reshard's launcher, torchrun, mpirun
+ * or Slurm's srun, in the precedence of docs/configuration.md (RESHARD_* first). Under torchrun
+ * rank 0 serves the store on MASTER_ADDR at MASTER_PORT + 1 (RESHARD_STORE_PORT). */
 reshard_status_t reshard_comm_from_env(reshard_comm_t** out);
 int32_t reshard_comm_rank(const reshard_comm_t* comm);
 int32_t reshard_comm_world_size(const reshard_comm_t* comm);
+/* This process's index among the ranks of its host when the launcher gave one (see
+ * reshard::Communicator::local_rank: RESHARD_LOCAL_RANK, LOCAL_RANK, OMPI_COMM_WORLD_LOCAL_RANK,
+ * SLURM_LOCALID), e.g. to pick a CUDA device; -1 when it did not, for communicators not made by
+ * reshard_comm_from_env, and for NULL. */
+int32_t reshard_comm_local_rank(const reshard_comm_t* comm);
 void reshard_comm_destroy(reshard_comm_t* comm);
+
+/* ---- Store callbacks: the framework's own key-value store (torch.distributed's store, etcd,
+ * a PMIx KV ...) as the rendezvous store (reshard::StoreCallbacks).
+ *
+ * Results. A callback reports what it read through a reshard_store_result_t the library owns:
+ * it copies a value in with reshard_store_result_set_value (get) or adds one entry per key with
+ * reshard_store_result_add_entry (list), and may attach a message to a failure with
+ * reshard_store_result_set_error. The library copies everything it is given, so the callback
+ * keeps ownership of its own memory (stack, malloc'd, a Python bytes object) and frees it when
+ * it likes; the result object itself is valid only until the callback returns and must not be
+ * kept or freed.
+ *
+ * Return codes. Each callback returns a reshard_status_t:
+ *   RESHARD_OK                 done (get: a value was set on the result);
+ *   RESHARD_DEADLINE_EXCEEDED  get only: the key did not appear within timeout_ms. The library
+ *                              polls some keys with short timeouts and treats this code as "not
+ *                              yet"; every other failure ends the operation that asked;
+ *   RESHARD_UNAVAILABLE        the store cannot be reached;
+ *   any other code             passed on as it is.
+ * A failing call's message (reshard_store_result_set_error, else one naming the callback, the
+ * code and the key) becomes part of the reshard_last_error() of the library call that made it.
+ *
+ * Keys are NUL-terminated printable ASCII. Values are binary (they may contain NUL): always a
+ * pointer and a length in bytes.
+ *
+ * Threads: the library calls the callbacks only on threads that call into it (during
+ * reshard_handle_create and reshard_handle_destroy, for the set-up exchange and the farewell
+ * barrier), never on a thread of its own and never during execute, start or wait. Handles
+ * created or destroyed concurrently on several threads make concurrent calls, so the callbacks
+ * must be thread-safe unless the program calls the library from one thread only.
+ *
+ * Lifetime: `user` and the functions must stay valid until `release` is called (or, without
+ * `release`, until the communicator and every handle created from it are destroyed). */
+typedef struct reshard_store_result reshard_store_result_t;
+
+typedef struct reshard_store_callbacks {
+  void* user; /* passed as the first argument of every callback */
+  /* Required. Sets key to the value_size bytes at value, replacing any previous value. */
+  int32_t (*set)(void* user, const char* key, const void* value, int64_t value_size,
+                 reshard_store_result_t* result);
+  /* Required. Waits up to timeout_ms (>= 0; 0: look once without waiting) until key exists, then
+   * gives its value through reshard_store_result_set_value and returns RESHARD_OK; returns
+   * RESHARD_DEADLINE_EXCEEDED when the key did not appear in time. Must return within about
+   * timeout_ms: the library's own deadlines rely on it. */
+  int32_t (*get)(void* user, const char* key, int64_t timeout_ms, reshard_store_result_t* result);
+  /* Optional (NULL): adds every key starting with prefix through reshard_store_result_add_entry
+   * (any order; the library sorts), without waiting. The library itself never lists; tools that
+   * inspect a store do, and get RESHARD_UNIMPLEMENTED without it. */
+  int32_t (*list)(void* user, const char* prefix, reshard_store_result_t* result);
+  /* Optional (NULL): removes key; RESHARD_OK when it was absent. Without it the keys of finished
+   * barrier generations accumulate (a few bytes per rank and barrier). */
+  int32_t (*delete_key)(void* user, const char* key, reshard_store_result_t* result);
+  /* Optional (NULL): called exactly once, on some thread, when the library will make no more
+   * calls with `user`: after the communicator and its last handle are destroyed, or before
+   * reshard_comm_from_callbacks returns an error. Free `user` here. */
+  void (*release)(void* user);
+} reshard_store_callbacks_t;
+
+/* Copies the value_size bytes at value into the result (a get's value; a later call replaces
+ * it). value may be NULL when value_size is 0. */
+reshard_status_t reshard_store_result_set_value(reshard_store_result_t* result, const void* value,
+                                                int64_t value_size);
+/* Adds one key and its value to a list's result (both copied). */
+reshard_status_t reshard_store_result_add_entry(reshard_store_result_t* result, const char* key,
+                                                const void* value, int64_t value_size);
+/* Attaches a message (copied; one sentence, e.g. "etcd at 10.0.0.5:2379 refused the
+ * connection") to the failure the callback is about to return. */
+void reshard_store_result_set_error(reshard_store_result_t* result, const char* message);
+
+/* A communicator over the callbacks (copied; the struct need not outlive the call). timeout_ms
+ * (<= 0: 30 s) bounds the farewell barrier when handles are destroyed (at most 10 s), like
+ * reshard_comm_connect's. RESHARD_INVALID_ARGUMENT when set or get is NULL or rank is outside
+ * [0, world_size). */
+reshard_status_t reshard_comm_from_callbacks(const reshard_store_callbacks_t* callbacks,
+                                             int32_t rank, int32_t world_size, int64_t timeout_ms,
+                                             reshard_comm_t** out);
 
 /* Specs (JSON format of docs/api.md). */
 reshard_status_t reshard_spec_from_json(const char* json, reshard_spec_t** out);
@@ -107,6 +207,41 @@ int32_t reshard_spec_world_size(const reshard_spec_t* spec);
 reshard_status_t reshard_spec_buffer_count(reshard_spec_t* spec, int32_t rank, int32_t* count);
 reshard_status_t reshard_spec_buffer_info(reshard_spec_t* spec, int32_t rank, int32_t index,
                                           const char** name, int32_t* side, int64_t* bytes);
+
+/* The part of one tensor a rank holds on one side (reshard::LocalTile): the global box
+ * [lo, hi) of a tensor of global_shape, and where its elements sit in the rank's buffer named
+ * `buffer`: element (i0, i1, ...) of the tile (i_k counted from lo[k]) is element
+ * offset + sum(i_k * strides[k]) of the buffer, in units of the dtype. Strings and arrays belong
+ * to the spec: valid until it is destroyed. */
+typedef struct reshard_tile_info {
+  const char* tensor;
+  const char* buffer;
+  int32_t side;             /* reshard_side_t */
+  int32_t dtype;            /* reshard_dtype_t; quantized destinations: the FP8 type */
+  const char* dtype_name;   /* the spec's spelling: "bf16", "fp8e4m3", ... */
+  int32_t ndim;             /* entries in each array below (NULL arrays when 0) */
+  const int64_t* global_shape;
+  const int64_t* lo;
+  const int64_t* hi;
+  const int64_t* strides;   /* in elements, resolved (a contiguous tile's row-major strides) */
+  int64_t offset;           /* in elements */
+  int64_t num_elements;     /* product of hi - lo (0 for an empty tile of an uneven shard) */
+  /* Destination tiles only: the name of the quantized tensor whose scales this tile holds (the
+   * tile's tensor is then "<that>.scale"); "" otherwise. */
+  const char* scales_of;
+} reshard_tile_info_t;
+
+/* Number of tiles `rank` holds on `side` (every tensor that places a tile there, in spec
+ * order, empty tiles of uneven shards included, then on the destination side the scales of
+ * quantized tensors), then each one. Computed once per (rank, side) and kept with the spec. */
+reshard_status_t reshard_spec_tile_count(reshard_spec_t* spec, int32_t rank, int32_t side,
+                                         int32_t* count);
+reshard_status_t reshard_spec_tile_info(reshard_spec_t* spec, int32_t rank, int32_t side,
+                                        int32_t index, reshard_tile_info_t* out);
+/* "bf16" for RESHARD_DTYPE_BF16 ...; NULL for a value that is no dtype. */
+const char* reshard_dtype_name(int32_t dtype);
+/* Bytes per element; 0 for a value that is no dtype. */
+int32_t reshard_dtype_size(int32_t dtype);
 void reshard_spec_destroy(reshard_spec_t* spec);
 
 /* Refit handles: collective set-up over every rank of the spec. name may be NULL (default
@@ -117,6 +252,15 @@ reshard_status_t reshard_handle_create(reshard_comm_t* comm, const reshard_spec_
 reshard_status_t reshard_handle_execute(reshard_handle_t* handle, int64_t timeout_ms);
 reshard_status_t reshard_handle_start(reshard_handle_t* handle);
 reshard_status_t reshard_handle_wait(reshard_handle_t* handle, int64_t timeout_ms);
+/* reshard_handle_create with a bound on the collective set-up (<= 0: 60 s, the default of
+ * reshard_handle_create and reshard::HandleOptions::setup_timeout). A rank that does not take
+ * part in time makes the others fail with RESHARD_DEADLINE_EXCEEDED. */
+reshard_status_t reshard_handle_create_with_timeout(reshard_comm_t* comm,
+                                                    const reshard_spec_t* spec,
+                                                    const reshard_buffer_t* buffers,
+                                                    int32_t num_buffers, const char* name,
+                                                    int32_t schedule, int64_t setup_timeout_ms,
+                                                    reshard_handle_t** out);
 void reshard_handle_reset(reshard_handle_t* handle);
 reshard_status_t reshard_handle_stats(const reshard_handle_t* handle, reshard_stats_t* out);
 void reshard_handle_destroy(reshard_handle_t* handle);
