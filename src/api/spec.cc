@@ -107,8 +107,11 @@ plan::Layout ToPlan(const Layout& in) {
   out.mesh.shape = in.mesh.shape();
   out.mesh.ranks = in.mesh.ranks();
   for (const Placement& p : in.placements) {
-    out.placements.push_back(p.shard ? plan::Placement::Shard(p.dim)
-                                     : plan::Placement::Replicate());
+    // A replicate's split factor travels too, so that Validate rejects one other than 1.
+    plan::Placement q = p.shard ? plan::Placement::StridedShard(p.dim, p.split_factor)
+                                : plan::Placement::Replicate();
+    q.split_factor = p.split_factor;
+    out.placements.push_back(q);
   }
   out.buffer = in.buffer;
   out.view.offset = in.view_offset;
@@ -127,7 +130,7 @@ plan::Layout ToPlan(const Layout& in) {
 Layout FromPlan(const plan::Layout& in) {
   Layout out(Mesh(in.mesh.shape, in.mesh.ranks), {});
   for (const plan::Placement& p : in.placements) {
-    out.placements.push_back(p.is_shard() ? Shard(p.dim) : Replicate());
+    out.placements.push_back(p.is_shard() ? StridedShard(p.dim, p.split_factor) : Replicate());
   }
   out.buffer = in.buffer;
   out.view_offset = in.view.offset;

@@ -364,7 +364,11 @@ class PlanBuilder : public ScheduleSink {
       }
       previous[side] = &ranks;
       for (const Placement& p : l.placements) {
-        fp.Add((static_cast<uint64_t>(p.kind) << 32) | static_cast<uint32_t>(p.dim));
+        // A strided shard flags its word and adds its split factor; other placements hash as
+        // before, so their plans keep their fingerprints.
+        fp.Add((static_cast<uint64_t>(p.is_strided()) << 40) |
+               (static_cast<uint64_t>(p.kind) << 32) | static_cast<uint32_t>(p.dim));
+        if (p.is_strided()) fp.Add(static_cast<uint64_t>(p.split_factor));
       }
       fp.Add(buffer);
       fp.Add(uint64_t{l.has_view});

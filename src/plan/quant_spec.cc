@@ -219,22 +219,26 @@ absl::Status ValidateQuant(const TensorSpec& t) {
     for (int d = 0; d < ndim; ++d) {
       // A dim of one block: its scale is replicated, nothing to compare.
       if (t.shape[d] <= block[d]) continue;
+      // Shard by shard (the same axes shard d in both grids): a strided shard sorts each grid's
+      // intervals by where they start, which need not pair a rank's elements with its blocks.
       const auto e = elements.intervals(d), b = blocks.intervals(d);
-      for (size_t i = 0; i < e.size() && i < b.size(); ++i) {
-        const bool empty = e[i].size() == 0;
-        if ((empty && b[i].size() == 0) ||
-            (!empty && b[i].lo == e[i].lo / block[d] &&
-             b[i].hi == (e[i].hi + block[d] - 1) / block[d])) {
+      const int64_t shards = static_cast<int64_t>(std::min(e.size(), b.size()));
+      for (int64_t s = 0; s < shards; ++s) {
+        const Interval& ei = e[elements.CellIndexOfShard(d, s)];
+        const Interval& bi = b[blocks.CellIndexOfShard(d, s)];
+        const bool empty = ei.size() == 0;
+        if ((empty && bi.size() == 0) ||
+            (!empty && bi.lo == ei.lo / block[d] && bi.hi == (ei.hi + block[d] - 1) / block[d])) {
           continue;
         }
         TileGrid::Cell cell{};
-        cell[d] = static_cast<int64_t>(i);
+        cell[d] = elements.CellIndexOfShard(d, s);
         return QuantError(
             t, absl::StrFormat("%s tiles of dim %d do not split its %d blocks of %d the way "
                                "they split its elements (rank %d holds elements [%d, %d)), so "
                                "the scales cannot be laid out as a tile per rank",
-                               SideName(side), d, blocked[d], block[d], elements.Holder(cell, 0), e[i].lo,
-                               e[i].hi));
+                               SideName(side), d, blocked[d], block[d], elements.Holder(cell, 0), ei.lo,
+                               ei.hi));
       }
     }
   }
@@ -346,6 +350,12 @@ absl::StatusOr<std::shared_ptr<const RefitSpec>> LowerQuantization(
       }
       p.src.mesh = user.src.mesh;
       p.src.placements = user.src.placements;
+      // Nested S(d) over a cut dim of cut_parts entries gives every tile exactly one; a strided
+      // shard need not (_S(d, 3) over 2 ranks: 2 and 0 of 2). Which entry a tile takes does not
+      // matter: the gathered amax is the maximum over all of them.
+      for (Placement& pl : p.src.placements) {
+        if (pl.is_shard() && q.cut_parts[pl.dim] > 1) pl = Placement::Shard(pl.dim);
+      }
       p.src.buffer = kPartialAmaxBuffer;
       p.src.view = View{partial_offset, {}};
       p.src.has_view = true;

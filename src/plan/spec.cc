@@ -10,6 +10,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "src/common/checked.h"
 #include "src/common/json.h"
 #include "src/common/status.h"
@@ -29,7 +30,9 @@ inline constexpr int64_t kMaxExactOverlapCheck = int64_t{1} << 24;
 inline constexpr int64_t kMaxOverlapRunsPerSpec = int64_t{1} << 27;
 
 std::string Placement::ToString() const {
-  return is_shard() ? absl::StrCat("S(", dim, ")") : std::string("R");
+  if (!is_shard()) return "R";
+  if (is_strided()) return absl::StrCat("_S(", dim, ", ", split_factor, ")");
+  return absl::StrCat("S(", dim, ")");
 }
 
 int64_t Mesh::IndexOf(int32_t rank) const {
@@ -92,6 +95,49 @@ class RankStamp {
   std::vector<uint32_t> stamp_;
 };
 
+// A strided shard can give a rank indices of a dim that are not one range ([0, 2) and [6, 8)
+// of 8 rows under _S(0, 2) over 2 ranks alone); a tile is one box per rank, so such a layout
+// cannot be held. Checks every composite shard of every dim a strided shard splits with
+// DimShare: O(shards * axes), no element or run is ever listed.
+absl::Status CheckContiguous(const TensorSpec& t, const Layout& l, const char* side) {
+  const int mesh_ndim = l.mesh.ndim();
+  for (int a = 0; a < mesh_ndim; ++a) {
+    const Placement& p = l.placements[a];
+    if (!p.is_strided()) continue;
+    const int d = p.dim;
+    bool earlier = false;  // One check per dim: from its first strided shard.
+    for (int b = 0; b < a; ++b) earlier = earlier || (l.placements[b].is_strided() && l.placements[b].dim == d);
+    if (earlier) continue;
+    const int64_t shards = NumShards(l, d);
+    std::array<ShardStep, kMaxMeshDims> steps;
+    for (int64_t s = 0; s < shards; ++s) {
+      const int k = ShardSteps(l, d, s, steps);
+      const DimShare share(t.shape[d], absl::MakeConstSpan(steps.data(), k));
+      if (share.Contiguous()) continue;
+      // Name a rank holding this shard: coordinate 0 on every axis not sharding d.
+      std::vector<int64_t> coord(mesh_ndim, 0);
+      for (int b = 0, j = 0; b < mesh_ndim; ++b) {
+        if (l.placements[b].is_shard() && l.placements[b].dim == d) coord[b] = steps[j++].index;
+      }
+      int64_t index = 0;
+      for (int b = 0; b < mesh_ndim; ++b) index = index * l.mesh.shape[b] + coord[b];
+      int64_t end = 0;
+      const Interval first = share.RunAt(0, &end);
+      int64_t after = 0;
+      const Interval second = share.RunAt(end, &after);
+      return TensorError(
+          t, absl::StrFormat("%s.placements[%d] %s gives rank %d (mesh coordinate [%s]) indices "
+                             "[%d, %d)%s[%d, %d)%s of dim %d, not one contiguous range; reshard "
+                             "holds one box per rank",
+                             side, a, p.ToString(), l.mesh.ranks[index],
+                             absl::StrJoin(coord, ", "), first.lo, first.hi,
+                             after < share.size() ? ", " : " and ", second.lo, second.hi,
+                             after < share.size() ? ", ..." : "", d));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ValidateLayout(const TensorSpec& t, const Layout& l, const char* side,
                             DType dtype, bool user_spec, RankStamp& stamp, uint32_t& epoch) {
   const int mesh_ndim = l.mesh.ndim();
@@ -136,7 +182,18 @@ absl::Status ValidateLayout(const TensorSpec& t, const Layout& l, const char* si
       return TensorError(t, absl::StrFormat("%s.placements[%d] shards dim %d of a %d-D tensor",
                                             side, a, p.dim, ndim));
     }
+    if (p.split_factor < 1 || p.split_factor > kMaxSplitFactor) {
+      return TensorError(t, absl::StrFormat("%s.placements[%d] has split factor %d; a split "
+                                            "factor is at least 1 and below 2^62",
+                                            side, a, p.split_factor));
+    }
+    if (!p.is_shard() && p.split_factor != 1) {
+      return TensorError(t, absl::StrFormat("%s.placements[%d] replicates but has split factor "
+                                            "%d; only a shard takes one",
+                                            side, a, p.split_factor));
+    }
   }
+  RESHARD_RETURN_IF_ERROR(CheckContiguous(t, l, side));
   if (l.view.offset < 0) {
     return TensorError(t, absl::StrFormat("%s.view.offset is negative (%d)", side, l.view.offset));
   }
@@ -585,9 +642,10 @@ absl::Status ValidateImpl(const RefitSpec& spec, int32_t only_rank) {
     // A lowered spec (quant_spec.h) names its internal buffers; a user's spec may not.
     const bool user_spec = spec.quantized_sources.empty();
     RESHARD_RETURN_IF_ERROR(ValidateLayout(t, t.src, "src", t.dtype, user_spec, stamp, epoch));
-    RESHARD_RETURN_IF_ERROR(ValidateQuant(t));
+    // ValidateQuant builds both sides' grids, which need valid layouts.
     RESHARD_RETURN_IF_ERROR(
         ValidateLayout(t, t.dst, "dst", t.dst_dtype(), user_spec, stamp, epoch));
+    RESHARD_RETURN_IF_ERROR(ValidateQuant(t));
     pieces = SaturatingAdd(pieces, PieceBound(t));
     if (pieces > kMaxPieces) {
       return TensorError(t, absl::StrFormat("src and dst intersect in more than %d (destination "

@@ -1,9 +1,10 @@
 // The refit spec: every tensor's layout on the source (trainer) and destination (inference)
 // side, and the topology that groups ranks into fast local domains. DESIGN §2 and §7.
 //
-// Placement semantics follow PyTorch DTensor: per mesh axis `R` (replicate) or `S(d)` (shard
-// tensor dim d). Uneven dims split like torch.chunk (ceil chunks, trailing shards smaller or
-// empty); several mesh axes sharding one dim nest in mesh-axis order.
+// Placement semantics follow PyTorch DTensor: per mesh axis `R` (replicate), `S(d)` (shard
+// tensor dim d) or `_S(d, k)` (torch's _StridedShard(d, split_factor=k), which FSDP2 + TP
+// trainers produce). Uneven dims split like torch.chunk (ceil chunks, trailing shards smaller or
+// empty); several mesh axes sharding one dim apply in mesh-axis order (docs/spec-format.md).
 //
 // A spec is plain data. Validate() checks everything that the planner relies on and returns
 // InvalidArgument with one sentence naming the tensor and the field.
@@ -40,6 +41,10 @@ inline constexpr size_t kMaxTensors = size_t{1} << 20;
 // (Destination rank, source tile) pairs whose boxes intersect, over all tensors: a bound on the
 // pieces of the plan, so that planning stays within a few GB of memory.
 inline constexpr int64_t kMaxPieces = int64_t{1} << 24;
+// A strided shard's split factor: below 2^62 like every size, so that the torch.chunk arithmetic
+// of a split (len + k - 1, chunk * index) stays exact. A factor above the dim's size is allowed,
+// as in torch (its trailing chunks are empty).
+inline constexpr int64_t kMaxSplitFactor = kMaxSpecBytes - 1;
 // Tensor and buffer names, in bytes (valid UTF-8).
 inline constexpr size_t kMaxNameBytes = 1024;
 
@@ -50,15 +55,24 @@ inline const char* SideName(Side s) {
   return s == Side::kSrc ? "src" : s == Side::kDst ? "dst" : "stage";
 }
 
+// Per mesh axis. Placements apply left to right: each rank holds, per tensor dim, an ordered
+// list of global indices (initially all of them). Over an axis of size n, S(d) keeps chunk i (a
+// torch.chunk into n) of the rank's current list, i its coordinate on the axis; _S(d, k) cuts the
+// current list into k torch.chunks, each of those into n, and keeps piece i of each, in order.
+// A strided shard is a kShard with split_factor > 1: _S(d, 1) is S(d) (torch gives both the
+// same tiles), so it has one representation and plans, caches and fingerprints as S(d).
 struct Placement {
   enum class Kind : uint8_t { kReplicate, kShard };
   Kind kind = Kind::kReplicate;
-  int dim = -1;  // Only for kShard.
+  int dim = -1;               // Only for kShard.
+  int64_t split_factor = 1;   // Only for kShard; in [1, kMaxSplitFactor] (Validate).
 
   static Placement Replicate() { return {Kind::kReplicate, -1}; }
   static Placement Shard(int d) { return {Kind::kShard, d}; }
+  static Placement StridedShard(int d, int64_t k) { return {Kind::kShard, d, k}; }
   bool is_shard() const { return kind == Kind::kShard; }
-  std::string ToString() const;  // "R" or "S(d)"
+  bool is_strided() const { return kind == Kind::kShard && split_factor != 1; }
+  std::string ToString() const;  // "R", "S(d)" or "_S(d, k)" (torch's str())
   bool operator==(const Placement&) const = default;
 };
 

@@ -1,6 +1,8 @@
 #include "src/plan/spec_json.h"
 
 #include <fstream>
+#include <limits>
+#include <string_view>
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
@@ -128,19 +130,53 @@ absl::Status ParseMeshLevel(const Context& ctx, const Value& v, const std::strin
   return absl::OkStatus();
 }
 
+// Digits only, 1 to `max_digits` of them: no sign, no spaces, no leading '+'.
+bool ParseDigits(std::string_view text, size_t max_digits, int64_t& out) {
+  if (text.empty() || text.size() > max_digits || max_digits > 19) return false;
+  uint64_t value = 0;  // At most 19 digits: below 10^19 < 2^64.
+  for (char c : text) {
+    if (c < '0' || c > '9') return false;
+    value = value * 10 + static_cast<uint64_t>(c - '0');
+  }
+  if (value > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) return false;
+  out = static_cast<int64_t>(value);
+  return true;
+}
+
+// "R", "S(d)" or "_S(d, k)": torch's str() of Replicate(), Shard(d) and _StridedShard(d,
+// split_factor=k); "_S(d,k)" too (no space), as torch's own comments write it. _S(d, 1) is S(d).
 absl::StatusOr<Placement> ParsePlacement(const Context& ctx, const Value& v,
                                          const std::string& field) {
   RESHARD_RETURN_IF_ERROR(Expect(ctx, v, field, Value::Type::kString));
   const std::string& s = v.as_string();
   if (s == "R") return Placement::Replicate();
-  if (s.size() >= 4 && s[0] == 'S' && s[1] == '(' && s.back() == ')') {
-    const std::string digits = s.substr(2, s.size() - 3);
-    bool all_digits = !digits.empty() && digits.size() <= 3;
-    for (char c : digits) all_digits = all_digits && c >= '0' && c <= '9';
-    if (all_digits) return Placement::Shard(std::stoi(digits));
+  const std::string_view text(s);
+  int64_t dim = 0;
+  if (text.starts_with("S(") && text.ends_with(')') &&
+      ParseDigits(text.substr(2, text.size() - 3), 3, dim)) {
+    return Placement::Shard(static_cast<int>(dim));
+  }
+  if (text.starts_with("_S(") && text.ends_with(')')) {
+    const std::string_view inner = text.substr(3, text.size() - 4);
+    const size_t comma = inner.find(',');
+    int64_t split = 0;
+    if (comma != std::string_view::npos) {
+      std::string_view k = inner.substr(comma + 1);
+      if (k.starts_with(' ')) k.remove_prefix(1);
+      if (ParseDigits(inner.substr(0, comma), 3, dim)) {
+        // 19 digits hold every int64_t below 10^19; larger ones are no split factor either.
+        if (ParseDigits(k, 19, split)) return Placement::StridedShard(static_cast<int>(dim), split);
+        if (!k.empty() && k.size() <= 40 && k.find_first_not_of("0123456789") == k.npos) {
+          return ctx.Error(v, field,
+                           absl::StrCat("is ", QuoteForMessage(s),
+                                        "; a split factor is at least 1 and below 2^62"));
+        }
+      }
+    }
   }
   return ctx.Error(v, field,
-                   absl::StrCat("is ", QuoteForMessage(s), "; a placement is \"R\" or \"S(d)\""));
+                   absl::StrCat("is ", QuoteForMessage(s),
+                                "; a placement is \"R\", \"S(d)\" or \"_S(d, k)\""));
 }
 
 absl::Status ParseView(const Context& ctx, const Value& v, const std::string& field,

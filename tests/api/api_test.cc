@@ -157,6 +157,44 @@ TEST(SpecTest, LocalBuffersAndTiles) {
   EXPECT_EQ((*tiles)[2].num_elements(), 8);
 }
 
+// FSDP2 + TP's (_StridedShard(0, tp), Shard(0)) on a (dp 2, tp 2) mesh: the tiles of torch's
+// _StridedShard docstring, through the public API; Shard stays an aggregate that old code
+// builds, and StridedShard(d, 1) is Shard(d).
+TEST(SpecTest, StridedShardLayoutsOfFsdp2AndTp) {
+  EXPECT_EQ(reshard::StridedShard(1, 1), reshard::Shard(1));
+  EXPECT_EQ((reshard::Placement{true, 0}), reshard::Shard(0));
+  reshard::RefitSpec spec;
+  spec.AddTensor("w", reshard::DType::kFp32, {8, 8},
+                 reshard::Layout(reshard::Mesh({{0, 1}, {2, 3}}),
+                                 {reshard::StridedShard(0, 2), reshard::Shard(0)}),
+                 reshard::Layout(reshard::Mesh::Range(4, 2), {reshard::Shard(0)}));
+  ASSERT_TRUE(spec.Validate().ok()) << spec.Validate();
+  const int64_t rows[4] = {0, 4, 2, 6};
+  for (int32_t rank = 0; rank < 4; ++rank) {
+    auto tiles = spec.LocalTiles(rank, reshard::Side::kSource);
+    ASSERT_TRUE(tiles.ok()) << tiles.status();
+    ASSERT_EQ(tiles->size(), 1u);
+    EXPECT_EQ((*tiles)[0].lo, (std::vector<int64_t>{rows[rank], 0})) << rank;
+    EXPECT_EQ((*tiles)[0].hi, (std::vector<int64_t>{rows[rank] + 2, 8})) << rank;
+  }
+  // The strided shard alone leaves rank 0 rows [0, 2) and [4, 6): refused.
+  reshard::RefitSpec split;
+  split.AddTensor("w", reshard::DType::kFp32, {8, 8},
+                  reshard::Layout(reshard::Mesh::Range(0, 2), {reshard::StridedShard(0, 2)}),
+                  reshard::Layout(reshard::Mesh::Range(4, 2), {reshard::Shard(0)}));
+  EXPECT_EQ(split.Validate().message(),
+            "tensor \"w\": src.placements[0] _S(0, 2) gives rank 0 (mesh coordinate [0]) indices "
+            "[0, 2) and [4, 6) of dim 0, not one contiguous range; reshard holds one box per rank");
+  // A split factor on a replicate is a mistake, not ignored.
+  reshard::RefitSpec odd;
+  odd.AddTensor("w", reshard::DType::kFp32, {8},
+                reshard::Layout(reshard::Mesh::Range(0, 2), {reshard::Placement{false, -1, 2}}),
+                reshard::Layout(reshard::Mesh::Range(4, 2), {reshard::Shard(0)}));
+  EXPECT_EQ(odd.Validate().message(),
+            "tensor \"w\": src.placements[0] replicates but has split factor 2; only a shard "
+            "takes one");
+}
+
 TEST(CommunicatorTest, RejectsBadIdentityAndMissingCallbacks) {
   MemoryStore store;
   EXPECT_EQ(reshard::Communicator::FromCallbacks(store.Callbacks(), 2, 2).status().code(),

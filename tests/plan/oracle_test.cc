@@ -1,8 +1,10 @@
 // Brute-force per-element oracle over thousands of random specs.
 //
-// The oracle derives every tile from DTensor semantics directly (nested torch.chunk per mesh
-// coordinate, not through TileGrid; a shard empty along a dim sits at [n, n) there, as torch's
-// compute_local_shape_and_global_offset) and addresses every element through the view by hand. It
+// The oracle derives every tile from DTensor semantics directly (per rank and dim, the list of
+// global indices it holds, cut left to right by torch.chunk as DTensor's
+// _compute_local_shape_and_global_offset does for Shard and _StridedShard, not through TileGrid;
+// a shard empty along a dim sits at [n, n) there, as in torch) and addresses every element
+// through the view by hand. It
 // then replays the plan's transfers run by run, maps every copied element back to (tensor,
 // global index) on both ends, and checks:
 //   - every destination element of every destination rank is written exactly once;
@@ -67,6 +69,9 @@ class Rng {
 struct OracleTile {
   int32_t rank;
   std::vector<int64_t> lo, hi;
+  // False when the rank's indices along some dim are not one range (a strided shard can do
+  // that); lo and hi are then the first and last + 1, and Validate must reject the layout.
+  bool contiguous = true;
   bool Empty() const {
     for (size_t d = 0; d < lo.size(); ++d) {
       if (hi[d] <= lo[d]) return true;
@@ -74,6 +79,19 @@ struct OracleTile {
     return false;
   }
 };
+
+// torch.chunk(list, parts) padded with empty chunks to `parts` (fill_empty_tensor_to_shards):
+// chunks of ceil(len / parts), as many as it takes to hold the list.
+std::vector<std::vector<int64_t>> TorchChunk(const std::vector<int64_t>& list, int64_t parts) {
+  std::vector<std::vector<int64_t>> chunks;
+  const int64_t len = static_cast<int64_t>(list.size());
+  const int64_t size = (len + parts - 1) / parts;
+  for (int64_t start = 0; start < len; start += size) {
+    chunks.emplace_back(list.begin() + start, list.begin() + std::min(start + size, len));
+  }
+  while (static_cast<int64_t>(chunks.size()) < parts) chunks.emplace_back();
+  return chunks;
+}
 
 std::vector<OracleTile> OracleTiles(const Layout& l, const std::vector<int64_t>& shape) {
   std::vector<OracleTile> tiles;
@@ -85,22 +103,47 @@ std::vector<OracleTile> OracleTiles(const Layout& l, const std::vector<int64_t>&
       coord[a] = rest % l.mesh.shape[a];
       rest /= l.mesh.shape[a];
     }
-    OracleTile t{l.mesh.ranks[index], std::vector<int64_t>(shape.size(), 0), shape};
+    // Per dim, the global indices this rank holds, in order.
+    std::vector<std::vector<int64_t>> held(shape.size());
+    for (size_t d = 0; d < shape.size(); ++d) {
+      for (int64_t i = 0; i < shape[d]; ++i) held[d].push_back(i);
+    }
     for (int a = 0; a < mesh_ndim; ++a) {
-      if (!l.placements[a].is_shard()) continue;
-      const int d = l.placements[a].dim;
-      const int64_t len = t.hi[d] - t.lo[d];
+      const Placement& p = l.placements[a];
+      if (!p.is_shard()) continue;
+      std::vector<int64_t>& list = held[p.dim];
       const int64_t k = l.mesh.shape[a];
-      const int64_t chunk = (len + k - 1) / k;
-      const int64_t lo = t.lo[d];
-      t.lo[d] = lo + std::min(coord[a] * chunk, len);
-      t.hi[d] = lo + std::min((coord[a] + 1) * chunk, len);
-      // torch: a zero-sized shard's global offset is the dim's global size.
-      if (t.lo[d] == t.hi[d]) t.lo[d] = t.hi[d] = shape[d];
+      // Shard: piece coord of torch.chunk(list, k). _StridedShard(sf): torch.chunk(list, sf),
+      // each chunk torch.chunk'ed into k, piece coord of each, concatenated.
+      std::vector<int64_t> kept;
+      for (const auto& chunk : TorchChunk(list, p.split_factor)) {
+        const auto piece = TorchChunk(chunk, k)[coord[a]];
+        kept.insert(kept.end(), piece.begin(), piece.end());
+      }
+      list = std::move(kept);
+    }
+    OracleTile t{l.mesh.ranks[index], std::vector<int64_t>(shape.size()), shape};
+    for (size_t d = 0; d < shape.size(); ++d) {
+      const std::vector<int64_t>& list = held[d];
+      if (list.empty()) {
+        // torch: a zero-sized shard's global offset is the dim's global size.
+        t.lo[d] = t.hi[d] = shape[d];
+        continue;
+      }
+      t.lo[d] = list.front();
+      t.hi[d] = list.back() + 1;
+      for (size_t i = 1; i < list.size(); ++i) t.contiguous = t.contiguous && list[i] == list[i - 1] + 1;
     }
     tiles.push_back(std::move(t));
   }
   return tiles;
+}
+
+bool OracleContiguous(const Layout& l, const std::vector<int64_t>& shape) {
+  for (const OracleTile& t : OracleTiles(l, shape)) {
+    if (!t.contiguous) return false;
+  }
+  return true;
 }
 
 // Element address of local index `local` of `tile` under the layout's view.
@@ -163,7 +206,10 @@ DType RandomDType(Rng& rng, int size) {
   return options[rng.Uniform(0, options.size() - 1)];
 }
 
-Layout RandomLayout(Rng& rng, const std::vector<int32_t>& pool, int tensor_ndim) {
+// `strided` > 0: each shard becomes a strided shard with that probability, its split factor
+// mostly FSDP2 + TP's (the product of the later axes sharding the same dim), else 2 to 5.
+Layout RandomLayout(Rng& rng, const std::vector<int32_t>& pool, int tensor_ndim,
+                    double strided = 0) {
   Layout l;
   const int mesh_ndim = static_cast<int>(rng.Uniform(1, 3));
   int64_t size = 1;
@@ -181,6 +227,21 @@ Layout RandomLayout(Rng& rng, const std::vector<int32_t>& pool, int tensor_ndim)
       l.placements.push_back(Placement::Replicate());
     } else {
       l.placements.push_back(Placement::Shard(static_cast<int>(rng.Uniform(0, tensor_ndim - 1))));
+    }
+  }
+  if (strided > 0) {
+    // Axes that shard one dim: where strided shards matter (FSDP2 + TP shard dim 0 twice).
+    for (Placement& p : l.placements) {
+      if (p.is_shard() && rng.Coin(0.5)) p.dim = 0;
+    }
+    for (int a = 0; a < mesh_ndim; ++a) {
+      Placement& p = l.placements[a];
+      if (!p.is_shard() || !rng.Coin(strided)) continue;
+      int64_t later = 1;
+      for (int b = a + 1; b < mesh_ndim; ++b) {
+        if (l.placements[b].is_shard() && l.placements[b].dim == p.dim) later *= l.mesh.shape[b];
+      }
+      p.split_factor = later > 1 && rng.Coin(0.6) ? later : rng.Uniform(2, 5);
     }
   }
   return l;
@@ -289,7 +350,7 @@ void ApplyViews(Rng& rng, RefitSpec& spec, Side side, ViewMode mode) {
   }
 }
 
-RefitSpec RandomSpec(Rng& rng) {
+RefitSpec RandomSpec(Rng& rng, double strided = 0) {
   RefitSpec spec;
   const int world = static_cast<int>(rng.Uniform(2, 12));
   std::vector<int32_t> pool(world);
@@ -306,8 +367,8 @@ RefitSpec RandomSpec(Rng& rng) {
     int ndim = one_ndim ? common_ndim : static_cast<int>(rng.Uniform(0, 4));
     if (!one_ndim && ndim == 0 && rng.Coin(0.5)) ndim = 2;  // 0-D tensors: rarer.
     t.shape = RandomShape(rng, ndim);
-    t.src = RandomLayout(rng, pool, ndim);
-    t.dst = RandomLayout(rng, pool, ndim);
+    t.src = RandomLayout(rng, pool, ndim, strided);
+    t.dst = RandomLayout(rng, pool, ndim, strided);
     spec.tensors.push_back(std::move(t));
   }
   // Topology: none (every rank its own domain), consecutive groups, or a random partition.
@@ -710,6 +771,93 @@ TEST(OracleTest, RandomSpecsPlanExactly) {
   EXPECT_GT(nested, 300);
   EXPECT_GT(replicated_both, 300);
   EXPECT_GT(empty_shards, 300);
+}
+
+// Strided shards (torch's _StridedShard, "_S(d, k)") mixed with R and S(d) on random layouts,
+// even and uneven, empty shards included: Validate accepts a spec exactly when the oracle's
+// index lists give every rank one range per dim, with the documented sentence otherwise, and
+// every accepted spec plans exactly (tiles equal to the oracle's, every element once, rank
+// shares equal to the world plan, JSON round trip to the same fingerprint).
+TEST(OracleTest, StridedShardsPlanExactlyOrAreRejected) {
+  Rng rng(kSeed ^ 0x57d1dedULL);
+  int accepted = 0, rejected = 0, strided = 0, fsdp_tp = 0, uneven = 0, empty = 0;
+  int64_t elements = 0;
+  for (int c = 0; c < 3000; ++c) {
+    RefitSpec spec = RandomSpec(rng, 0.5);
+    bool contiguous = true;
+    for (const TensorSpec& t : spec.tensors) {
+      contiguous = contiguous && OracleContiguous(t.src, t.shape) && OracleContiguous(t.dst, t.shape);
+    }
+    const absl::Status valid = Validate(spec);
+    ASSERT_EQ(valid.ok(), contiguous) << "case " << c << ": " << valid << "\n" << Describe(spec);
+    if (!valid.ok()) {
+      ++rejected;
+      const std::string message(valid.message());
+      EXPECT_NE(message.find("not one contiguous range; reshard holds one box per rank"),
+                std::string::npos) << message;
+      EXPECT_EQ(ValidateForRank(spec, 0), valid);
+      continue;
+    }
+    ++accepted;
+    for (const TensorSpec& t : spec.tensors) {
+      for (const Layout* l : {&t.src, &t.dst}) {
+        bool has_strided = false, fsdp = false;
+        for (size_t a = 0; a < l->placements.size(); ++a) {
+          const Placement& p = l->placements[a];
+          if (!p.is_strided()) continue;
+          has_strided = true;
+          int64_t later = 1;
+          for (size_t b = a + 1; b < l->placements.size(); ++b) {
+            if (l->placements[b].is_shard() && l->placements[b].dim == p.dim) later *= l->mesh.shape[b];
+          }
+          fsdp = fsdp || (later > 1 && later == p.split_factor);
+        }
+        if (!has_strided) continue;
+        ++strided;
+        fsdp_tp += fsdp;
+        const auto tiles = OracleTiles(*l, t.shape);
+        bool any_empty = false, unequal = false;
+        for (const OracleTile& tile : tiles) {
+          any_empty = any_empty || tile.Empty();
+          for (size_t d = 0; d < t.shape.size(); ++d) {
+            unequal = unequal || tile.hi[d] - tile.lo[d] != tiles[0].hi[d] - tiles[0].lo[d];
+          }
+        }
+        empty += any_empty;
+        uneven += unequal;
+      }
+    }
+    PlanOptions options;
+    if (c % 4 == 1) options.schedule = PlanOptions::Schedule::kPointToPoint;
+    if (c % 4 == 2) options.split_min_bytes = 8, options.split_part_bytes = 2;
+    auto shared = std::make_shared<const RefitSpec>(spec);
+    auto plan = BuildPlan(shared, options);
+    ASSERT_TRUE(plan.ok()) << "case " << c << ": " << plan.status();
+    ASSERT_EQ(CheckPlan(*plan, elements), "") << "case " << c << "\n" << Describe(spec);
+    const int32_t world = plan->world_size();
+    for (int32_t rank : {static_cast<int32_t>(c % world), world - 1}) {
+      auto share = BuildRankPlan(shared, rank, options);
+      ASSERT_TRUE(share.ok()) << "case " << c << ": " << share.status();
+      ASSERT_EQ(CompareRankPlan(*plan, *share, rank), "") << "case " << c << "\n" << Describe(spec);
+    }
+    if (c % 4 == 0) {
+      auto reparsed = ParseSpecJson(SpecToJson(spec));
+      ASSERT_TRUE(reparsed.ok()) << "case " << c << ": " << reparsed.status();
+      auto replanned = BuildPlan(std::make_shared<const RefitSpec>(*std::move(reparsed)), options);
+      ASSERT_TRUE(replanned.ok());
+      EXPECT_EQ(replanned->fingerprint(), plan->fingerprint()) << "case " << c;
+    }
+  }
+  std::printf("strided shards: %d specs accepted and planned exactly (%lld destination elements), "
+              "%d rejected as non-contiguous; accepted layouts with _S: %d (FSDP2+TP split "
+              "factor %d, uneven %d, with empty shards %d)\n",
+              accepted, static_cast<long long>(elements), rejected, strided, fsdp_tp, uneven, empty);
+  EXPECT_GT(accepted, 1000);
+  EXPECT_GT(rejected, 500);
+  EXPECT_GT(strided, 1000);
+  EXPECT_GT(fsdp_tp, 150);
+  EXPECT_GT(uneven, 300);
+  EXPECT_GT(empty, 300);
 }
 
 // Validate's view checks against brute force: random offsets and strides (some aliasing, some

@@ -204,6 +204,34 @@ TEST(QuantSpecTest, SourcesThatShareBlocksExchangeTheirAmaxes) {
   EXPECT_EQ(amax[2], 0);
 }
 
+// FSDP2 + TP sources (strided shards) into FP8 destinations: blocks split shard by shard (a
+// strided dim's intervals are sorted by start, not by shard), and an amax exchange over a dim of
+// one block that a strided shard cuts (its partials are laid out with S(d), which gives every
+// tile exactly one).
+TEST(QuantSpecTest, StridedShardSourcesQuantizeExactly) {
+  auto spec = ParseSpecJson(R"j({"tensors": [
+    {"name": "w", "dtype": "bf16", "shape": [512, 256],
+     "src": {"mesh": [[0, 1], [2, 3]], "placements": ["_S(0, 2)", "S(0)"]},
+     "dst": {"mesh": [4, 5], "placements": ["S(0)"], "dtype": "fp8e4m3", "quant": {"scheme": "block", "block": [128, 128]}}},
+    {"name": "c", "dtype": "fp32", "shape": [8, 12],
+     "src": {"mesh": [[0, 1, 2], [3, 4, 5]], "placements": ["_S(1, 3)", "S(1)"]},
+     "dst": {"mesh": [6, 7], "placements": ["S(0)"], "dtype": "fp8e5m2", "quant": {"scheme": "channel"}}}]})j");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  auto lowered = LowerQuantization(std::make_shared<const RefitSpec>(*spec));
+  ASSERT_TRUE(lowered.ok()) << lowered.status();
+  const RefitSpec& l = **lowered;
+  EXPECT_FALSE(l.quantized_sources[0].exchange);
+  ASSERT_TRUE(l.quantized_sources[1].exchange);
+  EXPECT_EQ(l.quantized_sources[1].cut_parts, (std::vector<int64_t>{1, 6}));
+  // The partials take one entry per tile: S(1) over the cut dim, whatever the split factor.
+  const TensorSpec& partials = l.amax_exchange->tensors[0];
+  EXPECT_EQ(partials.src.placements[0], Placement::Shard(1));
+  EXPECT_TRUE(Validate(*l.amax_exchange).ok()) << Validate(*l.amax_exchange);
+  auto plan = BuildPlan(std::make_shared<const RefitSpec>(*spec));
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_TRUE(VerifyPlanInProcess(*plan, int64_t{1} << 30).ok());
+}
+
 TEST(QuantSpecTest, ExecutorVerifyCatchesAWrongScale) {
   auto plan = PlanOf(
       OneTensor(R"j(, "dtype": "fp8e4m3", "quant": {"scheme": "block", "block": [128, 128]})j"));

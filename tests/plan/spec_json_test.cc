@@ -9,7 +9,10 @@
 
 #include <gtest/gtest.h>
 
+#include "absl/strings/str_cat.h"
+
 #include "src/plan/plan.h"
+#include "src/plan/tiling.h"
 
 namespace reshard::plan {
 namespace {
@@ -145,7 +148,88 @@ TEST(SpecJsonTest, PlacementCountAndShardDim) {
             "tensor \"w\": src.placements[0] shards dim 2 of a 2-D tensor");
   EXPECT_EQ(Error(OneTensor(R"js({"mesh": [0, 1], "placements": ["Shard(0)"]})js", kDst)),
             "line 2, column 42: tensor \"w\": src.placements[0] is \"Shard(0)\"; a placement is "
-            "\"R\" or \"S(d)\"");
+            "\"R\", \"S(d)\" or \"_S(d, k)\"");
+}
+
+// torch's str() of _StridedShard(d, split_factor=k) is "_S(d, k)": the canonical spelling, which
+// SpecToJson writes; "_S(d,k)" is read too. _S(d, 1) is S(d) (the same tiles in torch).
+TEST(SpecJsonTest, StridedShardSpellings) {
+  const std::string src = R"js({"mesh": [[0, 1], [2, 3]], "placements": ["_S(0, 2)", "S(0)"]})js";
+  auto spec = ParseSpecJson(OneTensor(src, kDst));
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->tensors[0].src.placements[0], Placement::StridedShard(0, 2));
+  EXPECT_TRUE(spec->tensors[0].src.placements[0].is_strided());
+  EXPECT_EQ(spec->tensors[0].src.placements[0].ToString(), "_S(0, 2)");
+  auto tight = ParseSpecJson(OneTensor(
+      R"js({"mesh": [[0, 1], [2, 3]], "placements": ["_S(0,2)", "S(0)"]})js", kDst));
+  ASSERT_TRUE(tight.ok()) << tight.status();
+  EXPECT_EQ(tight->tensors[0].src.placements, spec->tensors[0].src.placements);
+  auto one = ParseSpecJson(OneTensor(R"js({"mesh": [0, 1], "placements": ["_S(1, 1)"]})js", kDst));
+  ASSERT_TRUE(one.ok()) << one.status();
+  EXPECT_EQ(one->tensors[0].src.placements[0], Placement::Shard(1));
+  EXPECT_EQ(one->tensors[0].src.placements[0].ToString(), "S(1)");
+  const std::string written = SpecToJson(*spec);
+  EXPECT_NE(written.find("\"placements\": [\"_S(0, 2)\", \"S(0)\"]"), std::string::npos) << written;
+  auto again = ParseSpecJson(written);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->tensors[0].src.placements, spec->tensors[0].src.placements);
+  EXPECT_EQ(SpecToJson(*again), written);
+  // Other spellings of torch's (repr, comments) are not placements here: one spelling only.
+  for (const char* bad : {"SS(0, 2)", "_StridedShard(dim=0, sf=2)", "_S(0, 2", "_S(0,  2)",
+                          "_S( 0, 2)", "_S(0, -2)", "_S(0)", "_S(0, 2, 3)", "_S(, 2)"}) {
+    EXPECT_EQ(Error(OneTensor(absl::StrCat(R"js({"mesh": [0, 1], "placements": [")js", bad,
+                                           R"js("]})js"),
+                              kDst)),
+              absl::StrCat("line 2, column 42: tensor \"w\": src.placements[0] is \"", bad,
+                           "\"; a placement is \"R\", \"S(d)\" or \"_S(d, k)\""));
+  }
+}
+
+TEST(SpecJsonTest, StridedShardSplitFactorLimits) {
+  auto with = [](const std::string& placement) {
+    return OneTensor(R"js({"mesh": [0, 1], "placements": [")js" + placement + R"js("]})js", kDst);
+  };
+  EXPECT_EQ(Error(with("_S(0, 0)")),
+            "tensor \"w\": src.placements[0] has split factor 0; a split factor is at least 1 and "
+            "below 2^62");
+  // 2^62: the first value too large (a factor beyond the dim's size is fine, as in torch).
+  EXPECT_EQ(Error(with("_S(0, 4611686018427387904)")),
+            "tensor \"w\": src.placements[0] has split factor 4611686018427387904; a split factor "
+            "is at least 1 and below 2^62");
+  EXPECT_EQ(Error(with("_S(0, 99999999999999999999)")),
+            "line 2, column 42: tensor \"w\": src.placements[0] is \"_S(0, 99999999999999999999)\"; "
+            "a split factor is at least 1 and below 2^62");
+  // 2^62 - 1 over 8 rows: all 8 chunks of one row, rank 0 keeps them all (torch does the same).
+  auto huge = ParseSpecJson(with("_S(0, 4611686018427387903)"));
+  ASSERT_TRUE(huge.ok()) << huge.status();
+  const TileGrid grid(huge->tensors[0].src, huge->tensors[0].shape);
+  const Box rank0 = grid.CellBox(*grid.CellOfRank(0)), rank1 = grid.CellBox(*grid.CellOfRank(1));
+  EXPECT_EQ(rank0.lo[0], 0);
+  EXPECT_EQ(rank0.hi[0], 8);
+  EXPECT_EQ(rank1.lo[0], 8);  // Empty: at the dim's size, as torch.
+  EXPECT_EQ(rank1.hi[0], 8);
+}
+
+// reshard holds one box per rank: a strided shard that leaves a rank indices of a dim that are
+// not one range is refused, naming the placement, one such rank and its first ranges.
+TEST(SpecJsonTest, StridedShardsThatSplitARanksRowsAreRefused) {
+  EXPECT_EQ(Error(OneTensor(R"js({"mesh": [0, 1], "placements": ["_S(0, 2)"]})js", kDst)),
+            "tensor \"w\": src.placements[0] _S(0, 2) gives rank 0 (mesh coordinate [0]) indices "
+            "[0, 2) and [4, 6) of dim 0, not one contiguous range; reshard holds one box per rank");
+  EXPECT_EQ(Error(OneTensor(R"js({"mesh": [0, 1], "placements": ["_S(0, 3)"]})js", kDst)),
+            "tensor \"w\": src.placements[0] _S(0, 3) gives rank 0 (mesh coordinate [0]) indices "
+            "[0, 2), [3, 5), ... of dim 0, not one contiguous range; reshard holds one box per rank");
+  // The first offending shard by mesh coordinates; replicate axes at coordinate 0.
+  EXPECT_EQ(Error(OneTensor(kSrc, R"js({"mesh": [[[2, 3], [4, 5]], [[6, 7], [8, 9]]],
+                                        "placements": ["R", "S(1)", "_S(1, 2)"]})js")),
+            "tensor \"w\": dst.placements[2] _S(1, 2) gives rank 2 (mesh coordinate [0, 0, 0]) "
+            "indices [0, 1) and [2, 3) of dim 1, not one contiguous range; reshard holds one box "
+            "per rank");
+  // The FSDP2 + TP order of the same axes is fine; so is a rank whose ranges a later S(d) cuts
+  // apart again.
+  auto fine = ParseSpecJson(OneTensor(kSrc, R"js({"mesh": [[2, 3], [4, 5]],
+                                                  "placements": ["_S(1, 2)", "S(1)"]})js"));
+  EXPECT_TRUE(fine.ok()) << fine.status();
 }
 
 TEST(SpecJsonTest, DuplicateTensorNames) {

@@ -338,6 +338,16 @@ TEST(GridCacheTest, EqualsAFreshGridForEveryLayoutInTurn) {
       {MakeLayout({2, 2}, {9, 8, 11, 10}, {Placement::Shard(1), Placement::Replicate()}), &shape_b},
       {MakeLayout({4}, {0, 1, 2, 3}, {Placement::Shard(1)}), &shape_b},
       {MakeLayout({2, 2}, {1, 0, 3, 2}, {Placement::Shard(1), Placement::Replicate()}), &shape_b},
+      // A strided shard is other geometry than S(d) over the same axes, whatever its split
+      // factor; the same strided geometry over other ranks is reused.
+      {MakeLayout({2, 2}, {0, 1, 2, 3}, {Placement::Shard(1), Placement::Shard(1)}), &shape_b},
+      {MakeLayout({2, 2}, {0, 1, 2, 3}, {Placement::StridedShard(1, 2), Placement::Shard(1)}),
+       &shape_b},
+      {MakeLayout({2, 2}, {3, 2, 1, 0}, {Placement::StridedShard(1, 2), Placement::Shard(1)}),
+       &shape_b},
+      {MakeLayout({2, 3}, {5, 4, 3, 2, 1, 0},
+                  {Placement::StridedShard(1, 3), Placement::Shard(1)}),
+       &shape_b},
   };
   GridCache cache;
   for (size_t i = 0; i < sequence.size(); ++i) {
@@ -365,6 +375,160 @@ TEST(GridCacheTest, EqualsAFreshGridForEveryLayoutInTurn) {
                         previous.placements == layout.placements && *previous_shape == *shape;
       EXPECT_EQ(TileGrid(previous, *previous_shape).SameGeometry(layout, *shape), same);
     }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Strided shards: torch's _StridedShard, which FSDP2 + TP trainers produce. Expected tiles are
+// torch 2.15's _compute_local_shape_and_global_offset (tests/plan/check_torch_tiles.py compares
+// hundreds of random layouts with torch itself).
+
+Placement SS(int d, int64_t k) { return Placement::StridedShard(d, k); }
+
+// Every cell's box against rank -> [lo, hi) of dim 0, through CellOfRank, Holder and
+// CellBaseIndex, and the intervals sorted and non-overlapping (overlap.h binary-searches them).
+void ExpectDim0(const Layout& l, const std::vector<int64_t>& shape,
+                const std::map<int32_t, std::pair<int64_t, int64_t>>& expected) {
+  EXPECT_EQ(Dim0Tiles(l, shape), expected);
+  const TileGrid grid(l, shape);
+  for (const auto& [rank, range] : expected) {
+    const auto cell = grid.CellOfRank(rank);
+    ASSERT_TRUE(cell.has_value()) << rank;
+    const Box box = grid.CellBox(*cell);
+    EXPECT_EQ(box.lo[0], range.first) << rank;
+    EXPECT_EQ(box.hi[0], range.second) << rank;
+    bool held = false;
+    for (int64_t j = 0; j < grid.num_replicas(); ++j) held = held || grid.Holder(*cell, j) == rank;
+    EXPECT_TRUE(held) << rank;
+  }
+  const auto iv = grid.intervals(0);
+  for (size_t i = 1; i < iv.size(); ++i) {
+    EXPECT_LE(iv[i - 1].hi, iv[i].lo) << i;
+    EXPECT_LE(iv[i].lo, iv[i].hi) << i;
+  }
+}
+
+TEST(StridedShardTest, Fsdp2TpExampleOfTorchsDocstring) {
+  // torch's _StridedShard docstring: 8 x 8 on mesh [[0, 1], [2, 3]] (dp, tp), placements
+  // (_StridedShard(0, split_factor=2), Shard(0)): TP's chunks first, then FSDP's within them.
+  const Layout l = MakeLayout({2, 2}, {0, 1, 2, 3}, {SS(0, 2), Placement::Shard(0)});
+  ExpectDim0(l, {8, 8}, {{0, {0, 2}}, {1, {4, 6}}, {2, {2, 4}}, {3, {6, 8}}});
+  // Plain S(0), S(0) over the same mesh nests the other way.
+  ExpectDim0(MakeLayout({2, 2}, {0, 1, 2, 3}, {Placement::Shard(0), Placement::Shard(0)}), {8, 8},
+             {{0, {0, 2}}, {1, {2, 4}}, {2, {4, 6}}, {3, {6, 8}}});
+  const TileGrid grid(l, {8, 8});
+  // Cells are in row order; the base index table maps them back to mesh positions.
+  EXPECT_EQ(grid.Holder(grid.CellAt(0), 0), 0);
+  EXPECT_EQ(grid.Holder(grid.CellAt(1), 0), 2);
+  EXPECT_EQ(grid.Holder(grid.CellAt(2), 0), 1);
+  EXPECT_EQ(grid.Holder(grid.CellAt(3), 0), 3);
+  EXPECT_EQ(grid.CellIndexOfShard(0, 1), 2);  // Shard (dp 0, tp 1) holds rows [4, 6).
+  EXPECT_EQ(grid.CellIndexOfShard(1, 0), 0);  // Dim 1 is not sharded.
+  const Box largest = LargestTile(l, {8, 8});
+  EXPECT_EQ(largest.extent(0), 2);
+  EXPECT_EQ(largest.extent(1), 8);
+}
+
+TEST(StridedShardTest, UnevenFsdp2TpFollowsTorchNotTheRightToLeftSplit) {
+  // 10 rows, dp 2 x tp 3, _S(0, 3) then S(0): tp's chunks [0, 4) [4, 8) [8, 10), dp's halves.
+  ExpectDim0(MakeLayout({2, 3}, {0, 1, 2, 3, 4, 5}, {SS(0, 3), Placement::Shard(0)}), {10},
+             {{0, {0, 2}}, {1, {4, 6}}, {2, {8, 9}}, {3, {2, 4}}, {4, {6, 8}}, {5, {9, 10}}});
+  // 7 rows, dp 3 x tp 2: torch gives rank (2, 0) row 6 and (2, 1) nothing (its global offset is
+  // 7), where sharding tp first would give (2, 0) nothing and (2, 1) row 6.
+  ExpectDim0(MakeLayout({3, 2}, {0, 1, 2, 3, 4, 5}, {SS(0, 2), Placement::Shard(0)}), {7},
+             {{0, {0, 2}}, {1, {4, 5}}, {2, {2, 4}}, {3, {5, 6}}, {4, {6, 7}}, {5, {7, 7}}});
+  // Replicas over an R axis hold the same strided cell.
+  ExpectDim0(MakeLayout({2, 2, 2}, {0, 1, 2, 3, 4, 5, 6, 7},
+                        {SS(0, 2), Placement::Replicate(), Placement::Shard(0)}),
+             {8}, {{0, {0, 2}}, {1, {4, 6}}, {2, {0, 2}}, {3, {4, 6}},
+                   {4, {2, 4}}, {5, {6, 8}}, {6, {2, 4}}, {7, {6, 8}}});
+}
+
+TEST(StridedShardTest, LargestTileIsTheLongestShardNotTheFirst) {
+  // [S(0), _S(0, 3), S(0)] over 2 x 2 x 2, 7 rows (torch): sizes 1 1 1 1 2 1 0 0 by mesh
+  // position; the first shard's is 1, so "first of the first" would size buffers too small.
+  const Layout l =
+      MakeLayout({2, 2, 2}, {0, 1, 2, 3, 4, 5, 6, 7},
+                 {Placement::Shard(0), SS(0, 3), Placement::Shard(0)});
+  ExpectDim0(l, {7}, {{0, {0, 1}}, {1, {2, 3}}, {2, {1, 2}}, {3, {3, 4}},
+                      {4, {4, 6}}, {5, {6, 7}}, {6, {7, 7}}, {7, {7, 7}}});
+  EXPECT_EQ(LargestTile(l, {7}).extent(0), 2);
+}
+
+TEST(StridedShardTest, DimShareIsArithmeticOnDimsOfTwoToTheSixtyTwo) {
+  // No list of indices or runs: a dim of 2^62 - 3 elements under FSDP2 + TP over 256 x 8.
+  const int64_t n = (int64_t{1} << 62) - 3;
+  const ShardStep steps[] = {{256, 8, 255}, {8, 1, 7}};
+  const DimShare share(n, steps);
+  // tp chunk 7 of ceil(n / 8) = 2^59: [7 * 2^59, n), 2^59 - 3 long; dp piece 255 of it.
+  const int64_t tp_chunk = int64_t{1} << 59, last = n - 7 * tp_chunk;
+  const int64_t c = (last + 255) / 256;
+  EXPECT_EQ(share.size(), last - 255 * c);
+  EXPECT_EQ(share.At(0), 7 * tp_chunk + 255 * c);
+  EXPECT_EQ(share.At(share.size() - 1), n - 1);
+  EXPECT_TRUE(share.Contiguous());
+  // _S(0, 3) over 2 alone on 8 rows: chunks [0, 3) [3, 6) [6, 8), so rank 0 holds [0, 2),
+  // [3, 5) and [6, 7).
+  const ShardStep alone[] = {{2, 3, 0}};
+  const DimShare split(8, alone);
+  EXPECT_EQ(split.size(), 5);
+  EXPECT_FALSE(split.Contiguous());
+  int64_t end = 0;
+  const Interval run = split.RunAt(0, &end);
+  EXPECT_EQ(run.lo, 0);
+  EXPECT_EQ(run.hi, 2);
+  EXPECT_EQ(end, 2);
+  const Interval next = split.RunAt(end, &end);
+  EXPECT_EQ(next.lo, 3);
+  EXPECT_EQ(next.hi, 5);
+  EXPECT_EQ(end, 4);
+  // Whole grids over such dims build from the same arithmetic.
+  const TileGrid grid(MakeLayout({4, 2}, {0, 1, 2, 3, 4, 5, 6, 7}, {SS(0, 2), Placement::Shard(0)}),
+                      {n});
+  int64_t covered = 0;
+  for (const Interval& iv : grid.intervals(0)) covered += iv.size();
+  EXPECT_EQ(covered, n);
+}
+
+// FSDP2 + TP trainer -> TP inference, byte-exact through the in-process executor: every
+// destination element holds the hash of (tensor, global index) its source tile sent.
+TEST(StridedShardTest, Fsdp2TpToTpRefitsByteExactInProcess) {
+  auto parsed = ParseSpecJson(R"js({"tensors": [
+    {"name": "even", "dtype": "bf16", "shape": [12, 12],
+     "src": {"mesh": [[0, 1], [2, 3], [4, 5]], "placements": ["_S(0, 2)", "S(0)"]},
+     "dst": {"mesh": [[6, 7], [8, 9]], "placements": ["R", "S(0)"]}},
+    {"name": "uneven", "dtype": "fp32", "shape": [10, 6],
+     "src": {"mesh": [[0, 1, 2], [3, 4, 5]], "placements": ["_S(0, 3)", "S(0)"]},
+     "dst": {"mesh": [6, 7, 8, 9], "placements": ["S(1)"]}},
+    {"name": "empty_shard", "dtype": "fp16", "shape": [7, 5],
+     "src": {"mesh": [[0, 1], [2, 3], [4, 5]], "placements": ["_S(0,2)", "S(0)"]},
+     "dst": {"mesh": [[6, 7], [8, 9]], "placements": ["S(1)", "S(0)"]}}]})js");
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  auto spec = std::make_shared<const RefitSpec>(*std::move(parsed));
+  ASSERT_TRUE(Validate(*spec).ok()) << Validate(*spec);
+  EXPECT_EQ(spec->tensors[2].src.placements[0], SS(0, 2));
+  for (PlanOptions::Schedule schedule :
+       {PlanOptions::Schedule::kDomainAware, PlanOptions::Schedule::kPointToPoint}) {
+    PlanOptions options;
+    options.schedule = schedule;
+    auto plan = BuildPlan(spec, options);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    EXPECT_TRUE(VerifyPlanInProcess(*plan, 1 << 20).ok());
+    int64_t moved = 0, held = 0;
+    for (const Transfer& tr : plan->transfers()) {
+      if (tr.to_side == Side::kDst) moved += plan->region(tr.region).bytes;
+    }
+    for (size_t t = 0; t < spec->tensors.size(); ++t) {
+      ForEachTile(*spec, t, Side::kDst, [&](int32_t, const Box& box) {
+        held += box.NumElements() * DTypeSize(spec->tensors[t].dtype);
+      });
+    }
+    EXPECT_EQ(moved, held);
+    // Source rank 5 (dp 2, tp 1) of "empty_shard" holds nothing and sends nothing of it.
+    for (const Transfer& tr : plan->transfers()) {
+      EXPECT_FALSE(tr.tensor == 2 && tr.from_rank == 5 && tr.from_side == Side::kSrc);
+    }
+    EXPECT_EQ(plan->BufferBytes(5)[plan->buffer_of(2, Side::kSrc)], 0);
   }
 }
 

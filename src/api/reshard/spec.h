@@ -9,10 +9,14 @@
 //   spec.SetRanksPerDomain(4);
 //
 // Semantics follow DTensor exactly: a mesh is an N-D array of global ranks; per mesh axis a
-// placement replicates the tensor or shards tensor dim d; uneven dims split like torch.chunk
-// (chunk c = ceil(n / k), shard i covers [i*c, min((i+1)*c, n)), possibly empty); several axes
-// sharding one dim nest in mesh-axis order. A layout may place every tile of one side inside a
-// larger per-rank buffer through a view (fused parameters such as qkv_proj).
+// placement replicates the tensor, shards tensor dim d (Shard) or strided-shards it
+// (StridedShard: torch's _StridedShard, which FSDP2 + TP trainers produce); uneven dims split
+// like torch.chunk (chunk c = ceil(n / k), shard i covers [i*c, min((i+1)*c, n)), possibly
+// empty). Placements apply in mesh-axis order, each to the indices its predecessors left a rank
+// (docs/spec-format.md): Shard keeps chunk i of them, StridedShard(d, k) cuts them into k chunks
+// and keeps piece i of each. A rank must end up with one contiguous range per dim (Validate). A
+// layout may place every tile of one side inside a larger per-rank buffer through a view (fused
+// parameters such as qkv_proj).
 //
 // These are plain value types: copyable, thread-compatible, no I/O. Building never fails;
 // Validate() reports the first problem of the whole spec as InvalidArgument with one sentence
@@ -51,14 +55,21 @@ int DTypeSize(DType dtype);
 // Spec spelling: "bf16", "fp8e4m3", ...
 const char* DTypeName(DType dtype);
 
-// Per mesh axis: replicate, or shard tensor dim `dim`.
+// Per mesh axis: replicate, or shard tensor dim `dim`; a shard with split_factor > 1 is torch's
+// _StridedShard(dim, split_factor=split_factor). split_factor 1 is a plain Shard (torch gives
+// both the same tiles), so StridedShard(d, 1) == Shard(d).
 struct Placement {
   bool shard = false;
   int dim = -1;
+  int64_t split_factor = 1;  // Shards only; at least 1 and below 2^62 (Validate).
   bool operator==(const Placement&) const = default;
 };
 inline Placement Shard(int dim) { return Placement{true, dim}; }
 inline Placement Replicate() { return Placement{false, -1}; }
+// FSDP2 + TP on a (dp, tp) mesh, both sharding dim 0: {StridedShard(0, tp), Shard(0)}.
+inline Placement StridedShard(int dim, int64_t split_factor) {
+  return Placement{true, dim, split_factor};
+}
 
 // An N-D array of global ranks (any ranks, any order), row-major, like torch's DeviceMesh.
 class Mesh {
