@@ -484,6 +484,8 @@ NB_MODULE(_reshard, m) {
           "set"_a, "get"_a, "list"_a.none(), "delete"_a.none(), "rank"_a, "world_size"_a)
       .def_prop_ro("rank", &reshard::Communicator::rank)
       .def_prop_ro("world_size", &reshard::Communicator::world_size)
+      .def_prop_ro("local_rank", &reshard::Communicator::local_rank,
+                   "The rank on this host the launcher gave (LOCAL_RANK ...), or -1.")
       .def_prop_ro("store_description", &reshard::Communicator::store_description)
       .def("__repr__", [](const reshard::Communicator& c) {
         return nb::str("Communicator(rank={}, world_size={}, store={!r})")

@@ -18,6 +18,9 @@ EXAMPLE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "
 def test_torchrun_pair_refits_ten_times(comm):
     env = dict(os.environ, **UCX_ENV)
     env["OMP_NUM_THREADS"] = "1"
+    # from_env under torchrun: the store at MASTER_ADDR:MASTER_PORT+1, served by rank 0; the
+    # token from here (torchrun's --rdzv-id is "none" without a rendezvous backend).
+    env["RESHARD_STORE_TOKEN"] = "pytest-torchrun"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "6",
            "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
            EXAMPLE, "--steps", "10", "--comm", comm]
