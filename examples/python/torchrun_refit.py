@@ -7,8 +7,9 @@ plain tensors in vLLM-style fused layouts, and reshard refits the weights every 
 Ranks 0-3 are trainers on a 2 x 2 (dp, tp) DeviceMesh; ranks 4-5 are one inference engine with
 tensor parallelism 2. Everything runs on the CPU with gloo; with GPUs the same code refits
 CUDA tensors (buffers on the current device). The weights, per trainer layout:
-  embed       Shard(0) over dp, replicated over tp           (data-parallel shards)
-  up_proj     _StridedShard(0, 2) over dp, Shard(0) over tp  (FSDP2 on top of TP)
+  embed       Shard(0) over dp, replicated over tp           (data-parallel shards, uneven)
+  up_proj     _StridedShard(0, 2) over dp, Shard(0) over tp  (FSDP2 on top of TP; even, as
+                                                              torch's distribute_tensor needs)
   down_proj   Shard(0) over dp, Shard(1) over tp             (TP row-parallel, FSDP on dim 0)
   q, k, v     Shard(0) over dp, Shard(0) over tp             (TP column-parallel)
 On the inference ranks q, k and v live in one fused qkv buffer per rank (its q rows, then its k
@@ -36,8 +37,8 @@ TP = 2
 
 # name: (shape, trainer placements, inference placements)
 TENSORS = {
-    "embed": ((32, 8), [Shard(0), Replicate()], [reshard.Replicate()]),
-    "up_proj": ((22, 8), [_StridedShard(0, split_factor=TP), Shard(0)], [reshard.Shard(0)]),
+    "embed": ((31, 8), [Shard(0), Replicate()], [reshard.Replicate()]),
+    "up_proj": ((24, 8), [_StridedShard(0, split_factor=TP), Shard(0)], [reshard.Shard(0)]),
     "down_proj": ((8, 22), [Shard(0), Shard(1)], [reshard.Shard(1)]),
     "q": ((16, 8), [Shard(0), Shard(0)], [reshard.Shard(0)]),
     "k": ((8, 8), [Shard(0), Shard(0)], [reshard.Shard(0)]),

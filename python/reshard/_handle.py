@@ -117,6 +117,8 @@ class RefitHandle:
         return False
 
     def __repr__(self):
+        if not hasattr(self, "_handle"):  # __init__ failed
+            return "RefitHandle(not created)"
         if self.closed:
             return "RefitHandle(closed)"
         return "RefitHandle(rank=%d, epoch=%d, failed=%s)" % (self.rank, self.epoch, self.failed)

@@ -145,9 +145,12 @@ class TorchStore:
         self._store.set(key, value)
 
     def get(self, key, timeout):
-        # wait() with a zero timedelta would mean "the store's default": keep it positive.
+        if timeout <= 0:  # a poll: look once (the library polls some keys between progress)
+            if not self._store.check([key]):
+                raise TimeoutError("key %r not set" % key)
+            return self._store.get(key)
         try:
-            self._store.wait([key], datetime.timedelta(seconds=max(timeout, 0.001)))
+            self._store.wait([key], datetime.timedelta(seconds=timeout))
         except RuntimeError as e:  # torch.distributed.DistStoreError on timeout
             if "timeout" in str(e).lower():
                 raise TimeoutError("key %r not set within %.3f s" % (key, timeout)) from None

@@ -55,8 +55,9 @@ def test_store_callback_errors_reach_the_caller():
         raise OSError("disk full")
     with pytest.raises(reshard.errors.UnavailableError,
                        match="store callback set raised OSError: disk full"):
-        comm = reshard.Communicator.from_store(_Store(set=broken_set), rank=0, world_size=1)
-        reshard.RefitHandle(comm, two_by_two(), setup_timeout=5)
+        comm = reshard.Communicator.from_store(_Store(set=broken_set), rank=0, world_size=4)
+        reshard.RefitHandle(comm, two_by_two(), setup_timeout=5,
+                            sources={"w": torch.zeros(24, dtype=torch.bfloat16)})
 
 
 class _Store:
@@ -89,3 +90,30 @@ def test_buffers_are_checked_before_set_up():
         reshard.RefitHandle(comm, spec, destinations={"w": "no memory here"})
     with pytest.raises(reshard.errors.InvalidArgumentError, match="raw buffer is"):
         reshard.RefitHandle(comm, spec, destinations={"w": (1, 2, 3, 4)})
+
+
+class _DLPackOnly:
+    """An array known only through the DLPack protocol (as cupy or jax arrays are)."""
+
+    def __init__(self, tensor):
+        self._tensor = tensor
+
+    def __dlpack__(self, **kwargs):
+        return self._tensor.__dlpack__(**kwargs)
+
+    def __dlpack_device__(self):
+        return self._tensor.__dlpack_device__()
+
+
+def test_dlpack_arrays_are_buffers():
+    t = torch.arange(24, dtype=torch.float32).reshape(4, 6)
+    info = reshard._reshard._array_info(_DLPackOnly(t))
+    assert info["address"] == t.data_ptr()
+    assert (info["elements"], info["itemsize"], info["dtype_code"], info["dtype_bits"]) == (
+        24, 4, 2, 32)
+    assert info["device_type"] == 1 and info["contiguous"]
+    assert not reshard._reshard._array_info(_DLPackOnly(t.t()))["contiguous"]
+    spec = two_by_two()
+    comm = reshard.Communicator.from_store(_Store(), rank=2, world_size=4)
+    with pytest.raises(reshard.errors.InvalidArgumentError, match="holds fp32 elements"):
+        reshard.RefitHandle(comm, spec, destinations={"w": _DLPackOnly(t)})
