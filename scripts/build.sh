@@ -18,6 +18,10 @@ if [ -x "$python_env/bin/python3" ]; then
   if "$python_env/bin/python3" -c "import nanobind" >/dev/null 2>&1; then
     python_args+=(-DRESHARD_BUILD_PYTHON=ON -DPython_EXECUTABLE="$python_env/bin/python3")
   fi
+  # With torch there, plan_torch_tiles checks `reshard plan --tiles` against torch's tiles.
+  if "$python_env/bin/python3" -c "import torch" >/dev/null 2>&1; then
+    python_args+=(-DRESHARD_TORCH_PYTHON="$python_env/bin/python3")
+  fi
 fi
 build="${RESHARD_BUILD_DIR:-build}"
 jobs="${RESHARD_JOBS:-$(nproc)}"

@@ -213,6 +213,20 @@ class Handle {
   std::vector<nb::object> keep_alive_;
 };
 
+// A blocking call of the handle (Execute, Wait, Barrier) with a deadline `timeout` seconds from
+// now, without the GIL while it blocks.
+template <absl::Status (reshard::RefitHandle::*Call)(absl::Time)>
+void Blocking(Handle& h, double timeout) {
+  const absl::Time deadline = DeadlineIn(timeout, "timeout");
+  reshard::RefitHandle& handle = h.get();
+  absl::Status status;
+  {
+    nb::gil_scoped_release release;
+    status = (handle.*Call)(deadline);
+  }
+  Check(status);
+}
+
 // (side, name, address, bytes, memory kind, owner) as reshard/_buffers.py prepares them.
 using BufferArg = std::tuple<reshard::Side, std::string, uintptr_t, int64_t, reshard::MemoryKind,
                              nb::object>;
@@ -535,37 +549,10 @@ NB_MODULE(_reshard, m) {
 
   nb::class_<Handle>(m, "_Handle")
       .def_static("create", &CreateHandle, "comm"_a, "spec"_a, "buffers"_a, "options"_a)
-      .def("execute", [](Handle& h, double timeout) {
-        absl::Time deadline = DeadlineIn(timeout, "timeout");
-        reshard::RefitHandle& handle = h.get();
-        absl::Status status;
-        {
-          nb::gil_scoped_release release;
-          status = handle.Execute(deadline);
-        }
-        Check(status);
-      }, "timeout"_a)
+      .def("execute", Blocking<&reshard::RefitHandle::Execute>, "timeout"_a)
       .def("start", [](Handle& h) { Check(h.get().Start()); })
-      .def("wait", [](Handle& h, double timeout) {
-        absl::Time deadline = DeadlineIn(timeout, "timeout");
-        reshard::RefitHandle& handle = h.get();
-        absl::Status status;
-        {
-          nb::gil_scoped_release release;
-          status = handle.Wait(deadline);
-        }
-        Check(status);
-      }, "timeout"_a)
-      .def("barrier", [](Handle& h, double timeout) {
-        absl::Time deadline = DeadlineIn(timeout, "timeout");
-        reshard::RefitHandle& handle = h.get();
-        absl::Status status;
-        {
-          nb::gil_scoped_release release;
-          status = handle.Barrier(deadline);
-        }
-        Check(status);
-      }, "timeout"_a)
+      .def("wait", Blocking<&reshard::RefitHandle::Wait>, "timeout"_a)
+      .def("barrier", Blocking<&reshard::RefitHandle::Barrier>, "timeout"_a)
       .def("reset", [](Handle& h) { h.get().Reset(); })
       .def("close", &Handle::Close)
       .def_prop_ro("closed", &Handle::closed)
