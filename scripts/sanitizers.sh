@@ -78,7 +78,10 @@ configure() {
   # Line tables (-g1) are all a sanitizer report needs to name files and lines (scripts/build.sh).
   local g=-g1
   if [ "${RESHARD_DEBUG_INFO:-lines}" = full ]; then g=-g; fi
+  # Unity builds (8 files per translation unit) cut the sanitizer trees' compile time by about a
+  # quarter; the normal tree compiles file by file, so it still catches a missing include.
   cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_C_COMPILER="$cc" \
+    -DCMAKE_UNITY_BUILD=ON -DCMAKE_UNITY_BUILD_BATCH_SIZE=8 \
     -DCMAKE_C_FLAGS_RELWITHDEBINFO="-O2 $g -DNDEBUG" -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O2 $g -DNDEBUG" \
     -DCMAKE_CXX_COMPILER="$cxx" "${launcher[@]}" "${python[@]}" -DRESHARD_SANITIZE="$sanitize" "$@" \
     >"$dir/reshard-configure.log" 2>&1 || {
