@@ -1,7 +1,8 @@
 """Layouts from DTensors against torch itself: for random meshes (any rank order), shapes (even,
 uneven, empty shards) and placements (Shard, Replicate, _StridedShard), every rank's tile that
 reshard.Layout.from_dtensor + RefitSpec.local_tiles give equals torch's
-compute_local_shape_and_global_offset. One process: torch's fake process group lets one rank
+compute_local_shape_and_global_offset (DTensors made with DTensor.from_local: only their
+metadata matters here). One process: torch's fake process group lets one rank
 build DeviceMeshes and DTensors of a 64-rank world."""
 import random
 
@@ -87,7 +88,10 @@ def test_random_layouts_agree_with_torch():
     for case in range(400):
         shape, mesh_shape, ranks, placements = random_case(rng)
         mesh = device_mesh(mesh_shape, ranks)
-        layout = reshard.Layout.from_mesh(mesh, placements, len(shape))
+        dt = DTensor.from_local(torch.empty(0), mesh, placements, shape=torch.Size(shape),
+                                stride=tuple(_strides(shape)), run_check=False)
+        layout = reshard.Layout.from_dtensor(dt)
+        assert layout.mesh == reshard.Layout.from_mesh(mesh, placements, len(shape)).mesh
         spec = spec_of(shape, layout)
         coords = list(torch.cartesian_prod(*[torch.arange(n) for n in mesh_shape])
                       .reshape(-1, len(mesh_shape)).tolist())
