@@ -34,7 +34,7 @@ from . import errors
 from ._reshard import (
     __version__, DType, Side, MemoryKind, QuantScheme, Schedule, Fanout, Placement, Shard,
     StridedShard, Replicate, Mesh, Layout, TensorDesc, BufferRequirement, LocalTile, RefitSpec,
-    Communicator, Stats, quant_block_shape,
+    Communicator, Stats, HostBuffer, quant_block_shape,
 )
 from .errors import Error
 from ._handle import RefitHandle
@@ -44,6 +44,7 @@ from . import _torch  # noqa: F401  (adds Layout.from_dtensor, Communicator.from
 __all__ = [
     "__version__", "DType", "Side", "MemoryKind", "QuantScheme", "Schedule", "Fanout",
     "Placement", "Shard", "StridedShard", "Replicate", "Mesh", "Layout", "TensorDesc",
-    "BufferRequirement", "LocalTile", "RefitSpec", "Communicator", "Stats", "RefitHandle",
+    "BufferRequirement", "LocalTile", "RefitSpec", "Communicator", "Stats", "HostBuffer",
+    "RefitHandle",
     "Error", "errors", "as_dtype", "quant_block_shape",
 ]

@@ -1,5 +1,6 @@
 """Buffers from Python objects: torch tensors (and DTensors, Parameters), DLPack and
-buffer-protocol arrays (numpy, cupy, jax ...), or raw (address, bytes[, kind]) tuples.
+buffer-protocol arrays (numpy, cupy, jax ...), reshard.HostBuffer (shared memory: one-copy
+writes from same-host peers), or raw (address, bytes[, kind]) tuples.
 
 Each becomes (side, name, address, bytes, memory kind, owner) for the extension; the owner keeps
 the memory alive as long as the refit handle. Checked here, before any collective set-up:
@@ -145,7 +146,10 @@ def buffer_args(spec, rank, sources, destinations):
                 raise InvalidArgumentError(
                     "buffer names are strings (the spec's buffer or tensor names), not %r" % (name,))
             where = _where(name, side, rank)
-            if _is_torch_tensor(obj):
+            if isinstance(obj, _reshard.HostBuffer):
+                address, nbytes, kind, dtype, owner = (
+                    obj.address, obj.nbytes, _reshard.MemoryKind.host, None, obj)
+            elif _is_torch_tensor(obj):
                 address, nbytes, kind, dtype, owner = _from_torch(obj, where)
             elif isinstance(obj, tuple):
                 address, nbytes, kind, dtype, owner = _from_raw(obj, where)

@@ -23,7 +23,7 @@ TRAINERS = [0, 1]
 INFERENCE = [2, 3]
 
 
-def build_spec():
+def build_spec(one_domain=True):
     spec = reshard.RefitSpec()
     train = reshard.Mesh(TRAINERS)
     infer = reshard.Mesh(INFERENCE)
@@ -36,7 +36,8 @@ def build_spec():
                     reshard.Layout(infer, [reshard.Shard(0)]).in_buffer("qkv", 16, [4, 1]))
     spec.add_tensor("v", torch.bfloat16, (4, 4), reshard.Layout(train, [reshard.Shard(1)]),
                     reshard.Layout(infer, [reshard.Shard(0)]).in_buffer("qkv", 24, [4, 1]))
-    spec.set_domains([[0, 1, 2, 3]])
+    if one_domain:  # else every rank is a domain of its own: every piece takes the network path
+        spec.set_domains([[0, 1, 2, 3]])
     return spec
 
 
@@ -73,7 +74,9 @@ def main():
     p.add_argument("--case", default="refit")
     p.add_argument("--flags", default="", help="a directory for the thread case's flag files")
     a = p.parse_args()
-    spec = build_spec()
+    # hostbuffer: the network path (sm puts between domains), where a destination in a HostBuffer
+    # is written with memcpy through the sender's mapping of it.
+    spec = build_spec(one_domain=a.case != "hostbuffer")
     if a.case == "bad_buffers":
         # Refused before any rendezvous: no store is needed (and none is served, so no rank
         # waits for a rank 0 that already left).
@@ -91,6 +94,12 @@ def main():
     for req in spec.local_buffers(a.rank):
         dtype = torch_dtypes[tensors[req.tensors[0]].dtype.spec_name]
         elements = req.bytes // torch.tensor([], dtype=dtype).element_size()
+        if a.case == "hostbuffer" and side == reshard.Side.destination:
+            # Shared memory: the sources memcpy into it through their mapping (one copy).
+            host = reshard.HostBuffer.allocate(req.bytes, "pytest-%s" % req.name)
+            flat[req.name] = torch.from_numpy(host.numpy()).view(dtype)
+            buffers[req.name] = host
+            continue
         t = torch.full((elements,), -1, dtype=dtype)
         flat[req.name] = t
         buffers[req.name] = t.numpy() if req.name == "w" else t
@@ -156,6 +165,8 @@ def main():
                     return 1
         stats = handle.stats
         assert stats.epoch == step + 1, stats.epoch
+        if a.case == "hostbuffer" and side == reshard.Side.source:
+            assert stats.mapped_copies > 0, "no memcpy into the destinations' HostBuffers"
         assert stats.pieces_received == stats.pieces_expected
         if step > 0:
             assert stats.registrations_this_refit == 0

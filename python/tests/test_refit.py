@@ -20,6 +20,10 @@ def test_ten_refits_byte_exact(env):
     check_all(run("refit", env=env))
 
 
+def test_host_buffer_destinations_take_one_copy():
+    check_all(run("hostbuffer", steps=3))
+
+
 def test_refit_on_a_python_thread_releases_the_gil(tmp_path):
     check_all(run("thread", steps=3, flags=tmp_path))
 
