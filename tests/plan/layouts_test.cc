@@ -321,9 +321,10 @@ TEST(LayoutsTest, PerExpertTensorsGoOnlyToTheOwningRanksUnderInferenceExpertPara
 }
 
 TEST(LayoutsTest, PerExpertTensorsOfADenseModelAreAnError) {
+  ModelSpecOptions per_expert;
+  per_expert.experts = ExpertTensors::kPerExpert;
   auto spec = MakeModelSpec(Model("qwen3-32b.json"), *ParseTrainParallelism("tp=8,dp=1"),
-                            *ParseInferParallelism("tp=8"), SmallDomains(8),
-                            ModelSpecOptions{.experts = ExpertTensors::kPerExpert});
+                            *ParseInferParallelism("tp=8"), SmallDomains(8), per_expert);
   EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(std::string(spec.status().message()),
             "experts: per-expert tensors need routed experts, and this qwen3 model has none");
