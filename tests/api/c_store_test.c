@@ -489,6 +489,43 @@ static void TestBadCallbacksAreReleasedAndNamed(void) {
   reshard_comm_destroy(comm);
 }
 
+/* A callback that hands the library hostile sizes: each is refused, nothing is copied. */
+static int g_hostile_set_value = -1, g_hostile_add_entry = -1;
+static int32_t HostileSet(void* user, const char* key, const void* value, int64_t size,
+                          reshard_store_result_t* result) {
+  g_hostile_set_value = reshard_store_result_set_value(result, "x", -1);
+  g_hostile_add_entry = reshard_store_result_add_entry(result, "k", "x", INT64_MIN);
+  reshard_store_result_set_error(result, "hostile sizes were refused");
+  return RESHARD_INTERNAL;
+}
+
+static void TestHostileSizesAreRefused(void) {
+  FileStore store;
+  NewStore(&store, "hostile");
+  reshard_store_callbacks_t cb = CallbacksOf(&store);
+  cb.set = HostileSet;
+  reshard_comm_t* comm = NULL;
+  CHECK(reshard_comm_from_callbacks(&cb, 0, 2, 5000, &comm) == RESHARD_OK, "%s",
+        reshard_last_error());
+  reshard_spec_t* spec = NULL;
+  CHECK(reshard_spec_from_json(kOneRank, &spec) == RESHARD_OK, "%s", reshard_last_error());
+  int32_t src[24];
+  reshard_buffer_t buffer = {"w", RESHARD_SOURCE, src, sizeof(src), RESHARD_MEMORY_HOST};
+  reshard_handle_t* handle = NULL;
+  reshard_status_t st =
+      reshard_handle_create_with_timeout(comm, spec, &buffer, 1, NULL, 0, 5000, &handle);
+  CHECK(st != RESHARD_OK && handle == NULL, "create gave %d", st);
+  CHECK(strstr(reshard_last_error(), "hostile sizes were refused") != NULL, "last error: %s",
+        reshard_last_error());
+  CHECK(g_hostile_set_value == RESHARD_INVALID_ARGUMENT, "set_value(-1) gave %d",
+        g_hostile_set_value);
+  CHECK(g_hostile_add_entry == RESHARD_INVALID_ARGUMENT, "add_entry(INT64_MIN) gave %d",
+        g_hostile_add_entry);
+  reshard_spec_destroy(spec);
+  reshard_comm_destroy(comm);
+  RemoveStore(&store);
+}
+
 static void TestResultFunctions(void) {
   CHECK(reshard_store_result_set_value(NULL, "x", 1) == RESHARD_INVALID_ARGUMENT, "NULL result");
   CHECK(reshard_dtype_size(RESHARD_DTYPE_BF16) == 2, "bf16 size");
@@ -506,6 +543,7 @@ int main(void) {
   TestResultFunctions();
   TestBadCallbacksAreReleasedAndNamed();
   TestCallbackErrorReachesLastError();
+  TestHostileSizesAreRefused();
   TestGetTimeoutIsDeadlineExceeded();
   if (failures == 0) printf("c_store_test: all checks passed\n");
   return failures == 0 ? 0 : 1;
