@@ -36,4 +36,3 @@ def _add_tensor_any(self, name, dtype, shape, src, dst):
 
 
 _reshard.RefitSpec.add_tensor = _add_tensor_any
-_reshard.DType.from_any = staticmethod(as_dtype)
