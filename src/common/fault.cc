@@ -17,8 +17,9 @@
 namespace reshard::common {
 namespace {
 
-constexpr FaultStage kStages[] = {FaultStage::kSetup,   FaultStage::kGrant,  FaultStage::kPuts,
-                                  FaultStage::kSignals, FaultStage::kFanout, FaultStage::kBetween};
+constexpr FaultStage kStages[] = {FaultStage::kSetup, FaultStage::kWired,   FaultStage::kGrant,
+                                  FaultStage::kPuts,  FaultStage::kSignals, FaultStage::kFanout,
+                                  FaultStage::kBetween};
 constexpr FaultAction kActions[] = {FaultAction::kKill, FaultAction::kStop, FaultAction::kExit};
 
 FaultSpec g_spec;
@@ -68,6 +69,8 @@ const char* FaultStageName(FaultStage stage) {
   switch (stage) {
     case FaultStage::kSetup:
       return "setup";
+    case FaultStage::kWired:
+      return "wired";
     case FaultStage::kGrant:
       return "grant";
     case FaultStage::kPuts:
@@ -114,7 +117,7 @@ absl::StatusOr<FaultSpec> ParseFaultSpec(const std::string& text) {
   }
   if (!stage_ok) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "unknown stage \"", parts[0], "\" (setup, grant, puts, signals, fanout, between)"));
+        "unknown stage \"", parts[0], "\" (setup, wired, grant, puts, signals, fanout, between)"));
   }
   if (!action_ok) {
     return absl::InvalidArgumentError(

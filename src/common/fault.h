@@ -6,6 +6,8 @@
 //
 //   stage   setup    a handle's wire-up: the record is published and the endpoints exist, the
 //                    hello exchange has not started (src/net/wireup.cc)
+//           wired    a handle's wire-up: every hello was exchanged, the rank has not yet arrived
+//                    at the barrier among its peers (src/net/wireup.cc)
 //           grant    a destination is about to grant an epoch to a source (peer_link.cc)
 //           puts     the first put (or data message) of the epoch was just posted (delivery.cc)
 //           signals  put delivery: a batch's flush completed, its completion signal is about to
@@ -38,7 +40,7 @@
 
 namespace reshard::common {
 
-enum class FaultStage : uint8_t { kSetup, kGrant, kPuts, kSignals, kFanout, kBetween };
+enum class FaultStage : uint8_t { kSetup, kWired, kGrant, kPuts, kSignals, kFanout, kBetween };
 enum class FaultAction : uint8_t { kKill, kStop, kExit };
 
 // Exit status of the `exit` action.

@@ -776,7 +776,9 @@ void RefitEngine::Impl::OnAbort(const wire::AmHeader& h, absl::string_view reaso
   for (char& c : printable) {
     if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) c = ' ';
   }
-  link->abort_reason = absl::StrCat("rank ", rank_, ", refit epoch ", epoch_, ": peer ", printable);
+  // During set-up (epoch_ 0) the abort is about the first refit, which it will fail.
+  link->abort_reason = absl::StrCat("rank ", rank_, ", refit epoch ", std::max(epoch_, h.epoch),
+                                    ": peer ", printable);
 }
 
 // ---------------------------------------------------------------------------------------------

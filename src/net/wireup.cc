@@ -136,7 +136,11 @@ absl::Status Handshake(rendezvous::Store& store, const std::string& prefix, int3
       return absl::UnavailableError(absl::StrCat("rank ", rank, ": ", doing, " rank ", link.peer(),
                                                  ": ", link.error().message()));
     }
-    if (link.aborted) return absl::UnavailableError(link.abort_reason);
+    // An abort is not a set-up failure: a peer that finished its own set-up may already have
+    // started and failed the first refit (its deadline passed while this rank was still
+    // waiting for a third rank's hello) and aborted it here. The link keeps the abort, and this
+    // rank's first refit fails with it (RefitEngine::Impl::StartEpoch), as it would have had the
+    // abort arrived a moment later; Reset() then recovers both.
     if (link.process_gone()) {
       return absl::UnavailableError(
           absl::StrCat("rank ", rank, ": ", doing, " rank ", link.peer(), ": lost peer rank ",
@@ -169,6 +173,7 @@ absl::Status Handshake(rendezvous::Store& store, const std::string& prefix, int3
     }
     idle.Round(progressed);
   }
+  common::FaultPoint(common::FaultStage::kWired, rank, 0);
   return rendezvous::Barrier(
       store, absl::StrCat(prefix, "/wired"), rank, PeerRanks(links), deadline,
       [&]() -> absl::Status {

@@ -208,11 +208,13 @@ absl::StatusOr<Outcome> RunScenario(const Scenario& s) {
   std::string external_error;
   bool external_applied = false;
 
+  auto rank_failed = [&](int r) {
+    const char state = ProcessState(launch.pid(r));
+    return state == 0 || state == 'Z' || Exists(absl::StrCat(dir, "/failed.", r));
+  };
   auto survivors_failed = [&]() {
     for (int r = 0; r < s.world_size; ++r) {
-      if (r == s.faulted_rank) continue;
-      const char state = ProcessState(launch.pid(r));
-      if (state != 0 && state != 'Z' && !Exists(absl::StrCat(dir, "/failed.", r))) return false;
+      if (r != s.faulted_rank && !rank_failed(r)) return false;
     }
     return true;
   };
@@ -267,6 +269,12 @@ absl::StatusOr<Outcome> RunScenario(const Scenario& s) {
             break;
           case Scenario::Stopped::kResumeAfterSurvivorsFail:
             if (survivors_failed()) {
+              (void)launch.Kill(s.faulted_rank, SIGCONT);
+              stop_handled = true;
+            }
+            break;
+          case Scenario::Stopped::kResumeAfterRankFails:
+            if (rank_failed(s.resume_after_failure_of)) {
               (void)launch.Kill(s.faulted_rank, SIGCONT);
               stop_handled = true;
             }

@@ -21,7 +21,8 @@
 namespace reshard::fault {
 
 struct Scenario {
-  std::string spec = "pair";  // fault_peer --spec: "pair" (2 ranks) or "fanout" (3 ranks).
+  // fault_peer --spec: "pair" (2 ranks), "fanout" or "star" (3 ranks).
+  std::string spec = "pair";
   int world_size = 2;
   launcher::Mode mode = launcher::Mode::kLoopback;
   std::string transport = "sm";  // kLoopback: "sm" or "tcp" (the launcher sets UCX_TLS etc.).
@@ -41,10 +42,17 @@ struct Scenario {
   // The faulted rank once it is stopped (SIGSTOP by the hook or kStopRank):
   //   kKillAfterSurvivorsFail    SIGKILL once every other rank failed or ended;
   //   kResumeAfterSurvivorsFail  SIGCONT then (a transient stall);
-  //   kResumeAfter               SIGCONT `resume_after` after it stopped.
-  enum class Stopped { kKillAfterSurvivorsFail, kResumeAfterSurvivorsFail, kResumeAfter };
+  //   kResumeAfter               SIGCONT `resume_after` after it stopped;
+  //   kResumeAfterRankFails      SIGCONT once rank `resume_after_failure_of` failed or ended.
+  enum class Stopped {
+    kKillAfterSurvivorsFail,
+    kResumeAfterSurvivorsFail,
+    kResumeAfter,
+    kResumeAfterRankFails
+  };
   Stopped stopped = Stopped::kKillAfterSurvivorsFail;
   absl::Duration resume_after = absl::Milliseconds(500);
+  int resume_after_failure_of = 0;
 
   absl::Duration deadline = absl::Seconds(60);  // The whole launch.
   // After the first rank ends with a failure, the others get this long to end on their own

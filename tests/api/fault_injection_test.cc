@@ -214,6 +214,49 @@ TEST_P(FaultTransientTest, ResetAfterAFailedRefitRecoversByteExact) {
 INSTANTIATE_TEST_SUITE_P(Transports, FaultTransientTest, ::testing::Values("sm", "tcp"),
                          TransportName);
 
+// A peer's abort that reaches a rank still setting up fails that rank's first refit, not its
+// set-up. "star": ranks 0 and 2 both send to rank 1 and are not peers of each other. Rank 2
+// stops after the hello exchange, before the barrier that ends wire-up ("wired"), so rank 1
+// waits in that barrier while rank 0, whose only peer (rank 1) has arrived, is done: rank 0's
+// first refit misses its 1 s deadline (rank 1 cannot grant yet) and rank 0 aborts it to rank 1,
+// which is still setting up. Rank 2 resumes once rank 0 failed. Every rank then sets up, fails
+// refit 1 (rank 0 by its deadline, rank 1 by rank 0's abort, rank 2 by rank 1's abort or its
+// deadline) and, after Reset(), verifies refits 2 and 3 byte-exact. Set-up used to fail on rank
+// 1 with rank 0's abort.
+TEST(FaultSetUpTest, AbortReachingARankInSetUpFailsItsFirstRefitOnly) {
+  Scenario s;
+  s.peer = Peer();
+  s.spec = "star";
+  s.world_size = 3;
+  s.faulted_rank = 2;
+  s.inject = "wired:stop:2";
+  s.stopped = Scenario::Stopped::kResumeAfterRankFails;
+  s.resume_after_failure_of = 0;
+  s.peer_args = {"--steps",           "3",     "--first-deadline-ms", "1000", "--deadline-ms",
+                 "20000",             "--setup-timeout-ms", "30000", "--reset"};
+  auto outcome = RunScenario(s);
+  ASSERT_TRUE(outcome.ok()) << outcome.status();
+  SCOPED_TRACE(outcome->Describe());
+  EXPECT_GE(outcome->stopped_at_ns, 0) << "rank 2 never stopped";
+  for (int r = 0; r < 3; ++r) {
+    SCOPED_TRACE(absl::StrCat("rank ", r));
+    const RankOutcome& rank = outcome->ranks[r];
+    EXPECT_TRUE(rank.result.ok()) << rank.result.Describe();
+    EXPECT_FALSE(rank.wrong);
+    ASSERT_EQ(rank.failures.size(), 1u);
+    EXPECT_EQ(rank.failures[0].what, "STEP 1");
+    if (r == 0) {
+      EXPECT_EQ(rank.failures[0].code, "DEADLINE_EXCEEDED");
+    } else if (r == 1) {
+      // The abort that arrived during set-up, naming the first refit and rank 0's error.
+      EXPECT_EQ(rank.failures[0].code, "UNAVAILABLE");
+      EXPECT_TRUE(absl::StrContains(rank.failures[0].message, "rank 1, refit epoch 1: peer"))
+          << rank.failures[0].message;
+    }
+    EXPECT_EQ(rank.verified_steps, (std::vector<int>{2, 3}));
+  }
+}
+
 // --- The store killed mid-job (served by its own process here).
 
 class FaultStoreTest : public ::testing::TestWithParam<std::string> {};

@@ -3,16 +3,19 @@
 // stops or cuts a rank, or kills the store) or from the library's test hook
 // RESHARD_FAULT_INJECT (src/common/fault.h, docs/reliability.md).
 //
-//   fault_peer --spec pair|fanout [--steps N] [--deadline-ms D] [--setup-timeout-ms S]
-//              [--barrier] [--reset] [--events DIR] [--go-file PATH]
+//   fault_peer --spec pair|fanout|star [--steps N] [--deadline-ms D] [--first-deadline-ms F]
+//              [--setup-timeout-ms S] [--barrier] [--reset] [--events DIR] [--go-file PATH]
 //     pair    2 ranks, a 1024x1024 int32 matrix rows -> columns: each rank sends a 1 MiB piece
 //             to the other (packed: one put, or four 256 KiB data messages) and copies one
 //             locally, so every rank is a source and a destination of the other;
 //     fanout  3 ranks, a 512x512 int32 matrix on rank 0 replicated to ranks 1 and 2, one domain
 //             {1, 2}: it crosses the network once and the fan-out layer copies it inside the
-//             domain.
+//             domain;
+//     star    3 ranks, a 1024x512 int32 matrix whose row halves on ranks 0 and 2 both go to
+//             rank 1: ranks 0 and 2 are peers of rank 1 only, not of each other.
 //   Each step fills the sources with a pattern of the step, poisons the destinations, runs
-//   Execute(now + D) and verifies every destination element; --barrier adds
+//   Execute(now + D) (now + F for the first refit; default D) and verifies every destination
+//   element; --barrier adds
 //   RefitHandle::Barrier after each refit. Without --reset the first failure ends the program
 //   (exit 1); with --reset the rank calls Reset() and goes on (exit 0 when the last step
 //   verified). A refit that returned OK with a wrong element prints WRONG and exits 3.
@@ -52,6 +55,7 @@ struct Args {
   std::string spec = "pair";
   int steps = 3;
   int64_t deadline_ms = 10000;
+  int64_t first_deadline_ms = -1;  // -1: deadline_ms.
   int64_t setup_timeout_ms = 20000;
   bool barrier = false;
   bool reset = false;
@@ -119,6 +123,17 @@ World Build(const std::string& name, int rank) {
     w.spec.SetDomains({{0}, {1, 2}});
     std::vector<int64_t>& index = rank == 0 ? w.src_index : w.dst_index;
     for (int64_t i = 0; i < n * n; ++i) index.push_back(i);
+  } else if (name == "star") {
+    constexpr int64_t rows = 1024, cols = 512, half = rows / 2;
+    w.spec.AddTensor("w", reshard::DType::kI32, {rows, cols},
+                     Layout(Mesh({0, 2}), {reshard::Shard(0)}),
+                     Layout(Mesh({1}), {reshard::Replicate()}));
+    if (rank == 1) {
+      for (int64_t i = 0; i < rows * cols; ++i) w.dst_index.push_back(i);
+    } else {
+      const int64_t first = (rank / 2) * half * cols;
+      for (int64_t i = 0; i < half * cols; ++i) w.src_index.push_back(first + i);
+    }
   } else {
     constexpr int64_t n = 1024, half = n / 2;
     w.spec.AddTensor("w", reshard::DType::kI32, {n, n},
@@ -156,6 +171,8 @@ int main(int argc, char** argv) {
       args.steps = std::atoi(value().c_str());
     } else if (a == "--deadline-ms") {
       args.deadline_ms = std::atoll(value().c_str());
+    } else if (a == "--first-deadline-ms") {
+      args.first_deadline_ms = std::atoll(value().c_str());
     } else if (a == "--setup-timeout-ms") {
       args.setup_timeout_ms = std::atoll(value().c_str());
     } else if (a == "--events") {
@@ -211,7 +228,9 @@ int Refit(const Args& args) {
     for (size_t i = 0; i < w.src.size(); ++i) w.src[i] = Pattern(step, w.src_index[i]);
     std::fill(w.dst.begin(), w.dst.end(), kPoison);
     const absl::Time begin = absl::Now();
-    absl::Status st = handle->Execute(begin + absl::Milliseconds(args.deadline_ms));
+    const int64_t deadline_ms =
+        step == 1 && args.first_deadline_ms >= 0 ? args.first_deadline_ms : args.deadline_ms;
+    absl::Status st = handle->Execute(begin + absl::Milliseconds(deadline_ms));
     if (st.ok()) {
       for (size_t i = 0; i < w.dst.size(); ++i) {
         if (w.dst[i] != Pattern(step, w.dst_index[i])) {

@@ -23,7 +23,7 @@ TEST(FaultSpecTest, ParsesStageActionRankAndEpoch) {
   EXPECT_EQ(spec->action, FaultAction::kExit);
   EXPECT_EQ(spec->rank, -1);
   EXPECT_EQ(spec->epoch, 0u);
-  for (FaultStage s : {FaultStage::kSetup, FaultStage::kGrant, FaultStage::kPuts,
+  for (FaultStage s : {FaultStage::kSetup, FaultStage::kWired, FaultStage::kGrant, FaultStage::kPuts,
                        FaultStage::kSignals, FaultStage::kFanout, FaultStage::kBetween}) {
     auto parsed = ParseFaultSpec(std::string(FaultStageName(s)) + ":kill");
     ASSERT_TRUE(parsed.ok()) << FaultStageName(s);
