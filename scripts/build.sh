@@ -30,10 +30,11 @@ jobs="${RESHARD_JOBS:-$(nproc)}"
 # for a debugger). RESHARD_DEBUG_INFO=full keeps -g.
 g=-g1
 if [ "${RESHARD_DEBUG_INFO:-lines}" = full ]; then g=-g; fi
+mkdir -p "$build"
 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DCMAKE_C_FLAGS_RELWITHDEBINFO="-O2 $g -DNDEBUG" -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O2 $g -DNDEBUG" \
-  "${python_args[@]}" >"$build.configure.log" 2>&1 || {
-  cat "$build.configure.log" >&2
+  "${python_args[@]}" >"$build/reshard-configure.log" 2>&1 || {
+  cat "$build/reshard-configure.log" >&2
   exit 1
 }
 cmake --build "$build" -j "$jobs"
