@@ -72,11 +72,12 @@ int main(int argc, char** argv) {
   using reshard::json::Quote;
   std::printf("starting up\n{\"rank\":%d,\"world\":%d,\"exchange\":%s,\"netns\":%s,"
               "\"addrs\":%s,\"ucx_tls\":%s,\"ucx_net_devices\":%s,\"timeout_ms\":%s,"
-              "\"token\":%s,\"store\":%s,\"slow_start_after_idle\":%s}\n",
+              "\"token\":%s,\"store\":%s,\"slow_start_after_idle\":%s,\"local_rank\":%s}\n",
               rank, world, Quote(exchange).c_str(), Quote(ns).c_str(), Quote(addrs).c_str(),
               Quote(Env("UCX_TLS")).c_str(), Quote(Env("UCX_NET_DEVICES")).c_str(),
               Quote(Env("RESHARD_TIMEOUT_MS")).c_str(), Quote(Env("RESHARD_STORE_TOKEN")).c_str(),
-              Quote(Env("RESHARD_STORE")).c_str(), Quote(slow_start_after_idle).c_str());
+              Quote(Env("RESHARD_STORE")).c_str(), Quote(slow_start_after_idle).c_str(),
+              Quote(Env("RESHARD_LOCAL_RANK")).c_str());
   std::fflush(stdout);
   std::fprintf(stderr, "probe rank %d done\n", rank);
   if (rank == fail_rank) return 3;

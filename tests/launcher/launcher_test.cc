@@ -78,6 +78,7 @@ TEST(LauncherTest, LoopbackSmRanksGetIdentityStoreAndTransport) {
     EXPECT_EQ(Field(v, "exchange"), "ok");
     EXPECT_EQ(Field(v, "ucx_tls"), "sm,self");
     EXPECT_EQ(Field(v, "timeout_ms"), "20000");
+    EXPECT_EQ(Field(v, "local_rank"), absl::StrCat(r.rank));
     EXPECT_TRUE(absl::StartsWith(Field(v, "store"), "127.0.0.1:"));
     EXPECT_GE(Field(v, "token").size(), 32u);
     tokens.insert(Field(v, "token"));

@@ -435,6 +435,7 @@ absl::Status Launch::SpawnRanks() {
     std::vector<std::pair<std::string, std::string>> vars = {
         {"RESHARD_RANK", absl::StrCat(r)},
         {"RESHARD_WORLD_SIZE", absl::StrCat(options_.world_size)},
+        {"RESHARD_LOCAL_RANK", absl::StrCat(r)},
         {"RESHARD_STORE", store_address_},
         {"RESHARD_STORE_TOKEN", token_},
         {"RESHARD_TIMEOUT_MS", absl::StrCat(options_.rank_timeout_ms)},

@@ -4,6 +4,9 @@
 //
 // Each rank runs the same command line with this environment (on top of the launcher's own):
 //   RESHARD_RANK, RESHARD_WORLD_SIZE       identity in the world
+//   RESHARD_LOCAL_RANK                     the rank's index on this machine: its rank, since the
+//                                          launcher starts every rank here (in kNetns too, whose
+//                                          emulated hosts share this machine's devices)
 //   RESHARD_STORE=host:port                the TcpStoreServer the launcher runs for this launch
 //   RESHARD_STORE_TOKEN                    a random secret, new for every launch
 //   RESHARD_TIMEOUT_MS                     deadline for every wait inside the rank
