@@ -1,7 +1,7 @@
 """RefitHandle: the persistent refit of one spec between this rank's buffers and its peers'."""
 from . import _reshard
 from ._buffers import buffer_args
-from .errors import InvalidArgumentError
+from .errors import _BY_CODE, Error, InvalidArgumentError
 
 _SCHEDULES = {"domain_aware": _reshard.Schedule.domain_aware,
               "point_to_point": _reshard.Schedule.point_to_point}
@@ -29,6 +29,13 @@ def _synchronize(stream):
     sync()
 
 
+def _abandon(comm, spec, options, error):
+    code = next((n for n, cls in _BY_CODE.items() if type(error) is cls), None)
+    if code is None:  # a Python error (TypeError from a bad object, ...): INVALID_ARGUMENT
+        code = 3 if not isinstance(error, Error) else 2
+    _reshard._Handle.abandon(comm, spec, code, str(error), options)
+
+
 class RefitHandle:
     """Refits `spec` between this rank's buffers and its peers', once per training step.
 
@@ -47,12 +54,19 @@ class RefitHandle:
                  schedule="domain_aware", fanout="auto", setup_timeout=60.0,
                  allow_larger_buffers=False):
         options = _reshard.HandleOptions()
-        options.name = name
-        options.schedule = _enum(schedule, _SCHEDULES, "schedule")
-        options.fanout = _enum(fanout, _FANOUTS, "fanout")
-        options.setup_timeout = float(setup_timeout)
-        options.allow_larger_buffers = bool(allow_larger_buffers)
-        args = buffer_args(spec, comm.rank, sources, destinations)
+        options.name = str(name)
+        try:
+            options.schedule = _enum(schedule, _SCHEDULES, "schedule")
+            options.fanout = _enum(fanout, _FANOUTS, "fanout")
+            options.setup_timeout = float(setup_timeout)
+            options.allow_larger_buffers = bool(allow_larger_buffers)
+            args = buffer_args(spec, comm.rank, sources, destinations)
+        except Exception as e:
+            # Refused before the collective set-up: the other ranks would wait for this rank
+            # until their setup_timeout. Abandon takes this rank's part and fails them at once
+            # with this message (reshard::RefitHandle::Abandon).
+            _abandon(comm, spec, options, e)
+            raise
         self._handle = _reshard._Handle.create(comm, spec, args, options)
 
     def execute(self, timeout=60.0, *, stream=None):

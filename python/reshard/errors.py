@@ -88,7 +88,8 @@ class UnauthenticatedError(Error):
     code = "UNAUTHENTICATED"
 
 
-# Read by the extension (python/src/module.cc): absl::StatusCode value -> class.
+# Read by the extension (python/src/module.cc): absl::StatusCode value -> class; and by
+# RefitHandle, which tells the other ranks the code of a failure found before set-up.
 _BY_CODE = {
     1: CancelledError, 2: UnknownError, 3: InvalidArgumentError, 4: DeadlineExceededError,
     5: NotFoundError, 6: AlreadyExistsError, 7: PermissionDeniedError, 8: ResourceExhaustedError,

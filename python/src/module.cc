@@ -578,6 +578,17 @@ NB_MODULE(_reshard, m) {
 
   nb::class_<Handle>(m, "_Handle")
       .def_static("create", &CreateHandle, "comm"_a, "spec"_a, "buffers"_a, "options"_a)
+      // RefitHandle::Abandon: `code` an absl::StatusCode value (reshard.errors' _BY_CODE keys).
+      .def_static(
+          "abandon",
+          [](const reshard::Communicator& comm, const reshard::RefitSpec& spec, int code,
+             const std::string& message, const reshard::HandleOptions& options) {
+            const absl::StatusCode c = code > 0 && code <= 16 ? static_cast<absl::StatusCode>(code)
+                                                              : absl::StatusCode::kUnknown;
+            nb::gil_scoped_release release;
+            (void)reshard::RefitHandle::Abandon(comm, spec, absl::Status(c, message), options);
+          },
+          "comm"_a, "spec"_a, "code"_a, "message"_a, "options"_a)
       .def("execute", Blocking<&reshard::RefitHandle::Execute>, "timeout"_a)
       .def("start", [](Handle& h) { Check(h.get().Start()); })
       .def("wait", Blocking<&reshard::RefitHandle::Wait>, "timeout"_a)

@@ -28,6 +28,24 @@ def test_refit_on_a_python_thread_releases_the_gil(tmp_path):
     check_all(run("thread", steps=3, flags=tmp_path))
 
 
+def test_a_rank_refusing_its_buffer_fails_the_others_set_up_at_once():
+    # Rank 3's destination is refused by the package's own checks, before the library's set-up.
+    # It abandons its part of the collective set-up (RefitHandle::Abandon), so ranks 0-2, whose
+    # buffers are good, fail with its error instead of DeadlineExceeded at their 60 s
+    # setup_timeout (the ranks' deadline here is 120 s).
+    results = run("one_bad_buffer", steps=1)
+    code, out = results[3]
+    assert code == 3, out
+    refused = ('buffer "w" (destination of rank 3): the buffer holds fp64 elements but the spec '
+               'stores fp32 there')
+    assert refused in out
+    for rank in (0, 1, 2):
+        code, out = results[rank]
+        assert code == 3, out
+        assert "rank 3 failed before agreeing on the plan fingerprint" in out, out
+        assert refused in out, out
+
+
 def test_refused_buffers_name_buffer_side_and_rank():
     results = run("bad_buffers", steps=1)
     for rank in (2, 3):

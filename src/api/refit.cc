@@ -296,6 +296,28 @@ absl::StatusOr<RefitHandle> RefitHandle::Create(const Communicator& comm, const 
   return RefitHandle(std::move(impl));
 }
 
+absl::Status RefitHandle::Abandon(const Communicator& comm, const RefitSpec& spec,
+                                  absl::Status why, const HandleOptions& options) {
+  const int32_t rank = comm.rank();
+  // The same number and key prefix Create takes first, whatever fails after it.
+  const std::string name =
+      options.name.empty() ? absl::StrCat("h", comm.impl()->NextHandleNumber()) : options.name;
+  if (why.ok()) {
+    why = absl::UnknownError(
+        absl::StrCat("rank ", rank, " abandoned the set-up of refit handle \"", name,
+                     "\" without saying why"));
+  }
+  if (spec.tensors().empty()) return why;
+  // Ranks the spec does not name take part in nothing; the others wait for this rank's
+  // fingerprint, which the failure replaces.
+  if (rank < spec.WorldSize()) {
+    internal::SessionConfig config;
+    config.key_prefix = absl::StrCat("reshard/", name);
+    internal::RefitSession::AbandonSetUp(comm.impl()->store(), config, rank, why);
+  }
+  return why;
+}
+
 RefitHandle::RefitHandle(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 RefitHandle::RefitHandle(RefitHandle&&) noexcept = default;
 RefitHandle& RefitHandle::operator=(RefitHandle&&) noexcept = default;

@@ -402,32 +402,58 @@ reshard_status_t reshard_handle_create_with_timeout(reshard_comm_t* comm,
                                                     int32_t num_buffers, const char* name,
                                                     int32_t schedule, int64_t setup_timeout_ms,
                                                     reshard_handle_t** out) {
-  if (comm == nullptr || spec == nullptr || out == nullptr ||
-      (num_buffers > 0 && buffers == nullptr) || num_buffers < 0) {
-    return Invalid("reshard_handle_create: comm, spec, out (and buffers) must not be NULL");
-  }
-  reshard::LocalBuffers local;
-  for (int32_t i = 0; i < num_buffers; ++i) {
-    const reshard_buffer_t& b = buffers[i];
-    if (b.name == nullptr) return Invalid("reshard_handle_create: a buffer has no name");
-    if (b.side != RESHARD_SOURCE && b.side != RESHARD_DESTINATION) {
-      return Invalid("reshard_handle_create: a buffer's side is neither source nor destination");
-    }
-    if (b.memory_kind != RESHARD_MEMORY_HOST && b.memory_kind != RESHARD_MEMORY_CUDA) {
-      return Invalid("reshard_handle_create: a buffer's memory kind is neither host nor cuda");
-    }
-    local.Add(static_cast<reshard::Side>(b.side), b.name,
-              reshard::Buffer{b.data, b.bytes, static_cast<reshard::MemoryKind>(b.memory_kind)});
+  if (comm == nullptr || spec == nullptr) {
+    return Invalid("reshard_handle_create: comm and spec must not be NULL");
   }
   reshard::HandleOptions options;
   if (name != nullptr) options.name = name;
   if (setup_timeout_ms > 0) options.setup_timeout = absl::Milliseconds(setup_timeout_ms);
   options.schedule = schedule == RESHARD_SCHEDULE_POINT_TO_POINT ? reshard::Schedule::kPointToPoint
                                                                  : reshard::Schedule::kDomainAware;
+  // A call refused here still takes its part in the collective set-up: the other ranks learn
+  // of the failure at once (RefitHandle::Abandon) instead of at their set-up deadline.
+  auto refuse = [&](const char* message) {
+    return Report(reshard::RefitHandle::Abandon(comm->comm, spec->spec,
+                                                absl::InvalidArgumentError(message), options));
+  };
+  if (out == nullptr || (num_buffers > 0 && buffers == nullptr) || num_buffers < 0) {
+    return refuse("reshard_handle_create: out (and buffers) must not be NULL");
+  }
+  reshard::LocalBuffers local;
+  for (int32_t i = 0; i < num_buffers; ++i) {
+    const reshard_buffer_t& b = buffers[i];
+    if (b.name == nullptr) return refuse("reshard_handle_create: a buffer has no name");
+    if (b.side != RESHARD_SOURCE && b.side != RESHARD_DESTINATION) {
+      return refuse("reshard_handle_create: a buffer's side is neither source nor destination");
+    }
+    if (b.memory_kind != RESHARD_MEMORY_HOST && b.memory_kind != RESHARD_MEMORY_CUDA) {
+      return refuse("reshard_handle_create: a buffer's memory kind is neither host nor cuda");
+    }
+    local.Add(static_cast<reshard::Side>(b.side), b.name,
+              reshard::Buffer{b.data, b.bytes, static_cast<reshard::MemoryKind>(b.memory_kind)});
+  }
   auto handle = reshard::RefitHandle::Create(comm->comm, spec->spec, std::move(local), options);
   if (!handle.ok()) return Report(handle.status());
   *out = new reshard_handle{std::move(handle).value()};
   return RESHARD_OK;
+}
+
+reshard_status_t reshard_handle_abandon(reshard_comm_t* comm, const reshard_spec_t* spec,
+                                        const char* name, reshard_status_t code,
+                                        const char* message) {
+  if (comm == nullptr || spec == nullptr) {
+    return Invalid("reshard_handle_abandon: comm and spec must not be NULL");
+  }
+  reshard::HandleOptions options;
+  if (name != nullptr) options.name = name;
+  const int raw = static_cast<int>(code);
+  const absl::StatusCode status_code = raw > 0 && raw <= static_cast<int>(RESHARD_UNAUTHENTICATED)
+                                           ? static_cast<absl::StatusCode>(raw)
+                                           : absl::StatusCode::kUnknown;
+  const absl::Status why = code == RESHARD_OK
+                               ? absl::OkStatus()  // Abandon names it: "... without saying why"
+                               : absl::Status(status_code, message != nullptr ? message : "");
+  return Report(reshard::RefitHandle::Abandon(comm->comm, spec->spec, why, options));
 }
 
 reshard_status_t reshard_handle_execute(reshard_handle_t* handle, int64_t timeout_ms) {

@@ -475,6 +475,25 @@ TEST(CApiTest, ErrorsCodesAndARefit) {
   EXPECT_EQ(stats.bytes_local, 96);
   EXPECT_EQ(reshard_handle_wait(handle, 1000), RESHARD_FAILED_PRECONDITION);
   reshard_handle_destroy(handle);
+  // Abandon: returns the failure it was given (OK or an unknown code: UNKNOWN) as the last
+  // error; a rank of a larger world would have told the others (SetUpFailureTest.Abandoned).
+  EXPECT_EQ(reshard_handle_abandon(comm, spec, "d", RESHARD_FAILED_PRECONDITION, "no weights yet"),
+            RESHARD_FAILED_PRECONDITION);
+  EXPECT_NE(std::string(reshard_last_error()).find("no weights yet"), std::string::npos)
+      << reshard_last_error();
+  EXPECT_EQ(reshard_handle_abandon(comm, spec, "e", static_cast<reshard_status_t>(99), "x"),
+            RESHARD_UNKNOWN);
+  EXPECT_EQ(reshard_handle_abandon(comm, spec, "f", RESHARD_OK, nullptr), RESHARD_UNKNOWN);
+  EXPECT_NE(std::string(reshard_last_error()).find("without saying why"), std::string::npos)
+      << reshard_last_error();
+  EXPECT_EQ(reshard_handle_abandon(nullptr, spec, "g", RESHARD_INTERNAL, "x"),
+            RESHARD_INVALID_ARGUMENT);
+  // A buffer reshard_handle_create refuses itself is an error like the library's.
+  buffers[1].memory_kind = 7;
+  EXPECT_EQ(reshard_handle_create(comm, spec, buffers, 2, "h", 0, &handle),
+            RESHARD_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(reshard_last_error()).find("neither host nor cuda"), std::string::npos)
+      << reshard_last_error();
   reshard_spec_destroy(spec);
   reshard_comm_destroy(comm);
 }

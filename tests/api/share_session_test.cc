@@ -185,7 +185,9 @@ constexpr char kRowsToCols[] = R"json({"tensors": [{"name": "w", "dtype": "fp32"
   "shape": [8, 6], "src": {"mesh": [0, 1], "placements": ["S(0)"]},
   "dst": {"mesh": [2, 3], "placements": ["S(1)"]}}]})json";
 // What goes wrong on rank 3 before the ranks agree on the plan.
-enum class Fault { kSpecDoesNotPlan, kBufferTooSmall };
+// kAbandoned: rank 3 refuses its own buffers before Create (as a binding that checks its
+// framework's tensors first does) and calls RefitHandle::Abandon instead.
+enum class Fault { kSpecDoesNotPlan, kBufferTooSmall, kAbandoned };
 
 class SetUpFailureTest : public ::testing::TestWithParam<Fault> {};
 
@@ -213,6 +215,13 @@ TEST_P(SetUpFailureTest, OneRanksFailureFailsTheOthersAtOnceNamingIt) {
           broken.AddTensor("w", DType::kFp32, {8, 6}, Layout(Mesh({0, 1}), {Shard(0)}),
                            Layout(Mesh({2, 3}), {Shard(2)}));
           handle = RefitHandle::Create(*comm, broken, memory->Views(), options);
+        } else if (rank == 3 && GetParam() == Fault::kAbandoned) {
+          const absl::Status why = RefitHandle::Abandon(
+              *comm, *spec,
+              absl::InvalidArgumentError("rank 3: destination \"w\" is not contiguous"), options);
+          CHILD_EXPECT(why.message() == "rank 3: destination \"w\" is not contiguous",
+                       why.ToString());
+          handle = why;
         } else if (rank == 3) {
           LocalBuffers views;
           for (auto& [key, words] : memory->buffers) {
@@ -230,6 +239,9 @@ TEST_P(SetUpFailureTest, OneRanksFailureFailsTheOthersAtOnceNamingIt) {
         if (rank != 3) {
           CHILD_EXPECT(message.find("rank 3 failed before agreeing on the plan fingerprint") !=
                            std::string::npos,
+                       message);
+          CHILD_EXPECT(GetParam() != Fault::kAbandoned ||
+                           message.find("destination \"w\" is not contiguous") != std::string::npos,
                        message);
           CHILD_EXPECT(took < absl::Seconds(10),
                        absl::StrCat(absl::FormatDuration(took), ": ", message));
@@ -253,10 +265,18 @@ TEST_P(SetUpFailureTest, OneRanksFailureFailsTheOthersAtOnceNamingIt) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Faults, SetUpFailureTest,
-                         ::testing::Values(Fault::kSpecDoesNotPlan, Fault::kBufferTooSmall),
+                         ::testing::Values(Fault::kSpecDoesNotPlan, Fault::kBufferTooSmall,
+                                           Fault::kAbandoned),
                          [](const auto& info) {
-                           return info.param == Fault::kSpecDoesNotPlan ? "SpecDoesNotPlan"
-                                                                        : "BufferTooSmall";
+                           switch (info.param) {
+                             case Fault::kSpecDoesNotPlan:
+                               return "SpecDoesNotPlan";
+                             case Fault::kBufferTooSmall:
+                               return "BufferTooSmall";
+                             case Fault::kAbandoned:
+                               break;
+                           }
+                           return "Abandoned";
                          });
 
 }  // namespace

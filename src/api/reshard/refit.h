@@ -205,6 +205,16 @@ class RefitHandle {
                                                           LocalBuffers buffers) {
     return Create(comm, spec, std::move(buffers), HandleOptions());
   }
+  // In place of Create, on a rank that cannot take part in a handle's set-up: it found before
+  // calling Create that its own buffers (or anything else of its own) are unusable, e.g. a
+  // binding that checks its framework's tensors first. Takes the handle number Create would
+  // have taken (so the next handle's names stay aligned across ranks) and tells the other ranks
+  // of the spec: their Create fails at once, with "rank R failed before agreeing on the plan
+  // fingerprint: <why>", instead of at their set-up deadline. Returns `why` (an OK `why` is
+  // replaced by Unknown, since an abandoned set-up is a failure). Not collective: every other
+  // rank calls Create (or Abandon) as usual.
+  static absl::Status Abandon(const Communicator& comm, const RefitSpec& spec, absl::Status why,
+                              const HandleOptions& options = HandleOptions());
 
   RefitHandle(RefitHandle&&) noexcept;
   RefitHandle& operator=(RefitHandle&&) noexcept;

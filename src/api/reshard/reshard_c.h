@@ -261,6 +261,16 @@ reshard_status_t reshard_handle_create_with_timeout(reshard_comm_t* comm,
                                                     int32_t num_buffers, const char* name,
                                                     int32_t schedule, int64_t setup_timeout_ms,
                                                     reshard_handle_t** out);
+/* In place of reshard_handle_create on a rank that cannot take part (it found its own buffers
+ * unusable before calling create): takes the handle number create would have taken and tells
+ * the other ranks of the spec, whose create fails at once ("rank R failed before agreeing on the
+ * plan fingerprint: <message>") instead of at their set-up deadline (reshard::RefitHandle::
+ * Abandon). `name` as given to create (NULL: the next handle number); `code` the failure
+ * (RESHARD_OK or an unknown value: RESHARD_UNKNOWN). Returns that code, with `message` as the
+ * last error. reshard_handle_create does this itself for the buffers it refuses. */
+reshard_status_t reshard_handle_abandon(reshard_comm_t* comm, const reshard_spec_t* spec,
+                                        const char* name, reshard_status_t code,
+                                        const char* message);
 void reshard_handle_reset(reshard_handle_t* handle);
 reshard_status_t reshard_handle_stats(const reshard_handle_t* handle, reshard_stats_t* out);
 void reshard_handle_destroy(reshard_handle_t* handle);
