@@ -54,6 +54,10 @@ std::vector<BufferRequirement> Requirements(const plan::RefitSpec& spec,
     const plan::QuantizedSource& qs = spec.quantized_sources[q];
     if (qs.src.mesh.IndexOf(rank) >= 0) {
       tensors[table.quantized_source_buffer[q]].push_back(spec.tensors[qs.tensor].name);
+      if (qs.requantized()) {
+        tensors[table.quantized_source_scale_buffer[q]].push_back(
+            spec.tensors[qs.tensor].name + ".scale");
+      }
     }
   }
   for (plan::Side side : {plan::Side::kSrc, plan::Side::kDst}) {

@@ -173,6 +173,17 @@ absl::Status RefitSession::PrepareQuantization(const std::vector<common::BufferV
     job.source = q;
     job.tile = grid.CellBox(*cell);
     job.user = static_cast<const uint8_t*>(user.data);
+    if (const uint32_t b = p.quantized_source_scale_buffer(q); b != plan::Plan::kNoBuffer) {
+      if (buffers[b].kind != common::MemoryKind::kHost) {
+        return absl::UnimplementedError(absl::StrFormat(
+            "tensor %s on rank %d: its FP8 source is requantized, and its source scales are in "
+            "GPU memory, which needs the CUDA quantization kernels; give them in host memory",
+            json::QuoteForMessage(t.name), rank_));
+      }
+      job.user_scales = static_cast<const uint8_t*>(buffers[b].data);
+      dequantized_.resize(std::max(dequantized_.size(),
+                                   static_cast<size_t>(plan::DequantizedElements(qs, job.tile))));
+    }
     job.elements = static_cast<uint8_t*>(buffers[p.buffer_of(qs.tensor, plan::Side::kSrc)].data);
     job.scales = static_cast<uint8_t*>(buffers[p.buffer_of(qs.scale_tensor, plan::Side::kSrc)].data);
     if (qs.exchange) {
@@ -211,10 +222,11 @@ absl::Status RefitSession::Start(uint64_t epoch) {
   // are quantized in Wait, once it has gathered the others'; the layers then start there.
   for (const QuantizeJob& job : quantize_) {
     if (job.partial != nullptr) {
-      plan::PartialAmaxTile(plan_->spec(), job.source, job.tile, job.user, job.partial);
+      plan::PartialAmaxTile(plan_->spec(), job.source, job.tile, job.user, job.partial,
+                            job.user_scales, dequantized_.data());
     } else {
       plan::QuantizeSourceTile(plan_->spec(), job.source, job.tile, job.user, job.elements,
-                               job.scales);
+                               job.scales, nullptr, job.user_scales, dequantized_.data());
     }
   }
   if (amax_ != nullptr) {
@@ -266,7 +278,8 @@ absl::Status RefitSession::Wait(uint64_t epoch, absl::Time deadline) {
         const plan::QuantizedSource& qs = plan_->spec().quantized_sources[job.source];
         plan::CombineAmax(qs, job.tile, job.gathered, job.amax.data());
         plan::QuantizeSourceTile(plan_->spec(), job.source, job.tile, job.user, job.elements,
-                                 job.scales, job.amax.data());
+                                 job.scales, job.amax.data(), job.user_scales,
+                                 dequantized_.data());
       }
       RESHARD_RETURN_IF_ERROR(StartLayers(epoch));
     }

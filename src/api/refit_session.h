@@ -108,6 +108,7 @@ class RefitSession {
     size_t source = 0;  // Index into the plan's spec().quantized_sources.
     plan::Box tile;
     const uint8_t* user = nullptr;
+    const uint8_t* user_scales = nullptr;  // A requantized FP8 source's scales, else null.
     uint8_t* elements = nullptr;
     uint8_t* scales = nullptr;
     // A source whose blocks other tiles share (QuantizedSource::exchange): this tile's partial
@@ -117,6 +118,8 @@ class RefitSession {
     std::vector<float> amax;
   };
   std::vector<QuantizeJob> quantize_;
+  // Room for the largest of this rank's requantized FP8 source tiles as fp32 (one at a time).
+  std::vector<float> dequantized_;
   absl::Status PrepareQuantization(const std::vector<common::BufferView>& buffers,
                                    std::shared_ptr<net::Runtime> runtime, absl::Time deadline);
   // Starts the fan-out layer and the engine on `epoch`.

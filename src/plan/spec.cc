@@ -641,7 +641,7 @@ absl::Status ValidateImpl(const RefitSpec& spec, int32_t only_rank) {
     }
     // A lowered spec (quant_spec.h) names its internal buffers; a user's spec may not.
     const bool user_spec = spec.quantized_sources.empty();
-    RESHARD_RETURN_IF_ERROR(ValidateLayout(t, t.src, "src", t.dtype, user_spec, stamp, epoch));
+    RESHARD_RETURN_IF_ERROR(ValidateLayout(t, t.src, "src", t.src_dtype(), user_spec, stamp, epoch));
     // ValidateQuant builds both sides' grids, which need valid layouts.
     RESHARD_RETURN_IF_ERROR(
         ValidateLayout(t, t.dst, "dst", t.dst_dtype(), user_spec, stamp, epoch));

@@ -3,7 +3,10 @@
 // and fp32 sources over shared memory and tcp, three of them from source tiles that share blocks
 // (the amax exchange runs first); every destination element and scale must equal what the
 // in-process reference (plan::ExpectQuantized, the quantizer the ml_dtypes test checks) computes
-// from the whole tensor, bit for bit, in each of three refits.
+// from the whole tensor, bit for bit, in each of three refits. Two sources already hold FP8:
+// one with the destination's scheme (bytes and scales move as they are: checked like plain
+// tensors), one with MX scales into channel scales (dequantized and quantized again, after the
+// amax exchange of its column shards).
 #include <cstdint>
 #include <cstdio>
 #include <map>
@@ -66,7 +69,19 @@ constexpr char kSpec[] = R"json({"topology": {"ranks_per_domain": 2}, "tensors":
   {"name": "mx_cut", "dtype": "fp16", "shape": [48, 20],
    "src": {"mesh": [0, 1], "placements": ["S(1)"]},
    "dst": {"mesh": [2, 3], "placements": ["S(0)"], "dtype": "fp8e4m3",
-           "quant": {"scheme": "mx"}}}]})json";
+           "quant": {"scheme": "mx"}}},
+  {"name": "fp8_same", "dtype": "bf16", "shape": [256, 512],
+   "src": {"mesh": [0, 1], "placements": ["S(0)"], "dtype": "fp8e4m3",
+           "quant": {"scheme": "block", "block": [128, 128]}, "scale_buffer": "src_scales",
+           "scale_view": {"offset": 3}},
+   "dst": {"mesh": [2, 3, 4, 5], "placements": ["S(1)"], "dtype": "fp8e4m3",
+           "quant": {"scheme": "block", "block": [128, 128]}}},
+  {"name": "fp8_requant", "dtype": "bf16", "shape": [64, 256],
+   "src": {"mesh": [0, 1], "placements": ["S(1)"], "dtype": "fp8e5m2",
+           "quant": {"scheme": "mx", "block": [1, 32]}, "scale_buffer": "src_mx_scales",
+           "scale_view": {"offset": 40}},
+   "dst": {"mesh": [2, 3, 4, 5], "placements": ["S(0)"], "dtype": "fp8e4m3",
+           "quant": {"scheme": "channel"}}}]})json";
 constexpr int kWorld = 6;
 constexpr uint8_t kPoison = 0xA5;
 
@@ -88,7 +103,9 @@ TEST_P(QuantizedRefitTest, ElementsAndScalesMatchTheReferenceBitForBit) {
   auto lowered_or = plan::LowerQuantization(std::make_shared<const plan::RefitSpec>(*parsed));
   ASSERT_TRUE(lowered_or.ok()) << lowered_or.status();
   const std::shared_ptr<const plan::RefitSpec> lowered = *lowered_or;
-  ASSERT_EQ(lowered->quantized_sources.size(), 7u);
+  // fp8_same moves as it is (plain tensors); fp8_requant is dequantized and quantized again.
+  ASSERT_EQ(lowered->quantized_sources.size(), 8u);
+  ASSERT_TRUE(lowered->quantized_sources[7].requantized());
   ASSERT_NE(lowered->amax_exchange, nullptr);  // The *_cut tensors share blocks across sources.
   const std::string dir = StoreDir(transport);
   std::map<int32_t, int> codes = testing::ForkRanks(
@@ -128,8 +145,12 @@ TEST_P(QuantizedRefitTest, ElementsAndScalesMatchTheReferenceBitForBit) {
           for (size_t q = 0; q < lowered->quantized_sources.size(); ++q) {
             const plan::QuantizedSource& qs = lowered->quantized_sources[q];
             if (auto box = TileOf(qs.src, lowered->tensors[qs.tensor].shape, rank)) {
+              uint8_t* scales =
+                  qs.requantized() ? memory.at({plan::Side::kSrc, qs.src_scales.buffer}).data()
+                                   : nullptr;
               plan::FillQuantizedSourceTile(*lowered, q, *box, step,
-                                            memory.at({plan::Side::kSrc, qs.src.buffer}).data());
+                                            memory.at({plan::Side::kSrc, qs.src.buffer}).data(),
+                                            scales);
             }
           }
           for (auto& [key, bytes] : memory) {
