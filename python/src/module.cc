@@ -387,7 +387,8 @@ NB_MODULE(_reshard, m) {
            "element `strides` (empty: contiguous). Returns self.")
       .def("quantized", &reshard::Layout::Quantized, "fp8"_a, "scheme"_a,
            "block"_a = std::vector<int64_t>{}, nb::rv_policy::reference_internal,
-           "Destinations only: store the tiles as `fp8` quantized by `scheme`. Returns self.")
+           "Store this side's tiles as `fp8` quantized by `scheme` (a source: FP8 weights with "
+           "block scales, into a quantized destination). Returns self.")
       .def("scales_in_buffer", &reshard::Layout::ScalesInBuffer, "buffer"_a, "offset"_a = 0,
            "strides"_a = std::vector<int64_t>{}, nb::rv_policy::reference_internal)
       .def_rw("mesh", &reshard::Layout::mesh)

@@ -361,7 +361,9 @@ TEST(QuantSpecTest, MismatchedFp8SourcesRequantizeExactly) {
         const bool matches = s.find("channel") != std::string::npos &&
                              d.find("channel") != std::string::npos;
         ASSERT_EQ(plan->spec().quantized_sources.size(), matches ? 0u : 1u);
-        if (!matches) EXPECT_TRUE(plan->spec().quantized_sources[0].requantized());
+        if (!matches) {
+          EXPECT_TRUE(plan->spec().quantized_sources[0].requantized());
+        }
         const absl::Status verified = VerifyPlanInProcess(*plan, int64_t{1} << 30);
         EXPECT_TRUE(verified.ok()) << verified;
       }
