@@ -162,13 +162,6 @@ absl::Status RefitSession::PrepareQuantization(const std::vector<common::BufferV
     const std::optional<plan::TileGrid::Cell> cell = grid.CellOfRank(rank_);
     if (!cell.has_value()) continue;
     const common::BufferView& user = buffers[p.quantized_source_buffer(q)];
-    if (user.kind != common::MemoryKind::kHost) {
-      return absl::UnimplementedError(absl::StrFormat(
-          "tensor %s on rank %d: its destination is quantized, and quantizing a source in GPU "
-          "memory needs the CUDA quantization kernels, which are not built yet; give the "
-          "source in host memory",
-          json::QuoteForMessage(t.name), rank_));
-    }
     QuantizeJob job;
     job.source = q;
     job.tile = grid.CellBox(*cell);
@@ -177,7 +170,7 @@ absl::Status RefitSession::PrepareQuantization(const std::vector<common::BufferV
       if (buffers[b].kind != common::MemoryKind::kHost) {
         return absl::UnimplementedError(absl::StrFormat(
             "tensor %s on rank %d: its FP8 source is requantized, and its source scales are in "
-            "GPU memory, which needs the CUDA quantization kernels; give them in host memory",
+            "GPU memory; dequantizing on the GPU is not implemented: give them in host memory",
             json::QuoteForMessage(t.name), rank_));
       }
       job.user_scales = static_cast<const uint8_t*>(buffers[b].data);
@@ -186,6 +179,44 @@ absl::Status RefitSession::PrepareQuantization(const std::vector<common::BufferV
     }
     job.elements = static_cast<uint8_t*>(buffers[p.buffer_of(qs.tensor, plan::Side::kSrc)].data);
     job.scales = static_cast<uint8_t*>(buffers[p.buffer_of(qs.scale_tensor, plan::Side::kSrc)].data);
+    if (user.kind != common::MemoryKind::kHost && !job.tile.empty()) {
+      // A source in GPU memory: the CUDA kernels quantize it into the internal host buffers.
+      if (qs.requantized()) {
+        return absl::UnimplementedError(absl::StrFormat(
+            "tensor %s on rank %d: its FP8 source is in GPU memory and its destination's scheme "
+            "differs, and dequantizing on the GPU is not implemented; give the source in host "
+            "memory, or the destination the source's format, scheme and block",
+            json::QuoteForMessage(t.name), rank_));
+      }
+      const plan::QuantTile qt = plan::SourceQuantTile(spec, q, job.tile, job.user, job.elements,
+                                                       job.scales);
+      cuda::QuantShape shape;
+      shape.source = qt.src_dtype == plan::DType::kBf16   ? cuda::QuantSource::kBf16
+                     : qt.src_dtype == plan::DType::kFp16 ? cuda::QuantSource::kFp16
+                                                          : cuda::QuantSource::kFp32;
+      shape.ndim = qt.ndim;
+      shape.mx = qt.arith == plan::QuantArith::kMx;
+      shape.e5m2 = qt.format == quant::Fp8Format::kE5M2;
+      for (int d = 0; d < qt.ndim; ++d) {
+        shape.extent[d] = qt.extent[d];
+        shape.src_stride[d] = qt.src_strides[d];
+        shape.block[d] = qt.block[d];
+      }
+      cuda::FinishQuantShape(shape);
+      absl::StatusOr<std::unique_ptr<cuda::DeviceQuantizer>> device =
+          cuda::DeviceQuantizer::Create(shape);
+      if (!device.ok()) {
+        return absl::Status(device.status().code(),
+                            absl::StrFormat("tensor %s on rank %d: its source is in GPU memory "
+                                            "and its destination quantized: %s",
+                                            json::QuoteForMessage(t.name), rank_,
+                                            device.status().message()));
+      }
+      job.device = *std::move(device);
+      job.device_src = qt.src;
+      job.device_out = qt.out;
+      job.device_scales = qt.scales;
+    }
     if (qs.exchange) {
       if (exchange_plan == nullptr) {
         return absl::InternalError(absl::StrFormat(
@@ -211,6 +242,22 @@ absl::Status RefitSession::PrepareQuantization(const std::vector<common::BufferV
   return absl::OkStatus();
 }
 
+absl::Status RefitSession::QuantizeJobTile(const QuantizeJob& job, const float* amax) {
+  if (job.device == nullptr) {
+    plan::QuantizeSourceTile(plan_->spec(), job.source, job.tile, job.user, job.elements,
+                             job.scales, amax, job.user_scales, dequantized_.data());
+    return absl::OkStatus();
+  }
+  const absl::Status st =
+      job.device->Quantize(job.device_src, job.device_out, job.device_scales, amax);
+  if (st.ok()) return st;
+  const plan::RefitSpec& spec = plan_->spec();
+  const std::string& name = spec.tensors[spec.quantized_sources[job.source].tensor].name;
+  return absl::Status(st.code(),
+                      absl::StrFormat("tensor %s on rank %d: quantizing on the GPU: %s",
+                                      json::QuoteForMessage(name), rank_, st.message()));
+}
+
 absl::Status RefitSession::StartLayers(uint64_t epoch) {
   if (fanout_ != nullptr) RESHARD_RETURN_IF_ERROR(fanout_->Start(epoch));
   return engine_->Start(epoch);
@@ -221,12 +268,13 @@ absl::Status RefitSession::Start(uint64_t epoch) {
   // Those whose blocks other tiles share post their partial amaxes to the exchange instead and
   // are quantized in Wait, once it has gathered the others'; the layers then start there.
   for (const QuantizeJob& job : quantize_) {
-    if (job.partial != nullptr) {
+    if (job.partial == nullptr) {
+      RESHARD_RETURN_IF_ERROR(QuantizeJobTile(job, nullptr));
+    } else if (job.device != nullptr) {
+      RESHARD_RETURN_IF_ERROR(job.device->Amax(job.device_src, job.partial));
+    } else {
       plan::PartialAmaxTile(plan_->spec(), job.source, job.tile, job.user, job.partial,
                             job.user_scales, dequantized_.data());
-    } else {
-      plan::QuantizeSourceTile(plan_->spec(), job.source, job.tile, job.user, job.elements,
-                               job.scales, nullptr, job.user_scales, dequantized_.data());
     }
   }
   if (amax_ != nullptr) {
@@ -277,9 +325,7 @@ absl::Status RefitSession::Wait(uint64_t epoch, absl::Time deadline) {
         if (job.partial == nullptr) continue;
         const plan::QuantizedSource& qs = plan_->spec().quantized_sources[job.source];
         plan::CombineAmax(qs, job.tile, job.gathered, job.amax.data());
-        plan::QuantizeSourceTile(plan_->spec(), job.source, job.tile, job.user, job.elements,
-                                 job.scales, job.amax.data(), job.user_scales,
-                                 dequantized_.data());
+        RESHARD_RETURN_IF_ERROR(QuantizeJobTile(job, job.amax.data()));
       }
       RESHARD_RETURN_IF_ERROR(StartLayers(epoch));
     }

@@ -515,6 +515,19 @@ void QuantizeBox(const QuantizedSource& qs, DType fp8, const Box& tile, const ui
   QuantizeTile(q);
 }
 
+QuantTile SourceQuantTile(const RefitSpec& lowered, size_t q, const Box& tile,
+                          const uint8_t* user_buffer, uint8_t* elements_buffer,
+                          uint8_t* scales_buffer) {
+  const QuantizedSource& qs = lowered.quantized_sources[q];
+  RESHARD_CHECK_MSG(!qs.requantized(), "SourceQuantTile of a requantized FP8 source");
+  const TensorSpec& t = lowered.tensors[qs.tensor];
+  const TensorSpec& s = lowered.tensors[qs.scale_tensor];
+  QuantTile qt = SourceTileOf(lowered, qs, tile, user_buffer, nullptr, nullptr);
+  qt.out = elements_buffer + t.src.view.offset;
+  qt.scales = scales_buffer + s.src.view.offset * DTypeSize(s.dtype);
+  return qt;
+}
+
 int64_t DequantizedElements(const QuantizedSource& qs, const Box& tile) {
   return qs.requantized() ? std::max<int64_t>(0, tile.NumElements()) : 0;
 }

@@ -32,6 +32,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "src/plan/quantize.h"
 #include "src/plan/spec.h"
 #include "src/plan/tiling.h"
 
@@ -98,6 +99,13 @@ void QuantizeSourceTile(const RefitSpec& lowered, size_t q, const Box& tile,
                         const uint8_t* user_buffer, uint8_t* elements_buffer,
                         uint8_t* scales_buffer, const float* amax = nullptr,
                         const uint8_t* user_scales = nullptr, float* dequantized = nullptr);
+
+// The QuantTile that QuantizeSourceTile quantizes for a non-empty `tile` of quantized source `q`
+// (not a requantized one), with its out and scales set: for quantizing it elsewhere (the CUDA
+// kernels, src/cuda/quantize.h). Its src is user_buffer plus the view's offset.
+QuantTile SourceQuantTile(const RefitSpec& lowered, size_t q, const Box& tile,
+                          const uint8_t* user_buffer, uint8_t* elements_buffer,
+                          uint8_t* scales_buffer);
 
 // A requantized source's tile (qs.requantized()) as fp32, row-major into `out`:
 // DecodeFp8(byte) * its source block's scale (fp32, or MxScale of the E8M0 byte), one IEEE fp32
