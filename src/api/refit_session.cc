@@ -264,12 +264,18 @@ absl::Status RefitSession::StartLayers(uint64_t epoch) {
 }
 
 absl::Status RefitSession::Start(uint64_t epoch) {
-  // Quantized sources first: the puts read what this writes (host memory, before any post).
-  // Those whose blocks other tiles share post their partial amaxes to the exchange instead and
-  // are quantized in Wait, once it has gathered the others'; the layers then start there.
-  for (const QuantizeJob& job : quantize_) {
+  // Quantized sources. Those whose blocks other tiles share post their partial amaxes to the
+  // exchange and are quantized in Wait once it has gathered the others' (the layers then start
+  // there). The others are quantized one at a time in Wait's rounds while the network runs: the
+  // engine holds the puts and local copies that read them until each is written.
+  next_held_ = quantize_.size();
+  for (size_t i = 0; i < quantize_.size(); ++i) {
+    const QuantizeJob& job = quantize_[i];
     if (job.partial == nullptr) {
-      RESHARD_RETURN_IF_ERROR(QuantizeJobTile(job, nullptr));
+      const plan::QuantizedSource& qs = plan_->spec().quantized_sources[job.source];
+      engine_->HoldSource(qs.tensor);
+      engine_->HoldSource(qs.scale_tensor);
+      next_held_ = std::min(next_held_, i);
     } else if (job.device != nullptr) {
       RESHARD_RETURN_IF_ERROR(job.device->Amax(job.device_src, job.partial));
     } else {
@@ -283,6 +289,19 @@ absl::Status RefitSession::Start(uint64_t epoch) {
     if (exchange_jobs_) return absl::OkStatus();
   }
   return StartLayers(epoch);
+}
+
+absl::Status RefitSession::QuantizeNextHeld(bool* did) {
+  *did = false;
+  while (next_held_ < quantize_.size() && quantize_[next_held_].partial != nullptr) ++next_held_;
+  if (next_held_ == quantize_.size()) return absl::OkStatus();
+  const QuantizeJob& job = quantize_[next_held_++];
+  RESHARD_RETURN_IF_ERROR(QuantizeJobTile(job, nullptr));
+  const plan::QuantizedSource& qs = plan_->spec().quantized_sources[job.source];
+  engine_->ReleaseSource(qs.tensor);
+  engine_->ReleaseSource(qs.scale_tensor);
+  *did = true;
+  return absl::OkStatus();
 }
 
 namespace {
@@ -339,9 +358,15 @@ absl::Status RefitSession::Wait(uint64_t epoch, absl::Time deadline) {
     // drains its last landings (an epoch of local copies only may finish inside Start).
     const bool engine_running = engine_->in_epoch();
     events.network_running = engine_running;
+    // One held source per round: its puts post in this round's Progress, while the network
+    // carries them and the next ones quantize.
+    bool quantized = false;
+    if (engine_running) st = QuantizeNextHeld(&quantized);
+    if (!st.ok()) break;
     landed_.clear();
-    bool progressed = false;
+    bool progressed = quantized;
     st = engine_->Progress(&landed_, &progressed);
+    progressed = progressed || quantized;
     if (!st.ok()) break;
     if (fanout_ != nullptr) {
       // Forward each piece as soon as it landed, while later pieces are still on the network.

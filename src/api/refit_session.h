@@ -129,6 +129,11 @@ class RefitSession {
   std::vector<float> dequantized_;
   // Quantizes `job` (after the amax exchange: `amax`), on the host or with the CUDA kernels.
   absl::Status QuantizeJobTile(const QuantizeJob& job, const float* amax);
+  // Quantizes the next job held in the engine (RefitEngine::HoldSource) and releases its
+  // tensor and scales, so their puts post while later jobs quantize; `did` says whether there
+  // was one.
+  absl::Status QuantizeNextHeld(bool* did);
+  size_t next_held_ = 0;  // quantize_ from here on may still be held.
   absl::Status PrepareQuantization(const std::vector<common::BufferView>& buffers,
                                    std::shared_ptr<net::Runtime> runtime, absl::Time deadline);
   // Starts the fan-out layer and the engine on `epoch`.
