@@ -543,6 +543,9 @@ NB_MODULE(_reshard, m) {
       .def_ro("fanout_hidden_fraction", &reshard::Stats::fanout_hidden_fraction)
       .def_ro("fanout_domain_hidden_fraction", &reshard::Stats::fanout_domain_hidden_fraction)
       .def_ro("registrations_total", &reshard::Stats::registrations_total)
+      .def_ro("quantize_seconds", &reshard::Stats::quantize_seconds)
+      .def_ro("amax_exchange_seconds", &reshard::Stats::amax_exchange_seconds)
+      .def_ro("quantize_buffer_bytes", &reshard::Stats::quantize_buffer_bytes)
       .def_ro("registrations_this_refit", &reshard::Stats::registrations_this_refit);
 
   nb::class_<reshard::HostBuffer>(m, "HostBuffer",

@@ -350,6 +350,7 @@ absl::Status RefitHandle::Wait(absl::Time deadline) {
   s.registrations_total = net::RegistrationCount();
   s.registrations_this_refit = s.registrations_total - h.registrations_at_start;
   if (h.session != nullptr) h.session->FillStats(s);
+  for (const auto& b : h.internal_buffers) s.quantize_buffer_bytes += static_cast<int64_t>(b.size());
   if (!st.ok()) {
     h.failed = true;
     h.failure = st;

@@ -269,6 +269,9 @@ absl::Status RefitSession::Start(uint64_t epoch) {
   // there). The others are quantized one at a time in Wait's rounds while the network runs: the
   // engine holds the puts and local copies that read them until each is written.
   next_held_ = quantize_.size();
+  quantize_time_ = absl::ZeroDuration();
+  exchange_time_ = absl::ZeroDuration();
+  const absl::Time began = absl::Now();
   for (size_t i = 0; i < quantize_.size(); ++i) {
     const QuantizeJob& job = quantize_[i];
     if (job.partial == nullptr) {
@@ -283,7 +286,9 @@ absl::Status RefitSession::Start(uint64_t epoch) {
                             job.user_scales, dequantized_.data());
     }
   }
+  if (exchange_jobs_) quantize_time_ += absl::Now() - began;  // The partial amaxes.
   if (amax_ != nullptr) {
+    exchange_started_ = absl::Now();
     RESHARD_RETURN_IF_ERROR(amax_->Start(epoch));
     exchange_pending_ = true;
     if (exchange_jobs_) return absl::OkStatus();
@@ -296,7 +301,9 @@ absl::Status RefitSession::QuantizeNextHeld(bool* did) {
   while (next_held_ < quantize_.size() && quantize_[next_held_].partial != nullptr) ++next_held_;
   if (next_held_ == quantize_.size()) return absl::OkStatus();
   const QuantizeJob& job = quantize_[next_held_++];
+  const absl::Time began = absl::Now();
   RESHARD_RETURN_IF_ERROR(QuantizeJobTile(job, nullptr));
+  quantize_time_ += absl::Now() - began;
   const plan::QuantizedSource& qs = plan_->spec().quantized_sources[job.source];
   engine_->ReleaseSource(qs.tensor);
   engine_->ReleaseSource(qs.scale_tensor);
@@ -335,17 +342,20 @@ absl::Status RefitSession::Wait(uint64_t epoch, absl::Time deadline) {
   if (exchange_pending_) {
     exchange_pending_ = false;
     const absl::Status exchanged = amax_->Wait(epoch, deadline);
+    exchange_time_ = absl::Now() - exchange_started_;
     if (!exchanged.ok()) {
       return absl::Status(exchanged.code(),
                           absl::StrCat("the amax exchange failed: ", exchanged.message()));
     }
     if (exchange_jobs_) {
+      const absl::Time began = absl::Now();
       for (QuantizeJob& job : quantize_) {
         if (job.partial == nullptr) continue;
         const plan::QuantizedSource& qs = plan_->spec().quantized_sources[job.source];
         plan::CombineAmax(qs, job.tile, job.gathered, job.amax.data());
         RESHARD_RETURN_IF_ERROR(QuantizeJobTile(job, job.amax.data()));
       }
+      quantize_time_ += absl::Now() - began;
       RESHARD_RETURN_IF_ERROR(StartLayers(epoch));
     }
   }
@@ -430,6 +440,13 @@ void RefitSession::FillStats(Stats& s) const {
   s.signals = e.signals;
   s.transports = engine_->Transports();
   s.fanout = fanout_name_;
+  s.quantize_seconds = absl::ToDoubleSeconds(quantize_time_);
+  s.amax_exchange_seconds = absl::ToDoubleSeconds(exchange_time_);
+  s.quantize_buffer_bytes = static_cast<int64_t>(dequantized_.size() * sizeof(float));
+  for (const auto& b : amax_memory_) s.quantize_buffer_bytes += static_cast<int64_t>(b.size());
+  for (const QuantizeJob& job : quantize_) {
+    s.quantize_buffer_bytes += static_cast<int64_t>(job.amax.size() * sizeof(float));
+  }
   if (fanout_ != nullptr) {
     const nvlink::FanoutStats& f = fanout_->stats();
     s.pieces_received += f.arrivals;

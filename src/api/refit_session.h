@@ -134,6 +134,10 @@ class RefitSession {
   // was one.
   absl::Status QuantizeNextHeld(bool* did);
   size_t next_held_ = 0;  // quantize_ from here on may still be held.
+  // This refit's quantization figures (Stats::quantize_seconds, amax_exchange_seconds).
+  absl::Duration quantize_time_;
+  absl::Time exchange_started_;
+  absl::Duration exchange_time_;
   absl::Status PrepareQuantization(const std::vector<common::BufferView>& buffers,
                                    std::shared_ptr<net::Runtime> runtime, absl::Time deadline);
   // Starts the fan-out layer and the engine on `epoch`.

@@ -112,6 +112,17 @@ TEST_P(QuantizedRefitTest, ElementsAndScalesMatchTheReferenceBitForBit) {
   ASSERT_EQ(lowered->quantized_sources.size(), 8u);
   ASSERT_TRUE(lowered->quantized_sources[7].requantized());
   ASSERT_NE(lowered->amax_exchange, nullptr);  // The *_cut tensors share blocks across sources.
+  // The internal buffers (FP8 bytes and fp32 scales) each source rank holds.
+  auto plan = plan::BuildPlan(lowered);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  int64_t internal_bytes[2] = {0, 0};
+  for (int32_t r = 0; r < 2; ++r) {
+    const std::vector<int64_t> bytes = plan->BufferBytes(r);
+    for (size_t b = 0; b < bytes.size(); ++b) {
+      if (plan->buffers()[b].internal) internal_bytes[r] += bytes[b];
+    }
+  }
+  ASSERT_GT(internal_bytes[0], 0);
   const std::string dir = StoreDir(transport);
   std::map<int32_t, int> codes = testing::ForkRanks(
       testing::Ranks(kWorld),
@@ -187,6 +198,18 @@ TEST_P(QuantizedRefitTest, ElementsAndScalesMatchTheReferenceBitForBit) {
             checked += box->NumElements();
           }
           if (rank >= 2) CHILD_EXPECT(checked > 0);
+          // Stats: sources quantize and exchange amaxes, holding at least the internal FP8 and
+          // scale buffers; destinations do neither.
+          const Stats& stats = handle->stats();
+          if (rank < 2) {
+            CHILD_EXPECT(stats.quantize_seconds > 0 && stats.amax_exchange_seconds > 0,
+                         absl::StrCat(stats.quantize_seconds, " s, ", stats.amax_exchange_seconds,
+                                      " s"));
+            CHILD_EXPECT(stats.quantize_buffer_bytes >= internal_bytes[rank],
+                         absl::StrCat(stats.quantize_buffer_bytes, " < ", internal_bytes[rank]));
+          } else {
+            CHILD_EXPECT(stats.quantize_seconds == 0 && stats.quantize_buffer_bytes == 0);
+          }
         }
         return 0;
       },

@@ -96,6 +96,10 @@ typedef struct reshard_stats {
   int64_t data_messages; /* data active messages posted (the delivery used over tcp) */
   int64_t single_copy_writes; /* process_vm_writev calls (same-host peers, one copy) */
   int64_t mapped_copies;      /* runs memcpy'd into a same-host peer's mapped HostBuffer */
+  /* Quantized destinations: reshard::Stats' fields of the same names. */
+  double quantize_seconds;
+  double amax_exchange_seconds;
+  int64_t quantize_buffer_bytes;
 } reshard_stats_t;
 
 /* The message of the last failing call on this thread ("" when none). Valid until the next
