@@ -291,6 +291,11 @@ TEST(QuantSpecTest, Fp8SourceErrorsNameTensorFieldDimAndRank) {
             "tensor \"w\": dst.quant quantizes bf16, fp16 or fp32 tensors, not fp8e4m3 (an FP8 "
             "source gives src.dtype and src.quant, and the tensor's dtype stays the unquantized "
             "one)");
+  // A requantized source's scale view is checked like any view (here its scales would overlap).
+  const std::string overlapping = ErrorOf(Fp8Source(
+      R"j(, "dtype": "fp8e5m2", "quant": {"scheme": "mx"}, "scale_view": {"offset": 0, "strides": [0, 1]})j",
+      kBlockE4M3));
+  EXPECT_EQ(overlapping.rfind("tensor \"w.scale\": src.view", 0), 0u) << overlapping;
   // Channel scales of column shards: every shard holds its rows' (replicated) scales.
   EXPECT_EQ(ErrorOf(Fp8Source(R"j(, "dtype": "fp8e4m3", "quant": {"scheme": "channel"})j",
                               R"j(, "dtype": "fp8e4m3", "quant": {"scheme": "channel"})j", "S(1)")),
