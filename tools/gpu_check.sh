@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # The GPU check: one prepared script for a machine with an NVIDIA GPU (under 8 minutes on one
 # H200 with 16 cores). It configures a fresh Release build with CUDA, builds every gpu-labelled
-# test, `reshard` and bench/pack_bench, prints `reshard info`, runs `ctest -L gpu`, then prints
-# the pack/unpack kernels' GB/s against device-to-device cudaMemcpy (runs of 4 B .. 64 KiB) as
-# one table. CUDA IPC between processes on one GPU runs; NCCL tests that need two GPUs skip.
+# test (the pack kernels' and the FP8 quantization kernels', each against its host twin bit for
+# bit), `reshard`, bench/pack_bench and bench/quant_bench, prints `reshard info`, runs
+# `ctest -L gpu`, then prints the pack/unpack kernels' GB/s against device-to-device cudaMemcpy
+# (runs of 4 B .. 64 KiB) as one table and the quantization kernels' GB/s per scheme (8192 x 8192
+# bf16) as another. CUDA IPC between processes on one GPU runs; NCCL tests that need two GPUs skip.
 #
 #   tools/gpu_check.sh [BUILD_DIR]     (default: build-gpu; CUDA found under /usr/local/cuda or
 #                                       CUDAToolkit_ROOT; UCX_ROOT=<prefix> builds against that
@@ -57,9 +59,9 @@ if [ -z "$targets" ]; then
   echo "gpu_check: no gpu-labelled test targets found" >&2
   exit 1
 fi
-log "build: $targets reshard pack_bench"
+log "build: $targets reshard pack_bench quant_bench"
 # shellcheck disable=SC2086
-cmake --build "$build" -j"$jobs" --target $targets reshard pack_bench
+cmake --build "$build" -j"$jobs" --target $targets reshard pack_bench quant_bench
 
 log "reshard info"
 "$build/bin/reshard" info || true
@@ -74,12 +76,17 @@ log "pack/unpack kernels against cudaMemcpy"
 set +e
 "$build/bin/pack_bench" --mib 256 --iters 20
 bench=$?
+if [ "$bench" -eq 0 ]; then
+  log "FP8 quantization kernels against cudaMemcpy"
+  "$build/bin/quant_bench" --rows 8192 --cols 8192 --iters 20
+  bench=$?
+fi
 set -e
 log "done"
 case "$bench" in
   0) exit 0 ;;
   3) echo "gpu_check: no usable GPU: the gpu tests skipped and nothing was measured" >&2
      exit 3 ;;
-  *) echo "gpu_check: pack_bench failed (exit $bench)" >&2
+  *) echo "gpu_check: pack_bench or quant_bench failed (exit $bench)" >&2
      exit 1 ;;
 esac

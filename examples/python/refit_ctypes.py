@@ -42,7 +42,9 @@ class Stats(ctypes.Structure):
                 ("puts", ctypes.c_int64), ("registrations_this_refit", ctypes.c_int64),
                 ("start_seconds", ctypes.c_double), ("wait_seconds", ctypes.c_double),
                 ("total_seconds", ctypes.c_double), ("data_messages", ctypes.c_int64),
-                ("single_copy_writes", ctypes.c_int64), ("mapped_copies", ctypes.c_int64)]
+                ("single_copy_writes", ctypes.c_int64), ("mapped_copies", ctypes.c_int64),
+                ("quantize_seconds", ctypes.c_double), ("amax_exchange_seconds", ctypes.c_double),
+                ("quantize_buffer_bytes", ctypes.c_int64)]
 
 
 class Reshard:

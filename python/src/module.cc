@@ -387,7 +387,8 @@ NB_MODULE(_reshard, m) {
            "element `strides` (empty: contiguous). Returns self.")
       .def("quantized", &reshard::Layout::Quantized, "fp8"_a, "scheme"_a,
            "block"_a = std::vector<int64_t>{}, nb::rv_policy::reference_internal,
-           "Destinations only: store the tiles as `fp8` quantized by `scheme`. Returns self.")
+           "Store this side's tiles as `fp8` quantized by `scheme` (a source: FP8 weights with "
+           "block scales, into a quantized destination). Returns self.")
       .def("scales_in_buffer", &reshard::Layout::ScalesInBuffer, "buffer"_a, "offset"_a = 0,
            "strides"_a = std::vector<int64_t>{}, nb::rv_policy::reference_internal)
       .def_rw("mesh", &reshard::Layout::mesh)
@@ -542,6 +543,9 @@ NB_MODULE(_reshard, m) {
       .def_ro("fanout_hidden_fraction", &reshard::Stats::fanout_hidden_fraction)
       .def_ro("fanout_domain_hidden_fraction", &reshard::Stats::fanout_domain_hidden_fraction)
       .def_ro("registrations_total", &reshard::Stats::registrations_total)
+      .def_ro("quantize_seconds", &reshard::Stats::quantize_seconds)
+      .def_ro("amax_exchange_seconds", &reshard::Stats::amax_exchange_seconds)
+      .def_ro("quantize_buffer_bytes", &reshard::Stats::quantize_buffer_bytes)
       .def_ro("registrations_this_refit", &reshard::Stats::registrations_this_refit);
 
   nb::class_<reshard::HostBuffer>(m, "HostBuffer",

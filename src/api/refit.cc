@@ -54,6 +54,10 @@ std::vector<BufferRequirement> Requirements(const plan::RefitSpec& spec,
     const plan::QuantizedSource& qs = spec.quantized_sources[q];
     if (qs.src.mesh.IndexOf(rank) >= 0) {
       tensors[table.quantized_source_buffer[q]].push_back(spec.tensors[qs.tensor].name);
+      if (qs.requantized()) {
+        tensors[table.quantized_source_scale_buffer[q]].push_back(
+            spec.tensors[qs.tensor].name + ".scale");
+      }
     }
   }
   for (plan::Side side : {plan::Side::kSrc, plan::Side::kDst}) {
@@ -368,6 +372,7 @@ absl::Status RefitHandle::Wait(absl::Time deadline) {
   s.registrations_total = net::RegistrationCount();
   s.registrations_this_refit = s.registrations_total - h.registrations_at_start;
   if (h.session != nullptr) h.session->FillStats(s);
+  for (const auto& b : h.internal_buffers) s.quantize_buffer_bytes += static_cast<int64_t>(b.size());
   if (!st.ok()) {
     h.failed = true;
     h.failure = st;

@@ -162,19 +162,61 @@ absl::Status RefitSession::PrepareQuantization(const std::vector<common::BufferV
     const std::optional<plan::TileGrid::Cell> cell = grid.CellOfRank(rank_);
     if (!cell.has_value()) continue;
     const common::BufferView& user = buffers[p.quantized_source_buffer(q)];
-    if (user.kind != common::MemoryKind::kHost) {
-      return absl::UnimplementedError(absl::StrFormat(
-          "tensor %s on rank %d: its destination is quantized, and quantizing a source in GPU "
-          "memory needs the CUDA quantization kernels, which are not built yet; give the "
-          "source in host memory",
-          json::QuoteForMessage(t.name), rank_));
-    }
     QuantizeJob job;
     job.source = q;
     job.tile = grid.CellBox(*cell);
     job.user = static_cast<const uint8_t*>(user.data);
+    if (const uint32_t b = p.quantized_source_scale_buffer(q); b != plan::Plan::kNoBuffer) {
+      if (buffers[b].kind != common::MemoryKind::kHost) {
+        return absl::UnimplementedError(absl::StrFormat(
+            "tensor %s on rank %d: its FP8 source is requantized, and its source scales are in "
+            "GPU memory; dequantizing on the GPU is not implemented: give them in host memory",
+            json::QuoteForMessage(t.name), rank_));
+      }
+      job.user_scales = static_cast<const uint8_t*>(buffers[b].data);
+      dequantized_.resize(std::max(dequantized_.size(),
+                                   static_cast<size_t>(plan::DequantizedElements(qs, job.tile))));
+    }
     job.elements = static_cast<uint8_t*>(buffers[p.buffer_of(qs.tensor, plan::Side::kSrc)].data);
     job.scales = static_cast<uint8_t*>(buffers[p.buffer_of(qs.scale_tensor, plan::Side::kSrc)].data);
+    if (user.kind != common::MemoryKind::kHost && !job.tile.empty()) {
+      // A source in GPU memory: the CUDA kernels quantize it into the internal host buffers.
+      if (qs.requantized()) {
+        return absl::UnimplementedError(absl::StrFormat(
+            "tensor %s on rank %d: its FP8 source is in GPU memory and its destination's scheme "
+            "differs, and dequantizing on the GPU is not implemented; give the source in host "
+            "memory, or the destination the source's format, scheme and block",
+            json::QuoteForMessage(t.name), rank_));
+      }
+      const plan::QuantTile qt = plan::SourceQuantTile(spec, q, job.tile, job.user, job.elements,
+                                                       job.scales);
+      cuda::QuantShape shape;
+      shape.source = qt.src_dtype == plan::DType::kBf16   ? cuda::QuantSource::kBf16
+                     : qt.src_dtype == plan::DType::kFp16 ? cuda::QuantSource::kFp16
+                                                          : cuda::QuantSource::kFp32;
+      shape.ndim = qt.ndim;
+      shape.mx = qt.arith == plan::QuantArith::kMx;
+      shape.e5m2 = qt.format == quant::Fp8Format::kE5M2;
+      for (int d = 0; d < qt.ndim; ++d) {
+        shape.extent[d] = qt.extent[d];
+        shape.src_stride[d] = qt.src_strides[d];
+        shape.block[d] = qt.block[d];
+      }
+      cuda::FinishQuantShape(shape);
+      absl::StatusOr<std::unique_ptr<cuda::DeviceQuantizer>> device =
+          cuda::DeviceQuantizer::Create(shape);
+      if (!device.ok()) {
+        return absl::Status(device.status().code(),
+                            absl::StrFormat("tensor %s on rank %d: its source is in GPU memory "
+                                            "and its destination quantized: %s",
+                                            json::QuoteForMessage(t.name), rank_,
+                                            device.status().message()));
+      }
+      job.device = *std::move(device);
+      job.device_src = qt.src;
+      job.device_out = qt.out;
+      job.device_scales = qt.scales;
+    }
     if (qs.exchange) {
       if (exchange_plan == nullptr) {
         return absl::InternalError(absl::StrFormat(
@@ -200,29 +242,73 @@ absl::Status RefitSession::PrepareQuantization(const std::vector<common::BufferV
   return absl::OkStatus();
 }
 
+absl::Status RefitSession::QuantizeJobTile(const QuantizeJob& job, const float* amax) {
+  if (job.device == nullptr) {
+    plan::QuantizeSourceTile(plan_->spec(), job.source, job.tile, job.user, job.elements,
+                             job.scales, amax, job.user_scales, dequantized_.data());
+    return absl::OkStatus();
+  }
+  const absl::Status st =
+      job.device->Quantize(job.device_src, job.device_out, job.device_scales, amax);
+  if (st.ok()) return st;
+  const plan::RefitSpec& spec = plan_->spec();
+  const std::string& name = spec.tensors[spec.quantized_sources[job.source].tensor].name;
+  return absl::Status(st.code(),
+                      absl::StrFormat("tensor %s on rank %d: quantizing on the GPU: %s",
+                                      json::QuoteForMessage(name), rank_, st.message()));
+}
+
 absl::Status RefitSession::StartLayers(uint64_t epoch) {
   if (fanout_ != nullptr) RESHARD_RETURN_IF_ERROR(fanout_->Start(epoch));
   return engine_->Start(epoch);
 }
 
 absl::Status RefitSession::Start(uint64_t epoch) {
-  // Quantized sources first: the puts read what this writes (host memory, before any post).
-  // Those whose blocks other tiles share post their partial amaxes to the exchange instead and
-  // are quantized in Wait, once it has gathered the others'; the layers then start there.
-  for (const QuantizeJob& job : quantize_) {
-    if (job.partial != nullptr) {
-      plan::PartialAmaxTile(plan_->spec(), job.source, job.tile, job.user, job.partial);
+  // Quantized sources. Those whose blocks other tiles share post their partial amaxes to the
+  // exchange and are quantized in Wait once it has gathered the others' (the layers then start
+  // there). The others are quantized one at a time in Wait's rounds while the network runs: the
+  // engine holds the puts and local copies that read them until each is written.
+  next_held_ = quantize_.size();
+  quantize_time_ = absl::ZeroDuration();
+  exchange_time_ = absl::ZeroDuration();
+  const absl::Time began = absl::Now();
+  for (size_t i = 0; i < quantize_.size(); ++i) {
+    const QuantizeJob& job = quantize_[i];
+    if (job.partial == nullptr) {
+      const plan::QuantizedSource& qs = plan_->spec().quantized_sources[job.source];
+      engine_->HoldSource(qs.tensor);
+      engine_->HoldSource(qs.scale_tensor);
+      next_held_ = std::min(next_held_, i);
+    } else if (job.device != nullptr) {
+      RESHARD_RETURN_IF_ERROR(job.device->Amax(job.device_src, job.partial));
     } else {
-      plan::QuantizeSourceTile(plan_->spec(), job.source, job.tile, job.user, job.elements,
-                               job.scales);
+      plan::PartialAmaxTile(plan_->spec(), job.source, job.tile, job.user, job.partial,
+                            job.user_scales, dequantized_.data());
     }
   }
+  if (exchange_jobs_) quantize_time_ += absl::Now() - began;  // The partial amaxes.
   if (amax_ != nullptr) {
+    exchange_started_ = absl::Now();
     RESHARD_RETURN_IF_ERROR(amax_->Start(epoch));
     exchange_pending_ = true;
     if (exchange_jobs_) return absl::OkStatus();
   }
   return StartLayers(epoch);
+}
+
+absl::Status RefitSession::QuantizeNextHeld(bool* did) {
+  *did = false;
+  while (next_held_ < quantize_.size() && quantize_[next_held_].partial != nullptr) ++next_held_;
+  if (next_held_ == quantize_.size()) return absl::OkStatus();
+  const QuantizeJob& job = quantize_[next_held_++];
+  const absl::Time began = absl::Now();
+  RESHARD_RETURN_IF_ERROR(QuantizeJobTile(job, nullptr));
+  quantize_time_ += absl::Now() - began;
+  const plan::QuantizedSource& qs = plan_->spec().quantized_sources[job.source];
+  engine_->ReleaseSource(qs.tensor);
+  engine_->ReleaseSource(qs.scale_tensor);
+  *did = true;
+  return absl::OkStatus();
 }
 
 namespace {
@@ -256,18 +342,20 @@ absl::Status RefitSession::Wait(uint64_t epoch, absl::Time deadline) {
   if (exchange_pending_) {
     exchange_pending_ = false;
     const absl::Status exchanged = amax_->Wait(epoch, deadline);
+    exchange_time_ = absl::Now() - exchange_started_;
     if (!exchanged.ok()) {
       return absl::Status(exchanged.code(),
                           absl::StrCat("the amax exchange failed: ", exchanged.message()));
     }
     if (exchange_jobs_) {
+      const absl::Time began = absl::Now();
       for (QuantizeJob& job : quantize_) {
         if (job.partial == nullptr) continue;
         const plan::QuantizedSource& qs = plan_->spec().quantized_sources[job.source];
         plan::CombineAmax(qs, job.tile, job.gathered, job.amax.data());
-        plan::QuantizeSourceTile(plan_->spec(), job.source, job.tile, job.user, job.elements,
-                                 job.scales, job.amax.data());
+        RESHARD_RETURN_IF_ERROR(QuantizeJobTile(job, job.amax.data()));
       }
+      quantize_time_ += absl::Now() - began;
       RESHARD_RETURN_IF_ERROR(StartLayers(epoch));
     }
   }
@@ -280,9 +368,15 @@ absl::Status RefitSession::Wait(uint64_t epoch, absl::Time deadline) {
     // drains its last landings (an epoch of local copies only may finish inside Start).
     const bool engine_running = engine_->in_epoch();
     events.network_running = engine_running;
+    // One held source per round: its puts post in this round's Progress, while the network
+    // carries them and the next ones quantize.
+    bool quantized = false;
+    if (engine_running) st = QuantizeNextHeld(&quantized);
+    if (!st.ok()) break;
     landed_.clear();
-    bool progressed = false;
+    bool progressed = quantized;
     st = engine_->Progress(&landed_, &progressed);
+    progressed = progressed || quantized;
     if (!st.ok()) break;
     if (fanout_ != nullptr) {
       // Forward each piece as soon as it landed, while later pieces are still on the network.
@@ -346,6 +440,13 @@ void RefitSession::FillStats(Stats& s) const {
   s.signals = e.signals;
   s.transports = engine_->Transports();
   s.fanout = fanout_name_;
+  s.quantize_seconds = absl::ToDoubleSeconds(quantize_time_);
+  s.amax_exchange_seconds = absl::ToDoubleSeconds(exchange_time_);
+  s.quantize_buffer_bytes = static_cast<int64_t>(dequantized_.size() * sizeof(float));
+  for (const auto& b : amax_memory_) s.quantize_buffer_bytes += static_cast<int64_t>(b.size());
+  for (const QuantizeJob& job : quantize_) {
+    s.quantize_buffer_bytes += static_cast<int64_t>(job.amax.size() * sizeof(float));
+  }
   if (fanout_ != nullptr) {
     const nvlink::FanoutStats& f = fanout_->stats();
     s.pieces_received += f.arrivals;

@@ -37,6 +37,7 @@
 #include "absl/time/time.h"
 #include "reshard/refit.h"
 #include "src/common/memory.h"
+#include "src/cuda/quantize.h"
 #include "src/net/refit_engine.h"
 #include "src/net/runtime.h"
 #include "src/nvlink/fanout.h"
@@ -108,6 +109,13 @@ class RefitSession {
     size_t source = 0;  // Index into the plan's spec().quantized_sources.
     plan::Box tile;
     const uint8_t* user = nullptr;
+    const uint8_t* user_scales = nullptr;  // A requantized FP8 source's scales, else null.
+    // A non-empty tile in GPU memory: the CUDA kernels quantize it (cuda::DeviceQuantizer) from
+    // `device_src` into the internal host buffers at `device_out` and `device_scales`.
+    std::unique_ptr<cuda::DeviceQuantizer> device;
+    const void* device_src = nullptr;
+    uint8_t* device_out = nullptr;
+    uint8_t* device_scales = nullptr;
     uint8_t* elements = nullptr;
     uint8_t* scales = nullptr;
     // A source whose blocks other tiles share (QuantizedSource::exchange): this tile's partial
@@ -117,6 +125,19 @@ class RefitSession {
     std::vector<float> amax;
   };
   std::vector<QuantizeJob> quantize_;
+  // Room for the largest of this rank's requantized FP8 source tiles as fp32 (one at a time).
+  std::vector<float> dequantized_;
+  // Quantizes `job` (after the amax exchange: `amax`), on the host or with the CUDA kernels.
+  absl::Status QuantizeJobTile(const QuantizeJob& job, const float* amax);
+  // Quantizes the next job held in the engine (RefitEngine::HoldSource) and releases its
+  // tensor and scales, so their puts post while later jobs quantize; `did` says whether there
+  // was one.
+  absl::Status QuantizeNextHeld(bool* did);
+  size_t next_held_ = 0;  // quantize_ from here on may still be held.
+  // This refit's quantization figures (Stats::quantize_seconds, amax_exchange_seconds).
+  absl::Duration quantize_time_;
+  absl::Time exchange_started_;
+  absl::Duration exchange_time_;
   absl::Status PrepareQuantization(const std::vector<common::BufferView>& buffers,
                                    std::shared_ptr<net::Runtime> runtime, absl::Time deadline);
   // Starts the fan-out layer and the engine on `epoch`.

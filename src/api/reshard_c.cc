@@ -491,6 +491,9 @@ reshard_status_t reshard_handle_stats(const reshard_handle_t* handle, reshard_st
   out->data_messages = s.data_messages;
   out->single_copy_writes = s.single_copy_writes;
   out->mapped_copies = s.mapped_copies;
+  out->quantize_seconds = s.quantize_seconds;
+  out->amax_exchange_seconds = s.amax_exchange_seconds;
+  out->quantize_buffer_bytes = s.quantize_buffer_bytes;
   return RESHARD_OK;
 }
 

@@ -1,10 +1,13 @@
 // Public spec types <-> the planner's spec (src/plan/spec.h).
 #include "reshard/spec.h"
 
+#include <cstring>
+#include <limits>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "src/api/internal.h"
+#include "src/common/quant_math.h"
 #include "src/common/status.h"
 #include "src/plan/dtype.h"
 #include "src/plan/plan.h"
@@ -224,18 +227,28 @@ absl::StatusOr<std::vector<BufferRequirement>> RefitSpec::LocalBuffers(int32_t r
 absl::StatusOr<std::vector<LocalTile>> RefitSpec::LocalTiles(int32_t rank, Side side) const {
   RESHARD_RETURN_IF_ERROR(Validate());
   // Destinations of quantized tensors: their FP8 tiles, then their scales' tiles (the lowered
-  // spec's scale tensors, after the spec's own). Sources are the spec's as written.
-  std::shared_ptr<const plan::RefitSpec> shared =
-      std::make_shared<const plan::RefitSpec>(internal::ToPlanSpec(*this));
-  const size_t user_tensors = shared->tensors.size();
+  // spec's scale tensors, after the spec's own). Sources are the spec's as written, then the
+  // scale tiles of FP8 sources (src.quant).
+  auto user = std::make_shared<plan::RefitSpec>(internal::ToPlanSpec(*this));
+  const size_t user_tensors = user->tensors.size();
+  std::vector<std::string> scales_of(user_tensors);
+  if (side == Side::kSource) {
+    for (size_t t = 0; t < user_tensors; ++t) {
+      if (!user->tensors[t].src_quantized()) continue;
+      scales_of.push_back(user->tensors[t].name);
+      user->tensors.push_back(plan::ScaleTensor(user->tensors[t], plan::Side::kSrc));
+    }
+  }
+  std::shared_ptr<const plan::RefitSpec> shared = std::move(user);
   if (side == Side::kDestination) {
     RESHARD_ASSIGN_OR_RETURN(shared, plan::LowerQuantization(std::move(shared)));
+    scales_of.resize(shared->tensors.size());
+    for (size_t t = user_tensors; t < shared->tensors.size(); ++t) {
+      const std::string& name = shared->tensors[t].name;
+      scales_of[t] = name.substr(0, name.size() - 6);  // "<tensor>.scale"
+    }
   }
   const plan::RefitSpec& spec = *shared;
-  std::vector<std::string> scales_of(spec.tensors.size());
-  for (const plan::QuantizedSource& q : spec.quantized_sources) {
-    scales_of[q.scale_tensor] = spec.tensors[q.tensor].name;
-  }
   const plan::Side ps = side == Side::kSource ? plan::Side::kSrc : plan::Side::kDst;
   std::vector<LocalTile> out;
   for (size_t t = 0; t < spec.tensors.size(); ++t) {
@@ -252,7 +265,7 @@ absl::StatusOr<std::vector<LocalTile>> RefitSpec::LocalTiles(int32_t rank, Side 
     if (t >= user_tensors) tile.scales_of = scales_of[t];
     tile.buffer = ps == plan::Side::kSrc ? ts.src_buffer() : ts.dst_buffer();
     tile.side = side;
-    tile.dtype = static_cast<DType>(side == Side::kSource ? ts.dtype : ts.dst_dtype());
+    tile.dtype = static_cast<DType>(side == Side::kSource ? ts.src_dtype() : ts.dst_dtype());
     tile.global_shape = ts.shape;
     for (int d = 0; d < box.ndim; ++d) {
       tile.lo.push_back(box.lo[d]);
@@ -319,6 +332,21 @@ absl::Status QuantizeReference(DType src_dtype, const void* src,
   plan::QuantizeBox(q, static_cast<plan::DType>(fp8), box, static_cast<const uint8_t*>(src),
                     strides, static_cast<uint8_t*>(out), static_cast<uint8_t*>(scales));
   return absl::OkStatus();
+}
+
+float DequantizeReference(DType fp8, uint8_t byte, QuantScheme scheme, const void* scale) {
+  if ((fp8 != DType::kFp8E4M3 && fp8 != DType::kFp8E5M2) || scheme == QuantScheme::kNone ||
+      scale == nullptr) {
+    return std::numeric_limits<float>::quiet_NaN();
+  }
+  float s;
+  if (scheme == QuantScheme::kMx) {
+    s = quant::MxScale(*static_cast<const uint8_t*>(scale));
+  } else {
+    std::memcpy(&s, scale, 4);
+  }
+  return quant::Dequantize(
+      byte, s, fp8 == DType::kFp8E5M2 ? quant::Fp8Format::kE5M2 : quant::Fp8Format::kE4M3);
 }
 
 }  // namespace reshard

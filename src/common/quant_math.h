@@ -244,6 +244,19 @@ RESHARD_HD inline float DecodeFp8(uint8_t b, Fp8Format f) {
                                : DecodeFp8As<Fp8Format::kE5M2>(b);
 }
 
+// Dequantization of one element with its block's scale (an fp32 scale, or MxScale of the E8M0
+// byte): DecodeFp8(q) * scale, one IEEE fp32 multiplication. FP8 sources of another scheme are
+// dequantized with this before they are quantized again.
+template <Fp8Format F>
+RESHARD_HD inline float DequantizeAs(uint8_t q, float scale) {
+  return internal::MulRn(DecodeFp8As<F>(q), scale);
+}
+
+RESHARD_HD inline float Dequantize(uint8_t q, float scale, Fp8Format f) {
+  return f == Fp8Format::kE4M3 ? DequantizeAs<Fp8Format::kE4M3>(q, scale)
+                               : DequantizeAs<Fp8Format::kE5M2>(q, scale);
+}
+
 // ----- Block statistics and scales -----
 
 // max(amax, |x|) over finite x: NaN and +-Inf leave amax unchanged (so a block's amax is 0

@@ -107,6 +107,12 @@ class RefitEngine::Impl final : public MessageSink, public LinkOwner {
   std::vector<std::unique_ptr<PeerLink>> links_;  // By rank; null for ranks that are not peers.
   std::vector<PeerLink*> peers_;                  // The non-null links.
   std::vector<uint32_t> local_initial_;           // Local copies without dependencies.
+  // Per tensor: its source is held (HoldSource); sized at Init.
+  std::vector<uint8_t> held_;
+  bool Held(const SendDesc& d) const {
+    const plan::Transfer& t = plan_.transfers()[d.transfer];
+    return t.from_side == plan::Side::kSrc && held_[t.tensor] != 0;
+  }
 
   // Epoch state.
   uint64_t epoch_ = 0;
@@ -183,6 +189,7 @@ class RefitEngine::Impl final : public MessageSink, public LinkOwner {
 
 absl::Status RefitEngine::Impl::Init(rendezvous::Store& store, std::vector<BufferView> buffers) {
   store_ = &store;
+  held_.assign(plan_.spec().tensors.size(), 0);
   const absl::Time deadline = absl::Now() + options_.setup_timeout;
   if (runtime_ == nullptr) return absl::InvalidArgumentError("RefitEngine::Create: no runtime");
   if (rank_ < 0 || rank_ >= plan_.world_size()) {
@@ -487,6 +494,7 @@ void RefitEngine::Impl::PostSends() {
           if (!drained.ok()) return Fail(drained);
           continue;
         }
+        if (Held(program_.descs[link->ready.front()])) continue;  // Not yet written.
         link->cursor_desc = link->ready.front();
         link->ready.pop_front();
         link->cursor_run = program_.descs[link->cursor_desc].run_begin;
@@ -530,6 +538,7 @@ void RefitEngine::Impl::Advance() {
 void RefitEngine::Impl::RunLocalCopies() {
   while (!local_ready_.empty() && status_.ok()) {
     const SendDesc& d = program_.descs[local_ready_.front()];
+    if (Held(d)) return;  // Not yet written.
     local_ready_.pop_front();
     absl::Status copied = landing_->CopyLocal(d);
     if (!copied.ok()) return Fail(copied);
@@ -866,6 +875,8 @@ absl::Status RefitEngine::Execute(absl::Time deadline) {
   return impl_->Wait(deadline);
 }
 void RefitEngine::Reset() { impl_->Reset(); }
+void RefitEngine::HoldSource(uint32_t tensor) { impl_->held_[tensor] = 1; }
+void RefitEngine::ReleaseSource(uint32_t tensor) { impl_->held_[tensor] = 0; }
 bool RefitEngine::in_epoch() const { return impl_->in_epoch_; }
 absl::Status RefitEngine::CheckAllPeers() const { return impl_->CheckPeers(/*all=*/true); }
 const absl::Status& RefitEngine::last_status() const { return impl_->status_; }

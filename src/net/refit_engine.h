@@ -186,6 +186,13 @@ class RefitEngine {
   // that arrive later are ignored. Puts of the failed epoch still in flight are abandoned.
   void Reset();
 
+  // Source data written while the network runs (the refit session quantizes tensor by tensor):
+  // puts and local copies that read `tensor`'s source buffer wait, in their plan order, until
+  // ReleaseSource(tensor). Holds outlive epochs: hold before Start, release within the epoch
+  // (a hold never released is a refit that misses its deadline). Allocation-free.
+  void HoldSource(uint32_t tensor);
+  void ReleaseSource(uint32_t tensor);
+
   // True while an epoch is started and not yet finished.
   bool in_epoch() const;
   // Between epochs (every peer is needed for the next one): OK while every peer this rank

@@ -1,5 +1,6 @@
 #include "src/plan/executor.h"
 
+#include <algorithm>
 #include <cstring>
 #include <new>
 
@@ -82,13 +83,21 @@ void LocalWorld::Prepare(uint64_t epoch) {
         for (int64_t j = 0; j < grid.num_replicas(); ++j) fn(grid.Holder(cell, j), box);
       }
     };
+    // A requantized FP8 source: its scales' buffer, and room for a tile dequantized.
+    const uint32_t user_scales = plan_->quantized_source_scale_buffer(q);
+    auto scales_of = [&](int32_t rank) {
+      return user_scales == Plan::kNoBuffer ? nullptr : buffer(rank, user_scales);
+    };
+    std::vector<float> dequantized;
     for_each_tile([&](int32_t rank, const Box& box) {
-      FillQuantizedSourceTile(spec, q, box, epoch, buffer(rank, user));
+      FillQuantizedSourceTile(spec, q, box, epoch, buffer(rank, user), scales_of(rank));
+      dequantized.resize(std::max(dequantized.size(),
+                                  static_cast<size_t>(DequantizedElements(qs, box))));
     });
     if (!qs.exchange) {
       for_each_tile([&](int32_t rank, const Box& box) {
         QuantizeSourceTile(spec, q, box, buffer(rank, user), buffer(rank, elements),
-                           buffer(rank, scales));
+                           buffer(rank, scales), nullptr, scales_of(rank), dequantized.data());
       });
       continue;
     }
@@ -104,7 +113,8 @@ void LocalWorld::Prepare(uint64_t epoch) {
     for_each_tile([&](int32_t rank, const Box& box) {
       const Box pbox = partial_grid.CellBox(*partial_grid.CellOfRank(rank));
       tile_amax.assign(static_cast<size_t>(std::max<int64_t>(pbox.NumElements(), 0)), 0.0f);
-      PartialAmaxTile(spec, q, box, buffer(rank, user), tile_amax.data());
+      PartialAmaxTile(spec, q, box, buffer(rank, user), tile_amax.data(), scales_of(rank),
+                      dequantized.data());
       ForEachElement(row_major, partials.shape, pbox,
                      [&](int64_t off, int64_t g) { all[g] = tile_amax[off]; });
     });
@@ -116,7 +126,7 @@ void LocalWorld::Prepare(uint64_t epoch) {
       amax.assign(gathered.size(), 0.0f);
       CombineAmax(qs, box, gathered.data(), amax.data());
       QuantizeSourceTile(spec, q, box, buffer(rank, user), buffer(rank, elements),
-                         buffer(rank, scales), amax.data());
+                         buffer(rank, scales), amax.data(), scales_of(rank), dequantized.data());
     });
   }
 }

@@ -56,12 +56,46 @@ uint32_t QuantFillBits(DType dtype, uint64_t v) {
 
 }  // namespace
 
+Box SourceScaleBox(const QuantizedSource& qs, const Box& tile) {
+  Box blocks;
+  blocks.ndim = tile.ndim;
+  for (int d = 0; d < tile.ndim; ++d) {
+    blocks.lo[d] = tile.lo[d] / qs.src_block[d];
+    blocks.hi[d] = (tile.hi[d] + qs.src_block[d] - 1) / qs.src_block[d];
+  }
+  return blocks;
+}
+
 void FillQuantizedSourceTile(const RefitSpec& lowered, size_t q, const Box& tile, uint64_t epoch,
-                             uint8_t* user_buffer) {
+                             uint8_t* user_buffer, uint8_t* user_scales) {
   const QuantizedSource& qs = lowered.quantized_sources[q];
   const TensorSpec& t = lowered.tensors[qs.tensor];
-  const int elem = DTypeSize(qs.dtype);
   const uint64_t key = HashString(t.name);
+  if (qs.requantized()) {
+    if (tile.empty()) return;
+    ForEachElement(qs.src, t.shape, tile, [&](int64_t offset, int64_t global) {
+      user_buffer[offset] = static_cast<uint8_t>(FillValue(key, static_cast<uint64_t>(global), epoch));
+    });
+    const uint64_t scale_key = HashString(t.name + ".scale");
+    const bool mx = qs.src_scheme == QuantScheme::kMx;
+    ForEachElement(qs.src_scales, BlockedShape(t.shape, qs.src_block), SourceScaleBox(qs, tile),
+                   [&](int64_t offset, int64_t global) {
+      const uint64_t v = FillValue(scale_key, static_cast<uint64_t>(global), epoch);
+      const uint64_t kind = v & 63;
+      if (mx) {
+        // Around 2^0; rarely the extremes, or E8M0's NaN (the block dequantizes to NaN).
+        user_scales[offset] = kind == 0 ? 0 : kind == 1 ? 254 : kind == 2 ? 255
+                                                             : static_cast<uint8_t>(107 + (v >> 8) % 41);
+        return;
+      }
+      // 2^-12 .. 2^12 with a random mantissa; rarely subnormal-range or overflowing products.
+      const uint32_t exp = kind == 0 ? 1 + (v >> 8) % 8 : kind == 1 ? 250 : 115 + (v >> 8) % 25;
+      const uint32_t bits = (exp << 23) | (static_cast<uint32_t>(v >> 20) & 0x7FFFFF);
+      std::memcpy(user_scales + 4 * offset, &bits, 4);
+    });
+    return;
+  }
+  const int elem = DTypeSize(qs.dtype);
   ForEachElement(qs.src, t.shape, tile, [&](int64_t offset, int64_t global) {
     const uint32_t bits = QuantFillBits(qs.dtype, FillValue(key, static_cast<uint64_t>(global), epoch));
     if (elem == 4) {
@@ -96,8 +130,15 @@ QuantizedExpectation ExpectQuantized(const RefitSpec& lowered, size_t q, uint64_
   QuantizedSource single = qs;
   single.tensor = 0;
   single.src = whole;
+  std::vector<uint8_t> source_scales;
+  if (qs.requantized()) {
+    single.src_scales = whole;
+    int64_t src_blocks = 1;
+    for (int64_t e : BlockedShape(t.shape, qs.src_block)) src_blocks *= e;
+    source_scales.resize(static_cast<size_t>(src_blocks * (qs.src_scheme == QuantScheme::kMx ? 1 : 4)));
+  }
   one.quantized_sources.push_back(single);
-  FillQuantizedSourceTile(one, 0, box, epoch, source.data());
+  FillQuantizedSourceTile(one, 0, box, epoch, source.data(), source_scales.data());
   const TensorSpec& scales = lowered.tensors[qs.scale_tensor];
   int64_t blocks = 1;
   for (int64_t e : scales.shape) blocks *= e;
@@ -106,6 +147,16 @@ QuantizedExpectation ExpectQuantized(const RefitSpec& lowered, size_t q, uint64_
   out.scales.resize(static_cast<size_t>(blocks * DTypeSize(scales.dtype)));
   std::array<int64_t, kMaxTensorDims> strides{};
   TileStrides(whole, box, strides);  // Row-major.
+  if (qs.requantized()) {
+    // The source's values: every FP8 element times its block's scale, then quantized as fp32.
+    std::vector<float> values(static_cast<size_t>(n));
+    DequantizeTile(single, t.shape, box, source.data(), source_scales.data(), values.data());
+    QuantizedSource as_fp32 = qs;
+    as_fp32.dtype = DType::kFp32;
+    QuantizeBox(as_fp32, t.dtype, box, reinterpret_cast<const uint8_t*>(values.data()), strides,
+                out.elements.data(), out.scales.data());
+    return out;
+  }
   QuantizeBox(qs, t.dtype, box, source.data(), strides, out.elements.data(), out.scales.data());
   return out;
 }

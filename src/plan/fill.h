@@ -27,8 +27,16 @@ void FillTile(const RefitSpec& spec, size_t tensor, Side side, const Box& tile, 
 // magnitudes over a few binades, a few zeros of both signs, subnormals, NaN of both signs and
 // +-Inf, and rarely a huge value (a block's scale then comes from it), each a hash of the tensor,
 // global index and epoch.
+// A requantized FP8 source (QuantizedSource::requantized) gets random FP8 bytes (every code:
+// zeros, subnormals, NaN, e5m2's Inf) and its tile's source scales, written into `user_scales`
+// per qs.src_scales, random per global block: fp32 scales of 2^-12 to 2^12, rarely tiny (the
+// products round or underflow) or huge (they overflow to Inf); E8M0 bytes around 127, rarely
+// 0, 254 or 255 (NaN).
 void FillQuantizedSourceTile(const RefitSpec& lowered, size_t q, const Box& tile, uint64_t epoch,
-                             uint8_t* user_buffer);
+                             uint8_t* user_buffer, uint8_t* user_scales = nullptr);
+// The box of source blocks (qs.src_block) that `tile` of a requantized source covers: the
+// rank's tile of the source scales (a dim of one block: [0, 1)).
+Box SourceScaleBox(const QuantizedSource& qs, const Box& tile);
 // What the destination of quantized source `q` must hold after a refit of `epoch`: the FP8
 // elements of the whole tensor and its scales, row-major over the shape and the blocked shape.
 struct QuantizedExpectation {

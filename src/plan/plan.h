@@ -63,8 +63,10 @@ struct BufferInfo {
 struct BufferTable {
   std::vector<BufferInfo> buffers;
   std::vector<uint32_t> tensor_buffer[2];  // [side][tensor] -> index into buffers.
-  // Parallel to spec.quantized_sources: the user's source buffer each is quantized from.
+  // Parallel to spec.quantized_sources: the user's source buffer each is quantized from, and
+  // for a requantized FP8 source the user's buffer of its source scales (else 0xffffffff).
   std::vector<uint32_t> quantized_source_buffer;
+  std::vector<uint32_t> quantized_source_scale_buffer;
 };
 BufferTable AssignBuffers(const RefitSpec& spec);
 // Bytes of every buffer of `table` on `rank` (indexed by buffer id; 0 when the rank holds no
@@ -113,6 +115,10 @@ class Plan {
   const std::vector<BufferInfo>& buffers() const { return buffers_.buffers; }
   // The user's source buffer that spec().quantized_sources[q] is quantized from (quant_spec.h).
   uint32_t quantized_source_buffer(size_t q) const { return buffers_.quantized_source_buffer[q]; }
+  // The user's buffer of its source scales when it is a requantized FP8 source, else kNoBuffer.
+  uint32_t quantized_source_scale_buffer(size_t q) const {
+    return buffers_.quantized_source_scale_buffer[q];
+  }
   // Buffer id of `tensor` on `side`.
   uint32_t buffer_of(size_t tensor, Side side) const {
     return side == Side::kStage ? stage_buffer_ : buffers_.tensor_buffer[static_cast<int>(side)][tensor];

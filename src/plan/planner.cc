@@ -55,6 +55,18 @@ BufferTable AssignBuffers(const RefitSpec& spec) {
                                           static_cast<uint32_t>(table.buffers.size()));
     if (inserted) table.buffers.push_back({q.src.buffer, Side::kSrc, DTypeSize(q.dtype)});
     table.quantized_source_buffer.push_back(it->second);
+    uint32_t scales = Plan::kNoBuffer;
+    if (q.requantized()) {
+      auto [sit, sinserted] =
+          ids.try_emplace(std::make_pair(static_cast<int>(Side::kSrc), q.src_scales.buffer),
+                          static_cast<uint32_t>(table.buffers.size()));
+      if (sinserted) {
+        table.buffers.push_back(
+            {q.src_scales.buffer, Side::kSrc, q.src_scheme == QuantScheme::kMx ? 1 : 4});
+      }
+      scales = sit->second;
+    }
+    table.quantized_source_scale_buffer.push_back(scales);
   }
   return table;
 }
@@ -78,6 +90,15 @@ std::vector<int64_t> BufferBytes(const RefitSpec& spec, const BufferTable& table
     const Box box = grid.CellBox(*grid.CellOfRank(rank));
     const uint32_t b = table.quantized_source_buffer[i];
     bytes[b] = std::max(bytes[b], TileExtent(q.src, box) * table.buffers[b].elem_bytes);
+    if (q.requantized()) {
+      const std::vector<int64_t> blocked =
+          BlockedShape(spec.tensors[q.tensor].shape, q.src_block);
+      TileGrid scale_grid(q.src_scales, blocked);
+      const Box scale_box = scale_grid.CellBox(*scale_grid.CellOfRank(rank));
+      const uint32_t sb = table.quantized_source_scale_buffer[i];
+      bytes[sb] = std::max(bytes[sb], TileExtent(q.src_scales, scale_box) *
+                                          table.buffers[sb].elem_bytes);
+    }
   }
   return bytes;
 }
@@ -390,6 +411,11 @@ class PlanBuilder : public ScheduleSink {
       fp.Add((static_cast<uint64_t>(q.dtype) << 8) | static_cast<uint64_t>(q.scheme));
       for (int64_t b : q.block) fp.Add(static_cast<uint64_t>(b));
       add_layout(q.src, q.src.buffer, 0);
+      if (q.requantized()) {
+        fp.Add(static_cast<uint64_t>(q.src_scheme));
+        for (int64_t b : q.src_block) fp.Add(static_cast<uint64_t>(b));
+        add_layout(q.src_scales, q.src_scales.buffer, 0);
+      }
     }
     plan_.fingerprint_ = fp.value();
     if (rank_ >= 0) return;

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "src/common/json.h"
+#include "src/common/status.h"
 #include "src/plan/quantize.h"
 #include "src/plan/tiling.h"
 
@@ -70,10 +71,9 @@ const char* QuantSchemeName(QuantScheme s) {
   return "?";
 }
 
-std::vector<int64_t> BlockShape(const TensorSpec& t) {
-  const int ndim = static_cast<int>(t.shape.size());
+std::vector<int64_t> BlockShape(const std::vector<int64_t>& shape, const Quant& q) {
+  const int ndim = static_cast<int>(shape.size());
   std::vector<int64_t> block(ndim, 1);
-  const Quant& q = t.dst.quant;
   switch (q.scheme) {
     case QuantScheme::kNone:
       break;
@@ -86,13 +86,23 @@ std::vector<int64_t> BlockShape(const TensorSpec& t) {
       break;
     }
     case QuantScheme::kChannel:
-      if (ndim > 0) block[ndim - 1] = std::max<int64_t>(1, t.shape[ndim - 1]);
+      if (ndim > 0) block[ndim - 1] = std::max<int64_t>(1, shape[ndim - 1]);
       break;
     case QuantScheme::kTensor:
-      for (int d = 0; d < ndim; ++d) block[d] = std::max<int64_t>(1, t.shape[d]);
+      for (int d = 0; d < ndim; ++d) block[d] = std::max<int64_t>(1, shape[d]);
       break;
   }
   return block;
+}
+
+std::vector<int64_t> BlockShape(const TensorSpec& t) { return BlockShape(t.shape, t.dst.quant); }
+std::vector<int64_t> SourceBlockShape(const TensorSpec& t) {
+  return BlockShape(t.shape, t.src.quant);
+}
+
+bool SourceMatchesDestination(const TensorSpec& t) {
+  return t.src_quantized() && t.quantized() && t.src.dtype == t.dst.dtype &&
+         t.src.quant.scheme == t.dst.quant.scheme && SourceBlockShape(t) == BlockShape(t);
 }
 
 std::vector<int64_t> BlockedShape(const std::vector<int64_t>& shape,
@@ -117,69 +127,72 @@ Layout ScaleLayout(const Layout& l, const std::vector<int64_t>& shape,
   return s;
 }
 
-absl::Status ValidateQuant(const TensorSpec& t) {
-  const Layout& dst = t.dst;
+TensorSpec ScaleTensor(const TensorSpec& t, Side side) {
+  const Layout& l = t.layout(side);
+  const std::vector<int64_t> block = BlockShape(t.shape, l.quant);
+  TensorSpec s;
+  s.name = t.name + ".scale";
+  s.dtype = ScaleDType(l.quant.scheme);
+  s.shape = BlockedShape(t.shape, block);
+  Layout scales = ScaleLayout(l, t.shape, block);
+  scales.buffer = l.scale_buffer.empty() ? s.name : l.scale_buffer;
+  scales.view = l.scale_view;
+  scales.has_view = l.has_scale_view;
+  (side == Side::kSrc ? s.src : s.dst) = std::move(scales);
+  return s;
+}
+
+namespace {
+
+// The fields of one side's quantization: an FP8 dtype, the scheme's block, the scale buffer.
+absl::Status CheckQuantFields(const TensorSpec& t, Side side) {
+  const Layout& l = t.layout(side);
+  const char* sn = SideName(side);
   const int ndim = static_cast<int>(t.shape.size());
-  if (t.src.dtype || t.src.quant.scheme != QuantScheme::kNone || !t.src.scale_buffer.empty() ||
-      t.src.has_scale_view) {
-    return QuantError(t, "src.dtype, src.quant and src scales are not supported yet: quantized "
-                         "sources travel as the tensor's dtype (give the source's dtype as the "
-                         "tensor's)");
-  }
-  if (dst.quant.scheme == QuantScheme::kNone) {
-    if (dst.dtype && *dst.dtype != t.dtype) {
-      return QuantError(t, absl::StrFormat("dst.dtype %s differs from the tensor's dtype %s "
-                                           "without dst.quant; a destination of another dtype "
-                                           "must be quantized (casting is not supported)",
-                                           std::string(DTypeName(*dst.dtype)), std::string(DTypeName(t.dtype))));
-    }
-    if (!dst.scale_buffer.empty() || dst.has_scale_view) {
-      return QuantError(t, "dst.scale_buffer and dst.scale_view need dst.quant");
-    }
-    return absl::OkStatus();
-  }
-  const char* scheme = QuantSchemeName(dst.quant.scheme);
-  if (!dst.dtype || !IsFp8(*dst.dtype)) {
-    return QuantError(t, absl::StrFormat("dst.quant (scheme %s) needs dst.dtype fp8e4m3 or "
+  const char* scheme = QuantSchemeName(l.quant.scheme);
+  if (!l.dtype || !IsFp8(*l.dtype)) {
+    return QuantError(t, absl::StrFormat("%s.quant (scheme %s) needs %s.dtype fp8e4m3 or "
                                          "fp8e5m2%s",
-                                         scheme,
-                                         dst.dtype ? absl::StrCat(", not ", std::string(DTypeName(*dst.dtype)))
-                                                   : std::string()));
+                                         sn, scheme, sn,
+                                         l.dtype ? absl::StrCat(", not ", std::string(DTypeName(*l.dtype)))
+                                                 : std::string()));
   }
-  if (!IsQuantizable(t.dtype)) {
-    return QuantError(t, absl::StrFormat("dst.quant quantizes bf16, fp16 or fp32 tensors, not %s",
-                                         std::string(DTypeName(t.dtype))));
-  }
-  const std::vector<int64_t>& given = dst.quant.block;
-  switch (dst.quant.scheme) {
+  const std::vector<int64_t>& given = l.quant.block;
+  switch (l.quant.scheme) {
     case QuantScheme::kBlock:
       if (given.empty()) {
-        return QuantError(t, "dst.quant.block is required by scheme block (e.g. [128, 128])");
+        return QuantError(t, absl::StrFormat("%s.quant.block is required by scheme block (e.g. "
+                                             "[128, 128])",
+                                             sn));
       }
       [[fallthrough]];
     case QuantScheme::kMx:
       if (static_cast<int>(given.size()) > ndim || (ndim == 0 && given.empty())) {
-        return QuantError(t, absl::StrFormat("dst.quant.block has %d entries for a %d-D tensor",
+        return QuantError(t, absl::StrFormat("%s.quant.block has %d entries for a %d-D tensor", sn,
                                              std::max<size_t>(given.size(), 1), ndim));
       }
       for (size_t i = 0; i < given.size(); ++i) {
         // Below 2^62 like every shape: shape + block - 1 (ceil divisions) cannot wrap.
         if (given[i] < 1 || given[i] >= kMaxSpecBytes) {
-          return QuantError(t, absl::StrFormat("dst.quant.block[%d] is %d; blocks are at least 1 "
+          return QuantError(t, absl::StrFormat("%s.quant.block[%d] is %d; blocks are at least 1 "
                                                "and below 2^62",
-                                               i, given[i]));
+                                               sn, i, given[i]));
         }
       }
       break;
     case QuantScheme::kChannel:
-      if (ndim == 0) return QuantError(t, "dst.quant scheme channel needs a tensor of 1 dim or more");
+      if (ndim == 0) {
+        return QuantError(t, absl::StrFormat("%s.quant scheme channel needs a tensor of 1 dim or "
+                                             "more",
+                                             sn));
+      }
       [[fallthrough]];
     case QuantScheme::kTensor:
       if (!given.empty()) {
-        return QuantError(t, absl::StrFormat("dst.quant.block is not taken by scheme %s (its "
+        return QuantError(t, absl::StrFormat("%s.quant.block is not taken by scheme %s (its "
                                              "block is %s)",
-                                             scheme,
-                                             dst.quant.scheme == QuantScheme::kChannel
+                                             sn, scheme,
+                                             l.quant.scheme == QuantScheme::kChannel
                                                  ? "a whole row"
                                                  : "the whole tensor"));
       }
@@ -187,77 +200,130 @@ absl::Status ValidateQuant(const TensorSpec& t) {
     case QuantScheme::kNone:
       break;
   }
-  const std::vector<int64_t> block = BlockShape(t);
-  // Source tiles quantize whole blocks, except along a dim of one block: each tile computes its
-  // part's amax there, and the parts are combined (the amax exchange).
-  const Cut src_cut = FirstCut(t.src, t.shape, block,
-                               [&](int d) { return t.shape[d] > block[d]; });
-  if (src_cut.dim >= 0) {
-    return QuantError(
-        t, absl::StrFormat("src tiles cut the quantization blocks of dim %d (rank %d's tile "
-                           "starts at element %d, not a multiple of the block's %d); only a dim "
-                           "of one block may be cut (its amax is then combined across the "
-                           "source tiles)",
-                           src_cut.dim, src_cut.rank, src_cut.start, block[src_cut.dim]));
-  }
-  // Destination tiles hold whole blocks, except along a dim of one block (scales replicated).
-  const Cut dst_cut = FirstCut(t.dst, t.shape, block,
-                               [&](int d) { return t.shape[d] > block[d]; });
-  if (dst_cut.dim >= 0) {
-    return QuantError(
-        t, absl::StrFormat("dst tiles cut the quantization blocks of dim %d (rank %d's tile "
-                           "starts at element %d, not a multiple of the block's %d); only a dim "
-                           "of one block may be cut (its scale is then replicated)",
-                           dst_cut.dim, dst_cut.rank, dst_cut.start, block[dst_cut.dim]));
-  }
-  // Every tile's scales are a tile of the scale layout (torch.chunk of the blocked shape).
-  const std::vector<int64_t> blocked = BlockedShape(t.shape, block);
-  for (const Side side : {Side::kSrc, Side::kDst}) {
-    const Layout& l = t.layout(side);
-    const Layout scales = ScaleLayout(l, t.shape, block);
-    const TileGrid elements(l, t.shape), blocks(scales, blocked);
-    for (int d = 0; d < ndim; ++d) {
-      // A dim of one block: its scale is replicated, nothing to compare.
-      if (t.shape[d] <= block[d]) continue;
-      // Shard by shard (the same axes shard d in both grids): a strided shard sorts each grid's
-      // intervals by where they start, which need not pair a rank's elements with its blocks.
-      const auto e = elements.intervals(d), b = blocks.intervals(d);
-      const int64_t shards = static_cast<int64_t>(std::min(e.size(), b.size()));
-      for (int64_t s = 0; s < shards; ++s) {
-        const Interval& ei = e[elements.CellIndexOfShard(d, s)];
-        const Interval& bi = b[blocks.CellIndexOfShard(d, s)];
-        const bool empty = ei.size() == 0;
-        if ((empty && bi.size() == 0) ||
-            (!empty && bi.lo == ei.lo / block[d] && bi.hi == (ei.hi + block[d] - 1) / block[d])) {
-          continue;
-        }
-        TileGrid::Cell cell{};
-        cell[d] = elements.CellIndexOfShard(d, s);
-        return QuantError(
-            t, absl::StrFormat("%s tiles of dim %d do not split its %d blocks of %d the way "
-                               "they split its elements (rank %d holds elements [%d, %d)), so "
-                               "the scales cannot be laid out as a tile per rank",
-                               SideName(side), d, blocked[d], block[d], elements.Holder(cell, 0), ei.lo,
-                               ei.hi));
-      }
-    }
-  }
-  if (!dst.scale_buffer.empty() && absl::StartsWith(dst.scale_buffer, kReservedBufferPrefix)) {
-    return QuantError(t, absl::StrFormat("dst.scale_buffer %s starts with the reserved prefix "
+  if (!l.scale_buffer.empty() && absl::StartsWith(l.scale_buffer, kReservedBufferPrefix)) {
+    return QuantError(t, absl::StrFormat("%s.scale_buffer %s starts with the reserved prefix "
                                          "\"%s\"",
-                                         QuoteForMessage(dst.scale_buffer), kReservedBufferPrefix));
+                                         sn, QuoteForMessage(l.scale_buffer),
+                                         kReservedBufferPrefix));
   }
-  if (dst.has_scale_view) {
-    if (dst.scale_view.offset < 0) {
-      return QuantError(t, "dst.scale_view.offset is negative");
+  if (l.has_scale_view) {
+    if (l.scale_view.offset < 0) {
+      return QuantError(t, absl::StrFormat("%s.scale_view.offset is negative", sn));
     }
-    if (!dst.scale_view.strides.empty() && static_cast<int>(dst.scale_view.strides.size()) != ndim) {
-      return QuantError(t, absl::StrFormat("dst.scale_view.strides has %d entries for a %d-D "
+    if (!l.scale_view.strides.empty() && static_cast<int>(l.scale_view.strides.size()) != ndim) {
+      return QuantError(t, absl::StrFormat("%s.scale_view.strides has %d entries for a %d-D "
                                            "tensor",
-                                           dst.scale_view.strides.size(), ndim));
+                                           sn, l.scale_view.strides.size(), ndim));
     }
   }
   return absl::OkStatus();
+}
+
+// A side without quantization: no other dtype, no scale fields.
+absl::Status CheckUnquantized(const TensorSpec& t, Side side) {
+  const Layout& l = t.layout(side);
+  const char* sn = SideName(side);
+  if (l.dtype && *l.dtype != t.dtype) {
+    return QuantError(t, absl::StrFormat("%s.dtype %s differs from the tensor's dtype %s without "
+                                         "%s.quant; a %s of another dtype must be quantized "
+                                         "(casting is not supported)",
+                                         sn, std::string(DTypeName(*l.dtype)),
+                                         std::string(DTypeName(t.dtype)), sn,
+                                         side == Side::kSrc ? "source" : "destination"));
+  }
+  if (!l.scale_buffer.empty() || l.has_scale_view) {
+    return QuantError(t, absl::StrFormat("%s.scale_buffer and %s.scale_view need %s.quant", sn,
+                                         sn, sn));
+  }
+  return absl::OkStatus();
+}
+
+// The tiles of `side` start on boundaries of `block` (`what` names the blocks), except along a
+// dim of one block (`exception` says why that is fine), and split the blocked shape the way
+// they split the elements, so that the scales are a tile per rank of ScaleLayout.
+absl::Status CheckBlockTiles(const TensorSpec& t, Side side, const std::vector<int64_t>& block,
+                             const char* what, const char* exception) {
+  const Layout& l = t.layout(side);
+  const int ndim = static_cast<int>(t.shape.size());
+  const Cut cut = FirstCut(l, t.shape, block, [&](int d) { return t.shape[d] > block[d]; });
+  if (cut.dim >= 0) {
+    return QuantError(
+        t, absl::StrFormat("%s tiles cut the %s of dim %d (rank %d's tile starts at element %d, "
+                           "not a multiple of the block's %d); only a dim of one block may be "
+                           "cut (%s)",
+                           SideName(side), what, cut.dim, cut.rank, cut.start, block[cut.dim],
+                           exception));
+  }
+  const std::vector<int64_t> blocked = BlockedShape(t.shape, block);
+  const Layout scales = ScaleLayout(l, t.shape, block);
+  const TileGrid elements(l, t.shape), blocks(scales, blocked);
+  for (int d = 0; d < ndim; ++d) {
+    // A dim of one block: its scale is replicated, nothing to compare.
+    if (t.shape[d] <= block[d]) continue;
+    // Shard by shard (the same axes shard d in both grids): a strided shard sorts each grid's
+    // intervals by where they start, which need not pair a rank's elements with its blocks.
+    const auto e = elements.intervals(d), b = blocks.intervals(d);
+    const int64_t shards = static_cast<int64_t>(std::min(e.size(), b.size()));
+    for (int64_t s = 0; s < shards; ++s) {
+      const Interval& ei = e[elements.CellIndexOfShard(d, s)];
+      const Interval& bi = b[blocks.CellIndexOfShard(d, s)];
+      const bool empty = ei.size() == 0;
+      if ((empty && bi.size() == 0) ||
+          (!empty && bi.lo == ei.lo / block[d] && bi.hi == (ei.hi + block[d] - 1) / block[d])) {
+        continue;
+      }
+      TileGrid::Cell cell{};
+      cell[d] = elements.CellIndexOfShard(d, s);
+      return QuantError(
+          t, absl::StrFormat("%s tiles of dim %d do not split its %d blocks of %d the way "
+                             "they split its elements (rank %d holds elements [%d, %d)), so "
+                             "the scales cannot be laid out as a tile per rank",
+                             SideName(side), d, blocked[d], block[d], elements.Holder(cell, 0),
+                             ei.lo, ei.hi));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status ValidateQuant(const TensorSpec& t) {
+  if (!t.src_quantized()) RESHARD_RETURN_IF_ERROR(CheckUnquantized(t, Side::kSrc));
+  if (!t.quantized()) {
+    if (t.src_quantized()) {
+      return QuantError(t, "src.quant (an FP8 source) needs dst.quant: FP8 sources refit into "
+                           "quantized destinations only (dequantizing into the destination is "
+                           "not supported)");
+    }
+    return CheckUnquantized(t, Side::kDst);
+  }
+  RESHARD_RETURN_IF_ERROR(CheckQuantFields(t, Side::kDst));
+  if (t.src_quantized()) RESHARD_RETURN_IF_ERROR(CheckQuantFields(t, Side::kSrc));
+  if (!IsQuantizable(t.dtype)) {
+    return QuantError(t, absl::StrFormat("dst.quant quantizes bf16, fp16 or fp32 tensors, not %s%s",
+                                         std::string(DTypeName(t.dtype)),
+                                         t.src_quantized()
+                                             ? " (an FP8 source gives src.dtype and src.quant, "
+                                               "and the tensor's dtype stays the unquantized one)"
+                                             : ""));
+  }
+  const std::vector<int64_t> block = BlockShape(t);
+  if (t.src_quantized()) {
+    // An FP8 source holds whole blocks of its own scheme: its scales are a tile per rank.
+    RESHARD_RETURN_IF_ERROR(CheckBlockTiles(t, Side::kSrc, SourceBlockShape(t),
+                                            "src.quant blocks",
+                                            "its scale is then replicated"));
+  }
+  if (!SourceMatchesDestination(t)) {
+    // Source tiles quantize whole blocks, except along a dim of one block: each tile computes its
+    // part's amax there, and the parts are combined (the amax exchange).
+    RESHARD_RETURN_IF_ERROR(CheckBlockTiles(
+        t, Side::kSrc, block, "quantization blocks",
+        "its amax is then combined across the source tiles"));
+  }
+  // Destination tiles hold whole blocks, except along a dim of one block (scales replicated).
+  return CheckBlockTiles(t, Side::kDst, block, "quantization blocks",
+                         "its scale is then replicated");
 }
 
 absl::StatusOr<std::shared_ptr<const RefitSpec>> LowerQuantization(
@@ -280,12 +346,42 @@ absl::StatusOr<std::shared_ptr<const RefitSpec>> LowerQuantization(
   for (size_t i = 0; i < spec->tensors.size(); ++i) {
     const TensorSpec& user = spec->tensors[i];
     if (!user.quantized()) continue;
+    TensorSpec& t = lowered->tensors[i];
+    t.dtype = user.dst_dtype();
+    t.src.dtype.reset();
+    t.src.quant = Quant{};
+    t.src.scale_buffer.clear();
+    t.src.scale_view = View{};
+    t.src.has_scale_view = false;
+    t.dst.dtype.reset();
+    t.dst.quant = Quant{};
+    t.dst.scale_buffer.clear();
+    t.dst.scale_view = View{};
+    t.dst.has_scale_view = false;
+    if (!names.insert(user.name + ".scale").second) {
+      return QuantError(user, absl::StrFormat("its scale tensor's name %s is taken by another "
+                                              "tensor",
+                                              QuoteForMessage(user.name + ".scale")));
+    }
+    if (SourceMatchesDestination(user)) {
+      // FP8 bytes and scales as the source holds them: two plain tensors on the user's buffers.
+      t.src.buffer = user.src_buffer();
+      TensorSpec s = ScaleTensor(user, Side::kSrc);
+      s.dst = ScaleTensor(user, Side::kDst).dst;
+      lowered->tensors.push_back(std::move(s));
+      continue;
+    }
     QuantizedSource q;
     q.tensor = static_cast<uint32_t>(i);
-    q.dtype = user.dtype;
+    q.dtype = user.src_dtype();
     q.src = user.src;
     q.src.buffer = user.src_buffer();
     q.scheme = user.dst.quant.scheme;
+    if (user.src_quantized()) {
+      q.src_scheme = user.src.quant.scheme;
+      q.src_block = SourceBlockShape(user);
+      q.src_scales = ScaleTensor(user, Side::kSrc).src;
+    }
     q.block = BlockShape(user);
     const std::vector<int64_t> blocked = BlockedShape(user.shape, q.block);
     // Dims of one block that the source shards: their tiles' amaxes are combined.
@@ -299,25 +395,13 @@ absl::StatusOr<std::shared_ptr<const RefitSpec>> LowerQuantization(
       }
     }
 
-    TensorSpec& t = lowered->tensors[i];
-    t.dtype = user.dst_dtype();
     t.src.buffer = kQuantizedBuffer;
     t.src.view = View{bytes_offset, {}};
     t.src.has_view = true;
     bytes_offset += LargestTileElements(user.src, user.shape);
-    t.dst.dtype.reset();
-    t.dst.quant = Quant{};
-    t.dst.scale_buffer.clear();
-    t.dst.scale_view = View{};
-    t.dst.has_scale_view = false;
 
     TensorSpec s;
     s.name = user.name + ".scale";
-    if (!names.insert(s.name).second) {
-      return QuantError(user, absl::StrFormat("its scale tensor's name %s is taken by another "
-                                              "tensor",
-                                              QuoteForMessage(s.name)));
-    }
     s.dtype = ScaleDType(q.scheme);
     s.shape = blocked;
     s.src = ScaleLayout(user.src, user.shape, q.block);
@@ -376,12 +460,13 @@ absl::StatusOr<std::shared_ptr<const RefitSpec>> LowerQuantization(
 
 namespace {
 
-// The QuantTile of `tile` (a rank's source tile of qs, non-empty): along a cut dim the tile is
-// one block of its own extent, whose amax comes from the exchange.
-QuantTile TileOf(const QuantizedSource& qs, DType fp8, const Box& tile, const uint8_t* src,
-                 const std::array<int64_t, kMaxTensorDims>& strides) {
+// The QuantTile of `tile` (a rank's source tile of qs, non-empty), read as `src_dtype` from
+// `src` with `strides`: along a cut dim the tile is one block of its own extent, whose amax
+// comes from the exchange.
+QuantTile TileOf(const QuantizedSource& qs, DType src_dtype, DType fp8, const Box& tile,
+                 const uint8_t* src, const std::array<int64_t, kMaxTensorDims>& strides) {
   QuantTile q;
-  q.src_dtype = qs.dtype;
+  q.src_dtype = src_dtype;
   q.src = src;
   q.ndim = tile.ndim;
   for (int d = 0; d < tile.ndim; ++d) {
@@ -396,16 +481,125 @@ QuantTile TileOf(const QuantizedSource& qs, DType fp8, const Box& tile, const ui
   return q;
 }
 
+// The QuantTile of a rank's non-empty source tile of quantized source `q` of `lowered`: the
+// user's tile through its view, or a requantized source's tile dequantized into `dequantized`.
+QuantTile SourceTileOf(const RefitSpec& lowered, const QuantizedSource& qs, const Box& tile,
+                       const uint8_t* user_buffer, const uint8_t* user_scales,
+                       float* dequantized) {
+  const TensorSpec& t = lowered.tensors[qs.tensor];
+  std::array<int64_t, kMaxTensorDims> strides{};
+  if (qs.requantized()) {
+    DequantizeTile(qs, t.shape, tile, user_buffer, user_scales, dequantized);
+    int64_t stride = 1;
+    for (int d = tile.ndim - 1; d >= 0; --d) {
+      strides[d] = stride;
+      stride *= tile.extent(d);
+    }
+    return TileOf(qs, DType::kFp32, t.dtype, tile,
+                  reinterpret_cast<const uint8_t*>(dequantized), strides);
+  }
+  TileStrides(qs.src, tile, strides);
+  return TileOf(qs, qs.dtype, t.dtype, tile,
+                user_buffer + qs.src.view.offset * DTypeSize(qs.dtype), strides);
+}
+
 }  // namespace
 
 void QuantizeBox(const QuantizedSource& qs, DType fp8, const Box& tile, const uint8_t* src,
                  const std::array<int64_t, kMaxTensorDims>& strides, uint8_t* out,
                  uint8_t* scales) {
-  QuantTile q = TileOf(qs, fp8, tile, src, strides);
+  QuantTile q = TileOf(qs, qs.dtype, fp8, tile, src, strides);
   for (int d = 0; d < tile.ndim; ++d) q.block[d] = qs.block[d];  // The whole tensor's blocks.
   q.out = out;
   q.scales = scales;
   QuantizeTile(q);
+}
+
+QuantTile SourceQuantTile(const RefitSpec& lowered, size_t q, const Box& tile,
+                          const uint8_t* user_buffer, uint8_t* elements_buffer,
+                          uint8_t* scales_buffer) {
+  const QuantizedSource& qs = lowered.quantized_sources[q];
+  RESHARD_CHECK_MSG(!qs.requantized(), "SourceQuantTile of a requantized FP8 source");
+  const TensorSpec& t = lowered.tensors[qs.tensor];
+  const TensorSpec& s = lowered.tensors[qs.scale_tensor];
+  QuantTile qt = SourceTileOf(lowered, qs, tile, user_buffer, nullptr, nullptr);
+  qt.out = elements_buffer + t.src.view.offset;
+  qt.scales = scales_buffer + s.src.view.offset * DTypeSize(s.dtype);
+  return qt;
+}
+
+int64_t DequantizedElements(const QuantizedSource& qs, const Box& tile) {
+  return qs.requantized() ? std::max<int64_t>(0, tile.NumElements()) : 0;
+}
+
+void DequantizeTile(const QuantizedSource& qs, const std::vector<int64_t>& shape,
+                    const Box& tile, const uint8_t* user_buffer, const uint8_t* user_scales,
+                    float* out) {
+  if (tile.empty()) return;
+  const int nd = tile.ndim;
+  const quant::Fp8Format format =
+      qs.dtype == DType::kFp8E5M2 ? quant::Fp8Format::kE5M2 : quant::Fp8Format::kE4M3;
+  const bool mx = qs.src_scheme == QuantScheme::kMx;
+  // The tile's scales: its blocks (a dim of one block included: [0, 1)), laid out by the scale
+  // layout's view (Validate: the tile starts on a block boundary of every other dim).
+  Box blocks;
+  blocks.ndim = nd;
+  for (int d = 0; d < nd; ++d) {
+    blocks.lo[d] = tile.lo[d] / qs.src_block[d];
+    blocks.hi[d] = (tile.hi[d] + qs.src_block[d] - 1) / qs.src_block[d];
+  }
+  std::array<int64_t, kMaxTensorDims> strides{}, scale_strides{};
+  TileStrides(qs.src, tile, strides);
+  TileStrides(qs.src_scales, blocks, scale_strides);
+  const uint8_t* elements = user_buffer + qs.src.view.offset;
+  const uint8_t* scales = user_scales + qs.src_scales.view.offset * (mx ? 1 : 4);
+  auto scale_at = [&](int64_t offset) {
+    if (mx) return quant::MxScale(scales[offset]);
+    float s;
+    std::memcpy(&s, scales + 4 * offset, 4);
+    return s;
+  };
+  if (nd == 0) {
+    out[0] = quant::Dequantize(elements[0], scale_at(0), format);
+    return;
+  }
+  const int last = nd - 1;
+  const int64_t inner = tile.extent(last), inner_block = qs.src_block[last];
+  const int64_t inner_stride = strides[last];
+  std::array<int64_t, kMaxTensorDims> idx{};
+  while (true) {
+    int64_t at = 0, scale_base = 0;
+    for (int d = 0; d < last; ++d) {
+      at += idx[d] * strides[d];
+      scale_base += ((tile.lo[d] + idx[d]) / qs.src_block[d] - blocks.lo[d]) * scale_strides[d];
+    }
+    // The row in runs of one source block each: one scale per run, a plain loop inside.
+    for (int64_t i = 0; i < inner;) {
+      const int64_t g = tile.lo[last] + i;
+      const int64_t b = g / inner_block;
+      const int64_t run = std::min(inner - i, (b + 1) * inner_block - g);
+      const float scale = scale_at(scale_base + (b - blocks.lo[last]) * scale_strides[last]);
+      const uint8_t* from = elements + at + i * inner_stride;
+      float* to = out + i;
+      if (format == quant::Fp8Format::kE4M3) {
+        for (int64_t k = 0; k < run; ++k) {
+          to[k] = quant::DequantizeAs<quant::Fp8Format::kE4M3>(from[k * inner_stride], scale);
+        }
+      } else {
+        for (int64_t k = 0; k < run; ++k) {
+          to[k] = quant::DequantizeAs<quant::Fp8Format::kE5M2>(from[k * inner_stride], scale);
+        }
+      }
+      i += run;
+    }
+    out += inner;
+    int d = last - 1;
+    for (; d >= 0; --d) {
+      if (++idx[d] < tile.extent(d)) break;
+      idx[d] = 0;
+    }
+    if (d < 0) return;
+  }
 }
 
 std::array<int64_t, kMaxTensorDims> TileBlocks(const QuantizedSource& qs, const Box& tile) {
@@ -417,19 +611,15 @@ std::array<int64_t, kMaxTensorDims> TileBlocks(const QuantizedSource& qs, const 
 }
 
 void PartialAmaxTile(const RefitSpec& lowered, size_t q, const Box& tile,
-                     const uint8_t* user_buffer, float* partial) {
+                     const uint8_t* user_buffer, float* partial, const uint8_t* user_scales,
+                     float* dequantized) {
   const QuantizedSource& qs = lowered.quantized_sources[q];
   const std::array<int64_t, kMaxTensorDims> blocks = TileBlocks(qs, tile);
   int64_t n = 1;
   for (int d = 0; d < tile.ndim; ++d) n *= blocks[d];
   std::fill(partial, partial + n, 0.0f);  // A tile empty along a cut dim holds no element.
   if (tile.empty()) return;
-  std::array<int64_t, kMaxTensorDims> strides{};
-  TileStrides(qs.src, tile, strides);
-  const QuantTile t =
-      TileOf(qs, lowered.tensors[qs.tensor].dtype, tile,
-             user_buffer + qs.src.view.offset * DTypeSize(qs.dtype), strides);
-  BlockAmax(t, partial);
+  BlockAmax(SourceTileOf(lowered, qs, tile, user_buffer, user_scales, dequantized), partial);
 }
 
 void CombineAmax(const QuantizedSource& qs, const Box& tile, const float* gathered,
@@ -474,7 +664,8 @@ void CombineAmax(const QuantizedSource& qs, const Box& tile, const float* gather
 
 void QuantizeSourceTile(const RefitSpec& lowered, size_t q, const Box& tile,
                         const uint8_t* user_buffer, uint8_t* elements_buffer,
-                        uint8_t* scales_buffer, const float* amax) {
+                        uint8_t* scales_buffer, const float* amax, const uint8_t* user_scales,
+                        float* dequantized) {
   const QuantizedSource& qs = lowered.quantized_sources[q];
   const TensorSpec& t = lowered.tensors[qs.tensor];
   const TensorSpec& s = lowered.tensors[qs.scale_tensor];
@@ -497,10 +688,7 @@ void QuantizeSourceTile(const RefitSpec& lowered, size_t q, const Box& tile,
     }
   }
   if (tile.empty()) return;
-  std::array<int64_t, kMaxTensorDims> strides{};
-  TileStrides(qs.src, tile, strides);
-  QuantTile qt = TileOf(qs, t.dtype, tile, user_buffer + qs.src.view.offset * DTypeSize(qs.dtype),
-                        strides);
+  QuantTile qt = SourceTileOf(lowered, qs, tile, user_buffer, user_scales, dequantized);
   qt.out = elements_buffer + t.src.view.offset;
   qt.scales = scales;
   qt.amax = amax;

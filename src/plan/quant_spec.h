@@ -1,4 +1,4 @@
-// Quantized destinations in the spec (docs/quantization.md): what a block is for each scheme,
+// Quantized destinations and FP8 sources in the spec (docs/quantization.md): what a block is for each scheme,
 // the scales as a tensor of their own, and the lowering that turns a spec with quantized
 // destinations into a plain spec the planner, the engine and the executors move as it is.
 //
@@ -10,6 +10,12 @@
 // of those internal buffers by quantizing its tile of the user's source block by block
 // (QuantizedSource, quantize.h). So only FP8 bytes and scales cross the network, and relays and
 // fan-out forward them as any other bytes.
+//
+// FP8 sources (src.dtype, src.quant: FP8 training). When the source's format, scheme and block
+// are the destination's, lowering makes the tensor and its scales plain tensors read from the
+// user's source buffers (no QuantizedSource): bytes and scales move as they are. Otherwise the
+// tensor is a QuantizedSource like any other whose tiles are dequantized to fp32 first
+// (QuantizedSource::requantized); its source tiles must then hold whole source blocks too.
 //
 // Blocks and tiles. A source rank quantizes the blocks its tile holds, so source tiles must start
 // on block boundaries, except along a dim the block covers whole (one block: channel's last dim,
@@ -26,6 +32,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "src/plan/quantize.h"
 #include "src/plan/spec.h"
 #include "src/plan/tiling.h"
 
@@ -40,8 +47,14 @@ inline constexpr char kReservedBufferPrefix[] = "reshard:";
 inline constexpr char kPartialAmaxBuffer[] = "amax.partial";
 inline constexpr char kGatheredAmaxBuffer[] = "amax.gathered";
 
-// The block's extent along every dim of `t` (dst.quant of a quantized tensor, resolved).
+// The block's extent along every dim of a tensor of `shape` quantized by `q` (resolved).
+std::vector<int64_t> BlockShape(const std::vector<int64_t>& shape, const Quant& q);
+// The destination's blocks of `t` (dst.quant) and the source's (src.quant).
 std::vector<int64_t> BlockShape(const TensorSpec& t);
+std::vector<int64_t> SourceBlockShape(const TensorSpec& t);
+// An FP8 source whose format, scheme and block are the destination's: its bytes and scales move
+// as they are (lowering makes them plain tensors read from the user's buffers).
+bool SourceMatchesDestination(const TensorSpec& t);
 // ceil(shape / block) per dim: the shape of the scale tensor.
 std::vector<int64_t> BlockedShape(const std::vector<int64_t>& shape,
                                   const std::vector<int64_t>& block);
@@ -52,6 +65,10 @@ DType ScaleDType(QuantScheme scheme);
 // so every one needs its scale (on the source, every one computes it from the combined amax).
 Layout ScaleLayout(const Layout& l, const std::vector<int64_t>& shape,
                    const std::vector<int64_t>& block);
+// The scales of quantized `t` on `side` (dst.quant, or src.quant of an FP8 source) as a tensor
+// of their own: "<name>.scale" over that side's blocked shape, with that side's ScaleLayout in
+// its scale buffer (default "<name>.scale") and scale view. Only the `side` layout is set.
+TensorSpec ScaleTensor(const TensorSpec& t, Side side);
 
 // The quantization checks of Validate() for tensor `t`: dtypes, scheme, block, scale fields, and
 // that source and destination tiles start on block boundaries (above). InvalidArgument naming the
@@ -75,10 +92,31 @@ void QuantizeBox(const QuantizedSource& qs, DType fp8, const Box& tile, const ui
 // writes its FP8 elements and scales where the lowered spec's tensors read them
 // (`elements_buffer`: the rank's buffer of the FP8 tensor's source, `scales_buffer`: of its
 // scale tensor's; both internal). For a source with qs.exchange, `amax` is CombineAmax's (the
-// scales are written from it even when the tile is empty); otherwise null.
+// scales are written from it even when the tile is empty); otherwise null. For a requantized
+// source, `user_scales` is the rank's buffer of its source scales (qs.src_scales) and
+// `dequantized` holds DequantizedElements(qs, tile) floats; both are null otherwise.
 void QuantizeSourceTile(const RefitSpec& lowered, size_t q, const Box& tile,
                         const uint8_t* user_buffer, uint8_t* elements_buffer,
-                        uint8_t* scales_buffer, const float* amax = nullptr);
+                        uint8_t* scales_buffer, const float* amax = nullptr,
+                        const uint8_t* user_scales = nullptr, float* dequantized = nullptr);
+
+// The QuantTile that QuantizeSourceTile quantizes for a non-empty `tile` of quantized source `q`
+// (not a requantized one), with its out and scales set: for quantizing it elsewhere (the CUDA
+// kernels, src/cuda/quantize.h). Its src is user_buffer plus the view's offset.
+QuantTile SourceQuantTile(const RefitSpec& lowered, size_t q, const Box& tile,
+                          const uint8_t* user_buffer, uint8_t* elements_buffer,
+                          uint8_t* scales_buffer);
+
+// A requantized source's tile (qs.requantized()) as fp32, row-major into `out`:
+// DecodeFp8(byte) * its source block's scale (fp32, or MxScale of the E8M0 byte), one IEEE fp32
+// multiplication per element. `user_buffer` and `user_scales` are the rank's buffers of the
+// FP8 elements (qs.src) and of their scales (qs.src_scales). Allocates nothing.
+void DequantizeTile(const QuantizedSource& qs, const std::vector<int64_t>& shape,
+                    const Box& tile, const uint8_t* user_buffer, const uint8_t* user_scales,
+                    float* out);
+// The floats DequantizeTile writes for `tile` of qs: its elements for a requantized source, 0
+// otherwise.
+int64_t DequantizedElements(const QuantizedSource& qs, const Box& tile);
 
 // The amax exchange (qs.exchange: the source shards a dim of one block). A rank's tile has
 // TileBlocks(qs, tile) blocks per dim (1 along a cut dim), in the row-major order of its scales.
@@ -89,7 +127,8 @@ void QuantizeSourceTile(const RefitSpec& lowered, size_t q, const Box& tile,
 // QuantizeSourceTile.
 std::array<int64_t, kMaxTensorDims> TileBlocks(const QuantizedSource& qs, const Box& tile);
 void PartialAmaxTile(const RefitSpec& lowered, size_t q, const Box& tile,
-                     const uint8_t* user_buffer, float* partial);
+                     const uint8_t* user_buffer, float* partial,
+                     const uint8_t* user_scales = nullptr, float* dequantized = nullptr);
 void CombineAmax(const QuantizedSource& qs, const Box& tile, const float* gathered, float* amax);
 
 }  // namespace reshard::plan

@@ -641,11 +641,20 @@ absl::Status ValidateImpl(const RefitSpec& spec, int32_t only_rank) {
     }
     // A lowered spec (quant_spec.h) names its internal buffers; a user's spec may not.
     const bool user_spec = spec.quantized_sources.empty();
-    RESHARD_RETURN_IF_ERROR(ValidateLayout(t, t.src, "src", t.dtype, user_spec, stamp, epoch));
+    RESHARD_RETURN_IF_ERROR(ValidateLayout(t, t.src, "src", t.src_dtype(), user_spec, stamp, epoch));
     // ValidateQuant builds both sides' grids, which need valid layouts.
     RESHARD_RETURN_IF_ERROR(
         ValidateLayout(t, t.dst, "dst", t.dst_dtype(), user_spec, stamp, epoch));
     RESHARD_RETURN_IF_ERROR(ValidateQuant(t));
+    if (t.src_quantized() && !SourceMatchesDestination(t)) {
+      // A requantized FP8 source's scales are read by the quantizer alone (no tensor of the
+      // lowered spec names them, unlike a matching source's): their view gets the checks of any
+      // layout here, as the tensor "<name>.scale".
+      const TensorSpec scales = ScaleTensor(t, Side::kSrc);
+      RESHARD_RETURN_IF_ERROR(
+          ValidateLayout(scales, scales.src, "src", scales.dtype, user_spec, stamp, epoch));
+      RESHARD_RETURN_IF_ERROR(CheckSelfOverlap(scales, scales.src, "src"));
+    }
     pieces = SaturatingAdd(pieces, PieceBound(t));
     if (pieces > kMaxPieces) {
       return TensorError(t, absl::StrFormat("src and dst intersect in more than %d (destination "
@@ -674,7 +683,7 @@ absl::Status ValidateImpl(const RefitSpec& spec, int32_t only_rank) {
       const std::string& buffer = side == Side::kSrc ? t.src_buffer() : t.dst_buffer();
       std::vector<size_t>& users = buffers[s][buffer];
       auto elem = [side](const TensorSpec& u) {
-        return DTypeSize(side == Side::kSrc ? u.dtype : u.dst_dtype());
+        return DTypeSize(side == Side::kSrc ? u.src_dtype() : u.dst_dtype());
       };
       if (!users.empty() && elem(spec.tensors[users.front()]) != elem(t)) {
         return TensorError(

@@ -116,9 +116,10 @@ struct Layout {
   std::string buffer;
   View view;
   bool has_view = false;  // True when the spec gave a view (even a contiguous one).
-  // The element type on this side when it differs from the tensor's (destinations only: an FP8
-  // type, with `quant`), how it is quantized, and where its scales live on this side: buffer
-  // `scale_buffer` (default "<tensor>.scale") with `scale_view` over the blocked shape.
+  // The element type on this side when it differs from the tensor's (an FP8 type, with `quant`;
+  // a source may be FP8 only when its destination is quantized too), how it is quantized, and
+  // where its scales live on this side: buffer `scale_buffer` (default "<tensor>.scale") with
+  // `scale_view` over the blocked shape.
   std::optional<DType> dtype;
   Quant quant;
   std::string scale_buffer;
@@ -138,7 +139,11 @@ struct TensorSpec {
   const Layout& layout(Side side) const { return side == Side::kSrc ? src : dst; }
   // The destination's element type: dst.dtype, or the tensor's.
   DType dst_dtype() const { return dst.dtype.value_or(dtype); }
+  // The source's element type: src.dtype (an FP8 source), or the tensor's.
+  DType src_dtype() const { return src.dtype.value_or(dtype); }
   bool quantized() const { return dst.quant.scheme != QuantScheme::kNone; }
+  // The source already holds FP8 with block scales (src.quant).
+  bool src_quantized() const { return src.quant.scheme != QuantScheme::kNone; }
 };
 
 // Where a tensor of a lowered spec (plan::LowerQuantization, quant_spec.h) takes its source from:
@@ -157,6 +162,13 @@ struct QuantizedSource {
   std::vector<int64_t> cut_parts;
   bool exchange = false;
   uint32_t partial_tensor = 0;
+  // A source that already holds FP8 (src.quant) with another scheme, block or format than the
+  // destination's: `dtype` is its FP8 type, and each tile is dequantized (DecodeFp8(q) times its
+  // source block's scale, in fp32) before it is quantized again. kNone for bf16/fp16/fp32.
+  QuantScheme src_scheme = QuantScheme::kNone;
+  std::vector<int64_t> src_block;  // Per dim: the source's blocks.
+  Layout src_scales;               // The source's scales over its blocked shape (buffer resolved).
+  bool requantized() const { return src_scheme != QuantScheme::kNone; }
 };
 
 // Which ranks share a fast local fabric (an NVLink domain; on a CPU host, one host), and the

@@ -588,6 +588,50 @@ TEST(CApiTest, TileInfo) {
   EXPECT_EQ(reshard_comm_local_rank(nullptr), -1);
 }
 
+// A source that already holds FP8 (JSON src.dtype, src.quant, src.scale_buffer): the C API lists
+// its FP8 tiles and then its scale tiles on the source side, and the scale buffer to provide.
+TEST(CApiTest, Fp8SourceTilesAndScaleBuffer) {
+  reshard_spec_t* spec = nullptr;
+  ASSERT_EQ(reshard_spec_from_json(
+                "{\"tensors\": [{\"name\": \"f\", \"dtype\": \"bf16\", \"shape\": [4, 64],"
+                "  \"src\": {\"mesh\": [0, 1], \"placements\": [\"S(0)\"], \"dtype\": \"fp8e5m2\","
+                "          \"quant\": {\"scheme\": \"mx\"}, \"scale_buffer\": \"fs\"},"
+                "  \"dst\": {\"mesh\": [2, 3], \"placements\": [\"S(1)\"], \"dtype\": \"fp8e4m3\","
+                "          \"quant\": {\"scheme\": \"block\", \"block\": [2, 32]}}}]}",
+                &spec),
+            RESHARD_OK)
+      << reshard_last_error();
+  int32_t count = 0;
+  ASSERT_EQ(reshard_spec_tile_count(spec, 1, RESHARD_SOURCE, &count), RESHARD_OK);
+  ASSERT_EQ(count, 2);  // f, then its source scales.
+  reshard_tile_info_t f{}, scales{};
+  ASSERT_EQ(reshard_spec_tile_info(spec, 1, RESHARD_SOURCE, 0, &f), RESHARD_OK);
+  EXPECT_STREQ(f.tensor, "f");
+  EXPECT_EQ(f.dtype, RESHARD_DTYPE_FP8E5M2);
+  EXPECT_EQ(f.num_elements, 2 * 64);
+  EXPECT_STREQ(f.scales_of, "");
+  ASSERT_EQ(reshard_spec_tile_info(spec, 1, RESHARD_SOURCE, 1, &scales), RESHARD_OK);
+  EXPECT_STREQ(scales.tensor, "f.scale");
+  EXPECT_STREQ(scales.buffer, "fs");
+  EXPECT_STREQ(scales.scales_of, "f");
+  EXPECT_EQ(scales.dtype, RESHARD_DTYPE_U8);  // E8M0: one per 32 elements of a row.
+  EXPECT_EQ(std::vector<int64_t>(scales.lo, scales.lo + 2), (std::vector<int64_t>{2, 0}));
+  EXPECT_EQ(std::vector<int64_t>(scales.hi, scales.hi + 2), (std::vector<int64_t>{4, 2}));
+  // Rank 1 provides its FP8 tile (128 bytes) and its 4 E8M0 scales, nothing internal.
+  ASSERT_EQ(reshard_spec_buffer_count(spec, 1, &count), RESHARD_OK);
+  std::map<std::string, int64_t> buffers;
+  for (int32_t i = 0; i < count; ++i) {
+    const char* name = nullptr;
+    int32_t side = -1;
+    int64_t bytes = 0;
+    ASSERT_EQ(reshard_spec_buffer_info(spec, 1, i, &name, &side, &bytes), RESHARD_OK);
+    EXPECT_EQ(side, RESHARD_SOURCE);
+    buffers[name] = bytes;
+  }
+  EXPECT_EQ(buffers, (std::map<std::string, int64_t>{{"f", 128}, {"fs", 4}}));
+  reshard_spec_destroy(spec);
+}
+
 // Buffer names stay valid while the spec lives, however many ranks are asked afterwards (they
 // lived in a vector whose growth moved short names' characters; ASan saw the reads).
 TEST(CApiTest, BufferNamesOutliveLaterQueries) {

@@ -3,6 +3,8 @@
 // blocks), the lowering moves FP8 bytes plus scales, the in-process executor's refit equals the
 // reference for every scheme and format, and FP8 specs put about half the bf16 bytes on the wire.
 #include <algorithm>
+#include <cmath>
+#include <cstring>
 #include <memory>
 #include <string>
 
@@ -13,6 +15,7 @@
 #include "src/plan/fill.h"
 #include "src/plan/plan.h"
 #include "src/plan/quant_spec.h"
+#include "src/common/quant_math.h"
 #include "src/plan/spec_json.h"
 
 namespace reshard::plan {
@@ -246,6 +249,175 @@ TEST(QuantSpecTest, ExecutorVerifyCatchesAWrongScale) {
   const absl::Status st = world->Verify(1);
   EXPECT_EQ(st.code(), absl::StatusCode::kDataLoss);
   EXPECT_NE(st.message().find("tensor \"w.scale\": rank 2"), std::string::npos) << st;
+}
+
+// FP8 sources (src.dtype, src.quant): a bf16 [512, 1024] tensor held as FP8 by 2 row shards.
+std::string Fp8Source(const std::string& src_extra, const std::string& dst_extra,
+                      const std::string& src_placement = "S(0)") {
+  return absl::StrCat(
+      R"j({"topology": {"ranks_per_domain": 2}, "tensors": [{"name": "w", "dtype": "bf16", "shape": [512, 1024], "src": {"mesh": [0, 1], "placements": [")j",
+      src_placement, R"j("])j", src_extra,
+      R"j(}, "dst": {"mesh": [2, 3, 4, 5], "placements": ["S(1)"])j", dst_extra, "}}]}");
+}
+constexpr char kBlockE4M3[] =
+    R"j(, "dtype": "fp8e4m3", "quant": {"scheme": "block", "block": [128, 128]})j";
+
+TEST(QuantSpecTest, Fp8SourceErrorsNameTensorFieldDimAndRank) {
+  EXPECT_EQ(ErrorOf(Fp8Source(kBlockE4M3, "")),
+            "tensor \"w\": src.quant (an FP8 source) needs dst.quant: FP8 sources refit into "
+            "quantized destinations only (dequantizing into the destination is not supported)");
+  EXPECT_EQ(ErrorOf(Fp8Source(R"j(, "quant": {"scheme": "mx"})j", kBlockE4M3)),
+            "tensor \"w\": src.quant (scheme mx) needs src.dtype fp8e4m3 or fp8e5m2");
+  EXPECT_EQ(ErrorOf(Fp8Source(R"j(, "dtype": "fp8e4m3")j", kBlockE4M3)),
+            "tensor \"w\": src.dtype fp8e4m3 differs from the tensor's dtype bf16 without "
+            "src.quant; a source of another dtype must be quantized (casting is not supported)");
+  EXPECT_EQ(ErrorOf(Fp8Source(R"j(, "scale_buffer": "s")j", kBlockE4M3)),
+            "tensor \"w\": src.scale_buffer and src.scale_view need src.quant");
+  EXPECT_EQ(ErrorOf(Fp8Source(R"j(, "dtype": "fp8e4m3", "quant": {"scheme": "block"})j", kBlockE4M3)),
+            "tensor \"w\": src.quant.block is required by scheme block (e.g. [128, 128])");
+  EXPECT_EQ(ErrorOf(Fp8Source(R"j(, "dtype": "fp8e4m3", "quant": {"scheme": "mx"}, "scale_buffer": "reshard:s")j",
+                              kBlockE4M3)),
+            "tensor \"w\": src.scale_buffer \"reshard:s\" starts with the reserved prefix "
+            "\"reshard:\"");
+  // Source row shards of 256 cut the source's 384-row blocks (rank 1's tile).
+  EXPECT_EQ(ErrorOf(Fp8Source(R"j(, "dtype": "fp8e4m3", "quant": {"scheme": "block", "block": [384, 128]})j",
+                              kBlockE4M3)),
+            "tensor \"w\": src tiles cut the src.quant blocks of dim 0 (rank 1's tile starts at "
+            "element 256, not a multiple of the block's 384); only a dim of one block may be cut "
+            "(its scale is then replicated)");
+  // The tensor's dtype stays the unquantized one.
+  EXPECT_EQ(ErrorOf(absl::StrReplaceAll(Fp8Source(kBlockE4M3, kBlockE4M3),
+                                        {{R"("dtype": "bf16")", R"("dtype": "fp8e4m3")"}})),
+            "tensor \"w\": dst.quant quantizes bf16, fp16 or fp32 tensors, not fp8e4m3 (an FP8 "
+            "source gives src.dtype and src.quant, and the tensor's dtype stays the unquantized "
+            "one)");
+  // A requantized source's scale view is checked like any view (here its scales would overlap).
+  const std::string overlapping = ErrorOf(Fp8Source(
+      R"j(, "dtype": "fp8e5m2", "quant": {"scheme": "mx"}, "scale_view": {"offset": 0, "strides": [0, 1]})j",
+      kBlockE4M3));
+  EXPECT_EQ(overlapping.rfind("tensor \"w.scale\": src.view", 0), 0u) << overlapping;
+  // Channel scales of column shards: every shard holds its rows' (replicated) scales.
+  EXPECT_EQ(ErrorOf(Fp8Source(R"j(, "dtype": "fp8e4m3", "quant": {"scheme": "channel"})j",
+                              R"j(, "dtype": "fp8e4m3", "quant": {"scheme": "channel"})j", "S(1)")),
+            "ok");
+}
+
+TEST(QuantSpecTest, MatchingFp8SourcesMoveBytesAndScalesAsTheyAre) {
+  auto spec = ParseSpecJson(Fp8Source(
+      R"j(, "dtype": "fp8e4m3", "quant": {"scheme": "block", "block": [128, 128]}, "buffer": "w8", "view": {"offset": 16}, "scale_buffer": "ws", "scale_view": {"offset": 3})j",
+      kBlockE4M3));
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  auto lowered = LowerQuantization(std::make_shared<const RefitSpec>(*spec));
+  ASSERT_TRUE(lowered.ok()) << lowered.status();
+  const RefitSpec& l = **lowered;
+  // Two plain tensors on the user's buffers: no quantizer, no internal buffer.
+  EXPECT_TRUE(l.quantized_sources.empty());
+  ASSERT_EQ(l.tensors.size(), 2u);
+  EXPECT_EQ(l.tensors[0].dtype, DType::kFp8E4M3);
+  EXPECT_EQ(l.tensors[0].src.buffer, "w8");
+  EXPECT_EQ(l.tensors[0].src.view.offset, 16);
+  EXPECT_FALSE(l.tensors[0].src_quantized());
+  EXPECT_EQ(l.tensors[1].name, "w.scale");
+  EXPECT_EQ(l.tensors[1].shape, (std::vector<int64_t>{4, 8}));
+  EXPECT_EQ(l.tensors[1].src.buffer, "ws");
+  EXPECT_EQ(l.tensors[1].src.view.offset, 3);
+  EXPECT_EQ(l.tensors[1].dst.buffer, "w.scale");
+  auto plan = BuildPlan(std::make_shared<const RefitSpec>(*spec));
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  for (const BufferInfo& b : plan->buffers()) EXPECT_FALSE(b.internal) << b.name;
+  // The user's FP8 source: 256 rows x 1024 bytes after 16; its 2 x 8 fp32 scales after 3.
+  EXPECT_EQ(plan->BufferBytes(0)[plan->buffer_of(0, Side::kSrc)], 16 + 256 * 1024);
+  EXPECT_EQ(plan->BufferBytes(0)[plan->buffer_of(1, Side::kSrc)], (3 + 2 * 8) * 4);
+  // Bytes and scales arrive as the sources hold them (the executor's fill of plain tensors).
+  EXPECT_TRUE(VerifyPlanInProcess(*plan, int64_t{1} << 30).ok());
+  // The same bytes on the wire as a bf16 source quantized at the source.
+  auto quantizing = PlanOf(OneTensor(kBlockE4M3));
+  ASSERT_TRUE(quantizing.ok());
+  EXPECT_EQ(plan->stats().bytes_network, quantizing->stats().bytes_network);
+}
+
+// Mismatched FP8 sources: each source tile is dequantized (DecodeFp8 * its block's scale) and
+// quantized with the destination's scheme, amax exchange included; every element and scale
+// equals the whole tensor dequantized and quantized as one tile. Sources read through strided
+// views and scale views, so a wrong block or scale index fails.
+TEST(QuantSpecTest, MismatchedFp8SourcesRequantizeExactly) {
+  const char* kSources[] = {
+      R"j(, "dtype": "fp8e4m3", "quant": {"scheme": "block", "block": [64, 128]}, "buffer": "b", "view": {"offset": 5, "strides": [1, 300]}, "scale_buffer": "bs", "scale_view": {"offset": 2, "strides": [1, 4]})j",
+      R"j(, "dtype": "fp8e5m2", "quant": {"scheme": "mx", "block": [1, 32]})j",
+      R"j(, "dtype": "fp8e4m3", "quant": {"scheme": "channel"}, "scale_view": {"offset": 7})j",
+      R"j(, "dtype": "fp8e5m2", "quant": {"scheme": "tensor"})j",
+      R"j(, "dtype": "fp8e4m3", "quant": {"scheme": "block", "block": [128, 128]})j"};
+  const char* kDestinations[] = {
+      R"j(, "dtype": "fp8e5m2", "quant": {"scheme": "block", "block": [128, 128]})j",
+      R"j(, "dtype": "fp8e4m3", "quant": {"scheme": "mx"})j",
+      R"j(, "dtype": "fp8e4m3", "quant": {"scheme": "channel"})j",
+      R"j(, "dtype": "fp8e4m3", "quant": {"scheme": "tensor"})j"};
+  for (const char* placement : {"S(0)", "S(1)"}) {
+    for (const char* src : kSources) {
+      for (const char* dst : kDestinations) {
+        const std::string s = src, d = dst;
+        SCOPED_TRACE(absl::StrCat(placement, " ", src, " -> ", dst));
+        // Channel and tensor blocks (either side) are cut by column shards.
+        const std::string json =
+            absl::StrReplaceAll(Fp8Source(src, dst, placement), {{"[512, 1024]", "[256, 512]"}});
+        auto plan = PlanOf(json);
+        ASSERT_TRUE(plan.ok()) << plan.status();
+        // Channel e4m3 into channel e4m3 matches (moved as it is); every other pair requantizes.
+        const bool matches = s.find("channel") != std::string::npos &&
+                             d.find("channel") != std::string::npos;
+        ASSERT_EQ(plan->spec().quantized_sources.size(), matches ? 0u : 1u);
+        if (!matches) {
+          EXPECT_TRUE(plan->spec().quantized_sources[0].requantized());
+        }
+        const absl::Status verified = VerifyPlanInProcess(*plan, int64_t{1} << 30);
+        EXPECT_TRUE(verified.ok()) << verified;
+      }
+    }
+  }
+}
+
+// DequantizeTile against a naive dequantizer written here from the definition: each element's
+// FP8 byte decoded and multiplied by the fp32 scale (or 2^(e8m0 - 127)) of its block, found by
+// its global index; a tile in the middle of the tensor, read through a transposed view.
+TEST(QuantSpecTest, DequantizeTileMultipliesEachElementByItsBlocksScale) {
+  for (const bool mx : {false, true}) {
+    QuantizedSource qs;
+    qs.dtype = mx ? DType::kFp8E5M2 : DType::kFp8E4M3;
+    qs.src_scheme = mx ? QuantScheme::kMx : QuantScheme::kBlock;
+    qs.src_block = {4, 3};
+    const std::vector<int64_t> shape = {16, 10};
+    Box tile;
+    tile.ndim = 2;
+    tile.lo = {4, 3};
+    tile.hi = {12, 10};  // 8 x 7: two row blocks, three column blocks (the last partial).
+    qs.src.view = View{2, {1, 9}};  // Transposed, padded.
+    qs.src_scales.view = View{1, {}};
+    std::vector<uint8_t> bytes(2 + 7 * 9);
+    for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<uint8_t>(i * 37 + 11);
+    const int scale_bytes = mx ? 1 : 4;
+    std::vector<uint8_t> scales(static_cast<size_t>((1 + 2 * 3) * scale_bytes));
+    for (size_t i = 0; i < scales.size(); ++i) scales[i] = static_cast<uint8_t>(120 + i * 3);
+    std::vector<float> out(56, -1.0f);
+    DequantizeTile(qs, shape, tile, bytes.data(), scales.data(), out.data());
+    for (int r = 0; r < 8; ++r) {
+      for (int c = 0; c < 7; ++c) {
+        const uint8_t b = bytes[2 + r + 9 * c];
+        const int block = ((tile.lo[0] + r) / 4 - 1) * 3 + ((tile.lo[1] + c) / 3 - 1);
+        float scale;
+        if (mx) {
+          scale = std::ldexp(1.0f, scales[1 + block] - 127);
+        } else {
+          std::memcpy(&scale, &scales[4 * (1 + block)], 4);
+        }
+        const float want =
+            quant::DecodeFp8(b, mx ? quant::Fp8Format::kE5M2 : quant::Fp8Format::kE4M3) * scale;
+        const float got = out[r * 7 + c];
+        EXPECT_TRUE((std::isnan(want) && std::isnan(got)) ||
+                    std::memcmp(&want, &got, 4) == 0)
+            << "mx " << mx << " at " << r << ", " << c << ": " << got << " vs " << want;
+      }
+    }
+  }
 }
 
 TEST(QuantSpecTest, Fp8PutsAboutHalfTheBf16BytesOnTheWire) {

@@ -94,6 +94,50 @@ std::vector<reshard::RefitSpec> GatherBroadcastSpecs(const reshard::RefitSpec& s
     std::set<int32_t> dst_set(t.dst.mesh.ranks().begin(), t.dst.mesh.ranks().end());
     const Mesh dst_ranks(std::vector<int32_t>(dst_set.begin(), dst_set.end()));
     const Mesh root_mesh(std::vector<int32_t>{root});
+    if (t.src.quant_scheme != reshard::QuantScheme::kNone) {
+      // An FP8 source: its bytes and its scales are gathered and broadcast as they are, and each
+      // destination rank takes its tile from its replicated copy (moved as it is, or dequantized
+      // and quantized again, as the refit itself does).
+      const reshard::DType fp8 = *t.src.dtype;
+      const std::vector<int64_t> block =
+          reshard::QuantBlockShape(t.shape, t.src.quant_scheme, t.src.quant_block);
+      std::vector<int64_t> blocked(t.shape.size());
+      for (size_t d = 0; d < t.shape.size(); ++d) {
+        blocked[d] = (t.shape[d] + block[d] - 1) / block[d];
+      }
+      const reshard::DType scale_dtype = t.src.quant_scheme == reshard::QuantScheme::kMx
+                                             ? reshard::DType::kU8
+                                             : reshard::DType::kFp32;
+      const std::string scales = t.name + ".scale";
+      Layout elements(t.src.mesh, t.src.placements);
+      elements.buffer = t.src.buffer;
+      elements.view_offset = t.src.view_offset;
+      elements.view_strides = t.src.view_strides;
+      elements.has_view = t.src.has_view;
+      // The source's scales: a mesh axis that shards a dim of one block replicates it.
+      Layout scale_src(t.src.mesh, t.src.placements);
+      for (reshard::Placement& p : scale_src.placements) {
+        if (p.shard && t.shape[p.dim] <= block[p.dim]) p = Replicate();
+      }
+      scale_src.InBuffer(t.src.scale_buffer.empty() ? scales : t.src.scale_buffer,
+                         t.src.scale_view_offset, t.src.scale_view_strides);
+      gather.AddTensor(t.name, fp8, t.shape, elements,
+                       Layout(root_mesh, {Replicate()}).InBuffer("gather:" + t.name));
+      gather.AddTensor(scales, scale_dtype, blocked, scale_src,
+                       Layout(root_mesh, {Replicate()}).InBuffer("gather:" + scales));
+      bcast.AddTensor(t.name, fp8, t.shape,
+                      Layout(root_mesh, {Replicate()}).InBuffer("gather:" + t.name),
+                      Layout(dst_ranks, {Replicate()}).InBuffer("bcast:" + t.name));
+      bcast.AddTensor(scales, scale_dtype, blocked,
+                      Layout(root_mesh, {Replicate()}).InBuffer("gather:" + scales),
+                      Layout(dst_ranks, {Replicate()}).InBuffer("bcast:" + scales));
+      Layout copy(dst_ranks, {Replicate()});
+      copy.InBuffer("bcast:" + t.name)
+          .Quantized(fp8, t.src.quant_scheme, t.src.quant_block)
+          .ScalesInBuffer("bcast:" + scales);
+      slice.AddTensor(t.name, t.dtype, t.shape, copy, t.dst);
+      continue;
+    }
     gather.AddTensor(t.name, t.dtype, t.shape, t.src,
                      Layout(root_mesh, {Replicate()}).InBuffer("gather:" + t.name));
     bcast.AddTensor(t.name, t.dtype, t.shape,
@@ -105,7 +149,7 @@ std::vector<reshard::RefitSpec> GatherBroadcastSpecs(const reshard::RefitSpec& s
   return {gather, bcast, slice};
 }
 
-// The same refit with every destination as the tensor's dtype (no quantization): what
+// The same refit with every destination as the source's dtype (no quantization): what
 // `reshard bench --dst-dtype` compares with. Its destinations live in buffers of their own
 // ("unquantized:<buffer>"), the sources are the same.
 reshard::RefitSpec Unquantized(const reshard::RefitSpec& spec) {
@@ -113,6 +157,16 @@ reshard::RefitSpec Unquantized(const reshard::RefitSpec& spec) {
   if (!spec.domains().empty()) out.SetDomains(spec.domains());
   if (spec.ranks_per_domain() > 0) out.SetRanksPerDomain(spec.ranks_per_domain());
   for (const reshard::TensorDesc& t : spec.tensors()) {
+    // An FP8 source moves its bytes as they are (its scales stay behind).
+    reshard::Layout src = t.src;
+    const reshard::DType dtype = src.dtype.value_or(t.dtype);
+    src.dtype.reset();
+    src.quant_scheme = reshard::QuantScheme::kNone;
+    src.quant_block.clear();
+    src.scale_buffer.clear();
+    src.scale_view_offset = 0;
+    src.scale_view_strides.clear();
+    src.has_scale_view = false;
     reshard::Layout dst = t.dst;
     dst.dtype.reset();
     dst.quant_scheme = reshard::QuantScheme::kNone;
@@ -122,7 +176,7 @@ reshard::RefitSpec Unquantized(const reshard::RefitSpec& spec) {
     dst.scale_view_strides.clear();
     dst.has_scale_view = false;
     dst.buffer = "unquantized:" + (t.dst.buffer.empty() ? t.name : t.dst.buffer);
-    out.AddTensor(t.name, t.dtype, t.shape, t.src, dst);
+    out.AddTensor(t.name, dtype, t.shape, src, dst);
   }
   return out;
 }

@@ -82,6 +82,8 @@ struct RankLine {
   std::string fanout;
   int64_t fanout_sent = 0;
   double fanout_busy_ms = 0, fanout_hidden = 1, fanout_domain_hidden = 1;
+  double quantize_ms = 0, amax_exchange_ms = 0;
+  int64_t quantize_buffer_bytes = 0;
 };
 
 RankLine ParseRankLine(const std::string& line) {
@@ -118,6 +120,13 @@ RankLine ParseRankLine(const std::string& line) {
   if (const json::Value* f = v->Find("fanout_domain_hidden_fraction"); f && f->is_number()) {
     r.fanout_domain_hidden = f->as_double();
   }
+  if (const json::Value* f = v->Find("quantize_ms"); f && f->is_number()) {
+    r.quantize_ms = f->as_double();
+  }
+  if (const json::Value* f = v->Find("amax_exchange_ms"); f && f->is_number()) {
+    r.amax_exchange_ms = f->as_double();
+  }
+  r.quantize_buffer_bytes = num("quantize_buffer_bytes");
   r.error = str("error");
   r.parsed = true;
   return r;
@@ -286,6 +295,10 @@ int RunCommand(int argc, char** argv) {
   int64_t bytes_fanout = 0;
   std::string fanout_backend = fanout_mode == "engine" ? "engine" : "none";
   double fanout_busy_ms = 0, fanout_hidden_ms = 0, fanout_domain_hidden_ms = 0;  // All ranks.
+  // Quantized destinations, last refit: the slowest rank's quantizing and exchange, all ranks'
+  // buffers.
+  double quantize_ms = 0, amax_exchange_ms = 0;
+  int64_t quantize_buffer_bytes = 0;
   std::map<std::string, std::vector<int>> transports;
   for (int r = 0; r < world; ++r) {
     const RankLine& l = lines[static_cast<size_t>(r)];
@@ -304,6 +317,9 @@ int RunCommand(int argc, char** argv) {
     fanout_busy_ms += l.fanout_busy_ms;
     fanout_hidden_ms += l.fanout_busy_ms * l.fanout_hidden;
     fanout_domain_hidden_ms += l.fanout_busy_ms * l.fanout_domain_hidden;
+    quantize_ms = std::max(quantize_ms, l.quantize_ms);
+    amax_exchange_ms = std::max(amax_exchange_ms, l.amax_exchange_ms);
+    quantize_buffer_bytes += l.quantize_buffer_bytes;
   }
   const double fanout_hidden = fanout_busy_ms > 0 ? fanout_hidden_ms / fanout_busy_ms : 1.0;
   const double fanout_domain_hidden =
@@ -344,7 +360,9 @@ int RunCommand(int argc, char** argv) {
         Quote(transports_text), ",\"fanout\":", Quote(fanout_backend),
         ",\"bytes_fanout\":", bytes_fanout, ",\"fanout_busy_ms\":", Ms(fanout_busy_ms),
         ",\"fanout_hidden_fraction\":", absl::StrFormat("%.3f", fanout_hidden),
-        ",\"fanout_domain_hidden_fraction\":", absl::StrFormat("%.3f", fanout_domain_hidden));
+        ",\"fanout_domain_hidden_fraction\":", absl::StrFormat("%.3f", fanout_domain_hidden),
+        ",\"quantize_ms\":", Ms(quantize_ms), ",\"amax_exchange_ms\":", Ms(amax_exchange_ms),
+        ",\"quantize_buffer_bytes\":", quantize_buffer_bytes);
     if (rate_bits > 0) {
       absl::StrAppend(&out, ",\"rate\":", Quote(rate), ",\"lower_bound_ms\":", Ms(lower_bound_ms),
                       ",\"ratio\":", absl::StrFormat("%.3f", ratio),
@@ -394,6 +412,13 @@ int RunCommand(int argc, char** argv) {
                   fanout_backend.c_str(), FormatBytes(static_cast<double>(bytes_fanout)).c_str(),
                   FormatSeconds(fanout_busy_ms / 1e3).c_str(), fanout_domain_hidden * 100,
                   fanout_hidden * 100);
+    }
+    if (quantize_buffer_bytes > 0) {
+      std::printf("quantization    last refit: %s on the slowest rank, amax exchange %s; %s of "
+                  "host buffers for it (all ranks)\n",
+                  FormatSeconds(quantize_ms / 1e3).c_str(),
+                  FormatSeconds(amax_exchange_ms / 1e3).c_str(),
+                  FormatBytes(static_cast<double>(quantize_buffer_bytes)).c_str());
     }
     if (rate_bits > 0) {
       std::printf("emulated NIC    %s: lower bound %s (busiest rank's bytes / rate); median is "

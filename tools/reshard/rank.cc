@@ -168,6 +168,9 @@ RankReport RunRank(const RankOptions& options, const Communicator& comm) {
     report.fanout_backend = layer ? s.fanout : "";
     report.bytes_fanout_sent = s.bytes_fanout_sent;
     report.fanout_busy_ms = s.fanout_busy_seconds * 1e3;
+    report.quantize_ms = s.quantize_seconds * 1e3;
+    report.amax_exchange_ms = s.amax_exchange_seconds * 1e3;
+    report.quantize_buffer_bytes = s.quantize_buffer_bytes;
     report.fanout_hidden_fraction = s.fanout_hidden_fraction;
     report.fanout_domain_hidden_fraction = s.fanout_domain_hidden_fraction;
     if (i == 0) {
@@ -210,7 +213,10 @@ std::string RankReportJson(const RankReport& r) {
       ",\"fanout_busy_ms\":", absl::StrFormat("%.3f", r.fanout_busy_ms),
       ",\"fanout_hidden_fraction\":", absl::StrFormat("%.3f", r.fanout_hidden_fraction),
       ",\"fanout_domain_hidden_fraction\":",
-      absl::StrFormat("%.3f", r.fanout_domain_hidden_fraction), ",\"error\":", JsonQuote(r.error),
+      absl::StrFormat("%.3f", r.fanout_domain_hidden_fraction),
+      ",\"quantize_ms\":", absl::StrFormat("%.3f", r.quantize_ms),
+      ",\"amax_exchange_ms\":", absl::StrFormat("%.3f", r.amax_exchange_ms),
+      ",\"quantize_buffer_bytes\":", r.quantize_buffer_bytes, ",\"error\":", JsonQuote(r.error),
       "}");
 }
 

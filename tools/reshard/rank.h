@@ -49,6 +49,9 @@ struct RankReport {
   double fanout_busy_ms = 0;           // Last refit: time with a fan-out copy in flight.
   double fanout_hidden_fraction = 1;   // Last refit: share of it inside the network stage.
   double fanout_domain_hidden_fraction = 1;  // Same, inside the domain's network stage.
+  double quantize_ms = 0;              // Last refit: quantizing this rank's sources.
+  double amax_exchange_ms = 0;         // Last refit: the amax exchange, start to end.
+  int64_t quantize_buffer_bytes = 0;   // Host memory held for quantizing.
   std::string error;
 };
 
@@ -64,7 +67,8 @@ RankReport RunRank(const RankOptions& options, const Communicator& comm);
 //  "pieces_received":N,"puts":N,"data_messages":N,"single_copy_writes":N,"mapped_copies":N,
 //  "registrations_first":N,
 //  "registrations_after_first":N,"transports":"...","fanout":"host","bytes_fanout_sent":B,
-//  "fanout_busy_ms":T,"fanout_hidden_fraction":F,"fanout_domain_hidden_fraction":F,"error":"..."}
+//  "fanout_busy_ms":T,"fanout_hidden_fraction":F,"fanout_domain_hidden_fraction":F,
+//  "quantize_ms":T,"amax_exchange_ms":T,"quantize_buffer_bytes":B,"error":"..."}
 std::string RankReportJson(const RankReport& report);
 
 }  // namespace reshard::cli

@@ -133,9 +133,19 @@ TilePatterns::TilePatterns(const RefitSpec& spec, const RefitSpec* values_of)
     : tensors_(spec.tensors()) {
   const std::vector<TensorDesc>& values = values_of != nullptr ? values_of->tensors() : tensors_;
   for (size_t i = 0; i < tensors_.size(); ++i) {
-    const bool quantized = tensors_[i].dst.quant_scheme != QuantScheme::kNone;
-    const bool real = i < values.size() && values[i].dst.quant_scheme != QuantScheme::kNone;
-    by_name_[tensors_[i].name] = Tensor{i, &tensors_[i], quantized, real};
+    const TensorDesc& d = tensors_[i];
+    Tensor t{i, &tensors_[i]};
+    t.fp8_source = d.src.quant_scheme != QuantScheme::kNone;
+    t.fp8_matched = t.fp8_source && d.src.dtype == d.dst.dtype &&
+                    d.src.quant_scheme == d.dst.quant_scheme &&
+                    QuantBlockShape(d.shape, d.src.quant_scheme, d.src.quant_block) ==
+                        QuantBlockShape(d.shape, d.dst.quant_scheme, d.dst.quant_block);
+    t.quantized = d.dst.quant_scheme != QuantScheme::kNone && !t.fp8_matched;
+    // FP8 sources hold bit patterns (FillTile), in `values_of` too.
+    const bool values_fp8 = i < values.size() && values[i].src.quant_scheme != QuantScheme::kNone;
+    t.real = i < values.size() && values[i].dst.quant_scheme != QuantScheme::kNone && !values_fp8;
+    t.scale_number = tensors_.size() + i;
+    by_name_[d.name] = t;
   }
 }
 
@@ -143,7 +153,31 @@ const TilePatterns::Tensor& TilePatterns::Of(const std::string& name) const {
   return by_name_.at(name);
 }
 
+void TilePatterns::SourceScale(const Tensor& t, uint64_t epoch, int64_t block,
+                               uint8_t* out) const {
+  const uint64_t v = PatternValue(epoch, t.scale_number, block);
+  if (t.desc->src.quant_scheme == QuantScheme::kMx) {
+    *out = static_cast<uint8_t>(107 + (v >> 8) % 41);
+    return;
+  }
+  const uint32_t bits =
+      ((115 + static_cast<uint32_t>((v >> 8) % 25)) << 23) | (static_cast<uint32_t>(v >> 20) & 0x7FFFFF);
+  std::memcpy(out, &bits, 4);
+}
+
 void TilePatterns::Fill(const LocalTile& tile, uint64_t epoch, void* base) const {
+  if (!tile.scales_of.empty()) {
+    // The scales of an FP8 source.
+    const Tensor& t = Of(tile.scales_of);
+    if (t.fp8_matched) {
+      FillTile(tile, t.scale_number, epoch, base);
+      return;
+    }
+    auto* bytes = static_cast<uint8_t*>(base);
+    const int eb = DTypeSize(tile.dtype);
+    ForEachElement(tile, [&](int64_t off, int64_t g) { SourceScale(t, epoch, g, bytes + off * eb); });
+    return;
+  }
   const Tensor& t = Of(tile.tensor);
   if (!t.real) {
     FillTile(tile, t.number, epoch, base);
@@ -159,6 +193,10 @@ void TilePatterns::Fill(const LocalTile& tile, uint64_t epoch, void* base) const
 absl::Status TilePatterns::Verify(const LocalTile& tile, uint64_t epoch, int rank,
                                   const void* base) const {
   const Tensor& t = Of(tile.scales_of.empty() ? tile.tensor : tile.scales_of);
+  if (t.fp8_matched) {
+    // FP8 bytes and scales as the source holds them.
+    return VerifyTile(tile, tile.scales_of.empty() ? t.number : t.scale_number, epoch, rank, base);
+  }
   if (t.quantized) return VerifyQuantized(tile, t, epoch, rank, base);
   if (!t.real) return VerifyTile(tile, t.number, epoch, rank, base);
   // The real numbers themselves (an unquantized destination of quantized-style sources).
@@ -199,13 +237,33 @@ absl::Status TilePatterns::VerifyQuantized(const LocalTile& tile, const Tensor& 
     extents[d] = std::min(blocks_hi * b, desc.shape[d]) - lo[d];
     n *= extents[d];
   }
-  const int src_bytes = DTypeSize(desc.dtype);
+  // An FP8 source's values: its bytes times its blocks' scales, as fp32.
+  const DType src_dtype = t.fp8_source ? DType::kFp32 : desc.dtype;
+  const int src_bytes = DTypeSize(src_dtype);
+  const std::vector<int64_t> src_block =
+      t.fp8_source ? QuantBlockShape(desc.shape, desc.src.quant_scheme, desc.src.quant_block)
+                   : std::vector<int64_t>();
   std::vector<uint8_t> source(static_cast<size_t>(n * src_bytes));
   std::vector<int64_t> idx(nd, 0);
   for (int64_t i = 0; i < n; ++i) {
-    int64_t global = 0;
-    for (size_t d = 0; d < nd; ++d) global = global * desc.shape[d] + lo[d] + idx[d];
-    StoreReal(desc.dtype, PatternValue(epoch, t.number, global), source.data() + i * src_bytes);
+    int64_t global = 0, src_block_flat = 0;
+    for (size_t d = 0; d < nd; ++d) {
+      global = global * desc.shape[d] + lo[d] + idx[d];
+      if (t.fp8_source) {
+        const int64_t blocks = (desc.shape[d] + src_block[d] - 1) / src_block[d];
+        src_block_flat = src_block_flat * blocks + (lo[d] + idx[d]) / src_block[d];
+      }
+    }
+    if (t.fp8_source) {
+      uint8_t scale[4];
+      SourceScale(t, epoch, src_block_flat, scale);
+      const float value =
+          DequantizeReference(*desc.src.dtype, static_cast<uint8_t>(PatternValue(epoch, t.number, global)),
+                              desc.src.quant_scheme, scale);
+      std::memcpy(source.data() + i * src_bytes, &value, 4);
+    } else {
+      StoreReal(desc.dtype, PatternValue(epoch, t.number, global), source.data() + i * src_bytes);
+    }
     for (size_t d = nd; d-- > 0;) {
       if (++idx[d] < extents[d]) break;
       idx[d] = 0;
@@ -220,7 +278,7 @@ absl::Status TilePatterns::VerifyQuantized(const LocalTile& tile, const Tensor& 
   const DType fp8 = desc.dst.dtype.value_or(DType::kFp8E4M3);
   const int scale_bytes = desc.dst.quant_scheme == QuantScheme::kMx ? 1 : 4;
   std::vector<uint8_t> out(static_cast<size_t>(n)), scale(static_cast<size_t>(num_blocks * scale_bytes));
-  if (absl::Status st = QuantizeReference(desc.dtype, source.data(), extents, fp8,
+  if (absl::Status st = QuantizeReference(src_dtype, source.data(), extents, fp8,
                                           desc.dst.quant_scheme, block, out.data(), scale.data());
       !st.ok()) {
     return st;

@@ -32,6 +32,10 @@ void PoisonTile(const LocalTile& tile, void* base);
 // of their dtype (mostly 2^-6 to 2^6, with rare zeros, subnormals, NaN, Inf and huge values)
 // instead of bit patterns, and its destination tiles, FP8 elements and scales, are checked
 // against QuantizeReference of those numbers; every other tile as FillTile and VerifyTile do.
+// FP8 sources (src.quant) hold FillTile's bytes (every FP8 code); their source scales are bit
+// patterns when the destination has the same format, scheme and block (both then arrive as they
+// are), else real scales (fp32 of 2^-12 to 2^12, E8M0 bytes 107 to 147), and the destination is
+// checked against QuantizeReference of the dequantized source (DequantizeReference).
 class TilePatterns {
  public:
   // `values_of`, when given, is the spec whose quantized destinations decide which sources get
@@ -49,10 +53,16 @@ class TilePatterns {
   struct Tensor {
     uint64_t number = 0;
     const TensorDesc* desc = nullptr;
-    bool quantized = false;  // Its destination is quantized in this spec.
+    bool quantized = false;  // Its destination is quantized from real numbers in this spec.
     bool real = false;       // Its sources hold real numbers (quantized in `values_of`).
+    bool fp8_source = false;   // Its source holds FP8 with scales (src.quant).
+    bool fp8_matched = false;  // ... with the destination's format, scheme and block.
+    uint64_t scale_number = 0;  // The pattern number of its scales.
   };
   const Tensor& Of(const std::string& name) const;
+  // The bytes of the source scale of block `block` (flat over the source's blocked shape) of an
+  // FP8 source whose scales are real (not fp8_matched): 4 (fp32) or 1 (E8M0) bytes at `out`.
+  void SourceScale(const Tensor& t, uint64_t epoch, int64_t block, uint8_t* out) const;
   absl::Status VerifyQuantized(const LocalTile& tile, const Tensor& t, uint64_t epoch, int rank,
                                const void* base) const;
   std::vector<TensorDesc> tensors_;

@@ -192,6 +192,14 @@ struct Stats {
   int64_t registrations_total = 0;  // Memory registrations this process made so far.
   // Made during this refit: 0 for every refit after the first (memory is registered once).
   int64_t registrations_this_refit = 0;
+  // Quantized destinations (docs/quantization.md): time this rank spent quantizing its sources
+  // (partial amaxes, dequantizing FP8 sources, quantizing; host or GPU, copies to the host
+  // included), time from starting the amax exchange to its end (0 without one), and the host
+  // memory the refit holds for quantizing: the FP8 bytes and scales the puts read, the exchange's
+  // buffers and the room for dequantized FP8 sources (sized at Create, the same every refit).
+  double quantize_seconds = 0;
+  double amax_exchange_seconds = 0;
+  int64_t quantize_buffer_bytes = 0;
 };
 
 class RefitHandle {

@@ -96,6 +96,10 @@ typedef struct reshard_stats {
   int64_t data_messages; /* data active messages posted (the delivery used over tcp) */
   int64_t single_copy_writes; /* process_vm_writev calls (same-host peers, one copy) */
   int64_t mapped_copies;      /* runs memcpy'd into a same-host peer's mapped HostBuffer */
+  /* Quantized destinations: reshard::Stats' fields of the same names. */
+  double quantize_seconds;
+  double amax_exchange_seconds;
+  int64_t quantize_buffer_bytes;
 } reshard_stats_t;
 
 /* The message of the last failing call on this thread ("" when none). Valid until the next
@@ -226,14 +230,14 @@ typedef struct reshard_tile_info {
   const int64_t* strides;   /* in elements, resolved (a contiguous tile's row-major strides) */
   int64_t offset;           /* in elements */
   int64_t num_elements;     /* product of hi - lo (0 for an empty tile of an uneven shard) */
-  /* Destination tiles only: the name of the quantized tensor whose scales this tile holds (the
-   * tile's tensor is then "<that>.scale"); "" otherwise. */
+  /* The name of the quantized tensor whose scales this tile holds (destinations, and sources
+   * that already hold FP8: the tile's tensor is then "<that>.scale"); "" otherwise. */
   const char* scales_of;
 } reshard_tile_info_t;
 
 /* Number of tiles `rank` holds on `side` (every tensor that places a tile there, in spec
- * order, empty tiles of uneven shards included, then on the destination side the scales of
- * quantized tensors), then each one. Computed once per (rank, side) and kept with the spec. */
+ * order, empty tiles of uneven shards included, then the scales of that side's quantized
+ * tensors), then each one. Computed once per (rank, side) and kept with the spec. */
 reshard_status_t reshard_spec_tile_count(reshard_spec_t* spec, int32_t rank, int32_t side,
                                          int32_t* count);
 reshard_status_t reshard_spec_tile_info(reshard_spec_t* spec, int32_t rank, int32_t side,

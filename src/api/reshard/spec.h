@@ -111,11 +111,14 @@ struct Layout {
   // Places every tile of this side inside the per-rank buffer `buffer_name` at element
   // `offset`, with element `strides` (empty: row-major contiguous tile). Returns *this.
   Layout& InBuffer(std::string buffer_name, int64_t offset = 0, std::vector<int64_t> strides = {});
-  // Destinations only: store the tiles as `fp8` (kFp8E4M3 or kFp8E5M2) quantized by `scheme`
-  // with `block` (kBlock; optional for kMx; none for the others). Returns *this.
+  // The tiles are `fp8` (kFp8E4M3 or kFp8E5M2) quantized by `scheme` with `block` (kBlock;
+  // optional for kMx; none for the others). A destination is then quantized by its sources; a
+  // source already holds FP8 with scales (FP8 training; its destination must be quantized too):
+  // with the destination's format, scheme and block its bytes and scales move as they are,
+  // otherwise each source tile is dequantized and quantized again. Returns *this.
   Layout& Quantized(DType fp8, QuantScheme scheme, std::vector<int64_t> block = {});
-  // Where a quantized destination's scales live (default: a buffer "<tensor>.scale" of their
-  // own, row-major over the blocked tile), like InBuffer. Returns *this.
+  // Where a quantized side's scales live (default: a buffer "<tensor>.scale" of their own,
+  // row-major over the blocked tile), like InBuffer. Returns *this.
   Layout& ScalesInBuffer(std::string buffer_name, int64_t offset = 0,
                          std::vector<int64_t> strides = {});
 
@@ -126,7 +129,7 @@ struct Layout {
   int64_t view_offset = 0;            // In elements.
   std::vector<int64_t> view_strides;  // In elements; empty: contiguous.
   bool has_view = false;
-  // Quantized destinations (Quantized, ScalesInBuffer); dtype unset: the tensor's.
+  // Quantized sides (Quantized, ScalesInBuffer); dtype unset: the tensor's.
   std::optional<DType> dtype;
   QuantScheme quant_scheme = QuantScheme::kNone;
   std::vector<int64_t> quant_block;
@@ -168,8 +171,9 @@ struct LocalTile {
   std::vector<int64_t> lo, hi;
   int64_t offset = 0;            // In elements.
   std::vector<int64_t> strides;  // In elements, resolved (never empty for ndim > 0).
-  // Destination tiles only: non-empty when this tile holds the scales of that quantized tensor
-  // (`tensor` is then "<that>.scale", over the blocked shape; docs/quantization.md).
+  // Non-empty when this tile holds the scales of that quantized tensor (destinations, and
+  // sources that hold FP8: `tensor` is then "<that>.scale", over the blocked shape;
+  // docs/quantization.md).
   std::string scales_of;
   int64_t num_elements() const;
 };
@@ -189,6 +193,12 @@ std::vector<int64_t> QuantBlockShape(const std::vector<int64_t>& shape, QuantSch
                                              QuantScheme scheme,
                                              const std::vector<int64_t>& block_shape, void* out,
                                              void* scales);
+
+// What one element of an FP8 source stands for (docs/quantization.md, "FP8 sources"): `byte`
+// of `fp8` decoded exactly times its block's scale, one IEEE fp32 multiplication; `scale` points
+// to the block's fp32 scale, or for kMx to its E8M0 byte. NaN for a dtype other than fp8e4m3 or
+// fp8e5m2, or for kNone.
+float DequantizeReference(DType fp8, uint8_t byte, QuantScheme scheme, const void* scale);
 
 class RefitSpec {
  public:
