@@ -12,7 +12,8 @@ namespace {
 TEST(ExamplesTest, EveryExampleSpecPlansAndVerifies) {
   int count = 0;
   for (const auto& entry :
-       std::filesystem::directory_iterator(std::string(RESHARD_SOURCE_DIR) + "/examples/specs")) {
+       std::filesystem::directory_iterator(std::filesystem::path(RESHARD_SOURCE_DIR) / "examples" /
+                                           "specs")) {
     if (entry.path().extension() != ".json") continue;
     SCOPED_TRACE(entry.path().string());
     auto spec = LoadSpecFile(entry.path().string());
