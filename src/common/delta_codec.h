@@ -26,8 +26,8 @@
 // element size and count, base epoch, every chunk word, run and bitmap count, the total
 // length) before any byte is written; a malformed stream writes nothing.
 //
-// The per-chunk functions are RESHARD_HD, so the CUDA encode/decode kernels can run them; their
-// inner loops are branch-free over 64 elements (a mask per 64 elements), and the copies of
+// Every function is RESHARD_HD, so CUDA encode/decode kernels can run the same code per chunk
+// or per piece (tests/common/delta_codec_test.cc checks it on the CPU); the inner loops are branch-free over 64 elements (a mask per 64 elements), and the copies of
 // changed values cost per changed element or per run, not per element of the chunk.
 #pragma once
 
@@ -199,7 +199,7 @@ struct EncodeResult {
 };
 
 template <typename T>
-inline EncodeResult EncodePieceT(const uint8_t* now, uint8_t* shadow, int64_t elems,
+RESHARD_HD inline EncodeResult EncodePieceT(const uint8_t* now, uint8_t* shadow, int64_t elems,
                                  uint64_t base_epoch, bool delta, uint8_t* out) {
   constexpr int es = sizeof(T);
   EncodeResult r;
@@ -253,7 +253,7 @@ inline EncodeResult EncodePieceT(const uint8_t* now, uint8_t* shadow, int64_t el
 // into `out` (StreamCapacity bytes) and copies `now` into `shadow`. `delta` false: a kFull
 // stream (no shadow version to build on). A kDelta stream records `base_epoch`, the version of
 // the values the shadow held.
-inline EncodeResult EncodePiece(const void* now, void* shadow, int64_t elems, int elem_size,
+RESHARD_HD inline EncodeResult EncodePiece(const void* now, void* shadow, int64_t elems, int elem_size,
                                 uint64_t base_epoch, bool delta, void* out) {
   auto* n = static_cast<const uint8_t*>(now);
   auto* s = static_cast<uint8_t*>(shadow);
@@ -276,7 +276,7 @@ enum class DecodeError {
   kBaseEpoch,     // A kDelta stream built on another version than the receiver holds.
   kChunk,         // A chunk word, run or bitmap that does not fit its chunk.
 };
-inline const char* DecodeErrorName(DecodeError e) {
+RESHARD_HD inline const char* DecodeErrorName(DecodeError e) {
   switch (e) {
     case DecodeError::kOk: return "ok";
     case DecodeError::kShort: return "stream shorter than its header says";
@@ -296,7 +296,7 @@ class Decoder {
  public:
   // Validates the whole stream (`length` bytes available) for a piece of `elems` elements of
   // `elem_size` bytes at the receiver, whose destination holds version `held_epoch`.
-  DecodeError Init(const uint8_t* stream, int64_t length, int64_t elems, int elem_size,
+  RESHARD_HD DecodeError Init(const uint8_t* stream, int64_t length, int64_t elems, int elem_size,
                    uint64_t held_epoch) {
     if (length < static_cast<int64_t>(sizeof(StreamHeader))) return DecodeError::kShort;
     memcpy(&h_, stream, sizeof(h_));
@@ -334,11 +334,11 @@ class Decoder {
     return DecodeError::kOk;
   }
 
-  Mode mode() const { return static_cast<Mode>(h_.mode); }
-  int64_t bytes() const { return static_cast<int64_t>(h_.bytes); }
+  RESHARD_HD Mode mode() const { return static_cast<Mode>(h_.mode); }
+  RESHARD_HD int64_t bytes() const { return static_cast<int64_t>(h_.bytes); }
 
   // Applies the next `n` elements of the piece to `dst` (n contiguous elements).
-  void Apply(uint8_t* dst, int64_t n) {
+  RESHARD_HD void Apply(uint8_t* dst, int64_t n) {
     if (h_.mode == kFull) {
       memcpy(dst, stream_ + sizeof(StreamHeader) + done_ * es_, static_cast<size_t>(n * es_));
       done_ += n;
@@ -361,7 +361,7 @@ class Decoder {
   }
 
  private:
-  bool ValidChunk(uint32_t tag, const uint8_t* p, int64_t bytes, int64_t n) const {
+  RESHARD_HD bool ValidChunk(uint32_t tag, const uint8_t* p, int64_t bytes, int64_t n) const {
     switch (tag) {
       case kSame: return bytes == 0;
       case kRaw: return bytes == n * es_;
@@ -394,7 +394,7 @@ class Decoder {
     return false;
   }
 
-  void NextChunk() {
+  RESHARD_HD void NextChunk() {
     ++chunk_;
     at_ = 0;
     if (chunk_ >= NumChunks(elems_)) return;
@@ -418,7 +418,7 @@ class Decoder {
     }
   }
 
-  void ApplyBitmap(uint8_t* dst, int64_t m) {
+  RESHARD_HD void ApplyBitmap(uint8_t* dst, int64_t m) {
     const int64_t words = (chunk_n_ + 63) / 64;
     const uint8_t* values = payload_ + words * 8;
     const int64_t lo = at_, hi = at_ + m;
@@ -434,7 +434,7 @@ class Decoder {
     }
   }
 
-  void ApplyRuns(uint8_t* dst, int64_t m) {
+  RESHARD_HD void ApplyRuns(uint8_t* dst, int64_t m) {
     const uint8_t* values = payload_ + runs_ * 4;
     const int64_t lo = at_, hi = at_ + m;
     while (run_ < runs_) {
