@@ -108,8 +108,15 @@ RESHARD_HD inline int64_t ChunkMask(const uint8_t* now, const uint8_t* shadow, i
     T a[64], b[64];
     memcpy(a, now + w * 64 * sizeof(T), sizeof(a));
     memcpy(b, shadow + w * 64 * sizeof(T), sizeof(b));
+    // One byte per element (a vectorised compare), then 8 bytes of 0/1 to 8 bits with one
+    // multiply: byte j of `v` lands on bit 56 + j, and no partial product carries into them.
+    uint8_t ne[64];
+    for (int i = 0; i < 64; ++i) ne[i] = a[i] != b[i];
     uint64_t m = 0;
-    for (int i = 0; i < 64; ++i) m |= static_cast<uint64_t>(a[i] != b[i]) << i;
+    for (int k = 0; k < 8; ++k) {
+      const uint64_t v = Load<uint64_t>(ne + 8 * k);
+      m |= ((v * 0x0102040810204080ull) >> 56) << (8 * k);
+    }
     words[w] = m;
   }
   if (n % 64 != 0) {
