@@ -74,8 +74,7 @@ int main(int argc, char** argv) {
       for (int k = 0; k < 5; ++k) {
         std::vector<uint16_t> shadow = old_values;
         double t0 = CpuSeconds();
-        r = delta::EncodePiece(new_values.data(), shadow.data(), elems, es, 1, true,
-                               stream.data());
+        r = delta::EncodePiece(new_values.data(), shadow.data(), elems, es, 1, true, stream.data());
         enc.push_back(CpuSeconds() - t0);
         std::vector<uint16_t> dst = old_values;
         delta::Decoder d;

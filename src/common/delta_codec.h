@@ -27,8 +27,9 @@
 // length) before any byte is written; a malformed stream writes nothing.
 //
 // Every function is RESHARD_HD, so CUDA encode/decode kernels can run the same code per chunk
-// or per piece (tests/common/delta_codec_test.cc checks it on the CPU); the inner loops are branch-free over 64 elements (a mask per 64 elements), and the copies of
-// changed values cost per changed element or per run, not per element of the chunk.
+// or per piece (tests/common/delta_codec_test.cc checks it on the CPU); the inner loops are
+// branch-free over 64 elements (a mask per 64 elements), and the copies of changed values cost per
+// changed element or per run, not per element of the chunk.
 #pragma once
 
 #include <cstdint>
@@ -201,13 +202,13 @@ RESHARD_HD inline uint32_t EncodeChunk(const uint8_t* now, int64_t n, const uint
 struct EncodeResult {
   int64_t bytes = 0;  // Stream length.
   Mode mode = kFull;
-  int64_t changed = 0;  // Changed elements (kDelta), or every element (kFull).
+  int64_t changed = 0;               // Changed elements (kDelta), or every element (kFull).
   int64_t chunks[4] = {0, 0, 0, 0};  // By ChunkTag (kDelta).
 };
 
 template <typename T>
 RESHARD_HD inline EncodeResult EncodePieceT(const uint8_t* now, uint8_t* shadow, int64_t elems,
-                                 uint64_t base_epoch, bool delta, uint8_t* out) {
+                                            uint64_t base_epoch, bool delta, uint8_t* out) {
   constexpr int es = sizeof(T);
   EncodeResult r;
   const int64_t raw = elems * es;
@@ -260,38 +261,50 @@ RESHARD_HD inline EncodeResult EncodePieceT(const uint8_t* now, uint8_t* shadow,
 // into `out` (StreamCapacity bytes) and copies `now` into `shadow`. `delta` false: a kFull
 // stream (no shadow version to build on). A kDelta stream records `base_epoch`, the version of
 // the values the shadow held.
-RESHARD_HD inline EncodeResult EncodePiece(const void* now, void* shadow, int64_t elems, int elem_size,
-                                uint64_t base_epoch, bool delta, void* out) {
+RESHARD_HD inline EncodeResult EncodePiece(const void* now, void* shadow, int64_t elems,
+                                           int elem_size, uint64_t base_epoch, bool delta,
+                                           void* out) {
   auto* n = static_cast<const uint8_t*>(now);
   auto* s = static_cast<uint8_t*>(shadow);
   auto* o = static_cast<uint8_t*>(out);
   switch (elem_size) {
-    case 1: return EncodePieceT<uint8_t>(n, s, elems, base_epoch, delta, o);
-    case 2: return EncodePieceT<uint16_t>(n, s, elems, base_epoch, delta, o);
-    case 4: return EncodePieceT<uint32_t>(n, s, elems, base_epoch, delta, o);
-    default: return EncodePieceT<uint64_t>(n, s, elems, base_epoch, delta, o);
+    case 1:
+      return EncodePieceT<uint8_t>(n, s, elems, base_epoch, delta, o);
+    case 2:
+      return EncodePieceT<uint16_t>(n, s, elems, base_epoch, delta, o);
+    case 4:
+      return EncodePieceT<uint32_t>(n, s, elems, base_epoch, delta, o);
+    default:
+      return EncodePieceT<uint64_t>(n, s, elems, base_epoch, delta, o);
   }
 }
 
 // Why Decoder::Init refused a stream.
 enum class DecodeError {
   kOk,
-  kShort,         // Shorter than its header, or than the header says.
-  kMagic,         // Not a delta stream.
-  kShape,         // Element size or count is not the piece's.
-  kLength,        // The header's length is not what its contents need.
-  kBaseEpoch,     // A kDelta stream built on another version than the receiver holds.
-  kChunk,         // A chunk word, run or bitmap that does not fit its chunk.
+  kShort,      // Shorter than its header, or than the header says.
+  kMagic,      // Not a delta stream.
+  kShape,      // Element size or count is not the piece's.
+  kLength,     // The header's length is not what its contents need.
+  kBaseEpoch,  // A kDelta stream built on another version than the receiver holds.
+  kChunk,      // A chunk word, run or bitmap that does not fit its chunk.
 };
 RESHARD_HD inline const char* DecodeErrorName(DecodeError e) {
   switch (e) {
-    case DecodeError::kOk: return "ok";
-    case DecodeError::kShort: return "stream shorter than its header says";
-    case DecodeError::kMagic: return "not a delta stream (bad magic or mode)";
-    case DecodeError::kShape: return "element size or count differs from the piece's";
-    case DecodeError::kLength: return "stream length disagrees with its chunks";
-    case DecodeError::kBaseEpoch: return "delta built on another version than this rank holds";
-    case DecodeError::kChunk: return "malformed chunk (tag, run or bitmap)";
+    case DecodeError::kOk:
+      return "ok";
+    case DecodeError::kShort:
+      return "stream shorter than its header says";
+    case DecodeError::kMagic:
+      return "not a delta stream (bad magic or mode)";
+    case DecodeError::kShape:
+      return "element size or count differs from the piece's";
+    case DecodeError::kLength:
+      return "stream length disagrees with its chunks";
+    case DecodeError::kBaseEpoch:
+      return "delta built on another version than this rank holds";
+    case DecodeError::kChunk:
+      return "malformed chunk (tag, run or bitmap)";
   }
   return "?";
 }
@@ -304,7 +317,7 @@ class Decoder {
   // Validates the whole stream (`length` bytes available) for a piece of `elems` elements of
   // `elem_size` bytes at the receiver, whose destination holds version `held_epoch`.
   RESHARD_HD DecodeError Init(const uint8_t* stream, int64_t length, int64_t elems, int elem_size,
-                   uint64_t held_epoch) {
+                              uint64_t held_epoch) {
     if (length < static_cast<int64_t>(sizeof(StreamHeader))) return DecodeError::kShort;
     memcpy(&h_, stream, sizeof(h_));
     if (h_.magic != kMagic || h_.mode > kDelta) return DecodeError::kMagic;
@@ -329,8 +342,8 @@ class Decoder {
     for (int64_t c = 0; c < chunks; ++c) {
       const uint32_t word = Load<uint32_t>(table_ + 4 * c);
       const int64_t bytes = word >> 2;
-      const int64_t n = elems - c * kChunkElems < kChunkElems ? elems - c * kChunkElems
-                                                               : kChunkElems;
+      const int64_t n =
+          elems - c * kChunkElems < kChunkElems ? elems - c * kChunkElems : kChunkElems;
       if (pos + bytes > static_cast<int64_t>(h_.bytes)) return DecodeError::kLength;
       if (!ValidChunk(word & 3, stream + pos, bytes, n)) return DecodeError::kChunk;
       pos += bytes;
@@ -354,10 +367,17 @@ class Decoder {
     while (n > 0) {
       const int64_t m = n < chunk_n_ - at_ ? n : chunk_n_ - at_;
       switch (tag_) {
-        case kSame: break;
-        case kRaw: memcpy(dst, payload_ + at_ * es_, static_cast<size_t>(m * es_)); break;
-        case kBitmap: ApplyBitmap(dst, m); break;
-        case kRuns: ApplyRuns(dst, m); break;
+        case kSame:
+          break;
+        case kRaw:
+          memcpy(dst, payload_ + at_ * es_, static_cast<size_t>(m * es_));
+          break;
+        case kBitmap:
+          ApplyBitmap(dst, m);
+          break;
+        case kRuns:
+          ApplyRuns(dst, m);
+          break;
       }
       at_ += m;
       dst += m * es_;
@@ -370,8 +390,10 @@ class Decoder {
  private:
   RESHARD_HD bool ValidChunk(uint32_t tag, const uint8_t* p, int64_t bytes, int64_t n) const {
     switch (tag) {
-      case kSame: return bytes == 0;
-      case kRaw: return bytes == n * es_;
+      case kSame:
+        return bytes == 0;
+      case kRaw:
+        return bytes == n * es_;
       case kBitmap: {
         const int64_t words = (n + 63) / 64;
         if (bytes < words * 8) return false;

@@ -96,8 +96,9 @@ absl::StatusOr<bool> Landing::Signalled(int32_t from_rank, uint32_t id, uint32_t
   if (offset >= 0 && program_.delta_elem_bytes[*slot] != 0) {
     const auto& t = plan_.transfers()[program_.received[*slot]];
     const int es = program_.delta_elem_bytes[*slot];
-    RESHARD_RETURN_IF_ERROR(ApplyDelta(*slot, memory_.landing() + offset,
-                                       delta::StreamCapacity(plan_.region(t.region).bytes / es, es)));
+    RESHARD_RETURN_IF_ERROR(
+        ApplyDelta(*slot, memory_.landing() + offset,
+                   delta::StreamCapacity(plan_.region(t.region).bytes / es, es)));
   } else if (offset >= 0) {
     const int64_t bytes = plan_.region(plan_.transfers()[program_.received[*slot]].region).bytes;
     RESHARD_RETURN_IF_ERROR(Unpack(*slot, 0, memory_.landing() + offset, bytes));
@@ -131,8 +132,8 @@ absl::StatusOr<bool> Landing::Data(const wire::DataHeader& h, const void* data, 
         !wire::InBounds(h.to_offset, length, h.stream_bytes) ||
         !wire::InBounds(landed, length, h.stream_bytes)) {
       return absl::DataLossError(absl::StrCat("rank ", program_.rank, ": rank ", from, " sent ",
-                                              length, " delta stream bytes at offset ",
-                                              h.to_offset, " of a stream of ", h.stream_bytes,
+                                              length, " delta stream bytes at offset ", h.to_offset,
+                                              " of a stream of ", h.stream_bytes,
                                               " bytes outside transfer ", id));
     }
     stream_bytes_[slot] = static_cast<int64_t>(h.stream_bytes);

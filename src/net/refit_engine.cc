@@ -18,13 +18,13 @@
 #include "src/common/log.h"
 #include "src/common/status.h"
 #include "src/net/delivery.h"
-#include "src/net/ucx/tls.h"
 #include "src/net/landing.h"
 #include "src/net/peer_link.h"
 #include "src/net/registered_memory.h"
 #include "src/net/runtime.h"
 #include "src/net/send_program.h"
 #include "src/net/ucx/memory.h"
+#include "src/net/ucx/tls.h"
 #include "src/net/wire.h"
 #include "src/net/wireup.h"
 #include "src/rendezvous/record.h"
@@ -157,8 +157,8 @@ class RefitEngine::Impl final : public MessageSink, public LinkOwner {
   // first and after a failure or Reset; base_: version_ when the epoch started, which this rank
   // grants with and its delta streams build on.
   uint64_t version_ = 0, base_ = 0;
-  std::vector<uint8_t> shadow_;        // SendProgram::shadow_bytes.
-  std::vector<uint8_t> gather_;        // SendProgram::gather_bytes.
+  std::vector<uint8_t> shadow_;         // SendProgram::shadow_bytes.
+  std::vector<uint8_t> gather_;         // SendProgram::gather_bytes.
   std::vector<uint64_t> shadow_epoch_;  // By descriptor: the epoch its shadow was written in.
   std::vector<int64_t> stream_len_;     // By descriptor: this epoch's delta stream length.
   bool abort_pending_ = false;
@@ -234,8 +234,8 @@ absl::Status RefitEngine::Impl::Init(rendezvous::Store& store, std::vector<Buffe
                                           am ? wire::kAmChunkBytes : 0, options_.delta});
   RESHARD_RETURN_IF_ERROR(CheckDependencies());
   if (options_.delta) {
-    // Deltas are applied on the host (the CUDA decode kernel is not there yet): a device
-    // destination must be staged through host memory.
+    // Deltas are applied by host code (there is no CUDA decode kernel yet): destination
+    // buffers must be host memory.
     for (uint32_t slot = 0; slot < program_.received.size(); ++slot) {
       if (program_.delta_elem_bytes[slot] == 0) continue;
       const plan::Transfer& t = plan_.transfers()[program_.received[slot]];
@@ -537,14 +537,15 @@ void RefitEngine::Impl::PostSends() {
       if (d.packed && link->cursor_run == d.run_begin) {
         // Gather the short runs (the source holds this epoch's data since Start); delta
         // pieces are gathered aside and encoded against their shadow.
-        absl::Status gathered = d.delta_elem_bytes > 0 ? EncodeDelta(*link, d, link->cursor_desc)
-                                                       : landing_->Gather(d);
+        absl::Status gathered =
+            d.delta_elem_bytes > 0 ? EncodeDelta(*link, d, link->cursor_desc) : landing_->Gather(d);
         if (!gathered.ok()) return Fail(gathered);
       }
       const int64_t stream_bytes = d.delta_elem_bytes > 0 ? stream_len_[link->cursor_desc] : 0;
       while (link->cursor_run < d.run_end) {
         if (outstanding_puts_ >= options_.max_outstanding_puts) return;
-        if (d.delta_elem_bytes > 0 && program_.runs[link->cursor_run].remote_offset >= stream_bytes) {
+        if (d.delta_elem_bytes > 0 &&
+            program_.runs[link->cursor_run].remote_offset >= stream_bytes) {
           link->cursor_run = d.run_end;  // The stream ended: nothing more of it to send.
           break;
         }

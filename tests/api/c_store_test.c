@@ -5,10 +5,11 @@
  * a communicator over it with reshard_comm_from_callbacks, list their buffers and tiles through
  * reshard_spec_buffer_* and reshard_spec_tile_*, create a handle with delta refits through
  * reshard_handle_create_with_options, fill their source tiles and verify every destination
- * element of three refits (rank 0's stats: every piece plain, as every element changes). Then, in this process: a set callback that fails with a
- * message must bring that message to reshard_last_error(); a get that times out (a rank that
- * never comes) must give RESHARD_DEADLINE_EXCEEDED within the set-up deadline; `release` runs
- * exactly once, also when reshard_comm_from_callbacks fails.
+ * element of three refits (rank 0's stats: every piece plain, as every element changes). Then, in
+ * this process: a set callback that fails with a message must bring that message to
+ * reshard_last_error(); a get that times out (a rank that never comes) must give
+ * RESHARD_DEADLINE_EXCEEDED within the set-up deadline; `release` runs exactly once, also when
+ * reshard_comm_from_callbacks fails.
  *
  * Prints one line per check that fails and exits 1; 0 when all pass.
  */
@@ -356,10 +357,9 @@ static int RunRank(FileStore* store, int32_t rank) {
   CHECK(wrong_elements == 0, "%lld destination elements differ", (long long)wrong_elements);
   reshard_stats_t stats;
   CHECK(reshard_handle_stats(handle, &stats) == RESHARD_OK, "%s", reshard_last_error());
-  if (rank == 0) {  /* It sends w and q over the network. */
+  if (rank == 0) { /* It sends w and q over the network. */
     CHECK(stats.delta_pieces == 0 && stats.delta_full_pieces > 0 && stats.delta_plain_bytes > 0 &&
-              stats.delta_stream_bytes > stats.delta_plain_bytes &&
-              stats.delta_shadow_bytes > 0,
+              stats.delta_stream_bytes > stats.delta_plain_bytes && stats.delta_shadow_bytes > 0,
           "delta stats: %lld deltas, %lld plain, %lld of %lld bytes, %lld shadow bytes",
           (long long)stats.delta_pieces, (long long)stats.delta_full_pieces,
           (long long)stats.delta_stream_bytes, (long long)stats.delta_plain_bytes,

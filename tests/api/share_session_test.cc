@@ -187,9 +187,9 @@ INSTANTIATE_TEST_SUITE_P(Transports, ShareSessionTest,
 // packed streams), over sm and tcp, with the fan-out layer: 110 consecutive refits, each
 // changing a random fraction (0 and 1 included) of every source tensor's elements by 1-15 ulp,
 // three refits failed by source rank 0 or destination rank 1 giving up at once, each followed by
-// Reset() on every rank. Every rank keeps the global tensors' values and checks every destination element
-// after every successful refit; deltas must have been sent and applied, and the first refit and
-// the one after each Reset sent no delta.
+// Reset() on every rank. Every rank keeps the global tensors' values and checks every destination
+// element after every successful refit; deltas must have been sent and applied, and the first refit
+// and the one after each Reset sent no delta.
 class ShareSessionDeltaTest : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(ShareSessionDeltaTest, HundredRefitsWithRandomChangesFailuresAndResetsStayByteExact) {
@@ -255,7 +255,7 @@ TEST_P(ShareSessionDeltaTest, HundredRefitsWithRandomChangesFailuresAndResetsSta
           const int32_t quitter = step == 50 ? 1 : 0;
           absl::Status st = handle->Start();
           if (st.ok()) {
-            st = handle->Wait(!fail_step       ? absl::Now() + absl::Seconds(30)
+            st = handle->Wait(!fail_step        ? absl::Now() + absl::Seconds(30)
                               : rank == quitter ? absl::InfinitePast()
                                                 : absl::Now() + absl::Seconds(1));
           }
@@ -278,10 +278,10 @@ TEST_P(ShareSessionDeltaTest, HundredRefitsWithRandomChangesFailuresAndResetsSta
           const Stats& s = handle->stats();
           if (full_next) CHILD_EXPECT(s.delta_pieces == 0, absl::StrCat("refit ", step));
           if (!full_next && f == 0) {
-            CHILD_EXPECT(s.delta_full_no_base + s.delta_full_receiver_version +
-                                 s.delta_full_not_smaller ==
-                             0,
-                         absl::StrCat("refit ", step));
+            CHILD_EXPECT(
+                s.delta_full_no_base + s.delta_full_receiver_version + s.delta_full_not_smaller ==
+                    0,
+                absl::StrCat("refit ", step));
           }
           CHILD_EXPECT(s.bytes_network_sent >= s.delta_stream_bytes);
           deltas += s.delta_pieces;

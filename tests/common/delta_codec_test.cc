@@ -2,11 +2,11 @@
 // any split into runs, byte-exact, and every malformed stream refused before a byte is written.
 #include "src/common/delta_codec.h"
 
+#include <gtest/gtest.h>
+
 #include <cstring>
 #include <random>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 namespace reshard::delta {
 namespace {
@@ -36,8 +36,8 @@ Piece MakePiece(std::mt19937_64& rng, int64_t elems, int es, double f, int64_t r
 EncodeResult RoundTrip(std::mt19937_64& rng, const Piece& p, int64_t elems, int es, bool delta) {
   std::vector<uint8_t> shadow = p.old_values;
   std::vector<uint8_t> out(static_cast<size_t>(StreamCapacity(elems, es)) + 1, 0xEE);
-  const EncodeResult r = EncodePiece(p.new_values.data(), shadow.data(), elems, es, 7, delta,
-                                     out.data());
+  const EncodeResult r =
+      EncodePiece(p.new_values.data(), shadow.data(), elems, es, 7, delta, out.data());
   EXPECT_LE(r.bytes, StreamCapacity(elems, es));
   EXPECT_LE(r.bytes, static_cast<int64_t>(sizeof(StreamHeader)) + elems * es);
   EXPECT_EQ(out[static_cast<size_t>(StreamCapacity(elems, es))], 0xEE);  // Nothing past it.

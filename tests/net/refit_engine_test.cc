@@ -502,11 +502,10 @@ struct DeltaModel {
       const uint8_t* dst = rb.memory[rb.plan.buffer_of(t, plan::Side::kDst)].data();
       plan::ForEachTile(s, t, plan::Side::kDst, [&](int32_t r, const plan::Box& box) {
         if (r != rank) return;
-        plan::ForEachElement(s.tensors[t].dst, s.tensors[t].shape, box,
-                             [&](int64_t offset, int64_t global) {
-                               bad += std::memcmp(dst + offset * es, &tensors[t][global * es],
-                                                  es) != 0;
-                             });
+        plan::ForEachElement(
+            s.tensors[t].dst, s.tensors[t].shape, box, [&](int64_t offset, int64_t global) {
+              bad += std::memcmp(dst + offset * es, &tensors[t][global * es], es) != 0;
+            });
       });
     }
     return bad;
@@ -569,7 +568,8 @@ TEST_P(RefitEngineDelta, HundredRefitsWithRandomChangesFailuresAndResetsStayByte
           if (fail_epoch) {
             failed += !st.ok();
             e.Reset();
-            CHILD_EXPECT(child->store->Set(absl::StrCat("delta/reset/", epoch, "/", rank), "1").ok());
+            CHILD_EXPECT(
+                child->store->Set(absl::StrCat("delta/reset/", epoch, "/", rank), "1").ok());
             for (int r = 0; r < 8; ++r) {
               CHILD_EXPECT(child->store
                                ->Get(absl::StrCat("delta/reset/", epoch, "/", r),
@@ -615,8 +615,7 @@ TEST_P(RefitEngineDelta, HundredRefitsWithRandomChangesFailuresAndResetsStayByte
   for (int r = 0; r < 8; ++r) EXPECT_EQ(codes[r], 0) << "rank " << r;
 }
 
-INSTANTIATE_TEST_SUITE_P(Delivery, RefitEngineDelta,
-                         ::testing::Values(Path::kUcxPut),
+INSTANTIATE_TEST_SUITE_P(Delivery, RefitEngineDelta, ::testing::Values(Path::kUcxPut),
                          [](const auto& info) { return std::string("Put"); });
 
 // Issue 10: a process that holds the store token reads a rank's UCX address from the store and

@@ -156,7 +156,7 @@ TEST(SimTest, Fig3OursMatchesTheLowerBound) {
 // Delta refits (docs/delta.md): the expected stream size per change fraction, and flows in which
 // only network pieces read from sources shrink (fan-out forwards plain bytes).
 TEST(SimTest, DeltaFlowsShrinkOnlySourceNetworkPieces) {
-  EXPECT_NEAR(DeltaBytesRatio(0.05, 2), 1.0 / 16 + 0.05, 1e-3);  // Bitmap + values.
+  EXPECT_NEAR(DeltaBytesRatio(0.05, 2), 1.0 / 16 + 0.05, 1e-3);         // Bitmap + values.
   EXPECT_NEAR(DeltaBytesRatio(0.001, 2), 0.001 + 0.002 * 0.999, 1e-3);  // Runs + values.
   EXPECT_EQ(DeltaBytesRatio(1.0, 2), 1.0);  // Never above the plain piece.
   EXPECT_LT(DeltaBytesRatio(0.0, 4), 1e-3);

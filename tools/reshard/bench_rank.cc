@@ -333,10 +333,10 @@ int main(int argc, char** argv) {
       if (!check) continue;
       for (const reshard::LocalTile& tile : mode_tiles) {
         const uint8_t* base = buffers.Get(reshard::Side::kDestination, tile.buffer);
-        st = change_fraction >= 0 ? mode_patterns.VerifyChanged(tile, static_cast<uint64_t>(iter) + 1,
-                                                                change_fraction, rank, base)
-                                  : mode_patterns.Verify(tile, static_cast<uint64_t>(iter) + 1,
-                                                         rank, base);
+        st = change_fraction >= 0
+                 ? mode_patterns.VerifyChanged(tile, static_cast<uint64_t>(iter) + 1,
+                                               change_fraction, rank, base)
+                 : mode_patterns.Verify(tile, static_cast<uint64_t>(iter) + 1, rank, base);
         if (!st.ok()) {
           return Fail(rank,
                       mode + ": after iteration " + std::to_string(iter + 1) + ": " +

@@ -398,16 +398,16 @@ int BenchCommand(int argc, char** argv) {
         ",\"naive_p2p_p90_ms\":", Num(p90("naive")), ",\"mpi_p90_ms\":", Num(mpi_p90_ms),
         ",\"gather_broadcast_over_ours\":", Num(ratio(gb)),
         ",\"naive_p2p_over_ours\":", Num(ratio(naive)), ",\"mpi_over_ours\":", Num(ratio(mpi_ms)),
-        ",\"mpi_note\":", json::Quote(mpi_note),
-        ",\"unquantized_ms\":", Num(quantized ? std::optional<double>(Median(slowest["unquantized"]))
-                                              : std::nullopt),
+        ",\"mpi_note\":", json::Quote(mpi_note), ",\"unquantized_ms\":",
+        Num(quantized ? std::optional<double>(Median(slowest["unquantized"])) : std::nullopt),
         ",\"ours_over_unquantized\":",
         Num(quantized && Median(slowest["unquantized"]) > 0
                 ? std::optional<double>(ours / Median(slowest["unquantized"]))
                 : std::nullopt),
         ",\"change_fraction\":",
         Num(*change_fraction >= 0 ? std::optional<double>(*change_fraction) : std::nullopt),
-        ",\"delta_ms\":", Num(delta ? std::optional<double>(Median(slowest["delta"])) : std::nullopt),
+        ",\"delta_ms\":",
+        Num(delta ? std::optional<double>(Median(slowest["delta"])) : std::nullopt),
         ",\"delta_over_ours\":",
         Num(delta && ours > 0 ? std::optional<double>(Median(slowest["delta"]) / ours)
                               : std::nullopt),
@@ -417,8 +417,7 @@ int BenchCommand(int argc, char** argv) {
                                         static_cast<double>(bytes_network["ours"]))
                 : std::nullopt),
         ",\"bytes_network\":{\"ours\":", bytes_network["ours"],
-        ",\"delta\":", bytes_network["delta"],
-        ",\"naive_p2p\":", bytes_network["naive"],
+        ",\"delta\":", bytes_network["delta"], ",\"naive_p2p\":", bytes_network["naive"],
         ",\"gather_broadcast\":", bytes_network["gather_broadcast"],
         "},\"bytes_fanout\":{\"ours\":", bytes_fanout["ours"],
         ",\"naive_p2p\":", bytes_fanout["naive"],
@@ -471,14 +470,15 @@ int BenchCommand(int argc, char** argv) {
                 ours / Median(slowest["unquantized"]), spec.comment.c_str());
   }
   if (delta) {
-    std::printf("  delta refits%s: %.3fx ours' network bytes (last iteration), %.3fx its median "
-                "time\n",
-                *change_fraction >= 0 ? absl::StrCat(", change fraction ", *change_fraction).c_str()
-                                      : ", every element changing",
-                bytes_network["ours"] > 0 ? static_cast<double>(bytes_network["delta"]) /
-                                                static_cast<double>(bytes_network["ours"])
-                                          : 0.0,
-                ours > 0 ? Median(slowest["delta"]) / ours : 0.0);
+    std::printf(
+        "  delta refits%s: %.3fx ours' network bytes (last iteration), %.3fx its median "
+        "time\n",
+        *change_fraction >= 0 ? absl::StrCat(", change fraction ", *change_fraction).c_str()
+                              : ", every element changing",
+        bytes_network["ours"] > 0 ? static_cast<double>(bytes_network["delta"]) /
+                                        static_cast<double>(bytes_network["ours"])
+                                  : 0.0,
+        ours > 0 ? Median(slowest["delta"]) / ours : 0.0);
   }
   std::printf("  MPI: %s\n  transports (ours): %s\n", mpi_note.c_str(),
               transports.empty() ? "(no network peer: everything moved inside domains)"

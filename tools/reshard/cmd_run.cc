@@ -166,10 +166,10 @@ int RunCommand(int argc, char** argv) {
       return kExitOk;
     }
   }
-  absl::StatusOr<Args> args = Args::Parse(
-      argc, argv, {"json", "netns", "delta"},
-      {"iters", "transport", "emulate-nic", "plan-mode", "fanout", "timeout-ms", "deadline-s",
-       "change-fraction"});
+  absl::StatusOr<Args> args =
+      Args::Parse(argc, argv, {"json", "netns", "delta"},
+                  {"iters", "transport", "emulate-nic", "plan-mode", "fanout", "timeout-ms",
+                   "deadline-s", "change-fraction"});
   if (!args.ok()) return UsageError("run", std::string(args.status().message()));
   if (args->positional().size() != 1) return UsageError("run", "expected one SPEC.json");
   const std::string spec_path = args->positional()[0];
@@ -397,13 +397,13 @@ int RunCommand(int argc, char** argv) {
         ",\"quantize_ms\":", Ms(quantize_ms), ",\"amax_exchange_ms\":", Ms(amax_exchange_ms),
         ",\"quantize_buffer_bytes\":", quantize_buffer_bytes);
     if (delta || *change_fraction >= 0) {
-      absl::StrAppend(&out, ",\"delta\":", delta ? "true" : "false", ",\"change_fraction\":",
-                      *change_fraction >= 0 ? absl::StrCat(*change_fraction) : "null",
-                      ",\"delta_pieces\":", delta_pieces,
-                      ",\"delta_full_pieces\":", delta_full_pieces,
-                      ",\"delta_stream_bytes\":", delta_stream_bytes,
-                      ",\"delta_plain_bytes\":", delta_plain_bytes,
-                      ",\"delta_shadow_bytes\":", delta_shadow_bytes);
+      absl::StrAppend(
+          &out, ",\"delta\":", delta ? "true" : "false",
+          ",\"change_fraction\":", *change_fraction >= 0 ? absl::StrCat(*change_fraction) : "null",
+          ",\"delta_pieces\":", delta_pieces, ",\"delta_full_pieces\":", delta_full_pieces,
+          ",\"delta_stream_bytes\":", delta_stream_bytes,
+          ",\"delta_plain_bytes\":", delta_plain_bytes,
+          ",\"delta_shadow_bytes\":", delta_shadow_bytes);
     }
     if (rate_bits > 0) {
       absl::StrAppend(&out, ",\"rate\":", Quote(rate), ",\"lower_bound_ms\":", Ms(lower_bound_ms),
@@ -463,18 +463,18 @@ int RunCommand(int argc, char** argv) {
                   FormatBytes(static_cast<double>(quantize_buffer_bytes)).c_str());
     }
     if (delta) {
-      std::printf("delta           last refit: %lld piece(s) as deltas, %lld plain; %s sent for "
-                  "pieces of %s (%.3fx, what a full refit sends); shadows %s%s\n",
-                  static_cast<long long>(delta_pieces), static_cast<long long>(delta_full_pieces),
-                  FormatBytes(static_cast<double>(delta_stream_bytes)).c_str(),
-                  FormatBytes(static_cast<double>(delta_plain_bytes)).c_str(),
-                  delta_plain_bytes > 0 ? static_cast<double>(delta_stream_bytes) /
-                                              static_cast<double>(delta_plain_bytes)
-                                        : 0.0,
-                  FormatBytes(static_cast<double>(delta_shadow_bytes)).c_str(),
-                  *change_fraction >= 0
-                      ? absl::StrCat(", change fraction ", *change_fraction).c_str()
-                      : ", every element changes (--change-fraction not given)");
+      std::printf(
+          "delta           last refit: %lld piece(s) as deltas, %lld plain; %s sent for "
+          "pieces of %s (%.3fx, what a full refit sends); shadows %s%s\n",
+          static_cast<long long>(delta_pieces), static_cast<long long>(delta_full_pieces),
+          FormatBytes(static_cast<double>(delta_stream_bytes)).c_str(),
+          FormatBytes(static_cast<double>(delta_plain_bytes)).c_str(),
+          delta_plain_bytes > 0
+              ? static_cast<double>(delta_stream_bytes) / static_cast<double>(delta_plain_bytes)
+              : 0.0,
+          FormatBytes(static_cast<double>(delta_shadow_bytes)).c_str(),
+          *change_fraction >= 0 ? absl::StrCat(", change fraction ", *change_fraction).c_str()
+                                : ", every element changes (--change-fraction not given)");
     }
     if (rate_bits > 0) {
       std::printf("emulated NIC    %s: lower bound %s (busiest rank's bytes / rate); median is "

@@ -413,8 +413,8 @@ int SimCommand(int argc, char** argv) {
                              ", \"bytes_ratio\": ", plan::DeltaBytesRatio(*change_fraction, 2),
                              ", \"result\": ", result_json(*delta), "}")
               : std::string("null"),
-        nic_factor, ratio(ours.seconds), lb_seconds, ours_plan_seconds,
-        ours_sim_seconds, naive_seconds, gb_seconds, total_seconds, cpu_seconds);
+        nic_factor, ratio(ours.seconds), lb_seconds, ours_plan_seconds, ours_sim_seconds,
+        naive_seconds, gb_seconds, total_seconds, cpu_seconds);
     return kExitOk;
   }
   absl::PrintF(

@@ -69,9 +69,8 @@ int main(int argc, char** argv) {
       return reshard::cli::kExitOk;
     }
   }
-  absl::StatusOr<reshard::cli::Args> args =
-      reshard::cli::Args::Parse(argc - 1, argv + 1, {"delta"},
-                                {"iters", "plan-mode", "fanout", "change-fraction"});
+  absl::StatusOr<reshard::cli::Args> args = reshard::cli::Args::Parse(
+      argc - 1, argv + 1, {"delta"}, {"iters", "plan-mode", "fanout", "change-fraction"});
   if (!args.ok()) return usage(std::string(args.status().message()));
   if (args->positional().size() != 1) return usage("expected exactly one SPEC.json argument");
 
