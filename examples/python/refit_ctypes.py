@@ -44,7 +44,10 @@ class Stats(ctypes.Structure):
                 ("total_seconds", ctypes.c_double), ("data_messages", ctypes.c_int64),
                 ("single_copy_writes", ctypes.c_int64), ("mapped_copies", ctypes.c_int64),
                 ("quantize_seconds", ctypes.c_double), ("amax_exchange_seconds", ctypes.c_double),
-                ("quantize_buffer_bytes", ctypes.c_int64)]
+                ("quantize_buffer_bytes", ctypes.c_int64),
+                ("delta_pieces", ctypes.c_int64), ("delta_full_pieces", ctypes.c_int64),
+                ("delta_stream_bytes", ctypes.c_int64), ("delta_plain_bytes", ctypes.c_int64),
+                ("delta_shadow_bytes", ctypes.c_int64), ("deltas_applied", ctypes.c_int64)]
 
 
 class Reshard:

@@ -46,13 +46,17 @@ class RefitHandle:
     DLPack or buffer-protocol arrays, or (address, bytes[, 'host'|'cuda']) tuples; the handle
     keeps them alive. ``spec.local_buffers(rank)`` lists what this rank must give, with sizes.
 
+    ``delta=True``: delta refits (docs/delta.md): sources send only the elements that changed
+    since the last refit whenever the receiver holds that version; destinations must keep the
+    last refit's values between refits (host destination buffers only, for now).
+
     Every rank calls execute() (or start() + wait()) the same number of times. Blocking calls
     release the GIL. Errors are reshard.errors' classes with the library's message.
     """
 
     def __init__(self, comm, spec, sources=None, destinations=None, *, name="",
                  schedule="domain_aware", fanout="auto", setup_timeout=60.0,
-                 allow_larger_buffers=False):
+                 allow_larger_buffers=False, delta=False):
         options = _reshard.HandleOptions()
         options.name = str(name)
         try:
@@ -60,6 +64,7 @@ class RefitHandle:
             options.fanout = _enum(fanout, _FANOUTS, "fanout")
             options.setup_timeout = float(setup_timeout)
             options.allow_larger_buffers = bool(allow_larger_buffers)
+            options.delta = bool(delta)
             args = buffer_args(spec, comm.rank, sources, destinations)
         except Exception as e:
             # Refused before the collective set-up: the other ranks would wait for this rank

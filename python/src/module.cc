@@ -546,7 +546,15 @@ NB_MODULE(_reshard, m) {
       .def_ro("quantize_seconds", &reshard::Stats::quantize_seconds)
       .def_ro("amax_exchange_seconds", &reshard::Stats::amax_exchange_seconds)
       .def_ro("quantize_buffer_bytes", &reshard::Stats::quantize_buffer_bytes)
-      .def_ro("registrations_this_refit", &reshard::Stats::registrations_this_refit);
+      .def_ro("registrations_this_refit", &reshard::Stats::registrations_this_refit)
+      .def_ro("delta_pieces", &reshard::Stats::delta_pieces)
+      .def_ro("delta_full_no_base", &reshard::Stats::delta_full_no_base)
+      .def_ro("delta_full_receiver_version", &reshard::Stats::delta_full_receiver_version)
+      .def_ro("delta_full_not_smaller", &reshard::Stats::delta_full_not_smaller)
+      .def_ro("delta_stream_bytes", &reshard::Stats::delta_stream_bytes)
+      .def_ro("delta_plain_bytes", &reshard::Stats::delta_plain_bytes)
+      .def_ro("delta_shadow_bytes", &reshard::Stats::delta_shadow_bytes)
+      .def_ro("deltas_applied", &reshard::Stats::deltas_applied);
 
   nb::class_<reshard::HostBuffer>(m, "HostBuffer",
       "Host memory every process of this host can map (shared memory): a destination buffer "
@@ -578,7 +586,8 @@ NB_MODULE(_reshard, m) {
           "setup_timeout",
           [](const reshard::HandleOptions& o) { return absl::ToDoubleSeconds(o.setup_timeout); },
           [](reshard::HandleOptions& o, double s) { o.setup_timeout = Seconds(s, "setup_timeout"); })
-      .def_rw("allow_larger_buffers", &reshard::HandleOptions::allow_larger_buffers);
+      .def_rw("allow_larger_buffers", &reshard::HandleOptions::allow_larger_buffers)
+      .def_rw("delta", &reshard::HandleOptions::delta);
 
   nb::class_<Handle>(m, "_Handle")
       .def_static("create", &CreateHandle, "comm"_a, "spec"_a, "buffers"_a, "options"_a)

@@ -250,6 +250,7 @@ absl::StatusOr<RefitHandle> RefitHandle::Create(const Communicator& comm, const 
   config.key_prefix = absl::StrCat("reshard/", impl->name);
   config.setup_timeout = options.setup_timeout;
   config.fanout_layer = options.fanout == Fanout::kAuto;
+  config.engine.delta = options.delta;
   const bool in_spec = impl->rank < spec_world;
   // A rank of the spec that fails before the session's agreement step tells the others, which
   // would otherwise wait for its fingerprint until their set-up deadline.

@@ -59,8 +59,9 @@ absl::StatusOr<std::unique_ptr<RefitSession>> RefitSession::Create(
 
   // 1. Agreement first: nothing is mapped or registered for a rank that planned something else.
   const std::string agreed =
-      absl::StrFormat("%016x (world of %d ranks, fan-out by the %s)", p.fingerprint(),
-                      p.world_size(), config.fanout_layer ? "fan-out layer" : "engine");
+      absl::StrFormat("%016x (world of %d ranks, fan-out by the %s%s)", p.fingerprint(),
+                      p.world_size(), config.fanout_layer ? "fan-out layer" : "engine",
+                      config.engine.delta ? ", delta refits" : "");
   RESHARD_RETURN_IF_ERROR(rendezvous::CheckAgreement(store, AgreementKey(config),
                                                      rank, AllRanks(p), agreed, "plan fingerprint",
                                                      "every rank must be given the same spec and "
@@ -146,6 +147,7 @@ absl::Status RefitSession::PrepareQuantization(const std::vector<common::BufferV
     config.key_prefix = absl::StrCat(config_.key_prefix, "/amax");
     config.setup_timeout = std::max(absl::ZeroDuration(), deadline - absl::Now());
     config.fanout_layer = false;  // A few floats: the engine copies them inside domains too.
+    config.engine.delta = false;  // A few floats, all of them new every refit.
     absl::StatusOr<std::unique_ptr<RefitSession>> exchange =
         Create(exchange_plan, rank_, store_, std::move(runtime), std::move(views), config);
     if (!exchange.ok()) {
@@ -438,6 +440,14 @@ void RefitSession::FillStats(Stats& s) const {
   s.single_copy_writes = e.single_copy_writes;
   s.mapped_copies = e.mapped_copies;
   s.signals = e.signals;
+  s.delta_pieces = e.delta_pieces;
+  s.delta_full_no_base = e.delta_full_no_base;
+  s.delta_full_receiver_version = e.delta_full_receiver_version;
+  s.delta_full_not_smaller = e.delta_full_not_smaller;
+  s.delta_stream_bytes = e.delta_stream_bytes;
+  s.delta_plain_bytes = e.delta_plain_bytes;
+  s.delta_shadow_bytes = e.delta_shadow_bytes;
+  s.deltas_applied = e.deltas_applied;
   s.transports = engine_->Transports();
   s.fanout = fanout_name_;
   s.quantize_seconds = absl::ToDoubleSeconds(quantize_time_);

@@ -1,6 +1,7 @@
 #include "reshard/reshard_c.h"
 
 #include <algorithm>
+#include <cstring>
 #include <deque>
 #include <memory>
 #include <string>
@@ -402,14 +403,34 @@ reshard_status_t reshard_handle_create_with_timeout(reshard_comm_t* comm,
                                                     int32_t num_buffers, const char* name,
                                                     int32_t schedule, int64_t setup_timeout_ms,
                                                     reshard_handle_t** out) {
+  reshard_handle_options_t options{};
+  options.name = name;
+  options.schedule = schedule;
+  options.setup_timeout_ms = setup_timeout_ms;
+  return reshard_handle_create_with_options(comm, spec, buffers, num_buffers, &options,
+                                            sizeof(options), out);
+}
+
+reshard_status_t reshard_handle_create_with_options(reshard_comm_t* comm,
+                                                    const reshard_spec_t* spec,
+                                                    const reshard_buffer_t* buffers,
+                                                    int32_t num_buffers,
+                                                    const reshard_handle_options_t* given,
+                                                    size_t given_size, reshard_handle_t** out) {
   if (comm == nullptr || spec == nullptr) {
     return Invalid("reshard_handle_create: comm and spec must not be NULL");
   }
+  if (given == nullptr) return Invalid("reshard_handle_create: options must not be NULL");
+  // A caller compiled against an older header passes a shorter struct: the rest is defaults.
+  reshard_handle_options_t o{};
+  std::memcpy(&o, given, std::min(given_size, sizeof(o)));
   reshard::HandleOptions options;
-  if (name != nullptr) options.name = name;
-  if (setup_timeout_ms > 0) options.setup_timeout = absl::Milliseconds(setup_timeout_ms);
-  options.schedule = schedule == RESHARD_SCHEDULE_POINT_TO_POINT ? reshard::Schedule::kPointToPoint
-                                                                 : reshard::Schedule::kDomainAware;
+  if (o.name != nullptr) options.name = o.name;
+  if (o.setup_timeout_ms > 0) options.setup_timeout = absl::Milliseconds(o.setup_timeout_ms);
+  options.schedule = o.schedule == RESHARD_SCHEDULE_POINT_TO_POINT
+                         ? reshard::Schedule::kPointToPoint
+                         : reshard::Schedule::kDomainAware;
+  options.delta = o.delta != 0;
   // A call refused here still takes its part in the collective set-up: the other ranks learn
   // of the failure at once (RefitHandle::Abandon) instead of at their set-up deadline.
   auto refuse = [&](const char* message) {
@@ -494,6 +515,13 @@ reshard_status_t reshard_handle_stats(const reshard_handle_t* handle, reshard_st
   out->quantize_seconds = s.quantize_seconds;
   out->amax_exchange_seconds = s.amax_exchange_seconds;
   out->quantize_buffer_bytes = s.quantize_buffer_bytes;
+  out->delta_pieces = s.delta_pieces;
+  out->delta_full_pieces =
+      s.delta_full_no_base + s.delta_full_receiver_version + s.delta_full_not_smaller;
+  out->delta_stream_bytes = s.delta_stream_bytes;
+  out->delta_plain_bytes = s.delta_plain_bytes;
+  out->delta_shadow_bytes = s.delta_shadow_bytes;
+  out->deltas_applied = s.deltas_applied;
   return RESHARD_OK;
 }
 

@@ -1,5 +1,6 @@
 #include "src/net/delivery.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
@@ -35,6 +36,11 @@ class DeliveryBase : public Delivery {
   const uint8_t* Source(const SendDesc& d, const SendRun& run) const {
     return (d.packed ? memory_.send_scratch() : memory_.data(d.from_buffer)) + run.local_offset;
   }
+  // A delta stream's run ends at the stream's length.
+  static SendRun Cut(const SendDesc& d, SendRun run, int64_t stream_bytes) {
+    if (d.delta_elem_bytes > 0) run.bytes = std::min(run.bytes, stream_bytes - run.remote_offset);
+    return run;
+  }
   // Whether runs of `d` are read from device memory (which process_vm_writev cannot read).
   bool SourceOnDevice(const SendDesc& d) const { return !d.packed && memory_.device(d.from_buffer); }
   ucp_mem_h SourceMemh(const SendDesc& d) const {
@@ -57,8 +63,8 @@ class PutDelivery final : public DeliveryBase {
   bool counts_bytes() const override { return false; }
 
   absl::Status PostRun(PeerLink& link, const SendDesc& d, uint32_t run_index, uint64_t epoch,
-                       bool* in_flight) override {
-    const SendRun& run = program_.runs[run_index];
+                       bool* in_flight, int64_t stream_bytes) override {
+    const SendRun run = Cut(d, program_.runs[run_index], stream_bytes);
     // Packed streams land in this rank's block of the receiver's landing area (id one past the
     // plan's buffers).
     const uint32_t to = d.packed ? memory_.landing_id() : d.to_buffer;
@@ -127,17 +133,20 @@ class AmDelivery final : public DeliveryBase {
   bool counts_bytes() const override { return true; }
 
   absl::Status PostRun(PeerLink& link, const SendDesc& d, uint32_t run_index, uint64_t epoch,
-                       bool* in_flight) override {
-    const SendRun& run = program_.runs[run_index];
+                       bool* in_flight, int64_t stream_bytes) override {
+    const SendRun run = Cut(d, program_.runs[run_index], stream_bytes);
     // The receiver's offset: in the packed stream, or in the receiving buffer.
     const wire::DataHeader h{wire::AmHeader{wire::kMagic, rank_, 0, epoch}, d.id,
-                             d.packed ? 1u : 0u, static_cast<uint64_t>(run.remote_offset)};
+                             d.packed ? 1u : 0u, static_cast<uint64_t>(run.remote_offset),
+                             d.delta_elem_bytes > 0 ? static_cast<uint64_t>(stream_bytes) : 0};
     stats_.data_messages++;
     absl::Status posted = link.SendData(run_index, h, Source(d, run),
                                         static_cast<size_t>(run.bytes), SourceMemh(d), in_flight);
     common::FaultPoint(common::FaultStage::kPuts, rank_, epoch);
     // No completion signals here: the last data message to the peer stands for them.
-    if (link.unsignalled == 1 && run_index + 1 == d.run_end) {
+    const bool last = run_index + 1 == d.run_end ||
+                      (d.delta_elem_bytes > 0 && run.remote_offset + run.bytes >= stream_bytes);
+    if (link.unsignalled == 1 && last) {
       common::FaultPoint(common::FaultStage::kSignals, rank_, epoch);
     }
     return posted;

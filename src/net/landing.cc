@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "src/common/delta_codec.h"
 #include "src/common/status.h"
 #include "src/cuda/runtime.h"
 
@@ -21,7 +22,13 @@ Landing::Landing(const plan::Plan& plan, const SendProgram& program, RegisteredM
     : plan_(plan), program_(program), memory_(memory) {
   landed_epoch_.assign(program.received.size(), 0);
   landed_bytes_.assign(program.received.size(), 0);
+  stream_bytes_.assign(program.received.size(), 0);
   if (!data_messages) return;
+  for (uint8_t es : program.delta_elem_bytes) {
+    if (es == 0) continue;
+    am_streams_.resize(static_cast<size_t>(program.landing_bytes));
+    break;
+  }
   for (uint32_t slot = 0; slot < program.received.size(); ++slot) {
     const plan::Transfer& t = plan.transfers()[program.received[slot]];
     const plan::Region& region = plan.region(t.region);
@@ -36,9 +43,39 @@ Landing::Landing(const plan::Plan& plan, const SendProgram& program, RegisteredM
   }
 }
 
-void Landing::StartEpoch(uint64_t epoch) {
+void Landing::StartEpoch(uint64_t epoch, uint64_t version) {
   epoch_ = epoch;
+  version_ = version;
+  deltas_applied_ = 0;
   std::fill(landed_bytes_.begin(), landed_bytes_.end(), 0);
+  std::fill(stream_bytes_.begin(), stream_bytes_.end(), 0);
+}
+
+int64_t Landing::wire_bytes(uint32_t slot) const {
+  if (program_.delta_elem_bytes[slot] != 0) return stream_bytes_[slot];
+  return plan_.region(plan_.transfers()[program_.received[slot]].region).bytes;
+}
+
+absl::Status Landing::ApplyDelta(uint32_t slot, const uint8_t* stream, int64_t length) {
+  const plan::Transfer& t = plan_.transfers()[program_.received[slot]];
+  const plan::Region& region = plan_.region(t.region);
+  const int es = program_.delta_elem_bytes[slot];
+  delta::Decoder decoder;
+  const delta::DecodeError error = decoder.Init(stream, length, region.bytes / es, es, version_);
+  if (error != delta::DecodeError::kOk) {
+    return absl::DataLossError(absl::StrCat(
+        "rank ", program_.rank, ": the delta stream of transfer ", program_.received_ids[slot],
+        " (tensor \"", plan_.spec().tensors[t.tensor].name, "\") from rank ", t.from_rank,
+        " is refused: ", delta::DecodeErrorName(error), " (this rank holds version ", version_,
+        ")"));
+  }
+  stream_bytes_[slot] = decoder.bytes();
+  deltas_applied_ += decoder.mode() == delta::kDelta;
+  const uint32_t to_buf = plan_.buffer_of(t.tensor, t.to_side);
+  uint8_t* to = memory_.data(to_buf);
+  plan::ForEachRun(region, plan_.region_dims(region),
+                   [&](int64_t, int64_t to_off, int64_t n) { decoder.Apply(to + to_off, n / es); });
+  return absl::OkStatus();
 }
 
 absl::StatusOr<uint32_t> Landing::CheckSender(int32_t from_rank, uint32_t id,
@@ -56,7 +93,13 @@ absl::StatusOr<bool> Landing::Signalled(int32_t from_rank, uint32_t id, uint32_t
   RESHARD_ASSIGN_OR_RETURN(*slot, CheckSender(from_rank, id, "signalled"));
   if (landed(*slot)) return false;
   const int64_t offset = program_.landing_offset[*slot];
-  if (offset >= 0) {
+  if (offset >= 0 && program_.delta_elem_bytes[*slot] != 0) {
+    const auto& t = plan_.transfers()[program_.received[*slot]];
+    const int es = program_.delta_elem_bytes[*slot];
+    RESHARD_RETURN_IF_ERROR(
+        ApplyDelta(*slot, memory_.landing() + offset,
+                   delta::StreamCapacity(plan_.region(t.region).bytes / es, es)));
+  } else if (offset >= 0) {
     const int64_t bytes = plan_.region(plan_.transfers()[program_.received[*slot]].region).bytes;
     RESHARD_RETURN_IF_ERROR(Unpack(*slot, 0, memory_.landing() + offset, bytes));
   }
@@ -78,6 +121,34 @@ absl::StatusOr<bool> Landing::Data(const wire::DataHeader& h, const void* data, 
                                             " sent data for transfer ", id, " with packed flag ",
                                             h.packed, ", but the transfer travels ",
                                             (packed ? "packed" : "unpacked")));
+  }
+  if (const int es = program_.delta_elem_bytes[slot]; es != 0) {
+    // A delta stream: every message names the same length, inside the reserved capacity; the
+    // stream is applied once all of it is here.
+    const auto capacity =
+        static_cast<uint64_t>(delta::StreamCapacity(static_cast<int64_t>(region_bytes) / es, es));
+    if (h.stream_bytes < sizeof(delta::StreamHeader) || h.stream_bytes > capacity ||
+        (landed > 0 && h.stream_bytes != static_cast<uint64_t>(stream_bytes_[slot])) ||
+        !wire::InBounds(h.to_offset, length, h.stream_bytes) ||
+        !wire::InBounds(landed, length, h.stream_bytes)) {
+      return absl::DataLossError(absl::StrCat("rank ", program_.rank, ": rank ", from, " sent ",
+                                              length, " delta stream bytes at offset ", h.to_offset,
+                                              " of a stream of ", h.stream_bytes,
+                                              " bytes outside transfer ", id));
+    }
+    stream_bytes_[slot] = static_cast<int64_t>(h.stream_bytes);
+    uint8_t* stream = am_streams_.data() + program_.landing_offset[slot];
+    if (length > 0) std::memcpy(stream + h.to_offset, data, length);
+    landed_bytes_[slot] += static_cast<int64_t>(length);
+    if (static_cast<uint64_t>(landed_bytes_[slot]) != h.stream_bytes) return false;
+    RESHARD_RETURN_IF_ERROR(ApplyDelta(slot, stream, static_cast<int64_t>(h.stream_bytes)));
+    return true;
+  }
+  if (h.stream_bytes != 0) {
+    return absl::DataLossError(absl::StrCat("rank ", program_.rank, ": rank ", from,
+                                            " sent a delta stream for transfer ", id,
+                                            ", which this rank receives plain (do both ranks "
+                                            "use delta refits?)"));
   }
   const uint32_t to_buf = plan_.buffer_of(t.tensor, t.to_side);
   // Packed: inside the transfer's stream. Unpacked: inside one run of its region (so inside
@@ -153,10 +224,13 @@ absl::Status Landing::Unpack(uint32_t slot, int64_t begin, const uint8_t* packed
 }
 
 absl::Status Landing::Gather(const SendDesc& d) {
+  return Gather(d, memory_.send_scratch() + d.send_offset);
+}
+
+absl::Status Landing::Gather(const SendDesc& d, uint8_t* to) {
   const plan::Transfer& t = plan_.transfers()[d.transfer];
   const plan::Region& region = plan_.region(t.region);
   const uint8_t* from = memory_.data(d.from_buffer);
-  uint8_t* to = memory_.send_scratch() + d.send_offset;
   const bool device = memory_.device(d.from_buffer);
   int64_t pos = 0;
   absl::Status status;

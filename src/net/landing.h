@@ -9,6 +9,9 @@
 //    compared without wrapping): DataLoss naming the peer. A peer can only write the bytes the
 //    plan has it write;
 //  - unpacks packed streams into place and moves staged destination pieces host -> device;
+//  - applies delta streams (docs/delta.md) in place once the whole stream is here, after
+//    validating all of it against the piece and this rank's version (DataLoss otherwise, the
+//    destination untouched); with active messages the stream is assembled in host memory first;
 //  - on the sending side, gathers packed streams and runs local copies.
 // Device memory is copied through src/cuda/runtime.h, host memory with memcpy.
 //
@@ -35,7 +38,9 @@ class Landing {
   Landing(const plan::Plan& plan, const SendProgram& program, RegisteredMemory& memory,
           bool data_messages);
 
-  void StartEpoch(uint64_t epoch);
+  // `version`: the epoch the destination buffers hold (the last one this rank completed, 0
+  // after a failure or Reset): delta streams of this epoch must be built on it.
+  void StartEpoch(uint64_t epoch, uint64_t version);
   // Whether the transfer in `slot` (SendProgram::received) landed in this epoch.
   bool landed(uint32_t slot) const { return landed_epoch_[slot] == epoch_; }
 
@@ -50,8 +55,14 @@ class Landing {
   // destination piece to the device.
   [[nodiscard]] absl::Status Land(uint32_t slot);
 
-  // Sender side: gathers the runs of packed `desc` into the send scratch.
+  // Bytes the transfer in `slot` took on the wire in this epoch: its delta stream, or the piece.
+  int64_t wire_bytes(uint32_t slot) const;
+  // Delta streams applied as deltas (not plain pieces) in this epoch.
+  int64_t deltas_applied() const { return deltas_applied_; }
+
+  // Sender side: gathers the runs of packed `desc` into the send scratch, or into `to`.
   [[nodiscard]] absl::Status Gather(const SendDesc& desc);
+  [[nodiscard]] absl::Status Gather(const SendDesc& desc, uint8_t* to);
   // A local copy (desc.peer == this rank).
   [[nodiscard]] absl::Status CopyLocal(const SendDesc& desc);
 
@@ -60,6 +71,8 @@ class Landing {
   absl::StatusOr<uint32_t> CheckSender(int32_t from_rank, uint32_t id, const char* what) const;
   // Copies [begin, begin + length) of the packed stream in `slot` from `packed` into place.
   absl::Status Unpack(uint32_t slot, int64_t begin, const uint8_t* packed, int64_t length);
+  // Applies the delta stream of `slot` (`length` bytes at `stream`) to its destination runs.
+  absl::Status ApplyDelta(uint32_t slot, const uint8_t* stream, int64_t length);
 
   const plan::Plan& plan_;
   const SendProgram& program_;
@@ -70,6 +83,11 @@ class Landing {
   // Active-message delivery: for each unpacked transfer landing here in several runs (by slot),
   // the sorted offsets of its runs in the receiving buffer (each the region's run_bytes long).
   absl::flat_hash_map<uint32_t, std::vector<int64_t>> run_starts_;
+  uint64_t version_ = 0;
+  int64_t deltas_applied_ = 0;
+  std::vector<int64_t> stream_bytes_;  // By slot: this epoch's delta stream length, 0 before.
+  // Active-message delivery: delta streams are assembled here (at their landing offsets).
+  std::vector<uint8_t> am_streams_;
 };
 
 // One copy between any two addresses (CUDA when either side is device memory).

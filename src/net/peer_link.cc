@@ -169,13 +169,14 @@ absl::Status PeerLink::SendHello() {
   return absl::OkStatus();
 }
 
-absl::Status PeerLink::SendGrant(uint64_t epoch) {
+absl::Status PeerLink::SendGrant(uint64_t epoch, uint64_t version) {
   common::FaultPoint(common::FaultStage::kGrant, rank_, epoch);
   grant_header_ = wire::AmHeader{wire::kMagic, rank_, peer_handle_, epoch};
+  grant_version_ = version;
   bool in_flight = false;
   RESHARD_RETURN_IF_ERROR(
       Posted(ucx::SendAm(endpoint_->get(), wire::kGrantAm, &grant_header_, sizeof(grant_header_),
-                         nullptr, 0, nullptr, grant_done_.get()),
+                         &grant_version_, sizeof(grant_version_), nullptr, grant_done_.get()),
              "ucp_am_send_nbx (grant)", &in_flight));
   if (in_flight) grants_in_flight_++;
   return absl::OkStatus();

@@ -137,7 +137,8 @@ class PeerLink {
   [[nodiscard]] absl::Status SendHello();
   bool hello_pending() const { return hello_pending_; }
   const absl::Status& hello_status() const { return hello_status_; }
-  [[nodiscard]] absl::Status SendGrant(uint64_t epoch);
+  // `version`: this rank's version, the payload delta senders check (docs/delta.md).
+  [[nodiscard]] absl::Status SendGrant(uint64_t epoch, uint64_t version);
   int grants_in_flight() const { return grants_in_flight_; }
   // Best effort; the message lives until its send completes.
   void SendAbort(uint64_t epoch, const std::string& reason);
@@ -181,6 +182,7 @@ class PeerLink {
   std::vector<uint32_t> initial;  // Descs without dependencies, in plan order.
   // Grants and aborts received.
   uint64_t granted = 0;  // Latest epoch the peer granted this rank.
+  uint64_t granted_version = 0;  // The peer's version in that grant (docs/delta.md).
   bool aborted = false;
   std::string abort_reason;
   bool hello_received = false;
@@ -224,6 +226,7 @@ class PeerLink {
 
   std::unique_ptr<Done> put_done_, data_done_, grant_done_, hello_done_, abort_done_;
   wire::AmHeader hello_header_, grant_header_;
+  uint64_t grant_version_ = 0;  // The grant's payload.
   bool hello_pending_ = false;
   absl::Status hello_status_;
   int grants_in_flight_ = 0;

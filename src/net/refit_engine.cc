@@ -12,18 +12,19 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "src/common/delta_codec.h"
 #include "src/common/hash.h"
 #include "src/common/idle.h"
 #include "src/common/log.h"
 #include "src/common/status.h"
 #include "src/net/delivery.h"
-#include "src/net/ucx/tls.h"
 #include "src/net/landing.h"
 #include "src/net/peer_link.h"
 #include "src/net/registered_memory.h"
 #include "src/net/runtime.h"
 #include "src/net/send_program.h"
 #include "src/net/ucx/memory.h"
+#include "src/net/ucx/tls.h"
 #include "src/net/wire.h"
 #include "src/net/wireup.h"
 #include "src/rendezvous/record.h"
@@ -71,7 +72,7 @@ class RefitEngine::Impl final : public MessageSink, public LinkOwner {
   absl::Status Shutdown(absl::Time deadline);
 
   // MessageSink (inside Worker::Progress).
-  void OnGrant(const wire::AmHeader& h, ucp_ep_h from) override;
+  void OnGrant(const wire::AmHeader& h, uint64_t version, ucp_ep_h from) override;
   void OnHello(const wire::AmHeader& h, ucp_ep_h from) override;
   void OnDone(const wire::AmHeader& h, const uint32_t* indices, size_t count,
               ucp_ep_h from) override;
@@ -152,6 +153,14 @@ class RefitEngine::Impl final : public MessageSink, public LinkOwner {
   bool map_shared_ = false;  // RefitEngineOptions::map_shared_memory, or RESHARD_MAP_SHARED.
   std::deque<uint32_t> local_ready_;
   std::vector<uint32_t> landed_out_;
+  // Delta refits (docs/delta.md). version_: the last epoch this rank completed, 0 before the
+  // first and after a failure or Reset; base_: version_ when the epoch started, which this rank
+  // grants with and its delta streams build on.
+  uint64_t version_ = 0, base_ = 0;
+  std::vector<uint8_t> shadow_;         // SendProgram::shadow_bytes.
+  std::vector<uint8_t> gather_;         // SendProgram::gather_bytes.
+  std::vector<uint64_t> shadow_epoch_;  // By descriptor: the epoch its shadow was written in.
+  std::vector<int64_t> stream_len_;     // By descriptor: this epoch's delta stream length.
   bool abort_pending_ = false;
   uint64_t reset_floor_ = 0;  // Aborts about epochs <= this predate the last Reset.
 
@@ -172,6 +181,8 @@ class RefitEngine::Impl final : public MessageSink, public LinkOwner {
   // The transfer in `slot` (SendProgram::received) landed here.
   void MarkLanded(uint32_t slot);
   void PostSends();
+  // Gathers delta descriptor `desc` (to `link`) and encodes it into its stream.
+  absl::Status EncodeDelta(const PeerLink& link, const SendDesc& d, uint32_t desc);
   void Advance();
   void RunLocalCopies();
   std::string PendingSummary() const;
@@ -220,8 +231,27 @@ absl::Status RefitEngine::Impl::Init(rendezvous::Store& store, std::vector<Buffe
   program_ =
       BuildSendProgram(plan_, rank_,
                        SendProgramOptions{options_.execute_fanout, options_.pack_below_run_bytes,
-                                          am ? wire::kAmChunkBytes : 0});
+                                          am ? wire::kAmChunkBytes : 0, options_.delta});
   RESHARD_RETURN_IF_ERROR(CheckDependencies());
+  if (options_.delta) {
+    // Deltas are applied by host code (there is no CUDA decode kernel yet): destination
+    // buffers must be host memory.
+    for (uint32_t slot = 0; slot < program_.received.size(); ++slot) {
+      if (program_.delta_elem_bytes[slot] == 0) continue;
+      const plan::Transfer& t = plan_.transfers()[program_.received[slot]];
+      const uint32_t b = plan_.buffer_of(t.tensor, t.to_side);
+      if (buffers[b].kind != MemoryKind::kHost) {
+        return absl::FailedPreconditionError(absl::StrFormat(
+            "rank %d: delta refits need destination buffers in host memory for now; buffer "
+            "\"%s\" (tensor \"%s\") is device memory",
+            rank_, plan_.buffers()[b].name, plan_.spec().tensors[t.tensor].name));
+      }
+    }
+    shadow_.assign(static_cast<size_t>(program_.shadow_bytes), 0);
+    gather_.assign(static_cast<size_t>(program_.gather_bytes), 0);
+    shadow_epoch_.assign(program_.descs.size(), 0);
+    stream_len_.assign(program_.descs.size(), 0);
+  }
   absl::Status registered = runtime_->Register(handle_, this);
   if (!registered.ok()) {
     return absl::AlreadyExistsError(absl::StrCat("a refit handle with key prefix \"",
@@ -398,9 +428,11 @@ absl::Status RefitEngine::Impl::Start(uint64_t epoch) {
   status_ = absl::OkStatus();
   stats_ = RefitStats{};
   stats_.epoch = epoch;
+  stats_.delta_shadow_bytes = program_.shadow_bytes;
   started_at_ = absl::Now();
   remaining_ = static_cast<int64_t>(program_.received.size());
-  landing_->StartEpoch(epoch);
+  base_ = version_;
+  landing_->StartEpoch(epoch, base_);
   local_ready_.assign(local_initial_.begin(), local_initial_.end());
   landed_out_.clear();
   for (PeerLink* link : peers_) {
@@ -420,7 +452,7 @@ absl::Status RefitEngine::Impl::Start(uint64_t epoch) {
     }
     if (!link->receives_from) continue;
     // Grant: the destination buffers are free for this epoch.
-    absl::Status granted = link->SendGrant(epoch);
+    absl::Status granted = link->SendGrant(epoch, base_);
     if (!granted.ok()) {
       Fail(granted);
       BroadcastAbort();
@@ -475,6 +507,8 @@ bool RefitEngine::Impl::PumpOnce() {
   busy = busy || outstanding_puts_ != before;
   if (status_.ok() && Complete()) {
     in_epoch_ = false;
+    version_ = epoch_;
+    stats_.deltas_applied = landing_->deltas_applied();
     stats_.seconds = absl::ToDoubleSeconds(absl::Now() - started_at_);
     return true;
   }
@@ -501,14 +535,23 @@ void RefitEngine::Impl::PostSends() {
       }
       const SendDesc& d = program_.descs[link->cursor_desc];
       if (d.packed && link->cursor_run == d.run_begin) {
-        // Gather the short runs (the source holds this epoch's data since Start).
-        absl::Status gathered = landing_->Gather(d);
+        // Gather the short runs (the source holds this epoch's data since Start); delta
+        // pieces are gathered aside and encoded against their shadow.
+        absl::Status gathered =
+            d.delta_elem_bytes > 0 ? EncodeDelta(*link, d, link->cursor_desc) : landing_->Gather(d);
         if (!gathered.ok()) return Fail(gathered);
       }
+      const int64_t stream_bytes = d.delta_elem_bytes > 0 ? stream_len_[link->cursor_desc] : 0;
       while (link->cursor_run < d.run_end) {
         if (outstanding_puts_ >= options_.max_outstanding_puts) return;
+        if (d.delta_elem_bytes > 0 &&
+            program_.runs[link->cursor_run].remote_offset >= stream_bytes) {
+          link->cursor_run = d.run_end;  // The stream ended: nothing more of it to send.
+          break;
+        }
         bool in_flight = false;
-        absl::Status posted = delivery_->PostRun(*link, d, link->cursor_run, epoch_, &in_flight);
+        absl::Status posted =
+            delivery_->PostRun(*link, d, link->cursor_run, epoch_, &in_flight, stream_bytes);
         if (!posted.ok()) {
           return Fail(absl::Status(
               posted.code(),
@@ -518,13 +561,40 @@ void RefitEngine::Impl::PostSends() {
         if (in_flight) outstanding_puts_++;
         link->cursor_run++;
       }
-      stats_.bytes_network_sent += d.bytes;
+      stats_.bytes_network_sent += d.delta_elem_bytes > 0 ? stream_bytes : d.bytes;
       link->cursor_desc = -1;
       absl::Status done = delivery_->DescPosted(*link, d);
       if (!done.ok()) return Fail(done);
       any = true;
     }
   }
+}
+
+absl::Status RefitEngine::Impl::EncodeDelta(const PeerLink& link, const SendDesc& d,
+                                            uint32_t desc) {
+  RESHARD_RETURN_IF_ERROR(landing_->Gather(d, gather_.data()));
+  // The epoch rule (docs/delta.md): a delta only on top of the version the receiver holds,
+  // which must be this rank's own version and its shadow's.
+  const bool receiver_at_base = link.granted_version == base_;
+  const bool base = base_ != 0 && shadow_epoch_[desc] == base_;
+  const int es = d.delta_elem_bytes;
+  const delta::EncodeResult r =
+      delta::EncodePiece(gather_.data(), shadow_.data() + d.shadow_offset, d.bytes / es, es, base_,
+                         base && receiver_at_base, memory_->send_scratch() + d.send_offset);
+  shadow_epoch_[desc] = epoch_;
+  stream_len_[desc] = r.bytes;
+  stats_.delta_stream_bytes += r.bytes;
+  stats_.delta_plain_bytes += d.bytes;
+  if (r.mode == delta::kDelta) {
+    stats_.delta_pieces++;
+  } else if (!base) {
+    stats_.delta_full_no_base++;
+  } else if (!receiver_at_base) {
+    stats_.delta_full_receiver_version++;
+  } else {
+    stats_.delta_full_not_smaller++;
+  }
+  return absl::OkStatus();
 }
 
 void RefitEngine::Impl::Advance() {
@@ -556,7 +626,7 @@ void RefitEngine::Impl::MarkLanded(uint32_t slot) {
   remaining_--;
   stats_.pieces_received++;
   if (t.from_rank != rank_) {
-    stats_.bytes_network_received += plan_.region(t.region).bytes;
+    stats_.bytes_network_received += landing_->wire_bytes(slot);
     links_[t.from_rank]->remaining_from--;
   }
   landed_out_.push_back(id);
@@ -617,6 +687,7 @@ void RefitEngine::Impl::Fail(absl::Status status) {
   status_ = std::move(status);
   failed_ = true;
   in_epoch_ = false;
+  version_ = 0;  // What the destinations hold is unknown now: the next refit is full.
   abort_pending_ = true;
 }
 
@@ -688,6 +759,7 @@ void RefitEngine::Impl::Reset() {
     idle.Round(progressed);
   }
   reset_floor_ = std::max(reset_floor_, epoch_);
+  version_ = 0;  // The next refit is full (docs/delta.md).
   failed_ = false;
   in_epoch_ = false;
   status_ = absl::OkStatus();
@@ -718,10 +790,13 @@ PeerLink* RefitEngine::Impl::Origin(const wire::AmHeader& h, ucp_ep_h from, cons
   return nullptr;
 }
 
-void RefitEngine::Impl::OnGrant(const wire::AmHeader& h, ucp_ep_h from) {
+void RefitEngine::Impl::OnGrant(const wire::AmHeader& h, uint64_t version, ucp_ep_h from) {
   PeerLink* link = Origin(h, from, "grant");
   if (link == nullptr) return;
-  if (h.epoch > link->granted) link->granted = h.epoch;
+  if (h.epoch > link->granted) {
+    link->granted = h.epoch;
+    link->granted_version = version;
+  }
 }
 
 void RefitEngine::Impl::OnHello(const wire::AmHeader& h, ucp_ep_h from) {

@@ -114,6 +114,12 @@ struct RefitEngineOptions {
   // copy at memory speed, no system call, no ptrace access needed. Off: process_vm_writev for
   // those too. Override: RESHARD_MAP_SHARED=0|1.
   bool map_shared_memory = true;
+  // Delta refits (docs/delta.md): network pieces from source tiles travel as encodings of the
+  // elements that changed since this rank last sent them, against a host shadow of each piece,
+  // whenever the receiver holds exactly that version (otherwise, and when the encoding is not
+  // smaller, the plain piece). Destination elements must keep the last refit's values between
+  // refits. Every rank of a handle must agree (the landing areas differ).
+  bool delta = false;
 };
 
 // Figures of the last epoch on this rank.
@@ -129,6 +135,19 @@ struct RefitStats {
   int64_t data_messages = 0;           // Data active messages posted (delivery kActiveMessage).
   int64_t signals = 0;                 // Completion signals sent.
   double seconds = 0;                  // Start to the end of Wait.
+  // Delta refits (RefitEngineOptions::delta), sending side: pieces sent as deltas and as plain
+  // pieces, the latter by reason (no base: first refit, or after a failure or Reset; the
+  // receiver holds another version; the delta was not smaller), the bytes of their streams
+  // (in bytes_network_sent) against the pieces' own bytes, and the shadow this rank keeps.
+  int64_t delta_pieces = 0;
+  int64_t delta_full_no_base = 0;
+  int64_t delta_full_receiver_version = 0;
+  int64_t delta_full_not_smaller = 0;
+  int64_t delta_stream_bytes = 0;
+  int64_t delta_plain_bytes = 0;
+  int64_t delta_shadow_bytes = 0;
+  // Receiving side: delta streams applied as deltas.
+  int64_t deltas_applied = 0;
 };
 
 class RefitEngine {

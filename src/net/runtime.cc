@@ -96,9 +96,12 @@ void Runtime::Dispatch(unsigned id, const void* header, size_t header_length, co
     return;
   }
   switch (id) {
-    case wire::kGrantAm:
-      sink->OnGrant(h, from);
+    case wire::kGrantAm: {
+      uint64_t version = 0;
+      if (length == sizeof(version) && data != nullptr) std::memcpy(&version, data, length);
+      sink->OnGrant(h, version, from);
       return;
+    }
     case wire::kHelloAm:
       sink->OnHello(h, from);
       return;

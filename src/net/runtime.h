@@ -33,7 +33,8 @@ namespace reshard::net {
 // OnAbort as a protocol error.
 class MessageSink {
  public:
-  virtual void OnGrant(const wire::AmHeader& h, ucp_ep_h from) = 0;
+  // `version`: the grant's payload (wire::kGrantAm), 0 when it has none.
+  virtual void OnGrant(const wire::AmHeader& h, uint64_t version, ucp_ep_h from) = 0;
   virtual void OnHello(const wire::AmHeader& h, ucp_ep_h from) = 0;
   virtual void OnDone(const wire::AmHeader& h, const uint32_t* indices, size_t count,
                       ucp_ep_h from) = 0;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "src/common/delta_codec.h"
 #include "src/common/status.h"
 
 namespace reshard::net {
@@ -13,8 +14,27 @@ bool Executes(const Transfer& t, const SendProgramOptions& options) {
   return t.kind != TransferKind::kFanout || options.execute_fanout;
 }
 
+int DeltaElemBytes(const plan::Plan& plan, const Transfer& t, const SendProgramOptions& options) {
+  if (!options.delta || t.kind != TransferKind::kNetwork || t.from_rank == t.to_rank ||
+      t.from_side != plan::Side::kSrc || t.to_side != plan::Side::kDst || t.after >= 0) {
+    return 0;
+  }
+  const plan::Region& r = plan.region(t.region);
+  if (r.bytes <= 0) return 0;
+  // Elements compare at the destination dtype's size; other sizes compare byte by byte.
+  const int es = plan.buffers()[plan.buffer_of(t.tensor, t.to_side)].elem_bytes;
+  return (es == 2 || es == 4 || es == 8) && r.bytes % es == 0 ? es : 1;
+}
+
+int64_t PackedBytes(const plan::Plan& plan, const Transfer& t, const SendProgramOptions& options) {
+  const int64_t bytes = plan.region(t.region).bytes;
+  const int es = DeltaElemBytes(plan, t, options);
+  return es > 0 ? delta::StreamCapacity(bytes / es, es) : bytes;
+}
+
 bool IsPacked(const plan::Plan& plan, const Transfer& t, const SendProgramOptions& options) {
   if (t.from_rank == t.to_rank || !Executes(t, options)) return false;
+  if (DeltaElemBytes(plan, t, options) > 0) return true;
   const plan::Region& r = plan.region(t.region);
   return r.ndims > 0 && r.run_bytes < options.pack_below_run_bytes;
 }
@@ -42,9 +62,10 @@ SendProgram BuildSendProgram(const plan::Plan& plan, int32_t rank,
     if (!Executes(t, options)) continue;
     p.received.push_back(*it);
     p.received_ids.push_back(plan.transfer_id(*it));
+    p.delta_elem_bytes.push_back(static_cast<uint8_t>(DeltaElemBytes(plan, t, options)));
     if (IsPacked(plan, t, options)) {
       p.landing_offset.push_back(block[t.from_rank]);
-      block[t.from_rank] += plan.region(t.region).bytes;
+      block[t.from_rank] += PackedBytes(plan, t, options);
     } else {
       p.landing_offset.push_back(-1);
     }
@@ -99,12 +120,19 @@ SendProgram BuildSendProgram(const plan::Plan& plan, int32_t rank,
         }
       };
       if (IsPacked(plan, t, options)) {
+        const int64_t stream = PackedBytes(plan, t, options);
         d.packed = true;
         d.send_offset = p.send_scratch_bytes;
         d.landing_offset = packed_bytes;
-        packed_bytes += region.bytes;
-        p.send_scratch_bytes += region.bytes;
-        add(d.send_offset, 0, region.bytes);
+        packed_bytes += stream;
+        p.send_scratch_bytes += stream;
+        if (const int es = DeltaElemBytes(plan, t, options); es > 0) {
+          d.delta_elem_bytes = static_cast<uint8_t>(es);
+          d.shadow_offset = p.shadow_bytes;
+          p.shadow_bytes += region.bytes;
+          p.gather_bytes = std::max(p.gather_bytes, region.bytes);
+        }
+        add(d.send_offset, 0, stream);
       } else {
         plan::ForEachRun(region, plan.region_dims(region), add);
       }

@@ -26,6 +26,12 @@
 // other senders, which only the receiver knows: the receiver publishes it (landing_blocks, in
 // its wire-up record), and the sender adds it at set-up (src/net/wireup.h).
 //
+// Delta mode (docs/delta.md): every network transfer from a source tile into a destination
+// tile travels as a delta stream, packed, with StreamCapacity bytes reserved in the send
+// scratch and the landing area (the sender sends only the stream's actual length). The sender
+// keeps a shadow of the piece (shadow_offset into its shadow_bytes) and gathers it into a
+// scratch of gather_bytes before encoding.
+//
 // Thread-compatible; immutable once built.
 #pragma once
 
@@ -41,6 +47,7 @@ struct SendProgramOptions {
   bool execute_fanout = true;        // kFanout transfers are executed by the engine.
   int64_t pack_below_run_bytes = 0;  // 0: never pack.
   int64_t chunk_bytes = 0;           // 0: network runs are not cut.
+  bool delta = false;                // Delta streams (see above).
 };
 
 struct SendRun {
@@ -62,6 +69,10 @@ struct SendDesc {
   // Packed: the stream's offset in this rank's block of the receiver's landing area.
   int64_t landing_offset = 0;
   uint32_t slot = 0;  // Local copies: the transfer's slot on the receiving side (received[slot]).
+  // Delta streams: the element size compared (1, 2, 4 or 8), the piece's offset in the
+  // sender's shadow; 0 and -1 otherwise.
+  uint8_t delta_elem_bytes = 0;
+  int64_t shadow_offset = -1;
 };
 
 // Packed streams between one sender and one receiver: `bytes` at `offset` in the receiver's
@@ -82,6 +93,8 @@ struct SendProgram {
   // Items are indices into descs (the plan's `after`, read once for net and fan-out).
   plan::DependencyIndex dependencies;
   int64_t send_scratch_bytes = 0;
+  int64_t shadow_bytes = 0;  // Delta: one copy of every delta piece this rank sends.
+  int64_t gather_bytes = 0;  // Delta: the largest delta piece this rank sends.
 
   // Sending side: the bytes of packed streams to each receiver (ascending; offset unused: the
   // receiver places the block).
@@ -91,6 +104,7 @@ struct SendProgram {
   std::vector<uint32_t> received;            // Index in plan.transfers().
   std::vector<uint32_t> received_ids;        // World index, ascending (plan order).
   std::vector<int64_t> landing_offset;       // Offset in the landing area, or -1 (not packed).
+  std::vector<uint8_t> delta_elem_bytes;     // Delta streams: their element size; 0 otherwise.
   std::vector<int64_t> expected_from;        // By rank: pieces per epoch (other ranks only).
   std::vector<LandingBlock> landing_blocks;  // One per sender of packed streams, ascending.
   int64_t landing_bytes = 0;
@@ -105,7 +119,14 @@ struct SendProgram {
 
 // Whether the engine executes `t` at all.
 bool Executes(const plan::Transfer& t, const SendProgramOptions& options);
-// Whether `t` travels as a packed stream.
+// Whether `t` travels as a delta stream (options.delta, a network piece from a source tile into
+// a destination tile, not empty); then its element size, else 0.
+int DeltaElemBytes(const plan::Plan& plan, const plan::Transfer& t,
+                   const SendProgramOptions& options);
+// The bytes `t` occupies in the send scratch and the landing area when packed.
+int64_t PackedBytes(const plan::Plan& plan, const plan::Transfer& t,
+                    const SendProgramOptions& options);
+// Whether `t` travels as a packed stream (delta streams always do).
 bool IsPacked(const plan::Plan& plan, const plan::Transfer& t, const SendProgramOptions& options);
 
 // `plan` is the world plan or `rank`'s share (plan.rank() == rank).

@@ -12,7 +12,9 @@
 namespace reshard::net::wire {
 
 // Active message ids.
-constexpr unsigned kGrantAm = 11;  // destination -> source: "you may write epoch E".
+// destination -> source: "you may write epoch E"; its 8-byte payload is the destination's
+// version (the last epoch it completed, 0 after a failure or Reset: docs/delta.md).
+constexpr unsigned kGrantAm = 11;
 constexpr unsigned kDoneAm = 12;   // source -> destination: "pieces [..] of epoch E landed".
 constexpr unsigned kAbortAm = 13;  // any -> peers: "my epoch E failed: <reason>".
 constexpr unsigned kDataAm = 14;   // source -> destination: one run of a piece (AM delivery).
@@ -39,6 +41,9 @@ struct DataHeader {
   uint32_t transfer = 0;
   uint32_t packed = 0;     // 1: to_offset is an offset in the transfer's packed stream.
   uint64_t to_offset = 0;  // Otherwise bytes from the start of the receiving buffer.
+  // Delta streams (docs/delta.md): the stream's length, the same in each of its messages (the
+  // receiver applies it once that many bytes arrived); 0 for every other transfer.
+  uint64_t stream_bytes = 0;
 };
 
 // Every message is acted on only when it passes, in this order: the header is ours (magic) and

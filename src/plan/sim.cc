@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "absl/container/flat_hash_map.h"
+#include "src/common/delta_codec.h"
 #include "src/common/status.h"
 #include "src/plan/tiling.h"
 
@@ -45,6 +46,35 @@ std::vector<Flow> FlowsFromPlan(const Plan& plan) {
     if (tr.kind == TransferKind::kLocal) continue;
     agg.Add(tr.from_rank, tr.to_rank, stage[i], tr.kind == TransferKind::kFanout,
             plan.region(tr.region).bytes);
+  }
+  return agg.Take();
+}
+
+double DeltaBytesRatio(double fraction, int elem_bytes) {
+  const double f = std::clamp(fraction, 0.0, 1.0);
+  const double es = static_cast<double>(elem_bytes);
+  const double bitmap = 1.0 / (8.0 * es) + f;
+  // Scattered changes: an element starts a run when it changed and its predecessor did not.
+  const double runs = f + 4.0 * f * (1.0 - f) / es;
+  const double table = 4.0 / (static_cast<double>(delta::kChunkElems) * es);
+  return std::min(1.0, std::min(bitmap, runs) + table);
+}
+
+std::vector<Flow> DeltaFlowsFromPlan(const Plan& plan, double fraction) {
+  RESHARD_CHECK(plan.rank() < 0);
+  FlowAggregator agg;
+  const auto& transfers = plan.transfers();
+  std::vector<int32_t> stage(transfers.size(), 0);
+  for (size_t i = 0; i < transfers.size(); ++i) {
+    const Transfer& tr = transfers[i];
+    stage[i] = tr.after < 0 ? 0 : stage[tr.after] + 1;
+    if (tr.kind == TransferKind::kLocal) continue;
+    int64_t bytes = plan.region(tr.region).bytes;
+    if (tr.kind == TransferKind::kNetwork && tr.from_side == Side::kSrc && tr.after < 0) {
+      const int es = plan.buffers()[plan.buffer_of(tr.tensor, tr.to_side)].elem_bytes;
+      bytes = static_cast<int64_t>(static_cast<double>(bytes) * DeltaBytesRatio(fraction, es));
+    }
+    agg.Add(tr.from_rank, tr.to_rank, stage[i], tr.kind == TransferKind::kFanout, bytes);
   }
   return agg.Take();
 }

@@ -36,6 +36,16 @@ struct Flow {
 // dropped.
 [[nodiscard]] std::vector<Flow> FlowsFromPlan(const Plan& plan);
 
+// Delta refits (docs/delta.md): the expected stream bytes, relative to the plain piece, of a
+// piece of `elem_bytes`-byte elements of which a random, scattered fraction `fraction` changed:
+// per chunk the smaller of bitmap + values and runs + values, at most the plain piece, plus the
+// header and chunk table.
+[[nodiscard]] double DeltaBytesRatio(double fraction, int elem_bytes);
+// FlowsFromPlan for delta refits at change fraction `fraction`: network pieces read from source
+// buffers carry DeltaBytesRatio of their bytes; relays and fan-out forward the applied, plain
+// bytes.
+[[nodiscard]] std::vector<Flow> DeltaFlowsFromPlan(const Plan& plan, double fraction);
+
 // The gather-broadcast baseline: for every tensor the first holder of each source cell sends
 // its tile to a gather rank (the smallest rank of the tensor's source mesh, one per pipeline
 // stage); each gather rank then broadcasts everything it gathered along a pipelined chain

@@ -3,11 +3,13 @@
  * The store is the test's own: a directory of files, one per key (name: the key in hex), written
  * to a temporary file and renamed so a reader never sees half a value. Three forked ranks build
  * a communicator over it with reshard_comm_from_callbacks, list their buffers and tiles through
- * reshard_spec_buffer_* and reshard_spec_tile_*, fill their source tiles and verify every
- * destination element of three refits. Then, in this process: a set callback that fails with a
- * message must bring that message to reshard_last_error(); a get that times out (a rank that
- * never comes) must give RESHARD_DEADLINE_EXCEEDED within the set-up deadline; `release` runs
- * exactly once, also when reshard_comm_from_callbacks fails.
+ * reshard_spec_buffer_* and reshard_spec_tile_*, create a handle with delta refits through
+ * reshard_handle_create_with_options, fill their source tiles and verify every destination
+ * element of three refits (rank 0's stats: every piece plain, as every element changes). Then, in
+ * this process: a set callback that fails with a message must bring that message to
+ * reshard_last_error(); a get that times out (a rank that never comes) must give
+ * RESHARD_DEADLINE_EXCEEDED within the set-up deadline; `release` runs exactly once, also when
+ * reshard_comm_from_callbacks fails.
  *
  * Prints one line per check that fails and exits 1; 0 when all pass.
  */
@@ -314,10 +316,16 @@ static int RunRank(FileStore* store, int32_t rank) {
     reshard_buffer_t buffer = {name, side, data[b], bytes, RESHARD_MEMORY_HOST};
     buffers[b] = buffer;
   }
+  /* Delta refits through the options struct (docs/delta.md); every element changes each step,
+   * so every network piece travels plain, and the destinations still verify exactly. */
   reshard_handle_t* handle = NULL;
-  st = reshard_handle_create(comm, spec, buffers, count, NULL, RESHARD_SCHEDULE_DOMAIN_AWARE,
-                             &handle);
-  CHECK(st == RESHARD_OK, "reshard_handle_create: %s", reshard_last_error());
+  reshard_handle_options_t options;
+  memset(&options, 0, sizeof(options));
+  options.schedule = RESHARD_SCHEDULE_DOMAIN_AWARE;
+  options.delta = 1;
+  st = reshard_handle_create_with_options(comm, spec, buffers, count, &options, sizeof(options),
+                                          &handle);
+  CHECK(st == RESHARD_OK, "reshard_handle_create_with_options: %s", reshard_last_error());
   if (st != RESHARD_OK) return 1;
 
   for (int step = 1; step <= kSteps; ++step) {
@@ -347,6 +355,16 @@ static int RunRank(FileStore* store, int32_t rank) {
     }
   }
   CHECK(wrong_elements == 0, "%lld destination elements differ", (long long)wrong_elements);
+  reshard_stats_t stats;
+  CHECK(reshard_handle_stats(handle, &stats) == RESHARD_OK, "%s", reshard_last_error());
+  if (rank == 0) { /* It sends w and q over the network. */
+    CHECK(stats.delta_pieces == 0 && stats.delta_full_pieces > 0 && stats.delta_plain_bytes > 0 &&
+              stats.delta_stream_bytes > stats.delta_plain_bytes && stats.delta_shadow_bytes > 0,
+          "delta stats: %lld deltas, %lld plain, %lld of %lld bytes, %lld shadow bytes",
+          (long long)stats.delta_pieces, (long long)stats.delta_full_pieces,
+          (long long)stats.delta_stream_bytes, (long long)stats.delta_plain_bytes,
+          (long long)stats.delta_shadow_bytes);
+  }
   reshard_handle_destroy(handle);
   reshard_spec_destroy(spec);
   reshard_comm_destroy(comm);

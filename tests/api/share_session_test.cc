@@ -4,6 +4,8 @@
 //  - a spec with relays, staging, fan-out and packed streams from several senders refits
 //    byte-exact, through the fan-out layer and through engine puts, and every rank reports the
 //    world plan's fingerprint;
+//  - delta refits (docs/delta.md) over 110 refits with random changes, failures and resets stay
+//    byte-exact on every destination;
 //  - a rank whose set-up fails (its spec does not plan, its buffers do not match) makes the
 //    other ranks fail at once, naming it, instead of at their set-up deadline; the next handle
 //    then works on every rank.
@@ -180,6 +182,124 @@ INSTANTIATE_TEST_SUITE_P(Transports, ShareSessionTest,
                                   (std::get<1>(info.param) == Fanout::kAuto ? "FanoutLayer"
                                                                             : "EnginePuts");
                          });
+
+// Delta refits through RefitHandle (docs/delta.md) on the same spec (relays, staging, fan-out,
+// packed streams), over sm and tcp, with the fan-out layer: 110 consecutive refits, each
+// changing a random fraction (0 and 1 included) of every source tensor's elements by 1-15 ulp,
+// three refits failed by source rank 0 or destination rank 1 giving up at once, each followed by
+// Reset() on every rank. Every rank keeps the global tensors' values and checks every destination
+// element after every successful refit; deltas must have been sent and applied, and the first refit
+// and the one after each Reset sent no delta.
+class ShareSessionDeltaTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(ShareSessionDeltaTest, HundredRefitsWithRandomChangesFailuresAndResetsStayByteExact) {
+  const std::string transport = GetParam();
+  const std::string dir = StoreDir("delta");
+  std::map<int32_t, int> codes = testing::ForkRanks(
+      testing::Ranks(kWorld),
+      [&](int32_t rank) {
+        auto store = rendezvous::FileStore::Open(dir);
+        CHILD_EXPECT(store.ok(), store.status().ToString());
+        auto comm = Communicator::FromCallbacks(Callbacks(store->get()), rank, kWorld);
+        CHILD_EXPECT(comm.ok(), comm.status().ToString());
+        auto spec = RefitSpec::FromJson(kSpec);
+        CHILD_EXPECT(spec.ok(), spec.status().ToString());
+        auto memory = Allocate(*spec, rank);
+        CHILD_EXPECT(memory.ok(), memory.status().ToString());
+        HandleOptions options;
+        options.delta = true;
+        options.setup_timeout = absl::Seconds(30);
+        auto handle = RefitHandle::Create(*comm, *spec, memory->Views(), options);
+        CHILD_EXPECT(handle.ok(), handle.status().ToString());
+        // The global tensors, row-major, the same on every rank.
+        std::vector<std::vector<uint32_t>> model;
+        for (size_t t = 0; t < spec->tensors().size(); ++t) {
+          const auto& shape = spec->tensors()[t].shape;
+          model.emplace_back(static_cast<size_t>(shape[0] * shape[1]));
+          for (size_t i = 0; i < model[t].size(); ++i) model[t][i] = Value(t, i, 0);
+        }
+        // Calls fn(word, global value) for every element of this rank's tiles on `side`.
+        auto each = [&](Side side, auto fn) {
+          absl::StatusOr<std::vector<LocalTile>> tiles = spec->LocalTiles(rank, side);
+          for (const LocalTile& tile : *tiles) {
+            size_t t = 0;
+            while (spec->tensors()[t].name != tile.tensor) ++t;
+            std::vector<uint32_t>& words = memory->buffers.at({side, tile.buffer});
+            for (int64_t i = tile.lo[0]; i < tile.hi[0]; ++i) {
+              for (int64_t j = tile.lo[1]; j < tile.hi[1]; ++j) {
+                const int64_t at = tile.offset + (i - tile.lo[0]) * tile.strides[0] +
+                                   (j - tile.lo[1]) * tile.strides[1];
+                fn(words[static_cast<size_t>(at)], model[t][i * tile.global_shape[1] + j]);
+              }
+            }
+          }
+        };
+        bool full_next = true;
+        int64_t deltas = 0, applied = 0, failed = 0;
+        for (int step = 1; step <= 110; ++step) {
+          std::mt19937_64 rng(static_cast<uint64_t>(step));
+          const double f = step % 10 == 0   ? 0.0
+                           : step % 10 == 1 ? 1.0
+                                            : std::uniform_real_distribution<double>(0, 1)(rng);
+          std::uniform_real_distribution<double> u(0, 1);
+          for (auto& tensor : model) {
+            for (uint32_t& v : tensor) {
+              if (u(rng) < f) v ^= static_cast<uint32_t>(1 + rng() % 15);
+            }
+          }
+          each(Side::kSource, [](uint32_t& word, uint32_t value) { word = value; });
+          // Refits 20 and 80: source rank 0 gives up at once; refit 50: destination rank 1.
+          // Ranks that only wait on a failed rank's fan-out copies see no abort and fail at a
+          // short deadline instead.
+          const bool fail_step = step == 20 || step == 50 || step == 80;
+          const int32_t quitter = step == 50 ? 1 : 0;
+          absl::Status st = handle->Start();
+          if (st.ok()) {
+            st = handle->Wait(!fail_step        ? absl::Now() + absl::Seconds(30)
+                              : rank == quitter ? absl::InfinitePast()
+                                                : absl::Now() + absl::Seconds(1));
+          }
+          if (fail_step) {
+            failed += !st.ok();
+            handle->Reset();
+            const std::string key = absl::StrCat("delta-reset/", step, "/");
+            CHILD_EXPECT((*store)->Set(absl::StrCat(key, rank), "1").ok());
+            for (int r = 0; r < kWorld; ++r) {
+              CHILD_EXPECT(
+                  (*store)->Get(absl::StrCat(key, r), absl::Now() + absl::Seconds(60)).ok());
+            }
+            full_next = true;
+            continue;
+          }
+          CHILD_EXPECT(st.ok(), absl::StrCat("refit ", step, ": ", st.ToString()));
+          int64_t wrong = 0;
+          each(Side::kDestination, [&](uint32_t& word, uint32_t value) { wrong += word != value; });
+          CHILD_EXPECT(wrong == 0, absl::StrCat(wrong, " wrong elements in refit ", step));
+          const Stats& s = handle->stats();
+          if (full_next) CHILD_EXPECT(s.delta_pieces == 0, absl::StrCat("refit ", step));
+          if (!full_next && f == 0) {
+            CHILD_EXPECT(
+                s.delta_full_no_base + s.delta_full_receiver_version + s.delta_full_not_smaller ==
+                    0,
+                absl::StrCat("refit ", step));
+          }
+          CHILD_EXPECT(s.bytes_network_sent >= s.delta_stream_bytes);
+          deltas += s.delta_pieces;
+          applied += s.deltas_applied;
+          full_next = false;
+        }
+        const Stats& s = handle->stats();
+        if (s.delta_shadow_bytes > 0) CHILD_EXPECT(deltas > 0);
+        if (rank == 1 || rank == 4) CHILD_EXPECT(applied > 0);
+        if (rank <= 1) CHILD_EXPECT(failed > 0);
+        return 0;
+      },
+      Transport(transport));
+  for (int32_t r = 0; r < kWorld; ++r) EXPECT_EQ(codes[r], 0) << "rank " << r;
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, ShareSessionDeltaTest, ::testing::Values("sm", "tcp"),
+                         [](const auto& info) { return info.param; });
 
 constexpr char kRowsToCols[] = R"json({"tensors": [{"name": "w", "dtype": "fp32",
   "shape": [8, 6], "src": {"mesh": [0, 1], "placements": ["S(0)"]},

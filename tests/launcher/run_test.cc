@@ -146,6 +146,25 @@ TEST(RunTest, NaivePlanAlsoVerifies) {
   ExpectVerifiedRun(ParseJson(o.out), 2, "naive");
 }
 
+// --delta with --change-fraction (docs/delta.md): every destination verified against exactly the
+// changed values, and the last refit sends deltas, far fewer bytes than the plain pieces.
+TEST(RunTest, DeltaRefitsVerifyAndSendOnlyTheChanges) {
+  Output o = Reshard(absl::StrCat("run ", kSpecs, "fig3-tp4-to-tp2dp2.json --iters 3 --delta ",
+                                  "--change-fraction 0.05 --timeout-ms 20000 --json"));
+  EXPECT_EQ(o.exit_code, 0) << o.out;
+  json::Value v = ParseJson(o.out);
+  ExpectVerifiedRun(v, 3, "delta");
+  EXPECT_TRUE(v.Find("delta")->as_bool());
+  EXPECT_EQ(v.Find("delta_pieces")->as_int(), 4);  // fig3's four network pieces.
+  EXPECT_EQ(v.Find("delta_full_pieces")->as_int(), 0);
+  EXPECT_EQ(v.Find("delta_plain_bytes")->as_int(), int64_t{8} << 20);
+  EXPECT_LT(v.Find("delta_stream_bytes")->as_int(), (int64_t{8} << 20) * 15 / 100);
+  EXPECT_EQ(Reshard(absl::StrCat("run ", kSpecs, kExamples[0],
+                                 " --delta --change-fraction 2 2>/dev/null"))
+                .exit_code,
+            2);
+}
+
 TEST(RunTest, HumanReportNamesTimesBytesRegistrationsAndTransports) {
   Output o = Reshard(absl::StrCat("run ", kSpecs, kExamples[0], " --iters 2 --timeout-ms 20000"));
   EXPECT_EQ(o.exit_code, 0) << o.out;

@@ -37,6 +37,7 @@
 #include "src/net/ucx/endpoint.h"
 #include "src/net/ucx/ops.h"
 #include "src/net/wire.h"
+#include "src/plan/dtype.h"
 #include "src/plan/fill.h"
 #include "src/plan/spec_json.h"
 #include "src/rendezvous/file_store.h"
@@ -268,7 +269,7 @@ TEST(RefitEngine, SetUpMemoryDoesNotScaleWithWorldTransfers) {
 TEST(Runtime, DispatchDropsUnknownIds) {
   struct Sink final : MessageSink {
     int calls = 0;
-    void OnGrant(const wire::AmHeader&, ucp_ep_h) override { calls++; }
+    void OnGrant(const wire::AmHeader&, uint64_t, ucp_ep_h) override { calls++; }
     void OnHello(const wire::AmHeader&, ucp_ep_h) override { calls++; }
     void OnDone(const wire::AmHeader&, const uint32_t*, size_t, ucp_ep_h) override { calls++; }
     void OnData(const wire::DataHeader&, const void*, size_t, ucp_ep_h) override { calls++; }
@@ -445,6 +446,177 @@ INSTANTIATE_TEST_SUITE_P(
                                                      : "Am") +
              (plans == Plans::kWorld ? "World" : plans == Plans::kShares ? "Shares" : "Mixed");
     });
+
+// Delta refits (docs/delta.md): the global tensors as every rank models them. Epoch e changes a
+// fraction of the elements drawn from [0, 1] (every 10th epoch none, the one after all), each
+// by 1-15 ulp of its low bits, the same on every rank (seeded by the epoch).
+struct DeltaModel {
+  std::vector<std::vector<uint8_t>> tensors;
+
+  explicit DeltaModel(const plan::RefitSpec& s) {
+    std::mt19937_64 rng(99);
+    for (const plan::TensorSpec& t : s.tensors) {
+      int64_t n = plan::DTypeSize(t.dtype);
+      for (int64_t d : t.shape) n *= d;
+      std::vector<uint8_t>& v = tensors.emplace_back(static_cast<size_t>(n));
+      for (uint8_t& b : v) b = static_cast<uint8_t>(rng());
+    }
+  }
+  static double Fraction(uint64_t epoch) {
+    if (epoch % 10 == 0) return 0;
+    if (epoch % 10 == 1) return 1;
+    std::mt19937_64 rng(epoch);
+    return std::uniform_real_distribution<double>(0, 1)(rng);
+  }
+  void Advance(const plan::RefitSpec& s, uint64_t epoch) {
+    std::mt19937_64 rng(epoch * 7919);
+    std::uniform_real_distribution<double> u(0, 1);
+    const double f = Fraction(epoch);
+    for (size_t t = 0; t < tensors.size(); ++t) {
+      const size_t es = static_cast<size_t>(plan::DTypeSize(s.tensors[t].dtype));
+      for (size_t e = 0; e < tensors[t].size(); e += es) {
+        if (u(rng) < f) tensors[t][e] ^= static_cast<uint8_t>(1 + rng() % 15);
+      }
+    }
+  }
+  // Copies this rank's source tiles out of the model, or compares its destination tiles.
+  void FillSources(RankBuffers& rb, int32_t rank) const {
+    const plan::RefitSpec& s = rb.plan.spec();
+    for (size_t t = 0; t < s.tensors.size(); ++t) {
+      const int es = plan::DTypeSize(s.tensors[t].dtype);
+      uint8_t* src = rb.memory[rb.plan.buffer_of(t, plan::Side::kSrc)].data();
+      plan::ForEachTile(s, t, plan::Side::kSrc, [&](int32_t r, const plan::Box& box) {
+        if (r != rank) return;
+        plan::ForEachElement(s.tensors[t].src, s.tensors[t].shape, box,
+                             [&](int64_t offset, int64_t global) {
+                               std::memcpy(src + offset * es, &tensors[t][global * es], es);
+                             });
+      });
+    }
+  }
+  int64_t Mismatches(const RankBuffers& rb, int32_t rank) const {
+    const plan::RefitSpec& s = rb.plan.spec();
+    int64_t bad = 0;
+    for (size_t t = 0; t < s.tensors.size(); ++t) {
+      const int es = plan::DTypeSize(s.tensors[t].dtype);
+      const uint8_t* dst = rb.memory[rb.plan.buffer_of(t, plan::Side::kDst)].data();
+      plan::ForEachTile(s, t, plan::Side::kDst, [&](int32_t r, const plan::Box& box) {
+        if (r != rank) return;
+        plan::ForEachElement(
+            s.tensors[t].dst, s.tensors[t].shape, box, [&](int64_t offset, int64_t global) {
+              bad += std::memcmp(dst + offset * es, &tensors[t][global * es], es) != 0;
+            });
+      });
+    }
+    return bad;
+  }
+};
+
+// 110 consecutive delta refits with random change fractions (0 and 1 included) on a plan with
+// packed and plain network pieces and engine-run fan-out, every 13th epoch failed by a
+// destination that gives up at once, then Reset on every rank: byte-exact on every destination
+// after every successful refit; the first refit and the one after each Reset go full, the others
+// send deltas whenever smaller. Over UCX puts into the landing areas (tests/api's
+// ShareSessionDeltaTest covers mapped copies and active messages through RefitHandle; CI time
+// is scarce).
+class RefitEngineDelta : public ::testing::TestWithParam<Path> {};
+
+TEST_P(RefitEngineDelta, HundredRefitsWithRandomChangesFailuresAndResetsStayByteExact) {
+  const std::string spec =
+      R"json({"topology": {"domains": [[0, 1, 2, 3], [4, 5, 6, 7]]}, "tensors": [
+      {"name": "w", "dtype": "bf16", "shape": [64, 256],
+       "src": {"mesh": [0, 1, 2, 3], "placements": ["S(1)"]},
+       "dst": {"mesh": [[4, 5], [6, 7]], "placements": ["R", "S(1)"]}},
+      {"name": "b", "dtype": "fp32", "shape": [96, 1000],
+       "src": {"mesh": [0, 1, 2, 3], "placements": ["S(0)"]},
+       "dst": {"mesh": [[4, 5], [6, 7]], "placements": ["R", "S(0)"]}},
+      {"name": "q", "dtype": "u8", "shape": [333],
+       "src": {"mesh": [1, 2], "placements": ["S(0)"]},
+       "dst": {"mesh": [4, 5, 6], "placements": ["S(0)"]}}]})json";
+  const std::string dir = StoreDir("delta");
+  const Path path = GetParam();
+  std::map<int32_t, int> codes = testing::ForkRanks(
+      testing::Ranks(8),
+      [&](int32_t rank) {
+        RefitEngineOptions options;
+        options.delta = true;
+        options.delivery = path == Path::kActiveMessage
+                               ? RefitEngineOptions::Delivery::kActiveMessage
+                               : RefitEngineOptions::Delivery::kPut;
+        options.single_copy = path == Path::kMapped || path == Path::kSingleCopy;
+        options.map_shared_memory = path == Path::kMapped;
+        absl::StatusOr<ChildEngine> child =
+            OpenEngine(spec, rank, dir, options, /*share=*/true, path == Path::kMapped);
+        CHILD_EXPECT(child.ok());
+        RankBuffers& rb = child->rb;
+        RefitEngine& e = *child->engine;
+        DeltaModel model(rb.plan.spec());
+        bool full_next = true;  // The first refit, and the one after a Reset.
+        int failed = 0, deltas = 0, applied = 0;
+        for (uint64_t epoch = 1; epoch <= 110; ++epoch) {
+          model.Advance(rb.plan.spec(), epoch);
+          model.FillSources(rb, rank);
+          // Every 13th epoch rank 4 gives up at once; Start fails too on ranks that its abort
+          // reached first. Every rank then resets, whatever its own outcome, and waits for all.
+          const bool fail_epoch = epoch % 13 == 6;
+          absl::Status st = e.Start(epoch);
+          if (st.ok()) {
+            st = e.Wait(fail_epoch && rank == 4 ? absl::InfinitePast()
+                                                : absl::Now() + absl::Seconds(20));
+          }
+          const RefitStats& stats = e.last_stats();
+          if (fail_epoch) {
+            failed += !st.ok();
+            e.Reset();
+            CHILD_EXPECT(
+                child->store->Set(absl::StrCat("delta/reset/", epoch, "/", rank), "1").ok());
+            for (int r = 0; r < 8; ++r) {
+              CHILD_EXPECT(child->store
+                               ->Get(absl::StrCat("delta/reset/", epoch, "/", r),
+                                     absl::Now() + absl::Seconds(30))
+                               .ok());
+            }
+            full_next = true;
+            continue;
+          }
+          if (!st.ok()) {
+            std::fprintf(stderr, "rank %d: epoch %d: %s\n", rank, static_cast<int>(epoch),
+                         std::string(st.message()).c_str());
+          }
+          CHILD_EXPECT(st.ok());
+          const int64_t bad = model.Mismatches(rb, rank);
+          if (bad != 0) {
+            std::fprintf(stderr, "rank %d: epoch %d: %d element(s) differ from the source's\n",
+                         rank, static_cast<int>(epoch), static_cast<int>(bad));
+          }
+          CHILD_EXPECT(bad == 0);
+          const int64_t sent = stats.delta_pieces + stats.delta_full_no_base +
+                               stats.delta_full_receiver_version + stats.delta_full_not_smaller;
+          if (full_next) {
+            CHILD_EXPECT(stats.delta_pieces == 0 && stats.delta_full_no_base == sent);
+          } else {
+            CHILD_EXPECT(stats.delta_full_no_base == 0 && stats.delta_full_receiver_version == 0);
+            if (DeltaModel::Fraction(epoch) == 0) CHILD_EXPECT(stats.delta_pieces == sent);
+            if (DeltaModel::Fraction(epoch) == 1) CHILD_EXPECT(stats.delta_pieces == 0);
+          }
+          CHILD_EXPECT(stats.delta_stream_bytes <= stats.bytes_network_sent);
+          deltas += static_cast<int>(stats.delta_pieces);
+          applied += static_cast<int>(stats.deltas_applied);
+          full_next = false;
+        }
+        // Sources sent deltas, destinations applied them, rank 4's early give-ups failed epochs.
+        if (rank < 4) CHILD_EXPECT(deltas > 0 && e.last_stats().delta_shadow_bytes > 0);
+        if (rank >= 4 && rank < 7) CHILD_EXPECT(applied > 0);
+        if (rank == 4) CHILD_EXPECT(failed > 0);
+        CHILD_EXPECT(e.Shutdown(absl::Now() + absl::Seconds(10)).ok());
+        return 0;
+      },
+      testing::SharedMemoryUcx());
+  for (int r = 0; r < 8; ++r) EXPECT_EQ(codes[r], 0) << "rank " << r;
+}
+
+INSTANTIATE_TEST_SUITE_P(Delivery, RefitEngineDelta, ::testing::Values(Path::kUcxPut),
+                         [](const auto& info) { return std::string("Put"); });
 
 // Issue 10: a process that holds the store token reads a rank's UCX address from the store and
 // sends it messages in the name of other ranks: a data message whose offset would wrap

@@ -153,6 +153,30 @@ TEST(SimTest, Fig3OursMatchesTheLowerBound) {
   EXPECT_GT(gb.seconds, 2 * a.seconds);
 }
 
+// Delta refits (docs/delta.md): the expected stream size per change fraction, and flows in which
+// only network pieces read from sources shrink (fan-out forwards plain bytes).
+TEST(SimTest, DeltaFlowsShrinkOnlySourceNetworkPieces) {
+  EXPECT_NEAR(DeltaBytesRatio(0.05, 2), 1.0 / 16 + 0.05, 1e-3);         // Bitmap + values.
+  EXPECT_NEAR(DeltaBytesRatio(0.001, 2), 0.001 + 0.002 * 0.999, 1e-3);  // Runs + values.
+  EXPECT_EQ(DeltaBytesRatio(1.0, 2), 1.0);  // Never above the plain piece.
+  EXPECT_LT(DeltaBytesRatio(0.0, 4), 1e-3);
+  auto spec = Example("fig3-tp4-to-tp2dp2.json");
+  auto ours = BuildPlan(spec);
+  ASSERT_TRUE(ours.ok());
+  int64_t network = 0, fanout = 0, delta_network = 0, delta_fanout = 0;
+  for (const Flow& f : FlowsFromPlan(*ours)) (f.nvlink ? fanout : network) += f.bytes;
+  for (const Flow& f : DeltaFlowsFromPlan(*ours, 0.05)) {
+    (f.nvlink ? delta_fanout : delta_network) += f.bytes;
+  }
+  EXPECT_EQ(delta_fanout, fanout);
+  EXPECT_NEAR(static_cast<double>(delta_network) / static_cast<double>(network),
+              DeltaBytesRatio(0.05, 2), 1e-6);
+  const SimResult full = Simulate(FlowsFromPlan(*ours), spec->WorldSize(), spec->topology);
+  const SimResult delta =
+      Simulate(DeltaFlowsFromPlan(*ours, 0.05), spec->WorldSize(), spec->topology);
+  EXPECT_LT(delta.seconds, 0.5 * full.seconds);
+}
+
 // A real model layout end to end: Qwen3-30B-A3B, Megatron TP2 x PP2 x EP4 on 16 trainers to vLLM
 // TP4 x DP4 on two H100 NVL8 nodes (two replicas per domain). Ours must sit within the targets
 // of the reference rows (NIC load within 10% of the bound, time within 15%) and beat both

@@ -1,6 +1,7 @@
 // reshard-bench-rank: one process of `reshard bench`, written against the public API only.
 //
-//   reshard-bench-rank --spec SPEC.json --iters N [--verify ends|all|none]
+//   reshard-bench-rank --spec SPEC.json --iters N [--verify ends|all|none] [--delta 1]
+//                      [--change-fraction F]
 //
 // Identity and store come from the environment (the launcher sets RESHARD_*). The same process
 // builds one handle per mode, once, over the same source and destination buffers:
@@ -11,6 +12,11 @@
 //                     destination rank (planned domain-aware, so the root's NIC is relieved by
 //                     relays: a tree broadcast), and each destination keeps its slice (a local
 //                     copy).
+//   delta             (--delta 1) ours with delta refits (docs/delta.md): its destinations are
+//                     never poisoned (it builds on what they hold; every mode leaves them with
+//                     the same values).
+// With --change-fraction F each iteration after the first changes a fraction F of the source
+// elements (TilePatterns::Change) instead of all of them.
 // Each iteration fills the sources with new values and runs every mode once, the order rotating
 // per iteration (interleaved), each preceded by a tiny all-gather that lines the ranks up. Times
 // are per rank, from before the mode's first Start to the end of its last Wait. Destinations are
@@ -202,6 +208,8 @@ int main(int argc, char** argv) {
   setenv("UCX_LOG_FILE", "stderr", /*overwrite=*/0);
   std::string spec_path, verify = "ends";
   int iters = 5;
+  bool delta = false;
+  double change_fraction = -1;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i];
     if (a == "--spec")
@@ -210,6 +218,10 @@ int main(int argc, char** argv) {
       iters = std::atoi(argv[i + 1]);
     else if (a == "--verify")
       verify = argv[i + 1];
+    else if (a == "--delta")
+      delta = std::string(argv[i + 1]) == "1";
+    else if (a == "--change-fraction")
+      change_fraction = std::atof(argv[i + 1]);
     else
       return Fail(-1, "unknown argument " + a, 2);
   }
@@ -226,6 +238,10 @@ int main(int argc, char** argv) {
   const bool quantized = AnyQuantized(*spec);
   std::vector<std::string> modes = {"ours", "naive", "gather_broadcast"};
   if (quantized) modes.push_back("unquantized");
+  if (delta) modes.push_back("delta");
+  if (change_fraction >= 0 && quantized) {
+    return Fail(rank, "--change-fraction does not support quantized destinations", 2);
+  }
   const reshard::RefitSpec unquantized = quantized ? Unquantized(*spec) : reshard::RefitSpec();
   reshard::RefitSpec barrier;
   barrier.AddTensor("barrier", reshard::DType::kU8, {world},
@@ -234,12 +250,13 @@ int main(int argc, char** argv) {
   Buffers buffers, barrier_buffers;
   std::map<std::string, std::vector<reshard::RefitHandle>> handles;
   auto make = [&](const std::string& name, const reshard::RefitSpec& s, reshard::Schedule sched,
-                  Buffers& b) -> absl::Status {
+                  Buffers& b, bool delta_refits = false) -> absl::Status {
     auto local = b.For(s, rank);
     if (!local.ok()) return local.status();
     reshard::HandleOptions o;
     o.name = name;
     o.schedule = sched;
+    o.delta = delta_refits;
     auto h = reshard::RefitHandle::Create(*comm, s, std::move(local).value(), o);
     if (!h.ok()) return h.status();
     handles[name.substr(0, name.find('.'))].push_back(std::move(h).value());
@@ -255,6 +272,9 @@ int main(int argc, char** argv) {
   }
   if (st.ok() && quantized) {
     st = make("unquantized", unquantized, reshard::Schedule::kDomainAware, buffers);
+  }
+  if (st.ok() && delta) {
+    st = make("delta", *spec, reshard::Schedule::kDomainAware, buffers, /*delta_refits=*/true);
   }
   if (!st.ok())
     return Fail(rank, st.ToString(), st.code() == absl::StatusCode::kInvalidArgument ? 2 : 1);
@@ -278,8 +298,12 @@ int main(int argc, char** argv) {
   const absl::Duration timeout = absl::Seconds(120);
   for (int iter = 0; iter < iters; ++iter) {
     for (const reshard::LocalTile& tile : *src_tiles) {
-      patterns.Fill(tile, static_cast<uint64_t>(iter) + 1,
-                    buffers.Get(reshard::Side::kSource, tile.buffer));
+      uint8_t* base = buffers.Get(reshard::Side::kSource, tile.buffer);
+      if (change_fraction >= 0 && iter > 0) {
+        patterns.Change(tile, static_cast<uint64_t>(iter) + 1, change_fraction, base);
+      } else {
+        patterns.Fill(tile, static_cast<uint64_t>(iter) + 1, base);
+      }
     }
     const bool check = verify == "all" || (verify == "ends" && (iter == 0 || iter == iters - 1));
     for (size_t k = 0; k < modes.size(); ++k) {
@@ -287,7 +311,7 @@ int main(int argc, char** argv) {
       const bool plain = mode == "unquantized";
       const std::vector<reshard::LocalTile>& mode_tiles = plain ? unquantized_tiles : *dst_tiles;
       const reshard::cli::TilePatterns& mode_patterns = plain ? unquantized_patterns : patterns;
-      if (check) {
+      if (check && mode != "delta") {
         for (const reshard::LocalTile& tile : mode_tiles) {
           reshard::cli::PoisonTile(tile, buffers.Get(reshard::Side::kDestination, tile.buffer));
         }
@@ -308,8 +332,11 @@ int main(int argc, char** argv) {
       bytes_fanout[mode] = fanned;
       if (!check) continue;
       for (const reshard::LocalTile& tile : mode_tiles) {
-        st = mode_patterns.Verify(tile, static_cast<uint64_t>(iter) + 1, rank,
-                                  buffers.Get(reshard::Side::kDestination, tile.buffer));
+        const uint8_t* base = buffers.Get(reshard::Side::kDestination, tile.buffer);
+        st = change_fraction >= 0
+                 ? mode_patterns.VerifyChanged(tile, static_cast<uint64_t>(iter) + 1,
+                                               change_fraction, rank, base)
+                 : mode_patterns.Verify(tile, static_cast<uint64_t>(iter) + 1, rank, base);
         if (!st.ok()) {
           return Fail(rank,
                       mode + ": after iteration " + std::to_string(iter + 1) + ": " +

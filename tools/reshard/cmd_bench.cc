@@ -58,6 +58,11 @@ options:
                        with the destinations as written, timed in the same run
   --dst-quant Q        with --dst-dtype: block:AxB (default block:128x128), mx[:N], channel,
                        tensor
+  --delta              adds the mode "ours, delta": ours with delta refits (docs/delta.md),
+                       timed and counted in the same run; the report gives its network bytes
+                       and median time against ours (its first iteration is a full refit)
+  --change-fraction F  each iteration after the first changes a random fraction F (0..1) of
+                       every source tensor's elements by 1-15 ulp, scattered, instead of all
   --timeout-ms N       per-rank deadline for every wait (default 120000)
   --json               one JSON object: ours_ms, gather_broadcast_ms, naive_p2p_ms, mpi_ms (or
                        null) (medians), ours_p90_ms, gather_broadcast_p90_ms, naive_p2p_p90_ms,
@@ -145,10 +150,10 @@ std::string Num(std::optional<double> v) {
 
 int BenchCommand(int argc, char** argv) {
   std::set<std::string> flags = ModelFlags();
-  flags.insert({"help", "json", "mpi"});
+  flags.insert({"help", "json", "mpi", "delta"});
   std::set<std::string> options = ModelOptions();
   options.insert({"iters", "transport", "emulate-nic", "verify", "timeout-ms", "dst-dtype",
-                  "dst-quant"});
+                  "dst-quant", "change-fraction"});
   auto parsed = Args::Parse(argc, argv, flags, options);
   if (!parsed.ok()) return UsageError("bench", std::string(parsed.status().message()));
   const Args& args = *parsed;
@@ -174,6 +179,12 @@ int BenchCommand(int argc, char** argv) {
   if (!rate.empty()) {
     auto bits = launcher::ParseTcRate(rate);
     if (!bits.ok()) return UsageError("bench", std::string(bits.status().message()));
+  }
+  const bool delta = args.Has("delta");
+  auto change_fraction = args.GetDouble("change-fraction", -1);
+  if (!change_fraction.ok() ||
+      (args.Get("change-fraction") && !(*change_fraction >= 0 && *change_fraction <= 1))) {
+    return UsageError("bench", "--change-fraction must be a number between 0 and 1");
   }
 
   // The spec: a file, or a model expanded with trainer and inference layouts.
@@ -216,6 +227,9 @@ int BenchCommand(int argc, char** argv) {
   }
   bool quantized = false;
   for (const plan::TensorSpec& t : spec.tensors) quantized = quantized || t.quantized();
+  if (quantized && *change_fraction >= 0) {
+    return UsageError("bench", "--change-fraction does not support quantized destinations");
+  }
   auto shared = std::make_shared<const plan::RefitSpec>(spec);
   auto planned = plan::BuildPlan(shared);
   if (!planned.ok()) return UsageError("bench", std::string(planned.status().message()));
@@ -252,6 +266,10 @@ int BenchCommand(int argc, char** argv) {
   launcher::LaunchOptions lo;
   lo.argv = {rank_program,           "--spec",   spec_file, "--iters",
              std::to_string(*iters), "--verify", verify};
+  if (delta) lo.argv.insert(lo.argv.end(), {"--delta", "1"});
+  if (*change_fraction >= 0) {
+    lo.argv.insert(lo.argv.end(), {"--change-fraction", absl::StrCat(*change_fraction)});
+  }
   lo.world_size = world;
   lo.transport = transport;
   if (!rate.empty()) {
@@ -276,6 +294,7 @@ int BenchCommand(int argc, char** argv) {
   // Per mode: per iteration, the slowest rank.
   std::vector<std::string> modes = {"ours", "naive", "gather_broadcast"};
   if (quantized) modes.push_back("unquantized");
+  if (delta) modes.push_back("delta");
   std::map<std::string, std::vector<double>> slowest;
   std::map<std::string, int64_t> bytes_network, bytes_fanout;
   std::string transports, error;
@@ -379,15 +398,26 @@ int BenchCommand(int argc, char** argv) {
         ",\"naive_p2p_p90_ms\":", Num(p90("naive")), ",\"mpi_p90_ms\":", Num(mpi_p90_ms),
         ",\"gather_broadcast_over_ours\":", Num(ratio(gb)),
         ",\"naive_p2p_over_ours\":", Num(ratio(naive)), ",\"mpi_over_ours\":", Num(ratio(mpi_ms)),
-        ",\"mpi_note\":", json::Quote(mpi_note),
-        ",\"unquantized_ms\":", Num(quantized ? std::optional<double>(Median(slowest["unquantized"]))
-                                              : std::nullopt),
+        ",\"mpi_note\":", json::Quote(mpi_note), ",\"unquantized_ms\":",
+        Num(quantized ? std::optional<double>(Median(slowest["unquantized"])) : std::nullopt),
         ",\"ours_over_unquantized\":",
         Num(quantized && Median(slowest["unquantized"]) > 0
                 ? std::optional<double>(ours / Median(slowest["unquantized"]))
                 : std::nullopt),
+        ",\"change_fraction\":",
+        Num(*change_fraction >= 0 ? std::optional<double>(*change_fraction) : std::nullopt),
+        ",\"delta_ms\":",
+        Num(delta ? std::optional<double>(Median(slowest["delta"])) : std::nullopt),
+        ",\"delta_over_ours\":",
+        Num(delta && ours > 0 ? std::optional<double>(Median(slowest["delta"]) / ours)
+                              : std::nullopt),
+        ",\"delta_bytes_over_ours\":",
+        Num(delta && bytes_network["ours"] > 0
+                ? std::optional<double>(static_cast<double>(bytes_network["delta"]) /
+                                        static_cast<double>(bytes_network["ours"]))
+                : std::nullopt),
         ",\"bytes_network\":{\"ours\":", bytes_network["ours"],
-        ",\"naive_p2p\":", bytes_network["naive"],
+        ",\"delta\":", bytes_network["delta"], ",\"naive_p2p\":", bytes_network["naive"],
         ",\"gather_broadcast\":", bytes_network["gather_broadcast"],
         "},\"bytes_fanout\":{\"ours\":", bytes_fanout["ours"],
         ",\"naive_p2p\":", bytes_fanout["naive"],
@@ -428,6 +458,7 @@ int BenchCommand(int argc, char** argv) {
   row("naive p2p", "naive");
   row("gather-broadcast", "gather_broadcast");
   if (quantized) row("ours, unquantized", "unquantized");
+  if (delta) row("ours, delta", "delta");
   if (mpi_ms) {
     table.AddRow({"MPI_Alltoallw", FormatSeconds(*mpi_ms / 1e3), FormatSeconds(*mpi_p90_ms / 1e3),
                   "", "", "", "", absl::StrFormat("%.2fx", *mpi_ms / ours)});
@@ -437,6 +468,17 @@ int BenchCommand(int argc, char** argv) {
     std::printf("  quantized destinations: ours takes %.2fx the time of the same refit with "
                 "unquantized destinations (%s)\n",
                 ours / Median(slowest["unquantized"]), spec.comment.c_str());
+  }
+  if (delta) {
+    std::printf(
+        "  delta refits%s: %.3fx ours' network bytes (last iteration), %.3fx its median "
+        "time\n",
+        *change_fraction >= 0 ? absl::StrCat(", change fraction ", *change_fraction).c_str()
+                              : ", every element changing",
+        bytes_network["ours"] > 0 ? static_cast<double>(bytes_network["delta"]) /
+                                        static_cast<double>(bytes_network["ours"])
+                                  : 0.0,
+        ours > 0 ? Median(slowest["delta"]) / ours : 0.0);
   }
   std::printf("  MPI: %s\n  transports (ours): %s\n", mpi_note.c_str(),
               transports.empty() ? "(no network peer: everything moved inside domains)"

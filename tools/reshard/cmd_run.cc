@@ -1,6 +1,6 @@
 // `reshard run SPEC.json [--iters N] [--transport sm|tcp] [--netns] [--emulate-nic RATE]
 //  [--plan-mode ours|naive|gather_broadcast] [--fanout auto|engine] [--timeout-ms MS]
-//  [--deadline-s S] [--json]`
+//  [--deadline-s S] [--delta] [--change-fraction F] [--json]`
 //
 // Launches one `reshard-rank` per rank of the spec's world through the launcher, then merges
 // the one JSON line each rank prints into a report.
@@ -51,6 +51,13 @@ options:
                        fan-out backend (shared memory between the domain's processes,
                        overlapped with the network stage); engine: the UCX engine puts them
                        over the network like any other transfer
+  --delta              delta refits (docs/delta.md): sources send only the elements that
+                       changed since the last refit; destinations keep their values between
+                       refits (poisoned before the first only); the report adds the bytes sent
+                       against the plain pieces' bytes (what a full refit sends)
+  --change-fraction F  each refit after the first changes a random fraction F (0..1) of every
+                       source tensor's elements by 1-15 ulp (scattered), instead of all of
+                       them; destinations are verified against exactly those values
   --timeout-ms MS      deadline for every wait inside a rank (RESHARD_TIMEOUT_MS, default 30000)
   --deadline-s S       the whole launch is killed after S seconds (default 600)
   --json               one JSON object: ok, iters, world_size, mode, transport, ucx_tls,
@@ -84,6 +91,8 @@ struct RankLine {
   double fanout_busy_ms = 0, fanout_hidden = 1, fanout_domain_hidden = 1;
   double quantize_ms = 0, amax_exchange_ms = 0;
   int64_t quantize_buffer_bytes = 0;
+  int64_t delta_pieces = 0, delta_full_pieces = 0, delta_stream_bytes = 0, delta_plain_bytes = 0,
+          delta_shadow_bytes = 0;
 };
 
 RankLine ParseRankLine(const std::string& line) {
@@ -111,6 +120,11 @@ RankLine ParseRankLine(const std::string& line) {
   r.transports = str("transports");
   r.fanout = str("fanout");
   r.fanout_sent = num("bytes_fanout_sent");
+  r.delta_pieces = num("delta_pieces");
+  r.delta_full_pieces = num("delta_full_pieces");
+  r.delta_stream_bytes = num("delta_stream_bytes");
+  r.delta_plain_bytes = num("delta_plain_bytes");
+  r.delta_shadow_bytes = num("delta_shadow_bytes");
   if (const json::Value* f = v->Find("fanout_busy_ms"); f && f->is_number()) {
     r.fanout_busy_ms = f->as_double();
   }
@@ -152,9 +166,10 @@ int RunCommand(int argc, char** argv) {
       return kExitOk;
     }
   }
-  absl::StatusOr<Args> args = Args::Parse(
-      argc, argv, {"json", "netns"},
-      {"iters", "transport", "emulate-nic", "plan-mode", "fanout", "timeout-ms", "deadline-s"});
+  absl::StatusOr<Args> args =
+      Args::Parse(argc, argv, {"json", "netns", "delta"},
+                  {"iters", "transport", "emulate-nic", "plan-mode", "fanout", "timeout-ms",
+                   "deadline-s", "change-fraction"});
   if (!args.ok()) return UsageError("run", std::string(args.status().message()));
   if (args->positional().size() != 1) return UsageError("run", "expected one SPEC.json");
   const std::string spec_path = args->positional()[0];
@@ -169,6 +184,12 @@ int RunCommand(int argc, char** argv) {
   if (!deadline_s.ok() || !(*deadline_s > 0)) {
     return UsageError("run", "--deadline-s must be a positive number of seconds");
   }
+  absl::StatusOr<double> change_fraction = args->GetDouble("change-fraction", -1);
+  if (!change_fraction.ok() ||
+      (args->Get("change-fraction") && !(*change_fraction >= 0 && *change_fraction <= 1))) {
+    return UsageError("run", "--change-fraction must be a number between 0 and 1");
+  }
+  const bool delta = args->Has("delta");
   const std::string plan_mode = args->Get("plan-mode").value_or("ours");
   if (plan_mode != "ours" && plan_mode != "naive" && plan_mode != "gather_broadcast") {
     return UsageError("run", absl::StrCat("--plan-mode must be ours, naive or gather_broadcast, "
@@ -217,6 +238,11 @@ int RunCommand(int argc, char** argv) {
   launcher::LaunchOptions options;
   options.argv = {rank_binary, spec_abs, "--iters", absl::StrCat(*iters), "--plan-mode",
                   plan_mode, "--fanout", fanout_mode};
+  if (delta) options.argv.push_back("--delta");
+  if (*change_fraction >= 0) {
+    options.argv.push_back("--change-fraction");
+    options.argv.push_back(absl::StrCat(*change_fraction));
+  }
   options.world_size = world;
   options.mode = netns ? launcher::Mode::kNetns : launcher::Mode::kLoopback;
   options.transport = transport;
@@ -299,6 +325,8 @@ int RunCommand(int argc, char** argv) {
   // buffers.
   double quantize_ms = 0, amax_exchange_ms = 0;
   int64_t quantize_buffer_bytes = 0;
+  int64_t delta_pieces = 0, delta_full_pieces = 0, delta_stream_bytes = 0, delta_plain_bytes = 0,
+          delta_shadow_bytes = 0;  // All ranks, the last refit.
   std::map<std::string, std::vector<int>> transports;
   for (int r = 0; r < world; ++r) {
     const RankLine& l = lines[static_cast<size_t>(r)];
@@ -313,6 +341,11 @@ int RunCommand(int argc, char** argv) {
     pieces += l.pieces;
     if (l.parsed) transports[l.transports.empty() ? "(none)" : l.transports].push_back(r);
     bytes_fanout += l.fanout_sent;
+    delta_pieces += l.delta_pieces;
+    delta_full_pieces += l.delta_full_pieces;
+    delta_stream_bytes += l.delta_stream_bytes;
+    delta_plain_bytes += l.delta_plain_bytes;
+    delta_shadow_bytes += l.delta_shadow_bytes;
     if (!l.fanout.empty()) fanout_backend = l.fanout;
     fanout_busy_ms += l.fanout_busy_ms;
     fanout_hidden_ms += l.fanout_busy_ms * l.fanout_hidden;
@@ -363,6 +396,15 @@ int RunCommand(int argc, char** argv) {
         ",\"fanout_domain_hidden_fraction\":", absl::StrFormat("%.3f", fanout_domain_hidden),
         ",\"quantize_ms\":", Ms(quantize_ms), ",\"amax_exchange_ms\":", Ms(amax_exchange_ms),
         ",\"quantize_buffer_bytes\":", quantize_buffer_bytes);
+    if (delta || *change_fraction >= 0) {
+      absl::StrAppend(
+          &out, ",\"delta\":", delta ? "true" : "false",
+          ",\"change_fraction\":", *change_fraction >= 0 ? absl::StrCat(*change_fraction) : "null",
+          ",\"delta_pieces\":", delta_pieces, ",\"delta_full_pieces\":", delta_full_pieces,
+          ",\"delta_stream_bytes\":", delta_stream_bytes,
+          ",\"delta_plain_bytes\":", delta_plain_bytes,
+          ",\"delta_shadow_bytes\":", delta_shadow_bytes);
+    }
     if (rate_bits > 0) {
       absl::StrAppend(&out, ",\"rate\":", Quote(rate), ",\"lower_bound_ms\":", Ms(lower_bound_ms),
                       ",\"ratio\":", absl::StrFormat("%.3f", ratio),
@@ -419,6 +461,20 @@ int RunCommand(int argc, char** argv) {
                   FormatSeconds(quantize_ms / 1e3).c_str(),
                   FormatSeconds(amax_exchange_ms / 1e3).c_str(),
                   FormatBytes(static_cast<double>(quantize_buffer_bytes)).c_str());
+    }
+    if (delta) {
+      std::printf(
+          "delta           last refit: %lld piece(s) as deltas, %lld plain; %s sent for "
+          "pieces of %s (%.3fx, what a full refit sends); shadows %s%s\n",
+          static_cast<long long>(delta_pieces), static_cast<long long>(delta_full_pieces),
+          FormatBytes(static_cast<double>(delta_stream_bytes)).c_str(),
+          FormatBytes(static_cast<double>(delta_plain_bytes)).c_str(),
+          delta_plain_bytes > 0
+              ? static_cast<double>(delta_stream_bytes) / static_cast<double>(delta_plain_bytes)
+              : 0.0,
+          FormatBytes(static_cast<double>(delta_shadow_bytes)).c_str(),
+          *change_fraction >= 0 ? absl::StrCat(", change fraction ", *change_fraction).c_str()
+                                : ", every element changes (--change-fraction not given)");
     }
     if (rate_bits > 0) {
       std::printf("emulated NIC    %s: lower bound %s (busiest rank's bytes / rate); median is "

@@ -50,6 +50,11 @@ constexpr char kHelpTail[] = R"(  --spec S.json      simulate a refit spec inste
   --no-staging       our schedule without staging receivers
   --batch-fraction F events closer than F x the current time are simulated together (default
                      0.01; 0 is exact but slow; batching errs on the slow side)
+  --change-fraction F  also simulate ours with delta refits (docs/delta.md) when a random,
+                     scattered fraction F (0..1) of the elements changed: network pieces from
+                     sources carry the expected delta stream bytes (smaller of bitmap and runs
+                     per chunk, at most the piece), relays and fan-out the plain bytes; printed
+                     next to the full-copy lower bound (JSON: "delta")
   --json             one JSON object: ours, gather_broadcast (pipeline stages concurrent),
                      gather_broadcast_serial (stages in turn), naive_p2p, lower_bound,
                      nic_load_factor, time_factor, timings
@@ -231,7 +236,7 @@ int SimCommand(int argc, char** argv) {
   std::set<std::string> flags = ModelFlags();
   flags.insert({"json", "help", "no-relay", "no-staging"});
   std::set<std::string> options = ModelOptions();
-  options.insert({"spec", "svg", "batch-fraction"});
+  options.insert({"spec", "svg", "batch-fraction", "change-fraction"});
   auto parsed = Args::Parse(argc, argv, flags, options);
   if (!parsed.ok()) return UsageError("sim", std::string(parsed.status().message()));
   const Args& args = *parsed;
@@ -289,6 +294,11 @@ int SimCommand(int argc, char** argv) {
                             args.Has("per-expert") ? ", per-expert tensors" : "");
   }
   plan::SimOptions sim_options;
+  auto change_fraction = args.GetDouble("change-fraction", -1);
+  if (!change_fraction.ok() ||
+      (args.Get("change-fraction") && !(*change_fraction >= 0 && *change_fraction <= 1))) {
+    return UsageError("sim", "--change-fraction must be a number between 0 and 1");
+  }
   auto batch = args.GetDouble("batch-fraction", sim_options.batch_fraction);
   if (!batch.ok() || !(*batch >= 0 && *batch < 1)) {
     return UsageError("sim", "--batch-fraction must be a number in [0, 1)");
@@ -322,8 +332,13 @@ int SimCommand(int argc, char** argv) {
   t0 = std::chrono::steady_clock::now();
   const std::vector<plan::Flow> ours_flows = plan::FlowsFromPlan(*ours_plan);
   const plan::PlanStats ours_stats = ours_plan->stats();
+  const std::vector<plan::Flow> delta_flows =
+      *change_fraction >= 0 ? plan::DeltaFlowsFromPlan(*ours_plan, *change_fraction)
+                            : std::vector<plan::Flow>{};
   ours_plan = absl::UnknownError("released");  // Free the plan before the baselines.
   const SimResult ours = plan::Simulate(ours_flows, world, s.topology, sim_options);
+  std::optional<SimResult> delta;
+  if (*change_fraction >= 0) delta = plan::Simulate(delta_flows, world, s.topology, sim_options);
   const double ours_sim_seconds = Seconds(t0);
 
   t0 = std::chrono::steady_clock::now();
@@ -385,15 +400,21 @@ int SimCommand(int argc, char** argv) {
         "\"gather_broadcast_serial\": %s,\n \"naive_p2p\": %s,\n"
         " \"lower_bound\": {\"seconds\": %.6f, \"max_nic_bytes\": %d, \"network_bytes\": %d, "
         "\"domain_ingest_bytes\": %d, \"source_egress_bytes\": %d, \"average_bytes\": %d, "
-        "\"nvlink_bytes\": %d},\n \"nic_load_factor\": %.4f, \"time_factor\": %.4f,\n"
+        "\"nvlink_bytes\": %d},\n \"delta\": %s,\n \"nic_load_factor\": %.4f, "
+        "\"time_factor\": %.4f,\n"
         " \"timings\": {\"lower_bound\": %.3f, \"ours_plan\": %.3f, \"ours_sim\": %.3f, "
         "\"naive_p2p\": %.3f, \"gather_broadcast\": %.3f, \"total\": %.3f, \"cpu_total\": %.3f}}\n",
         json::Quote(title), world, s.tensors.size(), result_json(ours), ours_stats.bytes_network,
         ours_stats.bytes_relay, ours_stats.bytes_fanout, ours_stats.bytes_staged, ours_stats.pieces,
         result_json(gb), result_json(gb_serial), result_json(naive), lb.seconds, lb.max_nic_bytes,
         lb.network_bytes, lb.domain_ingest_bytes, lb.source_egress_bytes, lb.average_bytes,
-        lb.nvlink_bytes, nic_factor, ratio(ours.seconds), lb_seconds, ours_plan_seconds,
-        ours_sim_seconds, naive_seconds, gb_seconds, total_seconds, cpu_seconds);
+        lb.nvlink_bytes,
+        delta ? absl::StrCat("{\"change_fraction\": ", *change_fraction,
+                             ", \"bytes_ratio\": ", plan::DeltaBytesRatio(*change_fraction, 2),
+                             ", \"result\": ", result_json(*delta), "}")
+              : std::string("null"),
+        nic_factor, ratio(ours.seconds), lb_seconds, ours_plan_seconds, ours_sim_seconds,
+        naive_seconds, gb_seconds, total_seconds, cpu_seconds);
     return kExitOk;
   }
   absl::PrintF(
@@ -412,6 +433,12 @@ int SimCommand(int argc, char** argv) {
   }
   table.AddRow({"lower bound", SecondsCell(lb.seconds), FormatBytes(lb.network_bytes), "-",
                 FormatBytes(lb.max_nic_bytes), "1.00"});
+  if (delta) {
+    table.AddRow({absl::StrFormat("ours, delta refits (%.3g changed)", *change_fraction),
+                  SecondsCell(delta->seconds), FormatBytes(delta->network_bytes),
+                  FormatBytes(delta->nvlink_bytes), FormatBytes(delta->max_nic_bytes),
+                  absl::StrFormat("%.2f", ratio(delta->seconds))});
+  }
   std::printf("%s\n", table.Render().c_str());
   std::printf("nic_load_factor %.3f (ours max NIC bytes / lower bound)\n", nic_factor);
   absl::PrintF("ours: %s relayed between domains, %s fan-out, %s staged\n",

@@ -123,6 +123,16 @@ RankReport RunRank(const RankOptions& options, const Communicator& comm) {
   if (!sources.ok()) return fail(sources.status(), true);
   if (!destinations.ok()) return fail(destinations.status(), true);
   const TilePatterns patterns(*spec);
+  if (options.change_fraction >= 0) {
+    for (const TensorDesc& t : spec->tensors()) {
+      if (t.dst.quant_scheme != QuantScheme::kNone) {
+        return fail(absl::InvalidArgumentError(absl::StrCat(
+                        "--change-fraction does not support quantized destinations (tensor \"",
+                        t.name, "\")")),
+                    true);
+      }
+    }
+  }
 
   RankBuffers buffers;
   if (absl::Status st = buffers.Allocate(*requirements, me); !st.ok()) {
@@ -133,6 +143,7 @@ RankReport RunRank(const RankOptions& options, const Communicator& comm) {
   handle_options.schedule = *schedule;
   handle_options.fanout = options.fanout == "engine" ? Fanout::kEngine : Fanout::kAuto;
   handle_options.setup_timeout = options.timeout;
+  handle_options.delta = options.delta;
   absl::StatusOr<RefitHandle> handle =
       RefitHandle::Create(comm, *spec, buffers.TakeLocal(), handle_options);
   if (!handle.ok()) {
@@ -141,10 +152,17 @@ RankReport RunRank(const RankOptions& options, const Communicator& comm) {
 
   for (int i = 0; i < options.iters; ++i) {
     const uint64_t epoch = static_cast<uint64_t>(i) + 1;
+    const bool sparse = options.change_fraction >= 0 && epoch > 1;
     for (const LocalTile& tile : *sources) {
-      patterns.Fill(tile, epoch, buffers.Get(Side::kSource, tile.buffer).data);
+      void* base = buffers.Get(Side::kSource, tile.buffer).data;
+      if (sparse) {
+        patterns.Change(tile, epoch, options.change_fraction, base);
+      } else {
+        patterns.Fill(tile, epoch, base);
+      }
     }
-    buffers.PoisonDestinations();
+    // Delta refits build on what the destinations hold: poisoned only before the first one.
+    if (!options.delta || i == 0) buffers.PoisonDestinations();
     // Measurement barrier (not part of a refit): without it a source starts its clock while
     // destinations still verify the previous refit. It keeps the handle progressing, so a peer
     // lost meanwhile fails this rank at once.
@@ -173,6 +191,12 @@ RankReport RunRank(const RankOptions& options, const Communicator& comm) {
     report.quantize_buffer_bytes = s.quantize_buffer_bytes;
     report.fanout_hidden_fraction = s.fanout_hidden_fraction;
     report.fanout_domain_hidden_fraction = s.fanout_domain_hidden_fraction;
+    report.delta_pieces = s.delta_pieces;
+    report.delta_full_pieces =
+        s.delta_full_no_base + s.delta_full_receiver_version + s.delta_full_not_smaller;
+    report.delta_stream_bytes = s.delta_stream_bytes;
+    report.delta_plain_bytes = s.delta_plain_bytes;
+    report.delta_shadow_bytes = s.delta_shadow_bytes;
     if (i == 0) {
       report.registrations_first = s.registrations_total;
       report.transports = s.transports;
@@ -186,7 +210,10 @@ RankReport RunRank(const RankOptions& options, const Communicator& comm) {
       return fail(st, false);
     }
     for (const LocalTile& tile : *destinations) {
-      status = patterns.Verify(tile, epoch, me, buffers.Get(Side::kDestination, tile.buffer).data);
+      const void* base = buffers.Get(Side::kDestination, tile.buffer).data;
+      status = options.change_fraction >= 0
+                   ? patterns.VerifyChanged(tile, epoch, options.change_fraction, me, base)
+                   : patterns.Verify(tile, epoch, me, base);
       if (!status.ok()) {
         return fail(absl::DataLossError(absl::StrCat("refit ", epoch, ": ", status.message())),
                     false);
@@ -216,8 +243,11 @@ std::string RankReportJson(const RankReport& r) {
       absl::StrFormat("%.3f", r.fanout_domain_hidden_fraction),
       ",\"quantize_ms\":", absl::StrFormat("%.3f", r.quantize_ms),
       ",\"amax_exchange_ms\":", absl::StrFormat("%.3f", r.amax_exchange_ms),
-      ",\"quantize_buffer_bytes\":", r.quantize_buffer_bytes, ",\"error\":", JsonQuote(r.error),
-      "}");
+      ",\"quantize_buffer_bytes\":", r.quantize_buffer_bytes,
+      ",\"delta_pieces\":", r.delta_pieces, ",\"delta_full_pieces\":", r.delta_full_pieces,
+      ",\"delta_stream_bytes\":", r.delta_stream_bytes,
+      ",\"delta_plain_bytes\":", r.delta_plain_bytes,
+      ",\"delta_shadow_bytes\":", r.delta_shadow_bytes, ",\"error\":", JsonQuote(r.error), "}");
 }
 
 }  // namespace reshard::cli

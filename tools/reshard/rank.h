@@ -7,7 +7,11 @@
 // iteration i fills its source tiles with the pattern of epoch i + 1 (tile_fill.h), poisons its
 // destination buffers, lines the ranks up with RefitHandle::Barrier (so a source's clock does
 // not include waiting for destinations still verifying the previous refit), runs one refit,
-// records its time and verifies every destination tile.
+// records its time and verifies every destination tile. With `delta` the handle runs delta
+// refits (docs/delta.md) and destinations are poisoned only before the first refit (they must
+// keep the last refit's values); with `change_fraction` >= 0 each refit after the first changes
+// that fraction of the source elements (TilePatterns::Change) instead of all of them, and
+// destinations are checked against exactly those values.
 #pragma once
 
 #include <cstdint>
@@ -27,6 +31,8 @@ struct RankOptions {
   std::string fanout = "auto";     // auto (fan-out layer) | engine (engine puts)
   std::string handle_name = "rank";
   absl::Duration timeout = absl::Milliseconds(30000);  // Every wait (RESHARD_TIMEOUT_MS).
+  bool delta = false;
+  double change_fraction = -1;  // < 0: every element changes every refit.
 };
 
 struct RankReport {
@@ -52,6 +58,10 @@ struct RankReport {
   double quantize_ms = 0;              // Last refit: quantizing this rank's sources.
   double amax_exchange_ms = 0;         // Last refit: the amax exchange, start to end.
   int64_t quantize_buffer_bytes = 0;   // Host memory held for quantizing.
+  // Delta refits, the last refit: pieces sent as deltas and as plain pieces, the bytes sent for
+  // them and their plain bytes, the shadow this rank keeps.
+  int64_t delta_pieces = 0, delta_full_pieces = 0;
+  int64_t delta_stream_bytes = 0, delta_plain_bytes = 0, delta_shadow_bytes = 0;
   std::string error;
 };
 
@@ -68,7 +78,9 @@ RankReport RunRank(const RankOptions& options, const Communicator& comm);
 //  "registrations_first":N,
 //  "registrations_after_first":N,"transports":"...","fanout":"host","bytes_fanout_sent":B,
 //  "fanout_busy_ms":T,"fanout_hidden_fraction":F,"fanout_domain_hidden_fraction":F,
-//  "quantize_ms":T,"amax_exchange_ms":T,"quantize_buffer_bytes":B,"error":"..."}
+//  "quantize_ms":T,"amax_exchange_ms":T,"quantize_buffer_bytes":B,
+//  "delta_pieces":N,"delta_full_pieces":N,"delta_stream_bytes":B,"delta_plain_bytes":B,
+//  "delta_shadow_bytes":B,"error":"..."}
 std::string RankReportJson(const RankReport& report);
 
 }  // namespace reshard::cli

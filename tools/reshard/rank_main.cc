@@ -1,7 +1,7 @@
 // reshard-rank: one process of a multi-process refit, started by `reshard run` / the launcher.
 //
 //   reshard-rank SPEC.json --iters N [--plan-mode ours|naive|gather_broadcast]
-//                [--fanout auto|engine]
+//                [--fanout auto|engine] [--delta] [--change-fraction F]
 //
 // Environment: RESHARD_RANK, RESHARD_WORLD_SIZE, RESHARD_STORE=host:port, RESHARD_STORE_TOKEN,
 // RESHARD_TIMEOUT_MS (default 30000), RESHARD_EMULATED_NIC_RATE (informational), UCX_TLS and
@@ -63,14 +63,14 @@ int main(int argc, char** argv) {
     if (std::string(argv[i]) == "--help" || std::string(argv[i]) == "-h") {
       std::printf(
           "usage: reshard-rank SPEC.json --iters N [--plan-mode ours|naive|gather_broadcast]\n"
-          "                    [--fanout auto|engine]\n"
+          "                    [--fanout auto|engine] [--delta] [--change-fraction F]\n"
           "One rank of a refit run; normally started by `reshard run`. Reads RESHARD_RANK,\n"
           "RESHARD_WORLD_SIZE, RESHARD_STORE, RESHARD_STORE_TOKEN, RESHARD_TIMEOUT_MS.\n");
       return reshard::cli::kExitOk;
     }
   }
-  absl::StatusOr<reshard::cli::Args> args =
-      reshard::cli::Args::Parse(argc - 1, argv + 1, {}, {"iters", "plan-mode", "fanout"});
+  absl::StatusOr<reshard::cli::Args> args = reshard::cli::Args::Parse(
+      argc - 1, argv + 1, {"delta"}, {"iters", "plan-mode", "fanout", "change-fraction"});
   if (!args.ok()) return usage(std::string(args.status().message()));
   if (args->positional().size() != 1) return usage("expected exactly one SPEC.json argument");
 
@@ -82,6 +82,13 @@ int main(int argc, char** argv) {
   options.iters = static_cast<int>(*iters);
   options.plan_mode = args->Get("plan-mode").value_or("ours");
   options.fanout = args->Get("fanout").value_or("auto");
+  options.delta = args->Has("delta");
+  absl::StatusOr<double> fraction = args->GetDouble("change-fraction", -1);
+  if (!fraction.ok()) return usage(std::string(fraction.status().message()));
+  if (args->Get("change-fraction") && !(*fraction >= 0 && *fraction <= 1)) {
+    return usage("--change-fraction must be between 0 and 1");
+  }
+  options.change_fraction = *fraction;
 
   // Checked here too so a bad variable is a usage error (exit 2) with this program's wording.
   int64_t rank = 0, world = 0, timeout_ms = 0;

@@ -149,6 +149,43 @@ TilePatterns::TilePatterns(const RefitSpec& spec, const RefitSpec* values_of)
   }
 }
 
+uint8_t ChangeXor(uint64_t epoch, uint64_t tensor, int64_t index, double fraction) {
+  const uint64_t h = PatternValue(epoch ^ 0x7fffull, tensor ^ 0xa5ull, index);
+  const double u = static_cast<double>(h >> 11) * 0x1.0p-53;  // Uniform in [0, 1).
+  return u < fraction ? static_cast<uint8_t>(1 + (h & 0xff) % 15) : 0;
+}
+
+void TilePatterns::Change(const LocalTile& tile, uint64_t epoch, double fraction,
+                          void* base) const {
+  const uint64_t tensor = Of(tile.tensor).number;
+  auto* bytes = static_cast<uint8_t*>(base);
+  const int eb = DTypeSize(tile.dtype);
+  ForEachElement(tile, [&](int64_t off, int64_t g) {
+    bytes[off * eb] ^= ChangeXor(epoch, tensor, g, fraction);
+  });
+}
+
+absl::Status TilePatterns::VerifyChanged(const LocalTile& tile, uint64_t epoch, double fraction,
+                                         int rank, const void* base) const {
+  const uint64_t tensor = Of(tile.tensor).number;
+  const auto* bytes = static_cast<const uint8_t*>(base);
+  const int eb = DTypeSize(tile.dtype);
+  int64_t bad = -1;
+  ForEachElement(tile, [&](int64_t off, int64_t g) {
+    if (bad >= 0) return;
+    uint64_t v = PatternValue(1, tensor, g);
+    uint8_t low = static_cast<uint8_t>(v);
+    for (uint64_t e = 2; e <= epoch; ++e) low ^= ChangeXor(e, tensor, g, fraction);
+    v = (v & ~uint64_t{0xff}) | low;
+    if (std::memcmp(bytes + off * eb, &v, static_cast<size_t>(eb)) != 0) bad = g;
+  });
+  if (bad < 0) return absl::OkStatus();
+  return absl::DataLossError(absl::StrCat(
+      "tensor \"", tile.tensor, "\" on rank ", rank, ": element ", bad,
+      " (flat index) does not hold epoch ", epoch, "'s value under changes of fraction ", fraction,
+      " (tile [", absl::StrJoin(tile.lo, ","), "] to [", absl::StrJoin(tile.hi, ","), "))"));
+}
+
 const TilePatterns::Tensor& TilePatterns::Of(const std::string& name) const {
   return by_name_.at(name);
 }

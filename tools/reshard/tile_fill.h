@@ -27,6 +27,12 @@ void PoisonTile(const LocalTile& tile, void* base);
 [[nodiscard]] absl::Status VerifyTile(const LocalTile& tile, uint64_t tensor, uint64_t epoch,
                                       int rank, const void* base);
 
+// Sparse changes (`--change-fraction F`, docs/delta.md): epoch 1 holds PatternValue(1, ...);
+// each later epoch e changes element `index` with probability F (a hash of e, tensor and index,
+// so changes scatter over every tensor) by XOR-ing 1..15 into its lowest byte: 1 to 15 ulp of a
+// little-endian float's mantissa, never a no-op. ChangeXor is 0 for an element e leaves alone.
+uint8_t ChangeXor(uint64_t epoch, uint64_t tensor, int64_t index, double fraction);
+
 // Fill and check for every tile of a spec, quantized destinations included
 // (docs/quantization.md): the sources of a tensor whose destination is quantized get real numbers
 // of their dtype (mostly 2^-6 to 2^6, with rare zeros, subnormals, NaN, Inf and huge values)
@@ -48,6 +54,12 @@ class TilePatterns {
   // (a tensor's, or its scales') does not hold what epoch `epoch`'s sources give.
   [[nodiscard]] absl::Status Verify(const LocalTile& tile, uint64_t epoch, int rank,
                                     const void* base) const;
+  // Sparse changes (ChangeXor): applies epoch `epoch`'s changes (>= 2) to source tile `tile`,
+  // which holds epoch - 1's values; and checks a destination tile against epoch `epoch`'s
+  // values (recomputing the changes of every epoch 2..epoch). Not for quantized tensors.
+  void Change(const LocalTile& tile, uint64_t epoch, double fraction, void* base) const;
+  [[nodiscard]] absl::Status VerifyChanged(const LocalTile& tile, uint64_t epoch, double fraction,
+                                           int rank, const void* base) const;
 
  private:
   struct Tensor {

@@ -146,6 +146,14 @@ struct HandleOptions {
   // Accept buffers larger than required (otherwise the exact size is demanded, which catches
   // passing a full tensor where a shard belongs).
   bool allow_larger_buffers = false;
+  // Delta refits (docs/delta.md): each source keeps a host shadow of every network piece it
+  // sends and sends only an encoding of the elements that changed since, whenever the receiver
+  // holds exactly that version; the first refit, a refit after a failure or Reset(), and a
+  // receiver that missed an epoch get the plain pieces automatically. Between refits the
+  // destination buffers must keep the values the last refit wrote (Reset() every rank before
+  // changing them). Host destination buffers only (FailedPrecondition otherwise). Every rank
+  // must agree.
+  bool delta = false;
 };
 
 // Figures of the last refit on this rank.
@@ -200,6 +208,18 @@ struct Stats {
   double quantize_seconds = 0;
   double amax_exchange_seconds = 0;
   int64_t quantize_buffer_bytes = 0;
+  // Delta refits (HandleOptions::delta), as sender: network pieces sent as deltas, and as plain
+  // pieces by reason (no base version: first refit, or after a failure or Reset(); the receiver
+  // holds another version; the delta was not smaller); the bytes of what was sent (part of
+  // bytes_network_sent) against the plain pieces' bytes; the host shadow this rank keeps.
+  int64_t delta_pieces = 0;
+  int64_t delta_full_no_base = 0;
+  int64_t delta_full_receiver_version = 0;
+  int64_t delta_full_not_smaller = 0;
+  int64_t delta_stream_bytes = 0;
+  int64_t delta_plain_bytes = 0;
+  int64_t delta_shadow_bytes = 0;
+  int64_t deltas_applied = 0;  // As receiver: pieces applied as deltas.
 };
 
 class RefitHandle {

@@ -15,6 +15,7 @@
 #ifndef RESHARD_RESHARD_C_H_
 #define RESHARD_RESHARD_C_H_
 
+#include <stddef.h>
 #include <stdint.h>
 
 #ifdef __cplusplus
@@ -100,6 +101,15 @@ typedef struct reshard_stats {
   double quantize_seconds;
   double amax_exchange_seconds;
   int64_t quantize_buffer_bytes;
+  /* Delta refits (reshard_handle_options_t.delta; reshard::Stats has the details): pieces sent
+   * as deltas, as plain pieces (any reason), the bytes sent for them against their plain
+   * bytes, the host shadow kept, deltas applied here. */
+  int64_t delta_pieces;
+  int64_t delta_full_pieces;
+  int64_t delta_stream_bytes;
+  int64_t delta_plain_bytes;
+  int64_t delta_shadow_bytes;
+  int64_t deltas_applied;
 } reshard_stats_t;
 
 /* The message of the last failing call on this thread ("" when none). Valid until the next
@@ -275,6 +285,22 @@ reshard_status_t reshard_handle_create_with_timeout(reshard_comm_t* comm,
 reshard_status_t reshard_handle_abandon(reshard_comm_t* comm, const reshard_spec_t* spec,
                                         const char* name, reshard_status_t code,
                                         const char* message);
+/* Every option of a handle (reshard::HandleOptions). Fields are only ever appended; zero a new
+ * struct (memset) before setting the fields you use, and pass its size. */
+typedef struct reshard_handle_options {
+  const char* name;         /* NULL or "": default naming */
+  int32_t schedule;         /* reshard_schedule_t */
+  int64_t setup_timeout_ms; /* <= 0: 60 s */
+  int32_t delta;            /* nonzero: delta refits (docs/delta.md) */
+} reshard_handle_options_t;
+/* reshard_handle_create with options; `options_size` is sizeof(reshard_handle_options_t) as
+ * the caller compiled it (fields beyond it take their defaults). */
+reshard_status_t reshard_handle_create_with_options(reshard_comm_t* comm,
+                                                    const reshard_spec_t* spec,
+                                                    const reshard_buffer_t* buffers,
+                                                    int32_t num_buffers,
+                                                    const reshard_handle_options_t* options,
+                                                    size_t options_size, reshard_handle_t** out);
 void reshard_handle_reset(reshard_handle_t* handle);
 reshard_status_t reshard_handle_stats(const reshard_handle_t* handle, reshard_stats_t* out);
 void reshard_handle_destroy(reshard_handle_t* handle);
