@@ -23,7 +23,7 @@ TRAINERS = [0, 1]
 INFERENCE = [2, 3]
 
 
-def build_spec(one_domain=True):
+def build_spec(one_domain=True, big=False):
     spec = reshard.RefitSpec()
     train = reshard.Mesh(TRAINERS)
     infer = reshard.Mesh(INFERENCE)
@@ -36,18 +36,27 @@ def build_spec(one_domain=True):
                     reshard.Layout(infer, [reshard.Shard(0)]).in_buffer("qkv", 16, [4, 1]))
     spec.add_tensor("v", torch.bfloat16, (4, 4), reshard.Layout(train, [reshard.Shard(1)]),
                     reshard.Layout(infer, [reshard.Shard(0)]).in_buffer("qkv", 24, [4, 1]))
+    if big:  # pieces of 64 KiB, where a delta of a few changed elements is far smaller
+        spec.add_tensor("big", "fp32", [64, 512], reshard.Layout(train, [reshard.Shard(0)]),
+                        reshard.Layout(infer, [reshard.Shard(1)]))
     if one_domain:  # else every rank is a domain of its own: every piece takes the network path
         spec.set_domains([[0, 1, 2, 3]])
     return spec
 
 
-def full_value(spec_tensor, step):
-    """The tensor's values at `step`: small integers, exact in bf16."""
+def full_value(spec_tensor, step, sparse=False):
+    """The tensor's values at `step`: small integers, exact in bf16. `sparse`: only every tenth
+    element differs from step 0's values (a different tenth each step), as RL updates leave most
+    weights unchanged."""
     n = 1
     for s in spec_tensor.shape:
         n *= s
     salt = sum(map(ord, spec_tensor.name))
-    values = (torch.arange(n, dtype=torch.int64) * 7 + step * 13 + salt) % 251
+    index = torch.arange(n, dtype=torch.int64)
+    if sparse:
+        values = (index * 7 + salt + (index % 10 == step % 10) * (step * 13 + 1)) % 251
+    else:
+        values = (index * 7 + step * 13 + salt) % 251
     return values.reshape(spec_tensor.shape)
 
 
@@ -77,7 +86,9 @@ def main():
     a = p.parse_args()
     # hostbuffer: the network path (sm puts between domains), where a destination in a HostBuffer
     # is written with memcpy through the sender's mapping of it.
-    spec = build_spec(one_domain=a.case != "hostbuffer")
+    # delta: sparse changes between refits, sent as deltas (HandleOptions::delta, docs/delta.md).
+    delta = a.case == "delta"
+    spec = build_spec(one_domain=a.case not in ("hostbuffer", "delta"), big=delta)
     if a.case == "bad_buffers":
         # Refused before any rendezvous: no store is needed (and none is served, so no rank
         # waits for a rank 0 that already left).
@@ -113,7 +124,7 @@ def main():
             buffers["w"] = flat["w"].reshape(-1, 2)[:, 0]
     kwargs = {"sources": buffers} if side == reshard.Side.source else {"destinations": buffers}
     try:
-        handle = reshard.RefitHandle(comm, spec, setup_timeout=60, **kwargs)
+        handle = reshard.RefitHandle(comm, spec, setup_timeout=60, delta=delta, **kwargs)
     except reshard.errors.InvalidArgumentError as e:
         print("InvalidArgumentError:", e)
         return 3
@@ -124,7 +135,7 @@ def main():
     for step in range(a.steps):
         if side == reshard.Side.source:
             for tile in tiles:
-                full = full_value(tensors[tile.tensor], step)
+                full = full_value(tensors[tile.tensor], step, sparse=delta)
                 region = full[tuple(slice(lo, hi) for lo, hi in zip(tile.lo, tile.hi))]
                 tile_view(flat[tile.buffer], tile).copy_(region)
         if a.case == "thread" and side == reshard.Side.source:
@@ -159,7 +170,7 @@ def main():
             handle.wait(timeout=60)
         if side == reshard.Side.destination:
             for tile in tiles:
-                full = full_value(tensors[tile.tensor], step)
+                full = full_value(tensors[tile.tensor], step, sparse=delta)
                 want = full[tuple(slice(lo, hi) for lo, hi in zip(tile.lo, tile.hi))]
                 got = tile_view(flat[tile.buffer], tile)
                 if not torch.equal(got.to(torch.int64), want):
@@ -173,6 +184,13 @@ def main():
         assert stats.pieces_received == stats.pieces_expected
         if step > 0:
             assert stats.registrations_this_refit == 0
+        if delta and step > 0:  # every receiver holds the last refit: deltas, much smaller
+            if side == reshard.Side.source:
+                assert stats.delta_pieces > 0, "rank %d sent no delta" % a.rank
+                assert stats.delta_stream_bytes * 2 < stats.delta_plain_bytes, (
+                    stats.delta_stream_bytes, stats.delta_plain_bytes)
+            else:
+                assert stats.deltas_applied > 0, "rank %d applied no delta" % a.rank
     print("rank %d: %d refits verified, epoch %d, last %.3f ms" %
           (a.rank, a.steps, handle.epoch, handle.stats.total_seconds * 1e3))
     handle.close()

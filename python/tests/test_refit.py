@@ -20,6 +20,12 @@ def test_ten_refits_byte_exact(env):
     check_all(run("refit", env=env))
 
 
+def test_delta_refits_send_only_the_changes():
+    # RefitHandle(..., delta=True): every refit after the first sends each network piece as a
+    # delta of its last version (one element in ten changes), byte-exact on every destination.
+    check_all(run("delta", steps=6))
+
+
 def test_host_buffer_destinations_take_one_copy():
     check_all(run("hostbuffer", steps=3))
 
