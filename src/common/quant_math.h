@@ -81,7 +81,7 @@ RESHARD_HD inline float MulRn(float x, float y) {
 // `r`, the result of an fp32 operation on operands whose sign bits XOR to `sign`, or when `r`
 // is NaN the quiet NaN with that sign (the sign rule of a product or quotient). Which NaN an
 // operation returns is not the same everywhere (x86 returns a NaN operand, its first one when
-// both are NaN, whichever order a vectorised loop put them in, and a negative NaN for Inf x 0;
+// both are NaN, in whichever order the compiler put them, and a negative NaN for Inf x 0;
 // a GPU may return one canonical NaN), and the FP8 encoders keep a NaN's sign, so the sign of
 // every NaN result is written out. Branch-free (a compare and a select).
 RESHARD_HD inline float NanWithSign(float r, uint32_t sign) {
