@@ -6,9 +6,11 @@
 //
 // GB/s is the bf16 source's bytes / median time of the three kernels (cudaEvent), the same
 // convention as the memcpy column; the "to host" column also counts DeviceQuantizer::Quantize's
-// copy of the FP8 bytes and scales to pageable host memory (what a refit pays today). One table
-// on stdout. Exit status: 0 after printing the table, 1 on a CUDA or kernel error, 3 when there is
-// no usable CUDA device. It prints figures and never fails on speed.
+// copy of the FP8 bytes and scales to pageable host memory (what a refit pays today). The last
+// row requantizes an FP8 source (e4m3 with 128 x 128 fp32 source scales, dequantized as the
+// kernels read it) into MX e5m2; its GB/s counts the FP8 source's bytes (one per element). One
+// table on stdout. Exit status: 0 after printing the table, 1 on a CUDA or kernel error, 3 when
+// there is no usable CUDA device. It prints figures and never fails on speed.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -124,14 +126,32 @@ int main(int argc, char** argv) {
     const char* name;
     int64_t block_rows, block_cols;
     bool mx;
+    bool fp8_source;  // e4m3 with 128 x 128 fp32 scales (all 1), into e5m2.
   };
-  const Scheme schemes[] = {{"block 128x128 e4m3", 128, 128, false},
-                            {"mx 1x32 e4m3", 1, 32, true},
-                            {"channel e4m3", 1, cols, false},
-                            {"tensor e4m3", rows, cols, false}};
+  const Scheme schemes[] = {{"block 128x128 e4m3", 128, 128, false, false},
+                            {"mx 1x32 e4m3", 1, 32, true, false},
+                            {"channel e4m3", 1, cols, false, false},
+                            {"tensor e4m3", rows, cols, false, false},
+                            {"fp8 128x128 -> mx e5m2", 1, 32, true, true}};
+  // The FP8 source's scales: the first `elements` bytes of `src` are its elements.
+  const int64_t fp8_block_cols = (cols + 127) / 128;
+  const std::vector<float> ones(static_cast<size_t>((rows + 127) / 128 * fp8_block_cols), 1.0f);
+  void* fp8_scales = nullptr;
+  if (!Check(cudaMalloc(&fp8_scales, ones.size() * 4), "cudaMalloc") ||
+      !Check(cudaMemcpy(fp8_scales, ones.data(), ones.size() * 4, cudaMemcpyHostToDevice),
+             "cudaMemcpy")) {
+    return 1;
+  }
   for (const Scheme& sc : schemes) {
     reshard::cuda::QuantShape s;
-    s.source = reshard::cuda::QuantSource::kBf16;
+    s.source = sc.fp8_source ? reshard::cuda::QuantSource::kFp8E4M3
+                             : reshard::cuda::QuantSource::kBf16;
+    s.e5m2 = sc.fp8_source;
+    s.fp8_block[0] = s.fp8_block[1] = 128;
+    s.fp8_scale_stride[0] = fp8_block_cols;
+    s.fp8_scale_stride[1] = 1;
+    const auto* src_scales = sc.fp8_source ? static_cast<const uint8_t*>(fp8_scales) : nullptr;
+    const size_t read_bytes = sc.fp8_source ? static_cast<size_t>(elements) : src_bytes;
     s.ndim = 2;
     s.mx = sc.mx;
     s.extent[0] = rows;
@@ -153,12 +173,12 @@ int main(int argc, char** argv) {
       namespace in = reshard::cuda::internal;
       return Check(cudaMemsetAsync(amax, 0, static_cast<size_t>(s.num_blocks) * 4, stream),
                    "cudaMemsetAsync") &&
-             in::LaunchQuantAmax(s, static_cast<const uint8_t*>(src), static_cast<uint32_t*>(amax),
-                                 max_blocks, stream) == 0 &&
+             in::LaunchQuantAmax(s, static_cast<const uint8_t*>(src), src_scales,
+                                 static_cast<uint32_t*>(amax), max_blocks, stream) == 0 &&
              in::LaunchQuantScales(s, static_cast<const uint32_t*>(amax),
                                    static_cast<uint8_t*>(scales), static_cast<float*>(factors),
                                    stream) == 0 &&
-             in::LaunchQuantize(s, static_cast<const uint8_t*>(src),
+             in::LaunchQuantize(s, static_cast<const uint8_t*>(src), src_scales,
                                 static_cast<const float*>(factors), static_cast<uint8_t*>(out),
                                 max_blocks, stream) == 0;
     });
@@ -174,12 +194,14 @@ int main(int argc, char** argv) {
     std::vector<double> host_ms;
     for (int i = 0; i < iters + 2; ++i) {
       const auto t0 = std::chrono::steady_clock::now();
-      if (!(*q)->Quantize(src, host_out.data(), host_scales.data()).ok()) return 1;
+      if (!(*q)->Quantize(src, host_out.data(), host_scales.data(), nullptr, src_scales).ok()) {
+        return 1;
+      }
       const auto t1 = std::chrono::steady_clock::now();
       if (i >= 2) host_ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
     }
-    std::printf("%-22s %8.3f ms %10.1f %12.1f %9.2fx\n", sc.name, ms, src_bytes / ms / 1e6,
-                src_bytes / Median(host_ms) / 1e6, memcpy_ms / ms);
+    std::printf("%-22s %8.3f ms %10.1f %12.1f %9.2fx\n", sc.name, ms, read_bytes / ms / 1e6,
+                read_bytes / Median(host_ms) / 1e6, memcpy_ms / ms);
     cudaFree(out);
     cudaFree(scales);
     cudaFree(amax);
@@ -187,5 +209,6 @@ int main(int argc, char** argv) {
   }
   cudaFree(src);
   cudaFree(copy);
+  cudaFree(fp8_scales);
   return 0;
 }

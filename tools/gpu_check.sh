@@ -5,7 +5,8 @@
 # bit), `reshard`, bench/pack_bench and bench/quant_bench, prints `reshard info`, runs
 # `ctest -L gpu`, then prints the pack/unpack kernels' GB/s against device-to-device cudaMemcpy
 # (runs of 4 B .. 64 KiB) as one table and the quantization kernels' GB/s per scheme (8192 x 8192
-# bf16) as another. CUDA IPC between processes on one GPU runs; NCCL tests that need two GPUs skip.
+# bf16, and an FP8 source requantized: 128 x 128 e4m3 into MX e5m2) as another. CUDA IPC between
+# processes on one GPU runs; NCCL tests that need two GPUs skip.
 #
 #   tools/gpu_check.sh [BUILD_DIR]     (default: build-gpu; CUDA found under /usr/local/cuda or
 #                                       CUDAToolkit_ROOT; UCX_ROOT=<prefix> builds against that

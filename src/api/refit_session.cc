@@ -1,10 +1,12 @@
 #include "src/api/refit_session.h"
 
 #include <algorithm>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "src/api/quant_shape.h"
 #include "src/common/idle.h"
 #include "src/common/log.h"
 #include "src/common/status.h"
@@ -169,42 +171,33 @@ absl::Status RefitSession::PrepareQuantization(const std::vector<common::BufferV
     job.tile = grid.CellBox(*cell);
     job.user = static_cast<const uint8_t*>(user.data);
     if (const uint32_t b = p.quantized_source_scale_buffer(q); b != plan::Plan::kNoBuffer) {
-      if (buffers[b].kind != common::MemoryKind::kHost) {
+      // Dequantized where the elements are: on the host, or by the CUDA kernels.
+      if (buffers[b].kind != user.kind) {
         return absl::UnimplementedError(absl::StrFormat(
-            "tensor %s on rank %d: its FP8 source is requantized, and its source scales are in "
-            "GPU memory; dequantizing on the GPU is not implemented: give them in host memory",
-            json::QuoteForMessage(t.name), rank_));
+            "tensor %s on rank %d: its FP8 source is requantized, and its elements are in %s "
+            "memory but its source scales in %s memory; give both in the same kind of memory",
+            json::QuoteForMessage(t.name), rank_, common::MemoryKindName(user.kind),
+            common::MemoryKindName(buffers[b].kind)));
       }
       job.user_scales = static_cast<const uint8_t*>(buffers[b].data);
-      dequantized_.resize(std::max(dequantized_.size(),
-                                   static_cast<size_t>(plan::DequantizedElements(qs, job.tile))));
+      if (user.kind == common::MemoryKind::kHost) {
+        dequantized_.resize(std::max(
+            dequantized_.size(), static_cast<size_t>(plan::DequantizedElements(qs, job.tile))));
+      }
     }
     job.elements = static_cast<uint8_t*>(buffers[p.buffer_of(qs.tensor, plan::Side::kSrc)].data);
     job.scales = static_cast<uint8_t*>(buffers[p.buffer_of(qs.scale_tensor, plan::Side::kSrc)].data);
     if (user.kind != common::MemoryKind::kHost && !job.tile.empty()) {
-      // A source in GPU memory: the CUDA kernels quantize it into the internal host buffers.
-      if (qs.requantized()) {
-        return absl::UnimplementedError(absl::StrFormat(
-            "tensor %s on rank %d: its FP8 source is in GPU memory and its destination's scheme "
-            "differs, and dequantizing on the GPU is not implemented; give the source in host "
-            "memory, or the destination the source's format, scheme and block",
-            json::QuoteForMessage(t.name), rank_));
-      }
+      // A source in GPU memory: the CUDA kernels quantize it into the internal host buffers (a
+      // requantized FP8 source dequantized with its own scales as the kernels read it).
       const plan::QuantTile qt = plan::SourceQuantTile(spec, q, job.tile, job.user, job.elements,
                                                        job.scales);
-      cuda::QuantShape shape;
-      shape.source = qt.src_dtype == plan::DType::kBf16   ? cuda::QuantSource::kBf16
-                     : qt.src_dtype == plan::DType::kFp16 ? cuda::QuantSource::kFp16
-                                                          : cuda::QuantSource::kFp32;
-      shape.ndim = qt.ndim;
-      shape.mx = qt.arith == plan::QuantArith::kMx;
-      shape.e5m2 = qt.format == quant::Fp8Format::kE5M2;
-      for (int d = 0; d < qt.ndim; ++d) {
-        shape.extent[d] = qt.extent[d];
-        shape.src_stride[d] = qt.src_strides[d];
-        shape.block[d] = qt.block[d];
+      std::optional<plan::DequantSource> fp8;
+      if (qs.requantized()) {
+        fp8 = plan::DequantSourceOf(qs, job.tile, job.user_scales);
+        job.device_src_scales = fp8->scales;
       }
-      cuda::FinishQuantShape(shape);
+      const cuda::QuantShape shape = QuantShapeOf(qt, fp8 ? &*fp8 : nullptr);
       absl::StatusOr<std::unique_ptr<cuda::DeviceQuantizer>> device =
           cuda::DeviceQuantizer::Create(shape);
       if (!device.ok()) {
@@ -250,8 +243,8 @@ absl::Status RefitSession::QuantizeJobTile(const QuantizeJob& job, const float* 
                              job.scales, amax, job.user_scales, dequantized_.data());
     return absl::OkStatus();
   }
-  const absl::Status st =
-      job.device->Quantize(job.device_src, job.device_out, job.device_scales, amax);
+  const absl::Status st = job.device->Quantize(job.device_src, job.device_out,
+                                               job.device_scales, amax, job.device_src_scales);
   if (st.ok()) return st;
   const plan::RefitSpec& spec = plan_->spec();
   const std::string& name = spec.tensors[spec.quantized_sources[job.source].tensor].name;
@@ -282,7 +275,8 @@ absl::Status RefitSession::Start(uint64_t epoch) {
       engine_->HoldSource(qs.scale_tensor);
       next_held_ = std::min(next_held_, i);
     } else if (job.device != nullptr) {
-      RESHARD_RETURN_IF_ERROR(job.device->Amax(job.device_src, job.partial));
+      RESHARD_RETURN_IF_ERROR(
+          job.device->Amax(job.device_src, job.partial, job.device_src_scales));
     } else {
       plan::PartialAmaxTile(plan_->spec(), job.source, job.tile, job.user, job.partial,
                             job.user_scales, dequantized_.data());

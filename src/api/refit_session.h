@@ -111,9 +111,11 @@ class RefitSession {
     const uint8_t* user = nullptr;
     const uint8_t* user_scales = nullptr;  // A requantized FP8 source's scales, else null.
     // A non-empty tile in GPU memory: the CUDA kernels quantize it (cuda::DeviceQuantizer) from
-    // `device_src` into the internal host buffers at `device_out` and `device_scales`.
+    // `device_src` into the internal host buffers at `device_out` and `device_scales`; a
+    // requantized FP8 source's scales from `device_src_scales` (GPU memory too).
     std::unique_ptr<cuda::DeviceQuantizer> device;
     const void* device_src = nullptr;
+    const void* device_src_scales = nullptr;
     uint8_t* device_out = nullptr;
     uint8_t* device_scales = nullptr;
     uint8_t* elements = nullptr;

@@ -78,6 +78,18 @@ RESHARD_HD inline float MulRn(float x, float y) {
 #endif
 }
 
+// `r`, the result of an fp32 operation on operands whose sign bits XOR to `sign`, or when `r`
+// is NaN the quiet NaN with that sign (the sign rule of a product or quotient). Which NaN an
+// operation returns is not the same everywhere (x86 returns a NaN operand, its first one when
+// both are NaN, in whichever order the compiler put them, and a negative NaN for Inf x 0;
+// a GPU may return one canonical NaN), and the FP8 encoders keep a NaN's sign, so the sign of
+// every NaN result is written out. Branch-free (a compare and a select).
+RESHARD_HD inline float NanWithSign(float r, uint32_t sign) {
+  const uint32_t bits = FloatBits(r);
+  return FloatFromBits((bits & 0x7FFFFFFFu) > 0x7F800000u ? (sign & 0x80000000u) | 0x7FC00000u
+                                                          : bits);
+}
+
 // The constants of one format, in the terms of the encoder below.
 template <Fp8Format F>
 struct Fp8Traits;
@@ -245,11 +257,13 @@ RESHARD_HD inline float DecodeFp8(uint8_t b, Fp8Format f) {
 }
 
 // Dequantization of one element with its block's scale (an fp32 scale, or MxScale of the E8M0
-// byte): DecodeFp8(q) * scale, one IEEE fp32 multiplication. FP8 sources of another scheme are
-// dequantized with this before they are quantized again.
+// byte): DecodeFp8(q) * scale, one IEEE fp32 multiplication; a NaN result (a NaN code or scale,
+// or e5m2's Inf times 0) has the sign of the code's sign XOR the scale's (NanWithSign). FP8
+// sources of another scheme are dequantized with this before they are quantized again.
 template <Fp8Format F>
 RESHARD_HD inline float DequantizeAs(uint8_t q, float scale) {
-  return internal::MulRn(DecodeFp8As<F>(q), scale);
+  const float x = DecodeFp8As<F>(q);
+  return internal::NanWithSign(internal::MulRn(x, scale), FloatBits(x) ^ FloatBits(scale));
 }
 
 RESHARD_HD inline float Dequantize(uint8_t q, float scale, Fp8Format f) {
@@ -280,11 +294,13 @@ RESHARD_HD inline float ScaleFromAmax(float amax, Fp8Format f) {
 // One element of an fp32-scale scheme: EncodeFp8(x / scale), one IEEE fp32 division.
 template <Fp8Format F>
 RESHARD_HD inline uint8_t QuantizeScaledAs(float x, float scale) {
-  return EncodeFp8As<F>(internal::DivRn(x, scale));
+  return EncodeFp8As<F>(
+      internal::NanWithSign(internal::DivRn(x, scale), FloatBits(x) ^ FloatBits(scale)));
 }
 
 RESHARD_HD inline uint8_t QuantizeScaled(float x, float scale, Fp8Format f) {
-  return EncodeFp8(internal::DivRn(x, scale), f);
+  return EncodeFp8(
+      internal::NanWithSign(internal::DivRn(x, scale), FloatBits(x) ^ FloatBits(scale)), f);
 }
 
 // MX (OCP microscaling) scale of a block, as its E8M0 byte e + 127 (the scale being 2^e):
@@ -318,11 +334,13 @@ RESHARD_HD inline float MxScale(uint8_t e8m0) {
 // product is an fp32 subnormal, then rounded once more by the encoder, identically everywhere).
 template <Fp8Format F>
 RESHARD_HD inline uint8_t QuantizeMxAs(float x, float multiplier) {
-  return EncodeFp8As<F>(internal::MulRn(x, multiplier));
+  return EncodeFp8As<F>(
+      internal::NanWithSign(internal::MulRn(x, multiplier), FloatBits(x) ^ FloatBits(multiplier)));
 }
 
 RESHARD_HD inline uint8_t QuantizeMx(float x, uint8_t e8m0, Fp8Format f) {
-  return EncodeFp8(internal::MulRn(x, MxMultiplier(e8m0)), f);
+  const float m = MxMultiplier(e8m0);
+  return EncodeFp8(internal::NanWithSign(internal::MulRn(x, m), FloatBits(x) ^ FloatBits(m)), f);
 }
 
 }  // namespace reshard::quant

@@ -3,7 +3,9 @@
 // a tile lives in the source and which block it belongs to, its value as fp32, its contribution
 // to the block's amax, the block's scale, and its FP8 byte. The arithmetic is quant_math.h's;
 // composed as the kernels compose it (tests/cuda/quant_index_test.cc), it equals
-// plan::QuantizeTile bit for bit.
+// plan::QuantizeTile bit for bit, and for an FP8 source of another scheme (requantized: each
+// element dequantized with its source block's scale as it is loaded) plan::DequantizeTile then
+// plan::QuantizeTile.
 #pragma once
 
 #include <cstdint>
@@ -16,13 +18,25 @@ namespace reshard::cuda {
 
 inline constexpr int kMaxQuantDims = 8;  // plan::kMaxTensorDims
 
-enum class QuantSource : int32_t { kBf16 = 0, kFp16 = 1, kFp32 = 2 };
+// kFp8E4M3 / kFp8E5M2: a requantized FP8 source, read with its own block scales (QuantShape's
+// fp8_* fields) as plan::DequantizeTile reads it.
+enum class QuantSource : int32_t { kBf16 = 0, kFp16 = 1, kFp32 = 2, kFp8E4M3 = 3, kFp8E5M2 = 4 };
+
+RESHARD_HD inline bool IsFp8Source(QuantSource s) {
+  return s == QuantSource::kFp8E4M3 || s == QuantSource::kFp8E5M2;
+}
 
 // One tile as plan::QuantTile describes it, without its pointers: `ndim` dims of `extent`
 // elements read at element `src_stride`s (any sign), cut into blocks of `block` (the tile's
 // origin a block origin; `blocks` = ceil(extent / block) per dim), `elements` and `num_blocks`
 // their products. FP8 bytes are written row-major over the tile, scales row-major over the blocks
 // (fp32, or E8M0 bytes when `mx`).
+//
+// An FP8 source (IsFp8Source) has blocks of its own, `fp8_block` per dim, each with one scale
+// (fp32, or E8M0 when `fp8_mx`) read at element `fp8_scale_stride`s from the scale of the tile's
+// first source block; `fp8_phase` is where the tile starts inside that block (the tile's global
+// origin modulo fp8_block: nonzero only along a dim the source holds as one block, whose tiles
+// may start anywhere). Element i of a dim then has source block (fp8_phase + i) / fp8_block.
 struct QuantShape {
   QuantSource source = QuantSource::kBf16;
   int32_t ndim = 0;
@@ -34,6 +48,10 @@ struct QuantShape {
   int64_t blocks[kMaxQuantDims] = {};
   int64_t elements = 1;
   int64_t num_blocks = 1;
+  bool fp8_mx = false;
+  int64_t fp8_block[kMaxQuantDims] = {};
+  int64_t fp8_phase[kMaxQuantDims] = {};
+  int64_t fp8_scale_stride[kMaxQuantDims] = {};
 };
 
 // Fills blocks, elements and num_blocks from ndim, extent and block.
@@ -50,18 +68,21 @@ inline void FinishQuantShape(QuantShape& s) {
 struct QuantElement {
   int64_t src_offset = 0;  // In elements from the tile's first source element.
   int64_t block = 0;       // Row-major over the tile's blocks.
+  int64_t src_scale = 0;   // An FP8 source's: its source block's scale, in scales from the first.
 };
 
 // Element `linear` (row-major over the tile's extents, also its FP8 byte's index).
 RESHARD_HD inline QuantElement LocateQuantElement(const QuantShape& s, int64_t linear) {
   QuantElement e;
   int64_t block_stride = 1;
+  const bool fp8 = IsFp8Source(s.source);
   for (int d = s.ndim - 1; d >= 0; --d) {
     const int64_t i = linear % s.extent[d];
     linear /= s.extent[d];
     e.src_offset += i * s.src_stride[d];
     e.block += (i / s.block[d]) * block_stride;
     block_stride *= s.blocks[d];
+    if (fp8) e.src_scale += ((s.fp8_phase[d] + i) / s.fp8_block[d]) * s.fp8_scale_stride[d];
   }
   return e;
 }
@@ -86,9 +107,26 @@ RESHARD_HD inline float LoadQuantSource(QuantSource source, const uint8_t* src, 
     case QuantSource::kFp16:
       return quant::HalfToFloat(LoadAligned<uint16_t>(src, offset));
     case QuantSource::kFp32:
+    case QuantSource::kFp8E4M3:  // Not through here: LoadQuantElement.
+    case QuantSource::kFp8E5M2:
       break;
   }
   return quant::FloatFromBits(LoadAligned<uint32_t>(src, offset));
+}
+
+// Element `at` of the tile as fp32: LoadQuantSource, or for an FP8 source DecodeFp8 times its
+// source block's scale (one IEEE fp32 multiplication, quant::DequantizeAs; an E8M0 scale is
+// MxScale of its byte), exactly as plan::DequantizeTile computes it. `src_scales` points at the
+// scale of the tile's first source block (fp32 scales 4-byte aligned); unused otherwise.
+RESHARD_HD inline float LoadQuantElement(const QuantShape& s, const uint8_t* src,
+                                         const uint8_t* src_scales, const QuantElement& at) {
+  if (!IsFp8Source(s.source)) return LoadQuantSource(s.source, src, at.src_offset);
+  const float scale =
+      s.fp8_mx ? quant::MxScale(src_scales[at.src_scale])
+               : quant::FloatFromBits(LoadAligned<uint32_t>(src_scales, at.src_scale));
+  return s.source == QuantSource::kFp8E4M3
+             ? quant::DequantizeAs<quant::Fp8Format::kE4M3>(src[at.src_offset], scale)
+             : quant::DequantizeAs<quant::Fp8Format::kE5M2>(src[at.src_offset], scale);
 }
 
 // The bits of |x| when x is finite, else 0: a block's amax is the largest of these (non-negative

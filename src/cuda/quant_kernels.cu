@@ -2,7 +2,9 @@
 // they compute comes from quant_index.h (host-tested); these kernels only distribute elements
 // over threads (grid-stride, neighbouring threads on neighbouring output bytes) and combine a
 // block's amax: lanes of a warp that share a block reduce together (__match_any_sync,
-// __reduce_max_sync), then one atomicMax per block and warp.
+// __reduce_max_sync), then one atomicMax per block and warp. An FP8 source of another scheme is
+// dequantized as each element is loaded (LoadQuantElement, with its source block's scale from
+// `src_scales`), so requantizing is the same two passes, reading 1 byte per element.
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
@@ -22,7 +24,7 @@ int Blocks(int64_t work, int max_blocks) {
 
 __global__ void __launch_bounds__(kThreads)
     AmaxKernel(const QuantShape shape, const uint8_t* __restrict__ src,
-               uint32_t* __restrict__ amax_bits) {
+               const uint8_t* __restrict__ src_scales, uint32_t* __restrict__ amax_bits) {
   const int lane = threadIdx.x & 31;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   // Every lane of a warp runs the same iterations (warp-aligned bases), so the warp's
@@ -34,7 +36,7 @@ __global__ void __launch_bounds__(kThreads)
     unsigned long long block = ~0ull;
     if (e < shape.elements) {
       const QuantElement at = LocateQuantElement(shape, e);
-      bits = AmaxBits(LoadQuantSource(shape.source, src, at.src_offset));
+      bits = AmaxBits(LoadQuantElement(shape, src, src_scales, at));
       block = static_cast<unsigned long long>(at.block);
     }
     const unsigned group = __match_any_sync(0xffffffffu, block);
@@ -56,22 +58,23 @@ __global__ void __launch_bounds__(kThreads)
 
 __global__ void __launch_bounds__(kThreads)
     QuantizeKernel(const QuantShape shape, const uint8_t* __restrict__ src,
-                   const float* __restrict__ factors, uint8_t* __restrict__ out) {
+                   const uint8_t* __restrict__ src_scales, const float* __restrict__ factors,
+                   uint8_t* __restrict__ out) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
        e < shape.elements; e += stride) {
     const QuantElement at = LocateQuantElement(shape, e);
-    out[e] = QuantizeElement(shape, LoadQuantSource(shape.source, src, at.src_offset),
+    out[e] = QuantizeElement(shape, LoadQuantElement(shape, src, src_scales, at),
                              factors[at.block]);
   }
 }
 
 }  // namespace
 
-int LaunchQuantAmax(const QuantShape& shape, const uint8_t* src, uint32_t* amax_bits,
-                    int max_blocks, void* stream) {
+int LaunchQuantAmax(const QuantShape& shape, const uint8_t* src, const uint8_t* src_scales,
+                    uint32_t* amax_bits, int max_blocks, void* stream) {
   AmaxKernel<<<Blocks(shape.elements, max_blocks), kThreads, 0,
-               static_cast<cudaStream_t>(stream)>>>(shape, src, amax_bits);
+               static_cast<cudaStream_t>(stream)>>>(shape, src, src_scales, amax_bits);
   return static_cast<int>(cudaGetLastError());
 }
 
@@ -83,10 +86,10 @@ int LaunchQuantScales(const QuantShape& shape, const uint32_t* amax_bits, uint8_
   return static_cast<int>(cudaGetLastError());
 }
 
-int LaunchQuantize(const QuantShape& shape, const uint8_t* src, const float* factors,
-                   uint8_t* out, int max_blocks, void* stream) {
+int LaunchQuantize(const QuantShape& shape, const uint8_t* src, const uint8_t* src_scales,
+                   const float* factors, uint8_t* out, int max_blocks, void* stream) {
   QuantizeKernel<<<Blocks(shape.elements, max_blocks), kThreads, 0,
-                   static_cast<cudaStream_t>(stream)>>>(shape, src, factors, out);
+                   static_cast<cudaStream_t>(stream)>>>(shape, src, src_scales, factors, out);
   return static_cast<int>(cudaGetLastError());
 }
 

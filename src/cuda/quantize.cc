@@ -72,7 +72,7 @@ DeviceQuantizer::~DeviceQuantizer() {
   if (stream_ != nullptr) cudaStreamDestroy(static_cast<cudaStream_t>(stream_));
 }
 
-absl::Status DeviceQuantizer::Amax(const void* src, float* amax) {
+absl::Status DeviceQuantizer::Amax(const void* src, float* amax, const void* src_scales) {
   if (shape_.elements == 0) {
     std::fill(amax, amax + shape_.num_blocks, 0.0f);
     return absl::OkStatus();
@@ -81,7 +81,8 @@ absl::Status DeviceQuantizer::Amax(const void* src, float* amax) {
   const size_t bytes = static_cast<size_t>(shape_.num_blocks) * 4;
   cudaError_t err = cudaMemsetAsync(amax_bits_, 0, bytes, stream);
   if (err != cudaSuccess) return CudaError(err, "cudaMemsetAsync(amaxes)");
-  if (int e = internal::LaunchQuantAmax(shape_, static_cast<const uint8_t*>(src), amax_bits_,
+  if (int e = internal::LaunchQuantAmax(shape_, static_cast<const uint8_t*>(src),
+                                        static_cast<const uint8_t*>(src_scales), amax_bits_,
                                         max_blocks_, stream_);
       e != 0) {
     return CudaError(e, "the amax kernel's launch");
@@ -95,10 +96,11 @@ absl::Status DeviceQuantizer::Amax(const void* src, float* amax) {
 }
 
 absl::Status DeviceQuantizer::Quantize(const void* src, uint8_t* out, uint8_t* scales,
-                                       const float* amax) {
+                                       const float* amax, const void* src_scales) {
   if (shape_.elements == 0) return absl::OkStatus();
   auto stream = static_cast<cudaStream_t>(stream_);
   const auto* source = static_cast<const uint8_t*>(src);
+  const auto* source_scales = static_cast<const uint8_t*>(src_scales);
   const size_t amax_bytes = static_cast<size_t>(shape_.num_blocks) * 4;
   cudaError_t err;
   if (amax != nullptr) {
@@ -107,7 +109,8 @@ absl::Status DeviceQuantizer::Quantize(const void* src, uint8_t* out, uint8_t* s
   } else {
     err = cudaMemsetAsync(amax_bits_, 0, amax_bytes, stream);
     if (err != cudaSuccess) return CudaError(err, "cudaMemsetAsync(amaxes)");
-    if (int e = internal::LaunchQuantAmax(shape_, source, amax_bits_, max_blocks_, stream_);
+    if (int e = internal::LaunchQuantAmax(shape_, source, source_scales, amax_bits_,
+                                          max_blocks_, stream_);
         e != 0) {
       return CudaError(e, "the amax kernel's launch");
     }
@@ -116,7 +119,8 @@ absl::Status DeviceQuantizer::Quantize(const void* src, uint8_t* out, uint8_t* s
       e != 0) {
     return CudaError(e, "the scales kernel's launch");
   }
-  if (int e = internal::LaunchQuantize(shape_, source, factors_, out_, max_blocks_, stream_);
+  if (int e = internal::LaunchQuantize(shape_, source, source_scales, factors_, out_,
+                                      max_blocks_, stream_);
       e != 0) {
     return CudaError(e, "the quantize kernel's launch");
   }
@@ -139,10 +143,11 @@ absl::StatusOr<std::unique_ptr<DeviceQuantizer>> DeviceQuantizer::Create(const Q
       "this build has no CUDA quantization kernels (no CUDA toolkit with nvcc was found)");
 }
 DeviceQuantizer::~DeviceQuantizer() = default;
-absl::Status DeviceQuantizer::Amax(const void*, float*) {
+absl::Status DeviceQuantizer::Amax(const void*, float*, const void*) {
   return absl::FailedPreconditionError("this build has no CUDA quantization kernels");
 }
-absl::Status DeviceQuantizer::Quantize(const void*, uint8_t*, uint8_t*, const float*) {
+absl::Status DeviceQuantizer::Quantize(const void*, uint8_t*, uint8_t*, const float*,
+                                       const void*) {
   return absl::FailedPreconditionError("this build has no CUDA quantization kernels");
 }
 

@@ -58,10 +58,13 @@ absl::StatusOr<std::unique_ptr<RegisteredMemory>> RegisteredMemory::Create(
   m->staging_.assign(n, nullptr);
   m->writable_.assign(n, false);
   m->regions_.resize(n);
+  const std::vector<bool> read = SourceBuffersRead(plan, rank);
   for (size_t b = 0; b < n; ++b) {
     const common::BufferView& buf = m->buffers_[b];
     m->data_[b] = static_cast<uint8_t*>(buf.data);
     if (buf.bytes == 0) continue;
+    // Nothing the engine sends reads it: no registration, and no staging copy per refit.
+    if (plan.buffers()[b].side == plan::Side::kSrc && !read[b]) continue;
     ucs_memory_type_t type = UCS_MEMORY_TYPE_HOST;
     if (buf.kind == MemoryKind::kCuda) {
       if (runtime.supports_cuda_memory()) {
@@ -143,6 +146,16 @@ absl::Status RegisteredMemory::AddRemoteKeys(rendezvous::Record* record) const {
     RESHARD_RETURN_IF_ERROR(add(landing_id(), *landing_region_, true));
   }
   return absl::OkStatus();
+}
+
+std::vector<bool> SourceBuffersRead(const plan::Plan& plan, int32_t rank) {
+  std::vector<bool> read(plan.buffers().size(), false);
+  for (const plan::Transfer& t : plan.transfers()) {
+    if (t.from_rank != rank) continue;
+    const uint32_t b = plan.buffer_of(t.tensor, t.from_side);
+    if (b < read.size()) read[b] = true;
+  }
+  return read;
 }
 
 absl::Status RegisteredMemory::StageSources(const plan::Plan& plan) const {

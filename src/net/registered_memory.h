@@ -29,7 +29,9 @@ namespace reshard::net {
 class RegisteredMemory {
  public:
   // Registers `buffers` (validated by the caller against the plan), and scratch areas of the
-  // given sizes (0: none). FailedPrecondition for CUDA memory without a usable device.
+  // given sizes (0: none). FailedPrecondition for CUDA memory without a usable device. A source
+  // buffer that no transfer of this rank reads (SourceBuffersRead: the user's source of a
+  // quantized tensor, which only the quantizer reads) is neither registered nor staged.
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<RegisteredMemory>> Create(
       const plan::Plan& plan, int32_t rank, Runtime& runtime,
       std::vector<common::BufferView> buffers, int64_t send_scratch_bytes, int64_t landing_bytes);
@@ -57,7 +59,8 @@ class RegisteredMemory {
 
   // Adds the `key.<id>` / `base.<id>` fields of this rank's writable memory to `record`.
   [[nodiscard]] absl::Status AddRemoteKeys(rendezvous::Record* record) const;
-  // Copies staged source buffers device -> host (before an epoch's first send).
+  // Copies staged source buffers device -> host (before an epoch's first send): only those a
+  // transfer reads, since no other source buffer is staged.
   [[nodiscard]] absl::Status StageSources(const plan::Plan& plan) const;
 
  private:
@@ -75,6 +78,13 @@ class RegisteredMemory {
   uint8_t* landing_data_ = nullptr;
   std::unique_ptr<ucx::MemoryRegion> landing_region_;
 };
+
+// By buffer id: whether a put, message or local copy of the plan that `rank` sends reads the
+// buffer (the buffer of each of its transfers' tensor and from_side). A source buffer not read
+// is one the refit never touches through the engine: a quantized tensor's user source (the
+// quantizer reads it and writes the internal buffers the transfers read) or a requantized FP8
+// source's scales.
+std::vector<bool> SourceBuffersRead(const plan::Plan& plan, int32_t rank);
 
 // The field names of RegisteredMemory's remote keys.
 std::string KeyField(uint32_t id);

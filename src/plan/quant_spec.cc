@@ -519,13 +519,39 @@ QuantTile SourceQuantTile(const RefitSpec& lowered, size_t q, const Box& tile,
                           const uint8_t* user_buffer, uint8_t* elements_buffer,
                           uint8_t* scales_buffer) {
   const QuantizedSource& qs = lowered.quantized_sources[q];
-  RESHARD_CHECK_MSG(!qs.requantized(), "SourceQuantTile of a requantized FP8 source");
   const TensorSpec& t = lowered.tensors[qs.tensor];
   const TensorSpec& s = lowered.tensors[qs.scale_tensor];
-  QuantTile qt = SourceTileOf(lowered, qs, tile, user_buffer, nullptr, nullptr);
+  QuantTile qt;
+  if (qs.requantized()) {
+    // The FP8 tile as it is (1-byte elements through the source view): not dequantized here.
+    std::array<int64_t, kMaxTensorDims> strides{};
+    TileStrides(qs.src, tile, strides);
+    qt = TileOf(qs, qs.dtype, t.dtype, tile, user_buffer + qs.src.view.offset, strides);
+  } else {
+    qt = SourceTileOf(lowered, qs, tile, user_buffer, nullptr, nullptr);
+  }
   qt.out = elements_buffer + t.src.view.offset;
   qt.scales = scales_buffer + s.src.view.offset * DTypeSize(s.dtype);
   return qt;
+}
+
+DequantSource DequantSourceOf(const QuantizedSource& qs, const Box& tile,
+                              const uint8_t* user_scales) {
+  // As DequantizeTile reads them: the tile's blocks [lo / block, ceil(hi / block)) through the
+  // scale layout's view.
+  DequantSource d;
+  d.mx = qs.src_scheme == QuantScheme::kMx;
+  d.scales = user_scales + qs.src_scales.view.offset * (d.mx ? 1 : 4);
+  Box blocks;
+  blocks.ndim = tile.ndim;
+  for (int k = 0; k < tile.ndim; ++k) {
+    d.block[k] = qs.src_block[k];
+    d.phase[k] = tile.lo[k] % qs.src_block[k];
+    blocks.lo[k] = tile.lo[k] / qs.src_block[k];
+    blocks.hi[k] = (tile.hi[k] + qs.src_block[k] - 1) / qs.src_block[k];
+  }
+  TileStrides(qs.src_scales, blocks, d.scale_strides);
+  return d;
 }
 
 int64_t DequantizedElements(const QuantizedSource& qs, const Box& tile) {

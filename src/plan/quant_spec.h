@@ -100,12 +100,29 @@ void QuantizeSourceTile(const RefitSpec& lowered, size_t q, const Box& tile,
                         uint8_t* scales_buffer, const float* amax = nullptr,
                         const uint8_t* user_scales = nullptr, float* dequantized = nullptr);
 
-// The QuantTile that QuantizeSourceTile quantizes for a non-empty `tile` of quantized source `q`
-// (not a requantized one), with its out and scales set: for quantizing it elsewhere (the CUDA
-// kernels, src/cuda/quantize.h). Its src is user_buffer plus the view's offset.
+// The QuantTile that QuantizeSourceTile quantizes for a non-empty `tile` of quantized source `q`,
+// with its out and scales set: for quantizing it elsewhere (the CUDA kernels,
+// src/cuda/quantize.h). Its src is user_buffer plus the view's offset. For a requantized source
+// it describes the FP8 tile itself (src_dtype the FP8 type, src_strides the FP8 elements'),
+// which QuantizeTile does not take: the kernels read it with DequantSourceOf's scales.
 QuantTile SourceQuantTile(const RefitSpec& lowered, size_t q, const Box& tile,
                           const uint8_t* user_buffer, uint8_t* elements_buffer,
                           uint8_t* scales_buffer);
+
+// Where DequantizeTile finds a requantized source's scales for a non-empty `tile`: the scale of
+// the tile's first source block (`scales`, in user_scales), and per dim the source's block, the
+// tile's start inside its first block (tile.lo modulo the block: nonzero only along a dim of one
+// block) and the scales' element strides. Element i of a dim has the scale
+// (phase + i) / block scale strides from `scales` on.
+struct DequantSource {
+  const uint8_t* scales = nullptr;
+  bool mx = false;  // E8M0 scales, else fp32.
+  std::array<int64_t, kMaxTensorDims> block{};
+  std::array<int64_t, kMaxTensorDims> phase{};
+  std::array<int64_t, kMaxTensorDims> scale_strides{};
+};
+DequantSource DequantSourceOf(const QuantizedSource& qs, const Box& tile,
+                              const uint8_t* user_scales);
 
 // A requantized source's tile (qs.requantized()) as fp32, row-major into `out`:
 // DecodeFp8(byte) * its source block's scale (fp32, or MxScale of the E8M0 byte), one IEEE fp32

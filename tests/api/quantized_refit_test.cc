@@ -221,7 +221,10 @@ INSTANTIATE_TEST_SUITE_P(Transports, QuantizedRefitTest, ::testing::Values("sm",
 
 // Sources in GPU memory (label gpu: it skips without a device): the CUDA kernels quantize them
 // (src/cuda/quantize.h) into the refit's host buffers; a matching FP8 source is a plain copy,
-// staged like any GPU buffer. The same reference, bit for bit, over shared memory.
+// staged like any GPU buffer; requantized FP8 sources (elements and scales in GPU memory) are
+// dequantized by the same kernels as they read them, one through the amax exchange (MX column
+// shards into channel scales) and one without (128 x 128 fp32 scales with a scale view into MX
+// e5m2). The same reference, bit for bit, over shared memory.
 constexpr char kCudaSpec[] = R"json({"topology": {"ranks_per_domain": 2}, "tensors": [
   {"name": "w", "dtype": "bf16", "shape": [512, 1024],
    "src": {"mesh": [0, 1], "placements": ["S(0)"]},
@@ -239,7 +242,20 @@ constexpr char kCudaSpec[] = R"json({"topology": {"ranks_per_domain": 2}, "tenso
    "src": {"mesh": [0, 1], "placements": ["S(0)"], "dtype": "fp8e4m3",
            "quant": {"scheme": "block", "block": [128, 128]}},
    "dst": {"mesh": [2, 3, 4, 5], "placements": ["S(1)"], "dtype": "fp8e4m3",
-           "quant": {"scheme": "block", "block": [128, 128]}}}]})json";
+           "quant": {"scheme": "block", "block": [128, 128]}}},
+  {"name": "fp8_requant", "dtype": "bf16", "shape": [64, 256],
+   "src": {"mesh": [0, 1], "placements": ["S(1)"], "dtype": "fp8e5m2",
+           "quant": {"scheme": "mx", "block": [1, 32]}, "scale_buffer": "src_mx_scales",
+           "scale_view": {"offset": 40}},
+   "dst": {"mesh": [2, 3, 4, 5], "placements": ["S(0)"], "dtype": "fp8e4m3",
+           "quant": {"scheme": "channel"}}},
+  {"name": "fp8_reblock", "dtype": "bf16", "shape": [256, 384],
+   "src": {"mesh": [0, 1], "placements": ["S(0)"], "dtype": "fp8e4m3",
+           "view": {"offset": 8, "strides": [1, 136]},
+           "quant": {"scheme": "block", "block": [128, 128]}, "scale_buffer": "src_block_scales",
+           "scale_view": {"offset": 3, "strides": [1, 2]}},
+   "dst": {"mesh": [2, 3, 4, 5], "placements": ["S(1)"], "dtype": "fp8e5m2",
+           "quant": {"scheme": "mx", "block": [1, 32]}}}]})json";
 
 TEST(QuantizedCudaSourceTest, CudaSourcesQuantizeOnTheGpu) {
   std::string why;
@@ -294,8 +310,12 @@ TEST(QuantizedCudaSourceTest, CudaSourcesQuantizeOnTheGpu) {
           for (size_t q = 0; q < lowered->quantized_sources.size(); ++q) {
             const plan::QuantizedSource& qs = lowered->quantized_sources[q];
             if (auto box = TileOf(qs.src, lowered->tensors[qs.tensor].shape, rank)) {
+              uint8_t* scales =
+                  qs.requantized() ? memory.at({plan::Side::kSrc, qs.src_scales.buffer}).data()
+                                   : nullptr;
               plan::FillQuantizedSourceTile(*lowered, q, *box, step,
-                                            memory.at({plan::Side::kSrc, qs.src.buffer}).data());
+                                            memory.at({plan::Side::kSrc, qs.src.buffer}).data(),
+                                            scales);
             }
           }
           for (auto& [key, bytes] : memory) {
