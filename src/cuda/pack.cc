@@ -10,18 +10,12 @@
 #include <cuda_runtime_api.h>
 
 #include "src/cuda/pack_kernels.h"
+#include "src/cuda/runtime.h"
 #endif
 
 namespace reshard::cuda {
 
 #if RESHARD_HAVE_CUDA
-
-namespace {
-absl::Status CudaError(int err, const char* call) {
-  return absl::InternalError(
-      absl::StrCat(call, ": ", cudaGetErrorString(static_cast<cudaError_t>(err))));
-}
-}  // namespace
 
 absl::StatusOr<std::unique_ptr<DevicePackBatch>> DevicePackBatch::Create(const PackBatch& batch) {
   std::unique_ptr<DevicePackBatch> out(new DevicePackBatch());

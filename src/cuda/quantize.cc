@@ -9,18 +9,12 @@
 #include <cuda_runtime_api.h>
 
 #include "src/cuda/quant_kernels.h"
+#include "src/cuda/runtime.h"
 #endif
 
 namespace reshard::cuda {
 
 #if RESHARD_HAVE_CUDA
-
-namespace {
-absl::Status CudaError(int err, const char* call) {
-  return absl::InternalError(
-      absl::StrCat(call, ": ", cudaGetErrorString(static_cast<cudaError_t>(err))));
-}
-}  // namespace
 
 absl::StatusOr<std::unique_ptr<DeviceQuantizer>> DeviceQuantizer::Create(
     const QuantShape& shape) {

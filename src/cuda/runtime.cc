@@ -10,11 +10,10 @@ namespace reshard::cuda {
 
 #if RESHARD_HAVE_CUDA
 
-namespace {
-absl::Status CudaError(cudaError_t err, const char* call) {
-  return absl::InternalError(absl::StrCat(call, ": ", cudaGetErrorString(err)));
+absl::Status CudaError(int err, const char* call) {
+  return absl::InternalError(
+      absl::StrCat(call, ": ", cudaGetErrorString(static_cast<cudaError_t>(err))));
 }
-}  // namespace
 
 bool BuiltWithCuda() { return true; }
 

@@ -18,6 +18,11 @@ namespace reshard::cuda {
 // Whether this build links the CUDA runtime.
 bool BuiltWithCuda();
 
+// A failed CUDA runtime call as a Status: Internal "<call>: <cudaGetErrorString(err)>". `err` is
+// a cudaError_t (an int here, so this header needs no CUDA header). Defined in builds with CUDA
+// only, for the code that calls the runtime itself (pack.cc, quantize.cc).
+absl::Status CudaError(int err, const char* call);
+
 // Number of usable CUDA devices; 0 when the build has no CUDA, there is no driver, or the
 // runtime reports an error (`why`, when given, receives the reason).
 int CudaDeviceCount(std::string* why = nullptr);

@@ -99,6 +99,58 @@ std::optional<plan::Box> TileOf(const plan::Layout& layout, const std::vector<in
   return grid.CellBox(*cell);
 }
 
+using Memory = std::map<std::pair<plan::Side, std::string>, std::vector<uint8_t>>;
+
+// This rank's sources for refit `step`: plain tensors as usual, quantized ones (and FP8 sources
+// with their scales) with real numbers and specials.
+void FillSources(const plan::RefitSpec& lowered, int32_t rank, uint64_t step, Memory& memory) {
+  for (size_t t = 0; t < lowered.tensors.size(); ++t) {
+    const plan::TensorSpec& ts = lowered.tensors[t];
+    if (absl::StartsWith(ts.src_buffer(), plan::kReservedBufferPrefix)) continue;
+    if (auto box = TileOf(ts.src, ts.shape, rank)) {
+      plan::FillTile(lowered, t, plan::Side::kSrc, *box, step,
+                     memory.at({plan::Side::kSrc, ts.src_buffer()}).data());
+    }
+  }
+  for (size_t q = 0; q < lowered.quantized_sources.size(); ++q) {
+    const plan::QuantizedSource& qs = lowered.quantized_sources[q];
+    if (auto box = TileOf(qs.src, lowered.tensors[qs.tensor].shape, rank)) {
+      uint8_t* scales =
+          qs.requantized() ? memory.at({plan::Side::kSrc, qs.src_scales.buffer}).data() : nullptr;
+      plan::FillQuantizedSourceTile(lowered, q, *box, step,
+                                    memory.at({plan::Side::kSrc, qs.src.buffer}).data(), scales);
+    }
+  }
+}
+
+// This rank's destinations after refit `step`: quantized tensors and scales against the
+// reference, the rest exact. The number of elements checked, or the first difference.
+absl::StatusOr<int64_t> VerifyDestinations(const plan::RefitSpec& lowered, int32_t rank,
+                                           uint64_t step, const Memory& memory) {
+  std::vector<plan::QuantizedExpectation> expected;
+  for (size_t q = 0; q < lowered.quantized_sources.size(); ++q) {
+    expected.push_back(plan::ExpectQuantized(lowered, q, step));
+  }
+  int64_t checked = 0;
+  for (size_t t = 0; t < lowered.tensors.size(); ++t) {
+    const plan::TensorSpec& ts = lowered.tensors[t];
+    auto box = TileOf(ts.dst, ts.shape, rank);
+    if (!box) continue;
+    const uint8_t* buffer = memory.at({plan::Side::kDst, ts.dst_buffer()}).data();
+    const std::vector<uint8_t>* want = nullptr;
+    for (size_t q = 0; q < lowered.quantized_sources.size(); ++q) {
+      if (lowered.quantized_sources[q].tensor == t) want = &expected[q].elements;
+      if (lowered.quantized_sources[q].scale_tensor == t) want = &expected[q].scales;
+    }
+    const absl::Status v =
+        want != nullptr ? plan::VerifyTileAgainst(lowered, t, *box, rank, buffer, want->data())
+                        : plan::VerifyTile(lowered, t, *box, step, rank, buffer);
+    if (!v.ok()) return absl::Status(v.code(), absl::StrCat("refit ", step, ": ", v.message()));
+    checked += box->NumElements();
+  }
+  return checked;
+}
+
 class QuantizedRefitTest : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(QuantizedRefitTest, ElementsAndScalesMatchTheReferenceBitForBit) {
@@ -135,7 +187,7 @@ TEST_P(QuantizedRefitTest, ElementsAndScalesMatchTheReferenceBitForBit) {
         CHILD_EXPECT(spec.ok(), spec.status().ToString());
         auto reqs = spec->LocalBuffers(rank);
         CHILD_EXPECT(reqs.ok(), reqs.status().ToString());
-        std::map<std::pair<plan::Side, std::string>, std::vector<uint8_t>> memory;
+        Memory memory;
         LocalBuffers views;
         for (const BufferRequirement& r : *reqs) {
           CHILD_EXPECT(!absl::StartsWith(r.name, plan::kReservedBufferPrefix), r.name);
@@ -149,55 +201,16 @@ TEST_P(QuantizedRefitTest, ElementsAndScalesMatchTheReferenceBitForBit) {
         auto handle = RefitHandle::Create(*comm, *spec, std::move(views), options);
         CHILD_EXPECT(handle.ok(), handle.status().ToString());
         for (uint64_t step = 1; step <= 3; ++step) {
-          // Sources: plain tensors as usual, quantized ones with real numbers (and specials).
-          for (size_t t = 0; t < lowered->tensors.size(); ++t) {
-            const plan::TensorSpec& ts = lowered->tensors[t];
-            if (absl::StartsWith(ts.src_buffer(), plan::kReservedBufferPrefix)) continue;
-            if (auto box = TileOf(ts.src, ts.shape, rank)) {
-              plan::FillTile(*lowered, t, plan::Side::kSrc, *box, step,
-                             memory.at({plan::Side::kSrc, ts.src_buffer()}).data());
-            }
-          }
-          for (size_t q = 0; q < lowered->quantized_sources.size(); ++q) {
-            const plan::QuantizedSource& qs = lowered->quantized_sources[q];
-            if (auto box = TileOf(qs.src, lowered->tensors[qs.tensor].shape, rank)) {
-              uint8_t* scales =
-                  qs.requantized() ? memory.at({plan::Side::kSrc, qs.src_scales.buffer}).data()
-                                   : nullptr;
-              plan::FillQuantizedSourceTile(*lowered, q, *box, step,
-                                            memory.at({plan::Side::kSrc, qs.src.buffer}).data(),
-                                            scales);
-            }
-          }
+          FillSources(*lowered, rank, step, memory);
           for (auto& [key, bytes] : memory) {
             if (key.first == plan::Side::kDst) std::fill(bytes.begin(), bytes.end(), kPoison);
           }
           const absl::Status st = handle->Execute(absl::Now() + absl::Seconds(30));
           CHILD_EXPECT(st.ok(), st.ToString());
-          // Destinations: quantized tensors and scales against the reference, the rest exact.
-          std::vector<plan::QuantizedExpectation> expected;
-          for (size_t q = 0; q < lowered->quantized_sources.size(); ++q) {
-            expected.push_back(plan::ExpectQuantized(*lowered, q, step));
-          }
-          int64_t checked = 0;
-          for (size_t t = 0; t < lowered->tensors.size(); ++t) {
-            const plan::TensorSpec& ts = lowered->tensors[t];
-            auto box = TileOf(ts.dst, ts.shape, rank);
-            if (!box) continue;
-            const uint8_t* buffer = memory.at({plan::Side::kDst, ts.dst_buffer()}).data();
-            const std::vector<uint8_t>* want = nullptr;
-            for (size_t q = 0; q < lowered->quantized_sources.size(); ++q) {
-              if (lowered->quantized_sources[q].tensor == t) want = &expected[q].elements;
-              if (lowered->quantized_sources[q].scale_tensor == t) want = &expected[q].scales;
-            }
-            const absl::Status v =
-                want != nullptr ? plan::VerifyTileAgainst(*lowered, t, *box, rank, buffer,
-                                                          want->data())
-                                : plan::VerifyTile(*lowered, t, *box, step, rank, buffer);
-            CHILD_EXPECT(v.ok(), absl::StrCat("refit ", step, ": ", v.ToString()));
-            checked += box->NumElements();
-          }
-          if (rank >= 2) CHILD_EXPECT(checked > 0);
+          const absl::StatusOr<int64_t> checked =
+              VerifyDestinations(*lowered, rank, step, memory);
+          CHILD_EXPECT(checked.ok(), checked.status().ToString());
+          if (rank >= 2) CHILD_EXPECT(*checked > 0);
           // Stats: sources quantize and exchange amaxes, holding at least the internal FP8 and
           // scale buffers; destinations do neither.
           const Stats& stats = handle->stats();
@@ -278,7 +291,7 @@ TEST(QuantizedCudaSourceTest, CudaSourcesQuantizeOnTheGpu) {
         CHILD_EXPECT(spec.ok(), spec.status().ToString());
         auto reqs = spec->LocalBuffers(rank);
         CHILD_EXPECT(reqs.ok(), reqs.status().ToString());
-        std::map<std::pair<plan::Side, std::string>, std::vector<uint8_t>> memory;
+        Memory memory;
         std::map<std::string, void*> device;  // Source buffers' device copies.
         LocalBuffers views;
         for (const BufferRequirement& r : *reqs) {
@@ -299,25 +312,7 @@ TEST(QuantizedCudaSourceTest, CudaSourcesQuantizeOnTheGpu) {
         auto handle = RefitHandle::Create(*comm, *spec, std::move(views), options);
         CHILD_EXPECT(handle.ok(), handle.status().ToString());
         for (uint64_t step = 1; step <= 2; ++step) {
-          for (size_t t = 0; t < lowered->tensors.size(); ++t) {
-            const plan::TensorSpec& ts = lowered->tensors[t];
-            if (absl::StartsWith(ts.src_buffer(), plan::kReservedBufferPrefix)) continue;
-            if (auto box = TileOf(ts.src, ts.shape, rank)) {
-              plan::FillTile(*lowered, t, plan::Side::kSrc, *box, step,
-                             memory.at({plan::Side::kSrc, ts.src_buffer()}).data());
-            }
-          }
-          for (size_t q = 0; q < lowered->quantized_sources.size(); ++q) {
-            const plan::QuantizedSource& qs = lowered->quantized_sources[q];
-            if (auto box = TileOf(qs.src, lowered->tensors[qs.tensor].shape, rank)) {
-              uint8_t* scales =
-                  qs.requantized() ? memory.at({plan::Side::kSrc, qs.src_scales.buffer}).data()
-                                   : nullptr;
-              plan::FillQuantizedSourceTile(*lowered, q, *box, step,
-                                            memory.at({plan::Side::kSrc, qs.src.buffer}).data(),
-                                            scales);
-            }
-          }
+          FillSources(*lowered, rank, step, memory);
           for (auto& [key, bytes] : memory) {
             if (key.first == plan::Side::kDst) {
               std::fill(bytes.begin(), bytes.end(), kPoison);
@@ -328,26 +323,9 @@ TEST(QuantizedCudaSourceTest, CudaSourcesQuantizeOnTheGpu) {
           }
           const absl::Status st = handle->Execute(absl::Now() + absl::Seconds(30));
           CHILD_EXPECT(st.ok(), st.ToString());
-          std::vector<plan::QuantizedExpectation> expected;
-          for (size_t q = 0; q < lowered->quantized_sources.size(); ++q) {
-            expected.push_back(plan::ExpectQuantized(*lowered, q, step));
-          }
-          for (size_t t = 0; t < lowered->tensors.size(); ++t) {
-            const plan::TensorSpec& ts = lowered->tensors[t];
-            auto box = TileOf(ts.dst, ts.shape, rank);
-            if (!box) continue;
-            const uint8_t* buffer = memory.at({plan::Side::kDst, ts.dst_buffer()}).data();
-            const std::vector<uint8_t>* want = nullptr;
-            for (size_t q = 0; q < lowered->quantized_sources.size(); ++q) {
-              if (lowered->quantized_sources[q].tensor == t) want = &expected[q].elements;
-              if (lowered->quantized_sources[q].scale_tensor == t) want = &expected[q].scales;
-            }
-            const absl::Status v =
-                want != nullptr ? plan::VerifyTileAgainst(*lowered, t, *box, rank, buffer,
-                                                          want->data())
-                                : plan::VerifyTile(*lowered, t, *box, step, rank, buffer);
-            CHILD_EXPECT(v.ok(), absl::StrCat("refit ", step, ": ", v.ToString()));
-          }
+          const absl::StatusOr<int64_t> checked =
+              VerifyDestinations(*lowered, rank, step, memory);
+          CHILD_EXPECT(checked.ok(), checked.status().ToString());
         }
         for (auto& [name, d] : device) cudaFree(d);
         return 0;
