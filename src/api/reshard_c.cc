@@ -460,16 +460,15 @@ reshard_status_t reshard_handle_create_with_options(reshard_comm_t* comm,
 }
 
 reshard_status_t reshard_handle_abandon(reshard_comm_t* comm, const reshard_spec_t* spec,
-                                        const char* name, reshard_status_t code,
+                                        const char* name, int32_t code,
                                         const char* message) {
   if (comm == nullptr || spec == nullptr) {
     return Invalid("reshard_handle_abandon: comm and spec must not be NULL");
   }
   reshard::HandleOptions options;
   if (name != nullptr) options.name = name;
-  const int raw = static_cast<int>(code);
-  const absl::StatusCode status_code = raw > 0 && raw <= static_cast<int>(RESHARD_UNAUTHENTICATED)
-                                           ? static_cast<absl::StatusCode>(raw)
+  const absl::StatusCode status_code = code > 0 && code <= RESHARD_UNAUTHENTICATED
+                                           ? static_cast<absl::StatusCode>(code)
                                            : absl::StatusCode::kUnknown;
   const absl::Status why = code == RESHARD_OK
                                ? absl::OkStatus()  // Abandon names it: "... without saying why"

@@ -481,8 +481,7 @@ TEST(CApiTest, ErrorsCodesAndARefit) {
             RESHARD_FAILED_PRECONDITION);
   EXPECT_NE(std::string(reshard_last_error()).find("no weights yet"), std::string::npos)
       << reshard_last_error();
-  EXPECT_EQ(reshard_handle_abandon(comm, spec, "e", static_cast<reshard_status_t>(99), "x"),
-            RESHARD_UNKNOWN);
+  EXPECT_EQ(reshard_handle_abandon(comm, spec, "e", 99, "x"), RESHARD_UNKNOWN);
   EXPECT_EQ(reshard_handle_abandon(comm, spec, "f", RESHARD_OK, nullptr), RESHARD_UNKNOWN);
   EXPECT_NE(std::string(reshard_last_error()).find("without saying why"), std::string::npos)
       << reshard_last_error();

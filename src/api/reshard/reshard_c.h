@@ -279,11 +279,12 @@ reshard_status_t reshard_handle_create_with_timeout(reshard_comm_t* comm,
  * unusable before calling create): takes the handle number create would have taken and tells
  * the other ranks of the spec, whose create fails at once ("rank R failed before agreeing on the
  * plan fingerprint: <message>") instead of at their set-up deadline (reshard::RefitHandle::
- * Abandon). `name` as given to create (NULL: the next handle number); `code` the failure
- * (RESHARD_OK or an unknown value: RESHARD_UNKNOWN). Returns that code, with `message` as the
+ * Abandon). `name` as given to create (NULL: the next handle number); `code` the failure, a
+ * reshard_status_t value (RESHARD_OK, or a value that is no status code: RESHARD_UNKNOWN; an
+ * int32_t, so a caller may pass any code it has). Returns that code, with `message` as the
  * last error. reshard_handle_create does this itself for the buffers it refuses. */
 reshard_status_t reshard_handle_abandon(reshard_comm_t* comm, const reshard_spec_t* spec,
-                                        const char* name, reshard_status_t code,
+                                        const char* name, int32_t code,
                                         const char* message);
 /* Every option of a handle (reshard::HandleOptions). Fields are only ever appended; zero a new
  * struct (memset) before setting the fields you use, and pass its size. */
