@@ -444,12 +444,17 @@ absl::Status RefitEngine::Impl::Start(uint64_t epoch) {
     link->remaining_from = link->expected_from;
     link->unsignalled = program_.peer_begin[r + 1] - program_.peer_begin[r];
   }
+  // Every peer is checked before any grant goes out: a grant sent before this rank finds an
+  // aborted or failed peer would let that source finish a refit this rank fails (its abort
+  // then reaches the source in its next refit).
   for (PeerLink* link : peers_) {
     if (!link->error().ok() || link->aborted) {
       Fail(link->aborted ? absl::UnavailableError(link->abort_reason) : link->error());
       BroadcastAbort();
       return status_;
     }
+  }
+  for (PeerLink* link : peers_) {
     if (!link->receives_from) continue;
     // Grant: the destination buffers are free for this epoch.
     absl::Status granted = link->SendGrant(epoch, base_);
