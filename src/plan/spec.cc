@@ -285,10 +285,16 @@ bool StridesInjective(const Layout& l, const Box& tile) {
     if (tile.extent(d) > 1) dims.emplace_back(strides[d], tile.extent(d));
   }
   std::sort(dims.begin(), dims.end());
-  int64_t reach = 0;  // Largest offset reachable by the dims so far.
+  int64_t reach = 0;  // Largest offset reachable by the dims so far (saturated at INT64_MAX).
   for (const auto& [stride, n] : dims) {
     if (stride <= reach) return false;
-    reach += stride * (n - 1);
+    int64_t span = 0;
+    if (__builtin_mul_overflow(stride, n - 1, &span) ||
+        __builtin_add_overflow(reach, span, &reach)) {
+      // Saturated: a later (larger) stride is then not above it, and the strides are not
+      // proven injective (the exact check decides).
+      reach = std::numeric_limits<int64_t>::max();
+    }
   }
   return true;
 }
