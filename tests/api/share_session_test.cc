@@ -250,14 +250,26 @@ TEST_P(ShareSessionDeltaTest, HundredRefitsWithRandomChangesFailuresAndResetsSta
           each(Side::kSource, [](uint32_t& word, uint32_t value) { word = value; });
           // Refits 20 and 80: source rank 0 gives up at once; refit 50: destination rank 1.
           // Ranks that only wait on a failed rank's fan-out copies see no abort and fail at a
-          // short deadline instead.
+          // short deadline instead. A source whose destinations granted before its Start can
+          // finish within Start, so at refit 20 the others start only once rank 0 gave up (its
+          // abort reaches them before or during their refit: a failure that cannot race); at 80
+          // and 50 everyone starts together and the abort lands mid-refit (rank 0 may win the
+          // race at 80 and succeed, which is a consistent outcome too).
           const bool fail_step = step == 20 || step == 50 || step == 80;
           const int32_t quitter = step == 50 ? 1 : 0;
+          const std::string quit_key = absl::StrCat("delta-quit/", step);
+          if (step == 20 && rank != quitter) {
+            CHILD_EXPECT((*store)->Get(quit_key, absl::Now() + absl::Seconds(60)).ok());
+          }
           absl::Status st = handle->Start();
           if (st.ok()) {
             st = handle->Wait(!fail_step        ? absl::Now() + absl::Seconds(30)
                               : rank == quitter ? absl::InfinitePast()
                                                 : absl::Now() + absl::Seconds(1));
+          }
+          if (step == 20 && rank == quitter) {
+            CHILD_EXPECT(!st.ok(), "rank 0 finished refit 20 before any destination started");
+            CHILD_EXPECT((*store)->Set(quit_key, "1").ok());
           }
           if (fail_step) {
             failed += !st.ok();
