@@ -184,6 +184,7 @@ class PeerLink {
   uint64_t granted = 0;  // Latest epoch the peer granted this rank.
   uint64_t granted_version = 0;  // The peer's version in that grant (docs/delta.md).
   bool aborted = false;
+  uint64_t aborted_epoch = 0;  // The latest epoch the peer aborted (with `aborted`).
   std::string abort_reason;
   bool hello_received = false;
   // This epoch.

@@ -163,6 +163,10 @@ class RefitEngine::Impl final : public MessageSink, public LinkOwner {
   std::vector<int64_t> stream_len_;     // By descriptor: this epoch's delta stream length.
   bool abort_pending_ = false;
   uint64_t reset_floor_ = 0;  // Aborts about epochs <= this predate the last Reset.
+  // The last epoch this rank completed (not cleared by failures or Reset). A peer's abort about
+  // it concerns only the peer's part: it fails neither this rank's refit in flight nor its next
+  // one; between refits it stays on the link, so Barrier() still reports the peer's failure.
+  uint64_t completed_ = 0;
 
   // Unavailable for the first peer that aborted or failed: among the peers this epoch still
   // exchanges data with, or all of them.
@@ -446,8 +450,12 @@ absl::Status RefitEngine::Impl::Start(uint64_t epoch) {
   }
   // Every peer is checked before any grant goes out: a grant sent before this rank finds an
   // aborted or failed peer would let that source finish a refit this rank fails (its abort
-  // then reaches the source in its next refit).
+  // then reaches the source in its next refit, which it ignores: see completed_).
   for (PeerLink* link : peers_) {
+    if (link->aborted && link->aborted_epoch <= completed_) {
+      link->aborted = false;  // About an epoch this rank completed: the peer resets alone.
+      link->abort_reason.clear();
+    }
     if (!link->error().ok() || link->aborted) {
       Fail(link->aborted ? absl::UnavailableError(link->abort_reason) : link->error());
       BroadcastAbort();
@@ -513,6 +521,7 @@ bool RefitEngine::Impl::PumpOnce() {
   if (status_.ok() && Complete()) {
     in_epoch_ = false;
     version_ = epoch_;
+    completed_ = epoch_;
     stats_.deltas_applied = landing_->deltas_applied();
     stats_.seconds = absl::ToDoubleSeconds(absl::Now() - started_at_);
     return true;
@@ -770,6 +779,7 @@ void RefitEngine::Impl::Reset() {
   status_ = absl::OkStatus();
   for (PeerLink* link : peers_) {
     link->aborted = false;
+    link->aborted_epoch = 0;
     link->abort_reason.clear();
     link->unsignalled = 0;
     link->remaining_from = 0;
@@ -859,7 +869,9 @@ void RefitEngine::Impl::OnAbort(const wire::AmHeader& h, absl::string_view reaso
   PeerLink* link = Origin(h, from, "abort");
   if (link == nullptr) return;
   if (h.epoch <= reset_floor_) return;
+  if (in_epoch_ && h.epoch <= completed_) return;  // See completed_.
   link->aborted = true;
+  link->aborted_epoch = std::max(link->aborted_epoch, h.epoch);
   // The reason is the peer's own error message; keep it on one printable line.
   std::string printable(reason);
   for (char& c : printable) {

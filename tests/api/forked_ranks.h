@@ -44,13 +44,3 @@ inline testing::ForkOptions Transport(const std::string& name) {
 
 }  // namespace reshard::forked
 
-// Inside a forked rank's function (a variable `rank` in scope): returns 1 from it when `cond`
-// is false, printing the condition and an optional message.
-#define CHILD_EXPECT(cond, ...)                                                        \
-  do {                                                                                 \
-    if (!(cond)) {                                                                     \
-      std::fprintf(stderr, "rank %d: %s:%d: %s %s\n", rank, __FILE__, __LINE__, #cond, \
-                   std::string(__VA_ARGS__).c_str());                                  \
-      return 1;                                                                        \
-    }                                                                                  \
-  } while (0)

@@ -137,14 +137,6 @@ absl::StatusOr<ChildEngine> OpenEngine(const std::string& spec, int32_t rank,
   return c;
 }
 
-#define CHILD_EXPECT(cond)                                                           \
-  do {                                                                               \
-    if (!(cond)) {                                                                   \
-      std::fprintf(stderr, "rank %d: %s:%d: %s\n", rank, __FILE__, __LINE__, #cond); \
-      return 1;                                                                      \
-    }                                                                                \
-  } while (0)
-
 constexpr char kRowsToCols[] = R"json({"tensors": [{"name": "w", "dtype": "fp32", "shape": [64, 48],
   "src": {"mesh": [0, 1], "placements": ["S(0)"]}, "dst": {"mesh": [2, 3], "placements": ["S(1)"]}}]})json";
 
@@ -468,10 +460,10 @@ struct DeltaModel {
     std::mt19937_64 rng(epoch);
     return std::uniform_real_distribution<double>(0, 1)(rng);
   }
-  void Advance(const plan::RefitSpec& s, uint64_t epoch) {
+  void Advance(const plan::RefitSpec& s, uint64_t epoch) { Advance(s, epoch, Fraction(epoch)); }
+  void Advance(const plan::RefitSpec& s, uint64_t epoch, double f) {
     std::mt19937_64 rng(epoch * 7919);
     std::uniform_real_distribution<double> u(0, 1);
-    const double f = Fraction(epoch);
     for (size_t t = 0; t < tensors.size(); ++t) {
       const size_t es = static_cast<size_t>(plan::DTypeSize(s.tensors[t].dtype));
       for (size_t e = 0; e < tensors[t].size(); e += es) {
@@ -613,6 +605,94 @@ TEST_P(RefitEngineDelta, HundredRefitsWithRandomChangesFailuresAndResetsStayByte
       },
       testing::SharedMemoryUcx());
   for (int r = 0; r < 8; ++r) EXPECT_EQ(codes[r], 0) << "rank " << r;
+}
+
+// A destination whose version differs from its source's gets plain pieces from that source
+// while the source keeps sending deltas to the others (docs/delta.md, the epoch rule), in the two
+// ways it happens. Sources 0 and 1 send `w` to rank 2; source 0 alone sends `v` to rank 3.
+// - Epoch 3: rank 3 calls Reset() alone after a successful epoch 2 (what a caller that changed
+//   its destination does): source 0 sends it `v` plain ("receiver version") and `w` as deltas.
+// - Epoch 5: source 1 holds back until rank 2 gave up, so rank 2 fails while source 0 and rank 3
+//   complete; rank 2's abort about epoch 5 fails neither's epoch 6. Ranks 1 and 2 Reset (1 may
+//   have failed or completed: it starts only after rank 2's abort went out). Epoch 6: source 0
+//   sends rank 2 plain pieces and rank 3 deltas, source 1 (reset) only plain pieces.
+// Every epoch that returned OK is byte-exact; epoch 7 is all deltas again.
+TEST_P(RefitEngineDelta, ADestinationThatResetOrFailedAloneGetsPlainPiecesTheOthersDeltas) {
+  const std::string spec = R"json({"tensors": [
+      {"name": "w", "dtype": "bf16", "shape": [64, 256],
+       "src": {"mesh": [0, 1], "placements": ["S(0)"]},
+       "dst": {"mesh": [2], "placements": ["R"]}},
+      {"name": "v", "dtype": "fp32", "shape": [32, 300],
+       "src": {"mesh": [0], "placements": ["R"]},
+       "dst": {"mesh": [3], "placements": ["R"]}}]})json";
+  const std::string dir = StoreDir("delta-alone");
+  std::map<int32_t, int> codes = testing::ForkRanks(
+      testing::Ranks(4),
+      [&](int32_t rank) {
+        RefitEngineOptions options;
+        options.delta = true;
+        absl::StatusOr<ChildEngine> child = OpenEngine(spec, rank, dir, options);
+        CHILD_EXPECT(child.ok(), child.status().ToString());
+        RankBuffers& rb = child->rb;
+        RefitEngine& e = *child->engine;
+        rendezvous::Store& store = *child->store;
+        auto key_set = [&](const std::string& key) {
+          return store.Get(key, absl::Now() + absl::Seconds(60)).ok();
+        };
+        DeltaModel model(rb.plan.spec());
+        for (uint64_t epoch = 1; epoch <= 7; ++epoch) {
+          model.Advance(rb.plan.spec(), epoch, epoch == 1 ? 1.0 : 0.02);
+          model.FillSources(rb, rank);
+          absl::Status st;
+          if (epoch == 5 && rank == 1) CHILD_EXPECT(key_set("alone/2-failed"));
+          st = e.Start(epoch);
+          if (epoch == 5 && rank == 2) {
+            // Progress until source 0 completed, then give up: source 1 has not started.
+            CHILD_EXPECT(st.ok(), st.ToString());
+            while (!store.Get("alone/0-done", absl::Now()).ok()) {
+              CHILD_EXPECT(e.Progress(nullptr).ok());
+            }
+            st = e.Wait(absl::InfinitePast());
+            CHILD_EXPECT(!st.ok(), "rank 2 completed epoch 5 without source 1");
+            CHILD_EXPECT(store.Set("alone/2-failed", "1").ok());
+          } else if (st.ok()) {
+            st = e.Wait(absl::Now() + absl::Seconds(20));
+          }
+          if (epoch == 5 && rank == 0) CHILD_EXPECT(store.Set("alone/0-done", "1").ok());
+          if (epoch == 5 && (rank == 1 || rank == 2)) {
+            e.Reset();
+            CHILD_EXPECT(store.Set(absl::StrCat("alone/reset/", rank), "1").ok());
+          }
+          if (epoch == 5) {
+            CHILD_EXPECT(key_set("alone/reset/1") && key_set("alone/reset/2"));
+          }
+          if (epoch == 5 && rank >= 1 && rank <= 2) continue;
+          CHILD_EXPECT(st.ok(), absl::StrCat("epoch ", epoch, ": ", st.ToString()));
+          CHILD_EXPECT(model.Mismatches(rb, rank) == 0, absl::StrCat("epoch ", epoch));
+          const RefitStats& s = e.last_stats();
+          if (rank == 0 && (epoch == 3 || epoch == 6)) {
+            // Plain pieces to the reset or failed destination, deltas to the other.
+            CHILD_EXPECT(s.delta_full_receiver_version > 0 && s.delta_pieces > 0 &&
+                             s.delta_full_no_base == 0,
+                         absl::StrCat("epoch ", epoch, ": ", s.delta_full_receiver_version, " ",
+                                      s.delta_pieces, " ", s.delta_full_no_base));
+          }
+          if (rank == 1 && epoch == 6) {
+            CHILD_EXPECT(s.delta_pieces == 0 && s.delta_full_no_base > 0);
+          }
+          if (rank <= 1 && (epoch == 2 || epoch == 4 || epoch == 7)) {
+            CHILD_EXPECT(s.delta_pieces > 0 && s.delta_full_receiver_version == 0 &&
+                             s.delta_full_no_base == 0 && s.delta_full_not_smaller == 0,
+                         absl::StrCat("epoch ", epoch));
+          }
+          // Rank 3 calls Reset() alone after epoch 2.
+          if (epoch == 2 && rank == 3) e.Reset();
+        }
+        CHILD_EXPECT(e.Shutdown(absl::Now() + absl::Seconds(10)).ok());
+        return 0;
+      },
+      testing::SharedMemoryUcx());
+  for (int r = 0; r < 4; ++r) EXPECT_EQ(codes[r], 0) << "rank " << r;
 }
 
 INSTANTIATE_TEST_SUITE_P(Delivery, RefitEngineDelta, ::testing::Values(Path::kUcxPut),

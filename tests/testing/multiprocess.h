@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdio>
 #include <functional>
 #include <map>
 #include <string>
@@ -49,3 +50,14 @@ int ProbeCudaDevices(std::string* why);
 std::string ScratchDir(const std::string& tag);
 
 }  // namespace reshard::testing
+
+// Inside a forked rank's function (a variable `rank` in scope): returns 1 from it when `cond`
+// is false, printing the condition and an optional message.
+#define CHILD_EXPECT(cond, ...)                                                        \
+  do {                                                                                 \
+    if (!(cond)) {                                                                     \
+      std::fprintf(stderr, "rank %d: %s:%d: %s %s\n", rank, __FILE__, __LINE__, #cond, \
+                   std::string(__VA_ARGS__).c_str());                                  \
+      return 1;                                                                        \
+    }                                                                                  \
+  } while (0)
