@@ -43,4 +43,3 @@ inline testing::ForkOptions Transport(const std::string& name) {
 }
 
 }  // namespace reshard::forked
-
