@@ -348,6 +348,7 @@ absl::Status RefitHandle::Start() {
   absl::Status st = h.session->Start(h.epoch);
   h.stats.start_seconds = absl::ToDoubleSeconds(absl::Now() - h.started);
   if (!st.ok()) {
+    h.session->Abort(h.epoch, st);
     h.in_flight = false;
     h.failed = true;
     h.failure = st;
@@ -375,6 +376,7 @@ absl::Status RefitHandle::Wait(absl::Time deadline) {
   if (h.session != nullptr) h.session->FillStats(s);
   for (const auto& b : h.internal_buffers) s.quantize_buffer_bytes += static_cast<int64_t>(b.size());
   if (!st.ok()) {
+    if (h.session != nullptr) h.session->Abort(h.epoch, st);
     h.failed = true;
     h.failure = st;
     return absl::Status(st.code(), absl::StrCat(h.Who(), ": refit ", h.epoch, ": ", st.message()));

@@ -408,6 +408,12 @@ absl::Status RefitSession::Barrier(uint64_t n, absl::Time deadline) {
                                      });
 }
 
+void RefitSession::Abort(uint64_t epoch, const absl::Status& why) {
+  engine_->Abort(why);
+  if (fanout_ != nullptr) fanout_->Abort(epoch, why);
+  if (amax_ != nullptr) amax_->Abort(epoch, why);
+}
+
 void RefitSession::Reset() {
   engine_->Reset();
   if (amax_ != nullptr) amax_->Reset();

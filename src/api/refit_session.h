@@ -79,6 +79,10 @@ class RefitSession {
   [[nodiscard]] absl::Status Wait(uint64_t epoch, absl::Time deadline);
   // The n-th barrier among every rank of the plan, progressing the engine while waiting.
   [[nodiscard]] absl::Status Barrier(uint64_t n, absl::Time deadline);
+  // This rank's refit `epoch` failed (`why`, from any layer): every layer still running it
+  // fails too and tells its peers at once, so ranks waiting on this one through another layer
+  // (a domain peer waiting only for its fan-out copies) fail now rather than at their deadline.
+  void Abort(uint64_t epoch, const absl::Status& why);
   // Forgets a failed epoch (see RefitHandle::Reset).
   void Reset();
   // Orderly close after the last refit (see RefitEngine::Shutdown).

@@ -174,6 +174,13 @@ class RefitEngine::Impl final : public MessageSink, public LinkOwner {
   static constexpr absl::Duration kProcessCheckInterval = absl::Milliseconds(20);
   absl::Time next_process_check_ = absl::InfinitePast();
 
+  // RefitEngine::Abort.
+  void Abort(absl::Status why) {
+    if (!in_epoch_) return;
+    Fail(std::move(why));
+    BroadcastAbort();
+  }
+
  private:
   // One round of work; true when something progressed (the caller's IdlePolicy decides how
   // to wait otherwise: the engine's Wait here, the refit session's loop above).
@@ -967,6 +974,7 @@ absl::Status RefitEngine::Execute(absl::Time deadline) {
   return impl_->Wait(deadline);
 }
 void RefitEngine::Reset() { impl_->Reset(); }
+void RefitEngine::Abort(absl::Status why) { impl_->Abort(std::move(why)); }
 void RefitEngine::HoldSource(uint32_t tensor) { impl_->held_[tensor] = 1; }
 void RefitEngine::ReleaseSource(uint32_t tensor) { impl_->held_[tensor] = 0; }
 bool RefitEngine::in_epoch() const { return impl_->in_epoch_; }

@@ -205,6 +205,11 @@ class RefitEngine {
   // that arrive later are ignored. Puts of the failed epoch still in flight are abandoned.
   void Reset();
 
+  // Fails the epoch in flight with `why` and tells the peers at once (what a deadline or a
+  // failed peer does), for a failure found outside the engine (the fan-out layer, quantization).
+  // Nothing between epochs or once the epoch already ended.
+  void Abort(absl::Status why);
+
   // Source data written while the network runs (the refit session quantizes tensor by tensor):
   // puts and local copies that read `tensor`'s source buffer wait, in their plan order, until
   // ReleaseSource(tensor). Holds outlive epochs: hold before Start, release within the epoch

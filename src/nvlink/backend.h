@@ -43,6 +43,9 @@ class BoardBackend : public FanoutBackend {
   int64_t PeerNetworkEnd(int32_t peer, uint64_t epoch) final {
     return boards_.PeerNetworkEnd(peer, epoch);
   }
+  void PublishFailure(uint64_t epoch, absl::string_view reason) final {
+    boards_.PublishFailure(epoch, reason);
+  }
   // The boards' mappings plus the subclass's own.
   int64_t mappings_created() const final { return boards_.mappings() + own_mappings(); }
   // Sleeps on this rank's doorbell, which peers ring when a piece arrives here or when they

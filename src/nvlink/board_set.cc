@@ -54,6 +54,7 @@ absl::Status BoardSet::FinishSetup(const FanoutContext& ctx, const std::string& 
 }
 
 void BoardSet::Grant(uint64_t epoch) {
+  epoch_ = epoch;
   pending_in_ = incoming_;
   last_doorbell_ = ~uint64_t{0};
   board_.Grant(epoch);
@@ -91,13 +92,25 @@ void BoardSet::Scan(uint64_t epoch, std::vector<uint32_t>* arrived) {
 absl::Status BoardSet::CheckPeers(const std::vector<int32_t>& peers) const {
   for (int32_t peer : peers) {
     auto it = boards_.find(peer);
-    if (it != boards_.end() && !it->second.Alive()) {
+    if (it == boards_.end()) continue;
+    if (!it->second.Alive()) {
       return absl::UnavailableError(absl::StrFormat(
           "fan-out: domain peer rank %d of rank %d exited (its signal board lock was released)",
           peer, rank_));
     }
+    std::string reason;
+    if (epoch_ != 0 && it->second.FailedEpoch(&reason) == epoch_) {
+      return absl::UnavailableError(absl::StrFormat(
+          "rank %d, refit epoch %d: fan-out peer rank %d failed it: %s", rank_, epoch_, peer,
+          reason));
+    }
   }
   return absl::OkStatus();
+}
+
+void BoardSet::PublishFailure(uint64_t epoch, absl::string_view reason) {
+  board_.PublishFailure(epoch, reason);
+  for (int32_t peer : peers_) boards_.at(peer).Ring();
 }
 
 }  // namespace reshard::nvlink::internal

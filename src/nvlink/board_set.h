@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <map>
+#include "absl/strings/string_view.h"
 #include <vector>
 
 #include "absl/status/status.h"
@@ -35,8 +36,12 @@ class BoardSet {
   void Scan(uint64_t epoch, std::vector<uint32_t>* arrived);
   // Sleeps while the doorbell still reads what the last Scan saw (SignalBoard::WaitForRing).
   void Block(absl::Duration timeout) { board_.WaitForRing(seen_doorbell_, timeout); }
-  // Unavailable when one of `peers` exited.
+  // Unavailable when one of `peers` exited or published that it failed the epoch this rank
+  // granted last.
   [[nodiscard]] absl::Status CheckPeers(const std::vector<int32_t>& peers) const;
+  // Publishes that this rank failed refit `epoch` and rings every peer, so those waiting on it
+  // fail at once instead of at their deadline.
+  void PublishFailure(uint64_t epoch, absl::string_view reason);
   void PublishNetworkEnd(uint64_t epoch, int64_t unix_ns) {
     board_.PublishNetworkEnd(epoch, unix_ns);
   }
@@ -52,6 +57,7 @@ class BoardSet {
   std::vector<int64_t> slot_of_;
   std::vector<uint32_t> incoming_, pending_in_;
   std::vector<int32_t> peers_;
+  uint64_t epoch_ = 0;  // Granted last.
   uint64_t last_doorbell_ = ~uint64_t{0};
   uint64_t seen_doorbell_ = 0;     // Read by the last Scan, before it looked at any slot.
   std::vector<int32_t> senders_;  // Peers that forward into this rank (rung by Grant).

@@ -414,6 +414,12 @@ void Fanout::NetworkDone(uint64_t epoch) {
   if (Done()) FinishStats();
 }
 
+void Fanout::Abort(uint64_t epoch, const absl::Status& why) {
+  if (epoch != epoch_ || aborted_epoch_ == epoch) return;
+  aborted_epoch_ = epoch;
+  backend_->PublishFailure(epoch, why.message());
+}
+
 void Fanout::FinishStats() {
   stats_final_ = true;
   double busy = 0, hidden = 0;

@@ -26,6 +26,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include "absl/strings/string_view.h"
 #include <vector>
 
 #include "absl/status/status.h"
@@ -145,6 +146,10 @@ class FanoutBackend {
   // read a peer's (0: not ended yet, -1: this backend cannot tell).
   virtual void PublishNetworkEnd(uint64_t epoch, int64_t unix_ns) {}
   virtual int64_t PeerNetworkEnd(int32_t peer, uint64_t epoch) { return -1; }
+  // Tells the domain peers that this rank failed `epoch` (with a one-line reason): CheckPeers
+  // on a peer still waiting for this rank then returns Unavailable. Backends without a shared
+  // board to publish on (NCCL) do nothing: their peers learn it at their deadline.
+  virtual void PublishFailure(uint64_t epoch, absl::string_view reason) {}
   // Called by idle waits (src/common/idle.h) after a Progress() that found nothing: returns
   // when a peer may have signalled an arrival or granted an epoch, or after at most `timeout`.
   // Backends without an event to sleep on (NCCL) yield the core.
@@ -228,6 +233,10 @@ class Fanout : public Blocker {
   // Statistics only: every network piece of `epoch` landed on this rank (call when the network
   // engine finished receiving). Publishes the time to the domain peers.
   void NetworkDone(uint64_t epoch);
+  // This rank's refit `epoch` failed (`why`, from any layer): domain peers still waiting on its
+  // copies or grants fail at once with Unavailable naming this rank (FanoutBackend::
+  // PublishFailure). Once per epoch; ignored for another epoch than the current one.
+  void Abort(uint64_t epoch, const absl::Status& why);
 
   // Figures of the current (or last) epoch; hidden_* final once Wait() returned OK.
   const FanoutStats& stats() const { return stats_; }
@@ -253,6 +262,7 @@ class Fanout : public Blocker {
   std::vector<std::pair<absl::Time, absl::Time>> busy_;  // Forward in flight intervals.
   absl::Time busy_since_ = absl::InfinitePast();
   bool network_done_ = false;
+  uint64_t aborted_epoch_ = 0;  // The last epoch Abort() published.
   bool stats_final_ = false;    // FinishStats() ran since Done() became true.
   std::vector<int32_t> peers_;  // Ranks this rank exchanges fan-out pieces with.
   int64_t in_flight_ = 0;

@@ -7,6 +7,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <bit>
 #include <cerrno>
@@ -19,7 +20,7 @@
 
 namespace reshard::nvlink {
 
-constexpr uint64_t kBoardMagic = 0x5245534852444231ULL;  // "RESHRDB1"
+constexpr uint64_t kBoardMagic = 0x5245534852444232ULL;  // "RESHRDB2"
 
 struct alignas(64) BoardHeader {
   uint64_t magic;
@@ -29,6 +30,8 @@ struct alignas(64) BoardHeader {
   uint32_t sleepers;                // Owner threads blocked on the doorbell (futex).
   alignas(64) uint64_t net_end_ns;  // Written before net_epoch (release).
   uint64_t net_epoch;
+  alignas(64) uint64_t failed_epoch;  // Written after failure_reason (release).
+  char failure_reason[kFailureReasonBytes];  // NUL-terminated.
 };
 static_assert(sizeof(BoardHeader) % 64 == 0);
 
@@ -170,6 +173,14 @@ void SignalBoard::PublishNetworkEnd(uint64_t epoch, int64_t unix_ns) {
   std::atomic_ref<uint64_t>(h->net_epoch).store(epoch, std::memory_order_release);
 }
 
+void SignalBoard::PublishFailure(uint64_t epoch, absl::string_view reason) {
+  BoardHeader* h = Header(data_);
+  const size_t n = std::min(reason.size(), static_cast<size_t>(kFailureReasonBytes - 1));
+  std::memcpy(h->failure_reason, reason.data(), n);
+  h->failure_reason[n] = '\0';
+  std::atomic_ref<uint64_t>(h->failed_epoch).store(epoch, std::memory_order_release);
+}
+
 absl::StatusOr<PeerBoard> PeerBoard::Open(const std::string& name, int64_t slots) {
   PeerBoard b;
   b.fd_ = shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0);
@@ -245,6 +256,21 @@ int64_t PeerBoard::NetworkEnd(uint64_t epoch) const {
   if (std::atomic_ref<uint64_t>(h->net_epoch).load(std::memory_order_acquire) != epoch) return 0;
   return static_cast<int64_t>(
       std::atomic_ref<uint64_t>(h->net_end_ns).load(std::memory_order_relaxed));
+}
+
+uint64_t PeerBoard::FailedEpoch(std::string* reason) const {
+  BoardHeader* h = Header(data_);
+  const uint64_t epoch =
+      std::atomic_ref<uint64_t>(h->failed_epoch).load(std::memory_order_acquire);
+  if (reason != nullptr && epoch != 0) {
+    // The peer's bytes: bounded by the array whatever it wrote, printable on one line.
+    const char* r = h->failure_reason;
+    reason->assign(r, strnlen(r, kFailureReasonBytes));
+    for (char& c : *reason) {
+      if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) c = ' ';
+    }
+  }
+  return epoch;
 }
 
 bool PeerBoard::Alive() const {

@@ -15,6 +15,7 @@
 
 #include <cstdint>
 #include <string>
+#include "absl/strings/string_view.h"
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -22,6 +23,7 @@
 namespace reshard::nvlink {
 
 struct BoardHeader;
+inline constexpr int kFailureReasonBytes = 256;
 
 // This rank's own board.
 class SignalBoard {
@@ -49,6 +51,10 @@ class SignalBoard {
   bool Arrived(int64_t slot, uint64_t epoch) const;
   // Publishes when this rank's network stage of `epoch` ended (Unix ns), for peers' statistics.
   void PublishNetworkEnd(uint64_t epoch, int64_t unix_ns);
+  // Publishes that this rank failed refit `epoch`, with a one-line reason (cut at
+  // kFailureReasonBytes - 1 bytes), for the domain peers waiting on its copies or grants
+  // (PeerBoard::FailedEpoch). The caller rings them.
+  void PublishFailure(uint64_t epoch, absl::string_view reason);
 
  private:
   void Release();
@@ -80,6 +86,9 @@ class PeerBoard {
   bool Alive() const;
   // When the owner's network stage of `epoch` ended (Unix ns), or 0 while it has not.
   int64_t NetworkEnd(uint64_t epoch) const;
+  // The last epoch the owner published as failed (0: none) and, when `reason` is given, the
+  // reason it published with it.
+  uint64_t FailedEpoch(std::string* reason = nullptr) const;
 
  private:
   void Release();

@@ -249,8 +249,8 @@ TEST_P(ShareSessionDeltaTest, HundredRefitsWithRandomChangesFailuresAndResetsSta
           }
           each(Side::kSource, [](uint32_t& word, uint32_t value) { word = value; });
           // Refits 20 and 80: source rank 0 gives up at once; refit 50: destination rank 1.
-          // Ranks that only wait on a failed rank's fan-out copies see no abort and fail at a
-          // short deadline instead. A source whose destinations granted before its Start can
+          // The others learn it from the engine's aborts or the fan-out layer's boards (a 30 s
+          // deadline they do not reach: the test would take minutes). A source whose destinations granted before its Start can
           // finish within Start, so at refit 20 the others start only once rank 0 gave up (its
           // abort reaches them before or during their refit: a failure that cannot race); at 80
           // and 50 everyone starts together and the abort lands mid-refit (rank 0 may win the
@@ -265,7 +265,7 @@ TEST_P(ShareSessionDeltaTest, HundredRefitsWithRandomChangesFailuresAndResetsSta
           if (st.ok()) {
             st = handle->Wait(!fail_step        ? absl::Now() + absl::Seconds(30)
                               : rank == quitter ? absl::InfinitePast()
-                                                : absl::Now() + absl::Seconds(1));
+                                                : absl::Now() + absl::Seconds(30));
           }
           if (step == 20 && rank == quitter) {
             CHILD_EXPECT(!st.ok(), "rank 0 finished refit 20 before any destination started");
@@ -312,6 +312,80 @@ TEST_P(ShareSessionDeltaTest, HundredRefitsWithRandomChangesFailuresAndResetsSta
 
 INSTANTIATE_TEST_SUITE_P(Transports, ShareSessionDeltaTest, ::testing::Values("sm", "tcp"),
                          [](const auto& info) { return info.param; });
+
+// A rank that waits on a domain peer's fan-out copies learns at once that the peer failed the
+// refit (the peer publishes it on its signal board; docs/reliability.md), instead of at its
+// deadline: rank 0 replicates w to domain {1, 2}, and in refit 2 the rank the plan has forward
+// pieces to the other gives up at once. The other fails with Unavailable naming it, well before
+// its 60 s deadline (not asserted: a DeadlineExceeded would fail the test). Rank 0 starts only
+// after both failed, so nothing but the fan-out layer can tell the other. Refit 3, after Reset
+// on every rank, is byte-exact.
+TEST(FanoutAbortTest, ADomainPeerWaitingOnAFailedRanksCopiesFailsAtOnceNamingIt) {
+  constexpr char kFanoutSpec[] = R"json({"topology": {"domains": [[0], [1, 2]]}, "tensors": [
+    {"name": "w", "dtype": "fp32", "shape": [256, 256], "src": {"mesh": [0], "placements": ["R"]},
+     "dst": {"mesh": [1, 2], "placements": ["R"]}}]})json";
+  auto parsed = plan::ParseSpecJson(kFanoutSpec);
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  auto world = plan::BuildPlan(std::make_shared<const plan::RefitSpec>(*parsed));
+  ASSERT_TRUE(world.ok()) << world.status();
+  int32_t quitter = -1;
+  for (const plan::Transfer& t : world->transfers()) {
+    if (t.kind == plan::TransferKind::kFanout) quitter = t.from_rank;
+  }
+  ASSERT_NE(quitter, -1) << "the plan has no fan-out";
+  const int32_t other = 3 - quitter;
+  const std::string dir = StoreDir("fanout-abort");
+  std::map<int32_t, int> codes = testing::ForkRanks(
+      testing::Ranks(3),
+      [&](int32_t rank) {
+        auto store = rendezvous::FileStore::Open(dir);
+        CHILD_EXPECT(store.ok(), store.status().ToString());
+        auto comm = Communicator::FromCallbacks(Callbacks(store->get()), rank, 3);
+        CHILD_EXPECT(comm.ok(), comm.status().ToString());
+        auto spec = RefitSpec::FromJson(kFanoutSpec);
+        CHILD_EXPECT(spec.ok(), spec.status().ToString());
+        auto memory = Allocate(*spec, rank);
+        CHILD_EXPECT(memory.ok(), memory.status().ToString());
+        auto handle = RefitHandle::Create(*comm, *spec, memory->Views());
+        CHILD_EXPECT(handle.ok(), handle.status().ToString());
+        auto key_set = [&](const std::string& key) {
+          return (*store)->Get(key, absl::Now() + absl::Seconds(60)).ok();
+        };
+        for (int step = 1; step <= 3; ++step) {
+          ForEachElement(*spec, rank, Side::kSource, step, *memory,
+                         [](uint32_t& word, uint32_t value) { word = value; });
+          if (step == 2 && rank == 0) CHILD_EXPECT(key_set("failed/1") && key_set("failed/2"));
+          absl::Status st = handle->Start();
+          if (st.ok()) {
+            st = handle->Wait(step == 2 && rank == quitter ? absl::InfinitePast()
+                                                           : absl::Now() + absl::Seconds(60));
+          }
+          if (step == 2) {
+            if (rank == quitter) CHILD_EXPECT(!st.ok(), "the quitter finished refit 2");
+            if (rank == other) {
+              CHILD_EXPECT(st.code() == absl::StatusCode::kUnavailable, st.ToString());
+              CHILD_EXPECT(
+                  st.message().find(absl::StrCat("fan-out peer rank ", quitter, " failed")) !=
+                      std::string::npos,
+                  st.ToString());
+            }
+            if (rank != 0) CHILD_EXPECT((*store)->Set(absl::StrCat("failed/", rank), "1").ok());
+            handle->Reset();
+            CHILD_EXPECT((*store)->Set(absl::StrCat("reset/", rank), "1").ok());
+            CHILD_EXPECT(key_set("reset/0") && key_set("reset/1") && key_set("reset/2"));
+            continue;
+          }
+          CHILD_EXPECT(st.ok(), absl::StrCat("refit ", step, ": ", st.ToString()));
+          int64_t wrong = 0;
+          ForEachElement(*spec, rank, Side::kDestination, step, *memory,
+                         [&](uint32_t& word, uint32_t value) { wrong += word != value; });
+          CHILD_EXPECT(wrong == 0, absl::StrCat(wrong, " wrong elements in refit ", step));
+        }
+        return 0;
+      },
+      Transport("sm"));
+  for (int32_t r = 0; r < 3; ++r) EXPECT_EQ(codes[r], 0) << "rank " << r;
+}
 
 constexpr char kRowsToCols[] = R"json({"tensors": [{"name": "w", "dtype": "fp32",
   "shape": [8, 6], "src": {"mesh": [0, 1], "placements": ["S(0)"]},
