@@ -100,9 +100,9 @@ absl::Status BoardSet::CheckPeers(const std::vector<int32_t>& peers) const {
     }
     std::string reason;
     if (epoch_ != 0 && it->second.FailedEpoch(&reason) == epoch_) {
-      return absl::UnavailableError(absl::StrFormat(
-          "rank %d, refit epoch %d: fan-out peer rank %d failed it: %s", rank_, epoch_, peer,
-          reason));
+      return absl::UnavailableError(
+          absl::StrFormat("rank %d, refit epoch %d: fan-out peer rank %d failed it: %s", rank_,
+                          epoch_, peer, reason));
     }
   }
   return absl::OkStatus();

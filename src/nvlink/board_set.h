@@ -4,10 +4,10 @@
 
 #include <cstdint>
 #include <map>
-#include "absl/strings/string_view.h"
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 #include "src/nvlink/fanout.h"
 #include "src/nvlink/signal_board.h"
 #include "src/rendezvous/record.h"

@@ -15,8 +15,8 @@
 #include <cstring>
 
 #include "absl/strings/str_format.h"
-#include "src/common/status.h"
 #include "src/common/shared_memory.h"
+#include "src/common/status.h"
 
 namespace reshard::nvlink {
 
@@ -30,7 +30,7 @@ struct alignas(64) BoardHeader {
   uint32_t sleepers;                // Owner threads blocked on the doorbell (futex).
   alignas(64) uint64_t net_end_ns;  // Written before net_epoch (release).
   uint64_t net_epoch;
-  alignas(64) uint64_t failed_epoch;  // Written after failure_reason (release).
+  alignas(64) uint64_t failed_epoch;         // Written after failure_reason (release).
   char failure_reason[kFailureReasonBytes];  // NUL-terminated.
 };
 static_assert(sizeof(BoardHeader) % 64 == 0);
@@ -260,8 +260,7 @@ int64_t PeerBoard::NetworkEnd(uint64_t epoch) const {
 
 uint64_t PeerBoard::FailedEpoch(std::string* reason) const {
   BoardHeader* h = Header(data_);
-  const uint64_t epoch =
-      std::atomic_ref<uint64_t>(h->failed_epoch).load(std::memory_order_acquire);
+  const uint64_t epoch = std::atomic_ref<uint64_t>(h->failed_epoch).load(std::memory_order_acquire);
   if (reason != nullptr && epoch != 0) {
     // The peer's bytes: bounded by the array whatever it wrote, printable on one line.
     const char* r = h->failure_reason;

@@ -250,11 +250,11 @@ TEST_P(ShareSessionDeltaTest, HundredRefitsWithRandomChangesFailuresAndResetsSta
           each(Side::kSource, [](uint32_t& word, uint32_t value) { word = value; });
           // Refits 20 and 80: source rank 0 gives up at once; refit 50: destination rank 1.
           // The others learn it from the engine's aborts or the fan-out layer's boards (a 30 s
-          // deadline they do not reach: the test would take minutes). A source whose destinations granted before its Start can
-          // finish within Start, so at refit 20 the others start only once rank 0 gave up (its
-          // abort reaches them before or during their refit: a failure that cannot race); at 80
-          // and 50 everyone starts together and the abort lands mid-refit (rank 0 may win the
-          // race at 80 and succeed, which is a consistent outcome too).
+          // deadline they do not reach: the test would take minutes). A source whose destinations
+          // granted before its Start can finish within Start, so at refit 20 the others start only
+          // once rank 0 gave up (its abort reaches them before or during their refit: a failure
+          // that cannot race); at 80 and 50 everyone starts together and the abort lands mid-refit
+          // (rank 0 may win the race at 80 and succeed, which is a consistent outcome too).
           const bool fail_step = step == 20 || step == 50 || step == 80;
           const int32_t quitter = step == 50 ? 1 : 0;
           const std::string quit_key = absl::StrCat("delta-quit/", step);
@@ -364,10 +364,9 @@ TEST(FanoutAbortTest, ADomainPeerWaitingOnAFailedRanksCopiesFailsAtOnceNamingIt)
             if (rank == quitter) CHILD_EXPECT(!st.ok(), "the quitter finished refit 2");
             if (rank == other) {
               CHILD_EXPECT(st.code() == absl::StatusCode::kUnavailable, st.ToString());
-              CHILD_EXPECT(
-                  st.message().find(absl::StrCat("fan-out peer rank ", quitter, " failed")) !=
-                      std::string::npos,
-                  st.ToString());
+              CHILD_EXPECT(st.message().find(absl::StrCat("fan-out peer rank ", quitter,
+                                                          " failed")) != std::string::npos,
+                           st.ToString());
             }
             if (rank != 0) CHILD_EXPECT((*store)->Set(absl::StrCat("failed/", rank), "1").ok());
             handle->Reset();
