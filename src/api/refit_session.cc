@@ -409,7 +409,7 @@ absl::Status RefitSession::Barrier(uint64_t n, absl::Time deadline) {
 }
 
 void RefitSession::Abort(uint64_t epoch, const absl::Status& why) {
-  engine_->Abort(why);
+  engine_->Abort(epoch, why);
   if (fanout_ != nullptr) fanout_->Abort(epoch, why);
   if (amax_ != nullptr) amax_->Abort(epoch, why);
 }

@@ -175,8 +175,14 @@ class RefitEngine::Impl final : public MessageSink, public LinkOwner {
   absl::Time next_process_check_ = absl::InfinitePast();
 
   // RefitEngine::Abort.
-  void Abort(absl::Status why) {
-    if (!in_epoch_) return;
+  void Abort(uint64_t epoch, absl::Status why) {
+    if (failed_ || epoch < epoch_ || (epoch == epoch_ && !in_epoch_)) return;
+    if (epoch > epoch_) {
+      epoch_ = epoch;  // Never started here: enter it failed.
+      in_epoch_ = true;
+      stats_ = RefitStats{};
+      stats_.epoch = epoch;
+    }
     Fail(std::move(why));
     BroadcastAbort();
   }
@@ -974,7 +980,7 @@ absl::Status RefitEngine::Execute(absl::Time deadline) {
   return impl_->Wait(deadline);
 }
 void RefitEngine::Reset() { impl_->Reset(); }
-void RefitEngine::Abort(absl::Status why) { impl_->Abort(std::move(why)); }
+void RefitEngine::Abort(uint64_t epoch, absl::Status why) { impl_->Abort(epoch, std::move(why)); }
 void RefitEngine::HoldSource(uint32_t tensor) { impl_->held_[tensor] = 1; }
 void RefitEngine::ReleaseSource(uint32_t tensor) { impl_->held_[tensor] = 0; }
 bool RefitEngine::in_epoch() const { return impl_->in_epoch_; }

@@ -205,10 +205,13 @@ class RefitEngine {
   // that arrive later are ignored. Puts of the failed epoch still in flight are abandoned.
   void Reset();
 
-  // Fails the epoch in flight with `why` and tells the peers at once (what a deadline or a
-  // failed peer does), for a failure found outside the engine (the fan-out layer, quantization).
-  // Nothing between epochs or once the epoch already ended.
-  void Abort(absl::Status why);
+  // This rank's refit `epoch` failed outside the engine (the fan-out layer, quantization, the
+  // amax exchange): fails it here with `why` and tells the peers at once, as a deadline or a
+  // failed peer does. When the engine never started `epoch` (a failure before its Start) it
+  // enters it failed, so peers waiting in `epoch` on this rank fail now rather than at their
+  // deadline; Reset() then as after any failure. Nothing when `epoch` already ended here (done
+  // or failed) or is older than the last epoch started.
+  void Abort(uint64_t epoch, absl::Status why);
 
   // Source data written while the network runs (the refit session quantizes tensor by tensor):
   // puts and local copies that read `tensor`'s source buffer wait, in their plan order, until

@@ -415,7 +415,7 @@ void Fanout::NetworkDone(uint64_t epoch) {
 }
 
 void Fanout::Abort(uint64_t epoch, const absl::Status& why) {
-  if (epoch != epoch_ || aborted_epoch_ == epoch) return;
+  if (epoch < epoch_ || aborted_epoch_ == epoch) return;
   aborted_epoch_ = epoch;
   backend_->PublishFailure(epoch, why.message());
 }

@@ -235,7 +235,8 @@ class Fanout : public Blocker {
   void NetworkDone(uint64_t epoch);
   // This rank's refit `epoch` failed (`why`, from any layer): domain peers still waiting on its
   // copies or grants fail at once with Unavailable naming this rank (FanoutBackend::
-  // PublishFailure). Once per epoch; ignored for another epoch than the current one.
+  // PublishFailure), also for an epoch this rank failed before starting the fan-out layer. Once
+  // per epoch; ignored for epochs before the current one.
   void Abort(uint64_t epoch, const absl::Status& why);
 
   // Figures of the current (or last) epoch; hidden_* final once Wait() returned OK.

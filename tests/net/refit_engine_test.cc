@@ -333,6 +333,54 @@ TEST(RefitEngine, FailedEpochIsRememberedUntilReset) {
   for (int r = 0; r < 4; ++r) EXPECT_EQ(codes[r], 0) << "rank " << r;
 }
 
+// A rank whose refit fails before its engine starts the epoch (a failed quantization or amax
+// exchange in the refit session) calls Abort(epoch) on the engine it never started: its
+// destinations, waiting in that epoch with a 60 s deadline, fail at once with Unavailable
+// quoting its reason (they used to wait for their deadline). Reset on every rank, then epoch 3
+// verifies.
+TEST(RefitEngine, AbortOfAnEpochNeverStartedFailsThePeersWaitingInItAtOnce) {
+  const std::string dir = StoreDir("abort-unstarted");
+  std::map<int32_t, int> codes = testing::ForkRanks(
+      testing::Ranks(4),
+      [&](int32_t rank) {
+        absl::StatusOr<ChildEngine> child = OpenEngine(kRowsToCols, rank, dir, {});
+        CHILD_EXPECT(child.ok());
+        RankBuffers& rb = child->rb;
+        RefitEngine& e = *child->engine;
+        for (uint64_t epoch = 1; epoch <= 3; ++epoch) {
+          Fill(rb, rank, static_cast<int>(epoch));
+          if (epoch == 2 && rank == 0) {
+            e.Abort(2, absl::InternalError("quantizing tensor \"w\" failed"));
+            CHILD_EXPECT(e.last_status().code() == absl::StatusCode::kInternal);
+            CHILD_EXPECT(e.Start(3).code() == absl::StatusCode::kFailedPrecondition);
+          } else {
+            // Start fails too when the abort already arrived.
+            absl::Status st = e.Start(epoch);
+            if (st.ok()) st = e.Wait(absl::Now() + absl::Seconds(60));
+            if (epoch == 2 && rank >= 2) {
+              CHILD_EXPECT(st.code() == absl::StatusCode::kUnavailable, st.ToString());
+              CHILD_EXPECT(st.message().find("quantizing tensor") != absl::string_view::npos,
+                           st.ToString());
+            }
+            if (epoch != 2) CHILD_EXPECT(st.ok() && Verify(rb, rank, epoch).ok(), st.ToString());
+          }
+          if (epoch == 2) {
+            e.Reset();
+            CHILD_EXPECT(child->store->Set(absl::StrCat("reset/", rank), "1").ok());
+            for (int r = 0; r < 4; ++r) {
+              CHILD_EXPECT(
+                  child->store->Get(absl::StrCat("reset/", r), absl::Now() + absl::Seconds(60))
+                      .ok());
+            }
+          }
+        }
+        CHILD_EXPECT(e.Shutdown(absl::Now() + absl::Seconds(10)).ok());
+        return 0;
+      },
+      testing::SharedMemoryUcx());
+  for (int r = 0; r < 4; ++r) EXPECT_EQ(codes[r], 0) << "rank " << r;
+}
+
 // The fan-out hook: Progress reports every transfer that lands on a rank exactly once, by its
 // world index, on a domain-aware plan with fan-out transfers (executed by the engine as network
 // puts), by each way bytes travel: puts as copies into mapped HostBuffers (destinations and
