@@ -170,6 +170,19 @@ absl::StatusOr<std::vector<common::BufferView>> MatchBuffers(const plan::Plan& p
             " buffer \"", name, "\" has ", buf.bytes, " bytes, expected ", want,
             buf.bytes > want ? " (set HandleOptions::allow_larger_buffers to accept more)" : ""));
       }
+      // The GPU kernels (pack, quantize, delta) load whole elements from device memory: a
+      // misaligned address there is a CUDA fault that ends the process's context, so it is
+      // refused here. Host memory is read with memcpy and takes any address.
+      const int elem = plan.buffers()[b].elem_bytes;
+      if (buf.kind == MemoryKind::kCuda && elem > 1 &&
+          reinterpret_cast<uintptr_t>(buf.data) % static_cast<uintptr_t>(elem) != 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("tensor \"", tensor_of(b, ps), "\" on rank ", rank, ": ", SideName(side),
+                         " buffer \"", name, "\" starts at CUDA address ",
+                         absl::Hex(reinterpret_cast<uintptr_t>(buf.data), absl::kZeroPad16),
+                         ", which is not a multiple of its ", elem,
+                         "-byte elements (GPU kernels load whole elements)"));
+      }
       out[b] = common::BufferView{buf.data, buf.bytes, internal::ToCommon(buf.kind)};
     }
     for (uint32_t b = 0; b < plan.buffers().size(); ++b) {

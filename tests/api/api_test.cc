@@ -300,6 +300,24 @@ TEST_F(HandleMisuseTest, WrongSizeNamesTensorRankAndBytes) {
   EXPECT_NE(std::string(st.message()).find("expected 48"), std::string::npos) << st;
 }
 
+// A device buffer whose address is not a multiple of its element size would fault in the GPU
+// kernels: refused at Create naming the tensor, rank, buffer and address (the address is never
+// dereferenced here; bf16 "qkv" at a 2-byte boundary passes). Host buffers take any address.
+TEST_F(HandleMisuseTest, MisalignedDeviceBufferIsRefusedNamingIt) {
+  std::vector<uint8_t> room(256);
+  uint8_t* aligned = room.data() + (16 - reinterpret_cast<uintptr_t>(room.data()) % 16) % 16;
+  reshard::LocalBuffers b;
+  b.Destination("w", aligned + 2, 96, reshard::MemoryKind::kCuda)
+      .Destination("qkv", aligned + 130, 48, reshard::MemoryKind::kCuda);
+  absl::Status st = reshard::RefitHandle::Create(*comm_, TwoByTwo(), b).status();
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  const std::string m(st.message());
+  EXPECT_NE(m.find("tensor \"w\" on rank 3: destination buffer \"w\" starts at CUDA address"),
+            std::string::npos)
+      << m;
+  EXPECT_NE(m.find("not a multiple of its 4-byte elements"), std::string::npos) << m;
+}
+
 TEST_F(HandleMisuseTest, MissingUnknownAndDuplicateBuffers) {
   reshard::LocalBuffers missing;
   missing.Destination("w", w_.data(), 96);
