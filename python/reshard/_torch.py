@@ -107,25 +107,44 @@ def _dim(dim, ndim, what, i):
     return d
 
 
-def layout_from_dtensor(dt, ranks=None):
+def _naming(name):
+    """A context that prefixes the InvalidArgumentError raised inside it with `tensor "name": `
+    (nothing when name is None): the layout helpers see a DTensor or a mesh, not its name."""
+    import contextlib
+
+    @contextlib.contextmanager
+    def prefix():
+        try:
+            yield
+        except InvalidArgumentError as e:
+            if name is None:
+                raise
+            raise InvalidArgumentError('tensor "%s": %s' % (name, e)) from None
+    return prefix()
+
+
+def layout_from_dtensor(dt, ranks=None, name=None):
     """The reshard.Layout of a DTensor: its device mesh (ranks mapped by `ranks`: None when
     reshard's ranks are torch's, an int offset, a sequence or mapping indexed by torch rank, or
     a function) and its placements. The layout describes every rank, so each rank can add the
-    tensor to the same spec; use Layout.from_mesh where a rank holds no DTensor of that mesh."""
-    if not hasattr(dt, "device_mesh") or not hasattr(dt, "placements"):
-        raise InvalidArgumentError("from_dtensor takes a torch DTensor, not a %s"
-                                   % type(dt).__qualname__)
-    return layout_from_mesh(dt.device_mesh, dt.placements, dt.ndim, ranks)
+    tensor to the same spec; use Layout.from_mesh where a rank holds no DTensor of that mesh.
+    `name` (the tensor's name in the spec) is only for errors, which then begin with it."""
+    with _naming(name):
+        if not hasattr(dt, "device_mesh") or not hasattr(dt, "placements"):
+            raise InvalidArgumentError("from_dtensor takes a torch DTensor, not a %s"
+                                       % type(dt).__qualname__)
+        return layout_from_mesh(dt.device_mesh, dt.placements, dt.ndim, ranks)
 
 
-def layout_from_mesh(device_mesh, placements, ndim, ranks=None):
+def layout_from_mesh(device_mesh, placements, ndim, ranks=None, name=None):
     """The reshard.Layout of a tensor with `ndim` dims placed on a torch DeviceMesh by DTensor
-    `placements`, on any rank (also one outside the mesh)."""
-    if len(placements) != device_mesh.ndim:
-        raise InvalidArgumentError("%d placements for a %d-D DeviceMesh"
-                                   % (len(placements), device_mesh.ndim))
-    return _reshard.Layout(mesh_from_device_mesh(device_mesh, ranks),
-                           placements_from_torch(placements, ndim))
+    `placements`, on any rank (also one outside the mesh). `name`: as for from_dtensor."""
+    with _naming(name):
+        if len(placements) != device_mesh.ndim:
+            raise InvalidArgumentError("%d placements for a %d-D DeviceMesh"
+                                       % (len(placements), device_mesh.ndim))
+        return _reshard.Layout(mesh_from_device_mesh(device_mesh, ranks),
+                               placements_from_torch(placements, ndim))
 
 
 _reshard.Layout.from_dtensor = staticmethod(layout_from_dtensor)

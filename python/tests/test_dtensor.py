@@ -151,6 +151,13 @@ def test_partial_is_refused():
     with pytest.raises(reshard.errors.InvalidArgumentError,
                        match=r"placements\[0\] is Partial\(sum\).*reduce it first"):
         reshard.Layout.from_mesh(mesh, [Partial()], 2)
+    # Given the tensor's name, the error begins with it (the helpers cannot know it otherwise).
+    with pytest.raises(reshard.errors.InvalidArgumentError,
+                       match=r'^tensor "layers.0.mlp.w1": placements\[0\] is Partial\(sum\)'):
+        reshard.Layout.from_mesh(mesh, [Partial()], 2, name="layers.0.mlp.w1")
+    with pytest.raises(reshard.errors.InvalidArgumentError,
+                       match=r'^tensor "bias": from_dtensor takes a torch DTensor, not a Tensor'):
+        reshard.Layout.from_dtensor(torch.zeros(2), name="bias")
 
 
 def test_unsorted_mesh_without_preserve_rank_order_is_refused():
