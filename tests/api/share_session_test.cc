@@ -22,6 +22,7 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "reshard/reshard.h"
+#include "src/common/status.h"
 #include "src/plan/plan.h"
 #include "src/plan/spec_json.h"
 #include "src/rendezvous/file_store.h"
@@ -87,6 +88,25 @@ absl::StatusOr<Memory> Allocate(const RefitSpec& spec, int rank) {
   return m;
 }
 
+// What every forked rank of these tests sets up first: the shared file store, a communicator
+// over it, the spec and this rank's buffers.
+struct RankSetUp {
+  std::unique_ptr<rendezvous::FileStore> store;
+  Communicator comm;
+  RefitSpec spec;
+  Memory memory;
+};
+absl::StatusOr<RankSetUp> SetUpRank(const std::string& dir, int32_t rank, int32_t world,
+                                    const char* json) {
+  RESHARD_ASSIGN_OR_RETURN(std::unique_ptr<rendezvous::FileStore> store,
+                           rendezvous::FileStore::Open(dir));
+  RESHARD_ASSIGN_OR_RETURN(Communicator comm,
+                           Communicator::FromCallbacks(Callbacks(store.get()), rank, world));
+  RESHARD_ASSIGN_OR_RETURN(RefitSpec spec, RefitSpec::FromJson(json));
+  RESHARD_ASSIGN_OR_RETURN(Memory memory, Allocate(spec, rank));
+  return RankSetUp{std::move(store), std::move(comm), std::move(spec), std::move(memory)};
+}
+
 // Calls fn(word in the buffer, expected value) for every element of `rank`'s tiles on `side`
 // (2-D tensors).
 template <typename Fn>
@@ -135,14 +155,13 @@ TEST_P(ShareSessionTest, RelaysStagingAndFanoutRefitByteExact) {
   std::map<int32_t, int> codes = testing::ForkRanks(
       testing::Ranks(kWorld),
       [&](int32_t rank) {
-        auto store = rendezvous::FileStore::Open(dir);
-        CHILD_EXPECT(store.ok(), store.status().ToString());
-        auto comm = Communicator::FromCallbacks(Callbacks(store->get()), rank, kWorld);
-        CHILD_EXPECT(comm.ok(), comm.status().ToString());
-        auto spec = RefitSpec::FromJson(kSpec);
-        CHILD_EXPECT(spec.ok(), spec.status().ToString());
-        auto memory = Allocate(*spec, rank);
-        CHILD_EXPECT(memory.ok(), memory.status().ToString());
+        absl::StatusOr<RankSetUp> set_up = SetUpRank(dir, rank, kWorld, kSpec);
+        CHILD_EXPECT(set_up.ok(), set_up.status().ToString());
+        // Pointers, used as the StatusOrs they replace were (clang's lambdas cannot capture
+        // structured bindings).
+        Communicator* comm = &set_up->comm;
+        RefitSpec* spec = &set_up->spec;
+        Memory* memory = &set_up->memory;
         HandleOptions options;
         options.fanout = fanout;
         options.setup_timeout = absl::Seconds(30);
@@ -198,14 +217,14 @@ TEST_P(ShareSessionDeltaTest, HundredRefitsWithRandomChangesFailuresAndResetsSta
   std::map<int32_t, int> codes = testing::ForkRanks(
       testing::Ranks(kWorld),
       [&](int32_t rank) {
-        auto store = rendezvous::FileStore::Open(dir);
-        CHILD_EXPECT(store.ok(), store.status().ToString());
-        auto comm = Communicator::FromCallbacks(Callbacks(store->get()), rank, kWorld);
-        CHILD_EXPECT(comm.ok(), comm.status().ToString());
-        auto spec = RefitSpec::FromJson(kSpec);
-        CHILD_EXPECT(spec.ok(), spec.status().ToString());
-        auto memory = Allocate(*spec, rank);
-        CHILD_EXPECT(memory.ok(), memory.status().ToString());
+        absl::StatusOr<RankSetUp> set_up = SetUpRank(dir, rank, kWorld, kSpec);
+        CHILD_EXPECT(set_up.ok(), set_up.status().ToString());
+        // Pointers, used as the StatusOrs they replace were (clang's lambdas cannot capture
+        // structured bindings).
+        std::unique_ptr<rendezvous::FileStore>* store = &set_up->store;
+        Communicator* comm = &set_up->comm;
+        RefitSpec* spec = &set_up->spec;
+        Memory* memory = &set_up->memory;
         HandleOptions options;
         options.delta = true;
         options.setup_timeout = absl::Seconds(30);
@@ -338,14 +357,14 @@ TEST(FanoutAbortTest, ADomainPeerWaitingOnAFailedRanksCopiesFailsAtOnceNamingIt)
   std::map<int32_t, int> codes = testing::ForkRanks(
       testing::Ranks(3),
       [&](int32_t rank) {
-        auto store = rendezvous::FileStore::Open(dir);
-        CHILD_EXPECT(store.ok(), store.status().ToString());
-        auto comm = Communicator::FromCallbacks(Callbacks(store->get()), rank, 3);
-        CHILD_EXPECT(comm.ok(), comm.status().ToString());
-        auto spec = RefitSpec::FromJson(kFanoutSpec);
-        CHILD_EXPECT(spec.ok(), spec.status().ToString());
-        auto memory = Allocate(*spec, rank);
-        CHILD_EXPECT(memory.ok(), memory.status().ToString());
+        absl::StatusOr<RankSetUp> set_up = SetUpRank(dir, rank, 3, kFanoutSpec);
+        CHILD_EXPECT(set_up.ok(), set_up.status().ToString());
+        // Pointers, used as the StatusOrs they replace were (clang's lambdas cannot capture
+        // structured bindings).
+        std::unique_ptr<rendezvous::FileStore>* store = &set_up->store;
+        Communicator* comm = &set_up->comm;
+        RefitSpec* spec = &set_up->spec;
+        Memory* memory = &set_up->memory;
         auto handle = RefitHandle::Create(*comm, *spec, memory->Views());
         CHILD_EXPECT(handle.ok(), handle.status().ToString());
         auto key_set = [&](const std::string& key) {
@@ -401,14 +420,13 @@ TEST_P(SetUpFailureTest, OneRanksFailureFailsTheOthersAtOnceNamingIt) {
   std::map<int32_t, int> codes = testing::ForkRanks(
       testing::Ranks(4),
       [&](int32_t rank) {
-        auto store = rendezvous::FileStore::Open(dir);
-        CHILD_EXPECT(store.ok(), store.status().ToString());
-        auto comm = Communicator::FromCallbacks(Callbacks(store->get()), rank, 4);
-        CHILD_EXPECT(comm.ok(), comm.status().ToString());
-        auto spec = RefitSpec::FromJson(kRowsToCols);
-        CHILD_EXPECT(spec.ok(), spec.status().ToString());
-        auto memory = Allocate(*spec, rank);
-        CHILD_EXPECT(memory.ok(), memory.status().ToString());
+        absl::StatusOr<RankSetUp> set_up = SetUpRank(dir, rank, 4, kRowsToCols);
+        CHILD_EXPECT(set_up.ok(), set_up.status().ToString());
+        // Pointers, used as the StatusOrs they replace were (clang's lambdas cannot capture
+        // structured bindings).
+        Communicator* comm = &set_up->comm;
+        RefitSpec* spec = &set_up->spec;
+        Memory* memory = &set_up->memory;
         HandleOptions options;
         options.setup_timeout = absl::Seconds(40);
         absl::StatusOr<RefitHandle> handle = absl::UnknownError("not created");
