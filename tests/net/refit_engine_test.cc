@@ -309,12 +309,9 @@ TEST(RefitEngine, FailedEpochIsRememberedUntilReset) {
         }
         // Every rank resets (peers must do the same) and waits until all have.
         e.Reset();
-        CHILD_EXPECT(child->store->Set(absl::StrCat("reset-done/", rank), "1").ok());
-        for (int r = 0; r < 4; ++r) {
-          CHILD_EXPECT(
-              child->store->Get(absl::StrCat("reset-done/", r), absl::Now() + absl::Seconds(20))
-                  .ok());
-        }
+        CHILD_EXPECT(rendezvous::Barrier(*child->store, "reset-done", rank, testing::Ranks(4),
+                                         absl::Now() + absl::Seconds(20))
+                         .ok());
         Fill(rb, rank, 2);
         for (size_t b = 0; b < rb.memory.size(); ++b) {
           if (rb.plan.buffers()[b].side != plan::Side::kSrc)
@@ -366,12 +363,9 @@ TEST(RefitEngine, AbortOfAnEpochNeverStartedFailsThePeersWaitingInItAtOnce) {
           }
           if (epoch == 2) {
             e.Reset();
-            CHILD_EXPECT(child->store->Set(absl::StrCat("reset/", rank), "1").ok());
-            for (int r = 0; r < 4; ++r) {
-              CHILD_EXPECT(
-                  child->store->Get(absl::StrCat("reset/", r), absl::Now() + absl::Seconds(60))
-                      .ok());
-            }
+            CHILD_EXPECT(rendezvous::Barrier(*child->store, "reset", rank, testing::Ranks(4),
+                                             absl::Now() + absl::Seconds(60))
+                             .ok());
           }
         }
         CHILD_EXPECT(e.Shutdown(absl::Now() + absl::Seconds(10)).ok());
@@ -608,14 +602,10 @@ TEST_P(RefitEngineDelta, HundredRefitsWithRandomChangesFailuresAndResetsStayByte
           if (fail_epoch) {
             failed += !st.ok();
             e.Reset();
-            CHILD_EXPECT(
-                child->store->Set(absl::StrCat("delta/reset/", epoch, "/", rank), "1").ok());
-            for (int r = 0; r < 8; ++r) {
-              CHILD_EXPECT(child->store
-                               ->Get(absl::StrCat("delta/reset/", epoch, "/", r),
-                                     absl::Now() + absl::Seconds(30))
-                               .ok());
-            }
+            CHILD_EXPECT(rendezvous::Barrier(*child->store, absl::StrCat("delta/reset/", epoch),
+                                             rank, testing::Ranks(8),
+                                             absl::Now() + absl::Seconds(30))
+                             .ok());
             full_next = true;
             continue;
           }
@@ -984,12 +974,9 @@ TEST_P(PeerProtocolErrors, FailTheEpochWriteNothingAndReset) {
           }
         }
         e.Reset();
-        CHILD_EXPECT(child->store->Set(absl::StrCat("reset-done/", rank), "1").ok());
-        for (int r = 0; r < 4; ++r) {
-          CHILD_EXPECT(
-              child->store->Get(absl::StrCat("reset-done/", r), absl::Now() + absl::Seconds(20))
-                  .ok());
-        }
+        CHILD_EXPECT(rendezvous::Barrier(*child->store, "reset-done", rank, testing::Ranks(4),
+                                         absl::Now() + absl::Seconds(20))
+                         .ok());
         Fill(rb, rank, 2);
         for (size_t b = 0; b < rb.memory.size(); ++b) {
           if (rb.plan.buffers()[b].side != plan::Side::kSrc)
