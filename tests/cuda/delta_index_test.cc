@@ -4,7 +4,8 @@
 // stream delta::EncodePiece writes, byte for byte, with the same result and shadow, and the
 // apply writes exactly what delta::Decoder::Apply writes run by run, over random pieces: change
 // fractions from 0 to 1, scattered and in runs, element sizes 1/2/4/8, sizes around chunk and
-// word boundaries, contiguous and strided sources and destinations.
+// word boundaries, contiguous and strided sources and destinations. Without a device,
+// DeviceDeltaCodec::Create is a FailedPrecondition.
 #include "src/cuda/delta_index.h"
 
 #include <gtest/gtest.h>
@@ -12,11 +13,14 @@
 #include <algorithm>
 #include <array>
 #include <cstring>
+#include <memory>
 #include <numeric>
 #include <random>
 #include <vector>
 
 #include "src/common/delta_codec.h"
+#include "src/cuda/delta.h"
+#include "src/cuda/runtime.h"
 #include "tests/cuda/delta_test_util.h"
 
 namespace reshard::cuda {
@@ -290,6 +294,15 @@ TEST(DeltaIndex, RunBitsCoverExactlyTheRun) {
       }
     }
   }
+}
+
+// Without a usable device (or without the kernels) the codec says so instead of failing later.
+TEST(DeltaIndex, DeviceCodecIsAFailedPreconditionWithoutADevice) {
+  if (CudaDeviceCount() > 0) GTEST_SKIP() << "a device is usable: delta_kernel_test runs";
+  const absl::StatusOr<std::unique_ptr<DeviceDeltaCodec>> codec =
+      DeviceDeltaCodec::Create(1 << 20, 1 << 20);
+  ASSERT_FALSE(codec.ok());
+  EXPECT_EQ(codec.status().code(), absl::StatusCode::kFailedPrecondition) << codec.status();
 }
 
 }  // namespace
