@@ -332,12 +332,20 @@ absl::Status RefitEngine::Impl::InitDelta(const std::vector<BufferView>& buffers
   device_shadow_offset_.assign(program_.descs.size(), -1);
   int64_t device_shadow = 0, device_piece = 0;
   bool host_encoded = false;
+  std::string device_buffer;  // The first CUDA buffer that needs the kernels, for errors.
+  auto name = [&](uint32_t b, uint32_t tensor) {
+    return absl::StrFormat("buffer \"%s\" (tensor \"%s\")", plan_.buffers()[b].name,
+                           plan_.spec().tensors[tensor].name);
+  };
   for (uint32_t i = 0; i < program_.descs.size(); ++i) {
     const SendDesc& d = program_.descs[i];
     if (d.delta_elem_bytes == 0) continue;
     if (buffers[d.from_buffer].kind != MemoryKind::kCuda) {
       host_encoded = true;
       continue;
+    }
+    if (device_buffer.empty()) {
+      device_buffer = name(d.from_buffer, plan_.transfers()[d.transfer].tensor);
     }
     device_shadow_offset_[i] = device_shadow;
     device_shadow += (d.bytes + 15) / 16 * 16;
@@ -347,33 +355,27 @@ absl::Status RefitEngine::Impl::InitDelta(const std::vector<BufferView>& buffers
   // buffer itself (a CUDA-aware UCX registered it); a staged buffer's pinned host copy holds
   // exactly what its device memory holds, so host code applies them there and the piece moves
   // to the device as any other (Landing::Land).
-  std::string device_destination;  // A tensor whose stream needs the kernels, for errors.
+  bool device_destination = false;
   for (uint32_t slot = 0; slot < program_.received.size(); ++slot) {
     if (program_.delta_elem_bytes[slot] == 0) continue;
     const plan::Transfer& t = plan_.transfers()[program_.received[slot]];
     const uint32_t b = plan_.buffer_of(t.tensor, t.to_side);
     if (buffers[b].kind != MemoryKind::kCuda || !runtime_->supports_cuda_memory()) continue;
     device_piece = std::max(device_piece, plan_.region(t.region).bytes);
-    if (device_destination.empty()) {
-      device_destination = absl::StrFormat("buffer \"%s\" (tensor \"%s\")", plan_.buffers()[b].name,
-                                           plan_.spec().tensors[t.tensor].name);
-    }
+    if (!device_destination) device_buffer = name(b, t.tensor);  // Needs the kernels: named.
+    device_destination = true;
   }
-  if (device_shadow > 0 || !device_destination.empty()) {
+  if (device_shadow > 0 || device_destination) {
     absl::StatusOr<std::unique_ptr<cuda::DeviceDeltaCodec>> codec =
         cuda::DeviceDeltaCodec::Create(device_shadow, device_piece);
     if (codec.ok()) {
       device_delta_ = *std::move(codec);
-    } else if (!device_destination.empty() ||
+    } else if (device_destination ||
                codec.status().code() != absl::StatusCode::kFailedPrecondition) {
-      return absl::Status(
-          codec.status().code(),
-          absl::StrFormat(
-              "rank %d: delta refits with CUDA memory (%s) need the CUDA delta "
-              "kernels: %s",
-              rank_,
-              device_destination.empty() ? std::string("source buffers") : device_destination,
-              codec.status().message()));
+      return absl::Status(codec.status().code(),
+                          absl::StrFormat("rank %d: delta refits of CUDA %s need the CUDA delta "
+                                          "kernels, which failed: %s",
+                                          rank_, device_buffer, codec.status().message()));
     } else {
       // No kernels in this build: CUDA sources are staged and encoded on the host.
       RESHARD_LOG(kInfo, "rank %d: delta pieces from CUDA memory are encoded on the host: %s",
