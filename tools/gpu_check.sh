@@ -5,7 +5,9 @@
 # bit), `reshard`, bench/pack_bench and bench/quant_bench, prints `reshard info`, runs
 # `ctest -L gpu`, then prints the pack/unpack kernels' GB/s against device-to-device cudaMemcpy
 # (runs of 4 B .. 64 KiB) as one table and the quantization kernels' GB/s per scheme (8192 x 8192
-# bf16, and an FP8 source requantized: 128 x 128 e4m3 into MX e5m2) as another. CUDA IPC between
+# bf16, and an FP8 source requantized: 128 x 128 e4m3 into MX e5m2) as another, and the delta
+# kernels' encode/apply GB/s for an 8 MiB bf16 piece at 0-100% changed (bench/delta_gpu_bench;
+# their gpu test is cuda_delta_kernel_test) as a third. CUDA IPC between
 # processes on one GPU runs; NCCL tests that need two GPUs skip.
 #
 #   tools/gpu_check.sh [BUILD_DIR]     (default: build-gpu; CUDA found under /usr/local/cuda or
@@ -60,9 +62,9 @@ if [ -z "$targets" ]; then
   echo "gpu_check: no gpu-labelled test targets found" >&2
   exit 1
 fi
-log "build: $targets reshard pack_bench quant_bench"
+log "build: $targets reshard pack_bench quant_bench delta_gpu_bench"
 # shellcheck disable=SC2086
-cmake --build "$build" -j"$jobs" --target $targets reshard pack_bench quant_bench
+cmake --build "$build" -j"$jobs" --target $targets reshard pack_bench quant_bench delta_gpu_bench
 
 log "reshard info"
 "$build/bin/reshard" info || true
@@ -82,12 +84,17 @@ if [ "$bench" -eq 0 ]; then
   "$build/bin/quant_bench" --rows 8192 --cols 8192 --iters 20
   bench=$?
 fi
+if [ "$bench" -eq 0 ]; then
+  log "delta encode/apply kernels against cudaMemcpy"
+  "$build/bin/delta_gpu_bench" --mib 8 --iters 20
+  bench=$?
+fi
 set -e
 log "done"
 case "$bench" in
   0) exit 0 ;;
   3) echo "gpu_check: no usable GPU: the gpu tests skipped and nothing was measured" >&2
      exit 3 ;;
-  *) echo "gpu_check: pack_bench or quant_bench failed (exit $bench)" >&2
+  *) echo "gpu_check: pack_bench, quant_bench or delta_gpu_bench failed (exit $bench)" >&2
      exit 1 ;;
 esac

@@ -148,6 +148,27 @@ RESHARD_HD inline int64_t RunsBytes(int64_t runs, int64_t changed, int es) {
   return runs * 4 + changed * es;
 }
 
+// The chunk word of a chunk of `n` elements of `es` bytes with `changed` changed elements in
+// `runs` runs: its smallest encoding (ties: kBitmap, then kRuns, then kRaw) and payload bytes.
+RESHARD_HD inline uint32_t ChunkWord(int64_t n, int64_t changed, int64_t runs, int es) {
+  if (changed == 0) return kSame;
+  const int64_t bitmap = BitmapBytes(n, changed, es), run_bytes = RunsBytes(runs, changed, es),
+                raw = n * es;
+  if (bitmap <= run_bytes && bitmap < raw) return kBitmap | static_cast<uint32_t>(bitmap << 2);
+  if (run_bytes < raw) return kRuns | static_cast<uint32_t>(run_bytes << 2);
+  return kRaw | static_cast<uint32_t>(raw << 2);
+}
+
+// One past the last element of the run of changed elements that starts at `start` (its bit is
+// set) in a chunk of `n` elements whose mask is `words`: the next clear bit, or n.
+RESHARD_HD inline int64_t RunEnd(const uint64_t* words, int64_t n, int64_t start) {
+  const int64_t num_words = (n + 63) / 64;
+  int64_t w = start / 64;
+  uint64_t z = ~words[w] & ~BitRange(0, static_cast<int>(start % 64));
+  while (z == 0 && ++w < num_words) z = ~words[w];
+  return z == 0 ? n : (w * 64 + Ctz64(z) < n ? w * 64 + Ctz64(z) : n);
+}
+
 // Encodes one chunk of `n` elements into `out` (room for n * sizeof(T) bytes); returns its
 // chunk word (tag | payload bytes << 2). `words` is the chunk's mask (ChunkMask).
 template <typename T>
@@ -155,10 +176,8 @@ RESHARD_HD inline uint32_t EncodeChunk(const uint8_t* now, int64_t n, const uint
                                        int64_t changed, int64_t runs, uint8_t* out) {
   constexpr int es = sizeof(T);
   const int64_t num_words = (n + 63) / 64;
-  if (changed == 0) return kSame;
-  const int64_t bitmap = BitmapBytes(n, changed, es), run_bytes = RunsBytes(runs, changed, es),
-                raw = n * es;
-  if (bitmap <= run_bytes && bitmap < raw) {
+  const uint32_t word = ChunkWord(n, changed, runs, es);
+  if ((word & 3) == kBitmap) {
     memcpy(out, words, static_cast<size_t>(num_words * 8));
     uint8_t* values = out + num_words * 8;
     for (int64_t w = 0; w < num_words; ++w) {
@@ -168,9 +187,9 @@ RESHARD_HD inline uint32_t EncodeChunk(const uint8_t* now, int64_t n, const uint
         values += es;
       }
     }
-    return kBitmap | static_cast<uint32_t>(bitmap << 2);
+    return word;
   }
-  if (run_bytes < raw) {
+  if ((word & 3) == kRuns) {
     uint8_t* pairs = out;
     uint8_t* values = out + runs * 4;
     int64_t e = 0;
@@ -181,10 +200,7 @@ RESHARD_HD inline uint32_t EncodeChunk(const uint8_t* now, int64_t n, const uint
       while (m == 0 && ++w < num_words) m = words[w];
       if (m == 0) break;
       const int64_t start = w * 64 + Ctz64(m);
-      // The next clear bit after start.
-      uint64_t z = ~words[w] & ~BitRange(0, static_cast<int>(start % 64));
-      while (z == 0 && ++w < num_words) z = ~words[w];
-      const int64_t end = z == 0 ? n : (w * 64 + Ctz64(z) < n ? w * 64 + Ctz64(z) : n);
+      const int64_t end = RunEnd(words, n, start);
       Store<uint16_t>(pairs, static_cast<uint16_t>(start));
       Store<uint16_t>(pairs + 2, static_cast<uint16_t>(end - start));
       pairs += 4;
@@ -192,10 +208,10 @@ RESHARD_HD inline uint32_t EncodeChunk(const uint8_t* now, int64_t n, const uint
       values += (end - start) * es;
       e = end;
     }
-    return kRuns | static_cast<uint32_t>(run_bytes << 2);
+    return word;
   }
-  memcpy(out, now, static_cast<size_t>(raw));
-  return kRaw | static_cast<uint32_t>(raw << 2);
+  if ((word & 3) == kRaw) memcpy(out, now, static_cast<size_t>(n * es));
+  return word;
 }
 
 // What EncodePiece did, for statistics.

@@ -73,9 +73,43 @@ absl::Status Landing::ApplyDelta(uint32_t slot, const uint8_t* stream, int64_t l
   deltas_applied_ += decoder.mode() == delta::kDelta;
   const uint32_t to_buf = plan_.buffer_of(t.tensor, t.to_side);
   uint8_t* to = memory_.data(to_buf);
+  if (memory_.device(to_buf)) {
+    // Device memory written directly (not staged): the CUDA kernels apply the validated stream.
+    if (device_delta_ == nullptr) {
+      return absl::InternalError(absl::StrCat("rank ", program_.rank,
+                                              ": no CUDA delta codec for the device buffer of "
+                                              "tensor \"",
+                                              plan_.spec().tensors[t.tensor].name, "\""));
+    }
+    absl::StatusOr<delta::Mode> applied = device_delta_->Apply(
+        DeltaPieceOf(plan_, region, /*source=*/false, es), stream, length, version_, to);
+    if (!applied.ok()) {
+      return absl::Status(applied.status().code(),
+                          absl::StrCat("rank ", program_.rank, ": the delta stream of transfer ",
+                                       program_.received_ids[slot], " (tensor \"",
+                                       plan_.spec().tensors[t.tensor].name,
+                                       "\") on the GPU: ", applied.status().message()));
+    }
+    return absl::OkStatus();
+  }
   plan::ForEachRun(region, plan_.region_dims(region),
                    [&](int64_t, int64_t to_off, int64_t n) { decoder.Apply(to + to_off, n / es); });
   return absl::OkStatus();
+}
+
+cuda::DeltaPiece DeltaPieceOf(const plan::Plan& plan, const plan::Region& region, bool source,
+                              int elem_size) {
+  // Regions of one tensor move whole elements (DeltaElemBytes compares at their size).
+  RESHARD_CHECK(region.run_bytes % elem_size == 0);
+  const plan::RegionDim* dims = plan.region_dims(region);
+  int64_t count[cuda::kMaxPackDims] = {}, stride[cuda::kMaxPackDims] = {};
+  static_assert(plan::kMaxTensorDims <= cuda::kMaxPackDims);
+  for (int k = 0; k < region.ndims; ++k) {
+    count[k] = dims[k].count;
+    stride[k] = source ? dims[k].from_stride : dims[k].to_stride;
+  }
+  return cuda::MakeDeltaPiece(source ? region.from_offset : region.to_offset, region.run_bytes,
+                              region.ndims, count, stride, elem_size);
 }
 
 absl::StatusOr<uint32_t> Landing::CheckSender(int32_t from_rank, uint32_t id,

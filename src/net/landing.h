@@ -11,7 +11,10 @@
 //  - unpacks packed streams into place and moves staged destination pieces host -> device;
 //  - applies delta streams (docs/delta.md) in place once the whole stream is here, after
 //    validating all of it against the piece and this rank's version (DataLoss otherwise, the
-//    destination untouched); with active messages the stream is assembled in host memory first;
+//    destination untouched); with active messages the stream is assembled in host memory first.
+//    Host code applies them to host memory and to the pinned staging copy of a staged device
+//    buffer (which Land then moves to the device, as any piece); the CUDA kernels
+//    (set_device_delta) apply them to device memory the engine writes directly;
 //  - on the sending side, gathers packed streams and runs local copies.
 // Device memory is copied through src/cuda/runtime.h, host memory with memcpy.
 //
@@ -24,6 +27,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "src/cuda/delta.h"
 #include "src/net/registered_memory.h"
 #include "src/net/send_program.h"
 #include "src/net/wire.h"
@@ -59,6 +63,10 @@ class Landing {
   int64_t wire_bytes(uint32_t slot) const;
   // Delta streams applied as deltas (not plain pieces) in this epoch.
   int64_t deltas_applied() const { return deltas_applied_; }
+  // The codec that applies delta streams to device buffers the engine writes directly (not
+  // staged); it must outlive the Landing. Without one, such streams are refused (Internal):
+  // the engine checks at set-up that it has one when any delta piece lands in device memory.
+  void set_device_delta(cuda::DeviceDeltaCodec* codec) { device_delta_ = codec; }
 
   // Sender side: gathers the runs of packed `desc` into the send scratch, or into `to`.
   [[nodiscard]] absl::Status Gather(const SendDesc& desc);
@@ -88,7 +96,13 @@ class Landing {
   std::vector<int64_t> stream_bytes_;  // By slot: this epoch's delta stream length, 0 before.
   // Active-message delivery: delta streams are assembled here (at their landing offsets).
   std::vector<uint8_t> am_streams_;
+  cuda::DeviceDeltaCodec* device_delta_ = nullptr;
 };
+
+// One side (`source`: the sending buffer's, else the receiving buffer's) of `region` as the
+// delta kernels address its elements of `elem_size` bytes.
+cuda::DeltaPiece DeltaPieceOf(const plan::Plan& plan, const plan::Region& region, bool source,
+                              int elem_size);
 
 // One copy between any two addresses (CUDA when either side is device memory).
 [[nodiscard]] absl::Status Copy(void* dst, const void* src, int64_t bytes, bool device);

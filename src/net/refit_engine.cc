@@ -17,6 +17,7 @@
 #include "src/common/idle.h"
 #include "src/common/log.h"
 #include "src/common/status.h"
+#include "src/cuda/delta.h"
 #include "src/net/delivery.h"
 #include "src/net/landing.h"
 #include "src/net/peer_link.h"
@@ -103,6 +104,9 @@ class RefitEngine::Impl final : public MessageSink, public LinkOwner {
   std::shared_ptr<Runtime> runtime_;
   SendProgram program_;
   std::unique_ptr<RegisteredMemory> memory_;
+  // Delta refits with CUDA memory (docs/delta.md): encodes pieces from CUDA sources against
+  // their device shadow, applies streams to device buffers; the landing uses it.
+  std::unique_ptr<cuda::DeviceDeltaCodec> device_delta_;
   std::unique_ptr<Landing> landing_;
   std::unique_ptr<Delivery> delivery_;
   std::vector<std::unique_ptr<PeerLink>> links_;  // By rank; null for ranks that are not peers.
@@ -161,6 +165,11 @@ class RefitEngine::Impl final : public MessageSink, public LinkOwner {
   std::vector<uint8_t> gather_;         // SendProgram::gather_bytes.
   std::vector<uint64_t> shadow_epoch_;  // By descriptor: the epoch its shadow was written in.
   std::vector<int64_t> stream_len_;     // By descriptor: this epoch's delta stream length.
+  // Delta pieces whose source is CUDA memory are encoded by the CUDA kernels (device_delta_)
+  // against a shadow in device memory: by descriptor, its shadow's offset there (-1: encoded on
+  // the host).
+  std::vector<int64_t> device_shadow_offset_;
+  std::vector<bool> unstaged_sources_;  // By buffer: only GPU-encoded pieces read it.
   bool abort_pending_ = false;
   uint64_t reset_floor_ = 0;  // Aborts about epochs <= this predate the last Reset.
   // The last epoch this rank completed (not cleared by failures or Reset). A peer's abort about
@@ -198,6 +207,8 @@ class RefitEngine::Impl final : public MessageSink, public LinkOwner {
   // The transfer in `slot` (SendProgram::received) landed here.
   void MarkLanded(uint32_t slot);
   void PostSends();
+  // Delta mode's set-up: shadows (host, and device for CUDA sources), the CUDA codec.
+  absl::Status InitDelta(const std::vector<BufferView>& buffers);
   // Gathers delta descriptor `desc` (to `link`) and encodes it into its stream.
   absl::Status EncodeDelta(const PeerLink& link, const SendDesc& d, uint32_t desc);
   void Advance();
@@ -250,25 +261,7 @@ absl::Status RefitEngine::Impl::Init(rendezvous::Store& store, std::vector<Buffe
                        SendProgramOptions{options_.execute_fanout, options_.pack_below_run_bytes,
                                           am ? wire::kAmChunkBytes : 0, options_.delta});
   RESHARD_RETURN_IF_ERROR(CheckDependencies());
-  if (options_.delta) {
-    // Deltas are applied by host code (there is no CUDA decode kernel yet): destination
-    // buffers must be host memory.
-    for (uint32_t slot = 0; slot < program_.received.size(); ++slot) {
-      if (program_.delta_elem_bytes[slot] == 0) continue;
-      const plan::Transfer& t = plan_.transfers()[program_.received[slot]];
-      const uint32_t b = plan_.buffer_of(t.tensor, t.to_side);
-      if (buffers[b].kind != MemoryKind::kHost) {
-        return absl::FailedPreconditionError(absl::StrFormat(
-            "rank %d: delta refits need destination buffers in host memory for now; buffer "
-            "\"%s\" (tensor \"%s\") is device memory",
-            rank_, plan_.buffers()[b].name, plan_.spec().tensors[t.tensor].name));
-      }
-    }
-    shadow_.assign(static_cast<size_t>(program_.shadow_bytes), 0);
-    gather_.assign(static_cast<size_t>(program_.gather_bytes), 0);
-    shadow_epoch_.assign(program_.descs.size(), 0);
-    stream_len_.assign(program_.descs.size(), 0);
-  }
+  if (options_.delta) RESHARD_RETURN_IF_ERROR(InitDelta(buffers));
   absl::Status registered = runtime_->Register(handle_, this);
   if (!registered.ok()) {
     return absl::AlreadyExistsError(absl::StrCat("a refit handle with key prefix \"",
@@ -280,6 +273,7 @@ absl::Status RefitEngine::Impl::Init(rendezvous::Store& store, std::vector<Buffe
       RegisteredMemory::Create(plan_, rank_, *runtime_, std::move(buffers),
                                program_.send_scratch_bytes, am ? 0 : program_.landing_bytes));
   landing_ = std::make_unique<Landing>(plan_, program_, *memory_, am);
+  landing_->set_device_delta(device_delta_.get());
   delivery_ = MakeDelivery(am, rank_, program_, *memory_, options_.signal_batch_bytes, stats_);
   single_copy_enabled_ = options_.single_copy && !am;
   if (const char* env = std::getenv("RESHARD_SINGLE_COPY")) {
@@ -330,6 +324,85 @@ absl::Status RefitEngine::Impl::Init(rendezvous::Store& store, std::vector<Buffe
   RESHARD_RETURN_IF_ERROR(CheckRemoteKeys());
   RESHARD_RETURN_IF_ERROR(Handshake(store, options_.key_prefix, rank_, *runtime_, links_, deadline));
   return ChooseSingleCopy();
+}
+
+absl::Status RefitEngine::Impl::InitDelta(const std::vector<BufferView>& buffers) {
+  // Pieces from CUDA source buffers: a device shadow each (16-byte aligned, for every element
+  // size), encoded on the GPU straight from the caller's buffer.
+  device_shadow_offset_.assign(program_.descs.size(), -1);
+  int64_t device_shadow = 0, device_piece = 0;
+  bool host_encoded = false;
+  std::string device_buffer;  // The first CUDA buffer that needs the kernels, for errors.
+  auto name = [&](uint32_t b, uint32_t tensor) {
+    return absl::StrFormat("buffer \"%s\" (tensor \"%s\")", plan_.buffers()[b].name,
+                           plan_.spec().tensors[tensor].name);
+  };
+  for (uint32_t i = 0; i < program_.descs.size(); ++i) {
+    const SendDesc& d = program_.descs[i];
+    if (d.delta_elem_bytes == 0) continue;
+    if (buffers[d.from_buffer].kind != MemoryKind::kCuda) {
+      host_encoded = true;
+      continue;
+    }
+    if (device_buffer.empty()) {
+      device_buffer = name(d.from_buffer, plan_.transfers()[d.transfer].tensor);
+    }
+    device_shadow_offset_[i] = device_shadow;
+    device_shadow += (d.bytes + 15) / 16 * 16;
+    device_piece = std::max(device_piece, d.bytes);
+  }
+  // Streams into device memory: applied by the CUDA kernels where the engine writes the device
+  // buffer itself (a CUDA-aware UCX registered it); a staged buffer's pinned host copy holds
+  // exactly what its device memory holds, so host code applies them there and the piece moves
+  // to the device as any other (Landing::Land).
+  bool device_destination = false;
+  for (uint32_t slot = 0; slot < program_.received.size(); ++slot) {
+    if (program_.delta_elem_bytes[slot] == 0) continue;
+    const plan::Transfer& t = plan_.transfers()[program_.received[slot]];
+    const uint32_t b = plan_.buffer_of(t.tensor, t.to_side);
+    if (buffers[b].kind != MemoryKind::kCuda || !runtime_->supports_cuda_memory()) continue;
+    device_piece = std::max(device_piece, plan_.region(t.region).bytes);
+    if (!device_destination) device_buffer = name(b, t.tensor);  // Needs the kernels: named.
+    device_destination = true;
+  }
+  if (device_shadow > 0 || device_destination) {
+    absl::StatusOr<std::unique_ptr<cuda::DeviceDeltaCodec>> codec =
+        cuda::DeviceDeltaCodec::Create(device_shadow, device_piece);
+    if (codec.ok()) {
+      device_delta_ = *std::move(codec);
+    } else if (device_destination ||
+               codec.status().code() != absl::StatusCode::kFailedPrecondition) {
+      return absl::Status(codec.status().code(),
+                          absl::StrFormat("rank %d: delta refits of CUDA %s need the CUDA delta "
+                                          "kernels, which failed: %s",
+                                          rank_, device_buffer, codec.status().message()));
+    } else {
+      // No kernels in this build: CUDA sources are staged and encoded on the host.
+      RESHARD_LOG(kInfo, "rank %d: delta pieces from CUDA memory are encoded on the host: %s",
+                  rank_, codec.status().message());
+      device_shadow_offset_.assign(program_.descs.size(), -1);
+      host_encoded = true;
+    }
+  }
+  // A staged source buffer that only GPU-encoded pieces read is never copied to the host.
+  unstaged_sources_.assign(buffers.size(), false);
+  if (device_delta_ != nullptr) {
+    for (uint32_t b = 0; b < buffers.size(); ++b) {
+      unstaged_sources_[b] =
+          buffers[b].kind == MemoryKind::kCuda && plan_.buffers()[b].side == plan::Side::kSrc;
+    }
+    for (uint32_t i = 0; i < program_.descs.size(); ++i) {
+      const SendDesc& d = program_.descs[i];
+      if (device_shadow_offset_[i] < 0) unstaged_sources_[d.from_buffer] = false;
+    }
+  }
+  if (host_encoded) {
+    shadow_.assign(static_cast<size_t>(program_.shadow_bytes), 0);
+    gather_.assign(static_cast<size_t>(program_.gather_bytes), 0);
+  }
+  shadow_epoch_.assign(program_.descs.size(), 0);
+  stream_len_.assign(program_.descs.size(), 0);
+  return absl::OkStatus();
 }
 
 absl::Status RefitEngine::Impl::ChooseSingleCopy() {
@@ -493,7 +566,7 @@ absl::Status RefitEngine::Impl::Start(uint64_t epoch) {
     }
   }
   // Staged source buffers: device -> pinned host before any send reads them.
-  absl::Status staged = memory_->StageSources(plan_);
+  absl::Status staged = memory_->StageSources(plan_, unstaged_sources_);
   if (!staged.ok()) {
     Fail(staged);
     BroadcastAbort();
@@ -599,15 +672,33 @@ void RefitEngine::Impl::PostSends() {
 
 absl::Status RefitEngine::Impl::EncodeDelta(const PeerLink& link, const SendDesc& d,
                                             uint32_t desc) {
-  RESHARD_RETURN_IF_ERROR(landing_->Gather(d, gather_.data()));
   // The epoch rule (docs/delta.md): a delta only on top of the version the receiver holds,
   // which must be this rank's own version and its shadow's.
   const bool receiver_at_base = link.granted_version == base_;
   const bool base = base_ != 0 && shadow_epoch_[desc] == base_;
   const int es = d.delta_elem_bytes;
-  const delta::EncodeResult r =
-      delta::EncodePiece(gather_.data(), shadow_.data() + d.shadow_offset, d.bytes / es, es, base_,
-                         base && receiver_at_base, memory_->send_scratch() + d.send_offset);
+  uint8_t* out = memory_->send_scratch() + d.send_offset;
+  delta::EncodeResult r;
+  if (device_shadow_offset_[desc] >= 0) {
+    // On the GPU, from the caller's device buffer (never its staging copy) into the stream.
+    const plan::Transfer& t = plan_.transfers()[d.transfer];
+    absl::StatusOr<delta::EncodeResult> encoded =
+        device_delta_->Encode(DeltaPieceOf(plan_, plan_.region(t.region), /*source=*/true, es),
+                              memory_->buffer(d.from_buffer).data, device_shadow_offset_[desc],
+                              base_, base && receiver_at_base, out);
+    if (!encoded.ok()) {
+      return absl::Status(encoded.status().code(),
+                          absl::StrFormat("rank %d: the GPU delta encode of transfer %d (tensor "
+                                          "\"%s\"): %s",
+                                          rank_, d.id, plan_.spec().tensors[t.tensor].name,
+                                          encoded.status().message()));
+    }
+    r = *encoded;
+  } else {
+    RESHARD_RETURN_IF_ERROR(landing_->Gather(d, gather_.data()));
+    r = delta::EncodePiece(gather_.data(), shadow_.data() + d.shadow_offset, d.bytes / es, es,
+                           base_, base && receiver_at_base, out);
+  }
   shadow_epoch_[desc] = epoch_;
   stream_len_[desc] = r.bytes;
   stats_.delta_stream_bytes += r.bytes;

@@ -115,10 +115,12 @@ struct RefitEngineOptions {
   // those too. Override: RESHARD_MAP_SHARED=0|1.
   bool map_shared_memory = true;
   // Delta refits (docs/delta.md): network pieces from source tiles travel as encodings of the
-  // elements that changed since this rank last sent them, against a host shadow of each piece,
-  // whenever the receiver holds exactly that version (otherwise, and when the encoding is not
-  // smaller, the plain piece). Destination elements must keep the last refit's values between
-  // refits. Every rank of a handle must agree (the landing areas differ).
+  // elements that changed since this rank last sent them, against a shadow of each piece (in
+  // device memory, encoded by the CUDA kernels, for CUDA sources), whenever the receiver holds
+  // exactly that version (otherwise, and when the encoding is not smaller, the plain piece).
+  // Streams into device memory are applied by the CUDA kernels, or into a staged buffer's host
+  // copy. Destination elements must keep the last refit's values between refits. Every rank of
+  // a handle must agree (the landing areas differ).
   bool delta = false;
 };
 

@@ -158,8 +158,10 @@ std::vector<bool> SourceBuffersRead(const plan::Plan& plan, int32_t rank) {
   return read;
 }
 
-absl::Status RegisteredMemory::StageSources(const plan::Plan& plan) const {
+absl::Status RegisteredMemory::StageSources(const plan::Plan& plan,
+                                            const std::vector<bool>& unread) const {
   for (uint32_t b = 0; b < buffers_.size(); ++b) {
+    if (b < unread.size() && unread[b]) continue;
     if (staged(b) && plan.buffers()[b].side == plan::Side::kSrc) {
       RESHARD_RETURN_IF_ERROR(
           cuda::CudaCopy(staging_[b], buffers_[b].data, static_cast<size_t>(buffers_[b].bytes)));

@@ -60,8 +60,10 @@ class RegisteredMemory {
   // Adds the `key.<id>` / `base.<id>` fields of this rank's writable memory to `record`.
   [[nodiscard]] absl::Status AddRemoteKeys(rendezvous::Record* record) const;
   // Copies staged source buffers device -> host (before an epoch's first send): only those a
-  // transfer reads, since no other source buffer is staged.
-  [[nodiscard]] absl::Status StageSources(const plan::Plan& plan) const;
+  // transfer reads, since no other source buffer is staged, and not those `unread` names (by
+  // buffer id, when as long as the buffers: what the engine reads from device memory itself).
+  [[nodiscard]] absl::Status StageSources(const plan::Plan& plan,
+                                          const std::vector<bool>& unread = {}) const;
 
  private:
   RegisteredMemory() = default;

@@ -146,13 +146,14 @@ struct HandleOptions {
   // Accept buffers larger than required (otherwise the exact size is demanded, which catches
   // passing a full tensor where a shard belongs).
   bool allow_larger_buffers = false;
-  // Delta refits (docs/delta.md): each source keeps a host shadow of every network piece it
-  // sends and sends only an encoding of the elements that changed since, whenever the receiver
-  // holds exactly that version; the first refit, a refit after a failure or Reset(), and a
-  // receiver that missed an epoch get the plain pieces automatically. Between refits the
-  // destination buffers must keep the values the last refit wrote (Reset() every rank before
-  // changing them). Host destination buffers only (FailedPrecondition otherwise). Every rank
-  // must agree.
+  // Delta refits (docs/delta.md): each source keeps a shadow of every network piece it sends
+  // (in device memory, encoded by CUDA kernels, for CUDA sources) and sends only an encoding of
+  // the elements that changed since, whenever the receiver holds exactly that version; the first
+  // refit, a refit after a failure or Reset(), and a receiver that missed an epoch get the plain
+  // pieces automatically. Between refits the destination buffers must keep the values the last
+  // refit wrote (Reset() every rank before changing them). CUDA destination buffers that UCX
+  // registers directly need the CUDA delta kernels (FailedPrecondition in a build without them).
+  // Every rank must agree.
   bool delta = false;
 };
 
@@ -211,7 +212,8 @@ struct Stats {
   // Delta refits (HandleOptions::delta), as sender: network pieces sent as deltas, and as plain
   // pieces by reason (no base version: first refit, or after a failure or Reset(); the receiver
   // holds another version; the delta was not smaller); the bytes of what was sent (part of
-  // bytes_network_sent) against the plain pieces' bytes; the host shadow this rank keeps.
+  // bytes_network_sent) against the plain pieces' bytes; the shadow this rank keeps (host and
+  // device memory together).
   int64_t delta_pieces = 0;
   int64_t delta_full_no_base = 0;
   int64_t delta_full_receiver_version = 0;
