@@ -5,6 +5,7 @@
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "src/common/process.h"
 #include "src/common/status.h"
@@ -95,12 +96,12 @@ class CudaIpcBackend final : public internal::BoardBackend {
       case internal::GpuCopyMethod::kMemcpy:
         RESHARD_CUDA_RETURN(
             cudaMemcpyAsync(dst + t, src + f, g.width, cudaMemcpyDeviceToDevice, stream_),
-            "cudaMemcpyAsync (fan-out)");
+            Context("cudaMemcpyAsync", e));
         break;
       case internal::GpuCopyMethod::kMemcpy2D:
         RESHARD_CUDA_RETURN(cudaMemcpy2DAsync(dst + t, g.to_pitch, src + f, g.from_pitch, g.width,
                                               g.height, cudaMemcpyDeviceToDevice, stream_),
-                            "cudaMemcpy2DAsync (fan-out)");
+                            Context("cudaMemcpy2DAsync", e));
         break;
       case internal::GpuCopyMethod::kMemcpy3D: {
         cudaMemcpy3DParms p = {};
@@ -116,11 +117,14 @@ class CudaIpcBackend final : public internal::BoardBackend {
         p.extent.height = g.height;
         p.extent.depth = g.depth;
         p.kind = cudaMemcpyDeviceToDevice;
-        RESHARD_CUDA_RETURN(cudaMemcpy3DAsync(&p, stream_), "cudaMemcpy3DAsync (fan-out)");
+        RESHARD_CUDA_RETURN(cudaMemcpy3DAsync(&p, stream_), Context("cudaMemcpy3DAsync", e));
         break;
       }
       case internal::GpuCopyMethod::kKernel:
-        RESHARD_RETURN_IF_ERROR(kernels_->Copy(c.kernel, src, dst, stream_));
+        if (absl::Status st = kernels_->Copy(c.kernel, src, dst, stream_); !st.ok()) {
+          return absl::Status(st.code(),
+                              absl::StrCat(Context("copy kernel", e), ": ", st.message()));
+        }
         break;
     }
     cudaEvent_t ev = nullptr;
@@ -137,6 +141,13 @@ class CudaIpcBackend final : public internal::BoardBackend {
   }
 
  private:
+  // "<call> (fan-out of tensor T piece P, rank A -> rank B)", for errors.
+  std::string Context(const char* call, const FanoutEdge& e) const {
+    return absl::StrFormat(
+        "%s (fan-out of tensor %s piece %d, rank %d -> rank %d)", call,
+        e.tensor < table_->tensor_names.size() ? table_->tensor_names[e.tensor] : "?", e.transfer,
+        e.from_rank, e.to_rank);
+  }
   bool CopiesInFlight() const override { return !in_flight_.empty(); }
   absl::Status Complete(std::vector<uint32_t>* completed) override {
     // One stream: copies complete in order, so stop at the first one still running.

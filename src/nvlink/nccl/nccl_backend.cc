@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "src/common/idle.h"
 #include "src/common/status.h"
@@ -152,13 +153,27 @@ class NcclBackend final : public FanoutBackend {
     }
   }
 
+  // `st` with the rank, round and peers it concerns.
+  absl::Status Annotate(const absl::Status& st, const char* what, const internal::NcclRankRound& rr,
+                        const std::vector<internal::NcclStream>& streams) const {
+    if (st.ok()) return st;
+    std::string peers;
+    for (const internal::NcclStream& p : streams) {
+      absl::StrAppend(&peers, peers.empty() ? "" : ",", p.peer);
+    }
+    return absl::Status(st.code(),
+                        absl::StrFormat("NCCL fan-out %s of rank %d, round %d (peers %s): %s", what,
+                                        rank_, rr.round, peers, st.message()));
+  }
+
   // Runs batch k's rounds on the stream: per round one pack launch into staging, one group of
   // one ncclSend per receiving peer and one ncclRecv per sending peer, one unpack launch.
   absl::Status Issue(size_t k) {
     for (const internal::NcclRankRound& rr : program_.batches[k].rounds) {
       const size_t j = launch_index_[rr.round];
       if (!rr.sends.empty()) {
-        RESHARD_RETURN_IF_ERROR(kernels_->Pack(2 * j, from_base_, staging_, stream_));
+        RESHARD_RETURN_IF_ERROR(
+            Annotate(kernels_->Pack(2 * j, from_base_, staging_, stream_), "pack", rr, rr.sends));
       }
       ncclResult_t r = ncclGroupStart();
       if (r != ncclSuccess) return NcclError(r, "ncclGroupStart", comm_);
@@ -185,7 +200,8 @@ class NcclBackend final : public FanoutBackend {
         return NcclError(r, "ncclGroupEnd (fan-out round)", comm_);
       }
       if (!rr.recvs.empty()) {
-        RESHARD_RETURN_IF_ERROR(kernels_->Unpack(2 * j + 1, staging_, to_base_, stream_));
+        RESHARD_RETURN_IF_ERROR(
+            Annotate(kernels_->Unpack(2 * j + 1, staging_, to_base_, stream_), "unpack", rr, rr.recvs));
       }
     }
     cudaEvent_t ev = nullptr;
