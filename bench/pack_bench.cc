@@ -6,8 +6,11 @@
 // Every case moves the same payload: runs of R bytes, every other run of a buffer twice the
 // payload (one strided region, stride 2R), gathered into a contiguous stream (pack) and
 // scattered back (unpack). GB/s is payload bytes / median kernel time (cudaEvent), the same
-// convention as the memcpy column (which copies the payload once). One table on stdout.
-// Exit status: 0 after printing the table, 1 on a CUDA or kernel error, 3 when there is no usable
+// convention as the memcpy column (which copies the payload once). A second table times the
+// strided-to-strided copy of the CUDA IPC fan-out (runs from 64 B, every other run of one buffer
+// into every other run of another) by the copy kernel (DeviceCopyBatches) and by
+// cudaMemcpy2DAsync, the two calls the backend chooses between (kMinCopyEngineRun).
+// Exit status: 0 after printing the tables, 1 on a CUDA or kernel error, 3 when there is no usable
 // CUDA device (the message on stderr says why). It prints figures and never fails on speed.
 #include <cuda_runtime_api.h>
 
@@ -143,6 +146,41 @@ int main(int argc, char** argv) {
                 pack_gbs, unpack_gbs, memcpy_gbs, 100 * pack_gbs / memcpy_gbs,
                 100 * unpack_gbs / memcpy_gbs, batch->entries[0].width);
   }
+  // The CUDA IPC fan-out's strided-to-strided copy: kernel against the copy engines.
+  uint8_t* strided_to = nullptr;
+  if (!Check(cudaMalloc(reinterpret_cast<void**>(&strided_to), 2 * payload), "cudaMalloc")) {
+    return 1;
+  }
+  std::printf("\nstrided copy (CUDA IPC fan-out), runs every other in both buffers\n");
+  std::printf("%10s %12s %12s %12s %10s\n", "run bytes", "kernel GB/s", "2D GB/s", "memcpy GB/s",
+              "kernel/2D");
+  // From 64 B: the copy engines take rows one by one, and millions of 4-byte rows would take
+  // seconds per iteration.
+  for (int64_t run = 64; run <= 64 * 1024; run *= (run < 1024 ? 2 : 4)) {
+    reshard::cuda::CopyRegion region;
+    region.run_bytes = run;
+    region.ndims = 1;
+    region.count[0] = payload / run;
+    region.from_stride[0] = region.to_stride[0] = 2 * run;
+    absl::StatusOr<reshard::cuda::CopyBatch> batch = reshard::cuda::BuildCopyBatch({&region, 1});
+    if (!Check(batch.status())) return 1;
+    auto device = reshard::cuda::DeviceCopyBatches::Create({*batch});
+    if (!Check(device.status())) return 1;
+    const reshard::cuda::DeviceCopyBatches& d = **device;
+    const double kernel_ms =
+        MedianMs(iters, stream, [&] { return Check(d.Copy(0, strided, strided_to, stream)); });
+    const double copy2d_ms = MedianMs(iters, stream, [&] {
+      return Check(cudaMemcpy2DAsync(strided_to, 2 * run, strided, 2 * run, run, payload / run,
+                                     cudaMemcpyDeviceToDevice, stream),
+                   "cudaMemcpy2DAsync");
+    });
+    if (kernel_ms < 0 || copy2d_ms < 0) return 1;
+    const double bytes = static_cast<double>(batch->bytes);
+    std::printf("%10lld %12.1f %12.1f %12.1f %9.2fx\n", static_cast<long long>(run),
+                bytes / kernel_ms / 1e6, bytes / copy2d_ms / 1e6, memcpy_gbs,
+                copy2d_ms / kernel_ms);
+  }
+  cudaFree(strided_to);
   cudaStreamDestroy(stream);
   cudaFree(strided);
   cudaFree(packed);

@@ -7,8 +7,10 @@
 # (runs of 4 B .. 64 KiB) as one table and the quantization kernels' GB/s per scheme (8192 x 8192
 # bf16, and an FP8 source requantized: 128 x 128 e4m3 into MX e5m2) as another, and the delta
 # kernels' encode/apply GB/s for an 8 MiB bf16 piece at 0-100% changed (bench/delta_gpu_bench;
-# their gpu test is cuda_delta_kernel_test) as a third. CUDA IPC between
-# processes on one GPU runs; NCCL tests that need two GPUs skip.
+# their gpu test is cuda_delta_kernel_test) as a third. CUDA IPC between processes on one GPU
+# runs (the fan-out conformance suite, nvlink_fanout_conformance_test, through the copy engines
+# and through the strided copy kernel); NCCL tests that need two GPUs skip. pack_bench's second
+# table times that copy kernel against cudaMemcpy2DAsync.
 #
 #   tools/gpu_check.sh [BUILD_DIR]     (default: build-gpu; CUDA found under /usr/local/cuda or
 #                                       CUDAToolkit_ROOT; UCX_ROOT=<prefix> builds against that

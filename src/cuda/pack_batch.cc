@@ -95,4 +95,65 @@ absl::StatusOr<PackBatch> BuildPackBatch(absl::Span<const StridedRegion> regions
   return batch;
 }
 
+absl::StatusOr<CopyBatch> BuildCopyBatch(absl::Span<const CopyRegion> regions,
+                                         const CopyBatchOptions& options) {
+  if (!IsPowerOfTwo(options.from_base_align) || !IsPowerOfTwo(options.to_base_align)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "copy batch alignments must be powers of two (source base %d, destination base %d)",
+        options.from_base_align, options.to_base_align));
+  }
+  if (regions.size() > static_cast<size_t>(INT32_MAX)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "a copy batch holds at most %d regions, not %d", INT32_MAX, regions.size()));
+  }
+  CopyBatch batch;
+  batch.from_base_align = options.from_base_align;
+  batch.to_base_align = options.to_base_align;
+  const int32_t base_width =
+      CommonWidth({options.from_base_align, options.to_base_align}, kMaxPackWidth);
+  for (size_t i = 0; i < regions.size(); ++i) {
+    const CopyRegion& r = regions[i];
+    if (r.ndims < 0 || r.ndims > kMaxPackDims) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "copy region %d has %d outer dims; at most %d are supported", i, r.ndims, kMaxPackDims));
+    }
+    std::optional<int64_t> bytes = r.run_bytes;
+    for (int d = 0; d < r.ndims; ++d) {
+      if (r.count[d] < 0) {
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "copy region %d has the negative count %d in dim %d", i, r.count[d], d));
+      }
+      bytes = CheckedMul(bytes, r.count[d]);
+    }
+    if (r.run_bytes < 0 || !bytes) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "copy region %d has a negative run length or more bytes than int64 holds", i));
+    }
+    if (*bytes == 0) continue;
+    const std::optional<int64_t> total = CheckedAdd(batch.bytes, *bytes);
+    if (!total) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("copy region %d takes the batch past the int64 range", i));
+    }
+    CopyEntry e;
+    e.width = CommonWidth({r.run_bytes, r.from_offset, r.to_offset}, base_width);
+    for (int d = 0; d < r.ndims; ++d) {
+      if (r.count[d] > 1) e.width = CommonWidth({r.from_stride[d], r.to_stride[d]}, e.width);
+      e.count[d] = r.count[d];
+      e.from_stride[d] = r.from_stride[d];
+      e.to_stride[d] = r.to_stride[d];
+    }
+    e.ndims = r.ndims;
+    e.units_begin = batch.total_units;
+    e.units = static_cast<uint64_t>(*bytes / e.width);
+    e.run_units = static_cast<uint64_t>(r.run_bytes / e.width);
+    e.from_offset = r.from_offset;
+    e.to_offset = r.to_offset;
+    batch.entries.push_back(e);
+    batch.total_units += e.units;
+    batch.bytes = *total;
+  }
+  return batch;
+}
+
 }  // namespace reshard::cuda

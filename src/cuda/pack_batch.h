@@ -52,4 +52,60 @@ struct PackBatch {
 [[nodiscard]] absl::StatusOr<PackBatch> BuildPackBatch(absl::Span<const StridedRegion> regions,
                                                        const PackBatchOptions& options = {});
 
+// A strided-to-strided copy region: `run_bytes` contiguous bytes on both sides, repeated over
+// `ndims` outer dims (outermost first) with each side's byte strides. Mirrors plan::Region with
+// its dims inline (a region cut into pieces keeps its own counts).
+struct CopyRegion {
+  int64_t from_offset = 0;
+  int64_t to_offset = 0;
+  int64_t run_bytes = 0;
+  int32_t ndims = 0;
+  int64_t count[kMaxPackDims] = {};
+  int64_t from_stride[kMaxPackDims] = {};
+  int64_t to_stride[kMaxPackDims] = {};
+
+  // run_bytes times every count (the caller keeps it inside int64, as plan regions are).
+  int64_t bytes() const {
+    int64_t b = run_bytes;
+    for (int d = 0; d < ndims; ++d) b *= count[d];
+    return b;
+  }
+  // One side as a pack region, its offset moved by `base`.
+  StridedRegion FromSide(int64_t base = 0) const { return Side(true, base); }
+  StridedRegion ToSide(int64_t base = 0) const { return Side(false, base); }
+
+ private:
+  StridedRegion Side(bool from, int64_t base) const {
+    StridedRegion s;
+    s.offset = base + (from ? from_offset : to_offset);
+    s.run_bytes = run_bytes;
+    s.ndims = ndims;
+    for (int d = 0; d < ndims; ++d) {
+      s.count[d] = count[d];
+      s.stride[d] = from ? from_stride[d] : to_stride[d];
+    }
+    return s;
+  }
+};
+
+struct CopyBatchOptions {
+  // Alignments (powers of two) the source and destination base pointers will have.
+  int64_t from_base_align = kMaxPackWidth;
+  int64_t to_base_align = kMaxPackWidth;
+};
+
+// A batch of strided-to-strided copies for one launch: its non-empty regions, in order.
+struct CopyBatch {
+  std::vector<CopyEntry> entries;
+  uint64_t total_units = 0;
+  int64_t bytes = 0;
+  int64_t from_base_align = kMaxPackWidth;
+  int64_t to_base_align = kMaxPackWidth;
+};
+
+// Builds a copy batch; InvalidArgument as BuildPackBatch. The destination bytes of the regions
+// must not overlap (each written once); reads may.
+[[nodiscard]] absl::StatusOr<CopyBatch> BuildCopyBatch(absl::Span<const CopyRegion> regions,
+                                                       const CopyBatchOptions& options = {});
+
 }  // namespace reshard::cuda

@@ -87,3 +87,70 @@ RESHARD_HD inline UnitAddress LocatePackUnit(const PackEntry& e, uint64_t k) {
 }
 
 }  // namespace reshard::cuda
+
+namespace reshard::cuda {
+
+// A strided-to-strided copy (the CUDA IPC fan-out: a region of any rank, read from one buffer
+// and written into another with its own strides, in one launch). Units as in a pack entry, but
+// both sides are strided: a unit's two addresses come from the same run index and outer counts
+// with each side's strides, so there is no stream in between.
+struct CopyEntry {
+  uint64_t units_begin = 0;  // Units of the entries before this one.
+  uint64_t units = 0;        // This entry's units (bytes / width).
+  uint64_t run_units = 0;    // Units per run.
+  int64_t from_offset = 0;   // Bytes from the source base to the first run.
+  int64_t to_offset = 0;     // Bytes from the destination base to the first run.
+  int32_t width = 1;         // Bytes per unit: 16, 8, 4, 2 or 1.
+  int32_t ndims = 0;
+  int64_t count[kMaxPackDims] = {};
+  int64_t from_stride[kMaxPackDims] = {};  // Bytes, any sign (reads may alias).
+  int64_t to_stride[kMaxPackDims] = {};    // Bytes; writes never alias.
+};
+
+// The bytes one copy unit moves: `width` bytes from `from_offset` to `to_offset`.
+struct CopyUnitAddress {
+  int64_t from_offset;
+  int64_t to_offset;
+  int32_t width;
+};
+
+// Index of the copy entry holding unit `unit` in entries[lo, hi] (as FindPackEntry).
+RESHARD_HD inline int32_t FindCopyEntry(const CopyEntry* entries, int32_t lo, int32_t hi,
+                                        uint64_t unit) {
+  while (lo < hi) {
+    const int32_t mid = lo + (hi - lo + 1) / 2;
+    if (entries[mid].units_begin <= unit) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  return lo;
+}
+
+// The two addresses of unit `k` of entry `e` (0 <= k < e.units), dividing in `Index`.
+template <typename Index>
+RESHARD_HD inline CopyUnitAddress LocateCopyUnitAs(const CopyEntry& e, Index k) {
+  const Index run_units = static_cast<Index>(e.run_units);
+  Index run = k / run_units;
+  const int64_t within = static_cast<int64_t>(k - run * run_units) * e.width;
+  int64_t from = e.from_offset + within;
+  int64_t to = e.to_offset + within;
+  for (int32_t d = e.ndims - 1; d >= 0 && run != 0; --d) {
+    const Index count = static_cast<Index>(e.count[d]);
+    const Index next = run / count;
+    const int64_t i = static_cast<int64_t>(run - next * count);
+    from += i * e.from_stride[d];
+    to += i * e.to_stride[d];
+    run = next;
+  }
+  return {from, to, e.width};
+}
+
+// The same, dividing in 32 bits whenever the entry allows.
+RESHARD_HD inline CopyUnitAddress LocateCopyUnit(const CopyEntry& e, uint64_t k) {
+  return e.units <= UINT32_MAX ? LocateCopyUnitAs<uint32_t>(e, static_cast<uint32_t>(k))
+                               : LocateCopyUnitAs<uint64_t>(e, k);
+}
+
+}  // namespace reshard::cuda

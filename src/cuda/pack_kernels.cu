@@ -1,11 +1,11 @@
-// The pack and unpack kernels. A block takes a tile of consecutive units; its first thread finds
-// the tile's first and last entries by binary search, and every thread then moves units of the
-// tile with a stride of the block size, so neighbouring threads touch neighbouring bytes of the
-// stream and, inside a run, of the strided buffer (coalesced on both sides). A tile inside one
-// region (the common case) needs no further search and moves with one width, all of a thread's
-// loads issued before its stores.
+// The pack and unpack kernels, and the strided-to-strided copy kernel. A block takes a tile of
+// consecutive units; its first thread finds the tile's first and last entries by binary search,
+// and every thread then moves units of the tile with a stride of the block size, so neighbouring
+// threads touch neighbouring bytes of the stream and, inside a run, of the strided buffer
+// (coalesced on both sides). A tile inside one region (the common case) needs no further search
+// and moves with one width, all of a thread's loads issued before its stores.
 //
-// The only .cu file of the project: it includes pack_index.h and the CUDA runtime, nothing else.
+// It includes pack_index.h and the CUDA runtime, nothing else (nvcc time stays small).
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
@@ -141,6 +141,92 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// The strided-to-strided copy: the same tiling as PackKernel, both addresses from CopyEntry.
+template <int kWidth>
+__device__ __forceinline__ void CopyTileOfOneEntry(const CopyEntry& e, uint64_t tile,
+                                                   uint64_t tile_end,
+                                                   const uint8_t* __restrict__ from,
+                                                   uint8_t* __restrict__ to) {
+  using T = typename Vector<kWidth>::Type;
+  T value[kUnitsPerThread];
+  uint8_t* dst[kUnitsPerThread];
+#pragma unroll
+  for (int j = 0; j < kUnitsPerThread; ++j) {
+    const uint64_t u = tile + threadIdx.x + static_cast<uint64_t>(j) * kThreads;
+    dst[j] = nullptr;
+    if (u < tile_end) {
+      const CopyUnitAddress a = LocateCopyUnit(e, u - e.units_begin);
+      dst[j] = to + a.to_offset;
+      value[j] = *reinterpret_cast<const T*>(from + a.from_offset);
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < kUnitsPerThread; ++j) {
+    if (dst[j] != nullptr) *reinterpret_cast<T*>(dst[j]) = value[j];
+  }
+}
+
+__global__ void __launch_bounds__(kThreads)
+    CopyKernel(const CopyEntry* __restrict__ entries, int32_t num_entries, uint64_t total_units,
+               const uint8_t* __restrict__ from, uint8_t* __restrict__ to) {
+  __shared__ int32_t first, last;
+  for (uint64_t tile = blockIdx.x * kTileUnits; tile < total_units;
+       tile += static_cast<uint64_t>(gridDim.x) * kTileUnits) {
+    const uint64_t tile_end = min(tile + kTileUnits, total_units);
+    if (threadIdx.x == 0) {
+      first = FindCopyEntry(entries, 0, num_entries - 1, tile);
+      last = FindCopyEntry(entries, first, num_entries - 1, tile_end - 1);
+    }
+    __syncthreads();
+    const int32_t lo = first, hi = last;
+    if (lo == hi) {
+      const CopyEntry& e = entries[lo];
+      switch (e.width) {
+        case 16:
+          CopyTileOfOneEntry<16>(e, tile, tile_end, from, to);
+          break;
+        case 8:
+          CopyTileOfOneEntry<8>(e, tile, tile_end, from, to);
+          break;
+        case 4:
+          CopyTileOfOneEntry<4>(e, tile, tile_end, from, to);
+          break;
+        case 2:
+          CopyTileOfOneEntry<2>(e, tile, tile_end, from, to);
+          break;
+        default:
+          CopyTileOfOneEntry<1>(e, tile, tile_end, from, to);
+          break;
+      }
+    } else {
+      for (uint64_t u = tile + threadIdx.x; u < tile_end; u += kThreads) {
+        const CopyEntry& e = entries[FindCopyEntry(entries, lo, hi, u)];
+        const CopyUnitAddress a = LocateCopyUnit(e, u - e.units_begin);
+        const uint8_t* f = from + a.from_offset;
+        uint8_t* t = to + a.to_offset;
+        switch (a.width) {
+          case 16:
+            Move<16>(f, t);
+            break;
+          case 8:
+            Move<8>(f, t);
+            break;
+          case 4:
+            Move<4>(f, t);
+            break;
+          case 2:
+            Move<2>(f, t);
+            break;
+          default:
+            Move<1>(f, t);
+            break;
+        }
+      }
+    }
+    __syncthreads();
+  }
+}
+
 }  // namespace
 
 int PackKernelBlocksPerSm(int* blocks) {
@@ -161,6 +247,21 @@ int LaunchPackKernel(bool pack, const PackEntry* entries, int32_t num_entries, u
     PackKernel<false>
         <<<blocks, kThreads, 0, st>>>(entries, num_entries, total_units, strided, packed);
   }
+  return static_cast<int>(cudaGetLastError());
+}
+
+int CopyKernelBlocksPerSm(int* blocks) {
+  return static_cast<int>(
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks, CopyKernel, kThreads, 0));
+}
+
+int LaunchCopyKernel(const CopyEntry* entries, int32_t num_entries, uint64_t total_units,
+                     const uint8_t* from, uint8_t* to, uint64_t max_blocks, void* stream) {
+  if (total_units == 0) return 0;
+  const uint64_t tiles = (total_units + kTileUnits - 1) / kTileUnits;
+  const unsigned blocks = static_cast<unsigned>(tiles < max_blocks ? tiles : max_blocks);
+  CopyKernel<<<blocks, kThreads, 0, static_cast<cudaStream_t>(stream)>>>(entries, num_entries,
+                                                                         total_units, from, to);
   return static_cast<int>(cudaGetLastError());
 }
 

@@ -19,4 +19,11 @@ int PackKernelBlocksPerSm(int* blocks);
 int LaunchPackKernel(bool pack, const PackEntry* entries, int32_t num_entries, uint64_t total_units,
                      uint8_t* strided, uint8_t* packed, uint64_t max_blocks, void* stream);
 
+// The strided-to-strided copy kernel (CopyEntry, pack_index.h): resident blocks per
+// multiprocessor, and one launch over `total_units` units of `num_entries` device-resident
+// entries from `from` to `to`.
+int CopyKernelBlocksPerSm(int* blocks);
+int LaunchCopyKernel(const CopyEntry* entries, int32_t num_entries, uint64_t total_units,
+                     const uint8_t* from, uint8_t* to, uint64_t max_blocks, void* stream);
+
 }  // namespace reshard::cuda::internal

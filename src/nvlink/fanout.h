@@ -96,6 +96,14 @@ struct FanoutOptions {
   absl::Duration setup_timeout = absl::Seconds(30);
   // NCCL: fan-out edges per grouped send/recv batch.
   int nccl_batch_edges = 16;
+  // NCCL: device staging per rank (allocated once at Create()), into which a batch's pieces for
+  // each peer are packed for one ncclSend and from which received streams are unpacked. A batch
+  // that needs more runs in several rounds. A multiple of 16, at least 256; every rank of a
+  // domain must use the same value, and the same nccl_batch_edges (checked at Create()).
+  int64_t gpu_staging_bytes = int64_t{64} << 20;
+  // CUDA IPC: copy every region with the strided copy kernel, never with the copy engines
+  // (cudaMemcpy/2D/3DAsync); for tests and measurements.
+  bool cuda_ipc_kernel_only = false;
 };
 
 // Per-epoch figures, reset by Start().

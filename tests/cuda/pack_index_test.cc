@@ -33,7 +33,9 @@ constexpr uint64_t kSeed = 0x9ac4ba7c4ed5eedULL;
 constexpr int kRandomRegions = 3000;
 
 using testing::AppendRuns;
+using testing::CopyRegionsOf;
 using testing::ExecutorCopy;
+using testing::HostCopy;
 using testing::HostMove;
 using testing::MakeRandomBatch;
 using testing::MakeRandomRegion;
@@ -273,6 +275,100 @@ TEST(PackIndexTest, ExampleSpecPlansVerifyInProcess) {
     }
     const absl::Status verified = world->Verify(kEpoch);
     EXPECT_TRUE(verified.ok()) << verified;
+  }
+}
+
+// The strided-to-strided copy (CopyEntry): random batches copied unit by unit through
+// LocateCopyUnit leave the destination exactly as the executor's copy does, poison included.
+TEST(CopyIndexTest, RandomRegionsMatchTheExecutorCopy) {
+  Rng rng(kSeed + 7);
+  int regions_done = 0;
+  int64_t widths[17] = {};
+  while (regions_done < kRandomRegions) {
+    const RandomBatch c = MakeRandomBatch(rng, 40);
+    const std::vector<CopyRegion> regions = CopyRegionsOf(c);
+    CopyBatchOptions o;
+    o.from_base_align = c.options.strided_base_align;
+    o.to_base_align = c.options.packed_base_align;
+    absl::StatusOr<CopyBatch> batch = BuildCopyBatch(regions, o);
+    ASSERT_TRUE(batch.ok()) << batch.status();
+    std::vector<uint8_t> source(c.from_size);
+    for (auto& b : source) b = static_cast<uint8_t>(rng.Next());
+    std::vector<uint8_t> expected(c.to_size, 0xA5), ours(c.to_size, 0xA5);
+    for (size_t i = 0; i < c.regions.size(); ++i) {
+      ExecutorCopy(c.regions[i].region, c.regions[i].dims.data(), source.data() + c.from_base[i],
+                   expected.data() + c.to_base[i]);
+    }
+    ASSERT_TRUE(HostCopy(*batch, source.data(), ours.data()));
+    ASSERT_EQ(ours, expected) << "after " << regions_done << " regions";
+    for (const CopyEntry& e : batch->entries) {
+      ASSERT_LE(e.width, o.from_base_align);
+      ASSERT_LE(e.width, o.to_base_align);
+      for (uint64_t k = 0; k < e.units; k += 1 + e.units / 16) {
+        const CopyUnitAddress a = LocateCopyUnit(e, k);
+        ASSERT_EQ(a.from_offset % e.width, 0);
+        ASSERT_EQ(a.to_offset % e.width, 0);
+        const CopyUnitAddress b = LocateCopyUnitAs<uint64_t>(e, k);
+        ASSERT_EQ(a.from_offset, b.from_offset);
+        ASSERT_EQ(a.to_offset, b.to_offset);
+      }
+      widths[e.width] += 1;
+    }
+    regions_done += static_cast<int>(c.regions.size());
+  }
+  for (int w : {1, 2, 4, 8, 16})
+    EXPECT_GT(widths[w], 0) << "no region copied in " << w << "-byte units";
+}
+
+TEST(CopyIndexTest, InvalidBatchesAreRejectedAndEmptyRegionsDropped) {
+  CopyRegion r;
+  r.run_bytes = 4;
+  CopyBatchOptions o;
+  o.to_base_align = 3;
+  EXPECT_EQ(BuildCopyBatch({&r, 1}, o).status().code(), absl::StatusCode::kInvalidArgument);
+  CopyRegion deep = r;
+  deep.ndims = kMaxPackDims + 1;
+  EXPECT_EQ(BuildCopyBatch({&deep, 1}).status().code(), absl::StatusCode::kInvalidArgument);
+  CopyRegion negative = r;
+  negative.ndims = 1;
+  negative.count[0] = -1;
+  EXPECT_EQ(BuildCopyBatch({&negative, 1}).status().code(), absl::StatusCode::kInvalidArgument);
+  CopyRegion huge = r;
+  huge.run_bytes = int64_t{1} << 40;
+  huge.ndims = 2;
+  huge.count[0] = huge.count[1] = int64_t{1} << 20;
+  EXPECT_EQ(BuildCopyBatch({&huge, 1}).status().code(), absl::StatusCode::kInvalidArgument);
+  CopyRegion empty = r;
+  empty.ndims = 1;
+  empty.count[0] = 0;
+  const std::vector<CopyRegion> regions = {empty, r, empty};
+  absl::StatusOr<CopyBatch> batch = BuildCopyBatch(regions);
+  ASSERT_TRUE(batch.ok()) << batch.status();
+  EXPECT_EQ(batch->entries.size(), 1u);
+  EXPECT_EQ(batch->bytes, 4);
+  EXPECT_EQ(batch->total_units, 1u);
+  EXPECT_EQ(batch->entries[0].width, 4);
+}
+
+// As for DevicePackBatch: the batch sets exist exactly when a device does.
+TEST(CopyIndexTest, DeviceBatchSetsAreCreatedExactlyWhenADeviceIsPresent) {
+  std::string why;
+  const bool device_present = CudaDeviceCount(&why) > 0;
+  CopyRegion r;
+  r.run_bytes = 16;
+  absl::StatusOr<CopyBatch> copy = BuildCopyBatch({&r, 1});
+  StridedRegion s;
+  s.run_bytes = 16;
+  absl::StatusOr<PackBatch> pack = BuildPackBatch({&s, 1});
+  ASSERT_TRUE(copy.ok() && pack.ok());
+  absl::StatusOr<std::unique_ptr<DeviceCopyBatches>> copies = DeviceCopyBatches::Create({*copy});
+  absl::StatusOr<std::unique_ptr<DevicePackBatches>> packs = DevicePackBatches::Create({*pack});
+  if (device_present) {
+    EXPECT_TRUE(copies.ok()) << copies.status();
+    EXPECT_TRUE(packs.ok()) << packs.status();
+  } else {
+    EXPECT_EQ(copies.status().code(), absl::StatusCode::kFailedPrecondition) << copies.status();
+    EXPECT_EQ(packs.status().code(), absl::StatusCode::kFailedPrecondition) << packs.status();
   }
 }
 

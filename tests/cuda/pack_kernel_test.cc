@@ -15,6 +15,8 @@
 namespace reshard::cuda {
 namespace {
 
+using testing::CopyRegionsOf;
+using testing::HostCopy;
 using testing::HostMove;
 using testing::MakeRandomBatch;
 using testing::RandomBatch;
@@ -152,6 +154,86 @@ TEST(PackKernelTest, MisalignedBasesAreRejected) {
             absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE((*device)->Pack(a.get(), b.get(), nullptr).ok());
   ASSERT_CUDA(cudaDeviceSynchronize());
+}
+
+// The strided-to-strided copy kernel: random batches, several uploaded at once
+// (DeviceCopyBatches), each launched at bases aligned as built, against the host twin.
+TEST(CopyKernelTest, RandomBatchesMatchTheHostArithmetic) {
+  SKIP_WITHOUT_GPU();
+  cudaStream_t stream = nullptr;
+  ASSERT_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  Rng rng(0xc0b711e5ULL);
+  for (int round = 0; round < 20; ++round) {
+    std::vector<RandomBatch> cases;
+    std::vector<CopyBatch> batches;
+    for (int i = 0; i < 8; ++i) {
+      cases.push_back(MakeRandomBatch(rng, 40));
+      CopyBatchOptions o;
+      o.from_base_align = cases.back().options.strided_base_align;
+      o.to_base_align = cases.back().options.packed_base_align;
+      absl::StatusOr<CopyBatch> b = BuildCopyBatch(CopyRegionsOf(cases.back()), o);
+      ASSERT_TRUE(b.ok()) << b.status();
+      batches.push_back(*std::move(b));
+    }
+    absl::StatusOr<std::unique_ptr<DeviceCopyBatches>> device = DeviceCopyBatches::Create(batches);
+    ASSERT_TRUE(device.ok()) << device.status();
+    for (size_t i = 0; i < cases.size(); ++i) {
+      const RandomBatch& c = cases[i];
+      std::vector<uint8_t> source(c.from_size);
+      for (auto& b : source) b = static_cast<uint8_t>(rng.Next());
+      std::vector<uint8_t> host_dest(c.to_size, 0xA5);
+      ASSERT_TRUE(HostCopy(batches[i], source.data(), host_dest.data()));
+      DeviceBytes src(c.from_size + 32), dst(c.to_size + 32);
+      ASSERT_NE(src.get(), nullptr);
+      ASSERT_NE(dst.get(), nullptr);
+      uint8_t* d_src = src.get() + batches[i].from_base_align;
+      uint8_t* d_dst = dst.get() + batches[i].to_base_align;
+      ASSERT_CUDA(cudaMemcpy(d_src, source.data(), source.size(), cudaMemcpyHostToDevice));
+      ASSERT_CUDA(cudaMemset(d_dst, 0xA5, c.to_size));
+      const absl::Status copied = (*device)->Copy(i, d_src, d_dst, stream);
+      ASSERT_TRUE(copied.ok()) << copied;
+      ASSERT_CUDA(cudaStreamSynchronize(stream));
+      std::vector<uint8_t> got(c.to_size);
+      ASSERT_CUDA(cudaMemcpy(got.data(), d_dst, got.size(), cudaMemcpyDeviceToHost));
+      ASSERT_EQ(got, host_dest) << "round " << round << " batch " << i;
+    }
+  }
+  cudaStreamDestroy(stream);
+}
+
+// Several pack batches in one upload (DevicePackBatches, what the NCCL fan-out launches): each
+// packs and unpacks exactly as a DevicePackBatch of its own.
+TEST(PackKernelTest, BatchSetPacksEachBatchAsItsOwn) {
+  SKIP_WITHOUT_GPU();
+  Rng rng(0x5e7ULL);
+  std::vector<RandomBatch> cases;
+  std::vector<PackBatch> packs;
+  for (int i = 0; i < 12; ++i) {
+    cases.push_back(MakeRandomBatch(rng, 30));
+    absl::StatusOr<PackBatch> b = BuildPackBatch(cases.back().from_side, cases.back().options);
+    ASSERT_TRUE(b.ok()) << b.status();
+    packs.push_back(*std::move(b));
+  }
+  absl::StatusOr<std::unique_ptr<DevicePackBatches>> device = DevicePackBatches::Create(packs);
+  ASSERT_TRUE(device.ok()) << device.status();
+  ASSERT_EQ((*device)->size(), packs.size());
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const RandomBatch& c = cases[i];
+    std::vector<uint8_t> source(c.from_size);
+    for (auto& b : source) b = static_cast<uint8_t>(rng.Next());
+    std::vector<uint8_t> host_stream(packs[i].packed_end, 0x5A);
+    ASSERT_TRUE(HostMove(packs[i], true, source.data(), host_stream.data()));
+    DeviceBytes src(c.from_size + 32), packed(packs[i].packed_end + 32);
+    uint8_t* d_src = src.get() + c.options.strided_base_align;
+    uint8_t* d_packed = packed.get() + c.options.packed_base_align;
+    ASSERT_CUDA(cudaMemcpy(d_src, source.data(), source.size(), cudaMemcpyHostToDevice));
+    ASSERT_CUDA(cudaMemset(d_packed, 0x5A, packs[i].packed_end));
+    const absl::Status ok = (*device)->Pack(i, d_src, d_packed, nullptr);
+    ASSERT_TRUE(ok.ok()) << ok;
+    std::vector<uint8_t> got(packs[i].packed_end);
+    ASSERT_CUDA(cudaMemcpy(got.data(), d_packed, got.size(), cudaMemcpyDeviceToHost));
+    ASSERT_EQ(got, host_stream) << "batch " << i;
+  }
 }
 
 }  // namespace

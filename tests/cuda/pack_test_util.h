@@ -186,4 +186,48 @@ inline void AppendRuns(const plan::Region& r, const plan::RegionDim* dims, const
   });
 }
 
+// The copy kernel's host twin: every unit of the batch, located as a thread does.
+inline ::testing::AssertionResult HostCopy(const CopyBatch& batch, const uint8_t* from,
+                                           uint8_t* to) {
+  const int32_t n = static_cast<int32_t>(batch.entries.size());
+  for (uint64_t u = 0; u < batch.total_units; ++u) {
+    const int32_t i = FindCopyEntry(batch.entries.data(), 0, n - 1, u);
+    const CopyEntry& e = batch.entries[i];
+    if (u < e.units_begin || u - e.units_begin >= e.units) {
+      return ::testing::AssertionFailure()
+             << "unit " << u << " found in copy entry " << i << ", which holds [" << e.units_begin
+             << ", " << e.units_begin + e.units << ")";
+    }
+    const CopyUnitAddress a = LocateCopyUnit(e, u - e.units_begin);
+    std::memcpy(to + a.to_offset, from + a.from_offset, a.width);
+  }
+  return ::testing::AssertionSuccess();
+}
+
+// A plan region as a copy region, its two sides moved by the bases.
+inline CopyRegion CopyRegionOf(const plan::Region& r, const plan::RegionDim* dims,
+                               int64_t from_base, int64_t to_base) {
+  CopyRegion c;
+  c.from_offset = from_base + r.from_offset;
+  c.to_offset = to_base + r.to_offset;
+  c.run_bytes = r.run_bytes;
+  c.ndims = r.ndims;
+  for (int d = 0; d < r.ndims; ++d) {
+    c.count[d] = dims[d].count;
+    c.from_stride[d] = dims[d].from_stride;
+    c.to_stride[d] = dims[d].to_stride;
+  }
+  return c;
+}
+
+// The copy regions of a random batch (each region in its own slices).
+inline std::vector<CopyRegion> CopyRegionsOf(const RandomBatch& c) {
+  std::vector<CopyRegion> out;
+  for (size_t i = 0; i < c.regions.size(); ++i) {
+    out.push_back(
+        CopyRegionOf(c.regions[i].region, c.regions[i].dims.data(), c.from_base[i], c.to_base[i]));
+  }
+  return out;
+}
+
 }  // namespace reshard::cuda::testing

@@ -50,14 +50,21 @@ struct Backend {
   const char* expected;  // Backend the fan-out must report.
   Memory memory;
   int min_devices;  // CUDA devices needed (0: host).
+  // GPU backends' options: NCCL staging budget (0: default), every CUDA IPC copy a kernel.
+  int64_t gpu_staging_bytes = 0;
+  bool cuda_ipc_kernel_only = false;
 };
 constexpr Backend kBackends[] = {
     {"SharedBuffer", "host", "host", Memory::kSharedHost, 0},
     {"ProcessVmWritev", "host", "host", Memory::kPrivateHost, 0},
     {"AutoHost", "auto", "host", Memory::kSharedHost, 0},
     {"CudaIpc", "cuda_ipc", "cuda_ipc", Memory::kCuda, 1},
+    // Every piece through the strided copy kernel instead of the copy engines.
+    {"CudaIpcKernel", "cuda_ipc", "cuda_ipc", Memory::kCuda, 1, 0, true},
     {"AutoCuda", "auto", "cuda_ipc", Memory::kCuda, 1},
     {"Nccl", "nccl", "nccl", Memory::kCuda, 2},
+    // A 4 KiB staging budget: batches run in several rounds, regions cut into pieces.
+    {"NcclSmallStaging", "nccl", "nccl", Memory::kCuda, 2, 4096},
 };
 
 // Names in test output instead of the parameters' bytes.
@@ -132,6 +139,8 @@ TEST_P(FanoutConformance, EveryPieceArrivesOnceByteExactMappedOnce) {
         testing::RankOptions opt;
         opt.epochs = 3;
         opt.backend = backend.request;
+        opt.gpu_staging_bytes = backend.gpu_staging_bytes;
+        opt.cuda_ipc_kernel_only = backend.cuda_ipc_kernel_only;
         absl::Status s = RunRank(*plan, rank, dir, memory, opt);
         if (!s.ok()) testing::Report(dir, rank, "error=" + std::string(s.message()));
         return s.ok() ? 0 : 1;

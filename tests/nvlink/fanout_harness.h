@@ -80,6 +80,9 @@ struct RankOptions {
   absl::Duration wait_timeout = absl::Seconds(20);
   // Sleep before entering each epoch (a slow rank, still busy with the previous refit).
   absl::Duration start_delay = absl::ZeroDuration();
+  // FanoutOptions for the GPU backends (0: the default budget).
+  int64_t gpu_staging_bytes = 0;
+  bool cuda_ipc_kernel_only = false;
 };
 
 // What a rank reports to the parent (one line per figure, key=value).
@@ -123,6 +126,8 @@ inline absl::Status RunRank(const plan::Plan& plan, int32_t rank, const std::str
   fo.backend = opt.backend;
   fo.key_prefix = opt.prefix;
   fo.setup_timeout = absl::Seconds(20);
+  if (opt.gpu_staging_bytes > 0) fo.gpu_staging_bytes = opt.gpu_staging_bytes;
+  fo.cuda_ipc_kernel_only = opt.cuda_ipc_kernel_only;
   auto fanout_or =
       Fanout::Create(FanoutTable::FromPlan(plan, domain), rank, domain, store, buffers, fo);
   if (!fanout_or.ok()) return fanout_or.status();

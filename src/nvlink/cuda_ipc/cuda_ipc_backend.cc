@@ -1,14 +1,19 @@
 #include <deque>
 #include <map>
+#include <memory>
+#include <vector>
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "src/common/process.h"
 #include "src/common/status.h"
+#include "src/cuda/pack.h"
 #include "src/cuda/runtime.h"
 #include "src/nvlink/backend.h"
 #include "src/nvlink/cuda_ipc/factory.h"
+#include "src/nvlink/gpu_schedule.h"
 #include "src/nvlink/peer_buffer.h"
 #include "src/rendezvous/record.h"
 
@@ -80,25 +85,47 @@ class CudaIpcBackend final : public internal::BoardBackend {
 
   absl::StatusOr<bool> Forward(uint32_t edge, uint64_t epoch) override {
     const FanoutEdge& e = table_->edges[edge];
-    uint8_t* dst = peer_ptr_.at({e.to_rank, e.to_buffer});
+    const Copy& c = copies_[edge];
+    uint8_t* dst = c.to;
     const uint8_t* src = static_cast<const uint8_t*>(buffers_[e.from_buffer].data);
-    const plan::RegionDim* dims = table_->dims_of(e);
-    // One 2-D copy for row-strided regions (pitches must cover a row), else one copy per run.
-    if (e.region.ndims == 1 && dims[0].to_stride >= e.region.run_bytes &&
-        dims[0].from_stride >= e.region.run_bytes) {
-      RESHARD_CUDA_RETURN(
-          cudaMemcpy2DAsync(dst + e.region.to_offset, dims[0].to_stride, src + e.region.from_offset,
-                            dims[0].from_stride, e.region.run_bytes, dims[0].count,
-                            cudaMemcpyDeviceToDevice, stream_),
-          "cudaMemcpy2DAsync (fan-out)");
-    } else {
-      cudaError_t err = cudaSuccess;
-      plan::ForEachRun(e.region, dims, [&](int64_t f, int64_t t, int64_t n) {
-        if (err == cudaSuccess) {
-          err = cudaMemcpyAsync(dst + t, src + f, n, cudaMemcpyDeviceToDevice, stream_);
+    const internal::GpuCopy& g = c.how;
+    const int64_t f = g.region.from_offset, t = g.region.to_offset;
+    switch (g.method) {
+      case internal::GpuCopyMethod::kNothing:
+        break;
+      case internal::GpuCopyMethod::kMemcpy:
+        RESHARD_CUDA_RETURN(
+            cudaMemcpyAsync(dst + t, src + f, g.width, cudaMemcpyDeviceToDevice, stream_),
+            Context("cudaMemcpyAsync", e));
+        break;
+      case internal::GpuCopyMethod::kMemcpy2D:
+        RESHARD_CUDA_RETURN(cudaMemcpy2DAsync(dst + t, g.to_pitch, src + f, g.from_pitch, g.width,
+                                              g.height, cudaMemcpyDeviceToDevice, stream_),
+                            Context("cudaMemcpy2DAsync", e));
+        break;
+      case internal::GpuCopyMethod::kMemcpy3D: {
+        cudaMemcpy3DParms p = {};
+        p.srcPtr.ptr = const_cast<uint8_t*>(src + f);
+        p.srcPtr.pitch = g.from_pitch;
+        p.srcPtr.xsize = g.width;
+        p.srcPtr.ysize = g.from_rows;
+        p.dstPtr.ptr = dst + t;
+        p.dstPtr.pitch = g.to_pitch;
+        p.dstPtr.xsize = g.width;
+        p.dstPtr.ysize = g.to_rows;
+        p.extent.width = g.width;
+        p.extent.height = g.height;
+        p.extent.depth = g.depth;
+        p.kind = cudaMemcpyDeviceToDevice;
+        RESHARD_CUDA_RETURN(cudaMemcpy3DAsync(&p, stream_), Context("cudaMemcpy3DAsync", e));
+        break;
+      }
+      case internal::GpuCopyMethod::kKernel:
+        if (absl::Status st = kernels_->Copy(c.kernel, src, dst, stream_); !st.ok()) {
+          return absl::Status(st.code(),
+                              absl::StrCat(Context("copy kernel", e), ": ", st.message()));
         }
-      });
-      RESHARD_CUDA_RETURN(err, "cudaMemcpyAsync (fan-out)");
+        break;
     }
     cudaEvent_t ev = nullptr;
     if (!free_events_.empty()) {
@@ -114,6 +141,13 @@ class CudaIpcBackend final : public internal::BoardBackend {
   }
 
  private:
+  // "<call> (fan-out of tensor T piece P, rank A -> rank B)", for errors.
+  std::string Context(const char* call, const FanoutEdge& e) const {
+    return absl::StrFormat(
+        "%s (fan-out of tensor %s piece %d, rank %d -> rank %d)", call,
+        e.tensor < table_->tensor_names.size() ? table_->tensor_names[e.tensor] : "?", e.transfer,
+        e.from_rank, e.to_rank);
+  }
   bool CopiesInFlight() const override { return !in_flight_.empty(); }
   absl::Status Complete(std::vector<uint32_t>* completed) override {
     // One stream: copies complete in order, so stop at the first one still running.
@@ -199,8 +233,38 @@ class CudaIpcBackend final : public internal::BoardBackend {
         peer_ptr_[{p, e.to_buffer}] = it->second + offset;
       }
     }
+    // Every outgoing edge's copy, and the kernel's descriptors in one upload.
+    copies_.resize(table_->edges.size());
+    std::vector<cuda::CopyBatch> kernel_batches;
+    for (uint32_t i = 0; i < table_->edges.size(); ++i) {
+      const FanoutEdge& e = table_->edges[i];
+      if (e.from_rank != rank_) continue;
+      Copy& c = copies_[i];
+      c.to = peer_ptr_.at({e.to_rank, e.to_buffer});
+      c.how = internal::ChooseGpuCopy(internal::CopyRegionOf(*table_, e),
+                                      ctx.options.cuda_ipc_kernel_only);
+      if (c.how.method != internal::GpuCopyMethod::kKernel) continue;
+      cuda::CopyBatchOptions o;
+      o.from_base_align = internal::AddressAlignment(
+          static_cast<int64_t>(reinterpret_cast<uintptr_t>(buffers_[e.from_buffer].data)));
+      o.to_base_align =
+          internal::AddressAlignment(static_cast<int64_t>(reinterpret_cast<uintptr_t>(c.to)));
+      RESHARD_ASSIGN_OR_RETURN(cuda::CopyBatch batch, cuda::BuildCopyBatch({&c.how.region, 1}, o));
+      c.kernel = kernel_batches.size();
+      kernel_batches.push_back(std::move(batch));
+    }
+    if (!kernel_batches.empty()) {
+      RESHARD_ASSIGN_OR_RETURN(kernels_, cuda::DeviceCopyBatches::Create(kernel_batches));
+    }
     return boards_.FinishSetup(ctx, "cuda_ipc-mapped", deadline);
   }
+
+  // How this rank copies one outgoing edge, decided once per handle.
+  struct Copy {
+    uint8_t* to = nullptr;  // The receiver's buffer, opened through IPC.
+    internal::GpuCopy how;
+    size_t kernel = 0;  // kKernel: the batch in kernels_.
+  };
 
   const FanoutTable* table_ = nullptr;
   int32_t rank_ = 0;
@@ -208,6 +272,8 @@ class CudaIpcBackend final : public internal::BoardBackend {
   cudaStream_t stream_ = nullptr;
   std::vector<void*> opened_;
   std::map<std::pair<int32_t, uint32_t>, uint8_t*> peer_ptr_;
+  std::vector<Copy> copies_;  // Per table edge (outgoing ones set).
+  std::unique_ptr<cuda::DeviceCopyBatches> kernels_;
   std::deque<InFlight> in_flight_;
   std::vector<cudaEvent_t> free_events_;
 };

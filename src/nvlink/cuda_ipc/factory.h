@@ -3,10 +3,14 @@
 //
 // Once per handle every rank exports each destination buffer with cudaIpcGetMemHandle (the
 // handle and the buffer's offset inside its allocation go through the store) and every sender
-// opens its receivers' handles with cudaIpcOpenMemHandle. Per piece: cudaMemcpyAsync (2-D
-// copies for row-strided regions) on a dedicated non-blocking stream, an event recorded after
-// it; when Progress() sees the event complete the receiver's SignalBoard slot is released, so
-// the receiver never sees a signal before the bytes are in its memory.
+// opens its receivers' handles with cudaIpcOpenMemHandle. Per piece: one call on a dedicated
+// non-blocking stream, chosen once per handle (src/nvlink/gpu_schedule.h, ChooseGpuCopy):
+// cudaMemcpyAsync for a contiguous piece, cudaMemcpy2DAsync / cudaMemcpy3DAsync for rows (or
+// slices of rows) of at least kMinCopyEngineRun bytes, otherwise one launch of the strided copy
+// kernel (cuda::DeviceCopyBatches, descriptors uploaded once); an event recorded after it. When
+// Progress() sees the event complete the receiver's SignalBoard slot is released, so the
+// receiver never sees a signal before the bytes are in its memory. Nothing synchronises the
+// device.
 //
 // Viable when built with CUDA (RESHARD_HAVE_CUDA), a device is visible and the buffers are
 // CUDA memory. Links CUDA::cudart only (never libcuda; the driver entry point for the

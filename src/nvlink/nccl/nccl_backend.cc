@@ -1,14 +1,19 @@
 #include <algorithm>
 #include <deque>
+#include <map>
+#include <memory>
 #include <set>
 #include <thread>
 
 #include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "src/common/idle.h"
 #include "src/common/status.h"
-#include "src/nvlink/backend.h"
+#include "src/cuda/pack.h"
 #include "src/cuda/runtime.h"
+#include "src/nvlink/backend.h"
+#include "src/nvlink/gpu_schedule.h"
 #include "src/rendezvous/record.h"
 #include "src/nvlink/nccl/factory.h"
 
@@ -50,8 +55,13 @@ class NcclBackend final : public FanoutBackend {
         ncclCommDestroy(comm_);
       }
     }
+    // Our own stream only (its NCCL calls were aborted above when a peer is gone), so that the
+    // staging is not freed under a kernel.
+    if (stream_ != nullptr) cudaStreamSynchronize(stream_);
     for (auto& b : in_flight_) cudaEventDestroy(b.event);
     for (cudaEvent_t e : free_events_) cudaEventDestroy(e);
+    kernels_.reset();
+    if (staging_ != nullptr) cudaFree(staging_);
     if (stream_ != nullptr) cudaStreamDestroy(stream_);
   }
 
@@ -74,8 +84,8 @@ class NcclBackend final : public FanoutBackend {
   absl::Status Progress(uint64_t epoch, std::vector<uint32_t>* arrived,
                         std::vector<uint32_t>* completed) override {
     // Issue every batch whose sends (from this rank) all landed, in order.
-    while (next_batch_ < batches_.size()) {
-      const Batch& b = batches_[next_batch_];
+    while (next_batch_ < program_.batches.size()) {
+      const internal::NcclRankBatch& b = program_.batches[next_batch_];
       bool ready = true;
       for (uint32_t i : b.sends) ready = ready && ready_[i];
       if (!ready) break;
@@ -90,7 +100,7 @@ class NcclBackend final : public FanoutBackend {
         return absl::InternalError(
             absl::StrFormat("cudaEventQuery (NCCL fan-out batch): %s", cudaGetErrorString(q)));
       }
-      const Batch& b = batches_[in_flight_.front().batch];
+      const internal::NcclRankBatch& b = program_.batches[in_flight_.front().batch];
       completed->insert(completed->end(), b.sends.begin(), b.sends.end());
       arrived->insert(arrived->end(), b.recvs.begin(), b.recvs.end());
       free_events_.push_back(in_flight_.front().event);
@@ -116,10 +126,6 @@ class NcclBackend final : public FanoutBackend {
   int64_t mappings_created() const override { return comm_ != nullptr ? 1 : 0; }
 
  private:
-  struct Batch {
-    std::vector<uint32_t> sends, recvs;  // Table edges of this rank, in table order.
-    std::vector<uint32_t> all;           // Every edge of this rank in the batch, table order.
-  };
   struct InFlight {
     size_t batch;
     cudaEvent_t event;
@@ -147,30 +153,56 @@ class NcclBackend final : public FanoutBackend {
     }
   }
 
-  absl::Status Issue(size_t k) {
-    const Batch& b = batches_[k];
-    ncclResult_t r = ncclGroupStart();
-    if (r != ncclSuccess) return NcclError(r, "ncclGroupStart", comm_);
-    for (uint32_t i : b.all) {
-      const FanoutEdge& e = table_->edges[i];
-      const bool send = e.from_rank == rank_;
-      uint8_t* base = static_cast<uint8_t*>(buffers_[send ? e.from_buffer : e.to_buffer].data);
-      const int peer = comm_rank_.at(send ? e.to_rank : e.from_rank);
-      plan::ForEachRun(e.region, table_->dims_of(e), [&](int64_t f, int64_t t, int64_t n) {
-        if (r != ncclSuccess) return;
-        r = send ? ncclSend(base + f, static_cast<size_t>(n), ncclUint8, peer, comm_, stream_)
-                 : ncclRecv(base + t, static_cast<size_t>(n), ncclUint8, peer, comm_, stream_);
-      });
-      if (r != ncclSuccess) {
-        ncclGroupEnd();
-        return NcclError(r, send ? "ncclSend (fan-out)" : "ncclRecv (fan-out)", comm_);
-      }
+  // `st` with the rank, round and peers it concerns.
+  absl::Status Annotate(const absl::Status& st, const char* what, const internal::NcclRankRound& rr,
+                        const std::vector<internal::NcclStream>& streams) const {
+    if (st.ok()) return st;
+    std::string peers;
+    for (const internal::NcclStream& p : streams) {
+      absl::StrAppend(&peers, peers.empty() ? "" : ",", p.peer);
     }
-    r = ncclGroupEnd();
-    if (r == ncclInProgress) {
-      RESHARD_RETURN_IF_ERROR(WaitComm(absl::Now() + absl::Seconds(30)));
-    } else if (r != ncclSuccess) {
-      return NcclError(r, "ncclGroupEnd (fan-out batch)", comm_);
+    return absl::Status(st.code(),
+                        absl::StrFormat("NCCL fan-out %s of rank %d, round %d (peers %s): %s", what,
+                                        rank_, rr.round, peers, st.message()));
+  }
+
+  // Runs batch k's rounds on the stream: per round one pack launch into staging, one group of
+  // one ncclSend per receiving peer and one ncclRecv per sending peer, one unpack launch.
+  absl::Status Issue(size_t k) {
+    for (const internal::NcclRankRound& rr : program_.batches[k].rounds) {
+      const size_t j = launch_index_[rr.round];
+      if (!rr.sends.empty()) {
+        RESHARD_RETURN_IF_ERROR(
+            Annotate(kernels_->Pack(2 * j, from_base_, staging_, stream_), "pack", rr, rr.sends));
+      }
+      ncclResult_t r = ncclGroupStart();
+      if (r != ncclSuccess) return NcclError(r, "ncclGroupStart", comm_);
+      for (const internal::NcclStream& st : rr.sends) {
+        r = ncclSend(staging_ + st.staging_offset, static_cast<size_t>(st.bytes), ncclUint8,
+                     comm_rank_.at(st.peer), comm_, stream_);
+        if (r != ncclSuccess) {
+          ncclGroupEnd();
+          return NcclError(r, absl::StrFormat("ncclSend (fan-out to rank %d)", st.peer), comm_);
+        }
+      }
+      for (const internal::NcclStream& st : rr.recvs) {
+        r = ncclRecv(staging_ + st.staging_offset, static_cast<size_t>(st.bytes), ncclUint8,
+                     comm_rank_.at(st.peer), comm_, stream_);
+        if (r != ncclSuccess) {
+          ncclGroupEnd();
+          return NcclError(r, absl::StrFormat("ncclRecv (fan-out from rank %d)", st.peer), comm_);
+        }
+      }
+      r = ncclGroupEnd();
+      if (r == ncclInProgress) {
+        RESHARD_RETURN_IF_ERROR(WaitComm(absl::Now() + absl::Seconds(30)));
+      } else if (r != ncclSuccess) {
+        return NcclError(r, "ncclGroupEnd (fan-out round)", comm_);
+      }
+      if (!rr.recvs.empty()) {
+        RESHARD_RETURN_IF_ERROR(
+            Annotate(kernels_->Unpack(2 * j + 1, staging_, to_base_, stream_), "unpack", rr, rr.recvs));
+      }
     }
     cudaEvent_t ev = nullptr;
     if (!free_events_.empty()) {
@@ -199,18 +231,42 @@ class NcclBackend final : public FanoutBackend {
     }
     std::vector<int32_t> ranks(members.begin(), members.end());
     for (size_t i = 0; i < ranks.size(); ++i) comm_rank_[ranks[i]] = static_cast<int>(i);
-    const int per = std::max(1, ctx.options.nccl_batch_edges);
-    for (size_t i = 0; i < table_->edges.size(); ++i) {
-      if (i % per == 0) batches_.emplace_back();
-      const FanoutEdge& e = table_->edges[i];
-      if (e.from_rank == rank_) batches_.back().sends.push_back(static_cast<uint32_t>(i));
-      if (e.to_rank == rank_) batches_.back().recvs.push_back(static_cast<uint32_t>(i));
-      if (e.from_rank == rank_ || e.to_rank == rank_) {
-        batches_.back().all.push_back(static_cast<uint32_t>(i));
-      }
+    RESHARD_ASSIGN_OR_RETURN(internal::NcclSchedule schedule,
+                             internal::BuildNcclSchedule(*table_, ctx.options.nccl_batch_edges,
+                                                         ctx.options.gpu_staging_bytes));
+    std::vector<int64_t> addresses(buffers_.size(), 0);
+    for (size_t b = 0; b < buffers_.size(); ++b) {
+      addresses[b] = static_cast<int64_t>(reinterpret_cast<uintptr_t>(buffers_[b].data));
     }
+    RESHARD_ASSIGN_OR_RETURN(program_,
+                             internal::BuildNcclRankProgram(*table_, schedule, rank_, addresses));
+    from_base_ = reinterpret_cast<uint8_t*>(static_cast<uintptr_t>(program_.from_base));
+    to_base_ = reinterpret_cast<uint8_t*>(static_cast<uintptr_t>(program_.to_base));
     if (cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking) != cudaSuccess) {
       return absl::InternalError("cudaStreamCreateWithFlags failed (NCCL fan-out)");
+    }
+    // Staging and every round's pack and unpack descriptors, once per handle.
+    if (program_.staging_bytes > 0) {
+      void* staging = nullptr;
+      const cudaError_t err = cudaMalloc(&staging, static_cast<size_t>(program_.staging_bytes));
+      if (err != cudaSuccess) {
+        return absl::ResourceExhaustedError(absl::StrFormat(
+            "fan-out: rank %d cannot allocate %d bytes of NCCL staging: cudaMalloc: %s", rank_,
+            program_.staging_bytes, cudaGetErrorString(err)));
+      }
+      staging_ = static_cast<uint8_t*>(staging);
+    }
+    std::vector<cuda::PackBatch> launches;
+    launch_index_.assign(schedule.rounds.size(), 0);
+    for (const internal::NcclRankBatch& b : program_.batches) {
+      for (const internal::NcclRankRound& rr : b.rounds) {
+        launch_index_[rr.round] = launches.size() / 2;
+        launches.push_back(rr.pack);
+        launches.push_back(rr.unpack);
+      }
+    }
+    if (!launches.empty()) {
+      RESHARD_ASSIGN_OR_RETURN(kernels_, cuda::DevicePackBatches::Create(launches));
     }
 
     // One GPU per rank: NCCL refuses duplicate devices in a communicator.
@@ -222,12 +278,21 @@ class NcclBackend final : public FanoutBackend {
         cudaDeviceGetPCIBusId(bus, sizeof(bus), dev) != cudaSuccess) {
       return absl::InternalError("cudaGetDevice/cudaDeviceGetPCIBusId failed (NCCL fan-out)");
     }
-    RESHARD_RETURN_IF_ERROR(
-        rendezvous::PublishRecord(*ctx.store, prefix, "nccl-gpu", rank_, {{"bus", bus}}));
+    const std::string batching =
+        absl::StrFormat("%d,%d", ctx.options.nccl_batch_edges, ctx.options.gpu_staging_bytes);
+    RESHARD_RETURN_IF_ERROR(rendezvous::PublishRecord(*ctx.store, prefix, "nccl-gpu", rank_,
+                                                      {{"bus", bus}, {"batching", batching}}));
     for (int32_t p : ranks) {
       if (p == rank_) continue;
       RESHARD_ASSIGN_OR_RETURN(Record pr,
                                rendezvous::FetchRecord(*ctx.store, prefix, "nccl-gpu", p, deadline));
+      if (pr["batching"] != batching) {
+        // Ranks that cut batches or rounds differently would match the wrong sends and receives.
+        return absl::FailedPreconditionError(absl::StrFormat(
+            "nccl fan-out: rank %d batches with nccl_batch_edges,gpu_staging_bytes = %s but rank "
+            "%d with %s; every rank of a domain must use the same",
+            rank_, batching, p, pr["batching"]));
+      }
       if (pr["bus"] == bus) {
         return absl::FailedPreconditionError(absl::StrFormat(
             "nccl fan-out: ranks %d and %d drive the same GPU %s; NCCL needs one GPU per rank "
@@ -267,12 +332,17 @@ class NcclBackend final : public FanoutBackend {
   int32_t rank_ = 0;
   std::vector<BufferView> buffers_;
   std::map<int32_t, int> comm_rank_;
-  std::vector<Batch> batches_;
+  internal::NcclRankProgram program_;
+  std::vector<size_t> launch_index_;  // Per schedule round: this rank's pack/unpack pair.
+  uint8_t* from_base_ = nullptr;      // Addresses the program's offsets are taken from.
+  uint8_t* to_base_ = nullptr;
   std::vector<uint8_t> ready_;
   size_t next_batch_ = 0;
   uint64_t epoch_ = 0;
   bool broken_ = false;
   cudaStream_t stream_ = nullptr;
+  uint8_t* staging_ = nullptr;  // Device memory, program_.staging_bytes.
+  std::unique_ptr<cuda::DevicePackBatches> kernels_;
   ncclComm_t comm_ = nullptr;
   std::deque<InFlight> in_flight_;
   std::vector<cudaEvent_t> free_events_;
