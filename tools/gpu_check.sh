@@ -10,7 +10,9 @@
 # their gpu test is cuda_delta_kernel_test) as a third. CUDA IPC between processes on one GPU
 # runs (the fan-out conformance suite, nvlink_fanout_conformance_test, through the copy engines
 # and through the strided copy kernel); NCCL tests that need two GPUs skip. pack_bench's second
-# table times that copy kernel against cudaMemcpy2DAsync.
+# table times that copy kernel against cudaMemcpy2DAsync. The gpu tests include
+# api_stream_refit_test: a refit between two processes started on a stream behind a kernel that
+# writes the sources, with a kernel reading the destinations queued behind RecordCompletion.
 #
 #   tools/gpu_check.sh [BUILD_DIR]     (default: build-gpu; CUDA found under /usr/local/cuda or
 #                                       CUDAToolkit_ROOT; UCX_ROOT=<prefix> builds against that

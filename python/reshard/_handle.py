@@ -17,16 +17,16 @@ def _enum(value, table, what):
     return value
 
 
-def _synchronize(stream):
-    """Orders the refit after the work queued on `stream` (a torch.cuda.Stream or anything
-    with synchronize()), without synchronising the whole device."""
-    if stream is None:
-        return
-    sync = getattr(stream, "synchronize", None)
-    if sync is None:
+def _stream_value(stream):
+    """A CUDA stream as its cudaStream_t value: a torch.cuda.Stream (anything with an integer
+    `cuda_stream`, e.g. torch.cuda.current_stream()), or that value as an int (0: CUDA's legacy
+    default stream, which is torch's default stream)."""
+    value = getattr(stream, "cuda_stream", stream)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise InvalidArgumentError(
-            "stream must be a torch.cuda.Stream (or have synchronize()), not %r" % (stream,))
-    sync()
+            "stream must be a torch.cuda.Stream (or have an integer cuda_stream) or a "
+            "cudaStream_t as a non-negative int, not %r" % (stream,))
+    return value
 
 
 def _abandon(comm, spec, options, error):
@@ -77,18 +77,41 @@ class RefitHandle:
     def execute(self, timeout=60.0, *, stream=None):
         """One refit, every rank: returns when this rank's part is done (sources: data remotely
         complete; destinations: every byte landed). `stream`: a CUDA stream whose queued work
-        (the optimizer step that wrote the weights) the refit must follow."""
-        _synchronize(stream)
-        self._handle.execute(float(timeout))
+        (the optimizer step that wrote the weights, the forward pass still reading the
+        destinations) the refit must follow, without synchronising it or the device: see
+        start()."""
+        if stream is None:
+            self._handle.execute(float(timeout))
+            return
+        self._handle.start_on_stream(_stream_value(stream))
+        self._handle.wait(float(timeout))
 
     def start(self, *, stream=None):
-        """Begins the next refit without blocking; call wait() soon (progress happens there)."""
-        _synchronize(stream)
-        self._handle.start()
+        """Begins the next refit without blocking; call wait() soon (progress happens there).
+        `stream` (a torch.cuda.Stream or a cudaStream_t int, 0 the default stream): nothing
+        reads this rank's sources or writes its destinations before the work queued on it
+        before this call is done; wait() starts the refit then, its timeout covering that work
+        (RefitHandle::StartOnStream)."""
+        if stream is None:
+            self._handle.start()
+        else:
+            self._handle.start_on_stream(_stream_value(stream))
+
+    def record_completion(self, stream):
+        """Between start() and the end of wait(): work queued on `stream` (a torch.cuda.Stream
+        or a cudaStream_t int) after this call, such as the next forward pass, runs on the
+        device once this rank's part of the refit is done, without the host waiting for the
+        stream. A refit that fails, is reset or closed releases the stream too; its error is
+        what wait() raises, and the destinations must not be used then
+        (RefitHandle::RecordCompletion)."""
+        self._handle.record_completion(_stream_value(stream))
 
     def wait(self, timeout=60.0, *, stream=None):
-        """Completes the refit begun by start(). Destinations hold the new weights on return,
-        so work queued on `stream` afterwards (the next forward pass) sees them."""
+        """Completes the refit begun by start(). Destinations hold the new weights on return.
+        `stream`: record_completion(stream) first, so work queued on it meanwhile by other
+        threads runs after the refit too."""
+        if stream is not None:
+            self._handle.record_completion(_stream_value(stream))
         self._handle.wait(float(timeout))
 
     def reset(self):

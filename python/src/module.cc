@@ -604,6 +604,17 @@ NB_MODULE(_reshard, m) {
           "comm"_a, "spec"_a, "code"_a, "message"_a, "options"_a)
       .def("execute", Blocking<&reshard::RefitHandle::Execute>, "timeout"_a)
       .def("start", [](Handle& h) { Check(h.get().Start()); })
+      // Streams as integers (a cudaStream_t's value: torch.cuda.Stream.cuda_stream).
+      .def("start_on_stream",
+           [](Handle& h, uintptr_t stream) {
+             Check(h.get().StartOnStream(reinterpret_cast<void*>(stream)));
+           },
+           "stream"_a)
+      .def("record_completion",
+           [](Handle& h, uintptr_t stream) {
+             Check(h.get().RecordCompletion(reinterpret_cast<void*>(stream)));
+           },
+           "stream"_a)
       .def("wait", Blocking<&reshard::RefitHandle::Wait>, "timeout"_a)
       .def("barrier", Blocking<&reshard::RefitHandle::Barrier>, "timeout"_a)
       .def("reset", [](Handle& h) { h.get().Reset(); })

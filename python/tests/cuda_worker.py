@@ -1,6 +1,9 @@
 """One rank of test_cuda.py: rank 0 holds w (CUDA bf16, 256 x 128) row-sharded over itself
-alone, rank 1 receives it column-sharded; rank 0 writes new values on a side stream each step
-and passes that stream to execute(), which must order the refit after them."""
+alone, rank 1 receives it column-sharded. Each step rank 0 writes new values on a side stream
+behind a slow kernel and passes that stream to execute(), which must read them only after; rank
+1 poisons its destination on its side stream behind a slow kernel, starts the refit on that
+stream (which must write only after the poison), records the refit's completion on it and
+queues a copy of the destination there, which must see the new values."""
 import argparse
 import sys
 
@@ -34,8 +37,16 @@ def main():
                 w.copy_(want.to(torch.bfloat16))
             handle.execute(timeout=60, stream=side)
         else:
-            handle.execute(timeout=60)
-            if not torch.equal(w.float(), want.float()):
+            with torch.cuda.stream(side):
+                torch.cuda._sleep(1_000_000)
+                w.fill_(-1)
+            handle.start(stream=side)
+            handle.record_completion(side)
+            with torch.cuda.stream(side):
+                seen = w.clone()  # queued behind the refit's completion
+            handle.wait(timeout=60)
+            side.synchronize()
+            if not torch.equal(seen.float(), want.float()):
                 print("rank 1 step %d: wrong values" % step)
                 return 1
     print("rank %d: 5 CUDA refits verified" % a.rank)

@@ -191,6 +191,22 @@ def main():
                     stats.delta_stream_bytes, stats.delta_plain_bytes)
             else:
                 assert stats.deltas_applied > 0, "rank %d applied no delta" % a.rank
+    if a.case == "refit" and not torch.cuda.is_available():
+        # stream= without a GPU: refused before the refit starts, the handle as it was.
+        for bad in ("s", -1, True, 1.5):
+            try:
+                handle.start(stream=bad)
+            except reshard.errors.InvalidArgumentError as e:
+                assert "stream must be" in str(e), e
+            else:
+                raise AssertionError("start(stream=%r) was accepted" % (bad,))
+        try:
+            handle.start(stream=0)
+        except reshard.errors.FailedPreconditionError as e:
+            assert "did not start" in str(e), e
+        else:
+            raise AssertionError("start(stream=0) without a GPU was accepted")
+        assert handle.epoch == a.steps and not handle.failed, (handle.epoch, handle.failed)
     print("rank %d: %d refits verified, epoch %d, last %.3f ms" %
           (a.rank, a.steps, handle.epoch, handle.stats.total_seconds * 1e3))
     handle.close()

@@ -1,5 +1,6 @@
-"""CUDA tensors as buffers and the stream argument (skipped without a CUDA device): a refit
-between two processes of CUDA bf16 tensors, ordered after work queued on a side stream."""
+"""CUDA tensors as buffers and stream-ordered refits (skipped without a CUDA device): a refit
+between two processes of CUDA bf16 tensors, started on side streams behind slow kernels, with a
+copy of the destination queued behind record_completion()."""
 import os
 
 import pytest

@@ -1,5 +1,6 @@
 #include "reshard/refit.h"
 
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <utility>
@@ -11,6 +12,7 @@
 #include "reshard/version.h"
 #include "src/api/internal.h"
 #include "src/api/refit_session.h"
+#include "src/api/stream_order.h"
 #include "src/common/fault.h"
 #include "src/common/status.h"
 #include "src/net/refit_engine.h"
@@ -35,6 +37,19 @@ LocalBuffers& LocalBuffers::Add(Side side, std::string name, Buffer buffer) {
 }
 
 namespace internal {
+
+namespace {
+std::atomic<cuda::StreamOps*> stream_ops_override{nullptr};
+}  // namespace
+
+cuda::StreamOps& StreamOpsForHandles() {
+  cuda::StreamOps* ops = stream_ops_override.load(std::memory_order_acquire);
+  return ops != nullptr ? *ops : cuda::CudaStreamOps();
+}
+
+cuda::StreamOps* SetStreamOpsForTesting(cuda::StreamOps* ops) {
+  return stream_ops_override.exchange(ops, std::memory_order_acq_rel);
+}
 
 std::vector<BufferRequirement> Requirements(const plan::RefitSpec& spec,
                                             const plan::BufferTable& table, int32_t rank) {
@@ -90,6 +105,10 @@ class RefitHandle::Impl {
   std::vector<uint8_t> private_staging;
   // The lowered spec's internal buffers this rank holds (quantized sources), by plan order.
   std::vector<std::vector<uint8_t>> internal_buffers;
+  // CUDA-stream ordering, made at the first StartOnStream or RecordCompletion. Declared before
+  // the session, so destroyed after it: the streams waiting for the refit are released once
+  // nothing of it runs any more.
+  std::unique_ptr<internal::StreamOrder> streams;
   // Null for a rank the spec does not name (nothing to send or receive).
   std::unique_ptr<internal::RefitSession> session;
 
@@ -117,6 +136,16 @@ class RefitHandle::Impl {
   }
 
   std::string Who() const { return absl::StrCat("refit handle \"", name, "\" on rank ", rank); }
+
+  absl::Status Streams() {
+    if (streams != nullptr) return absl::OkStatus();
+    cuda::StreamOps& ops = internal::StreamOpsForHandles();
+    RESHARD_RETURN_IF_ERROR(ops.Available());
+    streams = std::make_unique<internal::StreamOrder>(ops);
+    return absl::OkStatus();
+  }
+  // Start (`on_stream` false) or StartOnStream.
+  absl::Status Begin(bool on_stream, void* stream);
 };
 
 namespace {
@@ -341,8 +370,11 @@ RefitHandle::RefitHandle(RefitHandle&&) noexcept = default;
 RefitHandle& RefitHandle::operator=(RefitHandle&&) noexcept = default;
 RefitHandle::~RefitHandle() = default;
 
-absl::Status RefitHandle::Start() {
-  Impl& h = *impl_;
+absl::Status RefitHandle::Start() { return impl_->Begin(false, nullptr); }
+absl::Status RefitHandle::StartOnStream(void* stream) { return impl_->Begin(true, stream); }
+
+absl::Status RefitHandle::Impl::Begin(bool on_stream, void* stream) {
+  Impl& h = *this;
   if (h.in_flight) {
     return absl::FailedPreconditionError(
         absl::StrCat(h.Who(), ": refit ", h.epoch, " is still in flight; call Wait() first"));
@@ -352,16 +384,29 @@ absl::Status RefitHandle::Start() {
         absl::StrCat(h.Who(), ": refit ", h.epoch, " failed (", h.failure.ToString(),
                      "); call Reset() on every rank before refitting again"));
   }
+  internal::StreamOrder* gate = nullptr;
+  if (on_stream) {
+    absl::Status gated = h.Streams();
+    if (gated.ok()) gated = h.streams->Gate(stream);
+    if (!gated.ok()) {
+      return absl::Status(gated.code(), absl::StrCat(h.Who(), ": StartOnStream: ", gated.message(),
+                                                     "; refit ", h.epoch + 1, " did not start"));
+    }
+    gate = h.streams.get();
+  } else if (h.streams != nullptr) {
+    h.streams->ClearGate();
+  }
   common::FaultPoint(common::FaultStage::kBetween, h.rank, h.epoch + 1);
   ++h.epoch;
   h.in_flight = true;
   h.started = absl::Now();
   h.registrations_at_start = net::RegistrationCount();
   if (h.session == nullptr) return absl::OkStatus();
-  absl::Status st = h.session->Start(h.epoch);
+  absl::Status st = h.session->Start(h.epoch, gate);
   h.stats.start_seconds = absl::ToDoubleSeconds(absl::Now() - h.started);
   if (!st.ok()) {
     h.session->Abort(h.epoch, st);
+    if (h.streams != nullptr) h.streams->Release();
     h.in_flight = false;
     h.failed = true;
     h.failure = st;
@@ -379,6 +424,8 @@ absl::Status RefitHandle::Wait(absl::Time deadline) {
   const absl::Time wait_start = absl::Now();
   absl::Status st = h.session != nullptr ? h.session->Wait(h.epoch, deadline) : absl::OkStatus();
   const absl::Time end = absl::Now();
+  // Done or failed: streams queued behind this refit run on (a failure is what Wait returns).
+  if (h.streams != nullptr) h.streams->Release();
   h.in_flight = false;
   Stats& s = h.stats;
   s.epoch = h.epoch;
@@ -393,6 +440,22 @@ absl::Status RefitHandle::Wait(absl::Time deadline) {
     h.failed = true;
     h.failure = st;
     return absl::Status(st.code(), absl::StrCat(h.Who(), ": refit ", h.epoch, ": ", st.message()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RefitHandle::RecordCompletion(void* stream) {
+  Impl& h = *impl_;
+  if (!h.in_flight) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        h.Who(), ": RecordCompletion() without a refit in flight; call it between Start() and ",
+        "Wait()"));
+  }
+  absl::Status st = h.Streams();
+  if (st.ok()) st = h.streams->AddCompletionStream(stream);
+  if (!st.ok()) {
+    return absl::Status(st.code(), absl::StrCat(h.Who(), ": RecordCompletion (refit ", h.epoch,
+                                                "): ", st.message()));
   }
   return absl::OkStatus();
 }
@@ -425,6 +488,10 @@ absl::Status RefitHandle::Barrier(absl::Time deadline) {
 void RefitHandle::Reset() {
   Impl& h = *impl_;
   if (h.session != nullptr) h.session->Reset();
+  if (h.streams != nullptr) {
+    h.streams->Release();
+    h.streams->ClearGate();
+  }
   h.failed = false;
   h.in_flight = false;
   h.failure = absl::OkStatus();

@@ -258,7 +258,25 @@ absl::Status RefitSession::StartLayers(uint64_t epoch) {
   return engine_->Start(epoch);
 }
 
-absl::Status RefitSession::Start(uint64_t epoch) {
+absl::Status RefitSession::Start(uint64_t epoch, StreamOrder* gate) {
+  gate_ = nullptr;
+  if (gate != nullptr) {
+    const absl::StatusOr<bool> open = gate->Open();
+    if (!open.ok()) {
+      return absl::Status(open.status().code(),
+                          absl::StrCat("the work queued on the CUDA stream given to Start failed: ",
+                                       open.status().message()));
+    }
+    if (!*open) {
+      gate_ = gate;
+      gated_since_ = absl::Now();
+      return absl::OkStatus();
+    }
+  }
+  return BeginEpoch(epoch);
+}
+
+absl::Status RefitSession::BeginEpoch(uint64_t epoch) {
   // Quantized sources. Those whose blocks other tiles share post their partial amaxes to the
   // exchange and are quantized in Wait once it has gathered the others' (the layers then start
   // there). The others are quantized one at a time in Wait's rounds while the network runs: the
@@ -332,9 +350,55 @@ class WaitEvents final : public Blocker {
   nvlink::Fanout* fanout_;
 };
 
+// What a refit waiting for its start gate sleeps on: the UCX worker (peers' messages), for at
+// most kSlice at a time, since a CUDA event completing raises no event of its own.
+class GateEvents final : public Blocker {
+ public:
+  static constexpr absl::Duration kSlice = absl::Microseconds(100);
+  explicit GateEvents(Blocker& network) : network_(network) {}
+  void Block(absl::Duration timeout) override { network_.Block(std::min(timeout, kSlice)); }
+
+ private:
+  Blocker& network_;
+};
+
 }  // namespace
 
+absl::Status RefitSession::WaitForGate(uint64_t epoch, absl::Time deadline) {
+  GateEvents events(engine_->events());
+  IdlePolicy idle(&events);
+  absl::Status st;
+  while (true) {
+    const absl::StatusOr<bool> open = gate_->Open();
+    if (!open.ok()) {
+      st = absl::Status(open.status().code(),
+                        absl::StrCat("the work queued on the CUDA stream given to Start failed: ",
+                                     open.status().message()));
+      break;
+    }
+    if (*open) break;
+    // Peers' grants and aborts keep arriving meanwhile; the engine weighs them when the epoch
+    // starts (an abort about an epoch this rank completed does not fail the next one, so
+    // CheckAllPeers, which reports it, is not the test here).
+    bool progressed = false;
+    st = engine_->Progress(nullptr, &progressed);
+    if (!st.ok()) break;
+    if (absl::Now() >= deadline) {
+      st = absl::DeadlineExceededError(absl::StrCat(
+          "rank ", rank_, ": the work queued on the CUDA stream given to Start ",
+          "did not finish within ", absl::FormatDuration(absl::Now() - gated_since_),
+          ", before the deadline; nothing of refit epoch ", epoch, " was read or written"));
+      break;
+    }
+    idle.Round(progressed);
+  }
+  gate_ = nullptr;
+  if (!st.ok()) return st;  // The handle aborts the epoch on every layer (Abort).
+  return BeginEpoch(epoch);
+}
+
 absl::Status RefitSession::Wait(uint64_t epoch, absl::Time deadline) {
+  if (gate_ != nullptr) RESHARD_RETURN_IF_ERROR(WaitForGate(epoch, deadline));
   if (exchange_pending_) {
     exchange_pending_ = false;
     const absl::Status exchanged = amax_->Wait(epoch, deadline);
@@ -415,6 +479,7 @@ void RefitSession::Abort(uint64_t epoch, const absl::Status& why) {
 }
 
 void RefitSession::Reset() {
+  gate_ = nullptr;
   engine_->Reset();
   if (amax_ != nullptr) amax_->Reset();
   exchange_pending_ = false;

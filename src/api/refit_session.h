@@ -19,7 +19,8 @@
 // `<key_prefix>/barrier/<n>/<rank>`.
 //
 // One refit (Start, then Wait): Start grants the epoch to fan-out and network peers and posts
-// what it can; Wait is the only loop of a refit. Each round it progresses the engine, hands
+// what it can (or, with a start gate that is not open yet, nothing: see Start); Wait is the only
+// loop of a refit. Each round it progresses the engine, hands
 // every piece that landed to the fan-out layer (forwarded while later pieces are still on the
 // network), progresses the fan-out, and idles by the one IdlePolicy. Deadlines end it with the
 // layer's own message naming what is missing.
@@ -36,6 +37,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "reshard/refit.h"
+#include "src/api/stream_order.h"
 #include "src/common/memory.h"
 #include "src/cuda/quantize.h"
 #include "src/net/refit_engine.h"
@@ -73,8 +75,14 @@ class RefitSession {
   RefitSession(const RefitSession&) = delete;
   RefitSession& operator=(const RefitSession&) = delete;
 
-  // Enters `epoch` (strictly increasing) on both layers without blocking.
-  [[nodiscard]] absl::Status Start(uint64_t epoch);
+  // Enters `epoch` (strictly increasing) on both layers without blocking. With a `gate` (the
+  // work on a caller's CUDA stream, src/api/stream_order.h; it must outlive the epoch) that is
+  // not open yet, the epoch starts in Wait once it opens: until then nothing reads this rank's
+  // sources or writes its destinations (no grant, staging, quantization, put or local copy),
+  // while Wait still takes in peers' messages. A gate that fails or stays closed past Wait's
+  // deadline fails the epoch without entering it (Start or Wait returns the error; Abort then
+  // tells the peers at once).
+  [[nodiscard]] absl::Status Start(uint64_t epoch, StreamOrder* gate = nullptr);
   // The refit's progress loop, until this rank's part of `epoch` is done or `deadline`.
   [[nodiscard]] absl::Status Wait(uint64_t epoch, absl::Time deadline);
   // The n-th barrier among every rank of the plan, progressing the engine while waiting.
@@ -148,6 +156,12 @@ class RefitSession {
                                    std::shared_ptr<net::Runtime> runtime, absl::Time deadline);
   // Starts the fan-out layer and the engine on `epoch`.
   absl::Status StartLayers(uint64_t epoch);
+  // What Start does once the gate is open: quantization, the amax exchange, the layers.
+  absl::Status BeginEpoch(uint64_t epoch);
+  // Wait's first part while the gate is closed: polls it, progressing the engine meanwhile.
+  absl::Status WaitForGate(uint64_t epoch, absl::Time deadline);
+  StreamOrder* gate_ = nullptr;  // A closed start gate: the epoch starts in Wait.
+  absl::Time gated_since_;
   // The amax exchange (plan::RefitSpec::amax_exchange), a session of its own on every rank of its
   // world, run before this rank quantizes the sources that need it; null without one.
   std::unique_ptr<RefitSession> amax_;

@@ -484,6 +484,14 @@ reshard_status_t reshard_handle_start(reshard_handle_t* handle) {
   if (handle == nullptr) return Invalid("reshard_handle_start: handle is NULL");
   return Report(handle->handle.Start());
 }
+reshard_status_t reshard_handle_start_on_stream(reshard_handle_t* handle, void* stream) {
+  if (handle == nullptr) return Invalid("reshard_handle_start_on_stream: handle is NULL");
+  return Report(handle->handle.StartOnStream(stream));
+}
+reshard_status_t reshard_handle_record_completion(reshard_handle_t* handle, void* stream) {
+  if (handle == nullptr) return Invalid("reshard_handle_record_completion: handle is NULL");
+  return Report(handle->handle.RecordCompletion(stream));
+}
 reshard_status_t reshard_handle_wait(reshard_handle_t* handle, int64_t timeout_ms) {
   if (handle == nullptr) return Invalid("reshard_handle_wait: handle is NULL");
   return Report(handle->handle.Wait(absl::Now() + Timeout(timeout_ms)));

@@ -27,14 +27,23 @@
 // called and stay unchanged until it returns/Wait returns; destination buffers are overwritten
 // during that time and hold the new weights afterwards.
 //
+// CUDA streams (docs/api.md, "Stream-ordered refits"): StartOnStream(stream) in place of Start()
+// orders the refit after the work queued on a caller's stream before the call (the optimizer
+// step that wrote the weights, the forward pass still reading them) without a host or device
+// synchronise: nothing reads this rank's sources or writes its destinations before that work is
+// done. RecordCompletion(stream), between Start and Wait, makes a stream's later work (the next
+// forward pass) wait on the device until this rank's part of the refit is done; the host still
+// drives the refit in Wait. Streams are cudaStream_t values passed as void*.
+//
 // Ownership: RefitHandle is move-only; the caller's buffers must outlive it. It keeps the
 // Communicator's shared state alive. Destroying a handle mid-refit abandons the refit (peers
 // see Unavailable or DeadlineExceeded).
 // Thread safety: thread-compatible: one thread at a time per handle (the same thread that calls
 // Start must call Wait). Handles of one process share one UCX worker, so drive them from one
 // thread.
-// Blocking: Create, Execute and Wait block up to their deadline; Start never blocks. Progress
-// (receiving, forwarding to domain peers) happens inside Wait, so call Wait soon after Start.
+// Blocking: Create, Execute and Wait block up to their deadline; Start, StartOnStream and
+// RecordCompletion never block. Progress (receiving, forwarding to domain peers) happens inside
+// Wait, so call Wait soon after Start.
 // Errors:
 //   InvalidArgument     invalid spec, a buffer missing / of the wrong size / unknown name,
 //                       rank outside the communicator's world (on this rank, or on another
@@ -42,6 +51,7 @@
 //   FailedPrecondition  ranks planned different specs (fingerprint mismatch); a refit is
 //                       already in flight; Execute/Start after a failed refit without Reset();
 //                       a memory kind this build cannot move (CUDA without CUDA support);
+//                       StartOnStream/RecordCompletion without CUDA or a usable GPU;
 //   Unavailable         a peer died or aborted (or the store is gone during Create);
 //   DeadlineExceeded    a deadline passed before the refit (or set-up) finished.
 #pragma once
@@ -260,10 +270,34 @@ class RefitHandle {
   // Begins the next refit without blocking. FailedPrecondition when one is in flight or the last
   // one failed and Reset() was not called.
   [[nodiscard]] absl::Status Start();
+  // Start() after the work queued on `stream` (a cudaStream_t of this process's current device;
+  // nullptr is CUDA's legacy default stream, torch's default stream) before this call: the refit
+  // records an event on the stream here and Wait starts the refit only once the event completed
+  // (never a device-wide or blocking synchronise; Wait's deadline covers the stream's work).
+  // Until then nothing reads this rank's sources or writes its destinations. When the stream's
+  // work fails (cudaEventQuery's error) or outlasts Wait's deadline, the refit fails without
+  // having touched anything (Internal or DeadlineExceeded from Wait; peers fail Unavailable).
+  // FailedPrecondition without CUDA in the build or a usable GPU, InvalidArgument for a stream
+  // the CUDA runtime refuses: the refit did not start then, and the handle is as before.
+  // Host-memory refits work the same with or without a stream.
+  [[nodiscard]] absl::Status StartOnStream(void* stream);
+  // Makes `stream` (a cudaStream_t, nullptr the legacy default stream) wait on the device until
+  // this rank's part of the refit in flight is over: work queued on it after this call (reading
+  // the destinations) runs once Wait has seen every piece land, with no host wait for the
+  // stream. Any number of streams, any number of calls, between Start()/StartOnStream() and the
+  // end of Wait(). The wait is cuStreamWaitValue32 on a flag in mapped pinned host memory that
+  // the host writes when the refit ends on this rank, and also when it fails, is Reset() or the
+  // handle is destroyed: a stream never waits for a refit that is over, but after a failure it
+  // runs on destinations that may be half-written; Wait's error says so, and the caller must not
+  // use them. FailedPrecondition when no refit is in flight or without CUDA / a usable GPU / the
+  // driver's stream memory operations; InvalidArgument for a stream the driver refuses. The
+  // refit in flight is unaffected by these errors.
+  [[nodiscard]] absl::Status RecordCompletion(void* stream);
   // Completes the refit begun by Start(). Blocks until done or `deadline`. FailedPrecondition
   // when no refit is in flight.
   [[nodiscard]] absl::Status Wait(absl::Time deadline);
-  // Forgets a failed refit so the handle may refit again (every peer must Reset too).
+  // Forgets a failed refit so the handle may refit again (every peer must Reset too). Releases
+  // streams still waiting on the refit (RecordCompletion).
   void Reset();
 
   // Blocks until every rank of the spec called Barrier() as often as this rank (the n-th call

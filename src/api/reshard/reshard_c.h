@@ -266,6 +266,29 @@ reshard_status_t reshard_handle_create(reshard_comm_t* comm, const reshard_spec_
 reshard_status_t reshard_handle_execute(reshard_handle_t* handle, int64_t timeout_ms);
 reshard_status_t reshard_handle_start(reshard_handle_t* handle);
 reshard_status_t reshard_handle_wait(reshard_handle_t* handle, int64_t timeout_ms);
+/* Stream-ordered refits (reshard::RefitHandle::StartOnStream and RecordCompletion; docs/api.md).
+ * `stream` is a cudaStream_t of this process's current device; NULL is CUDA's legacy default
+ * stream (torch's default stream), not "no stream" (that is reshard_handle_start).
+ *
+ * reshard_handle_start_on_stream: reshard_handle_start after the work queued on `stream` before
+ * the call, without a host or device synchronise: nothing reads this rank's sources or writes
+ * its destinations before that work is done; reshard_handle_wait starts the refit once it is
+ * (its timeout covers that work). Returns RESHARD_FAILED_PRECONDITION (a refit is in flight or
+ * failed without reset; reshard built without CUDA; no usable GPU) or RESHARD_INVALID_ARGUMENT
+ * (the CUDA runtime refuses the stream): the refit did not start. When the stream's work fails
+ * or outlasts the timeout, reshard_handle_wait returns RESHARD_INTERNAL or
+ * RESHARD_DEADLINE_EXCEEDED and nothing was read or written.
+ *
+ * reshard_handle_record_completion: between a start and the end of its wait, makes `stream` wait
+ * on the device until this rank's part of the refit is over: work queued on it afterwards runs
+ * once every piece landed, with no host wait for the stream (the host still drives the refit in
+ * reshard_handle_wait). A refit that fails, is reset or whose handle is destroyed releases the
+ * stream too; the failure is what reshard_handle_wait returns, and the destinations must not be
+ * used then. Returns RESHARD_FAILED_PRECONDITION (no refit in flight; no CUDA, usable GPU or
+ * driver stream memory operations) or RESHARD_INVALID_ARGUMENT (the driver refuses the stream);
+ * the refit in flight is unaffected. */
+reshard_status_t reshard_handle_start_on_stream(reshard_handle_t* handle, void* stream);
+reshard_status_t reshard_handle_record_completion(reshard_handle_t* handle, void* stream);
 /* reshard_handle_create with a bound on the collective set-up (<= 0: 60 s, the default of
  * reshard_handle_create and reshard::HandleOptions::setup_timeout). A rank that does not take
  * part in time makes the others fail with RESHARD_DEADLINE_EXCEEDED. */
