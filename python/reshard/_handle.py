@@ -48,7 +48,8 @@ class RefitHandle:
 
     ``delta=True``: delta refits (docs/delta.md): sources send only the elements that changed
     since the last refit whenever the receiver holds that version; destinations must keep the
-    last refit's values between refits (host destination buffers only, for now).
+    last refit's values between refits (host or CUDA buffers: CUDA sources are encoded and
+    CUDA destinations applied on the GPU where the build has the kernels).
 
     Every rank calls execute() (or start() + wait()) the same number of times. Blocking calls
     release the GIL. Errors are reshard.errors' classes with the library's message.

@@ -103,7 +103,7 @@ typedef struct reshard_stats {
   int64_t quantize_buffer_bytes;
   /* Delta refits (reshard_handle_options_t.delta; reshard::Stats has the details): pieces sent
    * as deltas, as plain pieces (any reason), the bytes sent for them against their plain
-   * bytes, the host shadow kept, deltas applied here. */
+   * bytes, the shadow kept (host and device memory together), deltas applied here. */
   int64_t delta_pieces;
   int64_t delta_full_pieces;
   int64_t delta_stream_bytes;
