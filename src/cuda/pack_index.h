@@ -49,9 +49,11 @@ struct UnitAddress {
 };
 
 // Index of the entry holding unit `unit`, searched in entries[lo, hi] (inclusive; the caller
-// knows unit lies in that range). Entries are non-empty and sorted by units_begin.
-RESHARD_HD inline int32_t FindPackEntry(const PackEntry* entries, int32_t lo, int32_t hi,
-                                        uint64_t unit) {
+// knows unit lies in that range). Entries (PackEntry, CopyEntry) are non-empty and sorted by
+// units_begin.
+template <typename Entry>
+RESHARD_HD inline int32_t FindEntryOfUnit(const Entry* entries, int32_t lo, int32_t hi,
+                                          uint64_t unit) {
   while (lo < hi) {
     const int32_t mid = lo + (hi - lo + 1) / 2;
     if (entries[mid].units_begin <= unit) {
@@ -61,6 +63,10 @@ RESHARD_HD inline int32_t FindPackEntry(const PackEntry* entries, int32_t lo, in
     }
   }
   return lo;
+}
+RESHARD_HD inline int32_t FindPackEntry(const PackEntry* entries, int32_t lo, int32_t hi,
+                                        uint64_t unit) {
+  return FindEntryOfUnit(entries, lo, hi, unit);
 }
 
 // The address of unit `k` of entry `e` (0 <= k < e.units), dividing in `Index`: uint32_t needs
@@ -117,15 +123,7 @@ struct CopyUnitAddress {
 // Index of the copy entry holding unit `unit` in entries[lo, hi] (as FindPackEntry).
 RESHARD_HD inline int32_t FindCopyEntry(const CopyEntry* entries, int32_t lo, int32_t hi,
                                         uint64_t unit) {
-  while (lo < hi) {
-    const int32_t mid = lo + (hi - lo + 1) / 2;
-    if (entries[mid].units_begin <= unit) {
-      lo = mid;
-    } else {
-      hi = mid - 1;
-    }
-  }
-  return lo;
+  return FindEntryOfUnit(entries, lo, hi, unit);
 }
 
 // The two addresses of unit `k` of entry `e` (0 <= k < e.units), dividing in `Index`.

@@ -11,6 +11,7 @@
 
 #include "gtest/gtest.h"
 #include "reshard/reshard.h"
+#include "tests/api/memory_store.h"
 
 namespace {
 
@@ -19,42 +20,7 @@ using reshard::Layout;
 using reshard::Mesh;
 using reshard::Replicate;
 using reshard::Shard;
-
-// An in-memory store shared by the ranks of one process (callbacks API).
-struct MemoryStore {
-  std::mutex mu;
-  std::map<std::string, std::string> kv;
-  reshard::StoreCallbacks Callbacks() {
-    reshard::StoreCallbacks cb;
-    cb.set = [this](const std::string& k, const std::string& v) {
-      std::lock_guard<std::mutex> lock(mu);
-      kv[k] = v;
-      return absl::OkStatus();
-    };
-    cb.get = [this](const std::string& k, absl::Time deadline) -> absl::StatusOr<std::string> {
-      while (true) {
-        {
-          std::lock_guard<std::mutex> lock(mu);
-          auto it = kv.find(k);
-          if (it != kv.end()) return it->second;
-        }
-        if (absl::Now() > deadline) return absl::DeadlineExceededError("no key " + k);
-        absl::SleepFor(absl::Milliseconds(1));
-      }
-    };
-    cb.list = [this](const std::string& prefix)
-        -> absl::StatusOr<std::vector<std::pair<std::string, std::string>>> {
-      std::lock_guard<std::mutex> lock(mu);
-      std::vector<std::pair<std::string, std::string>> out;
-      for (auto it = kv.lower_bound(prefix); it != kv.end() && it->first.rfind(prefix, 0) == 0;
-           ++it) {
-        out.push_back(*it);
-      }
-      return out;
-    };
-    return cb;
-  }
-};
+using reshard::testing::MemoryStore;
 
 // 8x6 fp32 row-sharded over ranks {0,1} -> column-sharded over {2,3}; a fused "qkv" buffer.
 reshard::RefitSpec TwoByTwo() {

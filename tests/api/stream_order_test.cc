@@ -22,6 +22,7 @@
 #include "reshard/reshard.h"
 #include "reshard/reshard_c.h"
 #include "tests/api/fake_stream_ops.h"
+#include "tests/api/memory_store.h"
 
 namespace reshard {
 namespace {
@@ -124,32 +125,6 @@ TEST(StreamOrderTest, CompletionWithoutCudaFails) {
   EXPECT_EQ(order.waiting_streams(), 0);
 }
 
-// A store for one-rank worlds.
-struct OneRankStore {
-  std::mutex mu;
-  std::map<std::string, std::string> kv;
-  StoreCallbacks Callbacks() {
-    StoreCallbacks cb;
-    cb.set = [this](const std::string& k, const std::string& v) {
-      std::lock_guard<std::mutex> lock(mu);
-      kv[k] = v;
-      return absl::OkStatus();
-    };
-    cb.get = [this](const std::string& k, absl::Time deadline) -> absl::StatusOr<std::string> {
-      while (true) {
-        {
-          std::lock_guard<std::mutex> lock(mu);
-          auto it = kv.find(k);
-          if (it != kv.end()) return it->second;
-        }
-        if (absl::Now() > deadline) return absl::DeadlineExceededError("no key " + k);
-        absl::SleepFor(absl::Milliseconds(1));
-      }
-    };
-    return cb;
-  }
-};
-
 constexpr int32_t kPoison = -7;
 
 // Rank 0 refits a 4x6 i32 tensor from its source into its destination: a local copy through the
@@ -193,7 +168,7 @@ class HandleStreamTest : public ::testing::Test {
 
   FakeStreamOps ops_;
   cuda::StreamOps* previous_ = nullptr;
-  OneRankStore store_;
+  testing::MemoryStore store_;
   std::vector<int32_t> src_, dst_;
   std::optional<RefitHandle> handle_;
 };
