@@ -17,16 +17,11 @@
 #include "src/common/delta_codec.h"
 #include "src/cuda/delta.h"
 #include "src/cuda/runtime.h"
+#include "tests/cuda/skip_without_gpu.h"
 #include "tests/cuda/delta_test_util.h"
 
 namespace reshard::cuda {
 namespace {
-
-#define SKIP_WITHOUT_GPU()                                                    \
-  do {                                                                        \
-    std::string why;                                                          \
-    if (CudaDeviceCount(&why) == 0) GTEST_SKIP() << "no usable GPU: " << why; \
-  } while (0)
 
 // Device memory holding `bytes`, freed at scope exit.
 class DeviceBytes {

@@ -10,6 +10,7 @@
 #include "src/cuda/pack.h"
 #include "src/cuda/pack_batch.h"
 #include "src/cuda/runtime.h"
+#include "tests/cuda/skip_without_gpu.h"
 #include "tests/cuda/pack_test_util.h"
 
 namespace reshard::cuda {
@@ -21,12 +22,6 @@ using testing::HostMove;
 using testing::MakeRandomBatch;
 using testing::RandomBatch;
 using testing::Rng;
-
-#define SKIP_WITHOUT_GPU()                                                    \
-  do {                                                                        \
-    std::string why;                                                          \
-    if (CudaDeviceCount(&why) == 0) GTEST_SKIP() << "no usable GPU: " << why; \
-  } while (0)
 
 #define ASSERT_CUDA(call)                                                      \
   do {                                                                         \

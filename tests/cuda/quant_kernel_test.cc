@@ -15,17 +15,12 @@
 
 #include "src/cuda/quantize.h"
 #include "src/cuda/runtime.h"
+#include "tests/cuda/skip_without_gpu.h"
 #include "src/plan/quantize.h"
 #include "tests/cuda/quant_test_util.h"
 
 namespace reshard::cuda {
 namespace {
-
-#define SKIP_WITHOUT_GPU()                                                    \
-  do {                                                                        \
-    std::string why;                                                          \
-    if (CudaDeviceCount(&why) == 0) GTEST_SKIP() << "no usable GPU: " << why; \
-  } while (0)
 
 // Copies the tile's whole source buffer to the device and quantizes it there.
 void CheckOnDevice(const testing::RandomQuantTile& r, const std::string& what) {

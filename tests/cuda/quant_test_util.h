@@ -232,13 +232,11 @@ inline RandomRequantTile MakeRandomRequantTile(std::mt19937_64& rng, plan::Quant
   return r;
 }
 
-// What the CPU path computes for it (plan::DequantizeTile into fp32, then plan::QuantizeTile):
-// `out` (elements) and `scales` (NumBlocks of the destination) resized and written. With `amax`,
-// each destination block's amax is taken from there.
-inline void RequantizeOnHost(const RandomRequantTile& r, std::vector<uint8_t>& out,
-                             std::vector<uint8_t>& scales, const float* amax = nullptr) {
-  const int64_t n = r.box.NumElements();
-  std::vector<float> dequantized(static_cast<size_t>(n));
+// The tile dequantized on the host (plan::DequantizeTile) into `dequantized`, as a dense fp32
+// QuantTile with the destination's scheme: what the CPU path quantizes.
+inline plan::QuantTile DequantizedOnHost(const RandomRequantTile& r,
+                                         std::vector<float>& dequantized) {
+  dequantized.assign(static_cast<size_t>(r.box.NumElements()), 0.0f);
   plan::DequantizeTile(r.qs, r.shape, r.box, r.bytes.data(), r.scales.data(), dequantized.data());
   plan::QuantTile q = r.tile;
   q.src_dtype = plan::DType::kFp32;
@@ -248,6 +246,17 @@ inline void RequantizeOnHost(const RandomRequantTile& r, std::vector<uint8_t>& o
     q.src_strides[d] = stride;
     stride *= q.extent[d];
   }
+  return q;
+}
+
+// What the CPU path computes for it (plan::DequantizeTile into fp32, then plan::QuantizeTile):
+// `out` (elements) and `scales` (NumBlocks of the destination) resized and written. With `amax`,
+// each destination block's amax is taken from there.
+inline void RequantizeOnHost(const RandomRequantTile& r, std::vector<uint8_t>& out,
+                             std::vector<uint8_t>& scales, const float* amax = nullptr) {
+  const int64_t n = r.box.NumElements();
+  std::vector<float> dequantized;
+  plan::QuantTile q = DequantizedOnHost(r, dequantized);
   out.assign(static_cast<size_t>(n), 0);
   scales.assign(static_cast<size_t>(plan::NumBlocks(q) * plan::ScaleBytes(q.arith)), 0);
   q.out = out.data();
@@ -258,17 +267,8 @@ inline void RequantizeOnHost(const RandomRequantTile& r, std::vector<uint8_t>& o
 
 // The destination blocks' amaxes of the dequantized tile (plan::BlockAmax).
 inline std::vector<float> RequantAmaxOnHost(const RandomRequantTile& r) {
-  const int64_t n = r.box.NumElements();
-  std::vector<float> dequantized(static_cast<size_t>(n));
-  plan::DequantizeTile(r.qs, r.shape, r.box, r.bytes.data(), r.scales.data(), dequantized.data());
-  plan::QuantTile q = r.tile;
-  q.src_dtype = plan::DType::kFp32;
-  q.src = reinterpret_cast<const uint8_t*>(dequantized.data());
-  int64_t stride = 1;
-  for (int d = q.ndim - 1; d >= 0; --d) {
-    q.src_strides[d] = stride;
-    stride *= q.extent[d];
-  }
+  std::vector<float> dequantized;
+  plan::QuantTile q = DequantizedOnHost(r, dequantized);
   std::vector<float> amax(static_cast<size_t>(plan::NumBlocks(q)));
   plan::BlockAmax(q, amax.data());
   return amax;
