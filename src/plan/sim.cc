@@ -35,7 +35,12 @@ class FlowAggregator {
 
 }  // namespace
 
-std::vector<Flow> FlowsFromPlan(const Plan& plan) {
+namespace {
+
+// The world plan's transfers as flows, each carrying bytes_of(transfer) bytes; a transfer's
+// stage is one after the one it waits for.
+template <typename BytesOf>
+std::vector<Flow> FlowsOf(const Plan& plan, BytesOf&& bytes_of) {
   RESHARD_CHECK(plan.rank() < 0);  // Flows of the whole world: a rank's share lacks the rest.
   FlowAggregator agg;
   const auto& transfers = plan.transfers();
@@ -44,10 +49,15 @@ std::vector<Flow> FlowsFromPlan(const Plan& plan) {
     const Transfer& tr = transfers[i];
     stage[i] = tr.after < 0 ? 0 : stage[tr.after] + 1;
     if (tr.kind == TransferKind::kLocal) continue;
-    agg.Add(tr.from_rank, tr.to_rank, stage[i], tr.kind == TransferKind::kFanout,
-            plan.region(tr.region).bytes);
+    agg.Add(tr.from_rank, tr.to_rank, stage[i], tr.kind == TransferKind::kFanout, bytes_of(tr));
   }
   return agg.Take();
+}
+
+}  // namespace
+
+std::vector<Flow> FlowsFromPlan(const Plan& plan) {
+  return FlowsOf(plan, [&](const Transfer& tr) { return plan.region(tr.region).bytes; });
 }
 
 double DeltaBytesRatio(double fraction, int elem_bytes) {
@@ -61,22 +71,14 @@ double DeltaBytesRatio(double fraction, int elem_bytes) {
 }
 
 std::vector<Flow> DeltaFlowsFromPlan(const Plan& plan, double fraction) {
-  RESHARD_CHECK(plan.rank() < 0);
-  FlowAggregator agg;
-  const auto& transfers = plan.transfers();
-  std::vector<int32_t> stage(transfers.size(), 0);
-  for (size_t i = 0; i < transfers.size(); ++i) {
-    const Transfer& tr = transfers[i];
-    stage[i] = tr.after < 0 ? 0 : stage[tr.after] + 1;
-    if (tr.kind == TransferKind::kLocal) continue;
+  return FlowsOf(plan, [&](const Transfer& tr) {
     int64_t bytes = plan.region(tr.region).bytes;
     if (tr.kind == TransferKind::kNetwork && tr.from_side == Side::kSrc && tr.after < 0) {
       const int es = plan.buffers()[plan.buffer_of(tr.tensor, tr.to_side)].elem_bytes;
       bytes = static_cast<int64_t>(static_cast<double>(bytes) * DeltaBytesRatio(fraction, es));
     }
-    agg.Add(tr.from_rank, tr.to_rank, stage[i], tr.kind == TransferKind::kFanout, bytes);
-  }
-  return agg.Take();
+    return bytes;
+  });
 }
 
 std::vector<Flow> GatherBroadcastFlows(const RefitSpec& spec, const DomainMap& domains) {
