@@ -66,6 +66,40 @@ RESHARD_HD inline int64_t StreamCapacity(int64_t elems, int elem_size) {
   return static_cast<int64_t>(sizeof(StreamHeader)) + 4 * NumChunks(elems) + elems * elem_size;
 }
 
+// A piece travels as consecutive segments of at most SegmentElems(elem_size) elements (the
+// last may be shorter), each its own stream (header, chunk table, payloads) at a fixed offset:
+// segment k's stream starts at k * SegmentStride(elem_size) bytes of the piece's reserved area,
+// whatever the earlier segments' lengths. So a sender encodes segment k+1 while segment k is
+// on the wire, and a receiver applies segment k as soon as all of it is here, instead of
+// encoding and applying the whole piece before its first byte leaves and after its last lands.
+// A segment is a whole number of chunks (for every element size), so segmenting changes no
+// chunk's encoding, only the headers and which segments fall back to kFull.
+constexpr int64_t kSegmentBytes = int64_t{256} << 10;
+RESHARD_HD inline int64_t SegmentElems(int elem_size) { return kSegmentBytes / elem_size; }
+static_assert(kSegmentBytes / 8 % kChunkElems == 0);
+RESHARD_HD inline int64_t NumSegments(int64_t elems, int elem_size) {
+  const int64_t s = SegmentElems(elem_size);
+  return (elems + s - 1) / s;
+}
+RESHARD_HD inline int64_t SegmentStride(int elem_size) {
+  return StreamCapacity(SegmentElems(elem_size), elem_size);
+}
+// First element and element count of segment k.
+RESHARD_HD inline int64_t SegmentFirst(int64_t k, int elem_size) {
+  return k * SegmentElems(elem_size);
+}
+RESHARD_HD inline int64_t SegmentLength(int64_t elems, int elem_size, int64_t k) {
+  const int64_t rest = elems - SegmentFirst(k, elem_size);
+  return rest < SegmentElems(elem_size) ? rest : SegmentElems(elem_size);
+}
+// The bytes reserved for a piece's segments (what its landing area and send scratch hold).
+RESHARD_HD inline int64_t PieceCapacity(int64_t elems, int elem_size) {
+  const int64_t n = NumSegments(elems, elem_size);
+  if (n == 0) return 0;
+  return (n - 1) * SegmentStride(elem_size) +
+         StreamCapacity(SegmentLength(elems, elem_size, n - 1), elem_size);
+}
+
 RESHARD_HD inline int Popcount64(uint64_t x) {
 #if defined(__CUDA_ARCH__)
   return __popcll(x);

@@ -23,7 +23,8 @@ absl::Status DeviceDeltaCodec::CheckPiece(const DeltaPiece& piece, const void* b
         absl::StrCat("delta piece: element size ", es, " is not 1, 2, 4 or 8"));
   }
   const PackEntry& l = piece.layout;
-  if (piece.elems < 0 || l.width != es || l.units != static_cast<uint64_t>(piece.elems) ||
+  if (piece.elems < 0 || piece.first < 0 || l.width != es ||
+      l.units < static_cast<uint64_t>(piece.first + piece.elems) ||
       piece.chunks != delta::NumChunks(piece.elems) || l.ndims < 0 || l.ndims > kMaxPackDims ||
       (piece.elems > 0 && l.run_units == 0)) {
     return absl::InvalidArgumentError(

@@ -34,10 +34,12 @@ namespace reshard::cuda {
 // e at byte ElementOffset(*this, e) of its buffer (the source when encoding, the destination
 // when applying); `chunks` = delta::NumChunks(elems).
 struct DeltaPiece {
-  PackEntry layout;  // units = elems, width = elem_size, run_units = elements per run.
+  PackEntry layout;  // units: the whole piece's elements; width = elem_size; run_units.
   int64_t elems = 0;
   int32_t elem_size = 1;
   int64_t chunks = 0;
+  // A segment of a piece (SegmentOf): its elements are the piece's [first, first + elems).
+  int64_t first = 0;
 };
 
 // A piece of `run_bytes`-long runs at `offset`, repeated over `ndims` outer dims of `count`
@@ -68,9 +70,18 @@ inline DeltaPiece ContiguousDeltaPiece(int64_t elems, int elem_size) {
   return MakeDeltaPiece(0, elems * elem_size, 0, nullptr, nullptr, elem_size);
 }
 
+// Segment [first, first + elems) of `piece` (delta::SegmentFirst / SegmentLength): a piece of
+// its own for the kernels, whose elements lie where the piece's do.
+inline DeltaPiece SegmentOf(DeltaPiece piece, int64_t first, int64_t elems) {
+  piece.first += first;
+  piece.elems = elems;
+  piece.chunks = delta::NumChunks(elems);
+  return piece;
+}
+
 // Byte offset of element `e` of the piece in its buffer.
 RESHARD_HD inline int64_t ElementOffset(const DeltaPiece& p, int64_t e) {
-  return LocatePackUnit(p.layout, static_cast<uint64_t>(e)).strided_offset;
+  return LocatePackUnit(p.layout, static_cast<uint64_t>(p.first + e)).strided_offset;
 }
 
 // Elements of chunk `c`.

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <string>
 
+#include "src/common/delta_codec.h"
 #include "src/common/fault.h"
 #include "src/common/status.h"
 #include "src/net/ucx/tls.h"
@@ -36,9 +37,11 @@ class DeliveryBase : public Delivery {
   const uint8_t* Source(const SendDesc& d, const SendRun& run) const {
     return (d.packed ? memory_.send_scratch() : memory_.data(d.from_buffer)) + run.local_offset;
   }
-  // A delta stream's run ends at the stream's length.
-  static SendRun Cut(const SendDesc& d, SendRun run, int64_t stream_bytes) {
-    if (d.delta_elem_bytes > 0) run.bytes = std::min(run.bytes, stream_bytes - run.remote_offset);
+  // A delta stream's run ends at its segment's stream's end.
+  static SendRun Cut(const PeerLink& link, const SendDesc& d, SendRun run) {
+    if (d.delta_elem_bytes > 0) {
+      run.bytes = std::min(run.bytes, link.stream_end - run.remote_offset);
+    }
     return run;
   }
   // Whether runs of `d` are read from device memory (which process_vm_writev cannot read).
@@ -63,8 +66,8 @@ class PutDelivery final : public DeliveryBase {
   bool counts_bytes() const override { return false; }
 
   absl::Status PostRun(PeerLink& link, const SendDesc& d, uint32_t run_index, uint64_t epoch,
-                       bool* in_flight, int64_t stream_bytes) override {
-    const SendRun run = Cut(d, program_.runs[run_index], stream_bytes);
+                       bool* in_flight) override {
+    const SendRun run = Cut(link, d, program_.runs[run_index]);
     // Packed streams land in this rank's block of the receiver's landing area (id one past the
     // plan's buffers).
     const uint32_t to = d.packed ? memory_.landing_id() : d.to_buffer;
@@ -133,19 +136,24 @@ class AmDelivery final : public DeliveryBase {
   bool counts_bytes() const override { return true; }
 
   absl::Status PostRun(PeerLink& link, const SendDesc& d, uint32_t run_index, uint64_t epoch,
-                       bool* in_flight, int64_t stream_bytes) override {
-    const SendRun run = Cut(d, program_.runs[run_index], stream_bytes);
-    // The receiver's offset: in the packed stream, or in the receiving buffer.
-    const wire::DataHeader h{wire::AmHeader{wire::kMagic, rank_, 0, epoch}, d.id,
-                             d.packed ? 1u : 0u, static_cast<uint64_t>(run.remote_offset),
-                             d.delta_elem_bytes > 0 ? static_cast<uint64_t>(stream_bytes) : 0};
+                       bool* in_flight) override {
+    const SendRun run = Cut(link, d, program_.runs[run_index]);
+    const bool delta = d.delta_elem_bytes > 0;
+    // The receiver's offset: in the packed stream, or in the receiving buffer; a delta run names
+    // its segment's stream length.
+    const wire::DataHeader h{
+        wire::AmHeader{wire::kMagic, rank_, 0, epoch}, d.id, d.packed ? 1u : 0u,
+        static_cast<uint64_t>(run.remote_offset),
+        delta ? static_cast<uint64_t>(link.stream_end - link.stream_begin) : 0};
     stats_.data_messages++;
     absl::Status posted = link.SendData(run_index, h, Source(d, run),
                                         static_cast<size_t>(run.bytes), SourceMemh(d), in_flight);
     common::FaultPoint(common::FaultStage::kPuts, rank_, epoch);
     // No completion signals here: the last data message to the peer stands for them.
-    const bool last = run_index + 1 == d.run_end ||
-                      (d.delta_elem_bytes > 0 && run.remote_offset + run.bytes >= stream_bytes);
+    const bool last =
+        run_index + 1 == d.run_end ||
+        (delta && run.remote_offset + run.bytes >= link.stream_end &&
+         link.stream_begin == (d.segments - 1) * delta::SegmentStride(d.delta_elem_bytes));
     if (link.unsignalled == 1 && last) {
       common::FaultPoint(common::FaultStage::kSignals, rank_, epoch);
     }

@@ -34,11 +34,11 @@ class Delivery {
   virtual bool counts_bytes() const = 0;
 
   // Posts run `run` of `desc` to `link`. `*in_flight`: a request now counts against
-  // max_outstanding_puts. `stream_bytes`: a delta stream's length (desc.delta_elem_bytes > 0):
-  // the run is cut there, and runs past it are not posted.
+  // max_outstanding_puts. Delta pieces (desc.delta_elem_bytes > 0): the run belongs to the
+  // segment whose stream is [link.stream_begin, link.stream_end) of the piece's area, and is cut
+  // at its end (the caller posts no run past it).
   [[nodiscard]] virtual absl::Status PostRun(PeerLink& link, const SendDesc& desc, uint32_t run,
-                                             uint64_t epoch, bool* in_flight,
-                                             int64_t stream_bytes) = 0;
+                                             uint64_t epoch, bool* in_flight) = 0;
   // Every run of `desc` is posted.
   [[nodiscard]] virtual absl::Status DescPosted(PeerLink& link, const SendDesc& desc) = 0;
   // `link` has nothing ready to post.

@@ -23,7 +23,17 @@ Landing::Landing(const plan::Plan& plan, const SendProgram& program, RegisteredM
   landed_epoch_.assign(program.received.size(), 0);
   landed_bytes_.assign(program.received.size(), 0);
   stream_bytes_.assign(program.received.size(), 0);
+  segment_begin_.assign(program.received.size() + 1, 0);
+  for (uint32_t slot = 0; slot < program.received.size(); ++slot) {
+    const int es = program.delta_elem_bytes[slot];
+    const int64_t bytes = plan.region(plan.transfers()[program.received[slot]].region).bytes;
+    segment_begin_[slot + 1] = segment_begin_[slot] + (es != 0 ? delta::NumSegments(bytes / es, es) : 0);
+  }
+  segments_done_.assign(program.received.size(), 0);
+  any_delta_.assign(program.received.size(), 0);
   if (!data_messages) return;
+  segment_landed_.assign(static_cast<size_t>(segment_begin_.back()), 0);
+  segment_stream_.assign(static_cast<size_t>(segment_begin_.back()), 0);
   for (uint8_t es : program.delta_elem_bytes) {
     if (es == 0) continue;
     am_streams_.resize(static_cast<size_t>(program.landing_bytes));
@@ -49,6 +59,9 @@ void Landing::StartEpoch(uint64_t epoch, uint64_t version) {
   deltas_applied_ = 0;
   std::fill(landed_bytes_.begin(), landed_bytes_.end(), 0);
   std::fill(stream_bytes_.begin(), stream_bytes_.end(), 0);
+  std::fill(segments_done_.begin(), segments_done_.end(), 0);
+  std::fill(any_delta_.begin(), any_delta_.end(), 0);
+  std::fill(segment_landed_.begin(), segment_landed_.end(), 0);
 }
 
 int64_t Landing::wire_bytes(uint32_t slot) const {
@@ -56,21 +69,27 @@ int64_t Landing::wire_bytes(uint32_t slot) const {
   return plan_.region(plan_.transfers()[program_.received[slot]].region).bytes;
 }
 
-absl::Status Landing::ApplyDelta(uint32_t slot, const uint8_t* stream, int64_t length) {
+absl::Status Landing::ApplyDelta(uint32_t slot, int64_t k, const uint8_t* stream,
+                                 int64_t length) {
   const plan::Transfer& t = plan_.transfers()[program_.received[slot]];
   const plan::Region& region = plan_.region(t.region);
   const int es = program_.delta_elem_bytes[slot];
+  const int64_t first = delta::SegmentFirst(k, es);
+  const int64_t elems = delta::SegmentLength(region.bytes / es, es, k);
   delta::Decoder decoder;
-  const delta::DecodeError error = decoder.Init(stream, length, region.bytes / es, es, version_);
+  const delta::DecodeError error = decoder.Init(stream, length, elems, es, version_);
   if (error != delta::DecodeError::kOk) {
     return absl::DataLossError(absl::StrCat(
         "rank ", program_.rank, ": the delta stream of transfer ", program_.received_ids[slot],
-        " (tensor \"", plan_.spec().tensors[t.tensor].name, "\") from rank ", t.from_rank,
-        " is refused: ", delta::DecodeErrorName(error), " (this rank holds version ", version_,
-        ")"));
+        " (tensor \"", plan_.spec().tensors[t.tensor].name, "\", segment ", k, ") from rank ",
+        t.from_rank, " is refused: ", delta::DecodeErrorName(error), " (this rank holds version ",
+        version_, ")"));
   }
-  stream_bytes_[slot] = decoder.bytes();
-  deltas_applied_ += decoder.mode() == delta::kDelta;
+  stream_bytes_[slot] += decoder.bytes();
+  any_delta_[slot] |= decoder.mode() == delta::kDelta ? 1 : 0;
+  if (++segments_done_[slot] == segment_begin_[slot + 1] - segment_begin_[slot]) {
+    deltas_applied_ += any_delta_[slot];
+  }
   const uint32_t to_buf = plan_.buffer_of(t.tensor, t.to_side);
   uint8_t* to = memory_.data(to_buf);
   if (memory_.device(to_buf)) {
@@ -82,18 +101,19 @@ absl::Status Landing::ApplyDelta(uint32_t slot, const uint8_t* stream, int64_t l
                                               plan_.spec().tensors[t.tensor].name, "\""));
     }
     absl::StatusOr<delta::Mode> applied = device_delta_->Apply(
-        DeltaPieceOf(plan_, region, /*source=*/false, es), stream, length, version_, to);
+        cuda::SegmentOf(DeltaPieceOf(plan_, region, /*source=*/false, es), first, elems), stream,
+        length, version_, to);
     if (!applied.ok()) {
       return absl::Status(applied.status().code(),
                           absl::StrCat("rank ", program_.rank, ": the delta stream of transfer ",
                                        program_.received_ids[slot], " (tensor \"",
-                                       plan_.spec().tensors[t.tensor].name,
-                                       "\") on the GPU: ", applied.status().message()));
+                                       plan_.spec().tensors[t.tensor].name, "\", segment ", k,
+                                       ") on the GPU: ", applied.status().message()));
     }
     return absl::OkStatus();
   }
-  plan::ForEachRun(region, plan_.region_dims(region),
-                   [&](int64_t, int64_t to_off, int64_t n) { decoder.Apply(to + to_off, n / es); });
+  plan::ForEachRunIn(region, plan_.region_dims(region), first * es, (first + elems) * es,
+                     [&](int64_t, int64_t to_off, int64_t n) { decoder.Apply(to + to_off, n / es); });
   return absl::OkStatus();
 }
 
@@ -128,11 +148,15 @@ absl::StatusOr<bool> Landing::Signalled(int32_t from_rank, uint32_t id, uint32_t
   if (landed(*slot)) return false;
   const int64_t offset = program_.landing_offset[*slot];
   if (offset >= 0 && program_.delta_elem_bytes[*slot] != 0) {
+    // Every segment's stream is in place (the batch's signal follows the piece's puts).
     const auto& t = plan_.transfers()[program_.received[*slot]];
     const int es = program_.delta_elem_bytes[*slot];
-    RESHARD_RETURN_IF_ERROR(
-        ApplyDelta(*slot, memory_.landing() + offset,
-                   delta::StreamCapacity(plan_.region(t.region).bytes / es, es)));
+    const int64_t elems = plan_.region(t.region).bytes / es;
+    for (int64_t k = 0; k < segment_begin_[*slot + 1] - segment_begin_[*slot]; ++k) {
+      RESHARD_RETURN_IF_ERROR(
+          ApplyDelta(*slot, k, memory_.landing() + offset + k * delta::SegmentStride(es),
+                     delta::StreamCapacity(delta::SegmentLength(elems, es, k), es)));
+    }
   } else if (offset >= 0) {
     const int64_t bytes = plan_.region(plan_.transfers()[program_.received[*slot]].region).bytes;
     RESHARD_RETURN_IF_ERROR(Unpack(*slot, 0, memory_.landing() + offset, bytes));
@@ -157,26 +181,34 @@ absl::StatusOr<bool> Landing::Data(const wire::DataHeader& h, const void* data, 
                                             (packed ? "packed" : "unpacked")));
   }
   if (const int es = program_.delta_elem_bytes[slot]; es != 0) {
-    // A delta stream: every message names the same length, inside the reserved capacity; the
-    // stream is applied once all of it is here.
-    const auto capacity =
-        static_cast<uint64_t>(delta::StreamCapacity(static_cast<int64_t>(region_bytes) / es, es));
-    if (h.stream_bytes < sizeof(delta::StreamHeader) || h.stream_bytes > capacity ||
-        (landed > 0 && h.stream_bytes != static_cast<uint64_t>(stream_bytes_[slot])) ||
-        !wire::InBounds(h.to_offset, length, h.stream_bytes) ||
-        !wire::InBounds(landed, length, h.stream_bytes)) {
+    // A delta stream, one per segment of the piece at its fixed offset: every message of a
+    // segment names the same length, inside the segment's capacity; each segment is applied
+    // once all of it is here, and the piece has landed when every segment has.
+    const int64_t elems = static_cast<int64_t>(region_bytes) / es;
+    const int64_t stride = delta::SegmentStride(es);
+    const int64_t k = static_cast<int64_t>(h.to_offset / static_cast<uint64_t>(stride));
+    const int64_t segments = segment_begin_[slot + 1] - segment_begin_[slot];
+    const auto seg = static_cast<size_t>(segment_begin_[slot] + k);
+    const uint64_t within = h.to_offset - static_cast<uint64_t>(k * stride);
+    if (k >= segments || h.stream_bytes < sizeof(delta::StreamHeader) ||
+        h.stream_bytes >
+            static_cast<uint64_t>(delta::StreamCapacity(delta::SegmentLength(elems, es, k), es)) ||
+        (segment_landed_[seg] > 0 &&
+         h.stream_bytes != static_cast<uint64_t>(segment_stream_[seg])) ||
+        !wire::InBounds(within, length, h.stream_bytes) ||
+        !wire::InBounds(static_cast<uint64_t>(segment_landed_[seg]), length, h.stream_bytes)) {
       return absl::DataLossError(absl::StrCat("rank ", program_.rank, ": rank ", from, " sent ",
                                               length, " delta stream bytes at offset ", h.to_offset,
                                               " of a stream of ", h.stream_bytes,
                                               " bytes outside transfer ", id));
     }
-    stream_bytes_[slot] = static_cast<int64_t>(h.stream_bytes);
-    uint8_t* stream = am_streams_.data() + program_.landing_offset[slot];
-    if (length > 0) std::memcpy(stream + h.to_offset, data, length);
-    landed_bytes_[slot] += static_cast<int64_t>(length);
-    if (static_cast<uint64_t>(landed_bytes_[slot]) != h.stream_bytes) return false;
-    RESHARD_RETURN_IF_ERROR(ApplyDelta(slot, stream, static_cast<int64_t>(h.stream_bytes)));
-    return true;
+    segment_stream_[seg] = static_cast<int64_t>(h.stream_bytes);
+    uint8_t* stream = am_streams_.data() + program_.landing_offset[slot] + k * stride;
+    if (length > 0) std::memcpy(stream + within, data, length);
+    segment_landed_[seg] += static_cast<int64_t>(length);
+    if (static_cast<uint64_t>(segment_landed_[seg]) != h.stream_bytes) return false;
+    RESHARD_RETURN_IF_ERROR(ApplyDelta(slot, k, stream, static_cast<int64_t>(h.stream_bytes)));
+    return segments_done_[slot] == segments;
   }
   if (h.stream_bytes != 0) {
     return absl::DataLossError(absl::StrCat("rank ", program_.rank, ": rank ", from,
@@ -244,34 +276,30 @@ absl::Status Landing::Unpack(uint32_t slot, int64_t begin, const uint8_t* packed
   const uint32_t to_buf = plan_.buffer_of(t.tensor, t.to_side);
   uint8_t* to = memory_.data(to_buf);
   const bool device = memory_.device(to_buf);
-  const int64_t end = begin + length;
-  int64_t pos = 0;  // Offset of the current run in the packed stream.
   absl::Status status;
-  plan::ForEachRun(region, plan_.region_dims(region), [&](int64_t, int64_t to_off, int64_t n) {
-    const int64_t lo = std::max(pos, begin), hi = std::min(pos + n, end);
-    if (lo < hi && status.ok()) {
-      status = Copy(to + to_off + (lo - pos), packed + (lo - begin), hi - lo, device);
-    }
-    pos += n;
-  });
+  plan::ForEachRunIn(region, plan_.region_dims(region), begin, begin + length,
+                     [&](int64_t, int64_t to_off, int64_t n) {
+                       if (status.ok()) status = Copy(to + to_off, packed, n, device);
+                       packed += n;
+                     });
   return status;
 }
 
 absl::Status Landing::Gather(const SendDesc& d) {
-  return Gather(d, memory_.send_scratch() + d.send_offset);
+  return Gather(d, 0, d.bytes, memory_.send_scratch() + d.send_offset);
 }
 
-absl::Status Landing::Gather(const SendDesc& d, uint8_t* to) {
+absl::Status Landing::Gather(const SendDesc& d, int64_t begin, int64_t end, uint8_t* to) {
   const plan::Transfer& t = plan_.transfers()[d.transfer];
   const plan::Region& region = plan_.region(t.region);
   const uint8_t* from = memory_.data(d.from_buffer);
   const bool device = memory_.device(d.from_buffer);
-  int64_t pos = 0;
   absl::Status status;
-  plan::ForEachRun(region, plan_.region_dims(region), [&](int64_t from_off, int64_t, int64_t n) {
-    if (status.ok()) status = Copy(to + pos, from + from_off, n, device);
-    pos += n;
-  });
+  plan::ForEachRunIn(region, plan_.region_dims(region), begin, end,
+                     [&](int64_t from_off, int64_t, int64_t n) {
+                       if (status.ok()) status = Copy(to, from + from_off, n, device);
+                       to += n;
+                     });
   return status;
 }
 

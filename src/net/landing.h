@@ -9,9 +9,11 @@
 //    compared without wrapping): DataLoss naming the peer. A peer can only write the bytes the
 //    plan has it write;
 //  - unpacks packed streams into place and moves staged destination pieces host -> device;
-//  - applies delta streams (docs/delta.md) in place once the whole stream is here, after
-//    validating all of it against the piece and this rank's version (DataLoss otherwise, the
-//    destination untouched); with active messages the stream is assembled in host memory first.
+//  - applies delta streams (docs/delta.md) in place, one per segment of the piece, each once
+//    all of it is here, after validating all of it against its segment and this rank's version
+//    (DataLoss otherwise, the segment's destination elements untouched; the refit then fails
+//    and the next one is full); with active messages the streams are assembled in host memory
+//    first, and the piece lands with its last segment.
 //    Host code applies them to host memory and to the pinned staging copy of a staged device
 //    buffer (which Land then moves to the device, as any piece); the CUDA kernels
 //    (set_device_delta) apply them to device memory the engine writes directly;
@@ -61,16 +63,17 @@ class Landing {
 
   // Bytes the transfer in `slot` took on the wire in this epoch: its delta stream, or the piece.
   int64_t wire_bytes(uint32_t slot) const;
-  // Delta streams applied as deltas (not plain pieces) in this epoch.
+  // Delta pieces applied with at least one segment as a delta (not all plain) in this epoch.
   int64_t deltas_applied() const { return deltas_applied_; }
   // The codec that applies delta streams to device buffers the engine writes directly (not
   // staged); it must outlive the Landing. Without one, such streams are refused (Internal):
   // the engine checks at set-up that it has one when any delta piece lands in device memory.
   void set_device_delta(cuda::DeviceDeltaCodec* codec) { device_delta_ = codec; }
 
-  // Sender side: gathers the runs of packed `desc` into the send scratch, or into `to`.
+  // Sender side: gathers the runs of packed `desc` into the send scratch, or bytes
+  // [begin, end) of its packed stream into `to`.
   [[nodiscard]] absl::Status Gather(const SendDesc& desc);
-  [[nodiscard]] absl::Status Gather(const SendDesc& desc, uint8_t* to);
+  [[nodiscard]] absl::Status Gather(const SendDesc& desc, int64_t begin, int64_t end, uint8_t* to);
   // A local copy (desc.peer == this rank).
   [[nodiscard]] absl::Status CopyLocal(const SendDesc& desc);
 
@@ -79,8 +82,9 @@ class Landing {
   absl::StatusOr<uint32_t> CheckSender(int32_t from_rank, uint32_t id, const char* what) const;
   // Copies [begin, begin + length) of the packed stream in `slot` from `packed` into place.
   absl::Status Unpack(uint32_t slot, int64_t begin, const uint8_t* packed, int64_t length);
-  // Applies the delta stream of `slot` (`length` bytes at `stream`) to its destination runs.
-  absl::Status ApplyDelta(uint32_t slot, const uint8_t* stream, int64_t length);
+  // Applies the delta stream of segment `k` of `slot` (`length` bytes at `stream`) to its
+  // destination elements.
+  absl::Status ApplyDelta(uint32_t slot, int64_t k, const uint8_t* stream, int64_t length);
 
   const plan::Plan& plan_;
   const SendProgram& program_;
@@ -93,9 +97,18 @@ class Landing {
   absl::flat_hash_map<uint32_t, std::vector<int64_t>> run_starts_;
   uint64_t version_ = 0;
   int64_t deltas_applied_ = 0;
-  std::vector<int64_t> stream_bytes_;  // By slot: this epoch's delta stream length, 0 before.
-  // Active-message delivery: delta streams are assembled here (at their landing offsets).
+  std::vector<int64_t> stream_bytes_;  // By slot: this epoch's delta streams' bytes so far.
+  // Delta pieces by slot: their segments are [segment_begin_[slot], segment_begin_[slot + 1])
+  // (numbered over this rank's received delta pieces), how many were applied in this epoch and
+  // whether any of them as a delta.
+  std::vector<int64_t> segment_begin_;
+  std::vector<int64_t> segments_done_;
+  std::vector<uint8_t> any_delta_;
+  // Active-message delivery: delta streams are assembled here (at their landing offsets), and
+  // by segment, its bytes here so far and its stream's length.
   std::vector<uint8_t> am_streams_;
+  std::vector<int64_t> segment_landed_;
+  std::vector<int64_t> segment_stream_;
   cuda::DeviceDeltaCodec* device_delta_ = nullptr;
 };
 

@@ -192,6 +192,12 @@ class PeerLink {
   std::deque<uint32_t> ready;  // Descs whose dependencies landed.
   int64_t cursor_desc = -1;    // Desc being posted, and its next run.
   uint32_t cursor_run = 0;
+  // Delta pieces (docs/delta.md): the run whose segment was encoded last (-1: none in this
+  // epoch), that segment's stream as [stream_begin, stream_end) of the piece's area, and what
+  // the piece's segments were so far (RefitEngine's flags).
+  int64_t encoded_run = -1;
+  int64_t stream_begin = 0, stream_end = 0;
+  uint8_t piece_streams = 0;
   int64_t unsignalled = 0;     // Sends of this epoch not yet remotely complete and signalled.
   int64_t remaining_from = 0;  // Pieces of this epoch not yet landed from the peer.
 

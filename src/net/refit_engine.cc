@@ -163,8 +163,8 @@ class RefitEngine::Impl final : public MessageSink, public LinkOwner {
   uint64_t version_ = 0, base_ = 0;
   std::vector<uint8_t> shadow_;         // SendProgram::shadow_bytes.
   std::vector<uint8_t> gather_;         // SendProgram::gather_bytes.
-  std::vector<uint64_t> shadow_epoch_;  // By descriptor: the epoch its shadow was written in.
-  std::vector<int64_t> stream_len_;     // By descriptor: this epoch's delta stream length.
+  // By segment (SendDesc::segment_begin): the epoch its shadow was written in.
+  std::vector<uint64_t> shadow_epoch_;
   // Delta pieces whose source is CUDA memory are encoded by the CUDA kernels (device_delta_)
   // against a shadow in device memory: by descriptor, its shadow's offset there (-1: encoded on
   // the host).
@@ -209,8 +209,9 @@ class RefitEngine::Impl final : public MessageSink, public LinkOwner {
   void PostSends();
   // Delta mode's set-up: shadows (host, and device for CUDA sources), the CUDA codec.
   absl::Status InitDelta(const std::vector<BufferView>& buffers);
-  // Gathers delta descriptor `desc` (to `link`) and encodes it into its stream.
-  absl::Status EncodeDelta(const PeerLink& link, const SendDesc& d, uint32_t desc);
+  // Gathers segment `k` of delta descriptor `desc` (to `link`) and encodes it into its stream,
+  // which it records in link.stream_begin and stream_end.
+  absl::Status EncodeSegment(PeerLink& link, const SendDesc& d, uint32_t desc, int64_t k);
   void Advance();
   void RunLocalCopies();
   std::string PendingSummary() const;
@@ -400,8 +401,7 @@ absl::Status RefitEngine::Impl::InitDelta(const std::vector<BufferView>& buffers
     shadow_.assign(static_cast<size_t>(program_.shadow_bytes), 0);
     gather_.assign(static_cast<size_t>(program_.gather_bytes), 0);
   }
-  shadow_epoch_.assign(program_.descs.size(), 0);
-  stream_len_.assign(program_.descs.size(), 0);
+  shadow_epoch_.assign(program_.segments, 0);
   return absl::OkStatus();
 }
 
@@ -531,6 +531,7 @@ absl::Status RefitEngine::Impl::Start(uint64_t epoch) {
     link->ready.clear();
     link->cursor_desc = -1;
     link->cursor_run = 0;
+    link->encoded_run = -1;
     link->remaining_from = link->expected_from;
     link->unsignalled = program_.peer_begin[r + 1] - program_.peer_begin[r];
   }
@@ -634,24 +635,32 @@ void RefitEngine::Impl::PostSends() {
         link->cursor_run = program_.descs[link->cursor_desc].run_begin;
       }
       const SendDesc& d = program_.descs[link->cursor_desc];
-      if (d.packed && link->cursor_run == d.run_begin) {
-        // Gather the short runs (the source holds this epoch's data since Start); delta
-        // pieces are gathered aside and encoded against their shadow.
-        absl::Status gathered =
-            d.delta_elem_bytes > 0 ? EncodeDelta(*link, d, link->cursor_desc) : landing_->Gather(d);
+      const bool delta = d.delta_elem_bytes > 0;
+      if (d.packed && !delta && link->cursor_run == d.run_begin) {
+        // Gather the short runs (the source holds this epoch's data since Start).
+        absl::Status gathered = landing_->Gather(d);
         if (!gathered.ok()) return Fail(gathered);
       }
-      const int64_t stream_bytes = d.delta_elem_bytes > 0 ? stream_len_[link->cursor_desc] : 0;
       while (link->cursor_run < d.run_end) {
         if (outstanding_puts_ >= options_.max_outstanding_puts) return;
-        if (d.delta_elem_bytes > 0 &&
-            program_.runs[link->cursor_run].remote_offset >= stream_bytes) {
-          link->cursor_run = d.run_end;  // The stream ended: nothing more of it to send.
-          break;
+        if (delta) {
+          // Delta pieces leave segment by segment: each is encoded when its first run is due,
+          // while the segments before it are on the wire, and only its stream's length goes.
+          const int64_t at = program_.runs[link->cursor_run].remote_offset;
+          const int64_t stride = delta::SegmentStride(d.delta_elem_bytes);
+          if (at % stride == 0 && link->encoded_run != link->cursor_run) {
+            absl::Status encoded =
+                EncodeSegment(*link, d, static_cast<uint32_t>(link->cursor_desc), at / stride);
+            if (!encoded.ok()) return Fail(encoded);
+            link->encoded_run = link->cursor_run;
+          }
+          if (at >= link->stream_end) {  // The segment's stream ended before this run.
+            link->cursor_run++;
+            continue;
+          }
         }
         bool in_flight = false;
-        absl::Status posted =
-            delivery_->PostRun(*link, d, link->cursor_run, epoch_, &in_flight, stream_bytes);
+        absl::Status posted = delivery_->PostRun(*link, d, link->cursor_run, epoch_, &in_flight);
         if (!posted.ok()) {
           return Fail(absl::Status(
               posted.code(),
@@ -661,7 +670,7 @@ void RefitEngine::Impl::PostSends() {
         if (in_flight) outstanding_puts_++;
         link->cursor_run++;
       }
-      stats_.bytes_network_sent += d.delta_elem_bytes > 0 ? stream_bytes : d.bytes;
+      if (!delta) stats_.bytes_network_sent += d.bytes;  // Delta: as each segment is encoded.
       link->cursor_desc = -1;
       absl::Status done = delivery_->DescPosted(*link, d);
       if (!done.ok()) return Fail(done);
@@ -670,42 +679,56 @@ void RefitEngine::Impl::PostSends() {
   }
 }
 
-absl::Status RefitEngine::Impl::EncodeDelta(const PeerLink& link, const SendDesc& d,
-                                            uint32_t desc) {
+// PeerLink::piece_streams: what a delta piece's segments were so far.
+enum : uint8_t { kSegmentDelta = 1, kSegmentNoBase = 2 };
+
+absl::Status RefitEngine::Impl::EncodeSegment(PeerLink& link, const SendDesc& d, uint32_t desc,
+                                              int64_t k) {
   // The epoch rule (docs/delta.md): a delta only on top of the version the receiver holds,
-  // which must be this rank's own version and its shadow's.
-  const bool receiver_at_base = link.granted_version == base_;
-  const bool base = base_ != 0 && shadow_epoch_[desc] == base_;
+  // which must be this rank's own version and its segment's shadow's.
   const int es = d.delta_elem_bytes;
-  uint8_t* out = memory_->send_scratch() + d.send_offset;
+  const int64_t first = delta::SegmentFirst(k, es);
+  const int64_t elems = delta::SegmentLength(d.bytes / es, es, k);
+  const size_t segment = d.segment_begin + static_cast<size_t>(k);
+  const bool receiver_at_base = link.granted_version == base_;
+  const bool base = base_ != 0 && shadow_epoch_[segment] == base_;
+  const int64_t stream_begin = k * delta::SegmentStride(es);
+  uint8_t* out = memory_->send_scratch() + d.send_offset + stream_begin;
   delta::EncodeResult r;
   if (device_shadow_offset_[desc] >= 0) {
     // On the GPU, from the caller's device buffer (never its staging copy) into the stream.
     const plan::Transfer& t = plan_.transfers()[d.transfer];
-    absl::StatusOr<delta::EncodeResult> encoded =
-        device_delta_->Encode(DeltaPieceOf(plan_, plan_.region(t.region), /*source=*/true, es),
-                              memory_->buffer(d.from_buffer).data, device_shadow_offset_[desc],
-                              base_, base && receiver_at_base, out);
+    absl::StatusOr<delta::EncodeResult> encoded = device_delta_->Encode(
+        cuda::SegmentOf(DeltaPieceOf(plan_, plan_.region(t.region), /*source=*/true, es), first,
+                        elems),
+        memory_->buffer(d.from_buffer).data, device_shadow_offset_[desc] + first * es, base_,
+        base && receiver_at_base, out);
     if (!encoded.ok()) {
       return absl::Status(encoded.status().code(),
                           absl::StrFormat("rank %d: the GPU delta encode of transfer %d (tensor "
-                                          "\"%s\"): %s",
-                                          rank_, d.id, plan_.spec().tensors[t.tensor].name,
+                                          "\"%s\", segment %d): %s",
+                                          rank_, d.id, plan_.spec().tensors[t.tensor].name, k,
                                           encoded.status().message()));
     }
     r = *encoded;
   } else {
-    RESHARD_RETURN_IF_ERROR(landing_->Gather(d, gather_.data()));
-    r = delta::EncodePiece(gather_.data(), shadow_.data() + d.shadow_offset, d.bytes / es, es,
-                           base_, base && receiver_at_base, out);
+    RESHARD_RETURN_IF_ERROR(landing_->Gather(d, first * es, (first + elems) * es, gather_.data()));
+    r = delta::EncodePiece(gather_.data(), shadow_.data() + d.shadow_offset + first * es, elems,
+                           es, base_, base && receiver_at_base, out);
   }
-  shadow_epoch_[desc] = epoch_;
-  stream_len_[desc] = r.bytes;
+  shadow_epoch_[segment] = epoch_;
+  link.stream_begin = stream_begin;
+  link.stream_end = stream_begin + r.bytes;
   stats_.delta_stream_bytes += r.bytes;
+  stats_.bytes_network_sent += r.bytes;
+  // A piece counts once: as a delta when any of its segments went as one, else by why not.
+  if (k == 0) link.piece_streams = 0;
+  link.piece_streams |= (r.mode == delta::kDelta ? kSegmentDelta : 0) | (base ? 0 : kSegmentNoBase);
+  if (k + 1 < d.segments) return absl::OkStatus();
   stats_.delta_plain_bytes += d.bytes;
-  if (r.mode == delta::kDelta) {
+  if (link.piece_streams & kSegmentDelta) {
     stats_.delta_pieces++;
-  } else if (!base) {
+  } else if (link.piece_streams & kSegmentNoBase) {
     stats_.delta_full_no_base++;
   } else if (!receiver_at_base) {
     stats_.delta_full_receiver_version++;

@@ -29,7 +29,7 @@ int DeltaElemBytes(const plan::Plan& plan, const Transfer& t, const SendProgramO
 int64_t PackedBytes(const plan::Plan& plan, const Transfer& t, const SendProgramOptions& options) {
   const int64_t bytes = plan.region(t.region).bytes;
   const int es = DeltaElemBytes(plan, t, options);
-  return es > 0 ? delta::StreamCapacity(bytes / es, es) : bytes;
+  return es > 0 ? delta::PieceCapacity(bytes / es, es) : bytes;
 }
 
 bool IsPacked(const plan::Plan& plan, const Transfer& t, const SendProgramOptions& options) {
@@ -130,9 +130,22 @@ SendProgram BuildSendProgram(const plan::Plan& plan, int32_t rank,
           d.delta_elem_bytes = static_cast<uint8_t>(es);
           d.shadow_offset = p.shadow_bytes;
           p.shadow_bytes += region.bytes;
-          p.gather_bytes = std::max(p.gather_bytes, region.bytes);
+          const int64_t elems = region.bytes / es;
+          d.segment_begin = p.segments;
+          d.segments = static_cast<uint32_t>(delta::NumSegments(elems, es));
+          p.segments += d.segments;
+          p.gather_bytes =
+              std::max(p.gather_bytes, std::min(elems, delta::SegmentElems(es)) * es);
+          // Each segment's runs on their own: a run never crosses into the next segment's
+          // stream, so the sender cuts it at its segment's actual length.
+          for (int64_t k = 0; k < d.segments; ++k) {
+            const int64_t at = k * delta::SegmentStride(es);
+            add(d.send_offset + at, at,
+                delta::StreamCapacity(delta::SegmentLength(elems, es, k), es));
+          }
+        } else {
+          add(d.send_offset, 0, stream);
         }
-        add(d.send_offset, 0, stream);
       } else {
         plan::ForEachRun(region, plan.region_dims(region), add);
       }

@@ -27,10 +27,12 @@
 // its wire-up record), and the sender adds it at set-up (src/net/wireup.h).
 //
 // Delta mode (docs/delta.md): every network transfer from a source tile into a destination
-// tile travels as a delta stream, packed, with StreamCapacity bytes reserved in the send
-// scratch and the landing area (the sender sends only the stream's actual length). The sender
-// keeps a shadow of the piece (shadow_offset into its shadow_bytes) and gathers it into a
-// scratch of gather_bytes before encoding.
+// tile travels packed, as delta streams, one per segment of the piece (delta::NumSegments),
+// with delta::PieceCapacity bytes reserved in the send scratch and the landing area; segment
+// k's stream starts at k * delta::SegmentStride of the piece's area and its runs are its own
+// (the sender sends only each stream's actual length). The sender keeps a shadow of the piece
+// (shadow_offset into its shadow_bytes) and gathers one segment at a time into a scratch of
+// gather_bytes before encoding it.
 //
 // Thread-compatible; immutable once built.
 #pragma once
@@ -73,6 +75,10 @@ struct SendDesc {
   // sender's shadow; 0 and -1 otherwise.
   uint8_t delta_elem_bytes = 0;
   int64_t shadow_offset = -1;
+  // Delta streams: the piece's segments, numbered [segment_begin, segment_begin + segments)
+  // among this rank's (SendProgram::segments).
+  uint32_t segment_begin = 0;
+  uint32_t segments = 0;
 };
 
 // Packed streams between one sender and one receiver: `bytes` at `offset` in the receiver's
@@ -94,7 +100,8 @@ struct SendProgram {
   plan::DependencyIndex dependencies;
   int64_t send_scratch_bytes = 0;
   int64_t shadow_bytes = 0;  // Delta: one copy of every delta piece this rank sends.
-  int64_t gather_bytes = 0;  // Delta: the largest delta piece this rank sends.
+  int64_t gather_bytes = 0;  // Delta: the largest segment of a delta piece this rank sends.
+  uint32_t segments = 0;     // Delta: the segments of every delta piece this rank sends.
 
   // Sending side: the bytes of packed streams to each receiver (ascending; offset unused: the
   // receiver places the block).

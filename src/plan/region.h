@@ -86,4 +86,48 @@ void ForEachRun(const Region& r, const RegionDim* dims, Fn&& fn) {
   }
 }
 
+// Calls fn(from_byte_offset, to_byte_offset, bytes) for the parts of the runs that hold bytes
+// [begin, end) of the region's packed stream (its runs back to back, in order), cut to that
+// range, in order. Starts at the run holding `begin` (found by division, not by walking the runs
+// before it), so covering a region range by range costs its runs once in all.
+template <typename Fn>
+void ForEachRunIn(const Region& r, const RegionDim* dims, int64_t begin, int64_t end, Fn&& fn) {
+  begin = begin < 0 ? 0 : begin;
+  end = end > r.bytes ? r.bytes : end;
+  if (begin >= end) return;
+  if (r.ndims == 0) {
+    fn(r.from_offset + begin, r.to_offset + begin, end - begin);
+    return;
+  }
+  std::array<int64_t, kMaxTensorDims> idx{};
+  int64_t from = r.from_offset, to = r.to_offset;
+  const int n = r.ndims;
+  int64_t rest = begin / r.run_bytes;
+  int64_t pos = rest * r.run_bytes;  // Packed offset of the current run.
+  for (int k = n - 1; k >= 0 && rest != 0; --k) {
+    idx[k] = rest % dims[k].count;
+    rest /= dims[k].count;
+    from += idx[k] * dims[k].from_stride;
+    to += idx[k] * dims[k].to_stride;
+  }
+  while (true) {
+    const int64_t lo = begin > pos ? begin : pos;
+    const int64_t hi = end < pos + r.run_bytes ? end : pos + r.run_bytes;
+    fn(from + (lo - pos), to + (lo - pos), hi - lo);
+    pos += r.run_bytes;
+    if (pos >= end) return;
+    int k = n - 1;
+    while (k >= 0) {
+      from += dims[k].from_stride;
+      to += dims[k].to_stride;
+      if (++idx[k] < dims[k].count) break;
+      from -= dims[k].from_stride * dims[k].count;
+      to -= dims[k].to_stride * dims[k].count;
+      idx[k] = 0;
+      --k;
+    }
+    if (k < 0) return;
+  }
+}
+
 }  // namespace reshard::plan

@@ -3,6 +3,7 @@
 // transfer exactly once (with puts and with active messages), buffers are validated. (Plan
 // fingerprints are compared by the refit session, tests/api.) Every child sets UCX_TLS,
 // UCX_NET_DEVICES and uses explicit deadlines.
+#include "src/common/delta_codec.h"
 #include "src/net/refit_engine.h"
 
 #include <malloc.h>
@@ -735,6 +736,103 @@ TEST_P(RefitEngineDelta, ADestinationThatResetOrFailedAloneGetsPlainPiecesTheOth
 
 INSTANTIATE_TEST_SUITE_P(Delivery, RefitEngineDelta, ::testing::Values(Path::kUcxPut),
                          [](const auto& info) { return std::string("Put"); });
+
+// Pieces larger than one segment (delta::kSegmentBytes) travel as one stream per segment, each
+// encoded, sent, validated and applied on its own (docs/delta.md). Rank 0 sends `m` (bf16, a
+// strided source region, two segments, the second ending in a partial chunk) to ranks 1 and 2,
+// and `u` (u8, contiguous, three segments) to rank 1, over UCX puts and active messages (cut
+// into many messages per segment). Epoch 1 is full; 2 changes nothing; 3 changes every element
+// of the pieces' last segments and a few of the segments before (those go as deltas, the last
+// ones plain); 4 changes everything (every segment plain); 5 changes 5% scattered. Byte-exact
+// after every epoch, and each piece counts once in the statistics.
+class RefitEngineDeltaSegments : public ::testing::TestWithParam<Path> {};
+
+TEST_P(RefitEngineDeltaSegments, PiecesOfManySegmentsAreByteExactSegmentBySegment) {
+  const std::string spec = R"json({"tensors": [
+      {"name": "m", "dtype": "bf16", "shape": [512, 600],
+       "src": {"mesh": [0], "placements": ["R"]},
+       "dst": {"mesh": [1, 2], "placements": ["S(1)"]}},
+      {"name": "u", "dtype": "u8", "shape": [600000],
+       "src": {"mesh": [0], "placements": ["R"]},
+       "dst": {"mesh": [1], "placements": ["R"]}}]})json";
+  static_assert(delta::kSegmentBytes == 256 << 10);  // The shapes above span 2 and 3 segments.
+  const std::string dir = StoreDir(GetParam() == Path::kUcxPut ? "segments-put" : "segments-am");
+  const Path path = GetParam();
+  std::map<int32_t, int> codes = testing::ForkRanks(
+      testing::Ranks(3),
+      [&](int32_t rank) {
+        RefitEngineOptions options;
+        options.delta = true;
+        options.delivery = path == Path::kActiveMessage
+                               ? RefitEngineOptions::Delivery::kActiveMessage
+                               : RefitEngineOptions::Delivery::kPut;
+        absl::StatusOr<ChildEngine> child = OpenEngine(spec, rank, dir, options);
+        CHILD_EXPECT(child.ok(), child.status().ToString());
+        RankBuffers& rb = child->rb;
+        RefitEngine& e = *child->engine;
+        DeltaModel model(rb.plan.spec());
+        // Changes element g of tensor t (every rank the same way).
+        auto change = [&](size_t t, int64_t g) {
+          const int64_t es = t == 0 ? 2 : 1;
+          model.tensors[t][static_cast<size_t>(g * es)] ^= static_cast<uint8_t>(1 + g % 15);
+        };
+        for (uint64_t epoch = 1; epoch <= 5; ++epoch) {
+          for (int64_t g = 0; g < 512 * 600; ++g) {
+            const int64_t row = g / 600, col = g % 600 % 300;  // Place in its piece (300 wide).
+            const int64_t packed = row * 300 + col;            // Element of the piece.
+            if (epoch == 1 || epoch == 4 || (epoch == 3 && packed >= 131072 - 100) ||
+                (epoch == 5 && g % 20 == 7)) {
+              change(0, g);
+            }
+          }
+          for (int64_t g = 0; g < 600000; ++g) {
+            if (epoch == 1 || epoch == 4 || (epoch == 3 && (g >= 2 * 262144 || g % 5000 == 0)) ||
+                (epoch == 5 && g % 20 == 3)) {
+              change(1, g);
+            }
+          }
+          model.FillSources(rb, rank);
+          absl::Status st = e.Start(epoch);
+          if (st.ok()) st = e.Wait(absl::Now() + absl::Seconds(20));
+          CHILD_EXPECT(st.ok(), absl::StrCat("epoch ", epoch, ": ", st.ToString()));
+          CHILD_EXPECT(model.Mismatches(rb, rank) == 0, absl::StrCat("epoch ", epoch));
+          const RefitStats& s = e.last_stats();
+          const int64_t pieces = rank == 0 ? 3 : rank == 1 ? 2 : 1;
+          const std::string what =
+              absl::StrCat("epoch ", epoch, ": ", s.delta_pieces, " delta, ", s.deltas_applied,
+                           " applied, ", s.delta_full_no_base, " no base, ",
+                           s.delta_full_not_smaller, " not smaller, ", s.delta_stream_bytes,
+                           " of ", s.delta_plain_bytes, " bytes");
+          if (rank == 0) {
+            CHILD_EXPECT(s.delta_plain_bytes == 512 * 600 * 2 + 600000, what);
+            if (epoch == 1) CHILD_EXPECT(s.delta_full_no_base == pieces, what);
+            if (epoch == 2 || epoch == 3 || epoch == 5) CHILD_EXPECT(s.delta_pieces == pieces, what);
+            if (epoch == 4) CHILD_EXPECT(s.delta_full_not_smaller == pieces, what);
+            // Epoch 3: the last segments travel plain, the others as small deltas.
+            const int64_t last_segments = 2 * (153600 - 131072) * 2 + (600000 - 2 * 262144);
+            if (epoch == 3) {
+              CHILD_EXPECT(s.delta_stream_bytes > last_segments &&
+                               s.delta_stream_bytes < last_segments + 64 * 1024,
+                           what);
+            }
+            if (epoch == 2) CHILD_EXPECT(s.delta_stream_bytes < 4096, what);
+          } else {
+            const bool deltas = epoch == 2 || epoch == 3 || epoch == 5;
+            CHILD_EXPECT(s.deltas_applied == (deltas ? pieces : 0), what);
+          }
+        }
+        CHILD_EXPECT(e.Shutdown(absl::Now() + absl::Seconds(10)).ok());
+        return 0;
+      },
+      testing::SharedMemoryUcx());
+  for (int r = 0; r < 3; ++r) EXPECT_EQ(codes[r], 0) << "rank " << r;
+}
+
+INSTANTIATE_TEST_SUITE_P(Delivery, RefitEngineDeltaSegments,
+                         ::testing::Values(Path::kUcxPut, Path::kActiveMessage),
+                         [](const auto& info) {
+                           return std::string(info.param == Path::kUcxPut ? "Put" : "Am");
+                         });
 
 // Issue 10: a process that holds the store token reads a rank's UCX address from the store and
 // sends it messages in the name of other ranks: a data message whose offset would wrap

@@ -1,6 +1,8 @@
 // Regions: a contiguous inner run plus outer dims, merged wherever both sides stay contiguous.
 #include "src/plan/region.h"
 
+#include <algorithm>
+#include <random>
 #include <tuple>
 #include <vector>
 
@@ -151,6 +153,55 @@ TEST(RegionTest, UnitDimsAreDroppedAndEmptyBoxesCopyNothing) {
   // A scalar: one element, one run.
   const Region scalar = MakeRegion(Box{}, Address(Box{}, {}, 7), Address(Box{}, {}, 2), 2, pool);
   EXPECT_EQ(Runs(scalar, pool), (std::vector<ByteRun>{{14, 4, 2}}));
+}
+
+// ForEachRunIn over a byte range of the packed stream gives exactly the parts of ForEachRun's
+// runs that hold those bytes, for random pieces of random 1-4-D tiles with transposed views and
+// random ranges (empty, inside one run, across many, past the end).
+TEST(RegionTest, RunsInARangeAreTheRunsCutToIt) {
+  std::mt19937_64 rng(7);
+  auto pick = [&](int64_t lo, int64_t hi) {
+    return std::uniform_int_distribution<int64_t>(lo, hi)(rng);
+  };
+  int checked = 0;
+  for (int trial = 0; trial < 300; ++trial) {
+    const int nd = static_cast<int>(pick(1, 4));
+    std::vector<int64_t> shape(nd), lo(nd), hi(nd);
+    for (int d = 0; d < nd; ++d) {
+      shape[d] = pick(1, 9);
+      lo[d] = pick(0, shape[d] - 1);
+      hi[d] = pick(lo[d] + 1, shape[d]);
+    }
+    // The source tile is the whole tensor, row-major; the destination tile is the piece,
+    // column-major (strides reversed), so both sides are strided in general.
+    std::vector<int64_t> col_major(nd);
+    int64_t stride = 1;
+    for (int d = 0; d < nd; ++d) {
+      col_major[d] = stride;
+      stride *= hi[d] - lo[d];
+    }
+    std::vector<RegionDim> pool;
+    const Box piece = MakeBox(lo, hi);
+    const Region r =
+        MakeRegion(piece, Address(MakeBox(std::vector<int64_t>(nd, 0), shape)),
+                   Address(piece, col_major), static_cast<int>(pick(0, 1) ? 4 : 2), pool);
+    const std::vector<ByteRun> all = Runs(r, pool);
+    for (int range = 0; range < 8; ++range) {
+      const int64_t begin = pick(-2, r.bytes + 2), end = pick(begin - 1, r.bytes + 4);
+      std::vector<ByteRun> want, got;
+      int64_t pos = 0;
+      for (const auto& [f, t, n] : all) {
+        const int64_t a = std::max(pos, begin), b = std::min(pos + n, end);
+        if (a < b) want.emplace_back(f + (a - pos), t + (a - pos), b - a);
+        pos += n;
+      }
+      ForEachRunIn(r, pool.data() + r.dims_begin, begin, end,
+                   [&](int64_t f, int64_t t, int64_t n) { got.emplace_back(f, t, n); });
+      ASSERT_EQ(got, want) << "trial " << trial << ", bytes [" << begin << ", " << end << ")";
+      checked += !want.empty();
+    }
+  }
+  EXPECT_GT(checked, 1000);
 }
 
 }  // namespace
