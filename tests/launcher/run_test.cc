@@ -130,6 +130,12 @@ TEST(RunTest, InvalidInputExitsWithTwo) {
             2);
   EXPECT_EQ(Reshard(absl::StrCat("run ", kSpecs, kExamples[0], " --iters 0 2>/dev/null")).exit_code,
             2);
+  EXPECT_EQ(Reshard(absl::StrCat("run ", kSpecs, kExamples[0],
+                                 " --emulate-nic 200mbit --mtu 500 2>/dev/null"))
+                .exit_code,
+            2);
+  EXPECT_EQ(Reshard(absl::StrCat("run ", kSpecs, kExamples[0], " --mtu 9000 2>/dev/null")).exit_code,
+            2);  // Loopback processes: no veth to set.
   // gather_broadcast is a simulated baseline: every rank refuses it as invalid input.
   Output o = Reshard(absl::StrCat("run ", kSpecs, kExamples[0],
                                   " --plan-mode gather_broadcast --json 2>/dev/null"));
@@ -195,12 +201,13 @@ TEST(RunNetnsTest, EmulatedNicReportsTheLowerBound) {
   if (!launcher::CanUseNetns()) GTEST_SKIP() << "network namespaces need root";
   const std::vector<std::string> before = launcher::ListNamespaces();
   Output o = Reshard(absl::StrCat("run ", kSpecs, "fig3-tp4-to-tp2dp2.json --emulate-nic 1gbit ",
-                                  "--iters 2 --timeout-ms 20000 --json"));
+                                  "--mtu 4096 --iters 2 --timeout-ms 20000 --json"));
   ExpectNoLeakedNamespaces(before);
   EXPECT_EQ(o.exit_code, 0) << o.out;
   json::Value v = ParseJson(o.out);
   ExpectVerifiedRun(v, 2, "emulate-nic");
   EXPECT_EQ(v.Find("rate")->as_string(), "1gbit");
+  EXPECT_EQ(v.Find("mtu")->as_int(), 4096);
   // The busiest rank's bytes through its 1 Gbit/s NIC.
   EXPECT_NEAR(v.Find("lower_bound_ms")->as_double(),
               v.Find("max_rank_network_bytes")->as_double() * 8 / 1e9 * 1e3, 0.01);

@@ -293,6 +293,10 @@ absl::StatusOr<std::unique_ptr<Launch>> Launch::Start(LaunchOptions options) {
       return absl::InvalidArgumentError("a NIC rate needs network-namespace mode");
     }
   }
+  if (options.mtu < 1280 || options.mtu > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("MTU ", options.mtu, " is out of range (1280..65535 bytes)"));
+  }
   if (options.rank_timeout_ms <= 0) {
     return absl::InvalidArgumentError("rank timeout must be positive");
   }
@@ -341,6 +345,8 @@ absl::Status Launch::SetUpNetns() {
   bridge_ns_ = br;
   RESHARD_RETURN_IF_ERROR(Tool({"ip", "-n", br, "link", "set", "lo", "up"}));
   RESHARD_RETURN_IF_ERROR(Tool({"ip", "-n", br, "link", "add", "br0", "type", "bridge"}));
+  const std::string mtu = absl::StrCat(options_.mtu);
+  RESHARD_RETURN_IF_ERROR(Tool({"ip", "-n", br, "link", "set", "br0", "mtu", mtu}));
   RESHARD_RETURN_IF_ERROR(
       Tool({"ip", "-n", br, "addr", "add", absl::StrCat(kBridgeAddress, "/16"), "dev", "br0"}));
   RESHARD_RETURN_IF_ERROR(Tool({"ip", "-n", br, "link", "set", "br0", "up"}));
@@ -360,6 +366,8 @@ absl::Status Launch::SetUpNetns() {
     const std::string port = absl::StrCat("b", r);
     RESHARD_RETURN_IF_ERROR(Tool({"ip", "-n", br, "link", "add", port, "type", "veth", "peer",
                                   "name", "veth0", "netns", ns}));
+    RESHARD_RETURN_IF_ERROR(Tool({"ip", "-n", br, "link", "set", port, "mtu", mtu}));
+    RESHARD_RETURN_IF_ERROR(Tool({"ip", "-n", ns, "link", "set", "veth0", "mtu", mtu}));
     RESHARD_RETURN_IF_ERROR(Tool({"ip", "-n", br, "link", "set", port, "master", "br0"}));
     RESHARD_RETURN_IF_ERROR(Tool({"ip", "-n", br, "link", "set", port, "up"}));
     RESHARD_RETURN_IF_ERROR(Tool({"ip", "-n", ns, "link", "set", "lo", "up"}));
