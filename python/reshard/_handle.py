@@ -80,11 +80,14 @@ class RefitHandle:
         complete; destinations: every byte landed). `stream`: a CUDA stream whose queued work
         (the optimizer step that wrote the weights, the forward pass still reading the
         destinations) the refit must follow, without synchronising it or the device: see
-        start()."""
+        start(). It is start(stream=stream) then wait(timeout, stream=stream): work other threads
+        queue on the stream meanwhile runs after the refit too."""
         if stream is None:
             self._handle.execute(float(timeout))
             return
-        self._handle.start_on_stream(_stream_value(stream))
+        value = _stream_value(stream)
+        self._handle.start_on_stream(value)
+        self._handle.record_completion(value)
         self._handle.wait(float(timeout))
 
     def start(self, *, stream=None):

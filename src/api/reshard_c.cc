@@ -113,6 +113,9 @@ int32_t reshard_comm_world_size(const reshard_comm_t* comm) {
 }
 void reshard_comm_destroy(reshard_comm_t* comm) { delete comm; }
 
+}  // extern "C"
+
+// C++ helpers: outside the C-linkage block, so they may return C++ types.
 namespace {
 
 // The C callbacks, shared by the std::functions of the C++ adapter; the last of them to go
@@ -186,6 +189,8 @@ reshard::StoreCallbacks Adapt(std::shared_ptr<const CStoreState> state) {
 }
 
 }  // namespace
+
+extern "C" {
 
 reshard_status_t reshard_comm_from_callbacks(const reshard_store_callbacks_t* callbacks,
                                              int32_t rank, int32_t world_size, int64_t timeout_ms,
@@ -267,6 +272,8 @@ int32_t reshard_spec_world_size(const reshard_spec_t* spec) {
   return spec ? spec->spec.WorldSize() : -1;
 }
 
+}  // extern "C"
+
 namespace {
 absl::StatusOr<const std::vector<reshard::BufferRequirement>*> RequirementsOf(reshard_spec_t* spec,
                                                                               int32_t rank) {
@@ -279,6 +286,8 @@ absl::StatusOr<const std::vector<reshard::BufferRequirement>*> RequirementsOf(re
   return &spec->requirements.back().second;
 }
 }  // namespace
+
+extern "C" {
 
 reshard_status_t reshard_spec_buffer_count(reshard_spec_t* spec, int32_t rank, int32_t* count) {
   if (spec == nullptr || count == nullptr) {
@@ -306,6 +315,8 @@ reshard_status_t reshard_spec_buffer_info(reshard_spec_t* spec, int32_t rank, in
   *bytes = r.bytes;
   return RESHARD_OK;
 }
+
+}  // extern "C"
 
 namespace {
 absl::StatusOr<const TileCache*> TilesOf(reshard_spec_t* spec, int32_t rank, int32_t side,
@@ -351,6 +362,8 @@ bool IsDType(int32_t dtype) {
   return dtype >= RESHARD_DTYPE_BOOL && dtype <= RESHARD_DTYPE_FP64;
 }
 }  // namespace
+
+extern "C" {
 
 reshard_status_t reshard_spec_tile_count(reshard_spec_t* spec, int32_t rank, int32_t side,
                                          int32_t* count) {
