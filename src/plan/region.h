@@ -59,6 +59,21 @@ struct RegionShape {
 RegionShape ShapeOfRegion(const Box& box, const TileAddress& from, const TileAddress& to,
                           int elem_bytes);
 
+// Steps the run index `idx` (outer dims, innermost last) and the run's offsets on both sides to
+// the next run of `r`; false after the last.
+inline bool NextRun(const Region& r, const RegionDim* dims, std::array<int64_t, kMaxTensorDims>& idx,
+                    int64_t& from, int64_t& to) {
+  for (int k = r.ndims - 1; k >= 0; --k) {
+    from += dims[k].from_stride;
+    to += dims[k].to_stride;
+    if (++idx[k] < dims[k].count) return true;
+    from -= dims[k].from_stride * dims[k].count;
+    to -= dims[k].to_stride * dims[k].count;
+    idx[k] = 0;
+  }
+  return false;
+}
+
 // Calls fn(from_byte_offset, to_byte_offset, bytes) for every contiguous run, in order.
 template <typename Fn>
 void ForEachRun(const Region& r, const RegionDim* dims, Fn&& fn) {
@@ -69,21 +84,9 @@ void ForEachRun(const Region& r, const RegionDim* dims, Fn&& fn) {
   }
   std::array<int64_t, kMaxTensorDims> idx{};
   int64_t from = r.from_offset, to = r.to_offset;
-  const int n = r.ndims;
-  while (true) {
+  do {
     fn(from, to, r.run_bytes);
-    int k = n - 1;
-    while (k >= 0) {
-      from += dims[k].from_stride;
-      to += dims[k].to_stride;
-      if (++idx[k] < dims[k].count) break;
-      from -= dims[k].from_stride * dims[k].count;
-      to -= dims[k].to_stride * dims[k].count;
-      idx[k] = 0;
-      --k;
-    }
-    if (k < 0) return;
-  }
+  } while (NextRun(r, dims, idx, from, to));
 }
 
 // Calls fn(from_byte_offset, to_byte_offset, bytes) for the parts of the runs that hold bytes
@@ -110,24 +113,12 @@ void ForEachRunIn(const Region& r, const RegionDim* dims, int64_t begin, int64_t
     from += idx[k] * dims[k].from_stride;
     to += idx[k] * dims[k].to_stride;
   }
-  while (true) {
+  do {
     const int64_t lo = begin > pos ? begin : pos;
     const int64_t hi = end < pos + r.run_bytes ? end : pos + r.run_bytes;
     fn(from + (lo - pos), to + (lo - pos), hi - lo);
     pos += r.run_bytes;
-    if (pos >= end) return;
-    int k = n - 1;
-    while (k >= 0) {
-      from += dims[k].from_stride;
-      to += dims[k].to_stride;
-      if (++idx[k] < dims[k].count) break;
-      from -= dims[k].from_stride * dims[k].count;
-      to -= dims[k].to_stride * dims[k].count;
-      idx[k] = 0;
-      --k;
-    }
-    if (k < 0) return;
-  }
+  } while (pos < end && NextRun(r, dims, idx, from, to));
 }
 
 }  // namespace reshard::plan

@@ -384,6 +384,16 @@ TEST(RefitEngine, AbortOfAnEpochNeverStartedFailsThePeersWaitingInItAtOnce) {
 // on its share (BuildRankPlan), and odd ranks on shares among even ranks on the world plan
 // (pieces are named by world index on the wire, so both interoperate).
 enum class Path { kMapped, kSingleCopy, kUcxPut, kActiveMessage };
+// The engine options that take `path` (delta refits when `delta`).
+RefitEngineOptions PathOptions(Path path, bool delta = false) {
+  RefitEngineOptions options;
+  options.delta = delta;
+  options.delivery = path == Path::kActiveMessage ? RefitEngineOptions::Delivery::kActiveMessage
+                                                  : RefitEngineOptions::Delivery::kPut;
+  options.single_copy = path == Path::kMapped || path == Path::kSingleCopy;
+  options.map_shared_memory = path == Path::kMapped;
+  return options;
+}
 enum class Plans { kWorld, kShares, kMixed };
 class RefitEngineDelivery : public ::testing::TestWithParam<std::tuple<Path, Plans>> {
  protected:
@@ -411,13 +421,8 @@ TEST_P(RefitEngineDelivery, ProgressReportsEveryLandedTransferOnce) {
   std::map<int32_t, int> codes = testing::ForkRanks(
       testing::Ranks(8),
       [&](int32_t rank) {
-        RefitEngineOptions options;
-        options.delivery = path() == Path::kActiveMessage
-                               ? RefitEngineOptions::Delivery::kActiveMessage
-                               : RefitEngineOptions::Delivery::kPut;
+        RefitEngineOptions options = PathOptions(path());
         const bool mapped = path() == Path::kMapped;
-        options.single_copy = mapped || path() == Path::kSingleCopy;
-        options.map_shared_memory = mapped;
         // Short runs (bf16 columns) travel packed either way; a small batch makes several signals.
         options.signal_batch_bytes = 4096;
         absl::StatusOr<ChildEngine> child =
@@ -573,13 +578,7 @@ TEST_P(RefitEngineDelta, HundredRefitsWithRandomChangesFailuresAndResetsStayByte
   std::map<int32_t, int> codes = testing::ForkRanks(
       testing::Ranks(8),
       [&](int32_t rank) {
-        RefitEngineOptions options;
-        options.delta = true;
-        options.delivery = path == Path::kActiveMessage
-                               ? RefitEngineOptions::Delivery::kActiveMessage
-                               : RefitEngineOptions::Delivery::kPut;
-        options.single_copy = path == Path::kMapped || path == Path::kSingleCopy;
-        options.map_shared_memory = path == Path::kMapped;
+        const RefitEngineOptions options = PathOptions(path, /*delta=*/true);
         absl::StatusOr<ChildEngine> child =
             OpenEngine(spec, rank, dir, options, /*share=*/true, path == Path::kMapped);
         CHILD_EXPECT(child.ok());
@@ -761,11 +760,7 @@ TEST_P(RefitEngineDeltaSegments, PiecesOfManySegmentsAreByteExactSegmentBySegmen
   std::map<int32_t, int> codes = testing::ForkRanks(
       testing::Ranks(3),
       [&](int32_t rank) {
-        RefitEngineOptions options;
-        options.delta = true;
-        options.delivery = path == Path::kActiveMessage
-                               ? RefitEngineOptions::Delivery::kActiveMessage
-                               : RefitEngineOptions::Delivery::kPut;
+        const RefitEngineOptions options = PathOptions(path, /*delta=*/true);
         absl::StatusOr<ChildEngine> child = OpenEngine(spec, rank, dir, options);
         CHILD_EXPECT(child.ok(), child.status().ToString());
         RankBuffers& rb = child->rb;
