@@ -43,16 +43,45 @@ void FreePinned(void* ptr) {
   if (ptr != nullptr) cudaFreeHost(ptr);
 }
 
-absl::Status CudaCopy(void* dst, const void* src, size_t bytes) {
-  if (bytes == 0) return absl::OkStatus();
+namespace {
+// This thread's copy stream (created on first use).
+absl::StatusOr<cudaStream_t> CopyStream() {
   static thread_local cudaStream_t stream = nullptr;
   if (stream == nullptr) {
     const cudaError_t err = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
     if (err != cudaSuccess) return CudaError(err, "cudaStreamCreateWithFlags");
   }
-  cudaError_t err = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream);
-  if (err != cudaSuccess) return CudaError(err, "cudaMemcpyAsync");
-  err = cudaStreamSynchronize(stream);
+  return stream;
+}
+}  // namespace
+
+absl::Status CudaCopy(void* dst, const void* src, size_t bytes) {
+  return CudaCopy2D(dst, 0, src, 0, static_cast<int64_t>(bytes), 1);
+}
+
+absl::Status CudaCopy2D(void* dst, int64_t dst_pitch, const void* src, int64_t src_pitch,
+                        int64_t width, int64_t rows) {
+  if (width <= 0 || rows <= 0) return absl::OkStatus();
+  absl::StatusOr<cudaStream_t> stream = CopyStream();
+  if (!stream.ok()) return stream.status();
+  cudaError_t err = cudaSuccess;
+  if (rows == 1) {
+    err = cudaMemcpyAsync(dst, src, static_cast<size_t>(width), cudaMemcpyDefault, *stream);
+    if (err != cudaSuccess) return CudaError(err, "cudaMemcpyAsync");
+  } else if (dst_pitch >= width && src_pitch >= width) {
+    err = cudaMemcpy2DAsync(dst, static_cast<size_t>(dst_pitch), src, static_cast<size_t>(src_pitch),
+                            static_cast<size_t>(width), static_cast<size_t>(rows),
+                            cudaMemcpyDefault, *stream);
+    if (err != cudaSuccess) return CudaError(err, "cudaMemcpy2DAsync");
+  } else {
+    for (int64_t i = 0; i < rows; ++i) {
+      err = cudaMemcpyAsync(static_cast<char*>(dst) + i * dst_pitch,
+                            static_cast<const char*>(src) + i * src_pitch,
+                            static_cast<size_t>(width), cudaMemcpyDefault, *stream);
+      if (err != cudaSuccess) return CudaError(err, "cudaMemcpyAsync");
+    }
+  }
+  err = cudaStreamSynchronize(*stream);
   if (err != cudaSuccess) return CudaError(err, "cudaStreamSynchronize");
   return absl::OkStatus();
 }
@@ -74,6 +103,9 @@ int CudaDeviceCount(std::string* why) {
 absl::StatusOr<void*> AllocPinned(size_t) { return NoCuda(); }
 void FreePinned(void*) {}
 absl::Status CudaCopy(void*, const void*, size_t) { return NoCuda(); }
+absl::Status CudaCopy2D(void*, int64_t, const void*, int64_t, int64_t, int64_t) {
+  return NoCuda();
+}
 
 #endif
 

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 
 #include "absl/status/status.h"
@@ -34,5 +35,10 @@ void FreePinned(void* ptr);
 // A synchronous copy between any two addresses the CUDA runtime understands (host, pinned or
 // device; cudaMemcpyAsync on a private stream, then synchronise).
 [[nodiscard]] absl::Status CudaCopy(void* dst, const void* src, size_t bytes);
+// The same for `rows` pieces of `width` bytes, the i-th from src + i * src_pitch to
+// dst + i * dst_pitch: one cudaMemcpy2DAsync (a copy engine walks the rows) when both pitches
+// hold a row, else one cudaMemcpyAsync per row; one synchronise either way.
+[[nodiscard]] absl::Status CudaCopy2D(void* dst, int64_t dst_pitch, const void* src,
+                                      int64_t src_pitch, int64_t width, int64_t rows);
 
 }  // namespace reshard::cuda

@@ -17,6 +17,20 @@ absl::Status Copy(void* dst, const void* src, int64_t bytes, bool device) {
   return absl::OkStatus();
 }
 
+namespace {
+// One slab of plan::ForEachSlab: `rows` pieces of `width` bytes at the pitches given. Device
+// memory on either side: one CUDA call for the slab (a copy engine walks its rows), not one
+// synchronous copy per run.
+absl::Status CopySlab(uint8_t* dst, int64_t dst_pitch, const uint8_t* src, int64_t src_pitch,
+                      int64_t width, int64_t rows, bool device) {
+  if (device) return cuda::CudaCopy2D(dst, dst_pitch, src, src_pitch, width, rows);
+  for (int64_t i = 0; i < rows; ++i) {
+    std::memcpy(dst + i * dst_pitch, src + i * src_pitch, static_cast<size_t>(width));
+  }
+  return absl::OkStatus();
+}
+}  // namespace
+
 Landing::Landing(const plan::Plan& plan, const SendProgram& program, RegisteredMemory& memory,
                  bool data_messages)
     : plan_(plan), program_(program), memory_(memory) {
@@ -263,10 +277,14 @@ absl::Status Landing::Land(uint32_t slot) {
   const uint8_t* host = memory_.data(to_buf);
   const plan::Region& region = plan_.region(t.region);
   absl::Status status;
-  plan::ForEachRun(region, plan_.region_dims(region), [&](int64_t, int64_t to_off, int64_t n) {
-    if (status.ok())
-      status = cuda::CudaCopy(device + to_off, host + to_off, static_cast<size_t>(n));
-  });
+  plan::ForEachSlab(region, plan_.region_dims(region), 0, region.bytes,
+                    [&](int64_t, int64_t to_off, int64_t width, int64_t rows, int64_t,
+                        int64_t to_pitch) {
+                      if (status.ok()) {
+                        status = cuda::CudaCopy2D(device + to_off, to_pitch, host + to_off,
+                                                  to_pitch, width, rows);
+                      }
+                    });
   return status;
 }
 
@@ -277,11 +295,14 @@ absl::Status Landing::Unpack(uint32_t slot, int64_t begin, const uint8_t* packed
   uint8_t* to = memory_.data(to_buf);
   const bool device = memory_.device(to_buf);
   absl::Status status;
-  plan::ForEachRunIn(region, plan_.region_dims(region), begin, begin + length,
-                     [&](int64_t, int64_t to_off, int64_t n) {
-                       if (status.ok()) status = Copy(to + to_off, packed, n, device);
-                       packed += n;
-                     });
+  plan::ForEachSlab(region, plan_.region_dims(region), begin, begin + length,
+                    [&](int64_t, int64_t to_off, int64_t width, int64_t rows, int64_t,
+                        int64_t to_pitch) {
+                      if (status.ok()) {
+                        status = CopySlab(to + to_off, to_pitch, packed, width, width, rows, device);
+                      }
+                      packed += width * rows;
+                    });
   return status;
 }
 
@@ -295,11 +316,14 @@ absl::Status Landing::Gather(const SendDesc& d, int64_t begin, int64_t end, uint
   const uint8_t* from = memory_.data(d.from_buffer);
   const bool device = memory_.device(d.from_buffer);
   absl::Status status;
-  plan::ForEachRunIn(region, plan_.region_dims(region), begin, end,
-                     [&](int64_t from_off, int64_t, int64_t n) {
-                       if (status.ok()) status = Copy(to, from + from_off, n, device);
-                       to += n;
-                     });
+  plan::ForEachSlab(region, plan_.region_dims(region), begin, end,
+                    [&](int64_t from_off, int64_t, int64_t width, int64_t rows,
+                        int64_t from_pitch, int64_t) {
+                      if (status.ok()) {
+                        status = CopySlab(to, width, from + from_off, from_pitch, width, rows, device);
+                      }
+                      to += width * rows;
+                    });
   return status;
 }
 

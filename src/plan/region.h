@@ -121,4 +121,51 @@ void ForEachRunIn(const Region& r, const RegionDim* dims, int64_t begin, int64_t
   } while (pos < end && NextRun(r, dims, idx, from, to));
 }
 
+// The bytes ForEachRunIn covers, in the same order, as 2-D slabs for copy engines:
+// fn(from, to, width, rows, from_pitch, to_pitch) stands for `rows` pieces of `width` bytes, the
+// i-th at from + i * from_pitch and to + i * to_pitch. A slab is either part of one run
+// (rows = 1, pitches 0) or whole consecutive runs along the innermost outer dim, so a range
+// costs about runs / count[innermost] calls instead of one per run.
+template <typename Fn>
+void ForEachSlab(const Region& r, const RegionDim* dims, int64_t begin, int64_t end, Fn&& fn) {
+  begin = begin < 0 ? 0 : begin;
+  end = end > r.bytes ? r.bytes : end;
+  if (begin >= end) return;
+  if (r.ndims == 0) {
+    fn(r.from_offset + begin, r.to_offset + begin, end - begin, int64_t{1}, int64_t{0},
+       int64_t{0});
+    return;
+  }
+  std::array<int64_t, kMaxTensorDims> idx{};
+  int64_t from = r.from_offset, to = r.to_offset;
+  int64_t rest = begin / r.run_bytes;
+  int64_t pos = rest * r.run_bytes;  // Packed offset of the current run.
+  for (int k = r.ndims - 1; k >= 0 && rest != 0; --k) {
+    idx[k] = rest % dims[k].count;
+    rest /= dims[k].count;
+    from += idx[k] * dims[k].from_stride;
+    to += idx[k] * dims[k].to_stride;
+  }
+  const RegionDim& inner = dims[r.ndims - 1];
+  const int in = r.ndims - 1;
+  while (true) {
+    const int64_t lo = begin > pos ? begin : pos;
+    const int64_t hi = end < pos + r.run_bytes ? end : pos + r.run_bytes;
+    int64_t rows = 1;
+    if (lo != pos || hi != pos + r.run_bytes) {
+      fn(from + (lo - pos), to + (lo - pos), hi - lo, int64_t{1}, int64_t{0}, int64_t{0});
+    } else {
+      // Whole runs from here to the end of the innermost dim, or up to `end`.
+      const int64_t left = inner.count - idx[in], fit = (end - pos) / r.run_bytes;
+      rows = left < fit ? left : fit;
+      fn(from, to, r.run_bytes, rows, inner.from_stride, inner.to_stride);
+      idx[in] += rows - 1;
+      from += (rows - 1) * inner.from_stride;
+      to += (rows - 1) * inner.to_stride;
+    }
+    pos += rows * r.run_bytes;
+    if (pos >= end || !NextRun(r, dims, idx, from, to)) return;
+  }
+}
+
 }  // namespace reshard::plan

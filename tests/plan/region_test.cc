@@ -156,9 +156,9 @@ TEST(RegionTest, UnitDimsAreDroppedAndEmptyBoxesCopyNothing) {
 }
 
 // ForEachRunIn over a byte range of the packed stream gives exactly the parts of ForEachRun's
-// runs that hold those bytes, for random pieces of random 1-4-D tiles with transposed views and
+// runs that hold those bytes, and ForEachSlab the same as 2-D slabs, for random pieces of random 1-4-D tiles with transposed views and
 // random ranges (empty, inside one run, across many, past the end).
-TEST(RegionTest, RunsInARangeAreTheRunsCutToIt) {
+TEST(RegionTest, RunsAndSlabsInARangeAreTheRunsCutToIt) {
   std::mt19937_64 rng(7);
   auto pick = [&](int64_t lo, int64_t hi) {
     return std::uniform_int_distribution<int64_t>(lo, hi)(rng);
@@ -198,6 +198,25 @@ TEST(RegionTest, RunsInARangeAreTheRunsCutToIt) {
       ForEachRunIn(r, pool.data() + r.dims_begin, begin, end,
                    [&](int64_t f, int64_t t, int64_t n) { got.emplace_back(f, t, n); });
       ASSERT_EQ(got, want) << "trial " << trial << ", bytes [" << begin << ", " << end << ")";
+      // The same bytes as slabs, expanded row by row; never more slabs than runs, and whole
+      // runs of the innermost dim share one slab.
+      std::vector<ByteRun> rows;
+      int64_t slabs = 0;
+      ForEachSlab(r, pool.data() + r.dims_begin, begin, end,
+                  [&](int64_t f, int64_t t, int64_t w, int64_t n, int64_t fp, int64_t tp) {
+                    ++slabs;
+                    ASSERT_GE(n, 1);
+                    if (n > 1) {
+                      ASSERT_EQ(w, r.run_bytes);
+                    }
+                    for (int64_t i = 0; i < n; ++i) rows.emplace_back(f + i * fp, t + i * tp, w);
+                  });
+      ASSERT_EQ(rows, want) << "slabs, trial " << trial;
+      EXPECT_LE(slabs, static_cast<int64_t>(want.size()));
+      if (r.ndims > 0) {
+        const int64_t inner = pool[r.dims_begin + r.ndims - 1].count;
+        EXPECT_LE(slabs, static_cast<int64_t>(want.size()) / inner + 4) << "trial " << trial;
+      }
       checked += !want.empty();
     }
   }
