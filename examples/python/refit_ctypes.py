@@ -47,7 +47,9 @@ class Stats(ctypes.Structure):
                 ("quantize_buffer_bytes", ctypes.c_int64),
                 ("delta_pieces", ctypes.c_int64), ("delta_full_pieces", ctypes.c_int64),
                 ("delta_stream_bytes", ctypes.c_int64), ("delta_plain_bytes", ctypes.c_int64),
-                ("delta_shadow_bytes", ctypes.c_int64), ("deltas_applied", ctypes.c_int64)]
+                ("delta_shadow_bytes", ctypes.c_int64), ("deltas_applied", ctypes.c_int64),
+                ("cuda_buffers_registered", ctypes.c_int64), ("cuda_buffers_staged", ctypes.c_int64),
+                ("bytes_staged_to_host", ctypes.c_int64), ("bytes_staged_to_device", ctypes.c_int64)]
 
 
 class Reshard:

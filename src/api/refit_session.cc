@@ -513,6 +513,10 @@ void RefitSession::FillStats(Stats& s) const {
   s.delta_plain_bytes = e.delta_plain_bytes;
   s.delta_shadow_bytes = e.delta_shadow_bytes;
   s.deltas_applied = e.deltas_applied;
+  s.cuda_buffers_registered = e.cuda_buffers_registered;
+  s.cuda_buffers_staged = e.cuda_buffers_staged;
+  s.bytes_staged_to_host = e.bytes_staged_to_host;
+  s.bytes_staged_to_device = e.bytes_staged_to_device;
   s.transports = engine_->Transports();
   s.fanout = fanout_name_;
   s.quantize_seconds = absl::ToDoubleSeconds(quantize_time_);

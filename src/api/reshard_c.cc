@@ -542,6 +542,10 @@ reshard_status_t reshard_handle_stats(const reshard_handle_t* handle, reshard_st
   out->delta_plain_bytes = s.delta_plain_bytes;
   out->delta_shadow_bytes = s.delta_shadow_bytes;
   out->deltas_applied = s.deltas_applied;
+  out->cuda_buffers_registered = s.cuda_buffers_registered;
+  out->cuda_buffers_staged = s.cuda_buffers_staged;
+  out->bytes_staged_to_host = s.bytes_staged_to_host;
+  out->bytes_staged_to_device = s.bytes_staged_to_device;
   return RESHARD_OK;
 }
 

@@ -71,6 +71,7 @@ void Landing::StartEpoch(uint64_t epoch, uint64_t version) {
   epoch_ = epoch;
   version_ = version;
   deltas_applied_ = 0;
+  staged_to_device_ = 0;
   std::fill(landed_bytes_.begin(), landed_bytes_.end(), 0);
   std::fill(stream_bytes_.begin(), stream_bytes_.end(), 0);
   std::fill(segments_done_.begin(), segments_done_.end(), 0);
@@ -276,6 +277,7 @@ absl::Status Landing::Land(uint32_t slot) {
   auto* device = static_cast<uint8_t*>(memory_.buffer(to_buf).data);
   const uint8_t* host = memory_.data(to_buf);
   const plan::Region& region = plan_.region(t.region);
+  staged_to_device_ += region.bytes;
   absl::Status status;
   plan::ForEachSlab(region, plan_.region_dims(region), 0, region.bytes,
                     [&](int64_t, int64_t to_off, int64_t width, int64_t rows, int64_t,

@@ -63,6 +63,9 @@ class Landing {
 
   // Bytes the transfer in `slot` took on the wire in this epoch: its delta stream, or the piece.
   int64_t wire_bytes(uint32_t slot) const;
+  // Bytes of landed pieces Land moved from staged destinations' host copies to the device in
+  // this epoch.
+  int64_t staged_to_device() const { return staged_to_device_; }
   // Delta pieces applied with at least one segment as a delta (not all plain) in this epoch.
   int64_t deltas_applied() const { return deltas_applied_; }
   // The codec that applies delta streams to device buffers the engine writes directly (not
@@ -97,6 +100,7 @@ class Landing {
   absl::flat_hash_map<uint32_t, std::vector<int64_t>> run_starts_;
   uint64_t version_ = 0;
   int64_t deltas_applied_ = 0;
+  int64_t staged_to_device_ = 0;
   std::vector<int64_t> stream_bytes_;  // By slot: this epoch's delta streams' bytes so far.
   // Delta pieces by slot: their segments are [segment_begin_[slot], segment_begin_[slot + 1])
   // (numbered over this rank's received delta pieces), how many were applied in this epoch and

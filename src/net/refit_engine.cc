@@ -567,7 +567,10 @@ absl::Status RefitEngine::Impl::Start(uint64_t epoch) {
     }
   }
   // Staged source buffers: device -> pinned host before any send reads them.
-  absl::Status staged = memory_->StageSources(plan_, unstaged_sources_);
+  stats_.cuda_buffers_registered = memory_->cuda_registered();
+  stats_.cuda_buffers_staged = memory_->cuda_staged();
+  absl::Status staged =
+      memory_->StageSources(plan_, unstaged_sources_, &stats_.bytes_staged_to_host);
   if (!staged.ok()) {
     Fail(staged);
     BroadcastAbort();
@@ -610,6 +613,7 @@ bool RefitEngine::Impl::PumpOnce() {
     version_ = epoch_;
     completed_ = epoch_;
     stats_.deltas_applied = landing_->deltas_applied();
+    stats_.bytes_staged_to_device = landing_->staged_to_device();
     stats_.seconds = absl::ToDoubleSeconds(absl::Now() - started_at_);
     return true;
   }

@@ -150,6 +150,13 @@ struct RefitStats {
   int64_t delta_shadow_bytes = 0;
   // Receiving side: delta streams applied as deltas.
   int64_t deltas_applied = 0;
+  // CUDA memory: this rank's CUDA buffers registered with UCX directly and staged through pinned
+  // host copies (set-up), and this epoch's staging copies (sources device -> host, landed
+  // pieces host -> device).
+  int64_t cuda_buffers_registered = 0;
+  int64_t cuda_buffers_staged = 0;
+  int64_t bytes_staged_to_host = 0;
+  int64_t bytes_staged_to_device = 0;
 };
 
 class RefitEngine {

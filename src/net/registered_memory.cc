@@ -69,6 +69,7 @@ absl::StatusOr<std::unique_ptr<RegisteredMemory>> RegisteredMemory::Create(
     if (buf.kind == MemoryKind::kCuda) {
       if (runtime.supports_cuda_memory()) {
         type = UCS_MEMORY_TYPE_CUDA;
+        m->cuda_registered_++;
       } else {
         std::string why;
         if (cuda::CudaDeviceCount(&why) == 0) {
@@ -79,6 +80,7 @@ absl::StatusOr<std::unique_ptr<RegisteredMemory>> RegisteredMemory::Create(
         // UCX without CUDA memory (Debian's): stage through pinned host memory.
         RESHARD_ASSIGN_OR_RETURN(m->staging_[b], cuda::AllocPinned(static_cast<size_t>(buf.bytes)));
         m->data_[b] = static_cast<uint8_t*>(m->staging_[b]);
+        m->cuda_staged_++;
       }
     }
     RESHARD_ASSIGN_OR_RETURN(
@@ -159,12 +161,14 @@ std::vector<bool> SourceBuffersRead(const plan::Plan& plan, int32_t rank) {
 }
 
 absl::Status RegisteredMemory::StageSources(const plan::Plan& plan,
-                                            const std::vector<bool>& unread) const {
+                                            const std::vector<bool>& unread,
+                                            int64_t* bytes) const {
   for (uint32_t b = 0; b < buffers_.size(); ++b) {
     if (b < unread.size() && unread[b]) continue;
     if (staged(b) && plan.buffers()[b].side == plan::Side::kSrc) {
       RESHARD_RETURN_IF_ERROR(
           cuda::CudaCopy(staging_[b], buffers_[b].data, static_cast<size_t>(buffers_[b].bytes)));
+      if (bytes != nullptr) *bytes += buffers_[b].bytes;
     }
   }
   return absl::OkStatus();

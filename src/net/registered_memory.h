@@ -46,6 +46,9 @@ class RegisteredMemory {
   ucp_mem_h memh(uint32_t id) const { return regions_[id] ? regions_[id]->get() : nullptr; }
   // Staged through pinned host memory (CUDA memory, UCX without CUDA support).
   bool staged(uint32_t id) const { return staging_[id] != nullptr; }
+  // CUDA buffers the engine uses: registered directly with a CUDA-aware UCX, and staged.
+  int64_t cuda_registered() const { return cuda_registered_; }
+  int64_t cuda_staged() const { return cuda_staged_; }
   // CUDA memory the engine touches directly (registered by a CUDA-enabled UCX).
   bool device(uint32_t id) const {
     return buffers_[id].kind == common::MemoryKind::kCuda && !staged(id);
@@ -62,8 +65,10 @@ class RegisteredMemory {
   // Copies staged source buffers device -> host (before an epoch's first send): only those a
   // transfer reads, since no other source buffer is staged, and not those `unread` names (by
   // buffer id, when as long as the buffers: what the engine reads from device memory itself).
+  // `*bytes` (when given) grows by the bytes copied.
   [[nodiscard]] absl::Status StageSources(const plan::Plan& plan,
-                                          const std::vector<bool>& unread = {}) const;
+                                          const std::vector<bool>& unread = {},
+                                          int64_t* bytes = nullptr) const;
 
  private:
   RegisteredMemory() = default;
@@ -78,6 +83,7 @@ class RegisteredMemory {
   std::vector<uint8_t> landing_;                   // Private, when /dev/shm cannot hold it.
   std::unique_ptr<SharedBuffer> landing_shared_;    // Else shared (same-host peers map it).
   uint8_t* landing_data_ = nullptr;
+  int64_t cuda_registered_ = 0, cuda_staged_ = 0;
   std::unique_ptr<ucx::MemoryRegion> landing_region_;
 };
 

@@ -1,5 +1,6 @@
 // Device memory through the refit engine: CUDA buffers registered directly when UCX reports
-// CUDA memory, otherwise staged through pinned host buffers; and delta refits of CUDA sources
+// CUDA memory, otherwise staged through pinned host buffers (the statistics say which, and count
+// every staging copy); and delta refits of CUDA sources
 // (encoded by the CUDA kernels against a device shadow) into CUDA destinations (applied by the
 // kernels, or to a staged buffer's host copy), byte-exact over refits that change 5% of the
 // elements, all of them, or none. Skips without a usable GPU (cudaGetDeviceCount error or 0
@@ -67,6 +68,14 @@ int Rank(int rank, const std::string& dir) {
     }
     if (!(*engine)->Execute(absl::Now() + absl::Seconds(20)).ok()) return 15;
     const uint32_t dst = plan->buffer_of(0, plan::Side::kDst);
+    // Each rank uses one CUDA buffer (its source or its destination), registered or staged;
+    // staged, every refit copies the source to the host or every landed byte to the device.
+    const RefitStats& stats = (*engine)->last_stats();
+    const uint32_t src = plan->buffer_of(0, plan::Side::kSrc);
+    const bool staged = stats.cuda_buffers_staged == 1;
+    if (stats.cuda_buffers_registered + stats.cuda_buffers_staged != 1) return 18;
+    if (stats.bytes_staged_to_host != (staged && rank < 2 ? bytes[src] : 0)) return 19;
+    if (stats.bytes_staged_to_device != (staged && rank >= 2 ? bytes[dst] : 0)) return 20;
     if (bytes[dst] > 0) {
       if (!cuda::CudaCopy(host[dst].data(), buffers[dst].data, bytes[dst]).ok()) return 16;
       absl::Status st;

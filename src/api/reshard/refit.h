@@ -211,6 +211,14 @@ struct Stats {
   int64_t registrations_total = 0;  // Memory registrations this process made so far.
   // Made during this refit: 0 for every refit after the first (memory is registered once).
   int64_t registrations_this_refit = 0;
+  // CUDA memory: this rank's CUDA buffers that UCX registered directly (a CUDA-aware UCX: puts
+  // read and write them in place) and those staged through pinned host copies (a UCX without
+  // CUDA support, Debian's), and this refit's staging copies: staged sources device -> host,
+  // pieces landed in staged destinations host -> device. `reshard info` says which applies.
+  int64_t cuda_buffers_registered = 0;
+  int64_t cuda_buffers_staged = 0;
+  int64_t bytes_staged_to_host = 0;
+  int64_t bytes_staged_to_device = 0;
   // Quantized destinations (docs/quantization.md): time this rank spent quantizing its sources
   // (partial amaxes, dequantizing FP8 sources, quantizing; host or GPU, copies to the host
   // included), time from starting the amax exchange to its end (0 without one), and the host

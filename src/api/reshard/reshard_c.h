@@ -110,6 +110,11 @@ typedef struct reshard_stats {
   int64_t delta_plain_bytes;
   int64_t delta_shadow_bytes;
   int64_t deltas_applied;
+  /* CUDA memory: reshard::Stats' fields of the same names (registered directly or staged). */
+  int64_t cuda_buffers_registered;
+  int64_t cuda_buffers_staged;
+  int64_t bytes_staged_to_host;
+  int64_t bytes_staged_to_device;
 } reshard_stats_t;
 
 /* The message of the last failing call on this thread ("" when none). Valid until the next
