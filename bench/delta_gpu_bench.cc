@@ -116,8 +116,7 @@ int Pipeline(int64_t n, int iters) {
   // at zero: the first warm-up call sends every piece plain).
   const double one_by_one_ms = Timed(iters, [&](int i) {
     for (int64_t k = 0; k < n; ++k) {
-      if (!c.Encode(piece, source(i, k), k * kPieceBytes, 1, true,
-                    scratch.data() + k * capacity)
+      if (!c.Encode(piece, source(i, k), k * kPieceBytes, 1, true, scratch.data() + k * capacity)
                .ok()) {
         return false;
       }
@@ -158,11 +157,11 @@ int Pipeline(int64_t n, int iters) {
     std::fprintf(stderr, "delta_gpu_bench: a pipeline encode failed\n");
     return 1;
   }
-  std::printf("encode of %lld x 1 MiB bf16 pieces, 5%% changed, streams to host memory: one by "
-              "one %.3f ms, pipelined (%d batches, %d slots of %.1f MiB pinned) %.3f ms: %.2fx\n",
-              static_cast<long long>(n), one_by_one_ms, plan.batches(), plan.slots,
-              static_cast<double>(plan.slot_bytes) / (1 << 20), pipelined_ms,
-              one_by_one_ms / pipelined_ms);
+  std::printf(
+      "encode of %lld x 1 MiB bf16 pieces, 5%% changed, streams to host memory: one by "
+      "one %.3f ms, pipelined (%d batches, %d slots of %.1f MiB pinned) %.3f ms: %.2fx\n",
+      static_cast<long long>(n), one_by_one_ms, plan.batches(), plan.slots,
+      static_cast<double>(plan.slot_bytes) / (1 << 20), pipelined_ms, one_by_one_ms / pipelined_ms);
   return 0;
 }
 

@@ -181,12 +181,11 @@ void DeviceDeltaCodec::FreePipeline() {
   pinned_slot_bytes_ = results_ = 0;
 }
 
-absl::Status DeviceDeltaCodec::ReservePipeline(int32_t slots, int64_t slot_bytes,
-                                               int64_t results) {
+absl::Status DeviceDeltaCodec::ReservePipeline(int32_t slots, int64_t slot_bytes, int64_t results) {
   if (slots < 1 || slots > kMaxPipelineSlots || slot_bytes < 0 || results < 0) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "DeviceDeltaCodec::ReservePipeline: ", slots, " slots of ", slot_bytes, " bytes, ",
-        results, " results (1 to ", kMaxPipelineSlots, " slots, no negative sizes)"));
+        "DeviceDeltaCodec::ReservePipeline: ", slots, " slots of ", slot_bytes, " bytes, ", results,
+        " results (1 to ", kMaxPipelineSlots, " slots, no negative sizes)"));
   }
   FreePipeline();
   // Whole words: streams are copied by 8-byte words.
@@ -217,8 +216,8 @@ absl::Status DeviceDeltaCodec::ReservePipeline(int32_t slots, int64_t slot_bytes
 }
 
 absl::Status DeviceDeltaCodec::EnqueueEncode(const DeltaPiece& piece, const void* source,
-                                             int64_t shadow_offset, uint64_t base_epoch,
-                                             bool delta, uint8_t* host_out, int64_t result) {
+                                             int64_t shadow_offset, uint64_t base_epoch, bool delta,
+                                             uint8_t* host_out, int64_t result) {
   if (absl::Status st = CheckPiece(piece, source, "source"); !st.ok()) return st;
   const int64_t bytes = piece.elems * piece.elem_size;
   const int64_t capacity = delta::StreamCapacity(piece.elems, piece.elem_size);
@@ -231,10 +230,10 @@ absl::Status DeviceDeltaCodec::EnqueueEncode(const DeltaPiece& piece, const void
   const int64_t at = host_out - pinned_;
   if (pinned_ == nullptr || host_out < pinned_ || at % 8 != 0 ||
       at > pinned_bytes() - (capacity + 7) / 8 * 8 || result < 0 || result >= results_) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "delta pipeline: a stream of up to ", capacity, " bytes at offset ", at,
-        " of the pinned slots (", pinned_bytes(), " bytes), result ", result, " of ", results_,
-        ": outside the reservation or not 8-byte aligned"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("delta pipeline: a stream of up to ", capacity, " bytes at offset ", at,
+                     " of the pinned slots (", pinned_bytes(), " bytes), result ", result, " of ",
+                     results_, ": outside the reservation or not 8-byte aligned"));
   }
   internal::DeltaScratch s{masks_, chunk_words_, changed_, offsets_, result_};
   auto stream = static_cast<cudaStream_t>(cuda_stream_);
@@ -244,14 +243,13 @@ absl::Status DeviceDeltaCodec::EnqueueEncode(const DeltaPiece& piece, const void
       e != 0) {
     return CudaError(e, "the delta encode kernels' launch");
   }
-  if (int e = internal::LaunchStreamCopy(stream_, result_, capacity, pinned_device_ + at,
-                                         cuda_stream_);
+  if (int e =
+          internal::LaunchStreamCopy(stream_, result_, capacity, pinned_device_ + at, cuda_stream_);
       e != 0) {
     return CudaError(e, "the delta stream copy kernel's launch");
   }
-  const cudaError_t err = cudaMemcpyAsync(host_results_ + result, result_,
-                                          sizeof(delta::EncodeResult), cudaMemcpyDeviceToHost,
-                                          stream);
+  const cudaError_t err = cudaMemcpyAsync(
+      host_results_ + result, result_, sizeof(delta::EncodeResult), cudaMemcpyDeviceToHost, stream);
   if (err != cudaSuccess) return CudaError(err, "cudaMemcpyAsync(delta result to the host)");
   return absl::OkStatus();
 }

@@ -79,9 +79,10 @@ class DeviceDeltaCodec {
   int64_t pinned_bytes() const { return pinned_slots_ * pinned_slot_bytes_; }
   // Enqueues, without waiting, what EncodeOnDevice does, then a copy of the stream (its length,
   // as the kernels computed it) into `host_out` (inside a pinned slot, 8-byte aligned, room for
-  // StreamCapacity of the piece rounded up to 8 bytes) and of the result into pinned_result(`result`).
-  // InvalidArgument as for EncodeOnDevice, and for a destination outside the slots or a result
-  // index outside the reservation (nothing enqueued); Internal naming the CUDA call.
+  // StreamCapacity of the piece rounded up to 8 bytes) and of the result into
+  // pinned_result(`result`). InvalidArgument as for EncodeOnDevice, and for a destination outside
+  // the slots or a result index outside the reservation (nothing enqueued); Internal naming the
+  // CUDA call.
   [[nodiscard]] absl::Status EnqueueEncode(const DeltaPiece& piece, const void* source,
                                            int64_t shadow_offset, uint64_t base_epoch, bool delta,
                                            uint8_t* host_out, int64_t result);
@@ -125,9 +126,9 @@ class DeviceDeltaCodec {
   int32_t pinned_slots_ = 0;
   int64_t pinned_slot_bytes_ = 0;
   int64_t results_ = 0;
-  uint8_t* pinned_ = nullptr;                     // Pinned host, mapped.
-  [[maybe_unused]] uint8_t* pinned_device_ = nullptr;  // The same memory's device address.
-  delta::EncodeResult* host_results_ = nullptr;  // Pinned host.
+  uint8_t* pinned_ = nullptr;                              // Pinned host, mapped.
+  [[maybe_unused]] uint8_t* pinned_device_ = nullptr;      // The same memory's device address.
+  delta::EncodeResult* host_results_ = nullptr;            // Pinned host.
   [[maybe_unused]] void* events_[kMaxPipelineSlots] = {};  // cudaEvent_t by slot.
   // Frees the pipeline's memory and events.
   void FreePipeline();

@@ -29,7 +29,7 @@ struct DeltaBatchPlan {
     int64_t offset = 0;    // In its batch's slot; a multiple of kDeltaBatchAlign.
     int64_t capacity = 0;  // The piece's stream capacity.
   };
-  std::vector<Entry> entries;        // Every piece once, in the order given.
+  std::vector<Entry> entries;         // Every piece once, in the order given.
   std::vector<uint32_t> batch_begin;  // Batch b is entries [batch_begin[b], batch_begin[b + 1]).
   int32_t slots = 0;
   int64_t slot_bytes = 0;  // Pinned host bytes of one slot (0 without pieces).

@@ -177,8 +177,8 @@ __global__ void __launch_bounds__(kThreads)
 // The pipeline's copy of an encoded stream to the host: its words, as many as its length
 // (known here only) needs; grid-stride over blocks sized for the capacity.
 __global__ void __launch_bounds__(kThreads)
-    StreamCopyKernel(const uint64_t* __restrict__ in, const delta::EncodeResult* __restrict__ result,
-                     uint64_t* __restrict__ out) {
+    StreamCopyKernel(const uint64_t* __restrict__ in,
+                     const delta::EncodeResult* __restrict__ result, uint64_t* __restrict__ out) {
   const int64_t words = CopyWords(result->bytes);
   const int64_t stride = static_cast<int64_t>(gridDim.x) * kThreads;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; i < words;
@@ -310,7 +310,8 @@ int LaunchStreamCopy(const uint8_t* in, const delta::EncodeResult* result, int64
                      uint8_t* out, void* stream) {
   constexpr int64_t kMaxBlocks = 1024;
   const int64_t blocks = (CopyWords(capacity) + kThreads - 1) / kThreads;
-  const auto grid = static_cast<unsigned>(blocks < 1 ? 1 : (blocks > kMaxBlocks ? kMaxBlocks : blocks));
+  const auto grid =
+      static_cast<unsigned>(blocks < 1 ? 1 : (blocks > kMaxBlocks ? kMaxBlocks : blocks));
   StreamCopyKernel<<<grid, kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
       reinterpret_cast<const uint64_t*>(in), result, reinterpret_cast<uint64_t*>(out));
   return static_cast<int>(cudaGetLastError());

@@ -23,8 +23,8 @@
 #include "src/cuda/delta.h"
 #include "src/cuda/delta_batch.h"
 #include "src/cuda/runtime.h"
-#include "tests/cuda/skip_without_gpu.h"
 #include "tests/cuda/delta_test_util.h"
+#include "tests/cuda/skip_without_gpu.h"
 
 namespace reshard::cuda {
 namespace {
@@ -191,9 +191,9 @@ TEST(DeltaKernelTest, PipelinedBatchesEqualTheHostCodec) {
   DeviceDeltaCodec& c = **codec;
   const DeltaBatchPlan plan = PlanDeltaBatches(pieces, 256 << 10, 2);
   ASSERT_GT(plan.batches(), 4);
-  ASSERT_TRUE(c.ReservePipeline(plan.slots, plan.slot_bytes,
-                                static_cast<int64_t>(plan.entries.size()))
-                  .ok());
+  ASSERT_TRUE(
+      c.ReservePipeline(plan.slots, plan.slot_bytes, static_cast<int64_t>(plan.entries.size()))
+          .ok());
   std::vector<std::unique_ptr<DeviceBytes>> sources;
   for (int i = 0; i < kPieces; ++i) {
     ASSERT_EQ(cudaMemcpy(c.shadow() + shadow_at[i], cases[i].old.data(), cases[i].old.size(),
@@ -233,8 +233,8 @@ TEST(DeltaKernelTest, PipelinedBatchesEqualTheHostCodec) {
       const int64_t elems = dc.src.piece.elems;
       std::vector<uint8_t> host_shadow = dc.old;
       std::vector<uint8_t> want(static_cast<size_t>(delta::StreamCapacity(elems, es)));
-      const delta::EncodeResult w = delta::EncodePiece(dc.now.data(), host_shadow.data(), elems,
-                                                       es, dc.base, dc.delta, want.data());
+      const delta::EncodeResult w = delta::EncodePiece(dc.now.data(), host_shadow.data(), elems, es,
+                                                       dc.base, dc.delta, want.data());
       const delta::EncodeResult& r = c.pinned_result(e);
       ASSERT_EQ(r.bytes, w.bytes);
       ASSERT_EQ(r.mode, w.mode);
@@ -246,16 +246,15 @@ TEST(DeltaKernelTest, PipelinedBatchesEqualTheHostCodec) {
       ASSERT_TRUE(c.RecordSlot(b % plan.slots).ok());
       ASSERT_TRUE(wait(b % plan.slots).ok());
       std::vector<uint8_t> old = dc.old;
-      const delta::EncodeResult full = delta::EncodePiece(dc.now.data(), old.data(), elems, es,
-                                                          dc.base, false, want.data());
+      const delta::EncodeResult full =
+          delta::EncodePiece(dc.now.data(), old.data(), elems, es, dc.base, false, want.data());
       ASSERT_TRUE(std::equal(want.begin(), want.begin() + full.bytes, stream));
       ++plain;
     }
   }
   EXPECT_GT(plain, 30);
   for (int i = 0; i < kPieces; ++i) {
-    EXPECT_EQ(ReadShadow(c, shadow_at[i], static_cast<int64_t>(cases[i].now.size())),
-              cases[i].now)
+    EXPECT_EQ(ReadShadow(c, shadow_at[i], static_cast<int64_t>(cases[i].now.size())), cases[i].now)
         << "piece " << i;
   }
   // Outside the reservation: nothing enqueued.
