@@ -7,7 +7,8 @@
 # (runs of 4 B .. 64 KiB) as one table and the quantization kernels' GB/s per scheme (8192 x 8192
 # bf16, and an FP8 source requantized: 128 x 128 e4m3 into MX e5m2) as another, and the delta
 # kernels' encode/apply GB/s for an 8 MiB bf16 piece at 0-100% changed (bench/delta_gpu_bench;
-# their gpu test is cuda_delta_kernel_test) as a third. CUDA IPC between processes on one GPU
+# their gpu test is cuda_delta_kernel_test) as a third, followed by the engine's GPU encode
+# pipeline against one-by-one encodes (64 pieces of 1 MiB, streams to host memory: the overlap). CUDA IPC between processes on one GPU
 # runs (the fan-out conformance suite, nvlink_fanout_conformance_test, through the copy engines
 # and through the strided copy kernel); NCCL tests that need two GPUs skip. pack_bench's second
 # table times that copy kernel against cudaMemcpy2DAsync. The gpu tests include
@@ -89,8 +90,8 @@ if [ "$bench" -eq 0 ]; then
   bench=$?
 fi
 if [ "$bench" -eq 0 ]; then
-  log "delta encode/apply kernels against cudaMemcpy"
-  "$build/bin/delta_gpu_bench" --mib 8 --iters 20
+  log "delta encode/apply kernels against cudaMemcpy; pipelined encode against one by one"
+  "$build/bin/delta_gpu_bench" --mib 8 --iters 20 --pieces 64
   bench=$?
 fi
 set -e

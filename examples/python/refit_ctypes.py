@@ -49,7 +49,9 @@ class Stats(ctypes.Structure):
                 ("delta_stream_bytes", ctypes.c_int64), ("delta_plain_bytes", ctypes.c_int64),
                 ("delta_shadow_bytes", ctypes.c_int64), ("deltas_applied", ctypes.c_int64),
                 ("cuda_buffers_registered", ctypes.c_int64), ("cuda_buffers_staged", ctypes.c_int64),
-                ("bytes_staged_to_host", ctypes.c_int64), ("bytes_staged_to_device", ctypes.c_int64)]
+                ("bytes_staged_to_host", ctypes.c_int64), ("bytes_staged_to_device", ctypes.c_int64),
+                ("delta_device_shadow_bytes", ctypes.c_int64),
+                ("delta_pinned_bytes", ctypes.c_int64)]
 
 
 class Reshard:

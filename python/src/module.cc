@@ -558,6 +558,8 @@ NB_MODULE(_reshard, m) {
       .def_ro("delta_stream_bytes", &reshard::Stats::delta_stream_bytes)
       .def_ro("delta_plain_bytes", &reshard::Stats::delta_plain_bytes)
       .def_ro("delta_shadow_bytes", &reshard::Stats::delta_shadow_bytes)
+      .def_ro("delta_device_shadow_bytes", &reshard::Stats::delta_device_shadow_bytes)
+      .def_ro("delta_pinned_bytes", &reshard::Stats::delta_pinned_bytes)
       .def_ro("deltas_applied", &reshard::Stats::deltas_applied);
 
   nb::class_<reshard::HostBuffer>(m, "HostBuffer",

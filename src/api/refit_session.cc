@@ -512,6 +512,8 @@ void RefitSession::FillStats(Stats& s) const {
   s.delta_stream_bytes = e.delta_stream_bytes;
   s.delta_plain_bytes = e.delta_plain_bytes;
   s.delta_shadow_bytes = e.delta_shadow_bytes;
+  s.delta_device_shadow_bytes = e.delta_device_shadow_bytes;
+  s.delta_pinned_bytes = e.delta_pinned_bytes;
   s.deltas_applied = e.deltas_applied;
   s.cuda_buffers_registered = e.cuda_buffers_registered;
   s.cuda_buffers_staged = e.cuda_buffers_staged;

@@ -546,6 +546,8 @@ reshard_status_t reshard_handle_stats(const reshard_handle_t* handle, reshard_st
   out->cuda_buffers_staged = s.cuda_buffers_staged;
   out->bytes_staged_to_host = s.bytes_staged_to_host;
   out->bytes_staged_to_device = s.bytes_staged_to_device;
+  out->delta_device_shadow_bytes = s.delta_device_shadow_bytes;
+  out->delta_pinned_bytes = s.delta_pinned_bytes;
   return RESHARD_OK;
 }
 

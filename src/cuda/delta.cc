@@ -1,6 +1,7 @@
 #include "src/cuda/delta.h"
 
 #include <algorithm>
+#include <cstring>
 #include <string>
 #include <type_traits>
 
@@ -86,7 +87,8 @@ absl::StatusOr<std::unique_ptr<DeviceDeltaCodec>> DeviceDeltaCodec::Create(
   };
   for (const absl::Status& st :
        {alloc(&c->shadow_, shadow_bytes, "cudaMalloc(delta shadow)"),
-        alloc(&c->stream_, capacity, "cudaMalloc(delta stream)"),
+        // Rounded up to whole words: the pipeline copies streams to the host by 8-byte words.
+        alloc(&c->stream_, (capacity + 7) / 8 * 8, "cudaMalloc(delta stream)"),
         alloc(&c->apply_stream_, capacity, "cudaMalloc(delta stream to apply)"),
         alloc(&c->masks_, chunks * delta::kWordsPerChunk * 8, "cudaMalloc(delta masks)"),
         alloc(&c->chunk_words_, chunks * 4, "cudaMalloc(delta chunk words)"),
@@ -107,6 +109,9 @@ absl::StatusOr<std::unique_ptr<DeviceDeltaCodec>> DeviceDeltaCodec::Create(
 }
 
 DeviceDeltaCodec::~DeviceDeltaCodec() {
+  // Pipelined work may still run and write the pinned slots: let it finish before freeing.
+  if (cuda_stream_ != nullptr) cudaStreamSynchronize(static_cast<cudaStream_t>(cuda_stream_));
+  FreePipeline();
   for (void* p :
        {static_cast<void*>(shadow_), static_cast<void*>(stream_), static_cast<void*>(apply_stream_),
         static_cast<void*>(masks_), static_cast<void*>(chunk_words_), static_cast<void*>(changed_),
@@ -163,6 +168,138 @@ absl::StatusOr<delta::EncodeResult> DeviceDeltaCodec::Encode(const DeltaPiece& p
   return r;
 }
 
+void DeviceDeltaCodec::FreePipeline() {
+  for (void*& e : events_) {
+    if (e != nullptr) cudaEventDestroy(static_cast<cudaEvent_t>(e));
+    e = nullptr;
+  }
+  if (pinned_ != nullptr) cudaFreeHost(pinned_);
+  FreePinned(host_results_);
+  pinned_ = pinned_device_ = nullptr;
+  host_results_ = nullptr;
+  pinned_slots_ = 0;
+  pinned_slot_bytes_ = results_ = 0;
+}
+
+absl::Status DeviceDeltaCodec::ReservePipeline(int32_t slots, int64_t slot_bytes, int64_t results) {
+  if (slots < 1 || slots > kMaxPipelineSlots || slot_bytes < 0 || results < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "DeviceDeltaCodec::ReservePipeline: ", slots, " slots of ", slot_bytes, " bytes, ", results,
+        " results (1 to ", kMaxPipelineSlots, " slots, no negative sizes)"));
+  }
+  FreePipeline();
+  // Whole words: streams are copied by 8-byte words.
+  const int64_t bytes = slots * ((slot_bytes + 7) / 8 * 8);
+  void* pinned = nullptr;
+  cudaError_t err = cudaHostAlloc(&pinned, static_cast<size_t>(std::max<int64_t>(bytes, 8)),
+                                  cudaHostAllocPortable | cudaHostAllocMapped);
+  if (err != cudaSuccess) return CudaError(err, "cudaHostAlloc(delta pipeline)");
+  pinned_ = static_cast<uint8_t*>(pinned);
+  void* device = nullptr;
+  err = cudaHostGetDevicePointer(&device, pinned, 0);
+  if (err != cudaSuccess) return CudaError(err, "cudaHostGetDevicePointer(delta pipeline)");
+  pinned_device_ = static_cast<uint8_t*>(device);
+  pinned_slots_ = slots;
+  pinned_slot_bytes_ = (slot_bytes + 7) / 8 * 8;
+  absl::StatusOr<void*> r =
+      AllocPinned(static_cast<size_t>(std::max<int64_t>(results, 1)) * sizeof(delta::EncodeResult));
+  if (!r.ok()) return r.status();
+  host_results_ = static_cast<delta::EncodeResult*>(*r);
+  results_ = results;
+  for (int32_t i = 0; i < slots; ++i) {
+    cudaEvent_t e = nullptr;
+    err = cudaEventCreateWithFlags(&e, cudaEventDisableTiming);
+    if (err != cudaSuccess) return CudaError(err, "cudaEventCreateWithFlags(delta pipeline)");
+    events_[i] = e;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status DeviceDeltaCodec::EnqueueEncode(const DeltaPiece& piece, const void* source,
+                                             int64_t shadow_offset, uint64_t base_epoch, bool delta,
+                                             uint8_t* host_out, int64_t result) {
+  if (absl::Status st = CheckPiece(piece, source, "source"); !st.ok()) return st;
+  const int64_t bytes = piece.elems * piece.elem_size;
+  const int64_t capacity = delta::StreamCapacity(piece.elems, piece.elem_size);
+  if (shadow_offset < 0 || shadow_offset % piece.elem_size != 0 ||
+      shadow_offset > shadow_bytes_ - bytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("delta piece: shadow bytes [", shadow_offset, ", ", shadow_offset + bytes,
+                     ") are not element-aligned inside the shadow of ", shadow_bytes_, " bytes"));
+  }
+  const int64_t at = host_out - pinned_;
+  if (pinned_ == nullptr || host_out < pinned_ || at % 8 != 0 ||
+      at > pinned_bytes() - (capacity + 7) / 8 * 8 || result < 0 || result >= results_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("delta pipeline: a stream of up to ", capacity, " bytes at offset ", at,
+                     " of the pinned slots (", pinned_bytes(), " bytes), result ", result, " of ",
+                     results_, ": outside the reservation or not 8-byte aligned"));
+  }
+  internal::DeltaScratch s{masks_, chunk_words_, changed_, offsets_, result_};
+  auto stream = static_cast<cudaStream_t>(cuda_stream_);
+  if (int e = internal::LaunchDeltaEncode(piece, static_cast<const uint8_t*>(source),
+                                          shadow_ + shadow_offset, base_epoch, delta, s, stream_,
+                                          cuda_stream_);
+      e != 0) {
+    return CudaError(e, "the delta encode kernels' launch");
+  }
+  if (int e =
+          internal::LaunchStreamCopy(stream_, result_, capacity, pinned_device_ + at, cuda_stream_);
+      e != 0) {
+    return CudaError(e, "the delta stream copy kernel's launch");
+  }
+  const cudaError_t err = cudaMemcpyAsync(
+      host_results_ + result, result_, sizeof(delta::EncodeResult), cudaMemcpyDeviceToHost, stream);
+  if (err != cudaSuccess) return CudaError(err, "cudaMemcpyAsync(delta result to the host)");
+  return absl::OkStatus();
+}
+
+absl::Status DeviceDeltaCodec::EnqueuePlain(int64_t elems, int elem_size, int64_t shadow_offset,
+                                            uint8_t* host_out) {
+  const int64_t bytes = elems * elem_size;
+  const int64_t at = host_out - pinned_;
+  if (elems < 0 || elem_size < 1 || shadow_offset < 0 || shadow_offset > shadow_bytes_ - bytes ||
+      pinned_ == nullptr || host_out < pinned_ || at % 8 != 0 ||
+      at > pinned_bytes() - delta::StreamCapacity(elems, elem_size)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "delta pipeline: a plain stream of ", bytes, " bytes from shadow offset ", shadow_offset,
+        " to pinned offset ", at, ": outside the shadow or the pinned slots"));
+  }
+  const delta::EncodeResult r = EncodeResultOf(DeltaTotals{}, elems, elem_size, /*delta=*/false);
+  const delta::StreamHeader h = HeaderOf(r, elems, elem_size, 0);
+  std::memcpy(host_out, &h, sizeof(h));
+  const cudaError_t err =
+      cudaMemcpyAsync(host_out + sizeof(h), shadow_ + shadow_offset, static_cast<size_t>(bytes),
+                      cudaMemcpyDeviceToHost, static_cast<cudaStream_t>(cuda_stream_));
+  if (err != cudaSuccess) return CudaError(err, "cudaMemcpyAsync(delta plain piece to the host)");
+  return absl::OkStatus();
+}
+
+absl::Status DeviceDeltaCodec::RecordSlot(int32_t slot) {
+  if (slot < 0 || slot >= pinned_slots_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("delta pipeline: slot ", slot, " of ", pinned_slots_));
+  }
+  const cudaError_t err = cudaEventRecord(static_cast<cudaEvent_t>(events_[slot]),
+                                          static_cast<cudaStream_t>(cuda_stream_));
+  if (err != cudaSuccess) return CudaError(err, "cudaEventRecord(delta pipeline)");
+  return absl::OkStatus();
+}
+
+absl::StatusOr<bool> DeviceDeltaCodec::SlotDone(int32_t slot) {
+  if (slot < 0 || slot >= pinned_slots_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("delta pipeline: slot ", slot, " of ", pinned_slots_));
+  }
+  const cudaError_t err = cudaEventQuery(static_cast<cudaEvent_t>(events_[slot]));
+  if (err == cudaSuccess) return true;
+  if (err == cudaErrorNotReady) {
+    cudaGetLastError();  // Not ready is not an error: keep later calls clean.
+    return false;
+  }
+  return CudaError(err, "cudaEventQuery(delta pipeline)");
+}
+
 absl::StatusOr<delta::Mode> DeviceDeltaCodec::Apply(const DeltaPiece& piece, const uint8_t* stream,
                                                     int64_t length, uint64_t held_epoch,
                                                     void* destination, const void* device_stream) {
@@ -215,6 +352,23 @@ absl::StatusOr<delta::EncodeResult> DeviceDeltaCodec::Encode(const DeltaPiece&, 
 }
 absl::StatusOr<delta::Mode> DeviceDeltaCodec::Apply(const DeltaPiece&, const uint8_t*, int64_t,
                                                     uint64_t, void*, const void*) {
+  return absl::FailedPreconditionError("this build has no CUDA delta kernels");
+}
+void DeviceDeltaCodec::FreePipeline() {}
+absl::Status DeviceDeltaCodec::ReservePipeline(int32_t, int64_t, int64_t) {
+  return absl::FailedPreconditionError("this build has no CUDA delta kernels");
+}
+absl::Status DeviceDeltaCodec::EnqueueEncode(const DeltaPiece&, const void*, int64_t, uint64_t,
+                                             bool, uint8_t*, int64_t) {
+  return absl::FailedPreconditionError("this build has no CUDA delta kernels");
+}
+absl::Status DeviceDeltaCodec::EnqueuePlain(int64_t, int, int64_t, uint8_t*) {
+  return absl::FailedPreconditionError("this build has no CUDA delta kernels");
+}
+absl::Status DeviceDeltaCodec::RecordSlot(int32_t) {
+  return absl::FailedPreconditionError("this build has no CUDA delta kernels");
+}
+absl::StatusOr<bool> DeviceDeltaCodec::SlotDone(int32_t) {
   return absl::FailedPreconditionError("this build has no CUDA delta kernels");
 }
 

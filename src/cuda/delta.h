@@ -7,8 +7,10 @@
 // Built with the kernels when the build found CUDA (RESHARD_HAVE_CUDA_KERNELS); otherwise Create
 // returns FailedPrecondition, so callers choose by capability, never by #ifdef.
 //
-// Thread-compatible: one DeviceDeltaCodec per thread; its calls block until the device has
-// finished and run with the device that was current at Create (its memory lives there).
+// Thread-compatible: one DeviceDeltaCodec per thread; it runs with the device that was current at
+// Create (its memory lives there). Encode, EncodeOnDevice and Apply block until the device has
+// finished; the pipeline's calls (EnqueueEncode, EnqueuePlain, RecordSlot, SlotDone) never wait
+// for the device: they enqueue on the codec's stream, or poll.
 #pragma once
 
 #include <cstdint>
@@ -62,6 +64,40 @@ class DeviceDeltaCodec {
                                                   void* destination,
                                                   const void* device_stream = nullptr);
 
+  // The pipelined encode (docs/delta.md, "The GPU encode pipeline"; the batches are planned by
+  // PlanDeltaBatches, delta_batch.h). ReservePipeline allocates `slots` slots of `slot_bytes` of
+  // pinned host memory (mapped into the device's address space), an event per slot and pinned
+  // room for `results` encode results; it replaces an earlier reservation (call it with no work
+  // enqueued). FailedPrecondition without kernels; InvalidArgument for negative sizes or slots
+  // outside [1, kMaxPipelineSlots]; Internal naming the CUDA call.
+  static constexpr int32_t kMaxPipelineSlots = 8;
+  [[nodiscard]] absl::Status ReservePipeline(int32_t slots, int64_t slot_bytes, int64_t results);
+  // Pinned host memory of `slot` (slot_bytes of it), and pipeline result `i` (pinned): valid to
+  // read once SlotDone of the slot whose work wrote them returned true.
+  uint8_t* pinned_slot(int32_t slot) const { return pinned_ + slot * pinned_slot_bytes_; }
+  const delta::EncodeResult& pinned_result(int64_t i) const { return host_results_[i]; }
+  int64_t pinned_bytes() const { return pinned_slots_ * pinned_slot_bytes_; }
+  // Enqueues, without waiting, what EncodeOnDevice does, then a copy of the stream (its length,
+  // as the kernels computed it) into `host_out` (inside a pinned slot, 8-byte aligned, room for
+  // StreamCapacity of the piece rounded up to 8 bytes) and of the result into
+  // pinned_result(`result`). InvalidArgument as for EncodeOnDevice, and for a destination outside
+  // the slots or a result index outside the reservation (nothing enqueued); Internal naming the
+  // CUDA call.
+  [[nodiscard]] absl::Status EnqueueEncode(const DeltaPiece& piece, const void* source,
+                                           int64_t shadow_offset, uint64_t base_epoch, bool delta,
+                                           uint8_t* host_out, int64_t result);
+  // Enqueues, without waiting, the plain stream of a piece encoded before (EnqueueEncode) into
+  // `host_out` (as there): the header of a kFull stream of `elems` elements of `elem_size`
+  // bytes, written here, and the piece's values copied from its shadow (which the encode set to
+  // them). Errors as for EnqueueEncode.
+  [[nodiscard]] absl::Status EnqueuePlain(int64_t elems, int elem_size, int64_t shadow_offset,
+                                          uint8_t* host_out);
+  // Records `slot`'s event after the work enqueued so far.
+  [[nodiscard]] absl::Status RecordSlot(int32_t slot);
+  // Without waiting (cudaEventQuery): true once the work before `slot`'s last RecordSlot
+  // finished (or none was recorded), false while it runs; Internal when it failed.
+  [[nodiscard]] absl::StatusOr<bool> SlotDone(int32_t slot);
+
   uint8_t* shadow() const { return shadow_; }  // Device memory.
   int64_t shadow_bytes() const { return shadow_bytes_; }
   const uint8_t* stream() const { return stream_; }  // Device memory.
@@ -86,6 +122,16 @@ class DeviceDeltaCodec {
   [[maybe_unused]] int64_t* offsets_ = nullptr;
   [[maybe_unused]] delta::EncodeResult* result_ = nullptr;       // Device.
   [[maybe_unused]] delta::EncodeResult* host_result_ = nullptr;  // Pinned host.
+  // The pipeline (ReservePipeline).
+  int32_t pinned_slots_ = 0;
+  int64_t pinned_slot_bytes_ = 0;
+  int64_t results_ = 0;
+  uint8_t* pinned_ = nullptr;                              // Pinned host, mapped.
+  [[maybe_unused]] uint8_t* pinned_device_ = nullptr;      // The same memory's device address.
+  delta::EncodeResult* host_results_ = nullptr;            // Pinned host.
+  [[maybe_unused]] void* events_[kMaxPipelineSlots] = {};  // cudaEvent_t by slot.
+  // Frees the pipeline's memory and events.
+  void FreePipeline();
 };
 
 }  // namespace reshard::cuda

@@ -206,6 +206,10 @@ RESHARD_HD inline delta::StreamHeader HeaderOf(const delta::EncodeResult& r, int
   return h;
 }
 
+// The 8-byte words that carry a stream of `bytes` (the pipeline's copy of a stream to the host,
+// LaunchStreamCopy): the last one partly past the stream, inside the rounded-up capacity.
+RESHARD_HD inline int64_t CopyWords(int64_t bytes) { return (bytes + 7) / 8; }
+
 // Where chunk c's payload starts in the stream: after the header and the table at its prefix
 // offset (kDelta), or at its elements in the plain piece (kFull).
 RESHARD_HD inline int64_t PayloadStart(uint8_t mode, int64_t chunks, int64_t c,

@@ -174,6 +174,19 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// The pipeline's copy of an encoded stream to the host: its words, as many as its length
+// (known here only) needs; grid-stride over blocks sized for the capacity.
+__global__ void __launch_bounds__(kThreads)
+    StreamCopyKernel(const uint64_t* __restrict__ in,
+                     const delta::EncodeResult* __restrict__ result, uint64_t* __restrict__ out) {
+  const int64_t words = CopyWords(result->bytes);
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * kThreads;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; i < words;
+       i += stride) {
+    out[i] = in[i];
+  }
+}
+
 // Apply, pass 1: the payload offsets from a kDelta stream's table.
 __global__ void __launch_bounds__(kScanThreads)
     ApplyScanKernel(int64_t chunks, const uint8_t* __restrict__ in, int64_t* __restrict__ offsets) {
@@ -291,6 +304,17 @@ int LaunchDeltaEncode(const DeltaPiece& p, const uint8_t* now, uint8_t* shadow, 
     default:
       return EncodeAs<uint64_t>(p, now, shadow, base_epoch, delta, scratch, out, s);
   }
+}
+
+int LaunchStreamCopy(const uint8_t* in, const delta::EncodeResult* result, int64_t capacity,
+                     uint8_t* out, void* stream) {
+  constexpr int64_t kMaxBlocks = 1024;
+  const int64_t blocks = (CopyWords(capacity) + kThreads - 1) / kThreads;
+  const auto grid =
+      static_cast<unsigned>(blocks < 1 ? 1 : (blocks > kMaxBlocks ? kMaxBlocks : blocks));
+  StreamCopyKernel<<<grid, kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+      reinterpret_cast<const uint64_t*>(in), result, reinterpret_cast<uint64_t*>(out));
+  return static_cast<int>(cudaGetLastError());
 }
 
 int LaunchDeltaApply(const DeltaPiece& p, const uint8_t* in, uint8_t mode,

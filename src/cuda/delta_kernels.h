@@ -24,6 +24,13 @@ struct DeltaScratch {
 int LaunchDeltaEncode(const DeltaPiece& p, const uint8_t* now, uint8_t* shadow, uint64_t base_epoch,
                       bool delta, const DeltaScratch& scratch, uint8_t* out, void* stream);
 
+// The copy of the stream an encode wrote at `in` (its length: result->bytes, known on the device
+// only) into `out` (pinned host memory mapped into the device, or device memory), whole 8-byte
+// words (CopyWords, delta_index.h): `in` and `out` 8-byte aligned, room for `capacity` bytes
+// rounded up to 8 on both sides.
+int LaunchStreamCopy(const uint8_t* in, const delta::EncodeResult* result, int64_t capacity,
+                     uint8_t* out, void* stream);
+
 // The apply of a validated stream (device memory, `mode` its header's) to the elements of piece
 // `p` in `dst`: the table's scan (kDelta), then every chunk.
 int LaunchDeltaApply(const DeltaPiece& p, const uint8_t* in, uint8_t mode,

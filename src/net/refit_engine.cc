@@ -5,6 +5,7 @@
 #include "src/net/refit_engine.h"
 
 #include <algorithm>
+#include <cstring>
 #include <deque>
 #include <mutex>
 
@@ -18,7 +19,10 @@
 #include "src/common/log.h"
 #include "src/common/status.h"
 #include "src/cuda/delta.h"
+#include "src/cuda/delta_batch.h"
+#include "src/cuda/delta_index.h"
 #include "src/net/delivery.h"
+#include "src/net/delta_order.h"
 #include "src/net/landing.h"
 #include "src/net/peer_link.h"
 #include "src/net/registered_memory.h"
@@ -137,7 +141,7 @@ class RefitEngine::Impl final : public MessageSink, public LinkOwner {
    public:
     explicit Events(Impl& impl) : impl_(impl) {}
     void Block(absl::Duration timeout) override {
-      if (impl_.outstanding_puts_ > 0 || impl_.targets_emulated_puts_) {
+      if (impl_.outstanding_puts_ > 0 || impl_.targets_emulated_puts_ || impl_.DeltaGpuRunning()) {
         sched_yield();
       } else {
         impl_.runtime_->worker().Block(timeout);
@@ -161,8 +165,10 @@ class RefitEngine::Impl final : public MessageSink, public LinkOwner {
   // first and after a failure or Reset; base_: version_ when the epoch started, which this rank
   // grants with and its delta streams build on.
   uint64_t version_ = 0, base_ = 0;
-  std::vector<uint8_t> shadow_;         // SendProgram::shadow_bytes.
-  std::vector<uint8_t> gather_;         // SendProgram::gather_bytes.
+  std::vector<uint8_t> shadow_;              // The host-encoded pieces' shadows.
+  std::vector<uint8_t> gather_;              // The largest segment of a host-encoded piece.
+  std::vector<int64_t> host_shadow_offset_;  // By descriptor: its shadow in shadow_, or -1.
+  int64_t device_shadow_bytes_ = 0;
   // By segment (SendDesc::segment_begin): the epoch its shadow was written in.
   std::vector<uint64_t> shadow_epoch_;
   // Delta pieces whose source is CUDA memory are encoded by the CUDA kernels (device_delta_)
@@ -170,6 +176,25 @@ class RefitEngine::Impl final : public MessageSink, public LinkOwner {
   // the host).
   std::vector<int64_t> device_shadow_offset_;
   std::vector<bool> unstaged_sources_;  // By buffer: only GPU-encoded pieces read it.
+  // The pipelined GPU encode (docs/delta.md, "The GPU encode pipeline"): the segments of the
+  // GPU-encoded pieces in posting order, cut into batches (PlanDeltaBatches, entry ids are
+  // segment numbers) that are enqueued on the codec's stream from Start on, each into its pinned
+  // slot, as slots drain; a segment is posted once its batch's event completed.
+  cuda::DeltaBatchPlan gpu_plan_;
+  std::vector<uint32_t> segment_desc_;  // By segment: its descriptor.
+  std::vector<int32_t> gpu_entry_;      // By segment: its entry in gpu_plan_, or -1.
+  std::vector<int32_t> gpu_batch_;      // By entry: its batch.
+  std::vector<int32_t> gpu_left_;       // By batch: its segments not yet posted this epoch.
+  std::vector<uint8_t> gpu_done_;       // By batch: its event completed this epoch.
+  std::vector<uint8_t> gpu_based_;      // By entry: encoded against a base (a delta allowed).
+  std::vector<uint8_t> gpu_plain_;      // By entry: its plain stream was enqueued.
+  int32_t gpu_enqueued_ = 0;            // Batches enqueued this epoch (they start in order).
+  // Enqueues the next batches while their slots are free (the batch `slots` before has been
+  // posted).
+  absl::Status EnqueueDeltaBatches();
+  // Without waiting: whether an enqueued batch of this epoch is still running on the GPU (idle
+  // rounds then yield instead of sleeping on the UCX worker, which the GPU never wakes).
+  bool DeltaGpuRunning();
   bool abort_pending_ = false;
   uint64_t reset_floor_ = 0;  // Aborts about epochs <= this predate the last Reset.
   // The last epoch this rank completed (not cleared by failures or Reset). A peer's abort about
@@ -210,8 +235,11 @@ class RefitEngine::Impl final : public MessageSink, public LinkOwner {
   // Delta mode's set-up: shadows (host, and device for CUDA sources), the CUDA codec.
   absl::Status InitDelta(const std::vector<BufferView>& buffers);
   // Gathers segment `k` of delta descriptor `desc` (to `link`) and encodes it into its stream,
-  // which it records in link.stream_begin and stream_end.
-  absl::Status EncodeSegment(PeerLink& link, const SendDesc& d, uint32_t desc, int64_t k);
+  // which it records in link.stream_begin and stream_end. A GPU-encoded segment is copied there
+  // from its batch's pinned slot once the batch finished: `*ready` false until then (the link
+  // posts nothing more this round).
+  absl::Status EncodeSegment(PeerLink& link, const SendDesc& d, uint32_t desc, int64_t k,
+                             bool* ready);
   void Advance();
   void RunLocalCopies();
   std::string PendingSummary() const;
@@ -332,7 +360,6 @@ absl::Status RefitEngine::Impl::InitDelta(const std::vector<BufferView>& buffers
   // size), encoded on the GPU straight from the caller's buffer.
   device_shadow_offset_.assign(program_.descs.size(), -1);
   int64_t device_shadow = 0, device_piece = 0;
-  bool host_encoded = false;
   std::string device_buffer;  // The first CUDA buffer that needs the kernels, for errors.
   auto name = [&](uint32_t b, uint32_t tensor) {
     return absl::StrFormat("buffer \"%s\" (tensor \"%s\")", plan_.buffers()[b].name,
@@ -341,10 +368,7 @@ absl::Status RefitEngine::Impl::InitDelta(const std::vector<BufferView>& buffers
   for (uint32_t i = 0; i < program_.descs.size(); ++i) {
     const SendDesc& d = program_.descs[i];
     if (d.delta_elem_bytes == 0) continue;
-    if (buffers[d.from_buffer].kind != MemoryKind::kCuda) {
-      host_encoded = true;
-      continue;
-    }
+    if (buffers[d.from_buffer].kind != MemoryKind::kCuda) continue;
     if (device_buffer.empty()) {
       device_buffer = name(d.from_buffer, plan_.transfers()[d.transfer].tensor);
     }
@@ -382,7 +406,6 @@ absl::Status RefitEngine::Impl::InitDelta(const std::vector<BufferView>& buffers
       RESHARD_LOG(kInfo, "rank %d: delta pieces from CUDA memory are encoded on the host: %s",
                   rank_, codec.status().message());
       device_shadow_offset_.assign(program_.descs.size(), -1);
-      host_encoded = true;
     }
   }
   // A staged source buffer that only GPU-encoded pieces read is never copied to the host.
@@ -397,12 +420,121 @@ absl::Status RefitEngine::Impl::InitDelta(const std::vector<BufferView>& buffers
       if (device_shadow_offset_[i] < 0) unstaged_sources_[d.from_buffer] = false;
     }
   }
-  if (host_encoded) {
-    shadow_.assign(static_cast<size_t>(program_.shadow_bytes), 0);
-    gather_.assign(static_cast<size_t>(program_.gather_bytes), 0);
+  // Host shadows for the host-encoded pieces only (a GPU-encoded piece's shadow is in device
+  // memory).
+  host_shadow_offset_.assign(program_.descs.size(), -1);
+  int64_t host_shadow = 0, host_segment = 0;
+  std::vector<bool> on_device(program_.descs.size(), false);
+  for (uint32_t i = 0; i < program_.descs.size(); ++i) {
+    const SendDesc& d = program_.descs[i];
+    if (d.delta_elem_bytes == 0) continue;
+    if (device_shadow_offset_[i] >= 0) {
+      on_device[i] = true;
+      continue;
+    }
+    host_shadow_offset_[i] = host_shadow;
+    host_shadow += d.bytes;
+    host_segment = std::max(host_segment, std::min(d.bytes, delta::kSegmentBytes));
   }
+  shadow_.assign(static_cast<size_t>(host_shadow), 0);
+  gather_.assign(static_cast<size_t>(host_segment), 0);
+  device_shadow_bytes_ = device_delta_ != nullptr ? device_delta_->shadow_bytes() : 0;
   shadow_epoch_.assign(program_.segments, 0);
+  // The pipelined GPU encode: the GPU-encoded pieces' segments in the order PostSends posts
+  // them (a piece's segments one after another), in batches bounded by the pinned budget.
+  segment_desc_.assign(program_.segments, 0);
+  for (uint32_t i = 0; i < program_.descs.size(); ++i) {
+    const SendDesc& d = program_.descs[i];
+    for (uint32_t k = 0; k < d.segments; ++k) segment_desc_[d.segment_begin + k] = i;
+  }
+  std::vector<cuda::DeltaBatchPiece> pieces;
+  for (uint32_t i : DeltaPostingOrder(program_, on_device)) {
+    const SendDesc& d = program_.descs[i];
+    const int es = d.delta_elem_bytes;
+    for (uint32_t k = 0; k < d.segments; ++k) {
+      pieces.push_back({d.segment_begin + k,
+                        delta::StreamCapacity(delta::SegmentLength(d.bytes / es, es, k), es)});
+    }
+  }
+  gpu_plan_ = cuda::PlanDeltaBatches(pieces, cuda::kDeltaBatchBudget, cuda::kDeltaBatchSlots);
+  gpu_entry_.assign(program_.segments, -1);
+  gpu_batch_.assign(gpu_plan_.entries.size(), 0);
+  for (int32_t b = 0; b < gpu_plan_.batches(); ++b) {
+    for (uint32_t e = gpu_plan_.batch_begin[b]; e < gpu_plan_.batch_begin[b + 1]; ++e) {
+      gpu_entry_[gpu_plan_.entries[e].id] = static_cast<int32_t>(e);
+      gpu_batch_[e] = b;
+    }
+  }
+  gpu_left_.assign(static_cast<size_t>(gpu_plan_.batches()), 0);
+  gpu_done_.assign(static_cast<size_t>(gpu_plan_.batches()), 0);
+  gpu_based_.assign(gpu_plan_.entries.size(), 0);
+  gpu_plain_.assign(gpu_plan_.entries.size(), 0);
+  if (gpu_plan_.batches() > 0) {
+    absl::Status reserved = device_delta_->ReservePipeline(
+        gpu_plan_.slots, gpu_plan_.slot_bytes, static_cast<int64_t>(gpu_plan_.entries.size()));
+    if (!reserved.ok()) {
+      return absl::Status(reserved.code(),
+                          absl::StrFormat("rank %d: the GPU delta encode pipeline of CUDA %s: %s",
+                                          rank_, device_buffer, reserved.message()));
+    }
+  }
   return absl::OkStatus();
+}
+
+absl::Status RefitEngine::Impl::EnqueueDeltaBatches() {
+  const int32_t slots = gpu_plan_.slots;
+  while (gpu_enqueued_ < gpu_plan_.batches() &&
+         (gpu_enqueued_ < slots || gpu_left_[gpu_enqueued_ - slots] == 0)) {
+    const int32_t b = gpu_enqueued_;
+    // A source still being written (HoldSource) is encoded once released: its batch waits.
+    for (uint32_t e = gpu_plan_.batch_begin[b]; e < gpu_plan_.batch_begin[b + 1]; ++e) {
+      if (Held(program_.descs[segment_desc_[gpu_plan_.entries[e].id]])) return absl::OkStatus();
+    }
+    uint8_t* pinned = device_delta_->pinned_slot(b % slots);
+    for (uint32_t e = gpu_plan_.batch_begin[b]; e < gpu_plan_.batch_begin[b + 1]; ++e) {
+      const uint32_t segment = gpu_plan_.entries[e].id;
+      const uint32_t desc = segment_desc_[segment];
+      const SendDesc& d = program_.descs[desc];
+      const plan::Transfer& t = plan_.transfers()[d.transfer];
+      const int es = d.delta_elem_bytes;
+      const int64_t k = segment - d.segment_begin;
+      const int64_t first = delta::SegmentFirst(k, es);
+      // The epoch rule (docs/delta.md) without the receiver's version, which only its grant
+      // tells: a delta against this rank's version when the segment's shadow holds it;
+      // EncodeSegment sends the plain segment instead to a receiver at another version.
+      const bool based = base_ != 0 && shadow_epoch_[segment] == base_;
+      gpu_based_[e] = based;
+      absl::Status enqueued = device_delta_->EnqueueEncode(
+          cuda::SegmentOf(DeltaPieceOf(plan_, plan_.region(t.region), /*source=*/true, es), first,
+                          delta::SegmentLength(d.bytes / es, es, k)),
+          memory_->buffer(d.from_buffer).data, device_shadow_offset_[desc] + first * es, base_,
+          based, pinned + gpu_plan_.entries[e].offset, static_cast<int64_t>(e));
+      if (!enqueued.ok()) {
+        return absl::Status(
+            enqueued.code(),
+            absl::StrFormat("rank %d: the GPU delta encode of transfer %d (tensor \"%s\", "
+                            "segment %d): %s",
+                            rank_, d.id, plan_.spec().tensors[t.tensor].name, k,
+                            enqueued.message()));
+      }
+      shadow_epoch_[segment] = epoch_;  // The shadow holds this epoch's values once it ran.
+    }
+    RESHARD_RETURN_IF_ERROR(device_delta_->RecordSlot(b % slots));
+    ++gpu_enqueued_;
+  }
+  return absl::OkStatus();
+}
+
+bool RefitEngine::Impl::DeltaGpuRunning() {
+  if (!in_epoch_) return false;
+  for (int32_t b = 0; b < gpu_enqueued_; ++b) {
+    if (gpu_done_[b] != 0 || gpu_left_[b] == 0) continue;
+    absl::StatusOr<bool> done = device_delta_->SlotDone(b % gpu_plan_.slots);
+    if (!done.ok()) return false;  // EncodeSegment reports the failure.
+    if (!*done) return true;
+    gpu_done_[b] = 1;
+  }
+  return false;
 }
 
 absl::Status RefitEngine::Impl::ChooseSingleCopy() {
@@ -518,7 +650,9 @@ absl::Status RefitEngine::Impl::Start(uint64_t epoch) {
   status_ = absl::OkStatus();
   stats_ = RefitStats{};
   stats_.epoch = epoch;
-  stats_.delta_shadow_bytes = program_.shadow_bytes;
+  stats_.delta_shadow_bytes = static_cast<int64_t>(shadow_.size()) + device_shadow_bytes_;
+  stats_.delta_device_shadow_bytes = device_shadow_bytes_;
+  stats_.delta_pinned_bytes = gpu_plan_.batches() > 0 ? device_delta_->pinned_bytes() : 0;
   started_at_ = absl::Now();
   remaining_ = static_cast<int64_t>(program_.received.size());
   base_ = version_;
@@ -571,6 +705,14 @@ absl::Status RefitEngine::Impl::Start(uint64_t epoch) {
   stats_.cuda_buffers_staged = memory_->cuda_staged();
   absl::Status staged =
       memory_->StageSources(plan_, unstaged_sources_, &stats_.bytes_staged_to_host);
+  // The GPU encodes start now (the sources are readable: Start runs after the stream gate).
+  for (int32_t b = 0; b < gpu_plan_.batches(); ++b) {
+    gpu_left_[b] = static_cast<int32_t>(gpu_plan_.batch_begin[b + 1] - gpu_plan_.batch_begin[b]);
+  }
+  std::fill(gpu_done_.begin(), gpu_done_.end(), 0);
+  std::fill(gpu_plain_.begin(), gpu_plain_.end(), 0);
+  gpu_enqueued_ = 0;
+  if (staged.ok() && gpu_plan_.batches() > 0) staged = EnqueueDeltaBatches();
   if (!staged.ok()) {
     Fail(staged);
     BroadcastAbort();
@@ -645,6 +787,7 @@ void RefitEngine::Impl::PostSends() {
         absl::Status gathered = landing_->Gather(d);
         if (!gathered.ok()) return Fail(gathered);
       }
+      bool waiting = false;  // A GPU-encoded segment's batch still runs.
       while (link->cursor_run < d.run_end) {
         if (outstanding_puts_ >= options_.max_outstanding_puts) return;
         if (delta) {
@@ -653,9 +796,14 @@ void RefitEngine::Impl::PostSends() {
           const int64_t at = program_.runs[link->cursor_run].remote_offset;
           const int64_t stride = delta::SegmentStride(d.delta_elem_bytes);
           if (at % stride == 0 && link->encoded_run != link->cursor_run) {
-            absl::Status encoded =
-                EncodeSegment(*link, d, static_cast<uint32_t>(link->cursor_desc), at / stride);
+            bool ready = true;
+            absl::Status encoded = EncodeSegment(*link, d, static_cast<uint32_t>(link->cursor_desc),
+                                                 at / stride, &ready);
             if (!encoded.ok()) return Fail(encoded);
+            if (!ready) {
+              waiting = true;  // The other links go on.
+              break;
+            }
             link->encoded_run = link->cursor_run;
           }
           if (at >= link->stream_end) {  // The segment's stream ended before this run.
@@ -674,6 +822,7 @@ void RefitEngine::Impl::PostSends() {
         if (in_flight) outstanding_puts_++;
         link->cursor_run++;
       }
+      if (waiting) continue;
       if (!delta) stats_.bytes_network_sent += d.bytes;  // Delta: as each segment is encoded.
       link->cursor_desc = -1;
       absl::Status done = delivery_->DescPosted(*link, d);
@@ -687,7 +836,7 @@ void RefitEngine::Impl::PostSends() {
 enum : uint8_t { kSegmentDelta = 1, kSegmentNoBase = 2 };
 
 absl::Status RefitEngine::Impl::EncodeSegment(PeerLink& link, const SendDesc& d, uint32_t desc,
-                                              int64_t k) {
+                                              int64_t k, bool* ready) {
   // The epoch rule (docs/delta.md): a delta only on top of the version the receiver holds,
   // which must be this rank's own version and its segment's shadow's.
   const int es = d.delta_elem_bytes;
@@ -695,32 +844,49 @@ absl::Status RefitEngine::Impl::EncodeSegment(PeerLink& link, const SendDesc& d,
   const int64_t elems = delta::SegmentLength(d.bytes / es, es, k);
   const size_t segment = d.segment_begin + static_cast<size_t>(k);
   const bool receiver_at_base = link.granted_version == base_;
-  const bool base = base_ != 0 && shadow_epoch_[segment] == base_;
+  bool base = base_ != 0 && shadow_epoch_[segment] == base_;
   const int64_t stream_begin = k * delta::SegmentStride(es);
   uint8_t* out = memory_->send_scratch() + d.send_offset + stream_begin;
   delta::EncodeResult r;
-  if (device_shadow_offset_[desc] >= 0) {
-    // On the GPU, from the caller's device buffer (never its staging copy) into the stream.
-    const plan::Transfer& t = plan_.transfers()[d.transfer];
-    absl::StatusOr<delta::EncodeResult> encoded = device_delta_->Encode(
-        cuda::SegmentOf(DeltaPieceOf(plan_, plan_.region(t.region), /*source=*/true, es), first,
-                        elems),
-        memory_->buffer(d.from_buffer).data, device_shadow_offset_[desc] + first * es, base_,
-        base && receiver_at_base, out);
-    if (!encoded.ok()) {
-      return absl::Status(encoded.status().code(),
-                          absl::StrFormat("rank %d: the GPU delta encode of transfer %d (tensor "
-                                          "\"%s\", segment %d): %s",
-                                          rank_, d.id, plan_.spec().tensors[t.tensor].name, k,
-                                          encoded.status().message()));
+  if (const int32_t e = gpu_entry_[segment]; e >= 0) {
+    // Encoded on the GPU by its batch (EnqueueDeltaBatches), straight from the caller's device
+    // buffer; its stream waits in the batch's pinned slot.
+    const int32_t b = gpu_batch_[e];
+    const int32_t slot = b % gpu_plan_.slots;
+    *ready = false;
+    // Its slot is not free yet, or a source of its batch is held.
+    if (b >= gpu_enqueued_) return EnqueueDeltaBatches();
+    if (gpu_done_[b] == 0) {
+      RESHARD_ASSIGN_OR_RETURN(const bool done, device_delta_->SlotDone(slot));
+      if (!done) return absl::OkStatus();
+      gpu_done_[b] = 1;
     }
-    r = *encoded;
+    uint8_t* stream = device_delta_->pinned_slot(slot) + gpu_plan_.entries[e].offset;
+    base = gpu_based_[e] != 0;
+    r = device_delta_->pinned_result(e);
+    if (r.mode == delta::kDelta && !receiver_at_base) {
+      // The receiver holds another version: the plain segment, from the device shadow (which
+      // the encode set to this epoch's values), into the same place; the slot's event is
+      // recorded again after it and the batch counts as running until then.
+      if (gpu_plain_[e] == 0) {
+        RESHARD_RETURN_IF_ERROR(device_delta_->EnqueuePlain(
+            elems, es, device_shadow_offset_[desc] + first * es, stream));
+        RESHARD_RETURN_IF_ERROR(device_delta_->RecordSlot(slot));
+        gpu_plain_[e] = 1;
+        gpu_done_[b] = 0;
+        return absl::OkStatus();
+      }
+      r = cuda::EncodeResultOf(cuda::DeltaTotals{}, elems, es, /*delta=*/false);
+    }
+    std::memcpy(out, stream, static_cast<size_t>(r.bytes));
+    *ready = true;
+    if (--gpu_left_[b] == 0) RESHARD_RETURN_IF_ERROR(EnqueueDeltaBatches());
   } else {
     RESHARD_RETURN_IF_ERROR(landing_->Gather(d, first * es, (first + elems) * es, gather_.data()));
-    r = delta::EncodePiece(gather_.data(), shadow_.data() + d.shadow_offset + first * es, elems,
-                           es, base_, base && receiver_at_base, out);
+    r = delta::EncodePiece(gather_.data(), shadow_.data() + host_shadow_offset_[desc] + first * es,
+                           elems, es, base_, base && receiver_at_base, out);
+    shadow_epoch_[segment] = epoch_;
   }
-  shadow_epoch_[segment] = epoch_;
   link.stream_begin = stream_begin;
   link.stream_end = stream_begin + r.bytes;
   stats_.delta_stream_bytes += r.bytes;

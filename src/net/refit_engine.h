@@ -140,7 +140,9 @@ struct RefitStats {
   // Delta refits (RefitEngineOptions::delta), sending side: pieces sent as deltas and as plain
   // pieces, the latter by reason (no base: first refit, or after a failure or Reset; the
   // receiver holds another version; the delta was not smaller), the bytes of their streams
-  // (in bytes_network_sent) against the pieces' own bytes, and the shadow this rank keeps.
+  // (in bytes_network_sent) against the pieces' own bytes, and the shadow this rank keeps (host
+  // and device memory together; the device part, and the pinned host memory of the GPU encode
+  // pipeline, separately: docs/delta.md).
   int64_t delta_pieces = 0;
   int64_t delta_full_no_base = 0;
   int64_t delta_full_receiver_version = 0;
@@ -148,6 +150,8 @@ struct RefitStats {
   int64_t delta_stream_bytes = 0;
   int64_t delta_plain_bytes = 0;
   int64_t delta_shadow_bytes = 0;
+  int64_t delta_device_shadow_bytes = 0;  // Part of delta_shadow_bytes.
+  int64_t delta_pinned_bytes = 0;
   // Receiving side: delta streams applied as deltas.
   int64_t deltas_applied = 0;
   // CUDA memory: this rank's CUDA buffers registered with UCX directly and staged through pinned

@@ -299,6 +299,25 @@ TEST(DeltaIndex, RunBitsCoverExactlyTheRun) {
 // Without a usable device (or without the kernels) the codec says so at Create instead of
 // failing later; with a device, Create succeeds unless the build lacks the kernels, and then
 // says that. Every machine checks one of the two.
+// The pipeline's stream copy (LaunchStreamCopy) moves CopyWords(length) whole words: every byte
+// of any stream length the encode can report, and never past the piece's capacity rounded up to
+// a word, which is what the codec's device stream and a pipeline slot's entry hold.
+TEST(DeltaIndex, StreamCopyWordsCoverTheStreamInsideItsRoundedCapacity) {
+  for (const int es : {1, 2, 4, 8}) {
+    for (const int64_t elems :
+         {int64_t{1}, int64_t{3}, int64_t{4095}, int64_t{4097}, int64_t{12289}}) {
+      const int64_t capacity = delta::StreamCapacity(elems, es);
+      const int64_t header = static_cast<int64_t>(sizeof(delta::StreamHeader));
+      for (int64_t bytes = header; bytes <= capacity; ++bytes) {
+        const int64_t words = CopyWords(bytes);
+        ASSERT_GE(words * 8, bytes) << "es " << es << " elems " << elems << " bytes " << bytes;
+        ASSERT_LT(words * 8, bytes + 8);
+        ASSERT_LE(words * 8, (capacity + 7) / 8 * 8);
+      }
+    }
+  }
+}
+
 TEST(DeltaIndex, DeviceCodecIsAFailedPreconditionWithoutADevice) {
   const absl::StatusOr<std::unique_ptr<DeviceDeltaCodec>> codec =
       DeviceDeltaCodec::Create(1 << 20, 1 << 20);

@@ -4,21 +4,27 @@
 // encoded against a device shadow into the stream delta::EncodePiece writes, with the same result
 // and shadow, and applied to a device destination as delta::Decoder::Apply applies them; refused
 // streams write nothing; 8 MiB bf16 pieces over many refits with one shadow; arguments the
-// kernels cannot take are InvalidArgument. Every test skips without a usable GPU.
+// kernels cannot take are InvalidArgument; the pipelined encode (EnqueueEncode in batches of
+// PlanDeltaBatches, streams into pinned slots, events polled) writes the same streams, and its
+// plain streams (EnqueuePlain) the host's kFull ones. Every test skips without a usable GPU.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "src/common/delta_codec.h"
 #include "src/cuda/delta.h"
+#include "src/cuda/delta_batch.h"
 #include "src/cuda/runtime.h"
-#include "tests/cuda/skip_without_gpu.h"
 #include "tests/cuda/delta_test_util.h"
+#include "tests/cuda/skip_without_gpu.h"
 
 namespace reshard::cuda {
 namespace {
@@ -158,6 +164,105 @@ TEST(DeltaKernelTest, ManyRefitsOfALargePieceKeepShadowAndDestinationExact) {
   }
   ASSERT_EQ(ReadShadow(c, 0, kBytes), host_shadow);
   cudaFree(destination);
+}
+
+// The pipeline as the engine runs it: random pieces, each against its own shadow range, encoded
+// in batches of a small budget (so several batches share each of the two pinned slots), a batch
+// enqueued once the batch two before it was consumed, events polled (never a synchronise):
+// every stream and result equals the host codec's, and every third piece's plain stream
+// (EnqueuePlain, for a receiver at another version) equals the host's kFull stream.
+TEST(DeltaKernelTest, PipelinedBatchesEqualTheHostCodec) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(2026);
+  constexpr int kPieces = 120;
+  std::vector<testing::DeltaCase> cases;
+  std::vector<int64_t> shadow_at;
+  std::vector<DeltaBatchPiece> pieces;
+  int64_t shadow_bytes = 0;
+  for (int i = 0; i < kPieces; ++i) {
+    cases.push_back(testing::MakeDeltaCase(rng, i));
+    const DeltaPiece& p = cases.back().src.piece;
+    shadow_at.push_back(shadow_bytes);
+    shadow_bytes += (p.elems * p.elem_size + 15) / 16 * 16;
+    pieces.push_back({static_cast<uint32_t>(i), delta::StreamCapacity(p.elems, p.elem_size)});
+  }
+  auto codec = DeviceDeltaCodec::Create(shadow_bytes, 13000 * 8);
+  ASSERT_TRUE(codec.ok()) << codec.status();
+  DeviceDeltaCodec& c = **codec;
+  const DeltaBatchPlan plan = PlanDeltaBatches(pieces, 256 << 10, 2);
+  ASSERT_GT(plan.batches(), 4);
+  ASSERT_TRUE(
+      c.ReservePipeline(plan.slots, plan.slot_bytes, static_cast<int64_t>(plan.entries.size()))
+          .ok());
+  std::vector<std::unique_ptr<DeviceBytes>> sources;
+  for (int i = 0; i < kPieces; ++i) {
+    ASSERT_EQ(cudaMemcpy(c.shadow() + shadow_at[i], cases[i].old.data(), cases[i].old.size(),
+                         cudaMemcpyHostToDevice),
+              cudaSuccess);
+    sources.push_back(std::make_unique<DeviceBytes>(cases[i].source));
+  }
+  const absl::Time deadline = absl::Now() + absl::Seconds(120);
+  auto wait = [&](int32_t slot) {
+    for (;;) {
+      absl::StatusOr<bool> done = c.SlotDone(slot);
+      if (!done.ok() || *done) return done.status();
+      if (absl::Now() > deadline) return absl::DeadlineExceededError("slot never finished");
+    }
+  };
+  int32_t enqueued = 0, plain = 0;
+  for (int32_t b = 0; b < plan.batches(); ++b) {
+    SCOPED_TRACE(::testing::Message() << "batch " << b);
+    // Slots free up as batches are consumed: keep one batch ahead.
+    for (; enqueued < plan.batches() && enqueued <= b + 1; ++enqueued) {
+      uint8_t* slot = c.pinned_slot(enqueued % plan.slots);
+      for (uint32_t e = plan.batch_begin[enqueued]; e < plan.batch_begin[enqueued + 1]; ++e) {
+        const testing::DeltaCase& dc = cases[plan.entries[e].id];
+        ASSERT_TRUE(c.EnqueueEncode(dc.src.piece, sources[plan.entries[e].id]->get(),
+                                    shadow_at[plan.entries[e].id], dc.base, dc.delta,
+                                    slot + plan.entries[e].offset, e)
+                        .ok());
+      }
+      ASSERT_TRUE(c.RecordSlot(enqueued % plan.slots).ok());
+    }
+    ASSERT_TRUE(wait(b % plan.slots).ok());
+    for (uint32_t e = plan.batch_begin[b]; e < plan.batch_begin[b + 1]; ++e) {
+      const uint32_t i = plan.entries[e].id;
+      const testing::DeltaCase& dc = cases[i];
+      SCOPED_TRACE(::testing::Message() << "piece " << i << " " << dc.what);
+      const int es = dc.src.piece.elem_size;
+      const int64_t elems = dc.src.piece.elems;
+      std::vector<uint8_t> host_shadow = dc.old;
+      std::vector<uint8_t> want(static_cast<size_t>(delta::StreamCapacity(elems, es)));
+      const delta::EncodeResult w = delta::EncodePiece(dc.now.data(), host_shadow.data(), elems, es,
+                                                       dc.base, dc.delta, want.data());
+      const delta::EncodeResult& r = c.pinned_result(e);
+      ASSERT_EQ(r.bytes, w.bytes);
+      ASSERT_EQ(r.mode, w.mode);
+      ASSERT_EQ(r.changed, w.changed);
+      uint8_t* stream = c.pinned_slot(b % plan.slots) + plan.entries[e].offset;
+      ASSERT_TRUE(std::equal(want.begin(), want.begin() + w.bytes, stream));
+      if (i % 3 != 0) continue;
+      ASSERT_TRUE(c.EnqueuePlain(elems, es, shadow_at[i], stream).ok());
+      ASSERT_TRUE(c.RecordSlot(b % plan.slots).ok());
+      ASSERT_TRUE(wait(b % plan.slots).ok());
+      std::vector<uint8_t> old = dc.old;
+      const delta::EncodeResult full =
+          delta::EncodePiece(dc.now.data(), old.data(), elems, es, dc.base, false, want.data());
+      ASSERT_TRUE(std::equal(want.begin(), want.begin() + full.bytes, stream));
+      ++plain;
+    }
+  }
+  EXPECT_GT(plain, 30);
+  for (int i = 0; i < kPieces; ++i) {
+    EXPECT_EQ(ReadShadow(c, shadow_at[i], static_cast<int64_t>(cases[i].now.size())), cases[i].now)
+        << "piece " << i;
+  }
+  // Outside the reservation: nothing enqueued.
+  EXPECT_EQ(c.EnqueueEncode(cases[0].src.piece, sources[0]->get(), shadow_at[0], 1, true,
+                            c.pinned_slot(0) + plan.pinned_bytes(), 0)
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(c.RecordSlot(plan.slots).code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST(DeltaKernelTest, ArgumentsTheKernelsCannotTakeAreInvalid) {

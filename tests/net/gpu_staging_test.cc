@@ -145,6 +145,17 @@ int DeltaRank(int rank, const std::string& dir) {
     if (!(*engine)->Execute(absl::Now() + absl::Seconds(20)).ok()) return 15;
     const RefitStats& stats = (*engine)->last_stats();
     deltas += rank < 2 ? stats.delta_pieces : stats.deltas_applied;
+    // Pieces encoded on the GPU (a build with the kernels) keep no host shadow, and go through
+    // the pipeline's pinned slots.
+    if (rank < 2 && stats.delta_device_shadow_bytes > 0 &&
+        (stats.delta_device_shadow_bytes != stats.delta_shadow_bytes ||
+         stats.delta_pinned_bytes <= 0)) {
+      std::fprintf(stderr, "rank %d: shadow %lld bytes, %lld on the device, pinned %lld\n", rank,
+                   static_cast<long long>(stats.delta_shadow_bytes),
+                   static_cast<long long>(stats.delta_device_shadow_bytes),
+                   static_cast<long long>(stats.delta_pinned_bytes));
+      return 19;
+    }
     if (rank >= 2) {
       std::vector<uint16_t> got(256 * 192);
       if (!cuda::CudaCopy(got.data(), buffers[dst].data, got.size() * 2).ok()) return 16;

@@ -231,7 +231,8 @@ struct Stats {
   // pieces by reason (no base version: first refit, or after a failure or Reset(); the receiver
   // holds another version; the delta was not smaller); the bytes of what was sent (part of
   // bytes_network_sent) against the plain pieces' bytes; the shadow this rank keeps (host and
-  // device memory together).
+  // device memory together), its part in device memory (pieces encoded on the GPU), and the
+  // pinned host memory of the GPU encode pipeline (docs/delta.md).
   int64_t delta_pieces = 0;
   int64_t delta_full_no_base = 0;
   int64_t delta_full_receiver_version = 0;
@@ -239,6 +240,8 @@ struct Stats {
   int64_t delta_stream_bytes = 0;
   int64_t delta_plain_bytes = 0;
   int64_t delta_shadow_bytes = 0;
+  int64_t delta_device_shadow_bytes = 0;
+  int64_t delta_pinned_bytes = 0;
   int64_t deltas_applied = 0;  // As receiver: pieces applied as deltas.
 };
 

@@ -115,6 +115,9 @@ typedef struct reshard_stats {
   int64_t cuda_buffers_staged;
   int64_t bytes_staged_to_host;
   int64_t bytes_staged_to_device;
+  /* The shadow's part in device memory, and the GPU encode pipeline's pinned host memory. */
+  int64_t delta_device_shadow_bytes;
+  int64_t delta_pinned_bytes;
 } reshard_stats_t;
 
 /* The message of the last failing call on this thread ("" when none). Valid until the next
