@@ -97,12 +97,18 @@ class RankStamp {
   }
   // Whether `ranks` are those of the mesh checked last (in range, none twice): a model's
   // tensors mostly repeat a mesh, and comparing is cheaper than checking hundreds of ranks.
-  bool CheckedBefore(const std::vector<int32_t>& ranks) const { return checked_ == ranks; }
-  void SetChecked(const std::vector<int32_t>& ranks) { checked_ = ranks; }
+  // One mesh per side ("src", "dst"): a spec's two sides mostly differ.
+  bool CheckedBefore(const char* side, const std::vector<int32_t>& ranks) const {
+    return checked_[Slot(side)] == ranks;
+  }
+  void SetChecked(const char* side, const std::vector<int32_t>& ranks) {
+    checked_[Slot(side)] = ranks;
+  }
 
  private:
+  static int Slot(const char* side) { return side[0] == 's' ? 0 : 1; }
   std::vector<uint32_t> stamp_;
-  std::vector<int32_t> checked_;
+  std::vector<int32_t> checked_[2];
 };
 
 // A strided shard can give a rank indices of a dim that are not one range ([0, 2) and [6, 8)
@@ -171,7 +177,7 @@ absl::Status ValidateLayout(const TensorSpec& t, const Layout& l, const char* si
     return TensorError(t, absl::StrFormat("%s.mesh has %d ranks but its shape holds %d", side,
                                           l.mesh.size(), size));
   }
-  if (!stamp.CheckedBefore(l.mesh.ranks)) {
+  if (!stamp.CheckedBefore(side, l.mesh.ranks)) {
     ++epoch;
     for (int32_t r : l.mesh.ranks) {
       if (r < 0 || r >= kMaxRank) {
@@ -182,7 +188,7 @@ absl::Status ValidateLayout(const TensorSpec& t, const Layout& l, const char* si
         return TensorError(t, absl::StrFormat("%s.mesh names rank %d twice", side, r));
       }
     }
-    stamp.SetChecked(l.mesh.ranks);
+    stamp.SetChecked(side, l.mesh.ranks);
   }
   if (static_cast<int>(l.placements.size()) != mesh_ndim) {
     return TensorError(t, absl::StrFormat("%s.placements has %d entries but the mesh has %d axes",
