@@ -312,6 +312,27 @@ DomainScheduler::HolderGroups::View DomainScheduler::HolderGroups::Of(int64_t ba
                                                               e.num_groups)};
 }
 
+const RegionShape& DomainScheduler::ShapeCache::Get(const Box& box, const TileAddress& from,
+                                                    const TileAddress& to, int elem) {
+  bool hit = valid_ && ndim_ == box.ndim && elem_ == elem;
+  for (int d = 0; hit && d < box.ndim; ++d) {
+    hit = extent_[d] == box.extent(d) && from_strides_[d] == from.strides[d] &&
+          to_strides_[d] == to.strides[d];
+  }
+  if (!hit) {
+    valid_ = true;
+    ndim_ = box.ndim;
+    elem_ = elem;
+    for (int d = 0; d < box.ndim; ++d) {
+      extent_[d] = box.extent(d);
+      from_strides_[d] = from.strides[d];
+      to_strides_[d] = to.strides[d];
+    }
+    shape_ = ShapeOfRegion(box, from, to, elem);
+  }
+  return shape_;
+}
+
 const TileAddress& DomainScheduler::AddressOf(const Endpoint& e, const Box& part, int elem,
                                               const TileAddress& src, const TileAddress& dst,
                                               TileAddress& scratch) const {
@@ -424,7 +445,8 @@ void DomainScheduler::SchedulePart(uint32_t tensor, int elem, const Box& part,
       const TileAddress& a = AddressOf(from, part, elem, src, dst, from_scratch_);
       const TileAddress& b = AddressOf(to, part, elem, src, dst, to_scratch_);
       if (!slot.shaped) {
-        slot.shape = ShapeOfRegion(part, a, b, elem);
+        slot.shape = shapes_[plain_region ? (from.side == Side::kSrc ? 0 : 1) : 2].Get(part, a, b,
+                                                                                      elem);
         slot.shaped = true;
       }
       if (keep && slot.id == UINT32_MAX) slot.id = sink.AddRegion(part, a, b);

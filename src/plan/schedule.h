@@ -12,6 +12,7 @@
 // their own fabric. Everything is greedy in plan order with load tracking: deterministic.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <set>
 #include <utility>
@@ -254,6 +255,21 @@ class DomainScheduler {
   std::vector<std::pair<uint32_t, uint32_t>> network_groups_;  // Groups without a source replica.
   std::vector<Endpoint> received_;                          // Receivers that may relay a part.
   TileAddress from_scratch_, to_scratch_;                   // Staging addresses of a region.
+  // The last region shape computed (ShapeOfRegion): a shape depends only on the extents, the
+  // strides of both sides and the element size, which a tensor's pieces mostly share.
+  class ShapeCache {
+   public:
+    const RegionShape& Get(const Box& box, const TileAddress& from, const TileAddress& to,
+                           int elem);
+
+   private:
+    bool valid_ = false;
+    int ndim_ = 0, elem_ = 0;
+    std::array<int64_t, kMaxTensorDims> extent_{}, from_strides_{}, to_strides_{};
+    RegionShape shape_;
+  };
+  // From the source tile, from the destination tile, through staging (as SchedulePart's slots).
+  ShapeCache shapes_[3];
   std::vector<int32_t> src_domains_;                        // Parallel to the source holders.
   // Source membership of the current piece: rank_stamp_[r] == stamp_ when rank r holds the
   // source tile, domain_stamp_[d] == stamp_ when domain d holds a source replica.
