@@ -217,7 +217,7 @@ DomainScheduler::DomainScheduler(const RefitSpec& spec, const DomainMap& domains
     for (const auto& [begin, end] : holders.groups) {
       if (domain_stamp_[holders.by_domain[begin].first] == stamp) continue;
       network = true;
-      const double share = bytes / (end - begin);
+      const double share = end - begin == 1 ? bytes : bytes / (end - begin);  // As SchedulePart.
       for (uint32_t k = begin; k < end; ++k) pending_[holders.by_domain[k].second] += share;
     }
     if (network) {
@@ -312,7 +312,7 @@ DomainScheduler::HolderGroups::View DomainScheduler::HolderGroups::Of(int64_t ba
                                                               e.num_groups)};
 }
 
-const RegionShape& DomainScheduler::ShapeCache::Get(const Box& box, const TileAddress& from,
+inline __attribute__((always_inline)) const RegionShape& DomainScheduler::ShapeCache::Get(const Box& box, const TileAddress& from,
                                                     const TileAddress& to, int elem) {
   bool hit = valid_ && ndim_ == box.ndim && elem_ == elem;
   for (int d = 0; hit && d < box.ndim; ++d) {
