@@ -312,7 +312,7 @@ DomainScheduler::HolderGroups::View DomainScheduler::HolderGroups::Of(int64_t ba
                                                               e.num_groups)};
 }
 
-inline __attribute__((always_inline)) const RegionShape& DomainScheduler::ShapeCache::Get(const Box& box, const TileAddress& from,
+const RegionShape& DomainScheduler::ShapeCache::Get(const Box& box, const TileAddress& from,
                                                     const TileAddress& to, int elem) {
   bool hit = valid_ && ndim_ == box.ndim && elem_ == elem;
   for (int d = 0; hit && d < box.ndim; ++d) {
