@@ -197,9 +197,9 @@ DomainScheduler::DomainScheduler(const RefitSpec& spec, const DomainMap& domains
   // What every holder would ingest if each piece were spread evenly over the holders of its
   // destination cell in each domain that needs it. One pass with the bound's.
   const TensorSpec* bound_tensor = nullptr;
-  lower_bound_ = LowerBoundPass(spec, domains, [&](size_t t, const TileGrid& src, const TileGrid& dst,
-                                                   int64_t dbase, int64_t sbase,
-                                                   int64_t piece_bytes) {
+  lower_bound_ = LowerBoundPass(spec, domains, [&](size_t t, const TileGrid& src,
+                                                   const TileGrid& dst, int64_t dbase,
+                                                   int64_t sbase, int64_t piece_bytes) {
     const TensorSpec& ts = spec.tensors[t];
     if (&ts != bound_tensor) {
       bound_tensor = &ts;

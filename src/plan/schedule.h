@@ -210,7 +210,7 @@ class DomainScheduler {
   class HolderGroups {
    public:
     struct View {
-      const std::pair<int32_t, int32_t>* by_domain;         // (domain, rank), sorted.
+      const std::pair<int32_t, int32_t>* by_domain;            // (domain, rank), sorted.
       absl::Span<const std::pair<uint32_t, uint32_t>> groups;  // [begin, end) per domain.
     };
     // Keeps the cells grouped so far when `ranks` and the grid's replica offsets are those of
@@ -250,8 +250,8 @@ class DomainScheduler {
   int64_t num_pieces_ = 0;
   HolderGroups dst_groups_;
   // The current piece's destination holders grouped by domain (dst_groups_.Of()).
-  const std::pair<int32_t, int32_t>* dst_by_domain_ = nullptr;          // (domain, rank).
-  absl::Span<const std::pair<uint32_t, uint32_t>> domain_groups_;      // [begin, end) per domain.
+  const std::pair<int32_t, int32_t>* dst_by_domain_ = nullptr;     // (domain, rank).
+  absl::Span<const std::pair<uint32_t, uint32_t>> domain_groups_;  // [begin, end) per domain.
   std::vector<std::pair<uint32_t, uint32_t>> network_groups_;  // Groups without a source replica.
   std::vector<Endpoint> received_;                          // Receivers that may relay a part.
   TileAddress from_scratch_, to_scratch_;                   // Staging addresses of a region.
