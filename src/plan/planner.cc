@@ -224,6 +224,7 @@ class PlanBuilder : public ScheduleSink {
     const int64_t src_replicas = src.num_replicas();
     const int64_t dst_replicas = dst.num_replicas();
     std::vector<int32_t> src_holders(src_replicas);
+    const absl::Span<const int64_t> src_offsets = src.replica_offsets();
     // Distinct sources per destination cell, for the explain table.
     int64_t current_dst_cell = -1, sources_in_cell = 0;
     auto dst_flat = [&](const TileGrid::Cell& c) {
@@ -235,7 +236,10 @@ class PlanBuilder : public ScheduleSink {
       if (!dst.CellBox(dst.CellAt(flat)).empty()) stats.dst_ranks += dst_replicas;
     }
     elem_ = elem;
-    std::vector<int32_t> dst_holders(dst_replicas);
+    std::vector<int32_t> dst_holders(scheduler_ ? 0 : dst_replicas);
+    if (scheduler_) scheduler_->BindDestination(ts.dst.mesh.ranks, dst);
+    TileAddress src_address;
+    bool src_address_valid = false;
     ForEachPiece(src, dst, [&](const TileGrid::Cell& dcell, const Box& dbox,
                                const TileGrid::Cell& scell, const Box& sbox, const Box& piece) {
       const int64_t df = dst_flat(dcell);
@@ -247,17 +251,21 @@ class PlanBuilder : public ScheduleSink {
       stats.max_sources = std::max(stats.max_sources, sources_in_cell);
       const int64_t sbase = src.CellBaseIndex(scell);
       for (int64_t j = 0; j < src_replicas; ++j) {
-        src_holders[j] = ts.src.mesh.ranks[sbase + src.replica_offset(j)];
+        src_holders[j] = ts.src.mesh.ranks[sbase + src_offsets[j]];
       }
       const int64_t dbase = dst.CellBaseIndex(dcell);
+      if (scheduler_) {
+        // Consecutive pieces often read one source tile (an expert's matrix on one trainer).
+        if (!src_address_valid || !SameBox(src_address.tile, sbox)) {
+          src_address = MakeTileAddress(ts.src, sbox);
+          src_address_valid = true;
+        }
+        scheduler_->SchedulePiece(static_cast<uint32_t>(t), elem, piece, src_address,
+                                  MakeTileAddress(ts.dst, dbox), src_holders, dbase, *this);
+        return;
+      }
       for (int64_t j = 0; j < dst_replicas; ++j) {
         dst_holders[j] = ts.dst.mesh.ranks[dbase + dst.replica_offset(j)];
-      }
-      if (scheduler_) {
-        scheduler_->SchedulePiece(static_cast<uint32_t>(t), elem, piece,
-                                  MakeTileAddress(ts.src, sbox), MakeTileAddress(ts.dst, dbox),
-                                  src_holders, dst_holders, *this);
-        return;
       }
       const TileAddress from = MakeTileAddress(ts.src, sbox), to = MakeTileAddress(ts.dst, dbox);
       const RegionShape shape = ShapeOfRegion(piece, from, to, elem);
@@ -287,6 +295,14 @@ class PlanBuilder : public ScheduleSink {
           "tensor \"%s\": the plan exceeds 2^32 transfers or regions; split the spec", ts.name));
     }
     return absl::OkStatus();
+  }
+
+  static bool SameBox(const Box& a, const Box& b) {
+    if (a.ndim != b.ndim) return false;
+    for (int d = 0; d < a.ndim; ++d) {
+      if (a.lo[d] != b.lo[d] || a.hi[d] != b.hi[d]) return false;
+    }
+    return true;
   }
 
   int32_t ChooseSource(const std::vector<int32_t>& holders, int32_t to) const {

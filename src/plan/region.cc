@@ -86,7 +86,9 @@ RegionShape ShapeOfRegion(const Box& box, const TileAddress& from, const TileAdd
   int m = 0;
   int64_t elements = 0, from_elem = 0, to_elem = 0;
   const int64_t run = RunAndOuterDims(box, from, to, outer, &m, &elements, &from_elem, &to_elem);
-  return RegionShape{elements * elem_bytes, run * elem_bytes, m};
+  RegionShape shape{elements * elem_bytes, run * elem_bytes, m};
+  shape.runs = shape.run_bytes == 0 ? 0 : shape.bytes / shape.run_bytes;
+  return shape;
 }
 
 }  // namespace reshard::plan

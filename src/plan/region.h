@@ -54,7 +54,8 @@ struct RegionShape {
   int64_t bytes = 0;
   int64_t run_bytes = 0;
   int ndims = 0;
-  int64_t num_runs() const { return run_bytes == 0 ? 0 : bytes / run_bytes; }
+  int64_t runs = 0;  // bytes / run_bytes (0 when empty), divided once: counted per transfer.
+  int64_t num_runs() const { return runs; }
 };
 RegionShape ShapeOfRegion(const Box& box, const TileAddress& from, const TileAddress& to,
                           int elem_bytes);

@@ -18,9 +18,13 @@ DomainMap::DomainMap(const RefitSpec& spec) : DomainMap(spec, spec.WorldSize()) 
 
 DomainMap::DomainMap(const RefitSpec& spec, int32_t world) {
   std::vector<char> participates(world, 0);
+  const std::vector<int32_t>* previous[2] = {nullptr, nullptr};  // As RefitSpec::WorldSize.
   for (const TensorSpec& t : spec.tensors) {
-    for (const Layout* l : {&t.src, &t.dst}) {
-      for (int32_t r : l->mesh.ranks) participates[r] = 1;
+    for (int side = 0; side < 2; ++side) {
+      const std::vector<int32_t>& ranks = (side == 0 ? t.src : t.dst).mesh.ranks;
+      if (previous[side] != nullptr && *previous[side] == ranks) continue;
+      previous[side] = &ranks;
+      for (int32_t r : ranks) participates[r] = 1;
     }
   }
   domain_of_.assign(world, -1);
@@ -38,8 +42,9 @@ DomainMap::DomainMap(const RefitSpec& spec, int32_t world) {
 
 namespace {
 
-// The lower bound's pass over every piece of the spec; `on_piece(t, src, dst, dcell, scell,
-// piece)` sees each piece too, so that the scheduler's own pre-pass shares the enumeration.
+// The lower bound's pass over every piece of the spec; `on_piece(t, src, dst, dbase, sbase,
+// bytes)` sees each piece too (tensor, grids, the destination and source cells' base indices
+// into their meshes' ranks, bytes), so that the scheduler's own pre-pass shares the enumeration.
 template <typename OnPiece>
 LowerBound LowerBoundPass(const RefitSpec& spec, const DomainMap& domains, OnPiece&& on_piece) {
   LowerBound lb;
@@ -64,21 +69,23 @@ LowerBound LowerBoundPass(const RefitSpec& spec, const DomainMap& domains, OnPie
     const std::vector<int32_t>& src_ranks = ts.src.mesh.ranks;
     const std::vector<int32_t>& dst_ranks = ts.dst.mesh.ranks;
     cell_egress.assign(src_ranks.size(), -1);
+    const absl::Span<const int64_t> src_offsets = src.replica_offsets();
+    const absl::Span<const int64_t> dst_offsets = dst.replica_offsets();
     ForEachPiece(src, dst,
                  [&](const TileGrid::Cell& dcell, const Box&, const TileGrid::Cell& scell,
                      const Box&, const Box& piece) {
                    const int64_t bytes = piece.NumElements() * elem;
                    ++stamp;
                    const int64_t sbase = src.CellBaseIndex(scell);
-                   for (int64_t j = 0; j < src.num_replicas(); ++j) {
-                     const int32_t h = src_ranks[sbase + src.replica_offset(j)];
+                   for (int64_t offset : src_offsets) {
+                     const int32_t h = src_ranks[sbase + offset];
                      rank_stamp[h] = stamp;
                      domain_stamp[domains.domain_of(h)] = stamp;
                    }
                    bool network = false;
                    const int64_t dbase = dst.CellBaseIndex(dcell);
-                   for (int64_t j = 0; j < dst.num_replicas(); ++j) {
-                     const int32_t r = dst_ranks[dbase + dst.replica_offset(j)];
+                   for (int64_t offset : dst_offsets) {
+                     const int32_t r = dst_ranks[dbase + offset];
                      const int32_t d = domains.domain_of(r);
                      if (rank_stamp[r] != stamp) need_sum[d] += bytes;
                      if (domain_stamp[d] != stamp && dst_stamp[d] != stamp) {
@@ -90,7 +97,7 @@ LowerBound LowerBoundPass(const RefitSpec& spec, const DomainMap& domains, OnPie
                    }
                    if (network)
                      cell_egress[sbase] = std::max<int64_t>(cell_egress[sbase], 0) + bytes;
-                   on_piece(t, src, dst, dcell, scell, piece);
+                   on_piece(t, src, dst, dbase, sbase, bytes);
                  });
     for (size_t base = 0; base < cell_egress.size(); ++base) {
       if (cell_egress[base] < 0) continue;
@@ -188,49 +195,39 @@ DomainScheduler::DomainScheduler(const RefitSpec& spec, const DomainMap& domains
   domain_stamp_.assign(domains.num_domains(), 0);
   least_.assign(domains.num_domains(), LeastInDomain{});
   // What every holder would ingest if each piece were spread evenly over the holders of its
-  // destination cell in each domain that needs it. The pieces of one destination cell come
-  // together, so its holders are grouped by domain once per cell. One pass with the bound's.
-  size_t grouped_tensor = SIZE_MAX;
-  int64_t grouped_dbase = -1;
+  // destination cell in each domain that needs it. One pass with the bound's.
+  const TensorSpec* bound_tensor = nullptr;
   lower_bound_ = LowerBoundPass(spec, domains, [&](size_t t, const TileGrid& src,
-                                                   const TileGrid& dst, const TileGrid::Cell& dcell,
-                                                   const TileGrid::Cell& scell, const Box& piece) {
+                                                   const TileGrid& dst, int64_t dbase,
+                                                   int64_t sbase, int64_t piece_bytes) {
     const TensorSpec& ts = spec.tensors[t];
-    ++num_pieces_;
-    const double bytes = static_cast<double>(piece.NumElements() * DTypeSize(ts.dtype));
-    const int64_t dbase = dst.CellBaseIndex(dcell);
-    if (t != grouped_tensor || dbase != grouped_dbase) {
-      grouped_tensor = t;
-      grouped_dbase = dbase;
-      dst_by_domain_.clear();
-      for (int64_t j = 0; j < dst.num_replicas(); ++j) {
-        const int32_t r = ts.dst.mesh.ranks[dbase + dst.replica_offset(j)];
-        dst_by_domain_.push_back({domains.domain_of(r), r});
-      }
-      GroupByDomain();
+    if (&ts != bound_tensor) {
+      bound_tensor = &ts;
+      dst_groups_.Bind(ts.dst.mesh.ranks, dst, domains);
     }
+    ++num_pieces_;
+    const double bytes = static_cast<double>(piece_bytes);
+    const HolderGroups::View holders = dst_groups_.Of(dbase);
     const uint64_t stamp = ++stamp_;
-    const int64_t sbase = src.CellBaseIndex(scell);
-    for (int64_t j = 0; j < src.num_replicas(); ++j) {
-      domain_stamp_[domains.domain_of(ts.src.mesh.ranks[sbase + src.replica_offset(j)])] = stamp;
+    const absl::Span<const int64_t> src_offsets = src.replica_offsets();
+    for (int64_t offset : src_offsets) {
+      domain_stamp_[domains.domain_of(ts.src.mesh.ranks[sbase + offset])] = stamp;
     }
     bool network = false;
-    for (const auto& [begin, end] : domain_groups_) {
-      if (domain_stamp_[dst_by_domain_[begin].first] == stamp) continue;
+    for (const auto& [begin, end] : holders.groups) {
+      if (domain_stamp_[holders.by_domain[begin].first] == stamp) continue;
       network = true;
-      for (size_t k = begin; k < end; ++k) {
-        pending_[dst_by_domain_[k].second] += bytes / (end - begin);
-      }
+      const double share = end - begin == 1 ? bytes : bytes / (end - begin);  // As SchedulePart.
+      for (uint32_t k = begin; k < end; ++k) pending_[holders.by_domain[k].second] += share;
     }
     if (network) {
-      for (int64_t j = 0; j < src.num_replicas(); ++j) {
-        owed_[ts.src.mesh.ranks[sbase + src.replica_offset(j)]] += bytes / src.num_replicas();
+      const int64_t replicas = static_cast<int64_t>(src_offsets.size());
+      for (int64_t offset : src_offsets) {
+        owed_[ts.src.mesh.ranks[sbase + offset]] += bytes / replicas;
       }
     }
   });
   target_ = lower_bound_.max_nic_bytes;
-  dst_by_domain_.clear();
-  domain_groups_.clear();
 }
 
 std::pair<int32_t, int64_t> DomainScheduler::LeastExpected(int32_t domain) {
@@ -263,21 +260,77 @@ void DomainScheduler::ExpectedChanged(int32_t rank, int64_t before) {
   }
 }
 
-void DomainScheduler::GroupByDomain() {
-  // Holders usually come in ascending rank order already (mesh ranks ascending along the
-  // replicate axes), hence in domain order: checking is cheaper than sorting, per piece.
-  if (!std::is_sorted(dst_by_domain_.begin(), dst_by_domain_.end())) {
-    std::sort(dst_by_domain_.begin(), dst_by_domain_.end());
+void DomainScheduler::HolderGroups::Bind(const std::vector<int32_t>& ranks, const TileGrid& grid,
+                                         const DomainMap& domains) {
+  bool same = domains_ == &domains && ranks_ == ranks &&
+              offsets_.size() == static_cast<size_t>(grid.num_replicas());
+  for (size_t j = 0; same && j < offsets_.size(); ++j) {
+    same = offsets_[j] == grid.replica_offset(static_cast<int64_t>(j));
   }
-  domain_groups_.clear();
-  const size_t n = dst_by_domain_.size();
-  size_t begin = 0;
-  for (size_t i = 1; i <= n; ++i) {
-    if (i == n || dst_by_domain_[i].first != dst_by_domain_[begin].first) {
-      domain_groups_.push_back({begin, i});
-      begin = i;
+  if (same) return;
+  domains_ = &domains;
+  ranks_ = ranks;
+  offsets_.resize(static_cast<size_t>(grid.num_replicas()));
+  for (size_t j = 0; j < offsets_.size(); ++j) {
+    offsets_[j] = grid.replica_offset(static_cast<int64_t>(j));
+  }
+  entry_of_base_.assign(ranks.size(), UINT32_MAX);
+  entries_.clear();
+  by_domain_.clear();
+  groups_.clear();
+}
+
+DomainScheduler::HolderGroups::View DomainScheduler::HolderGroups::Of(int64_t base) {
+  uint32_t& slot = entry_of_base_[static_cast<size_t>(base)];
+  if (slot == UINT32_MAX) {
+    slot = static_cast<uint32_t>(entries_.size());
+    Entry e;
+    e.by_domain = static_cast<uint32_t>(by_domain_.size());
+    e.groups = static_cast<uint32_t>(groups_.size());
+    for (int64_t offset : offsets_) {
+      const int32_t r = ranks_[static_cast<size_t>(base + offset)];
+      by_domain_.push_back({domains_->domain_of(r), r});
     }
+    const auto first = by_domain_.begin() + e.by_domain;
+    // Holders usually come in ascending rank order already (mesh ranks ascending along the
+    // replicate axes), hence in domain order.
+    if (!std::is_sorted(first, by_domain_.end())) std::sort(first, by_domain_.end());
+    const uint32_t n = static_cast<uint32_t>(by_domain_.size()) - e.by_domain;
+    uint32_t begin = 0;
+    for (uint32_t i = 1; i <= n; ++i) {
+      if (i == n || first[i].first != first[begin].first) {
+        groups_.push_back({begin, i});
+        begin = i;
+      }
+    }
+    e.num_groups = static_cast<uint32_t>(groups_.size()) - e.groups;
+    entries_.push_back(e);
   }
+  const Entry& e = entries_[slot];
+  return View{by_domain_.data() + e.by_domain,
+              absl::Span<const std::pair<uint32_t, uint32_t>>(groups_.data() + e.groups,
+                                                              e.num_groups)};
+}
+
+const RegionShape& DomainScheduler::ShapeCache::Get(const Box& box, const TileAddress& from,
+                                                    const TileAddress& to, int elem) {
+  bool hit = valid_ && ndim_ == box.ndim && elem_ == elem;
+  for (int d = 0; hit && d < box.ndim; ++d) {
+    hit = extent_[d] == box.extent(d) && from_strides_[d] == from.strides[d] &&
+          to_strides_[d] == to.strides[d];
+  }
+  if (!hit) {
+    valid_ = true;
+    ndim_ = box.ndim;
+    elem_ = elem;
+    for (int d = 0; d < box.ndim; ++d) {
+      extent_[d] = box.extent(d);
+      from_strides_[d] = from.strides[d];
+      to_strides_[d] = to.strides[d];
+    }
+    shape_ = ShapeOfRegion(box, from, to, elem);
+  }
+  return shape_;
 }
 
 const TileAddress& DomainScheduler::AddressOf(const Endpoint& e, const Box& part, int elem,
@@ -298,14 +351,10 @@ const TileAddress& DomainScheduler::AddressOf(const Endpoint& e, const Box& part
 void DomainScheduler::SchedulePiece(uint32_t tensor, int elem, const Box& piece,
                                     const TileAddress& src, const TileAddress& dst,
                                     const std::vector<int32_t>& src_holders,
-                                    const std::vector<int32_t>& dst_holders, ScheduleSink& sink) {
-  // Consecutive pieces usually share their destination cell: group its holders once.
-  if (dst_holders != grouped_holders_) {
-    grouped_holders_ = dst_holders;
-    dst_by_domain_.clear();
-    for (int32_t r : dst_holders) dst_by_domain_.push_back({domains_.domain_of(r), r});
-    GroupByDomain();
-  }
+                                    int64_t dst_base, ScheduleSink& sink) {
+  const HolderGroups::View holders = dst_groups_.Of(dst_base);
+  dst_by_domain_ = holders.by_domain;
+  domain_groups_ = holders.groups;
   ++stamp_;
   src_domains_.clear();
   for (int32_t h : src_holders) {
@@ -372,7 +421,10 @@ void DomainScheduler::SchedulePart(uint32_t tensor, int elem, const Box& part,
     RegionShape shape;
   };
   RegionSlot plain[2];  // From the source tile, from the destination tile.
-  auto emit = [&](const Endpoint& from, const Endpoint& to, TransferKind kind, int32_t after) {
+  RegionSlot staged;    // The region of a transfer that reads or writes staging.
+  // Inlined: called for every transfer of the world (the call itself was a seventh of it).
+  auto emit = [&](const Endpoint& from, const Endpoint& to, TransferKind kind,
+                  int32_t after) __attribute__((always_inline)) {
     Transfer tr;
     tr.tensor = tensor;
     tr.from_rank = from.rank;
@@ -381,10 +433,9 @@ void DomainScheduler::SchedulePart(uint32_t tensor, int elem, const Box& part,
     tr.kind = kind;
     tr.from_side = from.side;
     tr.to_side = to.side;
-    RegionSlot staged;
-    RegionSlot& slot = from.side != Side::kStage && to.side == Side::kDst
-                           ? plain[from.side == Side::kSrc ? 0 : 1]
-                           : staged;
+    const bool plain_region = from.side != Side::kStage && to.side == Side::kDst;
+    if (!plain_region) staged = RegionSlot{};
+    RegionSlot& slot = plain_region ? plain[from.side == Side::kSrc ? 0 : 1] : staged;
     if (!slot.counted) {
       slot.counted = true;
       sink.CountRegion();
@@ -394,7 +445,8 @@ void DomainScheduler::SchedulePart(uint32_t tensor, int elem, const Box& part,
       const TileAddress& a = AddressOf(from, part, elem, src, dst, from_scratch_);
       const TileAddress& b = AddressOf(to, part, elem, src, dst, to_scratch_);
       if (!slot.shaped) {
-        slot.shape = ShapeOfRegion(part, a, b, elem);
+        slot.shape = shapes_[plain_region ? (from.side == Side::kSrc ? 0 : 1) : 2].Get(part, a, b,
+                                                                                      elem);
         slot.shaped = true;
       }
       if (keep && slot.id == UINT32_MAX) slot.id = sink.AddRegion(part, a, b);
@@ -439,11 +491,12 @@ void DomainScheduler::SchedulePart(uint32_t tensor, int elem, const Box& part,
 
   // Network domains, starting at a rotating position so no domain is always served first.
   const size_t n = network_groups_.size();
-  const size_t start = static_cast<size_t>(rotation_++ % n);
+  size_t next = static_cast<size_t>(rotation_++ % n);
   std::vector<Endpoint>& received = received_;  // Receivers that may relay the part.
   received.clear();
   for (size_t step = 0; step < n; ++step) {
-    const auto [begin, end] = network_groups_[(start + step) % n];
+    const auto [begin, end] = network_groups_[next];
+    if (++next == n) next = 0;
     const int32_t d = dst_by_domain_[begin].first;
     // Receiver: the holder expected to end least loaded, or a rank of the domain expected to
     // end with room to spare, through staging.
@@ -466,7 +519,10 @@ void DomainScheduler::SchedulePart(uint32_t tensor, int elem, const Box& part,
     // The receiver's load changes twice (what it still needs, then what it received): the
     // least-loaded tracking hears of it once, after both.
     const int64_t receiver_before = Expected(receiver.rank);
-    const double share = static_cast<double>(bytes) / static_cast<double>(end - begin);
+    // A domain's holders are mostly one rank: x / 1.0 is x, without the division.
+    const double share = end - begin == 1
+                             ? static_cast<double>(bytes)
+                             : static_cast<double>(bytes) / static_cast<double>(end - begin);
     for (size_t k = begin; k < end; ++k) {
       const int32_t r = dst_by_domain_[k].second;
       const int64_t before = Expected(r);

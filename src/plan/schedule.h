@@ -12,14 +12,18 @@
 // their own fabric. Everything is greedy in plan order with load tracking: deterministic.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <set>
 #include <utility>
 #include <vector>
 
+#include "absl/types/span.h"
+
 #include "src/plan/plan.h"
 #include "src/plan/region.h"
 #include "src/plan/spec.h"
+#include "src/plan/tiling.h"
 
 namespace reshard::plan {
 
@@ -157,11 +161,18 @@ class DomainScheduler {
   // ComputeLowerBound(spec, domains), computed by the constructor's pass.
   const LowerBound& lower_bound() const { return lower_bound_; }
 
+  // The destination layout of the pieces scheduled next: mesh ranks `ranks` (of the tensor's
+  // destination layout) and its grid `grid`. Call once per tensor, before its pieces.
+  void BindDestination(const std::vector<int32_t>& ranks, const TileGrid& grid) {
+    dst_groups_.Bind(ranks, grid, domains_);
+  }
   // Schedules one piece of tensor `tensor` (element size `elem`): `src_holders` hold source
-  // tile `src` (all at the same address), `dst_holders` need destination tile `dst`.
+  // tile `src` (all at the same address), the holders of the destination cell whose base index
+  // into the bound mesh's ranks is `dst_base` (TileGrid::CellBaseIndex) need destination tile
+  // `dst`.
   void SchedulePiece(uint32_t tensor, int elem, const Box& piece, const TileAddress& src,
                      const TileAddress& dst, const std::vector<int32_t>& src_holders,
-                     const std::vector<int32_t>& dst_holders, ScheduleSink& sink);
+                     int64_t dst_base, ScheduleSink& sink);
 
   // Pieces of the whole spec (counted by the constructor's pass), to size the plan's arrays.
   int64_t num_pieces() const { return num_pieces_; }
@@ -192,8 +203,33 @@ class DomainScheduler {
   std::pair<int32_t, int64_t> LeastExpected(int32_t domain);
   // Called after Expected(rank) changed from `before`.
   void ExpectedChanged(int32_t rank, int64_t before);
-  // Sorts dst_by_domain_ and fills domain_groups_.
-  void GroupByDomain();
+  // The holders of each destination cell grouped by domain, per cell of the bound destination
+  // layout. A model's tensors repeat a few destination meshes and grids, so each cell is
+  // grouped once while they do, not once per piece and pass (it was a twentieth of a share's
+  // planning). A view stays valid until the next Of().
+  class HolderGroups {
+   public:
+    struct View {
+      const std::pair<int32_t, int32_t>* by_domain;            // (domain, rank), sorted.
+      absl::Span<const std::pair<uint32_t, uint32_t>> groups;  // [begin, end) per domain.
+    };
+    // Keeps the cells grouped so far when `ranks` and the grid's replica offsets are those of
+    // the previous binding.
+    void Bind(const std::vector<int32_t>& ranks, const TileGrid& grid, const DomainMap& domains);
+    View Of(int64_t base);
+
+   private:
+    const DomainMap* domains_ = nullptr;
+    std::vector<int32_t> ranks_;
+    std::vector<int64_t> offsets_;  // Replica offsets of the bound grid.
+    struct Entry {
+      uint32_t by_domain = 0, groups = 0, num_groups = 0;
+    };
+    std::vector<uint32_t> entry_of_base_;  // UINT32_MAX: not grouped yet.
+    std::vector<Entry> entries_;
+    std::vector<std::pair<int32_t, int32_t>> by_domain_;
+    std::vector<std::pair<uint32_t, uint32_t>> groups_;  // Relative to the entry's by_domain.
+  };
   bool HoldsSource(int32_t domain) const { return domain_stamp_[domain] == stamp_; }
 
   const DomainMap& domains_;
@@ -212,13 +248,28 @@ class DomainScheduler {
   std::vector<LeastInDomain> least_;  // Per domain.
   uint64_t rotation_ = 0;
   int64_t num_pieces_ = 0;
-  // Scratch for one piece: destination holders grouped by domain.
-  std::vector<int32_t> grouped_holders_;  // The destination holders dst_by_domain_ lists.
-  std::vector<std::pair<int32_t, int32_t>> dst_by_domain_;  // (domain, rank), sorted.
-  std::vector<std::pair<size_t, size_t>> domain_groups_;    // [begin, end) per domain.
-  std::vector<std::pair<size_t, size_t>> network_groups_;   // Groups without a source replica.
+  HolderGroups dst_groups_;
+  // The current piece's destination holders grouped by domain (dst_groups_.Of()).
+  const std::pair<int32_t, int32_t>* dst_by_domain_ = nullptr;     // (domain, rank).
+  absl::Span<const std::pair<uint32_t, uint32_t>> domain_groups_;  // [begin, end) per domain.
+  std::vector<std::pair<uint32_t, uint32_t>> network_groups_;  // Groups without a source replica.
   std::vector<Endpoint> received_;                          // Receivers that may relay a part.
   TileAddress from_scratch_, to_scratch_;                   // Staging addresses of a region.
+  // The last region shape computed (ShapeOfRegion): a shape depends only on the extents, the
+  // strides of both sides and the element size, which a tensor's pieces mostly share.
+  class ShapeCache {
+   public:
+    const RegionShape& Get(const Box& box, const TileAddress& from, const TileAddress& to,
+                           int elem);
+
+   private:
+    bool valid_ = false;
+    int ndim_ = 0, elem_ = 0;
+    std::array<int64_t, kMaxTensorDims> extent_{}, from_strides_{}, to_strides_{};
+    RegionShape shape_;
+  };
+  // From the source tile, from the destination tile, through staging (as SchedulePart's slots).
+  ShapeCache shapes_[3];
   std::vector<int32_t> src_domains_;                        // Parallel to the source holders.
   // Source membership of the current piece: rank_stamp_[r] == stamp_ when rank r holds the
   // source tile, domain_stamp_[d] == stamp_ when domain d holds a source replica.

@@ -51,9 +51,14 @@ int32_t Topology::DomainOf(int32_t rank) const {
 
 int32_t RefitSpec::WorldSize() const {
   int32_t max_rank = -1;
+  // Most tensors repeat the previous tensor's mesh on a side: comparing is cheaper than a scan.
+  const std::vector<int32_t>* previous[2] = {nullptr, nullptr};
   for (const TensorSpec& t : tensors) {
-    for (const Layout* l : {&t.src, &t.dst}) {
-      for (int32_t r : l->mesh.ranks) max_rank = std::max(max_rank, r);
+    for (int side = 0; side < 2; ++side) {
+      const std::vector<int32_t>& ranks = (side == 0 ? t.src : t.dst).mesh.ranks;
+      if (previous[side] != nullptr && *previous[side] == ranks) continue;
+      previous[side] = &ranks;
+      for (int32_t r : ranks) max_rank = std::max(max_rank, r);
     }
   }
   for (const auto& d : topology.domains) {
@@ -90,9 +95,20 @@ class RankStamp {
     stamp_[rank] = epoch;
     return true;
   }
+  // Whether `ranks` are those of the mesh checked last (in range, none twice): a model's
+  // tensors mostly repeat a mesh, and comparing is cheaper than checking hundreds of ranks.
+  // One mesh per side ("src", "dst"): a spec's two sides mostly differ.
+  bool CheckedBefore(const char* side, const std::vector<int32_t>& ranks) const {
+    return checked_[Slot(side)] == ranks;
+  }
+  void SetChecked(const char* side, const std::vector<int32_t>& ranks) {
+    checked_[Slot(side)] = ranks;
+  }
 
  private:
+  static int Slot(const char* side) { return side[0] == 's' ? 0 : 1; }
   std::vector<uint32_t> stamp_;
+  std::vector<int32_t> checked_[2];
 };
 
 // A strided shard can give a rank indices of a dim that are not one range ([0, 2) and [6, 8)
@@ -161,15 +177,18 @@ absl::Status ValidateLayout(const TensorSpec& t, const Layout& l, const char* si
     return TensorError(t, absl::StrFormat("%s.mesh has %d ranks but its shape holds %d", side,
                                           l.mesh.size(), size));
   }
-  ++epoch;
-  for (int32_t r : l.mesh.ranks) {
-    if (r < 0 || r >= kMaxRank) {
-      return TensorError(t,
-                         absl::StrFormat("%s.mesh rank %d is outside [0, %d)", side, r, kMaxRank));
+  if (!stamp.CheckedBefore(side, l.mesh.ranks)) {
+    ++epoch;
+    for (int32_t r : l.mesh.ranks) {
+      if (r < 0 || r >= kMaxRank) {
+        return TensorError(
+            t, absl::StrFormat("%s.mesh rank %d is outside [0, %d)", side, r, kMaxRank));
+      }
+      if (!stamp.Mark(r, epoch)) {
+        return TensorError(t, absl::StrFormat("%s.mesh names rank %d twice", side, r));
+      }
     }
-    if (!stamp.Mark(r, epoch)) {
-      return TensorError(t, absl::StrFormat("%s.mesh names rank %d twice", side, r));
-    }
+    stamp.SetChecked(side, l.mesh.ranks);
   }
   if (static_cast<int>(l.placements.size()) != mesh_ndim) {
     return TensorError(t, absl::StrFormat("%s.placements has %d entries but the mesh has %d axes",
@@ -545,8 +564,10 @@ absl::Status CheckBufferOverlap(const RefitSpec& spec, Side side, const std::str
 // at most. Tiles are products of per-dim intervals, so this is the product over dims of the
 // intersecting (source interval, destination interval) pairs, times the destination replicas.
 // Saturates at INT64_MAX.
-int64_t PieceBound(const TensorSpec& t) {
-  const TileGrid src(t.src, t.shape), dst(t.dst, t.shape);
+// `src_grids` and `dst_grids` build each grid once per geometry among the last few tensors.
+int64_t PieceBound(const TensorSpec& t, GridCache& src_grids, GridCache& dst_grids) {
+  const TileGrid& src = src_grids.Get(t.src, t.shape);
+  const TileGrid& dst = dst_grids.Get(t.dst, t.shape);
   int64_t pairs = 1;
   for (int d = 0; d < src.ndim(); ++d) {
     // Non-empty intervals of a dim are sorted and disjoint: a merge counts the intersections.
@@ -615,6 +636,7 @@ absl::Status ValidateImpl(const RefitSpec& spec, int32_t only_rank) {
   absl::flat_hash_map<std::string_view, size_t> names;
   RankStamp stamp;
   uint32_t epoch = 0;
+  GridCache src_grids, dst_grids;  // PieceBound's.
   std::optional<int64_t> total_bytes = 0;  // All tiles on all ranks, both sides.
   int64_t pieces = 0;
   // Buffers per side: name -> tensors, in spec order (the first one sets the element size).
@@ -661,7 +683,7 @@ absl::Status ValidateImpl(const RefitSpec& spec, int32_t only_rank) {
           ValidateLayout(scales, scales.src, "src", scales.dtype, user_spec, stamp, epoch));
       RESHARD_RETURN_IF_ERROR(CheckSelfOverlap(scales, scales.src, "src"));
     }
-    pieces = SaturatingAdd(pieces, PieceBound(t));
+    pieces = SaturatingAdd(pieces, PieceBound(t, src_grids, dst_grids));
     if (pieces > kMaxPieces) {
       return TensorError(t, absl::StrFormat("src and dst intersect in more than %d (destination "
                                             "rank, source tile) pairs, counting "

@@ -114,6 +114,9 @@ class TileGrid {
   // Index into mesh.ranks of the first holder of `cell`; holder j is at that + replica_offset(j).
   int64_t CellBaseIndex(const Cell& cell) const;
   int64_t replica_offset(int64_t j) const { return replica_offsets_[j]; }
+  // Every replica offset: for loops over the holders of many cells (a span reads the inline
+  // storage's flag once, not per holder).
+  absl::Span<const int64_t> replica_offsets() const { return replica_offsets_; }
   int32_t Holder(const Cell& cell, int64_t j) const {
     return mesh_->ranks[CellBaseIndex(cell) + replica_offsets_[j]];
   }

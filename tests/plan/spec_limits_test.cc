@@ -220,6 +220,28 @@ TEST(SpecLimitsTest, WorldsAndMeshesOverTheLimitAreRefused) {
             "tensor \"w\": dst.mesh has more than 65536 ranks, the limit of a world");
 }
 
+// Validation checks a mesh's ranks once while tensors repeat it (a per-expert spec names a few
+// meshes over tens of thousands of tensors); a mesh that differs from the one checked last is
+// checked again, whichever tensor and side it is on.
+TEST(SpecLimitsTest, EveryMeshIsCheckedWhenTensorsRepeatTheOneBefore) {
+  auto tensor = [](const std::string& name, const std::string& src, const std::string& dst) {
+    return "{\"name\":\"" + name + "\",\"dtype\":\"u8\",\"shape\":[8],\"src\":" + src +
+           ",\"dst\":" + dst + "}";
+  };
+  const std::string twice = R"js({"mesh":[3,3],"placements":["S(0)"]})js";
+  const std::string a = tensor("a", kSrc, kDst), b = tensor("b", kSrc, kDst);
+  EXPECT_EQ(Refusal("{\"tensors\":[" + a + "," + b + "," + tensor("c", kSrc, twice) + "]}"),
+            "tensor \"c\": dst.mesh names rank 3 twice");
+  EXPECT_EQ(Refusal("{\"tensors\":[" + a + "," + b + "," + tensor("c", twice, kDst) + "]}"),
+            "tensor \"c\": src.mesh names rank 3 twice");
+  auto spec = ParseSpecJson("{\"tensors\":[" + a + "," + b + "," + tensor("c", kDst, kSrc) + "]}");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->WorldSize(), 4);
+  spec->tensors[2].dst.mesh.ranks = {3, 3};
+  EXPECT_EQ(std::string(ValidateForRank(*spec, 0).message()),
+            "tensor \"c\": dst.mesh names rank 3 twice");
+}
+
 TEST(SpecLimitsTest, TotalBytesOfAllTilesAreBounded) {
   // 2^55 bytes, whole on each of 128 destination ranks: 2^62 bytes of tiles in all.
   const std::string src = "{\"mesh\":" + Ranks(0, 8) + ",\"placements\":[\"S(0)\"]}";
