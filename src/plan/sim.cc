@@ -67,7 +67,10 @@ double DeltaBytesRatio(double fraction, int elem_bytes) {
   // Scattered changes: an element starts a run when it changed and its predecessor did not.
   const double runs = f + 4.0 * f * (1.0 - f) / es;
   const double table = 4.0 / (static_cast<double>(delta::kChunkElems) * es);
-  return std::min(1.0, std::min(bitmap, runs) + table);
+  // Every segment's stream has a header, also when it falls back to the plain segment.
+  const double header = static_cast<double>(sizeof(delta::StreamHeader)) /
+                        static_cast<double>(delta::kSegmentBytes);
+  return std::min(1.0, std::min(bitmap, runs) + table) + header;
 }
 
 std::vector<Flow> DeltaFlowsFromPlan(const Plan& plan, double fraction) {

@@ -38,8 +38,8 @@ struct Flow {
 
 // Delta refits (docs/delta.md): the expected stream bytes, relative to the plain piece, of a
 // piece of `elem_bytes`-byte elements of which a random, scattered fraction `fraction` changed:
-// per chunk the smaller of bitmap + values and runs + values, at most the plain piece, plus the
-// header and chunk table.
+// per chunk the smaller of bitmap + values and runs + values, plus the chunk table, at most the
+// plain piece; plus each segment's header (delta::kSegmentBytes).
 [[nodiscard]] double DeltaBytesRatio(double fraction, int elem_bytes);
 // FlowsFromPlan for delta refits at change fraction `fraction`: network pieces read from source
 // buffers carry DeltaBytesRatio of their bytes; relays and fan-out forward the applied, plain
