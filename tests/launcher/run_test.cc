@@ -171,6 +171,31 @@ TEST(RunTest, DeltaRefitsVerifyAndSendOnlyTheChanges) {
             2);
 }
 
+// --change-fraction random and --fail-every: refits 4 and 8 fail on purpose (the last rank gives
+// up at once, every rank resets), the others each change their own random fraction (epoch 10
+// none, epoch 11 all) and are verified byte-exact, the one after each failure a full refit.
+TEST(RunTest, RandomFractionsWithFailedAndResetRefitsStayByteExact) {
+  Output o = Reshard(absl::StrCat("run ", kSpecs, "fig3-tp4-to-tp2dp2.json --iters 11 --delta ",
+                                  "--change-fraction random --fail-every 4 --timeout-ms 20000 ",
+                                  "--json"));
+  EXPECT_EQ(o.exit_code, 0) << o.out;
+  json::Value v = ParseJson(o.out);
+  ExpectVerifiedRun(v, 9, "random fractions");
+  EXPECT_EQ(v.Find("failed_on_purpose")->as_int(), 2);
+  // Which ranks fail those refits is a race (a rank may finish before the abort reaches it).
+  EXPECT_LE(v.Find("rank_failures_on_purpose")->as_int(), 2 * 8);
+  EXPECT_EQ(v.Find("change_fraction")->as_string(), "random");
+  // Refit 11 changes every element: every piece goes plain.
+  EXPECT_EQ(v.Find("delta_pieces")->as_int(), 0);
+  EXPECT_EQ(v.Find("delta_full_pieces")->as_int(), 4);
+  for (const char* bad : {" --fail-every 1", " --change-fraction randomly"}) {
+    EXPECT_EQ(Reshard(absl::StrCat("run ", kSpecs, kExamples[0], " --delta", bad, " 2>/dev/null"))
+                  .exit_code,
+              2)
+        << bad;
+  }
+}
+
 TEST(RunTest, HumanReportNamesTimesBytesRegistrationsAndTransports) {
   Output o = Reshard(absl::StrCat("run ", kSpecs, kExamples[0], " --iters 2 --timeout-ms 20000"));
   EXPECT_EQ(o.exit_code, 0) << o.out;

@@ -60,7 +60,11 @@ options:
                        against the plain pieces' bytes (what a full refit sends)
   --change-fraction F  each refit after the first changes a random fraction F (0..1) of every
                        source tensor's elements by 1-15 ulp (scattered), instead of all of
-                       them; destinations are verified against exactly those values
+                       them; destinations are verified against exactly those values.
+                       `random`: a fraction drawn per refit (0 every 10th, 1 the one after)
+  --fail-every K       every K-th refit (K >= 2) the last rank gives up at once; every rank
+                       then calls Reset() and the run goes on (the next refit is full, the
+                       failed ones are neither timed nor verified)
   --timeout-ms MS      deadline for every wait inside a rank (RESHARD_TIMEOUT_MS, default 30000)
   --deadline-s S       the whole launch is killed after S seconds (default 600)
   --json               one JSON object: ok, iters, world_size, mode, transport, ucx_tls,
@@ -86,6 +90,7 @@ usage (also when a rank reports invalid input), 130 interrupted.
 struct RankLine {
   bool parsed = false;
   bool ok = false;
+  int64_t failed_on_purpose = 0;
   std::vector<double> iter_ms;
   int64_t sent = 0, received = 0, pieces = 0, reg_first = 0, reg_after = 0;
   std::string transports, error;
@@ -115,6 +120,7 @@ RankLine ParseRankLine(const std::string& line) {
   if (const json::Value* ms = v->Find("iter_ms"); ms && ms->is_array()) {
     for (const auto& x : ms->items()) r.iter_ms.push_back(x.as_double());
   }
+  r.failed_on_purpose = num("failed_on_purpose");
   r.sent = num("bytes_network_sent");
   r.received = num("bytes_network_received");
   r.pieces = num("pieces_received");
@@ -172,7 +178,7 @@ int RunCommand(int argc, char** argv) {
   absl::StatusOr<Args> args =
       Args::Parse(argc, argv, {"json", "netns", "delta"},
                   {"iters", "transport", "emulate-nic", "plan-mode", "fanout", "timeout-ms",
-                   "deadline-s", "change-fraction", "mtu"});
+                   "deadline-s", "change-fraction", "mtu", "fail-every"});
   if (!args.ok()) return UsageError("run", std::string(args.status().message()));
   if (args->positional().size() != 1) return UsageError("run", "expected one SPEC.json");
   const std::string spec_path = args->positional()[0];
@@ -187,10 +193,16 @@ int RunCommand(int argc, char** argv) {
   if (!deadline_s.ok() || !(*deadline_s > 0)) {
     return UsageError("run", "--deadline-s must be a positive number of seconds");
   }
-  absl::StatusOr<double> change_fraction = args->GetDouble("change-fraction", -1);
-  if (!change_fraction.ok() ||
-      (args->Get("change-fraction") && !(*change_fraction >= 0 && *change_fraction <= 1))) {
-    return UsageError("run", "--change-fraction must be a number between 0 and 1");
+  const bool random_fraction = args->Get("change-fraction").value_or("") == "random";
+  absl::StatusOr<double> change_fraction =
+      random_fraction ? absl::StatusOr<double>(-1) : args->GetDouble("change-fraction", -1);
+  if (!change_fraction.ok() || (args->Get("change-fraction") && !random_fraction &&
+                                !(*change_fraction >= 0 && *change_fraction <= 1))) {
+    return UsageError("run", "--change-fraction must be a number between 0 and 1, or random");
+  }
+  absl::StatusOr<int64_t> fail_every = args->GetInt("fail-every", 0);
+  if (!fail_every.ok() || *fail_every < 0 || *fail_every == 1 || *fail_every > 1000000) {
+    return UsageError("run", "--fail-every must be 0 (never) or 2..1000000");
   }
   const bool delta = args->Has("delta");
   const std::string plan_mode = args->Get("plan-mode").value_or("ours");
@@ -249,9 +261,13 @@ int RunCommand(int argc, char** argv) {
   options.argv = {rank_binary, spec_abs, "--iters", absl::StrCat(*iters), "--plan-mode",
                   plan_mode, "--fanout", fanout_mode};
   if (delta) options.argv.push_back("--delta");
-  if (*change_fraction >= 0) {
+  if (*change_fraction >= 0 || random_fraction) {
     options.argv.push_back("--change-fraction");
-    options.argv.push_back(absl::StrCat(*change_fraction));
+    options.argv.push_back(random_fraction ? "random" : absl::StrCat(*change_fraction));
+  }
+  if (*fail_every > 0) {
+    options.argv.push_back("--fail-every");
+    options.argv.push_back(absl::StrCat(*fail_every));
   }
   options.world_size = world;
   options.mode = netns ? launcher::Mode::kNetns : launcher::Mode::kLoopback;
@@ -292,6 +308,11 @@ int RunCommand(int argc, char** argv) {
   const bool ok = result.ok() && errors.empty();
 
   // Refit time of iteration i: the slowest rank's.
+  // --fail-every: refits failed on purpose (every rank knows which), and how many ranks failed
+  // them (the quitter always; the others when its abort reached them before they finished).
+  int64_t failed_refits = 0, rank_failures = 0;
+  for (int64_t e = 2; *fail_every > 0 && e <= *iters; ++e) failed_refits += e % *fail_every == 0;
+  for (const RankLine& l : lines) rank_failures += l.failed_on_purpose;
   size_t completed = static_cast<size_t>(*iters);
   for (const RankLine& l : lines) completed = std::min(completed, l.iter_ms.size());
   std::vector<double> refit_ms(completed, 0.0), fastest_ms(completed, 1e300);
@@ -391,7 +412,8 @@ int RunCommand(int argc, char** argv) {
     for (const auto& e : errors) quoted_errors.push_back(Quote(e));
     std::string out = absl::StrCat(
         "{\"ok\":", ok ? "true" : "false", ",\"iters\":", *iters, ",\"completed_iters\":",
-        completed, ",\"world_size\":", world, ",\"mode\":", Quote(mode_name),
+        completed, ",\"failed_on_purpose\":", failed_refits,
+        ",\"rank_failures_on_purpose\":", rank_failures, ",\"world_size\":", world, ",\"mode\":", Quote(mode_name),
         ",\"transport\":", Quote(result.mode == launcher::Mode::kNetns ? "tcp" : transport),
         ",\"ucx_tls\":", Quote(result.ucx_tls), ",\"plan_mode\":", Quote(plan_mode),
         ",\"iter_ms\":[", absl::StrJoin(ms, ","), "],\"first_ms\":", Ms(first_ms),
@@ -407,10 +429,12 @@ int RunCommand(int argc, char** argv) {
         ",\"fanout_domain_hidden_fraction\":", absl::StrFormat("%.3f", fanout_domain_hidden),
         ",\"quantize_ms\":", Ms(quantize_ms), ",\"amax_exchange_ms\":", Ms(amax_exchange_ms),
         ",\"quantize_buffer_bytes\":", quantize_buffer_bytes);
-    if (delta || *change_fraction >= 0) {
+    if (delta || *change_fraction >= 0 || random_fraction) {
       absl::StrAppend(
-          &out, ",\"delta\":", delta ? "true" : "false",
-          ",\"change_fraction\":", *change_fraction >= 0 ? absl::StrCat(*change_fraction) : "null",
+          &out, ",\"delta\":", delta ? "true" : "false", ",\"change_fraction\":",
+          random_fraction          ? std::string("\"random\"")
+          : *change_fraction >= 0 ? absl::StrCat(*change_fraction)
+                                  : std::string("null"),
           ",\"delta_pieces\":", delta_pieces, ",\"delta_full_pieces\":", delta_full_pieces,
           ",\"delta_stream_bytes\":", delta_stream_bytes,
           ",\"delta_plain_bytes\":", delta_plain_bytes,
@@ -485,8 +509,9 @@ int RunCommand(int argc, char** argv) {
               ? static_cast<double>(delta_stream_bytes) / static_cast<double>(delta_plain_bytes)
               : 0.0,
           FormatBytes(static_cast<double>(delta_shadow_bytes)).c_str(),
-          *change_fraction >= 0 ? absl::StrCat(", change fraction ", *change_fraction).c_str()
-                                : ", every element changes (--change-fraction not given)");
+          random_fraction         ? ", change fraction random per refit"
+          : *change_fraction >= 0 ? absl::StrCat(", change fraction ", *change_fraction).c_str()
+                                  : ", every element changes (--change-fraction not given)");
     }
     if (rate_bits > 0) {
       std::printf("emulated NIC    %s, MTU %d: lower bound %s (busiest rank's bytes / rate); "
@@ -496,7 +521,13 @@ int RunCommand(int argc, char** argv) {
     }
     std::printf("result          %s\n",
                 ok ? absl::StrCat("every destination verified byte-exact in ", completed,
-                                  " refit(s)")
+                                  " refit(s)",
+                                  failed_refits > 0
+                                      ? absl::StrCat("; ", failed_refits,
+                                                     " refit(s) in between failed on purpose (",
+                                                     rank_failures,
+                                                     " rank failures), every rank reset")
+                                      : "")
                          .c_str()
                    : "FAILED");
   }

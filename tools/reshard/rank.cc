@@ -123,7 +123,8 @@ RankReport RunRank(const RankOptions& options, const Communicator& comm) {
   if (!sources.ok()) return fail(sources.status(), true);
   if (!destinations.ok()) return fail(destinations.status(), true);
   const TilePatterns patterns(*spec);
-  if (options.change_fraction >= 0) {
+  const bool sparse_changes = options.change_fraction >= 0 || options.random_fraction;
+  if (sparse_changes) {
     for (const TensorDesc& t : spec->tensors()) {
       if (t.dst.quant_scheme != QuantScheme::kNone) {
         return fail(absl::InvalidArgumentError(absl::StrCat(
@@ -150,15 +151,24 @@ RankReport RunRank(const RankOptions& options, const Communicator& comm) {
     return fail(handle.status(), handle.status().code() == absl::StatusCode::kInvalidArgument);
   }
 
+  // Sparse changes: what each destination tile must hold, advanced refit by refit.
+  std::vector<std::vector<uint8_t>> expected(destinations->size());
   for (int i = 0; i < options.iters; ++i) {
     const uint64_t epoch = static_cast<uint64_t>(i) + 1;
-    const bool sparse = options.change_fraction >= 0 && epoch > 1;
+    const bool sparse = sparse_changes && epoch > 1;
+    const double fraction =
+        options.random_fraction ? RandomChangeFraction(epoch) : options.change_fraction;
     for (const LocalTile& tile : *sources) {
       void* base = buffers.Get(Side::kSource, tile.buffer).data;
       if (sparse) {
-        patterns.Change(tile, epoch, options.change_fraction, base);
+        patterns.Change(tile, epoch, fraction, base);
       } else {
         patterns.Fill(tile, epoch, base);
+      }
+    }
+    if (sparse_changes) {
+      for (size_t d = 0; d < destinations->size(); ++d) {
+        patterns.AdvanceChanged((*destinations)[d], epoch, fraction, &expected[d]);
       }
     }
     // Delta refits build on what the destinations hold: poisoned only before the first one.
@@ -168,6 +178,16 @@ RankReport RunRank(const RankOptions& options, const Communicator& comm) {
     // lost meanwhile fails this rank at once.
     if (absl::Status st = handle->Barrier(absl::Now() + options.timeout); !st.ok()) {
       return fail(st, false);
+    }
+    if (options.fail_every > 0 && epoch > 1 && epoch % options.fail_every == 0) {
+      // A refit failed on purpose: the last rank gives up at once, the others learn it from its
+      // abort (or finish first). Every rank resets, whatever its outcome; the next refit is full.
+      const bool quitter = me == comm.world_size() - 1;
+      absl::Status st = handle->Start();
+      if (st.ok()) st = handle->Wait(quitter ? absl::InfinitePast() : absl::Now() + options.timeout);
+      report.failed_on_purpose += st.ok() ? 0 : 1;
+      handle->Reset();
+      continue;
     }
     const absl::Time start = absl::Now();
     absl::Status status = handle->Execute(start + options.timeout);
@@ -209,11 +229,11 @@ RankReport RunRank(const RankOptions& options, const Communicator& comm) {
     if (absl::Status st = handle->Barrier(absl::Now() + options.timeout); !st.ok()) {
       return fail(st, false);
     }
-    for (const LocalTile& tile : *destinations) {
+    for (size_t d = 0; d < destinations->size(); ++d) {
+      const LocalTile& tile = (*destinations)[d];
       const void* base = buffers.Get(Side::kDestination, tile.buffer).data;
-      status = options.change_fraction >= 0
-                   ? patterns.VerifyChanged(tile, epoch, options.change_fraction, me, base)
-                   : patterns.Verify(tile, epoch, me, base);
+      status = sparse_changes ? patterns.VerifyChangedLow(tile, epoch, expected[d], me, base)
+                              : patterns.Verify(tile, epoch, me, base);
       if (!status.ok()) {
         return fail(absl::DataLossError(absl::StrCat("refit ", epoch, ": ", status.message())),
                     false);
@@ -224,11 +244,22 @@ RankReport RunRank(const RankOptions& options, const Communicator& comm) {
   return report;
 }
 
+double RandomChangeFraction(uint64_t epoch) {
+  if (epoch % 10 == 0) return 0;
+  if (epoch % 10 == 1) return 1;
+  uint64_t h = (epoch + 1) * 0x9E3779B97F4A7C15ull;
+  h ^= h >> 31;
+  h *= 0xBF58476D1CE4E5B9ull;
+  h ^= h >> 29;
+  return static_cast<double>(h >> 11) * 0x1.0p-53;
+}
+
 std::string RankReportJson(const RankReport& r) {
   std::vector<std::string> ms;
   for (double v : r.iter_ms) ms.push_back(absl::StrFormat("%.3f", v));
   return absl::StrCat(
-      "{\"rank\":", r.rank, ",\"ok\":", r.ok ? "true" : "false", ",\"iter_ms\":[",
+      "{\"rank\":", r.rank, ",\"ok\":", r.ok ? "true" : "false",
+      ",\"failed_on_purpose\":", r.failed_on_purpose, ",\"iter_ms\":[",
       absl::StrJoin(ms, ","), "],\"bytes_network_sent\":", r.bytes_network_sent,
       ",\"bytes_network_received\":", r.bytes_network_received,
       ",\"pieces_received\":", r.pieces_received, ",\"puts\":", r.puts,

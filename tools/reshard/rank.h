@@ -33,11 +33,23 @@ struct RankOptions {
   absl::Duration timeout = absl::Milliseconds(30000);  // Every wait (RESHARD_TIMEOUT_MS).
   bool delta = false;
   double change_fraction = -1;  // < 0: every element changes every refit.
+  // Each refit after the first changes RandomChangeFraction(epoch) of the elements (implies
+  // sparse changes; change_fraction is then ignored).
+  bool random_fraction = false;
+  // Every fail_every-th refit (epoch % fail_every == 0, > 1) the last rank gives up at once
+  // (Start, then Wait with a deadline already past); every rank then calls Reset() and goes on.
+  // Those refits are neither timed nor verified. 0: none.
+  int fail_every = 0;
 };
+
+// The change fraction of refit `epoch` (>= 2) under --change-fraction random: 0 for every 10th,
+// 1 for the one after it, else uniform in [0, 1) (a hash of the epoch, the same on every rank).
+double RandomChangeFraction(uint64_t epoch);
 
 struct RankReport {
   int32_t rank = 0;
   bool ok = false;
+  int failed_on_purpose = 0;  // Refits of fail_every that failed on this rank.
   bool invalid_input = false;  // The spec, the options or the world size was wrong (exit 2).
   std::vector<double> iter_ms;
   int64_t bytes_network_sent = 0;      // Per refit (the last one that ran).

@@ -63,14 +63,16 @@ int main(int argc, char** argv) {
     if (std::string(argv[i]) == "--help" || std::string(argv[i]) == "-h") {
       std::printf(
           "usage: reshard-rank SPEC.json --iters N [--plan-mode ours|naive|gather_broadcast]\n"
-          "                    [--fanout auto|engine] [--delta] [--change-fraction F]\n"
+          "                    [--fanout auto|engine] [--delta] [--change-fraction F|random]\n"
+          "                    [--fail-every K]\n"
           "One rank of a refit run; normally started by `reshard run`. Reads RESHARD_RANK,\n"
           "RESHARD_WORLD_SIZE, RESHARD_STORE, RESHARD_STORE_TOKEN, RESHARD_TIMEOUT_MS.\n");
       return reshard::cli::kExitOk;
     }
   }
   absl::StatusOr<reshard::cli::Args> args = reshard::cli::Args::Parse(
-      argc - 1, argv + 1, {"delta"}, {"iters", "plan-mode", "fanout", "change-fraction"});
+      argc - 1, argv + 1, {"delta"},
+      {"iters", "plan-mode", "fanout", "change-fraction", "fail-every"});
   if (!args.ok()) return usage(std::string(args.status().message()));
   if (args->positional().size() != 1) return usage("expected exactly one SPEC.json argument");
 
@@ -83,12 +85,20 @@ int main(int argc, char** argv) {
   options.plan_mode = args->Get("plan-mode").value_or("ours");
   options.fanout = args->Get("fanout").value_or("auto");
   options.delta = args->Has("delta");
-  absl::StatusOr<double> fraction = args->GetDouble("change-fraction", -1);
+  options.random_fraction = args->Get("change-fraction").value_or("") == "random";
+  absl::StatusOr<double> fraction =
+      options.random_fraction ? absl::StatusOr<double>(-1) : args->GetDouble("change-fraction", -1);
   if (!fraction.ok()) return usage(std::string(fraction.status().message()));
-  if (args->Get("change-fraction") && !(*fraction >= 0 && *fraction <= 1)) {
-    return usage("--change-fraction must be between 0 and 1");
+  if (args->Get("change-fraction") && !options.random_fraction &&
+      !(*fraction >= 0 && *fraction <= 1)) {
+    return usage("--change-fraction must be between 0 and 1, or random");
   }
   options.change_fraction = *fraction;
+  absl::StatusOr<int64_t> fail_every = args->GetInt("fail-every", 0);
+  if (!fail_every.ok() || *fail_every < 0 || *fail_every == 1 || *fail_every > 1000000) {
+    return usage("--fail-every must be 0 (never) or 2..1000000");
+  }
+  options.fail_every = static_cast<int>(*fail_every);
 
   // Checked here too so a bad variable is a usage error (exit 2) with this program's wording.
   int64_t rank = 0, world = 0, timeout_ms = 0;

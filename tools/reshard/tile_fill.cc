@@ -186,6 +186,39 @@ absl::Status TilePatterns::VerifyChanged(const LocalTile& tile, uint64_t epoch, 
       " (tile [", absl::StrJoin(tile.lo, ","), "] to [", absl::StrJoin(tile.hi, ","), "))"));
 }
 
+void TilePatterns::AdvanceChanged(const LocalTile& tile, uint64_t epoch, double fraction,
+                                  std::vector<uint8_t>* low) const {
+  const uint64_t tensor = Of(tile.tensor).number;
+  size_t i = 0;
+  if (epoch <= 1) low->clear();
+  ForEachElement(tile, [&](int64_t, int64_t g) {
+    if (epoch <= 1) {
+      low->push_back(static_cast<uint8_t>(PatternValue(1, tensor, g)));
+    } else {
+      (*low)[i++] ^= ChangeXor(epoch, tensor, g, fraction);
+    }
+  });
+}
+
+absl::Status TilePatterns::VerifyChangedLow(const LocalTile& tile, uint64_t epoch,
+                                            const std::vector<uint8_t>& low, int rank,
+                                            const void* base) const {
+  const uint64_t tensor = Of(tile.tensor).number;
+  const auto* bytes = static_cast<const uint8_t*>(base);
+  const int eb = DTypeSize(tile.dtype);
+  int64_t bad = -1;
+  size_t i = 0;
+  ForEachElement(tile, [&](int64_t off, int64_t g) {
+    const uint64_t v = (PatternValue(1, tensor, g) & ~uint64_t{0xff}) | low[i++];
+    if (bad < 0 && std::memcmp(bytes + off * eb, &v, static_cast<size_t>(eb)) != 0) bad = g;
+  });
+  if (bad < 0) return absl::OkStatus();
+  return absl::DataLossError(absl::StrCat(
+      "tensor \"", tile.tensor, "\" on rank ", rank, ": element ", bad,
+      " (flat index) does not hold refit ", epoch, "'s value (tile [", absl::StrJoin(tile.lo, ","),
+      "] to [", absl::StrJoin(tile.hi, ","), "))"));
+}
+
 const TilePatterns::Tensor& TilePatterns::Of(const std::string& name) const {
   return by_name_.at(name);
 }

@@ -60,6 +60,15 @@ class TilePatterns {
   void Change(const LocalTile& tile, uint64_t epoch, double fraction, void* base) const;
   [[nodiscard]] absl::Status VerifyChanged(const LocalTile& tile, uint64_t epoch, double fraction,
                                            int rank, const void* base) const;
+  // The same over many refits, each with its own fraction: `low` holds what destination tile
+  // `tile` holds after epoch `epoch` in the lowest byte of each element (ForEachElement's
+  // order), advanced one epoch at a time (epoch 1 sets it), so checking N refits costs N passes
+  // over the tile instead of VerifyChanged's N^2 / 2.
+  void AdvanceChanged(const LocalTile& tile, uint64_t epoch, double fraction,
+                      std::vector<uint8_t>* low) const;
+  [[nodiscard]] absl::Status VerifyChangedLow(const LocalTile& tile, uint64_t epoch,
+                                              const std::vector<uint8_t>& low, int rank,
+                                              const void* base) const;
 
  private:
   struct Tensor {
