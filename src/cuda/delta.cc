@@ -6,6 +6,7 @@
 #include <type_traits>
 
 #include "absl/strings/str_cat.h"
+#include "src/common/status.h"
 
 #if RESHARD_HAVE_CUDA
 #include <cuda_runtime_api.h>
@@ -122,6 +123,19 @@ DeviceDeltaCodec::~DeviceDeltaCodec() {
   if (cuda_stream_ != nullptr) cudaStreamDestroy(static_cast<cudaStream_t>(cuda_stream_));
 }
 
+absl::Status DeviceDeltaCodec::LaunchEncode(const DeltaPiece& piece, const void* source,
+                                            int64_t shadow_offset, uint64_t base_epoch,
+                                            bool delta) {
+  internal::DeltaScratch s{masks_, chunk_words_, changed_, offsets_, result_};
+  if (int e = internal::LaunchDeltaEncode(piece, static_cast<const uint8_t*>(source),
+                                          shadow_ + shadow_offset, base_epoch, delta, s, stream_,
+                                          cuda_stream_);
+      e != 0) {
+    return CudaError(e, "the delta encode kernels' launch");
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<delta::EncodeResult> DeviceDeltaCodec::EncodeOnDevice(const DeltaPiece& piece,
                                                                      const void* source,
                                                                      int64_t shadow_offset,
@@ -135,14 +149,8 @@ absl::StatusOr<delta::EncodeResult> DeviceDeltaCodec::EncodeOnDevice(const Delta
         absl::StrCat("delta piece: shadow bytes [", shadow_offset, ", ", shadow_offset + bytes,
                      ") are not element-aligned inside the shadow of ", shadow_bytes_, " bytes"));
   }
-  internal::DeltaScratch s{masks_, chunk_words_, changed_, offsets_, result_};
+  RESHARD_RETURN_IF_ERROR(LaunchEncode(piece, source, shadow_offset, base_epoch, delta));
   auto stream = static_cast<cudaStream_t>(cuda_stream_);
-  if (int e = internal::LaunchDeltaEncode(piece, static_cast<const uint8_t*>(source),
-                                          shadow_ + shadow_offset, base_epoch, delta, s, stream_,
-                                          cuda_stream_);
-      e != 0) {
-    return CudaError(e, "the delta encode kernels' launch");
-  }
   cudaError_t err = cudaMemcpyAsync(host_result_, result_, sizeof(delta::EncodeResult),
                                     cudaMemcpyDeviceToHost, stream);
   if (err != cudaSuccess) return CudaError(err, "cudaMemcpyAsync(delta result to the host)");
@@ -235,14 +243,8 @@ absl::Status DeviceDeltaCodec::EnqueueEncode(const DeltaPiece& piece, const void
                      " of the pinned slots (", pinned_bytes(), " bytes), result ", result, " of ",
                      results_, ": outside the reservation or not 8-byte aligned"));
   }
-  internal::DeltaScratch s{masks_, chunk_words_, changed_, offsets_, result_};
+  RESHARD_RETURN_IF_ERROR(LaunchEncode(piece, source, shadow_offset, base_epoch, delta));
   auto stream = static_cast<cudaStream_t>(cuda_stream_);
-  if (int e = internal::LaunchDeltaEncode(piece, static_cast<const uint8_t*>(source),
-                                          shadow_ + shadow_offset, base_epoch, delta, s, stream_,
-                                          cuda_stream_);
-      e != 0) {
-    return CudaError(e, "the delta encode kernels' launch");
-  }
   if (int e =
           internal::LaunchStreamCopy(stream_, result_, capacity, pinned_device_ + at, cuda_stream_);
       e != 0) {

@@ -108,6 +108,9 @@ class DeviceDeltaCodec {
   // InvalidArgument when `piece` at `base` cannot run on this codec (`what`: source or
   // destination).
   absl::Status CheckPiece(const DeltaPiece& piece, const void* base, const char* what) const;
+  // Launches the three encode kernels of `piece` on the codec's stream (checked by the caller).
+  absl::Status LaunchEncode(const DeltaPiece& piece, const void* source, int64_t shadow_offset,
+                            uint64_t base_epoch, bool delta);
 
   int64_t shadow_bytes_ = 0;
   int64_t max_piece_bytes_ = 0;

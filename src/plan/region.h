@@ -90,39 +90,8 @@ void ForEachRun(const Region& r, const RegionDim* dims, Fn&& fn) {
   } while (NextRun(r, dims, idx, from, to));
 }
 
-// Calls fn(from_byte_offset, to_byte_offset, bytes) for the parts of the runs that hold bytes
-// [begin, end) of the region's packed stream (its runs back to back, in order), cut to that
-// range, in order. Starts at the run holding `begin` (found by division, not by walking the runs
-// before it), so covering a region range by range costs its runs once in all.
-template <typename Fn>
-void ForEachRunIn(const Region& r, const RegionDim* dims, int64_t begin, int64_t end, Fn&& fn) {
-  begin = begin < 0 ? 0 : begin;
-  end = end > r.bytes ? r.bytes : end;
-  if (begin >= end) return;
-  if (r.ndims == 0) {
-    fn(r.from_offset + begin, r.to_offset + begin, end - begin);
-    return;
-  }
-  std::array<int64_t, kMaxTensorDims> idx{};
-  int64_t from = r.from_offset, to = r.to_offset;
-  const int n = r.ndims;
-  int64_t rest = begin / r.run_bytes;
-  int64_t pos = rest * r.run_bytes;  // Packed offset of the current run.
-  for (int k = n - 1; k >= 0 && rest != 0; --k) {
-    idx[k] = rest % dims[k].count;
-    rest /= dims[k].count;
-    from += idx[k] * dims[k].from_stride;
-    to += idx[k] * dims[k].to_stride;
-  }
-  do {
-    const int64_t lo = begin > pos ? begin : pos;
-    const int64_t hi = end < pos + r.run_bytes ? end : pos + r.run_bytes;
-    fn(from + (lo - pos), to + (lo - pos), hi - lo);
-    pos += r.run_bytes;
-  } while (pos < end && NextRun(r, dims, idx, from, to));
-}
-
-// The bytes ForEachRunIn covers, in the same order, as 2-D slabs for copy engines:
+// Bytes [begin, end) of the region's packed stream (its runs back to back), in order, as 2-D
+// slabs for copy engines:
 // fn(from, to, width, rows, from_pitch, to_pitch) stands for `rows` pieces of `width` bytes, the
 // i-th at from + i * from_pitch and to + i * to_pitch. A slab is either part of one run
 // (rows = 1, pitches 0) or whole consecutive runs along the innermost outer dim, so a range
@@ -167,6 +136,20 @@ void ForEachSlab(const Region& r, const RegionDim* dims, int64_t begin, int64_t 
     pos += rows * r.run_bytes;
     if (pos >= end || !NextRun(r, dims, idx, from, to)) return;
   }
+}
+
+// Calls fn(from_byte_offset, to_byte_offset, bytes) for the parts of the runs that hold bytes
+// [begin, end) of the region's packed stream (its runs back to back, in order), cut to that
+// range, in order: ForEachSlab's slabs row by row. Starts at the run holding `begin` (found by
+// division, not by walking the runs before it), so covering a region range by range costs its
+// runs once in all.
+template <typename Fn>
+void ForEachRunIn(const Region& r, const RegionDim* dims, int64_t begin, int64_t end, Fn&& fn) {
+  ForEachSlab(r, dims, begin, end,
+              [&](int64_t from, int64_t to, int64_t width, int64_t rows, int64_t from_pitch,
+                  int64_t to_pitch) {
+                for (int64_t i = 0; i < rows; ++i) fn(from + i * from_pitch, to + i * to_pitch, width);
+              });
 }
 
 }  // namespace reshard::plan
