@@ -41,8 +41,10 @@ struct DataHeader {
   uint32_t transfer = 0;
   uint32_t packed = 0;     // 1: to_offset is an offset in the transfer's packed stream.
   uint64_t to_offset = 0;  // Otherwise bytes from the start of the receiving buffer.
-  // Delta streams (docs/delta.md): the stream's length, the same in each of its messages (the
-  // receiver applies it once that many bytes arrived); 0 for every other transfer.
+  // Delta streams (docs/delta.md): the length of the stream of the segment to_offset falls in
+  // (segment k's stream starts at k * delta::SegmentStride), the same in each of that segment's
+  // messages (the receiver applies the segment once that many bytes arrived); 0 for every other
+  // transfer.
   uint64_t stream_bytes = 0;
 };
 
