@@ -215,7 +215,8 @@ absl::StatusOr<bool> Landing::Data(const wire::DataHeader& h, const void* data, 
       return absl::DataLossError(absl::StrCat("rank ", program_.rank, ": rank ", from, " sent ",
                                               length, " delta stream bytes at offset ", h.to_offset,
                                               " of a stream of ", h.stream_bytes,
-                                              " bytes outside transfer ", id));
+                                              " bytes outside transfer ", id, " (tensor \"",
+                                              plan_.spec().tensors[t.tensor].name, "\")"));
     }
     segment_stream_[seg] = static_cast<int64_t>(h.stream_bytes);
     uint8_t* stream = am_streams_.data() + program_.landing_offset[slot] + k * stride;
@@ -254,7 +255,9 @@ absl::StatusOr<bool> Landing::Data(const wire::DataHeader& h, const void* data, 
        !wire::InBounds(h.to_offset, length, static_cast<uint64_t>(memory_.buffer(to_buf).bytes)))) {
     return absl::DataLossError(absl::StrCat("rank ", program_.rank, ": rank ", from, " sent ",
                                             length, (packed ? " packed" : ""), " bytes at offset ",
-                                            h.to_offset, " outside transfer ", id));
+                                            h.to_offset, " outside transfer ", id,
+                                            " (tensor \"", plan_.spec().tensors[t.tensor].name,
+                                            "\")"));
   }
   if (packed) {
     RESHARD_RETURN_IF_ERROR(Unpack(slot, static_cast<int64_t>(h.to_offset),

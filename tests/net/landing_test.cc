@@ -134,6 +134,7 @@ TEST(LandingDelta, HostileSegmentMessagesAreRefusedAndNothingIsWritten) {
     auto got = send(c.offset, c.stream, junk.data(), c.n);
     ASSERT_FALSE(got.ok());
     EXPECT_EQ(got.status().code(), absl::StatusCode::kDataLoss) << got.status();
+    EXPECT_NE(got.status().message().find("tensor \"u\""), std::string::npos) << got.status();
     EXPECT_TRUE(untouched());
   }
   {
