@@ -204,7 +204,8 @@ absl::StatusOr<bool> Landing::Data(const wire::DataHeader& h, const void* data, 
     const int64_t k = static_cast<int64_t>(h.to_offset / static_cast<uint64_t>(stride));
     const int64_t segments = segment_begin_[slot + 1] - segment_begin_[slot];
     const auto seg = static_cast<size_t>(segment_begin_[slot] + k);
-    const uint64_t within = h.to_offset - static_cast<uint64_t>(k * stride);
+    // Unsigned: k * stride of a hostile offset would overflow int64.
+    const uint64_t within = h.to_offset % static_cast<uint64_t>(stride);
     if (k >= segments || h.stream_bytes < sizeof(delta::StreamHeader) ||
         h.stream_bytes >
             static_cast<uint64_t>(delta::StreamCapacity(delta::SegmentLength(elems, es, k), es)) ||
