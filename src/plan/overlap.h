@@ -8,6 +8,10 @@
 
 #include <algorithm>
 #include <array>
+#include <cstdint>
+#include <vector>
+
+#include "absl/types/span.h"
 
 #include "src/plan/tiling.h"
 
@@ -61,5 +65,67 @@ void ForEachPiece(const TileGrid& src, const TileGrid& dst, Fn&& fn) {
     }
   }
 }
+
+// A piece of ForEachPiece with what the planning passes read of it.
+struct CachedPiece {
+  Box piece, dst_box, src_box;
+  int64_t dst_flat = 0;   // The destination cell, row-major (TileGrid::CellAt).
+  int64_t dst_base = 0;   // TileGrid::CellBaseIndex of the destination and source cells.
+  int64_t src_base = 0;
+  int64_t elements = 0;   // piece.NumElements().
+};
+
+// ForEachPiece's pieces, in its order, for the last few pairs of grid geometries. The pieces of
+// a tensor depend only on the geometry of its two grids (mesh shapes, placements, shape), and a
+// model's tensors repeat a handful (an expert's three projections, layer after layer): a
+// whole-model planning pass enumerates each geometry once instead of once per tensor. Keys are
+// GridCache::last_key() of one source and one destination GridCache, always the same two.
+class PieceCache {
+ public:
+  absl::Span<const CachedPiece> Get(const TileGrid& src, uint64_t src_key, const TileGrid& dst,
+                                    uint64_t dst_key) {
+    for (Entry& e : entries_) {
+      if (e.src_key == src_key && e.dst_key == dst_key) {
+        last_ = &e;
+        return e.pieces;
+      }
+    }
+    Entry& e = entries_[next_++ % entries_.size()];
+    last_ = &e;
+    e.src_key = src_key;
+    e.dst_key = dst_key;
+    e.pieces.clear();
+    e.nonempty_dst_cells = 0;
+    for (int64_t flat = 0; flat < dst.num_cells(); ++flat) {
+      if (!dst.CellBox(dst.CellAt(flat)).empty()) ++e.nonempty_dst_cells;
+    }
+    ForEachPiece(src, dst, [&](const TileGrid::Cell& dcell, const Box& dbox,
+                               const TileGrid::Cell& scell, const Box& sbox, const Box& piece) {
+      e.pieces.push_back(CachedPiece{piece, dbox, sbox, FlatIndex(dst, dcell),
+                                     dst.CellBaseIndex(dcell), src.CellBaseIndex(scell),
+                                     piece.NumElements()});
+    });
+    return e.pieces;
+  }
+  // The destination grid's non-empty cells, of the pair the last Get returned.
+  int64_t nonempty_dst_cells() const { return last_->nonempty_dst_cells; }
+
+ private:
+  static int64_t FlatIndex(const TileGrid& grid, const TileGrid::Cell& c) {
+    int64_t f = 0;
+    for (int d = 0; d < grid.ndim(); ++d) {
+      f = f * static_cast<int64_t>(grid.intervals(d).size()) + c[d];
+    }
+    return f;
+  }
+  struct Entry {
+    uint64_t src_key = 0, dst_key = 0;  // 0: empty.
+    std::vector<CachedPiece> pieces;
+    int64_t nonempty_dst_cells = 0;
+  };
+  std::array<Entry, 4> entries_;
+  size_t next_ = 0;
+  const Entry* last_ = nullptr;
+};
 
 }  // namespace reshard::plan

@@ -227,48 +227,42 @@ class PlanBuilder : public ScheduleSink {
     const absl::Span<const int64_t> src_offsets = src.replica_offsets();
     // Distinct sources per destination cell, for the explain table.
     int64_t current_dst_cell = -1, sources_in_cell = 0;
-    auto dst_flat = [&](const TileGrid::Cell& c) {
-      int64_t f = 0;
-      for (int d = 0; d < dst.ndim(); ++d) f = f * static_cast<int64_t>(dst.intervals(d).size()) + c[d];
-      return f;
-    };
-    for (int64_t flat = 0; flat < dst.num_cells(); ++flat) {
-      if (!dst.CellBox(dst.CellAt(flat)).empty()) stats.dst_ranks += dst_replicas;
-    }
     elem_ = elem;
     std::vector<int32_t> dst_holders(scheduler_ ? 0 : dst_replicas);
     if (scheduler_) scheduler_->BindDestination(ts.dst.mesh.ranks, dst);
     TileAddress src_address;
     bool src_address_valid = false;
-    ForEachPiece(src, dst, [&](const TileGrid::Cell& dcell, const Box& dbox,
-                               const TileGrid::Cell& scell, const Box& sbox, const Box& piece) {
-      const int64_t df = dst_flat(dcell);
-      if (df != current_dst_cell) {
-        current_dst_cell = df;
+    const absl::Span<const CachedPiece> pieces =
+        pieces_.Get(src, src_grids_.last_key(), dst, dst_grids_.last_key());
+    stats.dst_ranks += pieces_.nonempty_dst_cells() * dst_replicas;
+    for (const CachedPiece& p : pieces) {
+      if (p.dst_flat != current_dst_cell) {
+        current_dst_cell = p.dst_flat;
         sources_in_cell = 0;
       }
       ++sources_in_cell;
       stats.max_sources = std::max(stats.max_sources, sources_in_cell);
-      const int64_t sbase = src.CellBaseIndex(scell);
+      const int64_t sbase = p.src_base;
       for (int64_t j = 0; j < src_replicas; ++j) {
         src_holders[j] = ts.src.mesh.ranks[sbase + src_offsets[j]];
       }
-      const int64_t dbase = dst.CellBaseIndex(dcell);
+      const int64_t dbase = p.dst_base;
       if (scheduler_) {
         // Consecutive pieces often read one source tile (an expert's matrix on one trainer).
-        if (!src_address_valid || !SameBox(src_address.tile, sbox)) {
-          src_address = MakeTileAddress(ts.src, sbox);
+        if (!src_address_valid || !SameBox(src_address.tile, p.src_box)) {
+          src_address = MakeTileAddress(ts.src, p.src_box);
           src_address_valid = true;
         }
-        scheduler_->SchedulePiece(static_cast<uint32_t>(t), elem, piece, src_address,
-                                  MakeTileAddress(ts.dst, dbox), src_holders, dbase, *this);
-        return;
+        scheduler_->SchedulePiece(static_cast<uint32_t>(t), elem, p.piece, src_address,
+                                  MakeTileAddress(ts.dst, p.dst_box), src_holders, dbase, *this);
+        continue;
       }
       for (int64_t j = 0; j < dst_replicas; ++j) {
         dst_holders[j] = ts.dst.mesh.ranks[dbase + dst.replica_offset(j)];
       }
-      const TileAddress from = MakeTileAddress(ts.src, sbox), to = MakeTileAddress(ts.dst, dbox);
-      const RegionShape shape = ShapeOfRegion(piece, from, to, elem);
+      const TileAddress from = MakeTileAddress(ts.src, p.src_box);
+      const TileAddress to = MakeTileAddress(ts.dst, p.dst_box);
+      const RegionShape shape = ShapeOfRegion(p.piece, from, to, elem);
       CountRegion();
       uint32_t region = UINT32_MAX;  // Built for the first kept transfer.
       for (const int32_t to_rank : dst_holders) {
@@ -282,12 +276,12 @@ class PlanBuilder : public ScheduleSink {
         tr.from_side = Side::kSrc;
         const int32_t id = CountTransfer(tr, shape);
         if (Keeps(tr)) {
-          if (region == UINT32_MAX) region = AddRegion(piece, from, to);
+          if (region == UINT32_MAX) region = AddRegion(p.piece, from, to);
           tr.region = region;
           AddTransfer(tr, id);
         }
       }
-    });
+    }
     if (world_transfers_ >= std::numeric_limits<uint32_t>::max() ||
         world_regions_ >= std::numeric_limits<uint32_t>::max() ||
         plan_.region_dims_.size() >= std::numeric_limits<uint32_t>::max()) {
@@ -458,6 +452,7 @@ class PlanBuilder : public ScheduleSink {
   Plan plan_;
   std::unique_ptr<DomainScheduler> scheduler_;
   GridCache src_grids_, dst_grids_;
+  PieceCache pieces_;  // Over src_grids_ and dst_grids_.
   std::vector<int64_t> stage_bytes_;
   int elem_ = 1;
   std::vector<int64_t> load_;  // Bytes each rank sends so far, for spreading replicas.

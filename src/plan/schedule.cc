@@ -61,6 +61,7 @@ LowerBound LowerBoundPass(const RefitSpec& spec, const DomainMap& domains, OnPie
   std::vector<int64_t> cell_egress;
   std::vector<int32_t> holders;
   GridCache src_grids, dst_grids;
+  PieceCache pieces;
   for (size_t t = 0; t < spec.tensors.size(); ++t) {
     const TensorSpec& ts = spec.tensors[t];
     const int64_t elem = DTypeSize(ts.dtype);
@@ -71,34 +72,32 @@ LowerBound LowerBoundPass(const RefitSpec& spec, const DomainMap& domains, OnPie
     cell_egress.assign(src_ranks.size(), -1);
     const absl::Span<const int64_t> src_offsets = src.replica_offsets();
     const absl::Span<const int64_t> dst_offsets = dst.replica_offsets();
-    ForEachPiece(src, dst,
-                 [&](const TileGrid::Cell& dcell, const Box&, const TileGrid::Cell& scell,
-                     const Box&, const Box& piece) {
-                   const int64_t bytes = piece.NumElements() * elem;
-                   ++stamp;
-                   const int64_t sbase = src.CellBaseIndex(scell);
-                   for (int64_t offset : src_offsets) {
-                     const int32_t h = src_ranks[sbase + offset];
-                     rank_stamp[h] = stamp;
-                     domain_stamp[domains.domain_of(h)] = stamp;
-                   }
-                   bool network = false;
-                   const int64_t dbase = dst.CellBaseIndex(dcell);
-                   for (int64_t offset : dst_offsets) {
-                     const int32_t r = dst_ranks[dbase + offset];
-                     const int32_t d = domains.domain_of(r);
-                     if (rank_stamp[r] != stamp) need_sum[d] += bytes;
-                     if (domain_stamp[d] != stamp && dst_stamp[d] != stamp) {
-                       dst_stamp[d] = stamp;
-                       ingest[d] += bytes;
-                       lb.network_bytes += bytes;
-                       network = true;
-                     }
-                   }
-                   if (network)
-                     cell_egress[sbase] = std::max<int64_t>(cell_egress[sbase], 0) + bytes;
-                   on_piece(t, src, dst, dbase, sbase, bytes);
-                 });
+    for (const CachedPiece& p :
+         pieces.Get(src, src_grids.last_key(), dst, dst_grids.last_key())) {
+      const int64_t bytes = p.elements * elem;
+      ++stamp;
+      const int64_t sbase = p.src_base;
+      for (int64_t offset : src_offsets) {
+        const int32_t h = src_ranks[sbase + offset];
+        rank_stamp[h] = stamp;
+        domain_stamp[domains.domain_of(h)] = stamp;
+      }
+      bool network = false;
+      const int64_t dbase = p.dst_base;
+      for (int64_t offset : dst_offsets) {
+        const int32_t r = dst_ranks[dbase + offset];
+        const int32_t d = domains.domain_of(r);
+        if (rank_stamp[r] != stamp) need_sum[d] += bytes;
+        if (domain_stamp[d] != stamp && dst_stamp[d] != stamp) {
+          dst_stamp[d] = stamp;
+          ingest[d] += bytes;
+          lb.network_bytes += bytes;
+          network = true;
+        }
+      }
+      if (network) cell_egress[sbase] = std::max<int64_t>(cell_egress[sbase], 0) + bytes;
+      on_piece(t, src, dst, dbase, sbase, bytes);
+    }
     for (size_t base = 0; base < cell_egress.size(); ++base) {
       if (cell_egress[base] < 0) continue;
       holders.clear();

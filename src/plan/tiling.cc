@@ -7,19 +7,6 @@
 
 namespace reshard::plan {
 
-int64_t Box::NumElements() const {
-  int64_t n = 1;
-  for (int d = 0; d < ndim; ++d) n *= extent(d);
-  return n;
-}
-
-bool Box::empty() const {
-  for (int d = 0; d < ndim; ++d) {
-    if (hi[d] <= lo[d]) return true;
-  }
-  return false;
-}
-
 Interval ChunkInterval(Interval whole, int64_t parts, int64_t i) {
   const int64_t n = whole.size();
   const int64_t c = CeilDiv(n, parts);

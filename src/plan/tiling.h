@@ -40,8 +40,18 @@ struct Box {
   std::array<int64_t, kMaxTensorDims> hi{};
 
   int64_t extent(int d) const { return hi[d] - lo[d]; }
-  int64_t NumElements() const;
-  bool empty() const;
+  // Inline: planning calls both for every piece of the world, several times.
+  int64_t NumElements() const {
+    int64_t n = 1;
+    for (int d = 0; d < ndim; ++d) n *= extent(d);
+    return n;
+  }
+  bool empty() const {
+    for (int d = 0; d < ndim; ++d) {
+      if (hi[d] <= lo[d]) return true;
+    }
+    return false;
+  }
 };
 
 // `torch.chunk`-style split of [lo, hi) into `parts` intervals; the i-th is returned.
@@ -181,20 +191,29 @@ class TileGrid {
 class GridCache {
  public:
   const TileGrid& Get(const Layout& layout, const std::vector<int64_t>& shape) {
-    for (std::optional<TileGrid>& grid : grids_) {
-      if (grid.has_value() && grid->SameGeometry(layout, shape)) {
-        grid->Rebind(layout);
-        return *grid;
+    for (Slot& slot : slots_) {
+      if (slot.grid.has_value() && slot.grid->SameGeometry(layout, shape)) {
+        slot.grid->Rebind(layout);
+        last_key_ = slot.key;
+        return *slot.grid;
       }
     }
-    std::optional<TileGrid>& slot = grids_[next_++ % grids_.size()];
-    slot.emplace(layout, shape);
-    return *slot;
+    Slot& slot = slots_[next_++ % slots_.size()];
+    slot.grid.emplace(layout, shape);
+    slot.key = last_key_ = next_;
+    return *slot.grid;
   }
+  // The geometry of the grid the last Get returned: equal keys of one cache are one geometry
+  // (PieceCache keys its pieces by them). Never 0.
+  uint64_t last_key() const { return last_key_; }
 
  private:
-  std::array<std::optional<TileGrid>, 4> grids_;
-  size_t next_ = 0;
+  struct Slot {
+    std::optional<TileGrid> grid;
+    uint64_t key = 0;
+  };
+  std::array<Slot, 4> slots_;
+  uint64_t next_ = 0, last_key_ = 0;
 };
 
 // Inline: overlap and scheduling call these once per piece.
