@@ -243,10 +243,11 @@ std::pair<int32_t, int64_t> DomainScheduler::LeastExpected(int32_t domain) {
   return {least.rank, least.expected};
 }
 
-void DomainScheduler::ExpectedChanged(int32_t rank, int64_t before) {
-  LeastInDomain& least = least_[domains_.domain_of(rank)];
+void DomainScheduler::Retrack(int32_t rank, int32_t domain, int64_t before, int64_t now) {
+  // Exact without the call when now == before: least.expected == Expected(least.rank) always,
+  // and a rank other than least.rank had before > least.expected or a higher rank on a tie.
+  LeastInDomain& least = least_[domain];
   if (least.rank < 0) return;
-  const int64_t now = Expected(rank);
   if (rank == least.rank) {
     if (now <= before) {
       least.expected = now;
@@ -526,7 +527,7 @@ void DomainScheduler::SchedulePart(uint32_t tensor, int elem, const Box& part,
       const int32_t r = dst_by_domain_[k].second;
       const int64_t before = Expected(r);
       pending_[r] = std::max(0.0, pending_[r] - share);
-      if (r != receiver.rank) ExpectedChanged(r, before);
+      if (r != receiver.rank) ExpectedChanged(r, d, before);
     }
     // Sender: the least loaded source replica, unless it would pass the target and a domain
     // that already has the part can relay it with less load.
@@ -555,7 +556,7 @@ void DomainScheduler::SchedulePart(uint32_t tensor, int elem, const Box& part,
     }
     out_[sender.rank] += bytes;
     in_[receiver.rank] += bytes;
-    ExpectedChanged(receiver.rank, receiver_before);
+    ExpectedChanged(receiver.rank, d, receiver_before);
     receiver.depth = after < 0 ? 1 : sender.depth + 1;
     receiver.transfer = emit(sender, receiver, TransferKind::kNetwork, after);
     received.push_back(receiver);

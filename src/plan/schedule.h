@@ -201,8 +201,14 @@ class DomainScheduler {
   // Kept per domain and updated as loads change (ExpectedChanged), instead of a scan of the
   // domain per network part: the scan was a sixth of a share's planning time.
   std::pair<int32_t, int64_t> LeastExpected(int32_t domain);
-  // Called after Expected(rank) changed from `before`.
-  void ExpectedChanged(int32_t rank, int64_t before);
+  // Called after Expected(rank) of a rank of `domain` may have changed from `before`. Mostly it
+  // did not (a one-holder domain's receiver needs less by what it received): nothing to track.
+  void ExpectedChanged(int32_t rank, int32_t domain, int64_t before) {
+    const int64_t now = Expected(rank);
+    if (now != before) Retrack(rank, domain, before, now);
+  }
+  // The least-expected rank of `domain` after Expected(rank) went from `before` to `now`.
+  void Retrack(int32_t rank, int32_t domain, int64_t before, int64_t now);
   // The holders of each destination cell grouped by domain, per cell of the bound destination
   // layout. A model's tensors repeat a few destination meshes and grids, so each cell is
   // grouped once while they do, not once per piece and pass (it was a twentieth of a share's
