@@ -54,6 +54,10 @@ std::string ByteForMessage(char c) {
 bool IsValidUtf8(std::string_view s) {
   size_t i = 0;
   while (i < s.size()) {
+    if (static_cast<unsigned char>(s[i]) < 0x80) {  // ASCII, most names: no sequence to decode.
+      ++i;
+      continue;
+    }
     const size_t n = Utf8SequenceLength(s.substr(i));
     if (n == 0) return false;
     i += n;

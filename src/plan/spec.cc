@@ -446,7 +446,7 @@ Collision FirstCollision(const std::vector<std::vector<int64_t>>& starts,
 // `only_rank` >= 0: checks that rank's tiles only (ValidateForRank).
 absl::Status CheckBufferOverlap(const RefitSpec& spec, Side side, const std::string& buffer,
                                 const std::vector<size_t>& tensors, int32_t only_rank,
-                                int64_t& runs_budget) {
+                                GridCache& rank_grids, int64_t& runs_budget) {
   absl::flat_hash_map<int32_t, std::vector<TileInBuffer>> by_rank;
   for (size_t t : tensors) {
     const Layout& l = spec.layout(t, side);
@@ -454,8 +454,8 @@ absl::Status CheckBufferOverlap(const RefitSpec& spec, Side side, const std::str
       // One tile per tensor at most: the rank's own cell, found by its mesh position.
       const int64_t index = l.mesh.IndexOf(only_rank);
       if (index < 0) continue;
-      const TileGrid grid(l, spec.tensors[t].shape);
-      const TileGrid::Cell cell = *grid.CellOfRank(only_rank);
+      const TileGrid& grid = rank_grids.Get(l, spec.tensors[t].shape);
+      const TileGrid::Cell cell = grid.CellOfIndex(index);
       const Box box = grid.CellBox(cell);
       if (box.empty()) continue;
       int64_t flat = 0;
@@ -730,10 +730,11 @@ absl::Status ValidateImpl(const RefitSpec& spec, int32_t only_rank) {
       if (ts.size() > 1) order.emplace_back(ts.front(), name);
     }
     std::sort(order.begin(), order.end());
+    GridCache grids;  // A buffer's tensors mostly repeat a few geometries.
     for (const auto& [first, name] : order) {
       RESHARD_RETURN_IF_ERROR(CheckBufferOverlap(spec, side, std::string(name),
                                                  buffers[static_cast<int>(side)][name], only_rank,
-                                                 runs_budget));
+                                                 grids, runs_budget));
     }
   }
   return absl::OkStatus();

@@ -270,6 +270,10 @@ TileGrid::Cell TileGrid::CellAt(int64_t flat) const {
 std::optional<TileGrid::Cell> TileGrid::CellOfRank(int32_t rank) const {
   const int64_t index = mesh_->IndexOf(rank);
   if (index < 0) return std::nullopt;
+  return CellOfIndex(index);
+}
+
+TileGrid::Cell TileGrid::CellOfIndex(int64_t index) const {
   Cell cell{};
   for (int d = 0; d < ndim_; ++d) {
     int64_t c = 0;

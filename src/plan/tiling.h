@@ -140,6 +140,8 @@ class TileGrid {
   }
   // The cell held by `rank`, or nullopt when the rank is not in the mesh.
   std::optional<Cell> CellOfRank(int32_t rank) const;
+  // The cell held by mesh.ranks[index], index in [0, mesh size).
+  Cell CellOfIndex(int64_t index) const;
   // Mesh coordinates -> rank index helpers.
   const Mesh& mesh() const { return *mesh_; }
 
