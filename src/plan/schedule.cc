@@ -42,19 +42,24 @@ DomainMap::DomainMap(const RefitSpec& spec, int32_t world) {
 
 namespace {
 
-// The lower bound's pass over every piece of the spec; `on_piece(t, src, dst, dbase, sbase,
-// bytes)` sees each piece too (tensor, grids, the destination and source cells' base indices
-// into their meshes' ranks, bytes), so that the scheduler's own pre-pass shares the enumeration.
-template <typename OnPiece>
-LowerBound LowerBoundPass(const RefitSpec& spec, const DomainMap& domains, OnPiece&& on_piece) {
+// The lower bound's pass over every piece of the spec. The scheduler's own pre-pass shares its
+// enumeration: `on_network_group(holders, begin, end, bytes)` sees each domain that needs a
+// piece and holds no source replica (holders.by_domain[begin, end) are its holders of the
+// destination cell), and `on_network_piece(t, src, sbase, bytes)` each piece that some such
+// domain needs (tensor, source grid, the source cell's base index into its mesh's ranks).
+// `dst_holders` groups destination holders by domain (the scheduler's, to keep its cells grouped);
+// `num_pieces` counts the pieces.
+template <typename OnNetworkGroup, typename OnNetworkPiece>
+LowerBound LowerBoundPass(const RefitSpec& spec, const DomainMap& domains, HolderGroups& dst_holders,
+                          int64_t& num_pieces, OnNetworkGroup&& on_network_group,
+                          OnNetworkPiece&& on_network_piece) {
   LowerBound lb;
   const int32_t nd = domains.num_domains();
   std::vector<int64_t> ingest(nd, 0), need_sum(nd, 0);
   absl::flat_hash_map<std::vector<int32_t>, int64_t> egress;  // Sorted holder set -> bytes.
   // Membership per piece by stamp: rank_stamp[r] == stamp when r holds the piece's source
-  // cell, domain_stamp[d] == stamp when d holds a source replica, dst_stamp[d] when d already
-  // counted as needing the piece over the network.
-  std::vector<uint64_t> rank_stamp(domains.world_size(), 0), domain_stamp(nd, 0), dst_stamp(nd, 0);
+  // cell, domain_stamp[d] == stamp when d holds a source replica.
+  std::vector<uint64_t> rank_stamp(domains.world_size(), 0), domain_stamp(nd, 0);
   uint64_t stamp = 0;
   // Egress per source cell of one tensor, indexed by the cell's base index into mesh.ranks
   // (the holders of a cell differ only by replica offsets from it); -1: no domain needs it.
@@ -71,9 +76,11 @@ LowerBound LowerBoundPass(const RefitSpec& spec, const DomainMap& domains, OnPie
     const std::vector<int32_t>& dst_ranks = ts.dst.mesh.ranks;
     cell_egress.assign(src_ranks.size(), -1);
     const absl::Span<const int64_t> src_offsets = src.replica_offsets();
-    const absl::Span<const int64_t> dst_offsets = dst.replica_offsets();
-    for (const CachedPiece& p :
-         pieces.Get(src, src_grids.last_key(), dst, dst_grids.last_key())) {
+    dst_holders.Bind(dst_ranks, dst, domains);
+    const absl::Span<const CachedPiece> tensor_pieces =
+        pieces.Get(src, src_grids.last_key(), dst, dst_grids.last_key());
+    num_pieces += static_cast<int64_t>(tensor_pieces.size());
+    for (const CachedPiece& p : tensor_pieces) {
       const int64_t bytes = p.elements * elem;
       ++stamp;
       const int64_t sbase = p.src_base;
@@ -83,20 +90,26 @@ LowerBound LowerBoundPass(const RefitSpec& spec, const DomainMap& domains, OnPie
         domain_stamp[domains.domain_of(h)] = stamp;
       }
       bool network = false;
-      const int64_t dbase = p.dst_base;
-      for (int64_t offset : dst_offsets) {
-        const int32_t r = dst_ranks[dbase + offset];
-        const int32_t d = domains.domain_of(r);
-        if (rank_stamp[r] != stamp) need_sum[d] += bytes;
-        if (domain_stamp[d] != stamp && dst_stamp[d] != stamp) {
-          dst_stamp[d] = stamp;
-          ingest[d] += bytes;
-          lb.network_bytes += bytes;
-          network = true;
+      const HolderGroups::View holders = dst_holders.Of(p.dst_base);
+      for (const auto& [begin, end] : holders.groups) {
+        const int32_t d = holders.by_domain[begin].first;
+        if (domain_stamp[d] == stamp) {
+          for (uint32_t k = begin; k < end; ++k) {
+            if (rank_stamp[holders.by_domain[k].second] != stamp) need_sum[d] += bytes;
+          }
+          continue;
         }
+        // No rank of d holds the source: every holder needs the piece, d takes it once.
+        need_sum[d] += bytes * (end - begin);
+        ingest[d] += bytes;
+        lb.network_bytes += bytes;
+        network = true;
+        on_network_group(holders, begin, end, bytes);
       }
-      if (network) cell_egress[sbase] = std::max<int64_t>(cell_egress[sbase], 0) + bytes;
-      on_piece(t, src, dst, dbase, sbase, bytes);
+      if (network) {
+        cell_egress[sbase] = std::max<int64_t>(cell_egress[sbase], 0) + bytes;
+        on_network_piece(t, src, sbase, bytes);
+      }
     }
     for (size_t base = 0; base < cell_egress.size(); ++base) {
       if (cell_egress[base] < 0) continue;
@@ -178,7 +191,9 @@ LowerBound LowerBoundPass(const RefitSpec& spec, const DomainMap& domains, OnPie
 }  // namespace
 
 LowerBound ComputeLowerBound(const RefitSpec& spec, const DomainMap& domains) {
-  return LowerBoundPass(spec, domains, [](auto&&...) {});
+  HolderGroups groups;
+  int64_t pieces = 0;
+  return LowerBoundPass(spec, domains, groups, pieces, [](auto&&...) {}, [](auto&&...) {});
 }
 
 DomainScheduler::DomainScheduler(const RefitSpec& spec, const DomainMap& domains,
@@ -195,37 +210,20 @@ DomainScheduler::DomainScheduler(const RefitSpec& spec, const DomainMap& domains
   least_.assign(domains.num_domains(), LeastInDomain{});
   // What every holder would ingest if each piece were spread evenly over the holders of its
   // destination cell in each domain that needs it. One pass with the bound's.
-  const TensorSpec* bound_tensor = nullptr;
-  lower_bound_ = LowerBoundPass(spec, domains, [&](size_t t, const TileGrid& src,
-                                                   const TileGrid& dst, int64_t dbase,
-                                                   int64_t sbase, int64_t piece_bytes) {
-    const TensorSpec& ts = spec.tensors[t];
-    if (&ts != bound_tensor) {
-      bound_tensor = &ts;
-      dst_groups_.Bind(ts.dst.mesh.ranks, dst, domains);
-    }
-    ++num_pieces_;
-    const double bytes = static_cast<double>(piece_bytes);
-    const HolderGroups::View holders = dst_groups_.Of(dbase);
-    const uint64_t stamp = ++stamp_;
-    const absl::Span<const int64_t> src_offsets = src.replica_offsets();
-    for (int64_t offset : src_offsets) {
-      domain_stamp_[domains.domain_of(ts.src.mesh.ranks[sbase + offset])] = stamp;
-    }
-    bool network = false;
-    for (const auto& [begin, end] : holders.groups) {
-      if (domain_stamp_[holders.by_domain[begin].first] == stamp) continue;
-      network = true;
-      const double share = end - begin == 1 ? bytes : bytes / (end - begin);  // As SchedulePart.
-      for (uint32_t k = begin; k < end; ++k) pending_[holders.by_domain[k].second] += share;
-    }
-    if (network) {
-      const int64_t replicas = static_cast<int64_t>(src_offsets.size());
-      for (int64_t offset : src_offsets) {
-        owed_[ts.src.mesh.ranks[sbase + offset]] += bytes / replicas;
-      }
-    }
-  });
+  lower_bound_ = LowerBoundPass(
+      spec, domains, dst_groups_, num_pieces_,
+      [&](const HolderGroups::View& holders, uint32_t begin, uint32_t end, int64_t piece_bytes) {
+        const double bytes = static_cast<double>(piece_bytes);
+        const double share = end - begin == 1 ? bytes : bytes / (end - begin);  // As SchedulePart.
+        for (uint32_t k = begin; k < end; ++k) pending_[holders.by_domain[k].second] += share;
+      },
+      [&](size_t t, const TileGrid& src, int64_t sbase, int64_t piece_bytes) {
+        const double bytes = static_cast<double>(piece_bytes);
+        const std::vector<int32_t>& ranks = spec.tensors[t].src.mesh.ranks;
+        const absl::Span<const int64_t> src_offsets = src.replica_offsets();
+        const int64_t replicas = static_cast<int64_t>(src_offsets.size());
+        for (int64_t offset : src_offsets) owed_[ranks[sbase + offset]] += bytes / replicas;
+      });
   target_ = lower_bound_.max_nic_bytes;
 }
 
@@ -260,7 +258,7 @@ void DomainScheduler::Retrack(int32_t rank, int32_t domain, int64_t before, int6
   }
 }
 
-void DomainScheduler::HolderGroups::Bind(const std::vector<int32_t>& ranks, const TileGrid& grid,
+void HolderGroups::Bind(const std::vector<int32_t>& ranks, const TileGrid& grid,
                                          const DomainMap& domains) {
   bool same = domains_ == &domains && ranks_ == ranks &&
               offsets_.size() == static_cast<size_t>(grid.num_replicas());
@@ -280,7 +278,7 @@ void DomainScheduler::HolderGroups::Bind(const std::vector<int32_t>& ranks, cons
   groups_.clear();
 }
 
-DomainScheduler::HolderGroups::View DomainScheduler::HolderGroups::Of(int64_t base) {
+HolderGroups::View HolderGroups::Of(int64_t base) {
   uint32_t& slot = entry_of_base_[static_cast<size_t>(base)];
   if (slot == UINT32_MAX) {
     slot = static_cast<uint32_t>(entries_.size());

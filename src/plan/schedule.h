@@ -152,6 +152,34 @@ class ScheduleSink {
   uint64_t world_regions_ = 0, world_transfers_ = 0;
 };
 
+// The holders of each destination cell grouped by domain, per cell of the bound destination
+// layout. A model's tensors repeat a few destination meshes and grids, so each cell is
+// grouped once while they do, not once per piece and pass (it was a twentieth of a share's
+// planning). A view stays valid until the next Of().
+class HolderGroups {
+ public:
+  struct View {
+    const std::pair<int32_t, int32_t>* by_domain;            // (domain, rank), sorted.
+    absl::Span<const std::pair<uint32_t, uint32_t>> groups;  // [begin, end) per domain.
+  };
+  // Keeps the cells grouped so far when `ranks` and the grid's replica offsets are those of
+  // the previous binding.
+  void Bind(const std::vector<int32_t>& ranks, const TileGrid& grid, const DomainMap& domains);
+  View Of(int64_t base);
+
+ private:
+  const DomainMap* domains_ = nullptr;
+  std::vector<int32_t> ranks_;
+  std::vector<int64_t> offsets_;  // Replica offsets of the bound grid.
+  struct Entry {
+    uint32_t by_domain = 0, groups = 0, num_groups = 0;
+  };
+  std::vector<uint32_t> entry_of_base_;  // UINT32_MAX: not grouped yet.
+  std::vector<Entry> entries_;
+  std::vector<std::pair<int32_t, int32_t>> by_domain_;
+  std::vector<std::pair<uint32_t, uint32_t>> groups_;  // Relative to the entry's by_domain.
+};
+
 class DomainScheduler {
  public:
   // Computes the lower bound and the expected loads in one pass over the spec's pieces; relays
@@ -209,33 +237,6 @@ class DomainScheduler {
   }
   // The least-expected rank of `domain` after Expected(rank) went from `before` to `now`.
   void Retrack(int32_t rank, int32_t domain, int64_t before, int64_t now);
-  // The holders of each destination cell grouped by domain, per cell of the bound destination
-  // layout. A model's tensors repeat a few destination meshes and grids, so each cell is
-  // grouped once while they do, not once per piece and pass (it was a twentieth of a share's
-  // planning). A view stays valid until the next Of().
-  class HolderGroups {
-   public:
-    struct View {
-      const std::pair<int32_t, int32_t>* by_domain;            // (domain, rank), sorted.
-      absl::Span<const std::pair<uint32_t, uint32_t>> groups;  // [begin, end) per domain.
-    };
-    // Keeps the cells grouped so far when `ranks` and the grid's replica offsets are those of
-    // the previous binding.
-    void Bind(const std::vector<int32_t>& ranks, const TileGrid& grid, const DomainMap& domains);
-    View Of(int64_t base);
-
-   private:
-    const DomainMap* domains_ = nullptr;
-    std::vector<int32_t> ranks_;
-    std::vector<int64_t> offsets_;  // Replica offsets of the bound grid.
-    struct Entry {
-      uint32_t by_domain = 0, groups = 0, num_groups = 0;
-    };
-    std::vector<uint32_t> entry_of_base_;  // UINT32_MAX: not grouped yet.
-    std::vector<Entry> entries_;
-    std::vector<std::pair<int32_t, int32_t>> by_domain_;
-    std::vector<std::pair<uint32_t, uint32_t>> groups_;  // Relative to the entry's by_domain.
-  };
   bool HoldsSource(int32_t domain) const { return domain_stamp_[domain] == stamp_; }
 
   const DomainMap& domains_;
