@@ -12,7 +12,6 @@
 #include <vector>
 
 #include "absl/types/span.h"
-
 #include "src/plan/tiling.h"
 
 namespace reshard::plan {
@@ -69,10 +68,10 @@ void ForEachPiece(const TileGrid& src, const TileGrid& dst, Fn&& fn) {
 // A piece of ForEachPiece with what the planning passes read of it.
 struct CachedPiece {
   Box piece, dst_box, src_box;
-  int64_t dst_flat = 0;   // The destination cell, row-major (TileGrid::CellAt).
-  int64_t dst_base = 0;   // TileGrid::CellBaseIndex of the destination and source cells.
+  int64_t dst_flat = 0;  // The destination cell, row-major (TileGrid::CellAt).
+  int64_t dst_base = 0;  // TileGrid::CellBaseIndex of the destination and source cells.
   int64_t src_base = 0;
-  int64_t elements = 0;   // piece.NumElements().
+  int64_t elements = 0;  // piece.NumElements().
 };
 
 // ForEachPiece's pieces, in its order, for the last few pairs of grid geometries. The pieces of
@@ -99,12 +98,13 @@ class PieceCache {
     for (int64_t flat = 0; flat < dst.num_cells(); ++flat) {
       if (!dst.CellBox(dst.CellAt(flat)).empty()) ++e.nonempty_dst_cells;
     }
-    ForEachPiece(src, dst, [&](const TileGrid::Cell& dcell, const Box& dbox,
-                               const TileGrid::Cell& scell, const Box& sbox, const Box& piece) {
-      e.pieces.push_back(CachedPiece{piece, dbox, sbox, FlatIndex(dst, dcell),
-                                     dst.CellBaseIndex(dcell), src.CellBaseIndex(scell),
-                                     piece.NumElements()});
-    });
+    ForEachPiece(src, dst,
+                 [&](const TileGrid::Cell& dcell, const Box& dbox, const TileGrid::Cell& scell,
+                     const Box& sbox, const Box& piece) {
+                   e.pieces.push_back(CachedPiece{piece, dbox, sbox, FlatIndex(dst, dcell),
+                                                  dst.CellBaseIndex(dcell),
+                                                  src.CellBaseIndex(scell), piece.NumElements()});
+                 });
     return e.pieces;
   }
   // The destination grid's non-empty cells, of the pair the last Get returned.

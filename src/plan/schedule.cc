@@ -50,9 +50,9 @@ namespace {
 // `dst_holders` groups destination holders by domain (the scheduler's, to keep its cells grouped);
 // `num_pieces` counts the pieces.
 template <typename OnNetworkGroup, typename OnNetworkPiece>
-LowerBound LowerBoundPass(const RefitSpec& spec, const DomainMap& domains, HolderGroups& dst_holders,
-                          int64_t& num_pieces, OnNetworkGroup&& on_network_group,
-                          OnNetworkPiece&& on_network_piece) {
+LowerBound LowerBoundPass(const RefitSpec& spec, const DomainMap& domains,
+                          HolderGroups& dst_holders, int64_t& num_pieces,
+                          OnNetworkGroup&& on_network_group, OnNetworkPiece&& on_network_piece) {
   LowerBound lb;
   const int32_t nd = domains.num_domains();
   std::vector<int64_t> ingest(nd, 0), need_sum(nd, 0);
@@ -193,7 +193,8 @@ LowerBound LowerBoundPass(const RefitSpec& spec, const DomainMap& domains, Holde
 LowerBound ComputeLowerBound(const RefitSpec& spec, const DomainMap& domains) {
   HolderGroups groups;
   int64_t pieces = 0;
-  return LowerBoundPass(spec, domains, groups, pieces, [](auto&&...) {}, [](auto&&...) {});
+  return LowerBoundPass(
+      spec, domains, groups, pieces, [](auto&&...) {}, [](auto&&...) {});
 }
 
 DomainScheduler::DomainScheduler(const RefitSpec& spec, const DomainMap& domains,
@@ -259,7 +260,7 @@ void DomainScheduler::Retrack(int32_t rank, int32_t domain, int64_t before, int6
 }
 
 void HolderGroups::Bind(const std::vector<int32_t>& ranks, const TileGrid& grid,
-                                         const DomainMap& domains) {
+                        const DomainMap& domains) {
   bool same = domains_ == &domains && ranks_ == ranks &&
               offsets_.size() == static_cast<size_t>(grid.num_replicas());
   for (size_t j = 0; same && j < offsets_.size(); ++j) {
