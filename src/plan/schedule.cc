@@ -556,15 +556,18 @@ void DomainScheduler::SchedulePart(uint32_t tensor, int elem, const Box& part,
     out_[sender.rank] += bytes;
     in_[receiver.rank] += bytes;
     ExpectedChanged(receiver.rank, d, receiver_before);
-    receiver.depth = after < 0 ? 1 : sender.depth + 1;
-    receiver.transfer = emit(sender, receiver, TransferKind::kNetwork, after);
-    received.push_back(receiver);
+    const int depth = after < 0 ? 1 : sender.depth + 1;
+    const int32_t transfer = emit(sender, receiver, TransferKind::kNetwork, after);
+    // Built from values in registers: storing them into `receiver` and copying it read them
+    // back as one 8-byte load right after two 4-byte stores, which the CPU cannot forward.
+    received.push_back(
+        Endpoint{receiver.rank, receiver.side, receiver.stage_offset, transfer, depth});
     // Fan-out to the domain's other holders.
     for (size_t k = begin; k < end; ++k) {
       const int32_t to = dst_by_domain_[k].second;
       if (to == receiver.rank && receiver.side == Side::kDst) continue;
       nvlink_out_[receiver.rank] += bytes;
-      emit(receiver, Endpoint{to, Side::kDst}, TransferKind::kFanout, receiver.transfer);
+      emit(receiver, Endpoint{to, Side::kDst}, TransferKind::kFanout, transfer);
     }
   }
 }
