@@ -2,6 +2,7 @@
 // source tile that holds them, and are found without scanning non-intersecting tiles.
 #include "src/plan/overlap.h"
 
+#include <algorithm>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -127,6 +128,65 @@ TEST(ForEachPieceTest, MatchesBruteForceOnUnevenNestedLayouts) {
     }
   }
   EXPECT_EQ(static_cast<int64_t>(pieces.size()), expected);
+}
+
+bool SameBox(const Box& a, const Box& b) {
+  return a.ndim == b.ndim && std::equal(a.lo.begin(), a.lo.begin() + a.ndim, b.lo.begin()) &&
+         std::equal(a.hi.begin(), a.hi.begin() + a.ndim, b.hi.begin());
+}
+
+// The planning passes read a tensor's pieces from PieceCache, keyed by the two GridCaches'
+// geometries: what it returns must be ForEachPiece's pieces of the grids given, in its order,
+// whichever geometries came before (more than either cache holds, revisited out of order, and
+// the same geometry over another mesh of ranks).
+TEST(PieceCacheTest, EveryGeometryGetsForEachPiecesPiecesInOrder) {
+  const std::vector<int64_t> shape = {10, 7, 5};
+  std::vector<Layout> layouts = {
+      MakeLayout({2, 2, 3}, {Placement::Shard(0), Placement::Shard(0), Placement::Shard(2)}),
+      MakeLayout({3, 4}, {Placement::Shard(1), Placement::Shard(0)}),
+      MakeLayout({4}, {Placement::Shard(1)}),
+      MakeLayout({2, 2}, {Placement::Replicate(), Placement::Shard(2)}),
+      MakeLayout({6}, {Placement::Shard(0)}),
+      MakeLayout({1}, {Placement::Replicate()}),
+  };
+  Layout renamed = layouts[1];  // Same geometry, other ranks.
+  for (int32_t& r : renamed.mesh.ranks) r += 100;
+  layouts.push_back(renamed);
+  GridCache src_grids, dst_grids;
+  PieceCache cache;
+  int checked = 0;
+  for (int round = 0; round < 3; ++round) {
+    for (size_t i = 0; i < layouts.size(); ++i) {
+      for (size_t j = 0; j < layouts.size(); ++j) {
+        const size_t si = (i * 5 + round) % layouts.size(), dj = (j * 3 + 2 * round) % layouts.size();
+        const TileGrid& src = src_grids.Get(layouts[si], shape);
+        const TileGrid& dst = dst_grids.Get(layouts[dj], shape);
+        const std::vector<Piece> expected = Pieces(src, dst);
+        int64_t nonempty = 0;
+        for (int64_t c = 0; c < dst.num_cells(); ++c) nonempty += !dst.CellBox(dst.CellAt(c)).empty();
+        const absl::Span<const CachedPiece> got =
+            cache.Get(src, src_grids.last_key(), dst, dst_grids.last_key());
+        ASSERT_EQ(got.size(), expected.size()) << si << " -> " << dj;
+        EXPECT_EQ(cache.nonempty_dst_cells(), nonempty);
+        for (size_t k = 0; k < got.size(); ++k) {
+          const Piece& e = expected[k];
+          int64_t flat = 0;
+          for (int d = 0; d < dst.ndim(); ++d) {
+            flat = flat * static_cast<int64_t>(dst.intervals(d).size()) + e.dcell[d];
+          }
+          ASSERT_TRUE(SameBox(got[k].piece, e.piece)) << si << " -> " << dj << " piece " << k;
+          ASSERT_TRUE(SameBox(got[k].dst_box, e.dbox));
+          ASSERT_TRUE(SameBox(got[k].src_box, e.sbox));
+          ASSERT_EQ(got[k].dst_flat, flat);
+          ASSERT_EQ(got[k].dst_base, dst.CellBaseIndex(e.dcell));
+          ASSERT_EQ(got[k].src_base, src.CellBaseIndex(e.scell));
+          ASSERT_EQ(got[k].elements, e.piece.NumElements());
+          ++checked;
+        }
+      }
+    }
+  }
+  EXPECT_GT(checked, 1000);
 }
 
 TEST(ForEachPieceTest, EmptyDestinationTilesGetNoPieces) {
