@@ -1,5 +1,7 @@
 #include "src/common/json.h"
 
+#include <cstring>
+
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
@@ -65,8 +67,76 @@ bool IsValidUtf8(std::string_view s) {
   return true;
 }
 
+static_assert(sizeof(Value) == 24, "a spec holds tens of millions of values");
+
+void Value::Clear() {
+  if (HasContents()) delete contents_;
+  type_ = Type::kNull;
+  number_ = 0;
+}
+
+void Value::CopyFrom(const Value& other) {
+  type_ = other.type_;
+  bool_ = other.bool_;
+  integral_ = other.integral_;
+  line_ = other.line_;
+  column_ = other.column_;
+  if (other.HasContents()) {
+    contents_ = new Contents(*other.contents_);
+  } else {
+    std::memcpy(&integer_, &other.integer_, sizeof(integer_));  // The number, either member.
+  }
+}
+
+void Value::StealFrom(Value& other) {
+  type_ = other.type_;
+  bool_ = other.bool_;
+  integral_ = other.integral_;
+  line_ = other.line_;
+  column_ = other.column_;
+  std::memcpy(&integer_, &other.integer_, sizeof(integer_));  // Number or contents pointer.
+  if (other.HasContents()) {
+    contents_ = other.contents_;
+    other.type_ = Type::kNull;
+    other.number_ = 0;
+  }
+}
+
+Value& Value::operator=(const Value& other) {
+  if (this == &other) return *this;
+  Clear();
+  CopyFrom(other);
+  return *this;
+}
+
+Value& Value::operator=(Value&& other) noexcept {
+  if (this == &other) return *this;
+  Clear();
+  StealFrom(other);
+  return *this;
+}
+
+const std::string& Value::as_string() const {
+  static const std::string* const kEmpty = new std::string();
+  const std::string* s = type_ == Type::kString ? std::get_if<std::string>(contents_) : nullptr;
+  return s != nullptr ? *s : *kEmpty;
+}
+
+const std::vector<Value>& Value::items() const {
+  static const std::vector<Value>* const kEmpty = new std::vector<Value>();
+  const std::vector<Value>* v =
+      type_ == Type::kArray ? std::get_if<std::vector<Value>>(contents_) : nullptr;
+  return v != nullptr ? *v : *kEmpty;
+}
+
+const Value::Members& Value::members() const {
+  static const Members* const kEmpty = new Members();
+  const Members* m = type_ == Type::kObject ? std::get_if<Members>(contents_) : nullptr;
+  return m != nullptr ? *m : *kEmpty;
+}
+
 const Value* Value::Find(std::string_view key) const {
-  for (const auto& [k, v] : members_) {
+  for (const auto& [k, v] : members()) {
     if (k == key) return &v;
   }
   return nullptr;
@@ -165,8 +235,7 @@ class Parser {
       case '[':
         return ParseArray(v, depth);
       case '"':
-        v.type_ = Value::Type::kString;
-        return ParseString(v.string_);
+        return ParseString(v.Make<std::string>(Value::Type::kString));
       case 't':
         v.type_ = Value::Type::kBool;
         v.bool_ = true;
@@ -187,7 +256,7 @@ class Parser {
   }
 
   bool ParseObject(Value& v, int depth) {
-    v.type_ = Value::Type::kObject;
+    Value::Members& members = v.Make<Value::Members>(Value::Type::kObject);
     Advance();  // '{'
     SkipSpace();
     if (Peek() == '}') {
@@ -200,7 +269,7 @@ class Parser {
       int key_line = line_, key_column = column_;
       std::string key;
       if (!ParseString(key)) return false;
-      for (const auto& m : v.members_) {
+      for (const auto& m : members) {
         if (m.first == key) {
           return FailAt(key_line, key_column, absl::StrCat("duplicate key ", QuoteForMessage(key)));
         }
@@ -209,8 +278,8 @@ class Parser {
       if (Peek() != ':') return Fail("expected ':' after object key");
       Advance();
       SkipSpace();
-      v.members_.emplace_back(std::move(key), Value());
-      if (!ParseValue(v.members_.back().second, depth + 1)) return false;
+      members.emplace_back(std::move(key), Value());
+      if (!ParseValue(members.back().second, depth + 1)) return false;
       SkipSpace();
       if (Peek() == ',') {
         Advance();
@@ -225,7 +294,7 @@ class Parser {
   }
 
   bool ParseArray(Value& v, int depth) {
-    v.type_ = Value::Type::kArray;
+    std::vector<Value>& items = v.Make<std::vector<Value>>(Value::Type::kArray);
     Advance();  // '['
     SkipSpace();
     if (Peek() == ']') {
@@ -234,8 +303,8 @@ class Parser {
     }
     while (true) {
       SkipSpace();
-      v.items_.emplace_back();
-      if (!ParseValue(v.items_.back(), depth + 1)) return false;
+      items.emplace_back();
+      if (!ParseValue(items.back(), depth + 1)) return false;
       SkipSpace();
       if (Peek() == ',') {
         Advance();
@@ -388,9 +457,20 @@ class Parser {
         return Fail("invalid number: digit expected in exponent");
       while (Peek() >= '0' && Peek() <= '9') Advance();
     }
-    std::string literal(text_.substr(start, pos_ - start));
-    v.number_ = std::strtod(literal.c_str(), nullptr);
-    if (!std::isfinite(v.number_)) {
+    // Integers of up to 18 digits (every rank, shape and offset of a spec) are read directly:
+    // they fit in int64, and their double is computed from them as strtod would round it.
+    const std::string_view digits = text_.substr(start, pos_ - start);
+    const bool negative = !digits.empty() && digits[0] == '-';
+    if (integral && digits.size() - negative <= 18) {
+      int64_t value = 0;
+      for (size_t i = negative; i < digits.size(); ++i) value = value * 10 + (digits[i] - '0');
+      v.integer_ = negative ? -value : value;
+      v.integral_ = true;
+      return true;
+    }
+    std::string literal(digits);
+    const double number = std::strtod(literal.c_str(), nullptr);
+    if (!std::isfinite(number)) {
       return FailAt(v.line_, v.column_,
                     absl::StrCat("number ", QuoteForMessage(literal),
                                  " is out of range (it does not fit in a double)"));
@@ -404,6 +484,7 @@ class Parser {
         v.integer_ = parsed;
       }
     }
+    if (!integral) v.number_ = number;
     v.integral_ = integral;
     return true;
   }

@@ -9,18 +9,29 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <utility>
+#include <variant>
 #include <vector>
 
 #include "absl/status/statusor.h"
 
 namespace reshard::json {
 
+// 24 bytes: a spec names every rank of every mesh, so a whole model's spec parses into tens of
+// millions of numbers. Strings, arrays and objects keep their contents in one allocation.
 class Value {
  public:
-  enum class Type { kNull, kBool, kNumber, kString, kArray, kObject };
+  enum class Type : uint8_t { kNull, kBool, kNumber, kString, kArray, kObject };
+
+  Value() = default;
+  Value(const Value& other) { CopyFrom(other); }
+  Value& operator=(const Value& other);
+  Value(Value&& other) noexcept { StealFrom(other); }
+  Value& operator=(Value&& other) noexcept;
+  ~Value() { Clear(); }
 
   Type type() const { return type_; }
   bool is_null() const { return type_ == Type::kNull; }
@@ -34,11 +45,15 @@ class Value {
   bool is_integer() const { return type_ == Type::kNumber && integral_; }
 
   bool as_bool() const { return bool_; }
-  double as_double() const { return number_; }
-  int64_t as_int() const { return integer_; }
-  const std::string& as_string() const { return string_; }
-  const std::vector<Value>& items() const { return items_; }
-  const std::vector<std::pair<std::string, Value>>& members() const { return members_; }
+  // An integer's double is the literal's, correctly rounded, as strtod would give it.
+  double as_double() const {
+    if (type_ != Type::kNumber) return 0;
+    return integral_ ? static_cast<double>(integer_) : number_;
+  }
+  int64_t as_int() const { return is_integer() ? integer_ : 0; }
+  const std::string& as_string() const;
+  const std::vector<Value>& items() const;
+  const std::vector<std::pair<std::string, Value>>& members() const;
   // Member lookup; nullptr when absent (or when this is not an object).
   const Value* Find(std::string_view key) const;
 
@@ -50,16 +65,33 @@ class Value {
 
  private:
   friend class Parser;
+  using Members = std::vector<std::pair<std::string, Value>>;
+  using Contents = std::variant<std::string, std::vector<Value>, Members>;
+  bool HasContents() const {
+    return type_ == Type::kString || type_ == Type::kArray || type_ == Type::kObject;
+  }
+  // Makes this a string, array or object (`type`) holding an empty T, and returns it.
+  template <typename T>
+  T& Make(Type type) {
+    Clear();
+    type_ = type;
+    contents_ = new Contents(std::in_place_type<T>);
+    return std::get<T>(*contents_);
+  }
+  void Clear();
+  void CopyFrom(const Value& other);
+  void StealFrom(Value& other);
+
   Type type_ = Type::kNull;
   bool bool_ = false;
   bool integral_ = false;
-  double number_ = 0;
-  int64_t integer_ = 0;
-  std::string string_;
-  std::vector<Value> items_;
-  std::vector<std::pair<std::string, Value>> members_;
-  int line_ = 0;
-  int column_ = 0;
+  int32_t line_ = 0;
+  int32_t column_ = 0;
+  union {
+    double number_ = 0;   // A number, when !integral_.
+    int64_t integer_;     // A number, when integral_.
+    Contents* contents_;  // A string, array or object (HasContents()); owned, never null.
+  };
 };
 
 // Parses a whole document. Errors are InvalidArgument: "line L, column C: what is wrong".

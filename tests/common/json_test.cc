@@ -3,7 +3,9 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <iterator>
 #include <string>
+#include <utility>
 
 namespace reshard::json {
 namespace {
@@ -93,6 +95,69 @@ TEST(JsonTest, OnlyExactIntegersAreIntegers) {
   EXPECT_FALSE(x[4].is_integer());
   EXPECT_TRUE(x[5].is_integer());
   EXPECT_EQ(x[5].as_int(), INT64_MIN);
+}
+
+// Integers of up to 18 digits are read without strtod; longer ones, fractions and exponents go
+// through it. Both give an integer's double as strtod rounds the literal.
+TEST(JsonTest, IntegersReadDirectlyEqualTheLiteralsAndTheirDoubles) {
+  auto v = Parse("[0, -0, 7, -7, 999999999999999999, -999999999999999999, 1000000000000000000, "
+                 "9007199254740993, 123456789012345678, 1234567890123456789, 0.5]");
+  ASSERT_TRUE(v.ok()) << v.status();
+  const auto& x = v->items();
+  const int64_t expected[] = {0,
+                              0,
+                              7,
+                              -7,
+                              999999999999999999,
+                              -999999999999999999,
+                              1000000000000000000,
+                              9007199254740993,
+                              123456789012345678,
+                              1234567890123456789};
+  for (size_t i = 0; i < std::size(expected); ++i) {
+    ASSERT_TRUE(x[i].is_integer()) << i;
+    EXPECT_EQ(x[i].as_int(), expected[i]) << i;
+    EXPECT_EQ(x[i].as_double(), static_cast<double>(expected[i])) << i;
+  }
+  // 2^53 + 1 is no double: strtod rounds it to 2^53, as the conversion does.
+  EXPECT_EQ(x[7].as_double(), 9007199254740992.0);
+  EXPECT_FALSE(x[10].is_integer());
+  EXPECT_EQ(x[10].as_int(), 0);
+  EXPECT_EQ(x[10].as_double(), 0.5);
+}
+
+// A value is 24 bytes with its string, array or object contents behind one pointer: copies are
+// deep, a moved-from value is null, and a value of one kind answers the others' accessors empty.
+TEST(JsonTest, ValuesCopyDeeplyAndMoveToNull) {
+  auto v = Parse("{\"a\": [1, [2, \"s\"], {\"k\": 3.5}], \"b\": \"text\"}");
+  ASSERT_TRUE(v.ok()) << v.status();
+  Value copy = *v;
+  Value assigned;
+  assigned = copy;
+  for (const Value* c : {&copy, &assigned}) {
+    ASSERT_TRUE(c->is_object());
+    const Value* a = c->Find("a");
+    ASSERT_NE(a, nullptr);
+    ASSERT_EQ(a->items().size(), 3u);
+    EXPECT_NE(&a->items()[0], &v->Find("a")->items()[0]);  // Deep: not the original's.
+    EXPECT_EQ(a->items()[1].items()[1].as_string(), "s");
+    EXPECT_EQ(a->items()[2].Find("k")->as_double(), 3.5);
+    EXPECT_EQ(c->Find("b")->as_string(), "text");
+    EXPECT_EQ(c->Find("b")->line(), 1);
+  }
+  Value moved = std::move(copy);
+  EXPECT_TRUE(copy.is_null());  // NOLINT(bugprone-use-after-move): the moved-from state is defined.
+  EXPECT_TRUE(copy.items().empty());
+  EXPECT_EQ(moved.Find("b")->as_string(), "text");
+  moved = std::move(assigned);
+  EXPECT_EQ(moved.Find("a")->items()[0].as_int(), 1);
+  // Accessors of another kind are empty, not undefined.
+  EXPECT_TRUE(moved.Find("b")->items().empty());
+  EXPECT_TRUE(moved.Find("a")->members().empty());
+  EXPECT_EQ(moved.Find("a")->as_string(), "");
+  EXPECT_EQ(moved.Find("a")->as_double(), 0);
+  EXPECT_EQ(moved.Find("a")->Find("x"), nullptr);
+  static_assert(sizeof(Value) == 24);
 }
 
 TEST(JsonTest, DuplicateKeyIsQuotedForTheMessage) {
