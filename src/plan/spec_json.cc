@@ -82,32 +82,40 @@ absl::StatusOr<std::vector<int64_t>> IntegerList(const Context& ctx, const Value
                                                  const std::string& field) {
   RESHARD_RETURN_IF_ERROR(Expect(ctx, v, field, Value::Type::kArray));
   std::vector<int64_t> out;
+  out.reserve(v.items().size());
   for (size_t i = 0; i < v.items().size(); ++i) {
-    RESHARD_ASSIGN_OR_RETURN(int64_t x,
-                             Integer(ctx, v.items()[i], absl::StrFormat("%s[%d]", field, i)));
-    out.push_back(x);
+    const Value& item = v.items()[i];
+    // The element's name is formatted only for an error: a spec has millions of elements.
+    if (!item.is_integer()) return Integer(ctx, item, absl::StrFormat("%s[%d]", field, i)).status();
+    out.push_back(item.as_int());
   }
   return out;
+}
+
+// Appends rank `v` at nesting depth `depth` to `mesh`; `field()` names it in an error (formatted
+// only then: a whole model's spec names tens of millions of ranks).
+template <typename FieldName>
+absl::Status AddRank(const Context& ctx, const Value& v, const FieldName& field, size_t depth,
+                     Mesh& mesh) {
+  if (depth != mesh.shape.size()) {
+    return ctx.Error(v, field(), "is ragged: ranks appear at different nesting depths");
+  }
+  if (v.as_int() < 0 || v.as_int() > INT32_MAX) {
+    return ctx.Error(v, field(), absl::StrCat("rank ", v.as_int(), " is not a valid rank"));
+  }
+  if (mesh.ranks.size() >= static_cast<size_t>(kMaxWorldSize)) {
+    return ctx.Error(
+        v, field(),
+        absl::StrFormat("is one rank more than %d, the limit of a world", kMaxWorldSize));
+  }
+  mesh.ranks.push_back(static_cast<int32_t>(v.as_int()));
+  return absl::OkStatus();
 }
 
 // Nested list of ranks -> mesh shape and row-major ranks. Ragged lists are errors.
 absl::Status ParseMeshLevel(const Context& ctx, const Value& v, const std::string& field,
                             size_t depth, Mesh& mesh) {
-  if (v.is_integer()) {
-    if (depth != mesh.shape.size()) {
-      return ctx.Error(v, field, "is ragged: ranks appear at different nesting depths");
-    }
-    if (v.as_int() < 0 || v.as_int() > INT32_MAX) {
-      return ctx.Error(v, field, absl::StrCat("rank ", v.as_int(), " is not a valid rank"));
-    }
-    if (mesh.ranks.size() >= static_cast<size_t>(kMaxWorldSize)) {
-      return ctx.Error(
-          v, field,
-          absl::StrFormat("is one rank more than %d, the limit of a world", kMaxWorldSize));
-    }
-    mesh.ranks.push_back(static_cast<int32_t>(v.as_int()));
-    return absl::OkStatus();
-  }
+  if (v.is_integer()) return AddRank(ctx, v, [&field] { return field; }, depth, mesh);
   if (!v.is_array()) return ctx.Error(v, field, "must contain only arrays and integer ranks");
   if (v.items().empty()) return ctx.Error(v, field, "has an empty axis");
   if (depth == mesh.shape.size()) {
@@ -124,8 +132,13 @@ absl::Status ParseMeshLevel(const Context& ctx, const Value& v, const std::strin
                                      depth, v.items().size(), mesh.shape[depth]));
   }
   for (size_t i = 0; i < v.items().size(); ++i) {
-    RESHARD_RETURN_IF_ERROR(
-        ParseMeshLevel(ctx, v.items()[i], absl::StrFormat("%s[%d]", field, i), depth + 1, mesh));
+    const Value& item = v.items()[i];
+    auto item_field = [&field, i] { return absl::StrFormat("%s[%d]", field, i); };
+    if (item.is_integer()) {
+      RESHARD_RETURN_IF_ERROR(AddRank(ctx, item, item_field, depth + 1, mesh));
+    } else {
+      RESHARD_RETURN_IF_ERROR(ParseMeshLevel(ctx, item, item_field(), depth + 1, mesh));
+    }
   }
   return absl::OkStatus();
 }
@@ -345,10 +358,10 @@ absl::Status ParseTensor(const Value& v, size_t index, TensorSpec& t) {
   return absl::OkStatus();
 }
 
-}  // namespace
-
-absl::StatusOr<RefitSpec> ParseSpecJson(std::string_view text) {
-  RESHARD_ASSIGN_OR_RETURN(Value doc, json::Parse(text));
+// The spec a parsed document holds, unvalidated. Takes the document and frees it on return: a
+// whole model's spec parses into tens of millions of values, which validation need not share
+// memory with.
+absl::StatusOr<RefitSpec> ConvertSpecJson(Value doc) {
   Context ctx;
   RESHARD_RETURN_IF_ERROR(Expect(ctx, doc, "spec", Value::Type::kObject));
   RESHARD_RETURN_IF_ERROR(CheckKeys(ctx, doc, "", {"comment", "topology", "tensors"}));
@@ -371,6 +384,14 @@ absl::StatusOr<RefitSpec> ParseSpecJson(std::string_view text) {
   for (size_t i = 0; i < spec.tensors.size(); ++i) {
     RESHARD_RETURN_IF_ERROR(ParseTensor(tensors->items()[i], i, spec.tensors[i]));
   }
+  return spec;
+}
+
+}  // namespace
+
+absl::StatusOr<RefitSpec> ParseSpecJson(std::string_view text) {
+  RESHARD_ASSIGN_OR_RETURN(Value doc, json::Parse(text));
+  RESHARD_ASSIGN_OR_RETURN(RefitSpec spec, ConvertSpecJson(std::move(doc)));
   RESHARD_RETURN_IF_ERROR(Validate(spec));
   return spec;
 }
@@ -378,12 +399,22 @@ absl::StatusOr<RefitSpec> ParseSpecJson(std::string_view text) {
 absl::StatusOr<RefitSpec> LoadSpecFile(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open the spec file"));
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  auto spec = ParseSpecJson(buffer.str());
-  if (!spec.ok()) {
-    return absl::Status(spec.status().code(), absl::StrCat(path, ": ", spec.status().message()));
-  }
+  // Read once into one string (a stringstream's str() would copy a whole model's spec again).
+  std::string text;
+  char chunk[1 << 16];
+  while (in.read(chunk, sizeof(chunk)) || in.gcount() > 0) text.append(chunk, in.gcount());
+  if (in.bad()) return absl::DataLossError(absl::StrCat(path, ": reading the spec file failed"));
+  auto in_file = [&path](const absl::Status& status) {
+    return absl::Status(status.code(), absl::StrCat(path, ": ", status.message()));
+  };
+  // As ParseSpecJson, with the text freed once parsed: text and document together, then
+  // document and spec together, are the peaks of loading a whole model's spec.
+  absl::StatusOr<Value> doc = json::Parse(text);
+  std::string().swap(text);
+  if (!doc.ok()) return in_file(doc.status());
+  absl::StatusOr<RefitSpec> spec = ConvertSpecJson(*std::move(doc));
+  if (!spec.ok()) return in_file(spec.status());
+  if (absl::Status valid = Validate(*spec); !valid.ok()) return in_file(valid);
   return spec;
 }
 
