@@ -271,7 +271,8 @@ int Main(int argc, char** argv) {
   std::printf("largest peak RSS rank %d: %.1f MiB (%.1f MiB of it before planning: the spec)\n",
               largest->rank, largest->peak_kib / 1024.0, largest->rss_before_kib / 1024.0);
   std::printf("fingerprints     %s\n", agree ? "equal on every rank planned" : "DIFFER");
-  std::printf("targets          < 1 s per rank: %s; < 512 MiB per rank: %s\n",
+  // CPU time decides: on a loaded machine a rank's wall time includes waiting for a core.
+  std::printf("targets          < 1 s CPU per rank: %s; < 512 MiB per rank: %s\n",
               slowest->cpu_seconds < 1.0 ? "met" : "MISSED",
               largest->peak_kib < 512 * 1024 ? "met" : "MISSED");
   return failed || !agree ? 1 : 0;
