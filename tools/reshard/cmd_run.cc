@@ -513,7 +513,15 @@ int RunCommand(int argc, char** argv) {
           : *change_fraction >= 0 ? absl::StrCat(", change fraction ", *change_fraction).c_str()
                                   : ", every element changes (--change-fraction not given)");
     }
-    if (rate_bits > 0) {
+    if (rate_bits > 0 && random_fraction) {
+      // Each refit moves its own fraction's bytes: the last refit's bound says nothing about
+      // the median over all of them.
+      std::printf("emulated NIC    %s, MTU %d: lower bound %s for the last refit's bytes "
+                  "(busiest rank's bytes / rate); no ratio to the median: refits of random "
+                  "change fractions move different bytes\n",
+                  rate.c_str(), static_cast<int>(*mtu),
+                  FormatSeconds(lower_bound_ms / 1e3).c_str());
+    } else if (rate_bits > 0) {
       std::printf("emulated NIC    %s, MTU %d: lower bound %s (busiest rank's bytes / rate); "
                   "median is %.2fx the bound, landing median %.2fx\n",
                   rate.c_str(), static_cast<int>(*mtu), FormatSeconds(lower_bound_ms / 1e3).c_str(),
