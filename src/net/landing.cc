@@ -319,6 +319,8 @@ absl::Status Landing::Gather(const SendDesc& d) {
 absl::Status Landing::Gather(const SendDesc& d, int64_t begin, int64_t end, uint8_t* to) {
   const plan::Transfer& t = plan_.transfers()[d.transfer];
   const plan::Region& region = plan_.region(t.region);
+  // Ring sources have no host copy: the engine reads them through the staging ring only.
+  RESHARD_CHECK(!memory_.ring_source(d.from_buffer));
   const uint8_t* from = memory_.data(d.from_buffer);
   const bool device = memory_.device(d.from_buffer);
   absl::Status status;
@@ -334,6 +336,7 @@ absl::Status Landing::Gather(const SendDesc& d, int64_t begin, int64_t end, uint
 }
 
 absl::Status Landing::CopyLocal(const SendDesc& d) {
+  RESHARD_CHECK(!memory_.ring_source(d.from_buffer));  // See Gather.
   const bool device = memory_.device(d.from_buffer) || memory_.device(d.to_buffer);
   const uint8_t* from = memory_.data(d.from_buffer);
   uint8_t* to = memory_.data(d.to_buffer);
@@ -341,6 +344,18 @@ absl::Status Landing::CopyLocal(const SendDesc& d) {
     const SendRun& run = program_.runs[i];
     RESHARD_RETURN_IF_ERROR(
         Copy(to + run.remote_offset, from + run.local_offset, run.bytes, device));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Landing::CopyLocal(const SendDesc& d, uint32_t run_begin, uint32_t run_end,
+                                const uint8_t* stream) {
+  uint8_t* to = memory_.data(d.to_buffer);
+  const bool device = memory_.device(d.to_buffer);
+  for (uint32_t i = run_begin; i < run_end; ++i) {
+    const SendRun& run = program_.runs[i];
+    RESHARD_RETURN_IF_ERROR(Copy(to + run.remote_offset, stream, run.bytes, device));
+    stream += run.bytes;
   }
   return absl::OkStatus();
 }

@@ -79,6 +79,10 @@ class Landing {
   [[nodiscard]] absl::Status Gather(const SendDesc& desc, int64_t begin, int64_t end, uint8_t* to);
   // A local copy (desc.peer == this rank).
   [[nodiscard]] absl::Status CopyLocal(const SendDesc& desc);
+  // Runs [run_begin, run_end) of local copy `desc`, read one after another from `stream` (host
+  // memory: the part of the piece the staging ring packed) instead of its source buffer.
+  [[nodiscard]] absl::Status CopyLocal(const SendDesc& desc, uint32_t run_begin, uint32_t run_end,
+                                       const uint8_t* stream);
 
  private:
   // The slot of world transfer `id`, which must land here from `from_rank`; DataLoss otherwise.

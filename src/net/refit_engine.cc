@@ -19,10 +19,12 @@
 #include "src/common/log.h"
 #include "src/common/status.h"
 #include "src/cuda/delta.h"
-#include "src/cuda/delta_batch.h"
+#include "src/cuda/batch_plan.h"
 #include "src/cuda/delta_index.h"
+#include "src/cuda/pack_batch.h"
+#include "src/cuda/staging_ring.h"
 #include "src/net/delivery.h"
-#include "src/net/delta_order.h"
+#include "src/net/posting_order.h"
 #include "src/net/landing.h"
 #include "src/net/peer_link.h"
 #include "src/net/registered_memory.h"
@@ -91,7 +93,10 @@ class RefitEngine::Impl final : public MessageSink, public LinkOwner {
   void OnSendError(absl::Status status) override {
     if (in_epoch_) Fail(std::move(status));
   }
-  void OnPutCompleted() override { outstanding_puts_--; }
+  void OnPutCompleted(int ring_slot) override {
+    outstanding_puts_--;
+    if (ring_slot >= 0) ring_in_flight_[ring_slot]--;
+  }
 
   // Messages to `rank` carry its handle id, so several ranks may share one runtime (tests).
   uint64_t HandleOf(int32_t rank) const { return RefitEngine::HandleId(options_.key_prefix, rank); }
@@ -141,7 +146,8 @@ class RefitEngine::Impl final : public MessageSink, public LinkOwner {
    public:
     explicit Events(Impl& impl) : impl_(impl) {}
     void Block(absl::Duration timeout) override {
-      if (impl_.outstanding_puts_ > 0 || impl_.targets_emulated_puts_ || impl_.DeltaGpuRunning()) {
+      if (impl_.outstanding_puts_ > 0 || impl_.targets_emulated_puts_ || impl_.DeltaGpuRunning() ||
+          impl_.RingGpuRunning()) {
         sched_yield();
       } else {
         impl_.runtime_->worker().Block(timeout);
@@ -177,10 +183,10 @@ class RefitEngine::Impl final : public MessageSink, public LinkOwner {
   std::vector<int64_t> device_shadow_offset_;
   std::vector<bool> unstaged_sources_;  // By buffer: only GPU-encoded pieces read it.
   // The pipelined GPU encode (docs/delta.md, "The GPU encode pipeline"): the segments of the
-  // GPU-encoded pieces in posting order, cut into batches (PlanDeltaBatches, entry ids are
+  // GPU-encoded pieces in posting order, cut into batches (PlanBatches, entry ids are
   // segment numbers) that are enqueued on the codec's stream from Start on, each into its pinned
   // slot, as slots drain; a segment is posted once its batch's event completed.
-  cuda::DeltaBatchPlan gpu_plan_;
+  cuda::BatchPlan gpu_plan_;
   std::vector<uint32_t> segment_desc_;  // By segment: its descriptor.
   std::vector<int32_t> gpu_entry_;      // By segment: its entry in gpu_plan_, or -1.
   std::vector<int32_t> gpu_batch_;      // By entry: its batch.
@@ -195,6 +201,51 @@ class RefitEngine::Impl final : public MessageSink, public LinkOwner {
   // Without waiting: whether an enqueued batch of this epoch is still running on the GPU (idle
   // rounds then yield instead of sleeping on the UCX worker, which the GPU never wakes).
   bool DeltaGpuRunning();
+  // The staging ring (docs/data-plane.md, "The staging ring"): descriptors that read a ring
+  // source (RegisteredMemory::ring_source) in posting order, cut into parts of whole runs that
+  // PlanBatches placed in batches; batch b is packed by the GPU into slot b % slots once batch
+  // b - slots was consumed and every send reading its slot completed; a part is posted (or,
+  // for a local copy, copied) once its batch's event completed.
+  struct RingPart {
+    uint32_t desc = 0;
+    uint32_t run_begin = 0, run_end = 0;  // Its runs; their bytes follow each other in the slot.
+    int32_t batch = 0;
+    int64_t offset = 0;  // In the batch's slot.
+  };
+  std::vector<RingPart> ring_parts_;      // A descriptor's parts consecutive, in its run order.
+  std::vector<int64_t> ring_first_part_;  // By descriptor: its first part, or -1.
+  std::vector<uint32_t> ring_batch_begin_;  // Batch b is parts [begin[b], begin[b + 1]).
+  std::vector<int64_t> ring_batch_bytes_;   // By batch: the bytes it packs.
+  const uint8_t* ring_base_ = nullptr;      // Device address the batches' offsets count from.
+  std::vector<int32_t> ring_left_;  // By batch: its parts not yet consumed this epoch.
+  std::vector<uint8_t> ring_done_;  // By batch: its event completed this epoch.
+  int32_t ring_enqueued_ = 0;       // Batches packed this epoch (they start in order).
+  // By slot: puts and data messages reading it, not yet complete (across epochs: a slot is
+  // packed again only when this is 0).
+  int64_t ring_in_flight_[PeerLink::kMaxRingSlots] = {};
+  int64_t local_ring_part_ = -1;  // The next part of the local copy in front, or -1.
+  int32_t ring_batches() const {
+    return ring_batch_begin_.empty() ? 0 : static_cast<int32_t>(ring_batch_begin_.size()) - 1;
+  }
+  bool OnRing(uint32_t desc) const {
+    return !ring_first_part_.empty() && ring_first_part_[desc] >= 0;
+  }
+  // Chooses the ring sources among `buffers`, plans the ring and creates it (before the
+  // registered memory, which then neither stages nor registers them). `*ring_sources` by buffer.
+  absl::Status InitRing(const std::vector<BufferView>& buffers, std::vector<bool>* ring_sources,
+                        std::unique_ptr<cuda::StagingRing>* ring);
+  // Packs the next batches while their slots are free; none while a source is held.
+  absl::Status EnqueueRingBatches();
+  // Without waiting: whether batch `b` is packed (its event completed).
+  absl::StatusOr<bool> RingReady(int32_t b);
+  // A part of batch `b` was posted or copied.
+  absl::Status ConsumeRingPart(int32_t b);
+  // Without waiting: whether a packed batch of this epoch is still running on the GPU.
+  bool RingGpuRunning();
+  // The tensor a ring part reads, for errors.
+  const std::string& RingTensor(const RingPart& part) const {
+    return plan_.spec().tensors[plan_.transfers()[program_.descs[part.desc].transfer].tensor].name;
+  }
   bool abort_pending_ = false;
   uint64_t reset_floor_ = 0;  // Aborts about epochs <= this predate the last Reset.
   // The last epoch this rank completed (not cleared by failures or Reset). A peer's abort about
@@ -285,12 +336,28 @@ absl::Status RefitEngine::Impl::Init(rendezvous::Store& store, std::vector<Buffe
   }
   handle_ = HandleOf(rank_);
   const bool am = UseActiveMessages(options_.delivery);
-  program_ =
-      BuildSendProgram(plan_, rank_,
-                       SendProgramOptions{options_.execute_fanout, options_.pack_below_run_bytes,
-                                          am ? wire::kAmChunkBytes : 0, options_.delta});
+  // CUDA sources UCX cannot register may go through the staging ring, whose slots must each
+  // hold a whole run: runs are cut at the slot size then (receivers accept any cut).
+  bool ring_candidates = false;
+  if (!runtime_->supports_cuda_memory() && cuda::PackKernelsBuilt()) {
+    for (size_t b = 0; b < buffers.size(); ++b) {
+      ring_candidates = ring_candidates || (buffers[b].kind == MemoryKind::kCuda &&
+                                            buffers[b].bytes > 0 &&
+                                            plan_.buffers()[b].side == plan::Side::kSrc);
+    }
+  }
+  program_ = BuildSendProgram(
+      plan_, rank_,
+      SendProgramOptions{options_.execute_fanout, options_.pack_below_run_bytes,
+                         am ? wire::kAmChunkBytes : 0, options_.delta,
+                         ring_candidates ? cuda::SlotBytes(options_.stage_ring_bytes,
+                                                           cuda::kStageRingSlots)
+                                         : 0});
   RESHARD_RETURN_IF_ERROR(CheckDependencies());
   if (options_.delta) RESHARD_RETURN_IF_ERROR(InitDelta(buffers));
+  std::vector<bool> ring_sources;
+  std::unique_ptr<cuda::StagingRing> ring;
+  if (ring_candidates) RESHARD_RETURN_IF_ERROR(InitRing(buffers, &ring_sources, &ring));
   absl::Status registered = runtime_->Register(handle_, this);
   if (!registered.ok()) {
     return absl::AlreadyExistsError(absl::StrCat("a refit handle with key prefix \"",
@@ -300,7 +367,9 @@ absl::Status RefitEngine::Impl::Init(rendezvous::Store& store, std::vector<Buffe
   RESHARD_ASSIGN_OR_RETURN(
       memory_,
       RegisteredMemory::Create(plan_, rank_, *runtime_, std::move(buffers),
-                               program_.send_scratch_bytes, am ? 0 : program_.landing_bytes));
+                               program_.send_scratch_bytes, am ? 0 : program_.landing_bytes,
+                               ring_sources));
+  RESHARD_RETURN_IF_ERROR(memory_->AttachRing(std::move(ring), *runtime_));
   landing_ = std::make_unique<Landing>(plan_, program_, *memory_, am);
   landing_->set_device_delta(device_delta_.get());
   delivery_ = MakeDelivery(am, rank_, program_, *memory_, options_.signal_batch_bytes, stats_);
@@ -447,8 +516,8 @@ absl::Status RefitEngine::Impl::InitDelta(const std::vector<BufferView>& buffers
     const SendDesc& d = program_.descs[i];
     for (uint32_t k = 0; k < d.segments; ++k) segment_desc_[d.segment_begin + k] = i;
   }
-  std::vector<cuda::DeltaBatchPiece> pieces;
-  for (uint32_t i : DeltaPostingOrder(program_, on_device)) {
+  std::vector<cuda::BatchPiece> pieces;
+  for (uint32_t i : PostingOrder(program_, on_device)) {
     const SendDesc& d = program_.descs[i];
     const int es = d.delta_elem_bytes;
     for (uint32_t k = 0; k < d.segments; ++k) {
@@ -456,7 +525,7 @@ absl::Status RefitEngine::Impl::InitDelta(const std::vector<BufferView>& buffers
                         delta::StreamCapacity(delta::SegmentLength(d.bytes / es, es, k), es)});
     }
   }
-  gpu_plan_ = cuda::PlanDeltaBatches(pieces, cuda::kDeltaBatchBudget, cuda::kDeltaBatchSlots);
+  gpu_plan_ = cuda::PlanBatches(pieces, cuda::kDeltaBatchBudget, cuda::kDeltaBatchSlots);
   gpu_entry_.assign(program_.segments, -1);
   gpu_batch_.assign(gpu_plan_.entries.size(), 0);
   for (int32_t b = 0; b < gpu_plan_.batches(); ++b) {
@@ -533,6 +602,203 @@ bool RefitEngine::Impl::DeltaGpuRunning() {
     if (!done.ok()) return false;  // EncodeSegment reports the failure.
     if (!*done) return true;
     gpu_done_[b] = 1;
+  }
+  return false;
+}
+
+absl::Status RefitEngine::Impl::InitRing(const std::vector<BufferView>& buffers,
+                                         std::vector<bool>* ring_sources,
+                                         std::unique_ptr<cuda::StagingRing>* ring) {
+  // Candidates: CUDA source buffers a send reads (RegisteredMemory stages them otherwise).
+  std::vector<bool> on_ring = SourceBuffersRead(plan_, rank_);
+  for (size_t b = 0; b < buffers.size(); ++b) {
+    on_ring[b] = on_ring[b] && buffers[b].kind == MemoryKind::kCuda && buffers[b].bytes > 0 &&
+                 plan_.buffers()[b].side == plan::Side::kSrc;
+  }
+  // Every descriptor reading a ring source goes through the ring, except the pieces the GPU
+  // delta encode reads from device memory itself. A buffer that a host-encoded delta piece or a
+  // descriptor with `after` reads keeps its pinned host copy (neither happens in plans with the
+  // kernels: sources have no `after`, and CUDA delta pieces are GPU-encoded).
+  std::vector<bool> selected(program_.descs.size(), false);
+  for (uint32_t i = 0; i < program_.descs.size(); ++i) {
+    const SendDesc& d = program_.descs[i];
+    if (!on_ring[d.from_buffer]) continue;
+    const bool gpu_encoded = i < device_shadow_offset_.size() && device_shadow_offset_[i] >= 0;
+    if (d.delta_elem_bytes > 0 && !gpu_encoded) on_ring[d.from_buffer] = false;
+    if (plan_.transfers()[d.transfer].after >= 0) on_ring[d.from_buffer] = false;
+  }
+  for (uint32_t i = 0; i < program_.descs.size(); ++i) {
+    const SendDesc& d = program_.descs[i];
+    selected[i] = on_ring[d.from_buffer] && d.delta_elem_bytes == 0 && d.run_end > d.run_begin;
+  }
+  *ring_sources = on_ring;
+  // Each descriptor's stream (its runs' bytes one after another), splittable at its runs.
+  std::vector<cuda::BatchPiece> pieces;
+  for (uint32_t i : PostingOrder(program_, selected, /*local_copies=*/true)) {
+    const SendDesc& d = program_.descs[i];
+    cuda::BatchPiece piece{i, 0};
+    for (uint32_t r = d.run_begin; r < d.run_end; ++r) {
+      if (r > d.run_begin) piece.cuts.push_back(piece.bytes);
+      piece.bytes += program_.runs[r].bytes;
+    }
+    pieces.push_back(std::move(piece));
+  }
+  const cuda::BatchPlan plan =
+      cuda::PlanBatches(pieces, options_.stage_ring_bytes, cuda::kStageRingSlots);
+  if (plan.batches() == 0) return absl::OkStatus();
+  // Parts as runs: a part's bytes [begin, begin + bytes) of its piece start and end at runs.
+  ring_first_part_.assign(program_.descs.size(), -1);
+  ring_batch_begin_.clear();
+  ring_batch_bytes_.assign(static_cast<size_t>(plan.batches()), 0);
+  uint32_t run = 0;
+  int64_t at = 0;  // The stream offset of `run` in its descriptor.
+  for (int32_t b = 0; b < plan.batches(); ++b) {
+    ring_batch_begin_.push_back(static_cast<uint32_t>(ring_parts_.size()));
+    for (uint32_t e = plan.batch_begin[b]; e < plan.batch_begin[b + 1]; ++e) {
+      const cuda::BatchPlan::Entry& entry = plan.entries[e];
+      const SendDesc& d = program_.descs[entry.id];
+      if (entry.begin == 0) {
+        ring_first_part_[entry.id] = static_cast<int64_t>(ring_parts_.size());
+        run = d.run_begin;
+        at = 0;
+      }
+      RESHARD_CHECK(at == entry.begin);  // PlanBatches cut at run boundaries only.
+      RingPart part{entry.id, run, run, b, entry.offset};
+      while (at < entry.begin + entry.bytes) at += program_.runs[part.run_end++].bytes;
+      RESHARD_CHECK(at == entry.begin + entry.bytes && part.run_end <= d.run_end);
+      run = part.run_end;
+      ring_parts_.push_back(part);
+      ring_batch_bytes_[b] += entry.bytes;
+    }
+  }
+  ring_batch_begin_.push_back(static_cast<uint32_t>(ring_parts_.size()));
+  // One pack batch per ring batch over every ring source: offsets count from the lowest
+  // source address, so one launch reads several buffers.
+  uintptr_t base = UINTPTR_MAX;
+  for (size_t b = 0; b < buffers.size(); ++b) {
+    if (on_ring[b]) base = std::min(base, reinterpret_cast<uintptr_t>(buffers[b].data));
+  }
+  ring_base_ = reinterpret_cast<const uint8_t*>(base);
+  cuda::PackBatchOptions pack;
+  pack.strided_base_align = cuda::kMaxPackWidth;
+  while (base % static_cast<uintptr_t>(pack.strided_base_align) != 0) pack.strided_base_align /= 2;
+  pack.packed_base_align = cuda::kMaxPackWidth;  // Slots start at multiples of kBatchAlign.
+  std::vector<cuda::PackBatch> batches(static_cast<size_t>(plan.batches()));
+  std::vector<cuda::StridedRegion> slabs;
+  for (int32_t b = 0; b < plan.batches(); ++b) {
+    batches[b].strided_base_align = pack.strided_base_align;
+    batches[b].packed_base_align = pack.packed_base_align;
+    for (uint32_t k = ring_batch_begin_[b]; k < ring_batch_begin_[b + 1]; ++k) {
+      const RingPart& part = ring_parts_[k];
+      const SendDesc& d = program_.descs[part.desc];
+      const plan::Region& region = plan_.region(plan_.transfers()[d.transfer].region);
+      const int64_t shift =
+          static_cast<int64_t>(reinterpret_cast<uintptr_t>(buffers[d.from_buffer].data) - base);
+      // The part's stream range of the piece (the runs before it in the descriptor).
+      int64_t begin = 0, end = 0;
+      for (uint32_t r = d.run_begin; r < part.run_end; ++r) {
+        (r < part.run_begin ? begin : end) += program_.runs[r].bytes;
+      }
+      end += begin;
+      slabs.clear();
+      plan::ForEachSlab(region, plan_.region_dims(region), begin, end,
+                        [&](int64_t from, int64_t, int64_t width, int64_t rows, int64_t from_pitch,
+                            int64_t) {
+                          cuda::StridedRegion slab;
+                          slab.offset = shift + from;
+                          slab.run_bytes = width;
+                          slab.ndims = rows > 1 ? 1 : 0;
+                          slab.count[0] = rows;
+                          slab.stride[0] = from_pitch;
+                          slabs.push_back(slab);
+                        });
+      pack.packed_begin = part.offset;
+      absl::StatusOr<cuda::PackBatch> built = cuda::BuildPackBatch(slabs, pack);
+      absl::Status appended =
+          built.ok() ? cuda::AppendPackBatch(*built, &batches[b]) : built.status();
+      if (!appended.ok()) {
+        return absl::Status(appended.code(),
+                            absl::StrFormat("rank %d: the staging ring's batch %d (tensor \"%s\"): %s",
+                                            rank_, b, RingTensor(part), appended.message()));
+      }
+    }
+  }
+  absl::StatusOr<std::unique_ptr<cuda::StagingRing>> created =
+      cuda::StagingRing::Create(plan.slots, plan.slot_bytes, batches);
+  if (!created.ok()) {
+    return absl::Status(created.status().code(),
+                        absl::StrFormat("rank %d: the staging ring of CUDA source buffer \"%s\" "
+                                        "(%d bytes of pinned memory): %s",
+                                        rank_, plan_.buffers()[program_.descs[ring_parts_[0].desc]
+                                                                   .from_buffer]
+                                                   .name,
+                                        plan.pinned_bytes(), created.status().message()));
+  }
+  *ring = *std::move(created);
+  ring_left_.assign(static_cast<size_t>(plan.batches()), 0);
+  ring_done_.assign(static_cast<size_t>(plan.batches()), 0);
+  return absl::OkStatus();
+}
+
+absl::Status RefitEngine::Impl::EnqueueRingBatches() {
+  cuda::StagingRing* ring = memory_->ring();
+  const int32_t slots = ring->slots();
+  while (ring_enqueued_ < ring_batches()) {
+    const int32_t b = ring_enqueued_;
+    const int32_t slot = b % slots;
+    // The slot's previous batch: every part posted, and every send reading it complete.
+    if (b >= slots && ring_left_[b - slots] != 0) return absl::OkStatus();
+    if (ring_in_flight_[slot] != 0) return absl::OkStatus();
+    // A source still being written (HoldSource) is packed once released: its batch waits.
+    for (uint32_t k = ring_batch_begin_[b]; k < ring_batch_begin_[b + 1]; ++k) {
+      if (Held(program_.descs[ring_parts_[k].desc])) return absl::OkStatus();
+    }
+    absl::Status packed = ring->Pack(b, slot, ring_base_);
+    if (!packed.ok()) {
+      return absl::Status(packed.code(),
+                          absl::StrFormat("rank %d: packing the staging ring's batch %d (tensor "
+                                          "\"%s\", %d bytes): %s",
+                                          rank_, b, RingTensor(ring_parts_[ring_batch_begin_[b]]),
+                                          ring_batch_bytes_[b], packed.message()));
+    }
+    stats_.stage_ring_batches++;
+    stats_.bytes_ring_packed += ring_batch_bytes_[b];
+    stats_.bytes_staged_to_host += ring_batch_bytes_[b];
+    ++ring_enqueued_;
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<bool> RefitEngine::Impl::RingReady(int32_t b) {
+  if (b >= ring_enqueued_) {
+    RESHARD_RETURN_IF_ERROR(EnqueueRingBatches());
+    return false;  // Packed now at the earliest: its event is polled next round.
+  }
+  if (ring_done_[b] != 0) return true;
+  absl::StatusOr<bool> done = memory_->ring()->SlotDone(b % memory_->ring()->slots());
+  if (!done.ok()) {
+    return absl::Status(done.status().code(),
+                        absl::StrFormat("rank %d: the staging ring's batch %d (tensor \"%s\") "
+                                        "failed on the GPU: %s",
+                                        rank_, b, RingTensor(ring_parts_[ring_batch_begin_[b]]),
+                                        done.status().message()));
+  }
+  ring_done_[b] = *done ? 1 : 0;
+  return *done;
+}
+
+absl::Status RefitEngine::Impl::ConsumeRingPart(int32_t b) {
+  if (--ring_left_[b] == 0) return EnqueueRingBatches();
+  return absl::OkStatus();
+}
+
+bool RefitEngine::Impl::RingGpuRunning() {
+  if (!in_epoch_) return false;
+  for (int32_t b = 0; b < ring_enqueued_; ++b) {
+    if (ring_done_[b] != 0 || ring_left_[b] == 0) continue;
+    absl::StatusOr<bool> done = RingReady(b);
+    if (!done.ok()) return false;  // The next round reports the failure.
+    if (!*done) return true;
   }
   return false;
 }
@@ -666,6 +932,9 @@ absl::Status RefitEngine::Impl::Start(uint64_t epoch) {
     link->cursor_desc = -1;
     link->cursor_run = 0;
     link->encoded_run = -1;
+    link->ring_part = -1;
+    link->ring_source = nullptr;
+    link->ring_slot = -1;
     link->remaining_from = link->expected_from;
     link->unsignalled = program_.peer_begin[r + 1] - program_.peer_begin[r];
   }
@@ -713,6 +982,16 @@ absl::Status RefitEngine::Impl::Start(uint64_t epoch) {
   std::fill(gpu_plain_.begin(), gpu_plain_.end(), 0);
   gpu_enqueued_ = 0;
   if (staged.ok() && gpu_plan_.batches() > 0) staged = EnqueueDeltaBatches();
+  // The staging ring packs its first batches now (as soon as their slots' sends of the last
+  // epoch completed).
+  stats_.stage_ring_bytes = memory_->ring() != nullptr ? memory_->ring()->bytes() : 0;
+  for (int32_t b = 0; b < ring_batches(); ++b) {
+    ring_left_[b] = static_cast<int32_t>(ring_batch_begin_[b + 1] - ring_batch_begin_[b]);
+  }
+  std::fill(ring_done_.begin(), ring_done_.end(), 0);
+  ring_enqueued_ = 0;
+  local_ring_part_ = -1;
+  if (staged.ok() && ring_batches() > 0) staged = EnqueueRingBatches();
   if (!staged.ok()) {
     Fail(staged);
     BroadcastAbort();
@@ -743,6 +1022,14 @@ bool RefitEngine::Impl::PumpOnce() {
     link->started = true;
     link->ready.insert(link->ready.end(), link->initial.begin(), link->initial.end());
     busy = true;
+  }
+  if (ring_enqueued_ < ring_batches()) {
+    // A slot frees when the last send reading it completes (inside the worker's progress).
+    absl::Status packed = EnqueueRingBatches();
+    if (!packed.ok()) {
+      Fail(packed);
+      return true;
+    }
   }
   const int before = outstanding_puts_;
   PostSends();
@@ -779,10 +1066,13 @@ void RefitEngine::Impl::PostSends() {
         link->cursor_desc = link->ready.front();
         link->ready.pop_front();
         link->cursor_run = program_.descs[link->cursor_desc].run_begin;
+        link->ring_part = OnRing(static_cast<uint32_t>(link->cursor_desc))
+                              ? ring_first_part_[link->cursor_desc]
+                              : -1;
       }
       const SendDesc& d = program_.descs[link->cursor_desc];
       const bool delta = d.delta_elem_bytes > 0;
-      if (d.packed && !delta && link->cursor_run == d.run_begin) {
+      if (d.packed && !delta && link->cursor_run == d.run_begin && link->ring_part < 0) {
         // Gather the short runs (the source holds this epoch's data since Start).
         absl::Status gathered = landing_->Gather(d);
         if (!gathered.ok()) return Fail(gathered);
@@ -790,6 +1080,19 @@ void RefitEngine::Impl::PostSends() {
       bool waiting = false;  // A GPU-encoded segment's batch still runs.
       while (link->cursor_run < d.run_end) {
         if (outstanding_puts_ >= options_.max_outstanding_puts) return;
+        if (link->ring_part >= 0 && link->ring_source == nullptr) {
+          // The first run of a staging ring part: posted once its batch is packed.
+          const RingPart& part = ring_parts_[link->ring_part];
+          absl::StatusOr<bool> packed = RingReady(part.batch);
+          if (!packed.ok()) return Fail(packed.status());
+          if (!*packed) {
+            waiting = true;  // The other links go on.
+            break;
+          }
+          const int slot = part.batch % memory_->ring()->slots();
+          link->ring_source = memory_->ring()->slot(slot) + part.offset;
+          link->ring_slot = slot;
+        }
         if (delta) {
           // Delta pieces leave segment by segment: each is encoded when its first run is due,
           // while the segments before it are on the wire, and only its stream's length goes.
@@ -819,7 +1122,27 @@ void RefitEngine::Impl::PostSends() {
               absl::StrCat(posted.message(), ", tensor \"",
                            plan_.spec().tensors[plan_.transfers()[d.transfer].tensor].name, "\"")));
         }
-        if (in_flight) outstanding_puts_++;
+        if (in_flight) {
+          outstanding_puts_++;
+          if (link->ring_slot >= 0) ring_in_flight_[link->ring_slot]++;
+        }
+        if (link->ring_source != nullptr) {
+          link->ring_source += program_.runs[link->cursor_run].bytes;
+          const RingPart& part = ring_parts_[link->ring_part];
+          if (link->cursor_run + 1 == part.run_end) {
+            // The part's sends are posted; they hold its slot until they complete.
+            absl::Status done = delivery_->RingPartPosted(*link);
+            if (done.ok()) done = ConsumeRingPart(part.batch);
+            if (!done.ok()) return Fail(done);
+            link->ring_source = nullptr;
+            link->ring_slot = -1;
+            const int64_t next = link->ring_part + 1;
+            link->ring_part = next < static_cast<int64_t>(ring_parts_.size()) &&
+                                      ring_parts_[next].desc == part.desc
+                                  ? next
+                                  : -1;
+          }
+        }
         link->cursor_run++;
       }
       if (waiting) continue;
@@ -918,11 +1241,34 @@ void RefitEngine::Impl::Advance() {
 
 void RefitEngine::Impl::RunLocalCopies() {
   while (!local_ready_.empty() && status_.ok()) {
-    const SendDesc& d = program_.descs[local_ready_.front()];
+    const uint32_t desc = local_ready_.front();
+    const SendDesc& d = program_.descs[desc];
     if (Held(d)) return;  // Not yet written.
-    local_ready_.pop_front();
-    absl::Status copied = landing_->CopyLocal(d);
-    if (!copied.ok()) return Fail(copied);
+    if (OnRing(desc)) {
+      // Part by part from the staging ring, each once its batch is packed.
+      if (local_ring_part_ < 0) local_ring_part_ = ring_first_part_[desc];
+      while (local_ring_part_ >= 0) {
+        const RingPart& part = ring_parts_[local_ring_part_];
+        absl::StatusOr<bool> packed = RingReady(part.batch);
+        if (!packed.ok()) return Fail(packed.status());
+        if (!*packed) return;
+        const uint8_t* stream =
+            memory_->ring()->slot(part.batch % memory_->ring()->slots()) + part.offset;
+        absl::Status copied = landing_->CopyLocal(d, part.run_begin, part.run_end, stream);
+        if (copied.ok()) copied = ConsumeRingPart(part.batch);
+        if (!copied.ok()) return Fail(copied);
+        const int64_t next = local_ring_part_ + 1;
+        local_ring_part_ =
+            next < static_cast<int64_t>(ring_parts_.size()) && ring_parts_[next].desc == desc
+                ? next
+                : -1;
+      }
+      local_ready_.pop_front();
+    } else {
+      local_ready_.pop_front();
+      absl::Status copied = landing_->CopyLocal(d);
+      if (!copied.ok()) return Fail(copied);
+    }
     stats_.bytes_local += d.bytes;
     MarkLanded(d.slot);
   }
@@ -988,6 +1334,12 @@ std::string RefitEngine::Impl::PendingSummary() const {
             absl::StrCat(link->in_flight(), " request(s) in flight to rank ", link->peer()));
       }
     }
+  }
+  if (ring_enqueued_ < ring_batches()) {
+    const int32_t slot = ring_enqueued_ % memory_->ring()->slots();
+    parts.push_back(absl::StrCat("staging ring batch ", ring_enqueued_, " of ", ring_batches(),
+                                 " not yet packed (", ring_in_flight_[slot],
+                                 " send(s) still read its slot)"));
   }
   return parts.empty() ? "local work" : absl::StrJoin(parts, ", ");
 }

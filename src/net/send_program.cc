@@ -112,8 +112,11 @@ SendProgram BuildSendProgram(const plan::Plan& plan, int32_t rank,
         RESHARD_CHECK(slot >= 0);  // A local copy both leaves and lands here.
         d.slot = static_cast<uint32_t>(slot);
       }
-      const int64_t chunk =
+      int64_t chunk =
           options.chunk_bytes > 0 && t.to_rank != rank ? options.chunk_bytes : INT64_MAX;
+      if (options.max_run_bytes > 0 && DeltaElemBytes(plan, t, options) == 0) {
+        chunk = std::min(chunk, options.max_run_bytes);
+      }
       auto add = [&](int64_t local, int64_t remote, int64_t bytes) {
         for (int64_t done = 0; done < bytes; done += chunk) {
           p.runs.push_back(SendRun{local + done, remote + done, std::min(chunk, bytes - done)});

@@ -50,6 +50,12 @@ struct SendProgramOptions {
   int64_t pack_below_run_bytes = 0;  // 0: never pack.
   int64_t chunk_bytes = 0;           // 0: network runs are not cut.
   bool delta = false;                // Delta streams (see above).
+  // 0, or the most bytes of any run that is not a delta stream's (network runs, packed streams,
+  // local copies): runs are cut there. The engine sets it to its staging ring's slot size when
+  // staged CUDA sources go through the ring, so that every run fits one slot
+  // (docs/data-plane.md, "The staging ring"). Only the sender's runs change: receivers accept
+  // any cut.
+  int64_t max_run_bytes = 0;
 };
 
 struct SendRun {
