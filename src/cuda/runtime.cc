@@ -86,6 +86,73 @@ absl::Status CudaCopy2D(void* dst, int64_t dst_pitch, const void* src, int64_t s
   return absl::OkStatus();
 }
 
+absl::StatusOr<std::unique_ptr<CopyQueue>> CopyQueue::Create() {
+  std::unique_ptr<CopyQueue> q(new CopyQueue());
+  cudaStream_t stream = nullptr;
+  const cudaError_t err = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
+  if (err != cudaSuccess) return CudaError(err, "cudaStreamCreateWithFlags(copy queue)");
+  q->stream_ = stream;
+  return q;
+}
+
+CopyQueue::~CopyQueue() {
+  if (stream_ != nullptr) {
+    cudaStreamSynchronize(static_cast<cudaStream_t>(stream_));
+    cudaStreamDestroy(static_cast<cudaStream_t>(stream_));
+  }
+  for (void* e : events_) cudaEventDestroy(static_cast<cudaEvent_t>(e));
+}
+
+absl::Status CopyQueue::Copy2D(void* dst, int64_t dst_pitch, const void* src, int64_t src_pitch,
+                               int64_t width, int64_t rows) {
+  if (width <= 0 || rows <= 0) return absl::OkStatus();
+  auto stream = static_cast<cudaStream_t>(stream_);
+  cudaError_t err = cudaSuccess;
+  if (rows == 1) {
+    err = cudaMemcpyAsync(dst, src, static_cast<size_t>(width), cudaMemcpyDefault, stream);
+    if (err != cudaSuccess) return CudaError(err, "cudaMemcpyAsync(copy queue)");
+  } else if (dst_pitch >= width && src_pitch >= width) {
+    err = cudaMemcpy2DAsync(dst, static_cast<size_t>(dst_pitch), src, static_cast<size_t>(src_pitch),
+                            static_cast<size_t>(width), static_cast<size_t>(rows),
+                            cudaMemcpyDefault, stream);
+    if (err != cudaSuccess) return CudaError(err, "cudaMemcpy2DAsync(copy queue)");
+  } else {
+    for (int64_t i = 0; i < rows; ++i) {
+      err = cudaMemcpyAsync(static_cast<char*>(dst) + i * dst_pitch,
+                            static_cast<const char*>(src) + i * src_pitch,
+                            static_cast<size_t>(width), cudaMemcpyDefault, stream);
+      if (err != cudaSuccess) return CudaError(err, "cudaMemcpyAsync(copy queue)");
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int32_t> CopyQueue::Record() {
+  if (free_.empty()) {
+    cudaEvent_t e = nullptr;
+    const cudaError_t err = cudaEventCreateWithFlags(&e, cudaEventDisableTiming);
+    if (err != cudaSuccess) return CudaError(err, "cudaEventCreateWithFlags(copy queue)");
+    events_.push_back(e);
+    free_.push_back(static_cast<int32_t>(events_.size()) - 1);
+  }
+  const int32_t id = free_.back();
+  const cudaError_t err = cudaEventRecord(static_cast<cudaEvent_t>(events_[id]),
+                                          static_cast<cudaStream_t>(stream_));
+  if (err != cudaSuccess) return CudaError(err, "cudaEventRecord(copy queue)");
+  free_.pop_back();
+  return id;
+}
+
+absl::StatusOr<bool> CopyQueue::Done(int32_t id) {
+  const cudaError_t err = cudaEventQuery(static_cast<cudaEvent_t>(events_[id]));
+  if (err == cudaSuccess) return true;
+  if (err == cudaErrorNotReady) {
+    cudaGetLastError();  // Not ready is not an error: keep later calls clean.
+    return false;
+  }
+  return CudaError(err, "cudaEventQuery(copy queue)");
+}
+
 #else  // !RESHARD_HAVE_CUDA
 
 namespace {
@@ -106,6 +173,13 @@ absl::Status CudaCopy(void*, const void*, size_t) { return NoCuda(); }
 absl::Status CudaCopy2D(void*, int64_t, const void*, int64_t, int64_t, int64_t) {
   return NoCuda();
 }
+absl::StatusOr<std::unique_ptr<CopyQueue>> CopyQueue::Create() { return NoCuda(); }
+CopyQueue::~CopyQueue() = default;
+absl::Status CopyQueue::Copy2D(void*, int64_t, const void*, int64_t, int64_t, int64_t) {
+  return NoCuda();
+}
+absl::StatusOr<int32_t> CopyQueue::Record() { return NoCuda(); }
+absl::StatusOr<bool> CopyQueue::Done(int32_t) { return NoCuda(); }
 
 #endif
 

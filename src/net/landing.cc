@@ -272,11 +272,11 @@ absl::StatusOr<bool> Landing::Data(const wire::DataHeader& h, const void* data, 
   return static_cast<uint64_t>(landed_bytes_[slot]) == region_bytes;
 }
 
-absl::Status Landing::Land(uint32_t slot) {
+absl::StatusOr<bool> Landing::Land(uint32_t slot) {
   landed_epoch_[slot] = epoch_;
   const plan::Transfer& t = plan_.transfers()[program_.received[slot]];
   const uint32_t to_buf = plan_.buffer_of(t.tensor, t.to_side);
-  if (!memory_.staged(to_buf)) return absl::OkStatus();
+  if (!memory_.staged(to_buf)) return false;
   // Staged destination: the piece landed in pinned host memory; move it to the device.
   auto* device = static_cast<uint8_t*>(memory_.buffer(to_buf).data);
   const uint8_t* host = memory_.data(to_buf);
@@ -286,12 +286,21 @@ absl::Status Landing::Land(uint32_t slot) {
   plan::ForEachSlab(region, plan_.region_dims(region), 0, region.bytes,
                     [&](int64_t, int64_t to_off, int64_t width, int64_t rows, int64_t,
                         int64_t to_pitch) {
-                      if (status.ok()) {
-                        status = cuda::CudaCopy2D(device + to_off, to_pitch, host + to_off,
-                                                  to_pitch, width, rows);
-                      }
+                      if (!status.ok()) return;
+                      status = copy_queue_ != nullptr
+                                   ? copy_queue_->Copy2D(device + to_off, to_pitch,
+                                                         host + to_off, to_pitch, width, rows)
+                                   : cuda::CudaCopy2D(device + to_off, to_pitch, host + to_off,
+                                                      to_pitch, width, rows);
                     });
-  return status;
+  if (!status.ok()) {
+    return absl::Status(status.code(),
+                        absl::StrCat("rank ", program_.rank, ": moving transfer ",
+                                     program_.received_ids[slot], " (tensor \"",
+                                     plan_.spec().tensors[t.tensor].name, "\") from rank ",
+                                     t.from_rank, " to the device: ", status.message()));
+  }
+  return copy_queue_ != nullptr;
 }
 
 absl::Status Landing::Unpack(uint32_t slot, int64_t begin, const uint8_t* packed, int64_t length) {

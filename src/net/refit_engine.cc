@@ -147,7 +147,7 @@ class RefitEngine::Impl final : public MessageSink, public LinkOwner {
     explicit Events(Impl& impl) : impl_(impl) {}
     void Block(absl::Duration timeout) override {
       if (impl_.outstanding_puts_ > 0 || impl_.targets_emulated_puts_ || impl_.DeltaGpuRunning() ||
-          impl_.RingGpuRunning()) {
+          impl_.RingGpuRunning() || !impl_.to_device_.empty()) {
         sched_yield();
       } else {
         impl_.runtime_->worker().Block(timeout);
@@ -224,6 +224,21 @@ class RefitEngine::Impl final : public MessageSink, public LinkOwner {
   // packed again only when this is 0).
   int64_t ring_in_flight_[PeerLink::kMaxRingSlots] = {};
   int64_t local_ring_part_ = -1;  // The next part of the local copy in front, or -1.
+  // Staged destinations: landed pieces move to the device on this queue, without waiting; the
+  // pieces whose copies are in flight, in the order they were enqueued (their events complete
+  // in that order).
+  std::unique_ptr<cuda::CopyQueue> copy_queue_;
+  struct ToDevice {
+    uint32_t slot = 0;
+    int32_t event = 0;
+  };
+  std::deque<ToDevice> to_device_;
+  // Forgets copies of a failed epoch (their events are recycled; the copies still write the
+  // device buffer, which a failed epoch leaves undefined anyway).
+  void DropToDevice() {
+    for (const ToDevice& m : to_device_) copy_queue_->Release(m.event);
+    to_device_.clear();
+  }
   int32_t ring_batches() const {
     return ring_batch_begin_.empty() ? 0 : static_cast<int32_t>(ring_batch_begin_.size()) - 1;
   }
@@ -280,8 +295,12 @@ class RefitEngine::Impl final : public MessageSink, public LinkOwner {
   bool Complete() const;
   void Fail(absl::Status status);
   void BroadcastAbort();
-  // The transfer in `slot` (SendProgram::received) landed here.
+  // The transfer in `slot` (SendProgram::received) landed here: counted, reported and its
+  // dependents released (FinishLanded) at once, or, for a staged destination piece moving to
+  // the device on copy_queue_, once the copy's event completed (PollToDevice, every round).
   void MarkLanded(uint32_t slot);
+  void FinishLanded(uint32_t slot);
+  void PollToDevice();
   void PostSends();
   // Delta mode's set-up: shadows (host, and device for CUDA sources), the CUDA codec.
   absl::Status InitDelta(const std::vector<BufferView>& buffers);
@@ -372,6 +391,20 @@ absl::Status RefitEngine::Impl::Init(rendezvous::Store& store, std::vector<Buffe
   RESHARD_RETURN_IF_ERROR(memory_->AttachRing(std::move(ring), *runtime_));
   landing_ = std::make_unique<Landing>(plan_, program_, *memory_, am);
   landing_->set_device_delta(device_delta_.get());
+  for (uint32_t b = 0; b < memory_->size(); ++b) {
+    if (!memory_->staged(b) || plan_.buffers()[b].side == plan::Side::kSrc) continue;
+    // A staged destination: its landed pieces move to the device without a synchronise.
+    absl::StatusOr<std::unique_ptr<cuda::CopyQueue>> queue = cuda::CopyQueue::Create();
+    if (!queue.ok()) {
+      return absl::Status(queue.status().code(),
+                          absl::StrFormat("rank %d: the copy queue of staged CUDA destination "
+                                          "buffer \"%s\": %s",
+                                          rank_, plan_.buffers()[b].name, queue.status().message()));
+    }
+    copy_queue_ = *std::move(queue);
+    landing_->set_copy_queue(copy_queue_.get());
+    break;
+  }
   delivery_ = MakeDelivery(am, rank_, program_, *memory_, options_.signal_batch_bytes, stats_);
   single_copy_enabled_ = options_.single_copy && !am;
   if (const char* env = std::getenv("RESHARD_SINGLE_COPY")) {
@@ -991,6 +1024,7 @@ absl::Status RefitEngine::Impl::Start(uint64_t epoch) {
   std::fill(ring_done_.begin(), ring_done_.end(), 0);
   ring_enqueued_ = 0;
   local_ring_part_ = -1;
+  if (copy_queue_ != nullptr) DropToDevice();
   if (staged.ok() && ring_batches() > 0) staged = EnqueueRingBatches();
   if (!staged.ok()) {
     Fail(staged);
@@ -1030,6 +1064,11 @@ bool RefitEngine::Impl::PumpOnce() {
       Fail(packed);
       return true;
     }
+  }
+  if (!to_device_.empty()) {
+    const size_t moving = to_device_.size();
+    PollToDevice();
+    busy = busy || to_device_.size() != moving;
   }
   const int before = outstanding_puts_;
   PostSends();
@@ -1276,8 +1315,41 @@ void RefitEngine::Impl::RunLocalCopies() {
 
 void RefitEngine::Impl::MarkLanded(uint32_t slot) {
   if (landing_->landed(slot)) return;
-  absl::Status landed = landing_->Land(slot);
-  if (!landed.ok()) Fail(landed);
+  absl::StatusOr<bool> moving = landing_->Land(slot);
+  if (moving.ok() && *moving) {
+    // A staged destination piece on its way to the device: it lands when the copy's event
+    // completed (PollToDevice).
+    absl::StatusOr<int32_t> event = copy_queue_->Record();
+    if (event.ok()) {
+      to_device_.push_back({slot, *event});
+      return;
+    }
+    moving = event.status();
+  }
+  if (!moving.ok()) Fail(moving.status());
+  FinishLanded(slot);
+}
+
+void RefitEngine::Impl::PollToDevice() {
+  while (!to_device_.empty() && status_.ok()) {
+    const ToDevice front = to_device_.front();
+    absl::StatusOr<bool> done = copy_queue_->Done(front.event);
+    if (!done.ok()) {
+      const plan::Transfer& t = plan_.transfers()[program_.received[front.slot]];
+      return Fail(absl::Status(
+          done.status().code(),
+          absl::StrCat("rank ", rank_, ": moving transfer ", program_.received_ids[front.slot],
+                       " (tensor \"", plan_.spec().tensors[t.tensor].name, "\") from rank ",
+                       t.from_rank, " to the device failed: ", done.status().message())));
+    }
+    if (!*done) return;  // Copies complete in order on the queue's stream.
+    copy_queue_->Release(front.event);
+    to_device_.pop_front();
+    FinishLanded(front.slot);
+  }
+}
+
+void RefitEngine::Impl::FinishLanded(uint32_t slot) {
   const plan::Transfer& t = plan_.transfers()[program_.received[slot]];
   const uint32_t id = program_.received_ids[slot];
   remaining_--;
@@ -1334,6 +1406,9 @@ std::string RefitEngine::Impl::PendingSummary() const {
             absl::StrCat(link->in_flight(), " request(s) in flight to rank ", link->peer()));
       }
     }
+  }
+  if (!to_device_.empty()) {
+    parts.push_back(absl::StrCat(to_device_.size(), " landed piece(s) still moving to the device"));
   }
   if (ring_enqueued_ < ring_batches()) {
     const int32_t slot = ring_enqueued_ % memory_->ring()->slots();
@@ -1436,6 +1511,7 @@ void RefitEngine::Impl::Reset() {
   }
   remaining_ = 0;
   local_ready_.clear();
+  if (copy_queue_ != nullptr) DropToDevice();
 }
 
 // ---------------------------------------------------------------------------------------------
