@@ -1,6 +1,7 @@
 #include "src/cuda/runtime.h"
 
 #include "absl/strings/str_cat.h"
+#include "src/common/status.h"
 
 #if RESHARD_HAVE_CUDA
 #include <cuda_runtime_api.h>
@@ -55,6 +56,41 @@ absl::StatusOr<cudaStream_t> CopyStream() {
 }
 }  // namespace
 
+absl::StatusOr<bool> QueryEvent(void* event, const char* call) {
+  const cudaError_t err = cudaEventQuery(static_cast<cudaEvent_t>(event));
+  if (err == cudaSuccess) return true;
+  if (err == cudaErrorNotReady) {
+    cudaGetLastError();  // Not ready is not an error: keep later calls clean.
+    return false;
+  }
+  return CudaError(err, call);
+}
+
+namespace {
+// CudaCopy2D's copies, enqueued on `stream` without waiting.
+absl::Status EnqueueCopy2D(void* dst, int64_t dst_pitch, const void* src, int64_t src_pitch,
+                           int64_t width, int64_t rows, cudaStream_t stream) {
+  cudaError_t err = cudaSuccess;
+  if (rows == 1) {
+    err = cudaMemcpyAsync(dst, src, static_cast<size_t>(width), cudaMemcpyDefault, stream);
+    if (err != cudaSuccess) return CudaError(err, "cudaMemcpyAsync");
+  } else if (dst_pitch >= width && src_pitch >= width) {
+    err = cudaMemcpy2DAsync(dst, static_cast<size_t>(dst_pitch), src, static_cast<size_t>(src_pitch),
+                            static_cast<size_t>(width), static_cast<size_t>(rows),
+                            cudaMemcpyDefault, stream);
+    if (err != cudaSuccess) return CudaError(err, "cudaMemcpy2DAsync");
+  } else {
+    for (int64_t i = 0; i < rows; ++i) {
+      err = cudaMemcpyAsync(static_cast<char*>(dst) + i * dst_pitch,
+                            static_cast<const char*>(src) + i * src_pitch,
+                            static_cast<size_t>(width), cudaMemcpyDefault, stream);
+      if (err != cudaSuccess) return CudaError(err, "cudaMemcpyAsync");
+    }
+  }
+  return absl::OkStatus();
+}
+}  // namespace
+
 absl::Status CudaCopy(void* dst, const void* src, size_t bytes) {
   return CudaCopy2D(dst, 0, src, 0, static_cast<int64_t>(bytes), 1);
 }
@@ -64,24 +100,8 @@ absl::Status CudaCopy2D(void* dst, int64_t dst_pitch, const void* src, int64_t s
   if (width <= 0 || rows <= 0) return absl::OkStatus();
   absl::StatusOr<cudaStream_t> stream = CopyStream();
   if (!stream.ok()) return stream.status();
-  cudaError_t err = cudaSuccess;
-  if (rows == 1) {
-    err = cudaMemcpyAsync(dst, src, static_cast<size_t>(width), cudaMemcpyDefault, *stream);
-    if (err != cudaSuccess) return CudaError(err, "cudaMemcpyAsync");
-  } else if (dst_pitch >= width && src_pitch >= width) {
-    err = cudaMemcpy2DAsync(dst, static_cast<size_t>(dst_pitch), src, static_cast<size_t>(src_pitch),
-                            static_cast<size_t>(width), static_cast<size_t>(rows),
-                            cudaMemcpyDefault, *stream);
-    if (err != cudaSuccess) return CudaError(err, "cudaMemcpy2DAsync");
-  } else {
-    for (int64_t i = 0; i < rows; ++i) {
-      err = cudaMemcpyAsync(static_cast<char*>(dst) + i * dst_pitch,
-                            static_cast<const char*>(src) + i * src_pitch,
-                            static_cast<size_t>(width), cudaMemcpyDefault, *stream);
-      if (err != cudaSuccess) return CudaError(err, "cudaMemcpyAsync");
-    }
-  }
-  err = cudaStreamSynchronize(*stream);
+  RESHARD_RETURN_IF_ERROR(EnqueueCopy2D(dst, dst_pitch, src, src_pitch, width, rows, *stream));
+  const cudaError_t err = cudaStreamSynchronize(*stream);
   if (err != cudaSuccess) return CudaError(err, "cudaStreamSynchronize");
   return absl::OkStatus();
 }
@@ -106,25 +126,8 @@ CopyQueue::~CopyQueue() {
 absl::Status CopyQueue::Copy2D(void* dst, int64_t dst_pitch, const void* src, int64_t src_pitch,
                                int64_t width, int64_t rows) {
   if (width <= 0 || rows <= 0) return absl::OkStatus();
-  auto stream = static_cast<cudaStream_t>(stream_);
-  cudaError_t err = cudaSuccess;
-  if (rows == 1) {
-    err = cudaMemcpyAsync(dst, src, static_cast<size_t>(width), cudaMemcpyDefault, stream);
-    if (err != cudaSuccess) return CudaError(err, "cudaMemcpyAsync(copy queue)");
-  } else if (dst_pitch >= width && src_pitch >= width) {
-    err = cudaMemcpy2DAsync(dst, static_cast<size_t>(dst_pitch), src, static_cast<size_t>(src_pitch),
-                            static_cast<size_t>(width), static_cast<size_t>(rows),
-                            cudaMemcpyDefault, stream);
-    if (err != cudaSuccess) return CudaError(err, "cudaMemcpy2DAsync(copy queue)");
-  } else {
-    for (int64_t i = 0; i < rows; ++i) {
-      err = cudaMemcpyAsync(static_cast<char*>(dst) + i * dst_pitch,
-                            static_cast<const char*>(src) + i * src_pitch,
-                            static_cast<size_t>(width), cudaMemcpyDefault, stream);
-      if (err != cudaSuccess) return CudaError(err, "cudaMemcpyAsync(copy queue)");
-    }
-  }
-  return absl::OkStatus();
+  return EnqueueCopy2D(dst, dst_pitch, src, src_pitch, width, rows,
+                       static_cast<cudaStream_t>(stream_));
 }
 
 absl::StatusOr<int32_t> CopyQueue::Record() {
@@ -144,13 +147,7 @@ absl::StatusOr<int32_t> CopyQueue::Record() {
 }
 
 absl::StatusOr<bool> CopyQueue::Done(int32_t id) {
-  const cudaError_t err = cudaEventQuery(static_cast<cudaEvent_t>(events_[id]));
-  if (err == cudaSuccess) return true;
-  if (err == cudaErrorNotReady) {
-    cudaGetLastError();  // Not ready is not an error: keep later calls clean.
-    return false;
-  }
-  return CudaError(err, "cudaEventQuery(copy queue)");
+  return QueryEvent(events_[id], "cudaEventQuery(copy queue)");
 }
 
 #else  // !RESHARD_HAVE_CUDA

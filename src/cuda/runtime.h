@@ -25,6 +25,10 @@ bool BuiltWithCuda();
 // a cudaError_t (an int here, so this header needs no CUDA header). Defined in builds with CUDA
 // only, for the code that calls the runtime itself (pack.cc, quantize.cc).
 absl::Status CudaError(int err, const char* call);
+// Without waiting, whether the work before `event` (a cudaEvent_t) finished: cudaEventQuery,
+// its "not ready" cleared from the thread's last error; Internal naming `call` when the work
+// failed. Defined in builds with CUDA only (the pipelines of delta.cc, staging_ring.cc, here).
+absl::StatusOr<bool> QueryEvent(void* event, const char* call);
 
 // Number of usable CUDA devices; 0 when the build has no CUDA, there is no driver, or the
 // runtime reports an error (`why`, when given, receives the reason).

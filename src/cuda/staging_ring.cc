@@ -87,13 +87,7 @@ absl::StatusOr<bool> StagingRing::SlotDone(int32_t slot) {
   if (slot < 0 || slot >= slots_) {
     return absl::InvalidArgumentError(absl::StrCat("staging ring: slot ", slot, " of ", slots_));
   }
-  const cudaError_t err = cudaEventQuery(static_cast<cudaEvent_t>(events_[slot]));
-  if (err == cudaSuccess) return true;
-  if (err == cudaErrorNotReady) {
-    cudaGetLastError();  // Not ready is not an error: keep later calls clean.
-    return false;
-  }
-  return CudaError(err, "cudaEventQuery(staging ring)");
+  return QueryEvent(events_[slot], "cudaEventQuery(staging ring)");
 }
 
 #else  // No CUDA: Create says so; nothing else is reachable.
