@@ -353,6 +353,13 @@ absl::Status RefitEngine::Impl::Init(rendezvous::Store& store, std::vector<Buffe
           plan::SideName(plan_.buffers()[b].side), rank_, buffers[b].bytes, need[b]));
     }
   }
+  if (options_.stage_ring_bytes < cuda::kStageRingSlots * cuda::kBatchAlign) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "rank %d: stage_ring_bytes is %d, below the staging ring's minimum of %d bytes (%d slots "
+        "of %d)",
+        rank_, options_.stage_ring_bytes, cuda::kStageRingSlots * cuda::kBatchAlign,
+        cuda::kStageRingSlots, cuda::kBatchAlign));
+  }
   handle_ = HandleOf(rank_);
   const bool am = UseActiveMessages(options_.delivery);
   // CUDA sources UCX cannot register may go through the staging ring, whose slots must each

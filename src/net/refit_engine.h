@@ -128,6 +128,7 @@ struct RefitEngineOptions {
   // (docs/data-plane.md, "The staging ring"): the GPU packs the pieces such a source sends into
   // the ring's two slots, batch by batch in posting order, and puts read the slots; no
   // full-size host copy of the source exists. Every run is cut at the slot size (half of this).
+  // At least 512 (two slots of 256 bytes): InvalidArgument otherwise.
   int64_t stage_ring_bytes = int64_t{256} << 20;
 };
 
