@@ -28,6 +28,7 @@
 #include "src/net/landing.h"
 #include "src/net/peer_link.h"
 #include "src/net/registered_memory.h"
+#include "src/net/ring_plan.h"
 #include "src/net/runtime.h"
 #include "src/net/send_program.h"
 #include "src/net/ucx/memory.h"
@@ -202,21 +203,12 @@ class RefitEngine::Impl final : public MessageSink, public LinkOwner {
   // rounds then yield instead of sleeping on the UCX worker, which the GPU never wakes).
   bool DeltaGpuRunning();
   // The staging ring (docs/data-plane.md, "The staging ring"): descriptors that read a ring
-  // source (RegisteredMemory::ring_source) in posting order, cut into parts of whole runs that
-  // PlanBatches placed in batches; batch b is packed by the GPU into slot b % slots once batch
-  // b - slots was consumed and every send reading its slot completed; a part is posted (or,
-  // for a local copy, copied) once its batch's event completed.
-  struct RingPart {
-    uint32_t desc = 0;
-    uint32_t run_begin = 0, run_end = 0;  // Its runs; their bytes follow each other in the slot.
-    int32_t batch = 0;
-    int64_t offset = 0;  // In the batch's slot.
-  };
-  std::vector<RingPart> ring_parts_;      // A descriptor's parts consecutive, in its run order.
-  std::vector<int64_t> ring_first_part_;  // By descriptor: its first part, or -1.
-  std::vector<uint32_t> ring_batch_begin_;  // Batch b is parts [begin[b], begin[b + 1]).
-  std::vector<int64_t> ring_batch_bytes_;   // By batch: the bytes it packs.
-  const uint8_t* ring_base_ = nullptr;      // Device address the batches' offsets count from.
+  // source (RegisteredMemory::ring_source) in posting order, cut into parts of whole runs
+  // (PlanRing); batch b is packed by the GPU into slot b % slots once batch b - slots was
+  // consumed and every send reading its slot completed; a part is posted (or, for a local copy,
+  // copied) once its batch's event completed.
+  RingPlan ring_;
+  const uint8_t* ring_base_ = nullptr;  // Device address the batches' offsets count from.
   std::vector<int32_t> ring_left_;  // By batch: its parts not yet consumed this epoch.
   std::vector<uint8_t> ring_done_;  // By batch: its event completed this epoch.
   int32_t ring_enqueued_ = 0;       // Batches packed this epoch (they start in order).
@@ -239,12 +231,8 @@ class RefitEngine::Impl final : public MessageSink, public LinkOwner {
     for (const ToDevice& m : to_device_) copy_queue_->Release(m.event);
     to_device_.clear();
   }
-  int32_t ring_batches() const {
-    return ring_batch_begin_.empty() ? 0 : static_cast<int32_t>(ring_batch_begin_.size()) - 1;
-  }
-  bool OnRing(uint32_t desc) const {
-    return !ring_first_part_.empty() && ring_first_part_[desc] >= 0;
-  }
+  int32_t ring_batches() const { return ring_.batches(); }
+  bool OnRing(uint32_t desc) const { return ring_.on_ring(desc); }
   // Chooses the ring sources among `buffers`, plans the ring and creates it (before the
   // registered memory, which then neither stages nor registers them). `*ring_sources` by buffer.
   absl::Status InitRing(const std::vector<BufferView>& buffers, std::vector<bool>* ring_sources,
@@ -672,111 +660,45 @@ absl::Status RefitEngine::Impl::InitRing(const std::vector<BufferView>& buffers,
     selected[i] = on_ring[d.from_buffer] && d.delta_elem_bytes == 0 && d.run_end > d.run_begin;
   }
   *ring_sources = on_ring;
-  // Each descriptor's stream (its runs' bytes one after another), splittable at its runs.
-  std::vector<cuda::BatchPiece> pieces;
-  for (uint32_t i : PostingOrder(program_, selected, /*local_copies=*/true)) {
-    const SendDesc& d = program_.descs[i];
-    cuda::BatchPiece piece{i, 0};
-    for (uint32_t r = d.run_begin; r < d.run_end; ++r) {
-      if (r > d.run_begin) piece.cuts.push_back(piece.bytes);
-      piece.bytes += program_.runs[r].bytes;
-    }
-    pieces.push_back(std::move(piece));
-  }
-  const cuda::BatchPlan plan =
-      cuda::PlanBatches(pieces, options_.stage_ring_bytes, cuda::kStageRingSlots);
-  if (plan.batches() == 0) return absl::OkStatus();
-  // Parts as runs: a part's bytes [begin, begin + bytes) of its piece start and end at runs.
-  ring_first_part_.assign(program_.descs.size(), -1);
-  ring_batch_begin_.clear();
-  ring_batch_bytes_.assign(static_cast<size_t>(plan.batches()), 0);
-  uint32_t run = 0;
-  int64_t at = 0;  // The stream offset of `run` in its descriptor.
-  for (int32_t b = 0; b < plan.batches(); ++b) {
-    ring_batch_begin_.push_back(static_cast<uint32_t>(ring_parts_.size()));
-    for (uint32_t e = plan.batch_begin[b]; e < plan.batch_begin[b + 1]; ++e) {
-      const cuda::BatchPlan::Entry& entry = plan.entries[e];
-      const SendDesc& d = program_.descs[entry.id];
-      if (entry.begin == 0) {
-        ring_first_part_[entry.id] = static_cast<int64_t>(ring_parts_.size());
-        run = d.run_begin;
-        at = 0;
-      }
-      RESHARD_CHECK(at == entry.begin);  // PlanBatches cut at run boundaries only.
-      RingPart part{entry.id, run, run, b, entry.offset};
-      while (at < entry.begin + entry.bytes) at += program_.runs[part.run_end++].bytes;
-      RESHARD_CHECK(at == entry.begin + entry.bytes && part.run_end <= d.run_end);
-      run = part.run_end;
-      ring_parts_.push_back(part);
-      ring_batch_bytes_[b] += entry.bytes;
-    }
-  }
-  ring_batch_begin_.push_back(static_cast<uint32_t>(ring_parts_.size()));
-  // One pack batch per ring batch over every ring source: offsets count from the lowest
-  // source address, so one launch reads several buffers.
+  // One launch per batch reads every ring source: offsets count from the lowest address.
   uintptr_t base = UINTPTR_MAX;
   for (size_t b = 0; b < buffers.size(); ++b) {
     if (on_ring[b]) base = std::min(base, reinterpret_cast<uintptr_t>(buffers[b].data));
   }
-  ring_base_ = reinterpret_cast<const uint8_t*>(base);
-  cuda::PackBatchOptions pack;
-  pack.strided_base_align = cuda::kMaxPackWidth;
-  while (base % static_cast<uintptr_t>(pack.strided_base_align) != 0) pack.strided_base_align /= 2;
-  pack.packed_base_align = cuda::kMaxPackWidth;  // Slots start at multiples of kBatchAlign.
-  std::vector<cuda::PackBatch> batches(static_cast<size_t>(plan.batches()));
-  std::vector<cuda::StridedRegion> slabs;
-  for (int32_t b = 0; b < plan.batches(); ++b) {
-    batches[b].strided_base_align = pack.strided_base_align;
-    batches[b].packed_base_align = pack.packed_base_align;
-    for (uint32_t k = ring_batch_begin_[b]; k < ring_batch_begin_[b + 1]; ++k) {
-      const RingPart& part = ring_parts_[k];
-      const SendDesc& d = program_.descs[part.desc];
-      const plan::Region& region = plan_.region(plan_.transfers()[d.transfer].region);
-      const int64_t shift =
-          static_cast<int64_t>(reinterpret_cast<uintptr_t>(buffers[d.from_buffer].data) - base);
-      // The part's stream range of the piece (the runs before it in the descriptor).
-      int64_t begin = 0, end = 0;
-      for (uint32_t r = d.run_begin; r < part.run_end; ++r) {
-        (r < part.run_begin ? begin : end) += program_.runs[r].bytes;
-      }
-      end += begin;
-      slabs.clear();
-      plan::ForEachSlab(region, plan_.region_dims(region), begin, end,
-                        [&](int64_t from, int64_t, int64_t width, int64_t rows, int64_t from_pitch,
-                            int64_t) {
-                          cuda::StridedRegion slab;
-                          slab.offset = shift + from;
-                          slab.run_bytes = width;
-                          slab.ndims = rows > 1 ? 1 : 0;
-                          slab.count[0] = rows;
-                          slab.stride[0] = from_pitch;
-                          slabs.push_back(slab);
-                        });
-      pack.packed_begin = part.offset;
-      absl::StatusOr<cuda::PackBatch> built = cuda::BuildPackBatch(slabs, pack);
-      absl::Status appended =
-          built.ok() ? cuda::AppendPackBatch(*built, &batches[b]) : built.status();
-      if (!appended.ok()) {
-        return absl::Status(appended.code(),
-                            absl::StrFormat("rank %d: the staging ring's batch %d (tensor \"%s\"): %s",
-                                            rank_, b, RingTensor(part), appended.message()));
-      }
+  std::vector<int64_t> shift(buffers.size(), 0);
+  for (size_t b = 0; b < buffers.size(); ++b) {
+    if (on_ring[b]) {
+      shift[b] = static_cast<int64_t>(reinterpret_cast<uintptr_t>(buffers[b].data) - base);
     }
   }
+  int64_t base_align = cuda::kMaxPackWidth;
+  while (base % static_cast<uintptr_t>(base_align) != 0) base_align /= 2;
+  absl::StatusOr<RingPlan> planned =
+      PlanRing(plan_, program_, selected, shift, base_align, options_.stage_ring_bytes);
+  if (!planned.ok()) {
+    return absl::Status(planned.status().code(),
+                        absl::StrFormat("rank %d: %s", rank_, planned.status().message()));
+  }
+  if (planned->batches() == 0) return absl::OkStatus();
+  ring_ = *std::move(planned);
+  ring_base_ = reinterpret_cast<const uint8_t*>(base);
   absl::StatusOr<std::unique_ptr<cuda::StagingRing>> created =
-      cuda::StagingRing::Create(plan.slots, plan.slot_bytes, batches);
+      cuda::StagingRing::Create(ring_.slots, ring_.slot_bytes, ring_.pack);
   if (!created.ok()) {
     return absl::Status(created.status().code(),
                         absl::StrFormat("rank %d: the staging ring of CUDA source buffer \"%s\" "
                                         "(%d bytes of pinned memory): %s",
-                                        rank_, plan_.buffers()[program_.descs[ring_parts_[0].desc]
+                                        rank_, plan_.buffers()[program_.descs[ring_.parts[0].desc]
                                                                    .from_buffer]
                                                    .name,
-                                        plan.pinned_bytes(), created.status().message()));
+                                        ring_.pinned_bytes(), created.status().message()));
   }
   *ring = *std::move(created);
-  ring_left_.assign(static_cast<size_t>(plan.batches()), 0);
-  ring_done_.assign(static_cast<size_t>(plan.batches()), 0);
+  // The host side no longer needs the pack batches (the ring uploaded them).
+  ring_.pack.clear();
+  ring_.pack.shrink_to_fit();
+  ring_left_.assign(ring_.batch_bytes.size(), 0);
+  ring_done_.assign(ring_.batch_bytes.size(), 0);
   return absl::OkStatus();
 }
 
@@ -790,20 +712,20 @@ absl::Status RefitEngine::Impl::EnqueueRingBatches() {
     if (b >= slots && ring_left_[b - slots] != 0) return absl::OkStatus();
     if (ring_in_flight_[slot] != 0) return absl::OkStatus();
     // A source still being written (HoldSource) is packed once released: its batch waits.
-    for (uint32_t k = ring_batch_begin_[b]; k < ring_batch_begin_[b + 1]; ++k) {
-      if (Held(program_.descs[ring_parts_[k].desc])) return absl::OkStatus();
+    for (uint32_t k = ring_.batch_begin[b]; k < ring_.batch_begin[b + 1]; ++k) {
+      if (Held(program_.descs[ring_.parts[k].desc])) return absl::OkStatus();
     }
     absl::Status packed = ring->Pack(b, slot, ring_base_);
     if (!packed.ok()) {
       return absl::Status(packed.code(),
                           absl::StrFormat("rank %d: packing the staging ring's batch %d (tensor "
                                           "\"%s\", %d bytes): %s",
-                                          rank_, b, RingTensor(ring_parts_[ring_batch_begin_[b]]),
-                                          ring_batch_bytes_[b], packed.message()));
+                                          rank_, b, RingTensor(ring_.parts[ring_.batch_begin[b]]),
+                                          ring_.batch_bytes[b], packed.message()));
     }
     stats_.stage_ring_batches++;
-    stats_.bytes_ring_packed += ring_batch_bytes_[b];
-    stats_.bytes_staged_to_host += ring_batch_bytes_[b];
+    stats_.bytes_ring_packed += ring_.batch_bytes[b];
+    stats_.bytes_staged_to_host += ring_.batch_bytes[b];
     ++ring_enqueued_;
   }
   return absl::OkStatus();
@@ -820,7 +742,7 @@ absl::StatusOr<bool> RefitEngine::Impl::RingReady(int32_t b) {
     return absl::Status(done.status().code(),
                         absl::StrFormat("rank %d: the staging ring's batch %d (tensor \"%s\") "
                                         "failed on the GPU: %s",
-                                        rank_, b, RingTensor(ring_parts_[ring_batch_begin_[b]]),
+                                        rank_, b, RingTensor(ring_.parts[ring_.batch_begin[b]]),
                                         done.status().message()));
   }
   ring_done_[b] = *done ? 1 : 0;
@@ -1026,7 +948,7 @@ absl::Status RefitEngine::Impl::Start(uint64_t epoch) {
   // epoch completed).
   stats_.stage_ring_bytes = memory_->ring() != nullptr ? memory_->ring()->bytes() : 0;
   for (int32_t b = 0; b < ring_batches(); ++b) {
-    ring_left_[b] = static_cast<int32_t>(ring_batch_begin_[b + 1] - ring_batch_begin_[b]);
+    ring_left_[b] = static_cast<int32_t>(ring_.batch_begin[b + 1] - ring_.batch_begin[b]);
   }
   std::fill(ring_done_.begin(), ring_done_.end(), 0);
   ring_enqueued_ = 0;
@@ -1113,7 +1035,7 @@ void RefitEngine::Impl::PostSends() {
         link->ready.pop_front();
         link->cursor_run = program_.descs[link->cursor_desc].run_begin;
         link->ring_part = OnRing(static_cast<uint32_t>(link->cursor_desc))
-                              ? ring_first_part_[link->cursor_desc]
+                              ? ring_.first_part[link->cursor_desc]
                               : -1;
       }
       const SendDesc& d = program_.descs[link->cursor_desc];
@@ -1128,7 +1050,7 @@ void RefitEngine::Impl::PostSends() {
         if (outstanding_puts_ >= options_.max_outstanding_puts) return;
         if (link->ring_part >= 0 && link->ring_source == nullptr) {
           // The first run of a staging ring part: posted once its batch is packed.
-          const RingPart& part = ring_parts_[link->ring_part];
+          const RingPart& part = ring_.parts[link->ring_part];
           absl::StatusOr<bool> packed = RingReady(part.batch);
           if (!packed.ok()) return Fail(packed.status());
           if (!*packed) {
@@ -1174,7 +1096,7 @@ void RefitEngine::Impl::PostSends() {
         }
         if (link->ring_source != nullptr) {
           link->ring_source += program_.runs[link->cursor_run].bytes;
-          const RingPart& part = ring_parts_[link->ring_part];
+          const RingPart& part = ring_.parts[link->ring_part];
           if (link->cursor_run + 1 == part.run_end) {
             // The part's sends are posted; they hold its slot until they complete.
             absl::Status done = delivery_->RingPartPosted(*link);
@@ -1183,8 +1105,8 @@ void RefitEngine::Impl::PostSends() {
             link->ring_source = nullptr;
             link->ring_slot = -1;
             const int64_t next = link->ring_part + 1;
-            link->ring_part = next < static_cast<int64_t>(ring_parts_.size()) &&
-                                      ring_parts_[next].desc == part.desc
+            link->ring_part = next < static_cast<int64_t>(ring_.parts.size()) &&
+                                      ring_.parts[next].desc == part.desc
                                   ? next
                                   : -1;
           }
@@ -1292,9 +1214,9 @@ void RefitEngine::Impl::RunLocalCopies() {
     if (Held(d)) return;  // Not yet written.
     if (OnRing(desc)) {
       // Part by part from the staging ring, each once its batch is packed.
-      if (local_ring_part_ < 0) local_ring_part_ = ring_first_part_[desc];
+      if (local_ring_part_ < 0) local_ring_part_ = ring_.first_part[desc];
       while (local_ring_part_ >= 0) {
-        const RingPart& part = ring_parts_[local_ring_part_];
+        const RingPart& part = ring_.parts[local_ring_part_];
         absl::StatusOr<bool> packed = RingReady(part.batch);
         if (!packed.ok()) return Fail(packed.status());
         if (!*packed) return;
@@ -1305,7 +1227,7 @@ void RefitEngine::Impl::RunLocalCopies() {
         if (!copied.ok()) return Fail(copied);
         const int64_t next = local_ring_part_ + 1;
         local_ring_part_ =
-            next < static_cast<int64_t>(ring_parts_.size()) && ring_parts_[next].desc == desc
+            next < static_cast<int64_t>(ring_.parts.size()) && ring_.parts[next].desc == desc
                 ? next
                 : -1;
       }

@@ -5,12 +5,14 @@
 // rank, each link's initial descriptors in order), and PlanBatches cuts that order into
 // consecutive batches whose streams fit their pinned slot, each at an aligned offset, without
 // overlap, within the budget (a piece larger than a slot alone in its batch). The staging ring's
-// plan (RingBatches.*): the same planner over whole descriptors, split at their runs.
+// plan (RingBatches.*): the same planner over whole descriptors, split at their runs; and the
+// ring's pack batches run on the CPU (RingPlan.*): each slot holds exactly the bytes of its parts.
 #include "src/cuda/batch_plan.h"
 
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstring>
 #include <fstream>
 #include <memory>
 #include <sstream>
@@ -19,9 +21,12 @@
 
 #include "src/common/delta_codec.h"
 #include "src/net/posting_order.h"
+#include "src/net/ring_plan.h"
 #include "src/net/send_program.h"
 #include "src/net/wire.h"
+#include "src/plan/region.h"
 #include "src/plan/spec_json.h"
+#include "tests/cuda/pack_test_util.h"
 
 namespace reshard::net {
 namespace {
@@ -355,6 +360,117 @@ TEST(RingBatches, LargePiecesSplitAtCutsAndFillTheSlotBefore) {
   const cuda::BatchPlan whole = cuda::PlanBatches(pieces, 2048, 2);
   EXPECT_EQ(whole.slot_bytes, 2560);
   EXPECT_EQ(whole.entries.size(), 3u);
+}
+
+}  // namespace
+}  // namespace reshard::net
+
+namespace reshard::net {
+namespace {
+
+// The staging ring's plan as the engine builds it (PlanRing), run on the CPU: every rank's
+// source buffers of five example specs lie in one arena at unaligned shifts (one launch reads
+// them all), and each batch's pack batch is executed by the pack kernels' host twin into a
+// poisoned slot. Each part must then hold exactly the bytes its runs would have been put from
+// (packed streams: the piece's region runs in order), every other slot byte stays poisoned, and
+// the parts of each descriptor cover its runs once, in order.
+TEST(RingPlan, PackBatchesFillEachSlotWithThePartsBytes) {
+  int64_t parts_checked = 0, split = 0;
+  for (const char* name :
+       {"fig1-rows-to-cols", "fig3-tp4-to-tp2dp2", "fused-qkv", "uneven-nested", "many-pieces"}) {
+    SCOPED_TRACE(name);
+    const plan::Plan plan = LoadExample(name);
+    for (const int64_t budget : {int64_t{1} << 10, int64_t{8} << 10, int64_t{256} << 10}) {
+      for (const bool am : {false, true}) {
+        for (int32_t r = 0; r < plan.world_size(); ++r) {
+          SCOPED_TRACE(testing::Message() << "rank " << r << ", budget " << budget
+                                          << (am ? ", active messages" : ", puts"));
+          const SendProgram p =
+              BuildSendProgram(plan, r,
+                               {true, 8192, am ? wire::kAmChunkBytes : 0, false,
+                                cuda::SlotBytes(budget, cuda::kStageRingSlots)});
+          // Source buffers in one arena, each 3 bytes past a 16-byte boundary after the last.
+          const std::vector<int64_t> bytes = plan.BufferBytes(r);
+          std::vector<int64_t> shift(bytes.size(), 0);
+          int64_t arena_bytes = 0;
+          for (size_t b = 0; b < bytes.size(); ++b) {
+            shift[b] = (arena_bytes + 15) / 16 * 16 + 3;
+            arena_bytes = shift[b] + bytes[b];
+          }
+          std::vector<uint8_t> arena(static_cast<size_t>(arena_bytes));
+          uint64_t x = 0x2545F4914F6CDD1Dull;
+          for (uint8_t& v : arena) {
+            x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+            v = static_cast<uint8_t>(x);
+          }
+          std::vector<bool> selected(p.descs.size(), false);
+          for (uint32_t i = 0; i < p.descs.size(); ++i) {
+            selected[i] = plan.transfers()[p.descs[i].transfer].from_side == plan::Side::kSrc &&
+                          p.descs[i].run_end > p.descs[i].run_begin;
+          }
+          absl::StatusOr<RingPlan> ring = PlanRing(plan, p, selected, shift, 1, budget);
+          ASSERT_TRUE(ring.ok()) << ring.status();
+          ASSERT_EQ(ring->pack.size(), ring->batch_bytes.size());
+          // Each selected descriptor's parts: consecutive, covering its runs once, in order.
+          for (uint32_t i = 0; i < p.descs.size(); ++i) {
+            ASSERT_EQ(ring->on_ring(i), selected[i]) << "descriptor " << i;
+            if (!selected[i]) continue;
+            uint32_t run = p.descs[i].run_begin;
+            int64_t at = 0;
+            int64_t k = ring->first_part[i];
+            for (; k < static_cast<int64_t>(ring->parts.size()) && ring->parts[k].desc == i; ++k) {
+              EXPECT_EQ(ring->parts[k].run_begin, run);
+              EXPECT_EQ(ring->parts[k].begin, at);
+              EXPECT_LT(ring->parts[k].run_begin, ring->parts[k].run_end);
+              run = ring->parts[k].run_end;
+              at += ring->parts[k].bytes;
+            }
+            EXPECT_EQ(run, p.descs[i].run_end) << "descriptor " << i;
+            EXPECT_EQ(at, p.descs[i].bytes) << "descriptor " << i;
+            split += k - ring->first_part[i] > 1;
+          }
+          for (int32_t b = 0; b < ring->batches(); ++b) {
+            std::vector<uint8_t> slot(static_cast<size_t>(ring->slot_bytes), 0xEE);
+            std::vector<uint8_t> expected = slot;
+            ASSERT_LE(ring->pack[b].packed_end, ring->slot_bytes);
+            ASSERT_TRUE(cuda::testing::HostMove(ring->pack[b], true, arena.data(), slot.data()));
+            int64_t bytes_in_batch = 0;
+            for (uint32_t k = ring->batch_begin[b]; k < ring->batch_begin[b + 1]; ++k) {
+              const RingPart& part = ring->parts[k];
+              ASSERT_EQ(part.batch, b);
+              const SendDesc& d = p.descs[part.desc];
+              uint8_t* to = expected.data() + part.offset;
+              if (d.packed) {
+                // The stream the engine gathered before: the region's runs in order.
+                const plan::Region& region = plan.region(plan.transfers()[d.transfer].region);
+                plan::ForEachRunIn(region, plan.region_dims(region), part.begin,
+                                   part.begin + part.bytes, [&](int64_t from, int64_t, int64_t n) {
+                                     std::memcpy(to, arena.data() + shift[d.from_buffer] + from,
+                                                 static_cast<size_t>(n));
+                                     to += n;
+                                   });
+              } else {
+                // What the runs are put from in the source buffer.
+                for (uint32_t run = part.run_begin; run < part.run_end; ++run) {
+                  const SendRun& sr = p.runs[run];
+                  std::memcpy(to, arena.data() + shift[d.from_buffer] + sr.local_offset,
+                              static_cast<size_t>(sr.bytes));
+                  to += sr.bytes;
+                }
+              }
+              ASSERT_EQ(to - (expected.data() + part.offset), part.bytes);
+              bytes_in_batch += part.bytes;
+              ++parts_checked;
+            }
+            EXPECT_EQ(ring->batch_bytes[b], bytes_in_batch);
+            ASSERT_EQ(slot, expected) << "batch " << b;
+          }
+        }
+      }
+    }
+  }
+  EXPECT_GT(parts_checked, 300);
+  EXPECT_GT(split, 10);  // Small budgets split descriptors into several parts.
 }
 
 }  // namespace
