@@ -36,8 +36,8 @@
 #include <vector>
 
 #include "src/common/delta_codec.h"
-#include "src/cuda/delta.h"
 #include "src/cuda/batch_plan.h"
+#include "src/cuda/delta.h"
 #include "src/cuda/runtime.h"
 
 namespace {

@@ -35,9 +35,9 @@
 #include "src/cuda/runtime.h"
 #include "src/net/refit_engine.h"
 #include "src/net/runtime.h"
-#include "src/rendezvous/tcp_store.h"
 #include "src/plan/fill.h"
 #include "src/plan/spec_json.h"
+#include "src/rendezvous/tcp_store.h"
 
 #if RESHARD_BENCH_CUDA
 #include <cuda_runtime_api.h>
@@ -224,8 +224,7 @@ int Child(int rank, const Flags& flags, const std::vector<Case>& cases, int port
       const uint32_t b = h.plan.buffer_of(t, reshard::plan::Side::kDst);
       const uint8_t* dst = h.memory[b].get();
       if (flags.cuda && h.buffers[b].data != nullptr &&
-          !reshard::cuda::CudaCopy(h.memory[b].get(), h.buffers[b].data, h.buffers[b].bytes)
-               .ok()) {
+          !reshard::cuda::CudaCopy(h.memory[b].get(), h.buffers[b].data, h.buffers[b].bytes).ok()) {
         return 1;
       }
       absl::Status st;

@@ -16,8 +16,7 @@ int64_t SlotBytes(int64_t budget_bytes, int32_t slots) {
   return std::max(share / kBatchAlign * kBatchAlign, kBatchAlign);
 }
 
-BatchPlan PlanBatches(const std::vector<BatchPiece>& pieces, int64_t budget_bytes,
-                      int32_t slots) {
+BatchPlan PlanBatches(const std::vector<BatchPiece>& pieces, int64_t budget_bytes, int32_t slots) {
   BatchPlan plan;
   plan.slots = std::max<int32_t>(slots, 1);
   if (pieces.empty()) return plan;
@@ -50,8 +49,7 @@ BatchPlan PlanBatches(const std::vector<BatchPiece>& pieces, int64_t budget_byte
     int64_t begin = 0;
     size_t cut = 0;  // The first cut after `begin`.
     while (begin < p.bytes) {
-      const int64_t room =
-          plan.batch_begin.empty() ? plan.slot_bytes : plan.slot_bytes - used;
+      const int64_t room = plan.batch_begin.empty() ? plan.slot_bytes : plan.slot_bytes - used;
       int64_t end = -1;
       size_t next_cut = cut;
       for (size_t i = cut; i <= p.cuts.size(); ++i) {

@@ -105,9 +105,9 @@ absl::Status AppendPackBatch(const PackBatch& part, PackBatch* batch) {
   }
   const int64_t begin = part.packed_offsets.empty() ? part.packed_end : part.packed_offsets[0];
   if (begin < batch->packed_end) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "a pack batch whose stream starts at %d cannot follow one that ends at %d", begin,
-        batch->packed_end));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("a pack batch whose stream starts at %d cannot follow one that ends at %d",
+                        begin, batch->packed_end));
   }
   for (PackEntry e : part.entries) {
     e.units_begin += batch->total_units;

@@ -75,9 +75,9 @@ absl::Status EnqueueCopy2D(void* dst, int64_t dst_pitch, const void* src, int64_
     err = cudaMemcpyAsync(dst, src, static_cast<size_t>(width), cudaMemcpyDefault, stream);
     if (err != cudaSuccess) return CudaError(err, "cudaMemcpyAsync");
   } else if (dst_pitch >= width && src_pitch >= width) {
-    err = cudaMemcpy2DAsync(dst, static_cast<size_t>(dst_pitch), src, static_cast<size_t>(src_pitch),
-                            static_cast<size_t>(width), static_cast<size_t>(rows),
-                            cudaMemcpyDefault, stream);
+    err = cudaMemcpy2DAsync(dst, static_cast<size_t>(dst_pitch), src,
+                            static_cast<size_t>(src_pitch), static_cast<size_t>(width),
+                            static_cast<size_t>(rows), cudaMemcpyDefault, stream);
     if (err != cudaSuccess) return CudaError(err, "cudaMemcpy2DAsync");
   } else {
     for (int64_t i = 0; i < rows; ++i) {
@@ -139,8 +139,8 @@ absl::StatusOr<int32_t> CopyQueue::Record() {
     free_.push_back(static_cast<int32_t>(events_.size()) - 1);
   }
   const int32_t id = free_.back();
-  const cudaError_t err = cudaEventRecord(static_cast<cudaEvent_t>(events_[id]),
-                                          static_cast<cudaStream_t>(stream_));
+  const cudaError_t err =
+      cudaEventRecord(static_cast<cudaEvent_t>(events_[id]), static_cast<cudaStream_t>(stream_));
   if (err != cudaSuccess) return CudaError(err, "cudaEventRecord(copy queue)");
   free_.pop_back();
   return id;

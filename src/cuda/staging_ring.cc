@@ -27,15 +27,16 @@ absl::StatusOr<std::unique_ptr<StagingRing>> StagingRing::Create(
   for (size_t i = 0; i < batches.size(); ++i) {
     if (batches[i].packed_end > slot_bytes) {
       return absl::InvalidArgumentError(absl::StrCat("staging ring: batch ", i, " needs ",
-                                                     batches[i].packed_end,
-                                                     " bytes, a slot holds ", slot_bytes));
+                                                     batches[i].packed_end, " bytes, a slot holds ",
+                                                     slot_bytes));
     }
   }
   std::unique_ptr<StagingRing> ring(new StagingRing());
   RESHARD_ASSIGN_OR_RETURN(ring->batches_, DevicePackBatches::Create(batches));
   void* host = nullptr;
-  cudaError_t err = cudaHostAlloc(&host, static_cast<size_t>(std::max<int64_t>(slots * slot_bytes, 1)),
-                                  cudaHostAllocPortable | cudaHostAllocMapped);
+  cudaError_t err =
+      cudaHostAlloc(&host, static_cast<size_t>(std::max<int64_t>(slots * slot_bytes, 1)),
+                    cudaHostAllocPortable | cudaHostAllocMapped);
   if (err != cudaSuccess) return CudaError(err, "cudaHostAlloc(staging ring)");
   ring->host_ = static_cast<uint8_t*>(host);
   ring->slots_ = slots;
@@ -69,16 +70,15 @@ StagingRing::~StagingRing() {
 }
 
 absl::Status StagingRing::Pack(int32_t batch, int32_t slot, const void* strided) {
-  if (batch < 0 || static_cast<size_t>(batch) >= batches_->size() || slot < 0 ||
-      slot >= slots_) {
+  if (batch < 0 || static_cast<size_t>(batch) >= batches_->size() || slot < 0 || slot >= slots_) {
     return absl::InvalidArgumentError(absl::StrCat("staging ring: batch ", batch, " of ",
                                                    batches_->size(), " into slot ", slot, " of ",
                                                    slots_));
   }
   RESHARD_RETURN_IF_ERROR(
       batches_->Pack(static_cast<size_t>(batch), strided, device_ + slot * slot_bytes_, stream_));
-  const cudaError_t err = cudaEventRecord(static_cast<cudaEvent_t>(events_[slot]),
-                                          static_cast<cudaStream_t>(stream_));
+  const cudaError_t err =
+      cudaEventRecord(static_cast<cudaEvent_t>(events_[slot]), static_cast<cudaStream_t>(stream_));
   if (err != cudaSuccess) return CudaError(err, "cudaEventRecord(staging ring)");
   return absl::OkStatus();
 }

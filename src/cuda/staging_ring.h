@@ -60,7 +60,7 @@ class StagingRing {
 
   int32_t slots_ = 0;
   int64_t slot_bytes_ = 0;
-  uint8_t* host_ = nullptr;                      // Pinned host, mapped.
+  uint8_t* host_ = nullptr;                     // Pinned host, mapped.
   [[maybe_unused]] uint8_t* device_ = nullptr;  // The same memory's device address.
   [[maybe_unused]] void* stream_ = nullptr;     // cudaStream_t.
   [[maybe_unused]] void* events_[kMaxSlots] = {};

@@ -35,9 +35,9 @@ class Delivery {
 
   // Posts run `run` of `desc` to `link`, read from link.ring_source when set (the engine's
   // staging ring, tagged with link.ring_slot), else from the descriptor's buffer or the send
-  // scratch. `*in_flight`: a request now counts against max_outstanding_puts. Delta pieces (desc.delta_elem_bytes > 0): the run belongs to the
-  // segment whose stream is [link.stream_begin, link.stream_end) of the piece's area, and is cut
-  // at its end (the caller posts no run past it).
+  // scratch. `*in_flight`: a request now counts against max_outstanding_puts. Delta pieces
+  // (desc.delta_elem_bytes > 0): the run belongs to the segment whose stream is [link.stream_begin,
+  // link.stream_end) of the piece's area, and is cut at its end (the caller posts no run past it).
   [[nodiscard]] virtual absl::Status PostRun(PeerLink& link, const SendDesc& desc, uint32_t run,
                                              uint64_t epoch, bool* in_flight) = 0;
   // The runs of a staging ring part (link.ring_source set) are posted: after this no send of

@@ -283,22 +283,21 @@ absl::StatusOr<bool> Landing::Land(uint32_t slot) {
   const plan::Region& region = plan_.region(t.region);
   staged_to_device_ += region.bytes;
   absl::Status status;
-  plan::ForEachSlab(region, plan_.region_dims(region), 0, region.bytes,
-                    [&](int64_t, int64_t to_off, int64_t width, int64_t rows, int64_t,
-                        int64_t to_pitch) {
-                      if (!status.ok()) return;
-                      status = copy_queue_ != nullptr
-                                   ? copy_queue_->Copy2D(device + to_off, to_pitch,
-                                                         host + to_off, to_pitch, width, rows)
-                                   : cuda::CudaCopy2D(device + to_off, to_pitch, host + to_off,
-                                                      to_pitch, width, rows);
-                    });
+  plan::ForEachSlab(
+      region, plan_.region_dims(region), 0, region.bytes,
+      [&](int64_t, int64_t to_off, int64_t width, int64_t rows, int64_t, int64_t to_pitch) {
+        if (!status.ok()) return;
+        status = copy_queue_ != nullptr ? copy_queue_->Copy2D(device + to_off, to_pitch,
+                                                              host + to_off, to_pitch, width, rows)
+                                        : cuda::CudaCopy2D(device + to_off, to_pitch, host + to_off,
+                                                           to_pitch, width, rows);
+      });
   if (!status.ok()) {
-    return absl::Status(status.code(),
-                        absl::StrCat("rank ", program_.rank, ": moving transfer ",
-                                     program_.received_ids[slot], " (tensor \"",
-                                     plan_.spec().tensors[t.tensor].name, "\") from rank ",
-                                     t.from_rank, " to the device: ", status.message()));
+    return absl::Status(
+        status.code(),
+        absl::StrCat("rank ", program_.rank, ": moving transfer ", program_.received_ids[slot],
+                     " (tensor \"", plan_.spec().tensors[t.tensor].name, "\") from rank ",
+                     t.from_rank, " to the device: ", status.message()));
   }
   return copy_queue_ != nullptr;
 }

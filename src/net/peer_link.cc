@@ -217,15 +217,14 @@ void PeerLink::ReserveDataHeaders(uint32_t run_begin, uint32_t run_end) {
 }
 
 absl::Status PeerLink::SendData(uint32_t run, const wire::DataHeader& header, const void* data,
-                                size_t bytes, ucp_mem_h memh, bool* in_flight,
-                                int ring_slot) {
+                                size_t bytes, ucp_mem_h memh, bool* in_flight, int ring_slot) {
   wire::DataHeader& h = data_headers_[run - run_base_];
   h = header;
   h.base.handle = peer_handle_;
   Done* done = ring_slot >= 0 ? ring_data_done_[ring_slot].get() : data_done_.get();
-  return Posted(ucx::SendAm(endpoint_->get(), wire::kDataAm, &h, sizeof(h), data, bytes, memh,
-                            done),
-                "ucp_am_send_nbx (data)", in_flight);
+  return Posted(
+      ucx::SendAm(endpoint_->get(), wire::kDataAm, &h, sizeof(h), data, bytes, memh, done),
+      "ucp_am_send_nbx (data)", in_flight);
 }
 
 int64_t PeerLink::open_batch_bytes() const { return open_ != nullptr ? open_->bytes : 0; }

@@ -18,15 +18,15 @@
 #include "src/common/idle.h"
 #include "src/common/log.h"
 #include "src/common/status.h"
-#include "src/cuda/delta.h"
 #include "src/cuda/batch_plan.h"
+#include "src/cuda/delta.h"
 #include "src/cuda/delta_index.h"
 #include "src/cuda/pack_batch.h"
 #include "src/cuda/staging_ring.h"
 #include "src/net/delivery.h"
-#include "src/net/posting_order.h"
 #include "src/net/landing.h"
 #include "src/net/peer_link.h"
+#include "src/net/posting_order.h"
 #include "src/net/registered_memory.h"
 #include "src/net/ring_plan.h"
 #include "src/net/runtime.h"
@@ -209,9 +209,9 @@ class RefitEngine::Impl final : public MessageSink, public LinkOwner {
   // copied) once its batch's event completed.
   RingPlan ring_;
   const uint8_t* ring_base_ = nullptr;  // Device address the batches' offsets count from.
-  std::vector<int32_t> ring_left_;  // By batch: its parts not yet consumed this epoch.
-  std::vector<uint8_t> ring_done_;  // By batch: its event completed this epoch.
-  int32_t ring_enqueued_ = 0;       // Batches packed this epoch (they start in order).
+  std::vector<int32_t> ring_left_;      // By batch: its parts not yet consumed this epoch.
+  std::vector<uint8_t> ring_done_;      // By batch: its event completed this epoch.
+  int32_t ring_enqueued_ = 0;           // Batches packed this epoch (they start in order).
   // By slot: puts and data messages reading it, not yet complete (across epochs: a slot is
   // packed again only when this is 0).
   int64_t ring_in_flight_[PeerLink::kMaxRingSlots] = {};
@@ -355,18 +355,17 @@ absl::Status RefitEngine::Impl::Init(rendezvous::Store& store, std::vector<Buffe
   bool ring_candidates = false;
   if (!runtime_->supports_cuda_memory() && cuda::PackKernelsBuilt()) {
     for (size_t b = 0; b < buffers.size(); ++b) {
-      ring_candidates = ring_candidates || (buffers[b].kind == MemoryKind::kCuda &&
-                                            buffers[b].bytes > 0 &&
-                                            plan_.buffers()[b].side == plan::Side::kSrc);
+      ring_candidates =
+          ring_candidates || (buffers[b].kind == MemoryKind::kCuda && buffers[b].bytes > 0 &&
+                              plan_.buffers()[b].side == plan::Side::kSrc);
     }
   }
   program_ = BuildSendProgram(
       plan_, rank_,
-      SendProgramOptions{options_.execute_fanout, options_.pack_below_run_bytes,
-                         am ? wire::kAmChunkBytes : 0, options_.delta,
-                         ring_candidates ? cuda::SlotBytes(options_.stage_ring_bytes,
-                                                           cuda::kStageRingSlots)
-                                         : 0});
+      SendProgramOptions{
+          options_.execute_fanout, options_.pack_below_run_bytes, am ? wire::kAmChunkBytes : 0,
+          options_.delta,
+          ring_candidates ? cuda::SlotBytes(options_.stage_ring_bytes, cuda::kStageRingSlots) : 0});
   RESHARD_RETURN_IF_ERROR(CheckDependencies());
   if (options_.delta) RESHARD_RETURN_IF_ERROR(InitDelta(buffers));
   std::vector<bool> ring_sources;
@@ -378,11 +377,10 @@ absl::Status RefitEngine::Impl::Init(rendezvous::Store& store, std::vector<Buffe
                                                  options_.key_prefix, "\" for rank ", rank_,
                                                  " already exists on this runtime"));
   }
-  RESHARD_ASSIGN_OR_RETURN(
-      memory_,
-      RegisteredMemory::Create(plan_, rank_, *runtime_, std::move(buffers),
-                               program_.send_scratch_bytes, am ? 0 : program_.landing_bytes,
-                               ring_sources));
+  RESHARD_ASSIGN_OR_RETURN(memory_,
+                           RegisteredMemory::Create(plan_, rank_, *runtime_, std::move(buffers),
+                                                    program_.send_scratch_bytes,
+                                                    am ? 0 : program_.landing_bytes, ring_sources));
   RESHARD_RETURN_IF_ERROR(memory_->AttachRing(std::move(ring), *runtime_));
   landing_ = std::make_unique<Landing>(plan_, program_, *memory_, am);
   landing_->set_device_delta(device_delta_.get());
@@ -391,10 +389,11 @@ absl::Status RefitEngine::Impl::Init(rendezvous::Store& store, std::vector<Buffe
     // A staged destination: its landed pieces move to the device without a synchronise.
     absl::StatusOr<std::unique_ptr<cuda::CopyQueue>> queue = cuda::CopyQueue::Create();
     if (!queue.ok()) {
-      return absl::Status(queue.status().code(),
-                          absl::StrFormat("rank %d: the copy queue of staged CUDA destination "
-                                          "buffer \"%s\": %s",
-                                          rank_, plan_.buffers()[b].name, queue.status().message()));
+      return absl::Status(
+          queue.status().code(),
+          absl::StrFormat("rank %d: the copy queue of staged CUDA destination "
+                          "buffer \"%s\": %s",
+                          rank_, plan_.buffers()[b].name, queue.status().message()));
     }
     copy_queue_ = *std::move(queue);
     landing_->set_copy_queue(copy_queue_.get());
@@ -685,13 +684,13 @@ absl::Status RefitEngine::Impl::InitRing(const std::vector<BufferView>& buffers,
   absl::StatusOr<std::unique_ptr<cuda::StagingRing>> created =
       cuda::StagingRing::Create(ring_.slots, ring_.slot_bytes, ring_.pack);
   if (!created.ok()) {
-    return absl::Status(created.status().code(),
-                        absl::StrFormat("rank %d: the staging ring of CUDA source buffer \"%s\" "
-                                        "(%d bytes of pinned memory): %s",
-                                        rank_, plan_.buffers()[program_.descs[ring_.parts[0].desc]
-                                                                   .from_buffer]
-                                                   .name,
-                                        ring_.pinned_bytes(), created.status().message()));
+    return absl::Status(
+        created.status().code(),
+        absl::StrFormat("rank %d: the staging ring of CUDA source buffer \"%s\" "
+                        "(%d bytes of pinned memory): %s",
+                        rank_,
+                        plan_.buffers()[program_.descs[ring_.parts[0].desc].from_buffer].name,
+                        ring_.pinned_bytes(), created.status().message()));
   }
   *ring = *std::move(created);
   // The host side no longer needs the pack batches (the ring uploaded them).
@@ -1227,9 +1226,8 @@ void RefitEngine::Impl::RunLocalCopies() {
         if (!copied.ok()) return Fail(copied);
         const int64_t next = local_ring_part_ + 1;
         local_ring_part_ =
-            next < static_cast<int64_t>(ring_.parts.size()) && ring_.parts[next].desc == desc
-                ? next
-                : -1;
+            next < static_cast<int64_t>(ring_.parts.size()) && ring_.parts[next].desc == desc ? next
+                                                                                              : -1;
       }
       local_ready_.pop_front();
     } else {

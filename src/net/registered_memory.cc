@@ -130,10 +130,9 @@ absl::Status RegisteredMemory::AttachRing(std::unique_ptr<cuda::StagingRing> rin
   ring_region_.reset();
   ring_ = std::move(ring);
   if (ring_ == nullptr || ring_->bytes() == 0) return absl::OkStatus();
-  RESHARD_ASSIGN_OR_RETURN(ring_region_,
-                           ucx::MemoryRegion::Map(runtime.context(), ring_->data(),
-                                                  static_cast<size_t>(ring_->bytes()),
-                                                  UCS_MEMORY_TYPE_HOST));
+  RESHARD_ASSIGN_OR_RETURN(ring_region_, ucx::MemoryRegion::Map(runtime.context(), ring_->data(),
+                                                                static_cast<size_t>(ring_->bytes()),
+                                                                UCS_MEMORY_TYPE_HOST));
   return absl::OkStatus();
 }
 

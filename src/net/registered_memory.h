@@ -70,8 +70,7 @@ class RegisteredMemory {
   // Takes the staging ring and registers its pinned memory with UCX (once, at set-up: refits
   // register nothing). The ring lives as long as this object, so UCX requests that read it
   // never outlive it (the engine keeps both alive after a stalled teardown).
-  [[nodiscard]] absl::Status AttachRing(std::unique_ptr<cuda::StagingRing> ring,
-                                        Runtime& runtime);
+  [[nodiscard]] absl::Status AttachRing(std::unique_ptr<cuda::StagingRing> ring, Runtime& runtime);
   cuda::StagingRing* ring() const { return ring_.get(); }
   ucp_mem_h ring_memh() const { return ring_region_ ? ring_region_->get() : nullptr; }
 

@@ -65,25 +65,25 @@ absl::StatusOr<RingPlan> PlanRing(const plan::Plan& plan, const SendProgram& pro
       const plan::Transfer& t = plan.transfers()[d.transfer];
       const plan::Region& region = plan.region(t.region);
       slabs.clear();
-      plan::ForEachSlab(region, plan.region_dims(region), part.begin, part.begin + part.bytes,
-                        [&](int64_t from, int64_t, int64_t width, int64_t rows, int64_t from_pitch,
-                            int64_t) {
-                          cuda::StridedRegion slab;
-                          slab.offset = shift[d.from_buffer] + from;
-                          slab.run_bytes = width;
-                          slab.ndims = rows > 1 ? 1 : 0;
-                          slab.count[0] = rows;
-                          slab.stride[0] = from_pitch;
-                          slabs.push_back(slab);
-                        });
+      plan::ForEachSlab(
+          region, plan.region_dims(region), part.begin, part.begin + part.bytes,
+          [&](int64_t from, int64_t, int64_t width, int64_t rows, int64_t from_pitch, int64_t) {
+            cuda::StridedRegion slab;
+            slab.offset = shift[d.from_buffer] + from;
+            slab.run_bytes = width;
+            slab.ndims = rows > 1 ? 1 : 0;
+            slab.count[0] = rows;
+            slab.stride[0] = from_pitch;
+            slabs.push_back(slab);
+          });
       options.packed_begin = part.offset;
       absl::StatusOr<cuda::PackBatch> built = cuda::BuildPackBatch(slabs, options);
       absl::Status appended =
           built.ok() ? cuda::AppendPackBatch(*built, &ring.pack[b]) : built.status();
       if (!appended.ok()) {
-        return absl::InvalidArgumentError(absl::StrFormat(
-            "the staging ring's batch %d (tensor \"%s\"): %s", b,
-            plan.spec().tensors[t.tensor].name, appended.message()));
+        return absl::InvalidArgumentError(
+            absl::StrFormat("the staging ring's batch %d (tensor \"%s\"): %s", b,
+                            plan.spec().tensors[t.tensor].name, appended.message()));
       }
       ring.batch_bytes[b] += part.bytes;
     }

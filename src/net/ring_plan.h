@@ -52,8 +52,7 @@ struct RingPlan {
 // buffer, `base_align` the base's alignment (a power of two up to cuda::kMaxPackWidth); its
 // stream offsets count from the slot's start. InvalidArgument naming the tensor when a pack batch
 // cannot be built.
-[[nodiscard]] absl::StatusOr<RingPlan> PlanRing(const plan::Plan& plan,
-                                                const SendProgram& program,
+[[nodiscard]] absl::StatusOr<RingPlan> PlanRing(const plan::Plan& plan, const SendProgram& program,
                                                 const std::vector<bool>& selected,
                                                 const std::vector<int64_t>& shift,
                                                 int64_t base_align, int64_t budget_bytes);

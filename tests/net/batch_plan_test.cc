@@ -92,8 +92,7 @@ void ExpectPostingOrder(const SendProgram& p, const std::vector<bool>& selected,
 }
 
 // Checks the batches of `pieces` planned with `budget` and `slots`.
-void ExpectBatches(const std::vector<cuda::BatchPiece>& pieces, int64_t budget,
-                   int32_t slots) {
+void ExpectBatches(const std::vector<cuda::BatchPiece>& pieces, int64_t budget, int32_t slots) {
   SCOPED_TRACE(testing::Message() << "budget " << budget << ", " << slots << " slots");
   const cuda::BatchPlan plan = cuda::PlanBatches(pieces, budget, slots);
   ASSERT_EQ(plan.entries.size(), pieces.size());
@@ -268,8 +267,8 @@ void ExpectRingPlan(const SendProgram& p, const std::vector<uint32_t>& order, in
       // Aligned, after the previous part, inside the slot.
       EXPECT_EQ(entry.offset % cuda::kBatchAlign, 0);
       EXPECT_GE(entry.offset, end);
-      end = entry.offset + (entry.bytes + cuda::kBatchAlign - 1) / cuda::kBatchAlign *
-                               cuda::kBatchAlign;
+      end = entry.offset +
+            (entry.bytes + cuda::kBatchAlign - 1) / cuda::kBatchAlign * cuda::kBatchAlign;
       EXPECT_LE(end, plan.slot_bytes);
       ++parts;
       next = stop;
@@ -295,8 +294,8 @@ TEST(RingBatches, EveryPieceOnceInPostingOrderWithinTheBudget) {
        {"fig1-rows-to-cols", "fig3-tp4-to-tp2dp2", "fused-qkv", "uneven-nested", "many-pieces"}) {
     SCOPED_TRACE(name);
     const plan::Plan plan = LoadExample(name);
-    for (const int64_t budget : {int64_t{1} << 10, int64_t{8} << 10, int64_t{64} << 10,
-                                 cuda::kStageRingBudget}) {
+    for (const int64_t budget :
+         {int64_t{1} << 10, int64_t{8} << 10, int64_t{64} << 10, cuda::kStageRingBudget}) {
       for (const bool am : {false, true}) {
         for (int32_t r = 0; r < plan.world_size(); ++r) {
           SCOPED_TRACE(testing::Message() << "rank " << r << ", budget " << budget
@@ -339,8 +338,7 @@ TEST(RingBatches, LargePiecesSplitAtCutsAndFillTheSlotBefore) {
   // Slots of 1024 bytes. A 300-byte piece, then a 2500-byte piece with cuts every 500 bytes:
   // its first part fills what the first slot has left (512 of 1024 bytes: one 500-byte part),
   // the rest goes two runs (1000 bytes) per slot; the next piece starts a batch of its own.
-  std::vector<cuda::BatchPiece> pieces = {{1, 300}, {2, 2500, {500, 1000, 1500, 2000}},
-                                          {3, 100}};
+  std::vector<cuda::BatchPiece> pieces = {{1, 300}, {2, 2500, {500, 1000, 1500, 2000}}, {3, 100}};
   const cuda::BatchPlan plan = cuda::PlanBatches(pieces, 2048, 2);
   EXPECT_EQ(plan.slot_bytes, 1024);
   ASSERT_EQ(plan.entries.size(), 5u);
@@ -385,10 +383,9 @@ TEST(RingPlan, PackBatchesFillEachSlotWithThePartsBytes) {
         for (int32_t r = 0; r < plan.world_size(); ++r) {
           SCOPED_TRACE(testing::Message() << "rank " << r << ", budget " << budget
                                           << (am ? ", active messages" : ", puts"));
-          const SendProgram p =
-              BuildSendProgram(plan, r,
-                               {true, 8192, am ? wire::kAmChunkBytes : 0, false,
-                                cuda::SlotBytes(budget, cuda::kStageRingSlots)});
+          const SendProgram p = BuildSendProgram(plan, r,
+                                                 {true, 8192, am ? wire::kAmChunkBytes : 0, false,
+                                                  cuda::SlotBytes(budget, cuda::kStageRingSlots)});
           // Source buffers in one arena, each 3 bytes past a 16-byte boundary after the last.
           const std::vector<int64_t> bytes = plan.BufferBytes(r);
           std::vector<int64_t> shift(bytes.size(), 0);

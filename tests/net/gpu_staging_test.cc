@@ -1,9 +1,9 @@
 // Device memory through the refit engine: CUDA buffers registered directly when UCX reports
 // CUDA memory, otherwise staged (sources packed by the GPU into the staging ring, destinations
 // through pinned host copies; the statistics say which, and count every staging copy, and a
-// ring far smaller than the sources forces many batches and slot reuse); and delta refits of CUDA sources
-// (encoded by the CUDA kernels against a device shadow) into CUDA destinations (applied by the
-// kernels, or to a staged buffer's host copy), byte-exact over refits that change 5% of the
+// ring far smaller than the sources forces many batches and slot reuse); and delta refits of CUDA
+// sources (encoded by the CUDA kernels against a device shadow) into CUDA destinations (applied by
+// the kernels, or to a staged buffer's host copy), byte-exact over refits that change 5% of the
 // elements, all of them, or none. Skips without a usable GPU (cudaGetDeviceCount error or 0
 // devices). Ranks are forked processes over UCX shared memory.
 #include <cuda_runtime_api.h>
