@@ -233,9 +233,10 @@ class RefitEngine::Impl final : public MessageSink, public LinkOwner {
   }
   int32_t ring_batches() const { return ring_.batches(); }
   bool OnRing(uint32_t desc) const { return ring_.on_ring(desc); }
-  // Chooses the ring sources among `buffers`, plans the ring and creates it (before the
-  // registered memory, which then neither stages nor registers them). `*ring_sources` by buffer.
-  absl::Status InitRing(const std::vector<BufferView>& buffers, std::vector<bool>* ring_sources,
+  // Plans the staging ring of `ring_sources` (by buffer, chosen in Init) and creates it (before
+  // the registered memory, which then neither stages nor registers them).
+  absl::Status InitRing(const std::vector<BufferView>& buffers,
+                        const std::vector<bool>& ring_sources,
                         std::unique_ptr<cuda::StagingRing>* ring);
   // Packs the next batches while their slots are free; none while a source is held.
   absl::Status EnqueueRingBatches();
@@ -350,27 +351,37 @@ absl::Status RefitEngine::Impl::Init(rendezvous::Store& store, std::vector<Buffe
   }
   handle_ = HandleOf(rank_);
   const bool am = UseActiveMessages(options_.delivery);
-  // CUDA sources UCX cannot register may go through the staging ring, whose slots must each
-  // hold a whole run: runs are cut at the slot size then (receivers accept any cut).
-  bool ring_candidates = false;
+  // CUDA sources UCX cannot register go through the staging ring (InitRing): every source
+  // buffer a send reads, unless a transfer with `after` reads it (a descriptor that waits on a
+  // landing could hold a ring batch: it keeps a pinned host copy instead; sources never wait in
+  // the planner's plans). Their packed streams need no send scratch, and every run must fit a
+  // slot: runs are cut at the slot size (receivers accept any cut).
+  std::vector<bool> ring_sources(buffers.size(), false);
+  bool any_ring_source = false;
   if (!runtime_->supports_cuda_memory() && cuda::PackKernelsBuilt()) {
+    ring_sources = SourceBuffersRead(plan_, rank_);
     for (size_t b = 0; b < buffers.size(); ++b) {
-      ring_candidates =
-          ring_candidates || (buffers[b].kind == MemoryKind::kCuda && buffers[b].bytes > 0 &&
-                              plan_.buffers()[b].side == plan::Side::kSrc);
+      ring_sources[b] = ring_sources[b] && buffers[b].kind == MemoryKind::kCuda &&
+                        buffers[b].bytes > 0 && plan_.buffers()[b].side == plan::Side::kSrc;
     }
+    for (const plan::Transfer& t : plan_.transfers()) {
+      if (t.from_rank != rank_ || t.after < 0) continue;
+      const uint32_t b = plan_.buffer_of(t.tensor, t.from_side);
+      if (b < ring_sources.size()) ring_sources[b] = false;
+    }
+    for (bool on : ring_sources) any_ring_source = any_ring_source || on;
   }
   program_ = BuildSendProgram(
       plan_, rank_,
       SendProgramOptions{
           options_.execute_fanout, options_.pack_below_run_bytes, am ? wire::kAmChunkBytes : 0,
           options_.delta,
-          ring_candidates ? cuda::SlotBytes(options_.stage_ring_bytes, cuda::kStageRingSlots) : 0});
+          any_ring_source ? cuda::SlotBytes(options_.stage_ring_bytes, cuda::kStageRingSlots) : 0,
+          any_ring_source ? ring_sources : std::vector<bool>{}});
   RESHARD_RETURN_IF_ERROR(CheckDependencies());
   if (options_.delta) RESHARD_RETURN_IF_ERROR(InitDelta(buffers));
-  std::vector<bool> ring_sources;
   std::unique_ptr<cuda::StagingRing> ring;
-  if (ring_candidates) RESHARD_RETURN_IF_ERROR(InitRing(buffers, &ring_sources, &ring));
+  if (any_ring_source) RESHARD_RETURN_IF_ERROR(InitRing(buffers, ring_sources, &ring));
   absl::Status registered = runtime_->Register(handle_, this);
   if (!registered.ok()) {
     return absl::AlreadyExistsError(absl::StrCat("a refit handle with key prefix \"",
@@ -634,31 +645,26 @@ bool RefitEngine::Impl::DeltaGpuRunning() {
 }
 
 absl::Status RefitEngine::Impl::InitRing(const std::vector<BufferView>& buffers,
-                                         std::vector<bool>* ring_sources,
+                                         const std::vector<bool>& on_ring,
                                          std::unique_ptr<cuda::StagingRing>* ring) {
-  // Candidates: CUDA source buffers a send reads (RegisteredMemory stages them otherwise).
-  std::vector<bool> on_ring = SourceBuffersRead(plan_, rank_);
-  for (size_t b = 0; b < buffers.size(); ++b) {
-    on_ring[b] = on_ring[b] && buffers[b].kind == MemoryKind::kCuda && buffers[b].bytes > 0 &&
-                 plan_.buffers()[b].side == plan::Side::kSrc;
-  }
-  // Every descriptor reading a ring source goes through the ring, except the pieces the GPU
-  // delta encode reads from device memory itself. A buffer that a host-encoded delta piece or a
-  // descriptor with `after` reads keeps its pinned host copy (neither happens in plans with the
-  // kernels: sources have no `after`, and CUDA delta pieces are GPU-encoded).
+  // Every descriptor reading a ring source goes through the ring, except the delta pieces the
+  // GPU delta encode reads from device memory itself; a host-encoded delta piece cannot read a
+  // ring source (it has no host copy), which happens only when the delta kernels could not
+  // start (no usable device).
   std::vector<bool> selected(program_.descs.size(), false);
   for (uint32_t i = 0; i < program_.descs.size(); ++i) {
     const SendDesc& d = program_.descs[i];
     if (!on_ring[d.from_buffer]) continue;
     const bool gpu_encoded = i < device_shadow_offset_.size() && device_shadow_offset_[i] >= 0;
-    if (d.delta_elem_bytes > 0 && !gpu_encoded) on_ring[d.from_buffer] = false;
-    if (plan_.transfers()[d.transfer].after >= 0) on_ring[d.from_buffer] = false;
+    if (d.delta_elem_bytes > 0 && !gpu_encoded) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "rank %d: buffer \"%s\" (tensor \"%s\") is CUDA memory that UCX cannot register, and "
+          "its delta pieces need the CUDA delta kernels, which did not start",
+          rank_, plan_.buffers()[d.from_buffer].name,
+          plan_.spec().tensors[plan_.transfers()[d.transfer].tensor].name));
+    }
+    selected[i] = d.delta_elem_bytes == 0 && d.run_end > d.run_begin;
   }
-  for (uint32_t i = 0; i < program_.descs.size(); ++i) {
-    const SendDesc& d = program_.descs[i];
-    selected[i] = on_ring[d.from_buffer] && d.delta_elem_bytes == 0 && d.run_end > d.run_begin;
-  }
-  *ring_sources = on_ring;
   // One launch per batch reads every ring source: offsets count from the lowest address.
   uintptr_t base = UINTPTR_MAX;
   for (size_t b = 0; b < buffers.size(); ++b) {

@@ -124,12 +124,15 @@ SendProgram BuildSendProgram(const plan::Plan& plan, int32_t rank,
       };
       if (IsPacked(plan, t, options)) {
         const int64_t stream = PackedBytes(plan, t, options);
+        const int es = DeltaElemBytes(plan, t, options);
+        const bool in_ring = es == 0 && d.from_buffer < options.ring_sources.size() &&
+                             options.ring_sources[d.from_buffer];
         d.packed = true;
-        d.send_offset = p.send_scratch_bytes;
+        d.send_offset = in_ring ? 0 : p.send_scratch_bytes;
         d.landing_offset = packed_bytes;
         packed_bytes += stream;
-        p.send_scratch_bytes += stream;
-        if (const int es = DeltaElemBytes(plan, t, options); es > 0) {
+        if (!in_ring) p.send_scratch_bytes += stream;
+        if (es > 0) {
           d.delta_elem_bytes = static_cast<uint8_t>(es);
           d.shadow_offset = p.shadow_bytes;
           p.shadow_bytes += region.bytes;

@@ -56,6 +56,10 @@ struct SendProgramOptions {
   // (docs/data-plane.md, "The staging ring"). Only the sender's runs change: receivers accept
   // any cut.
   int64_t max_run_bytes = 0;
+  // By buffer id (empty: none): sources the engine reads only through its staging ring. Their
+  // packed streams (not delta streams) take no room in the send scratch: the ring holds them,
+  // so such a descriptor's send_offset is 0 and its runs' local offsets are stream offsets.
+  std::vector<bool> ring_sources = {};
 };
 
 struct SendRun {

@@ -44,6 +44,10 @@ constexpr char kManyPieces[] = R"json({"tensors": [
   {"name": "d", "dtype": "bf16", "shape": [8192],
    "src": {"mesh": [0, 1, 2, 3], "placements": ["S(0)"]}, "dst": {"mesh": [4, 5, 6, 7], "placements": ["R"]}}]})json";
 
+// The specs every test here plans: four example specs and kManyPieces.
+constexpr const char* kExamples[] = {"fig1-rows-to-cols", "fig3-tp4-to-tp2dp2", "fused-qkv",
+                                     "uneven-nested", "many-pieces"};
+
 plan::Plan LoadExample(const std::string& name) {
   std::stringstream text;
   if (name == "many-pieces") {
@@ -140,8 +144,7 @@ void ExpectBatches(const std::vector<cuda::BatchPiece>& pieces, int64_t budget, 
 
 TEST(DeltaBatches, EngineOrderAndBatchesOfExampleSpecs) {
   int64_t pieces_seen = 0, multi_batch = 0;
-  for (const char* name :
-       {"fig1-rows-to-cols", "fig3-tp4-to-tp2dp2", "fused-qkv", "uneven-nested", "many-pieces"}) {
+  for (const char* name : kExamples) {
     SCOPED_TRACE(name);
     const plan::Plan plan = LoadExample(name);
     for (const bool fanout : {true, false}) {
@@ -290,8 +293,7 @@ void ExpectRingPlan(const SendProgram& p, const std::vector<uint32_t>& order, in
 
 TEST(RingBatches, EveryPieceOnceInPostingOrderWithinTheBudget) {
   int64_t pieces_seen = 0, split = 0, batches = 0;
-  for (const char* name :
-       {"fig1-rows-to-cols", "fig3-tp4-to-tp2dp2", "fused-qkv", "uneven-nested", "many-pieces"}) {
+  for (const char* name : kExamples) {
     SCOPED_TRACE(name);
     const plan::Plan plan = LoadExample(name);
     for (const int64_t budget :
@@ -371,11 +373,11 @@ namespace {
 // them all), and each batch's pack batch is executed by the pack kernels' host twin into a
 // poisoned slot. Each part must then hold exactly the bytes its runs would have been put from
 // (packed streams: the piece's region runs in order), every other slot byte stays poisoned, and
-// the parts of each descriptor cover its runs once, in order.
+// the parts of each descriptor cover its runs once, in order. The ring sources' packed streams
+// take no send scratch.
 TEST(RingPlan, PackBatchesFillEachSlotWithThePartsBytes) {
   int64_t parts_checked = 0, split = 0;
-  for (const char* name :
-       {"fig1-rows-to-cols", "fig3-tp4-to-tp2dp2", "fused-qkv", "uneven-nested", "many-pieces"}) {
+  for (const char* name : kExamples) {
     SCOPED_TRACE(name);
     const plan::Plan plan = LoadExample(name);
     for (const int64_t budget : {int64_t{1} << 10, int64_t{8} << 10, int64_t{256} << 10}) {
@@ -383,9 +385,30 @@ TEST(RingPlan, PackBatchesFillEachSlotWithThePartsBytes) {
         for (int32_t r = 0; r < plan.world_size(); ++r) {
           SCOPED_TRACE(testing::Message() << "rank " << r << ", budget " << budget
                                           << (am ? ", active messages" : ", puts"));
-          const SendProgram p = BuildSendProgram(plan, r,
-                                                 {true, 8192, am ? wire::kAmChunkBytes : 0, false,
-                                                  cuda::SlotBytes(budget, cuda::kStageRingSlots)});
+          // As the engine builds it: runs cut at the slot size, and no send scratch for the
+          // ring sources' packed streams (every source buffer here).
+          std::vector<bool> sources(plan.buffers().size(), false);
+          for (size_t b = 0; b < sources.size(); ++b) {
+            sources[b] = plan.buffers()[b].side == plan::Side::kSrc;
+          }
+          const SendProgramOptions options{true,
+                                           8192,
+                                           am ? wire::kAmChunkBytes : 0,
+                                           false,
+                                           cuda::SlotBytes(budget, cuda::kStageRingSlots),
+                                           sources};
+          const SendProgram p = BuildSendProgram(plan, r, options);
+          SendProgramOptions scratch_options = options;
+          scratch_options.ring_sources.clear();
+          const SendProgram with_scratch = BuildSendProgram(plan, r, scratch_options);
+          int64_t ring_streams = 0;
+          for (const SendDesc& d : p.descs) {
+            if (d.packed && sources[d.from_buffer]) {
+              EXPECT_EQ(d.send_offset, 0);
+              ring_streams += d.bytes;
+            }
+          }
+          EXPECT_EQ(p.send_scratch_bytes, with_scratch.send_scratch_bytes - ring_streams);
           // Source buffers in one arena, each 3 bytes past a 16-byte boundary after the last.
           const std::vector<int64_t> bytes = plan.BufferBytes(r);
           std::vector<int64_t> shift(bytes.size(), 0);
