@@ -17,7 +17,7 @@
 // Then the engine's GPU encode pipeline (docs/delta.md, "The GPU encode pipeline"): N pieces of
 // 1 MiB of bf16 at 5% changed, each stream brought to host memory and copied into a send buffer
 // (what the engine does before posting a piece), one by one (DeviceDeltaCodec::Encode: launch,
-// wait, copy back, per piece) against pipelined (PlanDeltaBatches with the engine's 64 MiB
+// wait, copy back, per piece) against pipelined (PlanBatches with the engine's 64 MiB
 // pinned budget in two slots, EnqueueEncode per piece, one event per batch polled, the next
 // batch enqueued as soon as a slot is consumed). The host's per-piece work then overlaps the
 // GPU's encodes instead of alternating with them.
@@ -36,8 +36,8 @@
 #include <vector>
 
 #include "src/common/delta_codec.h"
+#include "src/cuda/batch_plan.h"
 #include "src/cuda/delta.h"
-#include "src/cuda/delta_batch.h"
 #include "src/cuda/runtime.h"
 
 namespace {
@@ -81,9 +81,9 @@ int Pipeline(int64_t n, int iters) {
   DeviceDeltaCodec& c = **codec;
   const reshard::cuda::DeltaPiece piece = reshard::cuda::ContiguousDeltaPiece(kElems, 2);
   const int64_t capacity = reshard::delta::StreamCapacity(kElems, 2);
-  std::vector<reshard::cuda::DeltaBatchPiece> list;
+  std::vector<reshard::cuda::BatchPiece> list;
   for (int64_t i = 0; i < n; ++i) list.push_back({static_cast<uint32_t>(i), capacity});
-  const reshard::cuda::DeltaBatchPlan plan = reshard::cuda::PlanDeltaBatches(
+  const reshard::cuda::BatchPlan plan = reshard::cuda::PlanBatches(
       list, reshard::cuda::kDeltaBatchBudget, reshard::cuda::kDeltaBatchSlots);
   if (absl::Status st = c.ReservePipeline(plan.slots, plan.slot_bytes, n); !st.ok()) {
     std::fprintf(stderr, "delta_gpu_bench: %s\n", st.ToString().c_str());

@@ -8,9 +8,14 @@
 // slowest rank's Start -> Wait. Prints the median of each and their ratio.
 //
 //   put_bench [--iters N] [--rows R] [--cols C] [--tls UCX_TLS] [--batch BYTES]
-//             [--outstanding N] [--delivery put|am] [--spec SPEC.json]
+//             [--outstanding N] [--delivery put|am] [--spec SPEC.json] [--cuda]
 // --spec replaces the strided case with any spec of 4 ranks (e.g. many small pieces, to compare
 // --batch 0, one completion signal per piece, with batched signals).
+// --cuda (builds with CUDA): every buffer is device memory on GPU 0 (the four processes share
+// it), so with a UCX that cannot register CUDA memory the sources go through the staging ring
+// and the destinations through their pinned host copies (docs/data-plane.md); rank 0 also times
+// a device-to-device cudaMemcpy of the same bytes, printed beside the refits. Exit 3 without a
+// usable GPU.
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -27,11 +32,16 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "src/cuda/runtime.h"
 #include "src/net/refit_engine.h"
 #include "src/net/runtime.h"
-#include "src/rendezvous/tcp_store.h"
 #include "src/plan/fill.h"
 #include "src/plan/spec_json.h"
+#include "src/rendezvous/tcp_store.h"
+
+#if RESHARD_BENCH_CUDA
+#include <cuda_runtime_api.h>
+#endif
 
 namespace {
 
@@ -49,6 +59,7 @@ struct Flags {
   int outstanding = -1;
   std::string delivery;
   std::string spec_path;  // Replaces the strided case (a world of 4 ranks).
+  bool cuda = false;      // Device buffers (see the header).
 };
 
 struct Case {
@@ -80,8 +91,37 @@ std::string ContiguousSpec(const Flags& f) {
 struct Handle {
   reshard::plan::Plan plan;
   std::vector<std::unique_ptr<uint8_t, decltype(&std::free)>> memory;
+  std::vector<BufferView> buffers;  // The host memory above, or device copies of it (--cuda).
   std::unique_ptr<RefitEngine> engine;
 };
+
+#if RESHARD_BENCH_CUDA
+void* DeviceAlloc(int64_t bytes) {
+  void* p = nullptr;
+  return bytes > 0 && cudaMalloc(&p, static_cast<size_t>(bytes)) == cudaSuccess ? p : nullptr;
+}
+// Median milliseconds of a device-to-device cudaMemcpy of `bytes` (-1 on failure).
+double DeviceCopyMs(int64_t bytes, int iters) {
+  void* a = DeviceAlloc(bytes);
+  void* b = DeviceAlloc(bytes);
+  std::vector<double> ms;
+  for (int i = 0; a != nullptr && b != nullptr && i < iters + 1; ++i) {
+    const absl::Time start = absl::Now();
+    if (cudaMemcpy(b, a, static_cast<size_t>(bytes), cudaMemcpyDeviceToDevice) != cudaSuccess) {
+      break;
+    }
+    if (i > 0) ms.push_back(absl::ToDoubleMilliseconds(absl::Now() - start));
+  }
+  cudaFree(a);
+  cudaFree(b);
+  if (ms.size() != static_cast<size_t>(iters)) return -1;
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
+}
+#else
+void* DeviceAlloc(int64_t) { return nullptr; }
+double DeviceCopyMs(int64_t, int) { return -1; }
+#endif
 
 int Child(int rank, const Flags& flags, const std::vector<Case>& cases, int port,
           const std::string& token) {
@@ -108,14 +148,23 @@ int Child(int rank, const Flags& flags, const std::vector<Case>& cases, int port
     if (!spec.ok()) return 2;
     auto plan = reshard::plan::BuildPlan(std::make_shared<const reshard::plan::RefitSpec>(*spec));
     if (!plan.ok()) return 2;
-    Handle h{*std::move(plan), {}, nullptr};
-    std::vector<BufferView> buffers;
+    Handle h{*std::move(plan), {}, {}, nullptr};
+    std::vector<BufferView>& buffers = h.buffers;
     for (int64_t bytes : h.plan.BufferBytes(rank)) {
       const size_t rounded = (static_cast<size_t>(bytes) + 4095) / 4096 * 4096;
       auto* p = bytes > 0 ? static_cast<uint8_t*>(std::aligned_alloc(4096, rounded)) : nullptr;
       if (p != nullptr) std::memset(p, 0xA5, rounded);
       h.memory.emplace_back(p, &std::free);
       buffers.push_back(BufferView{p, bytes, MemoryKind::kHost});
+      if (flags.cuda && bytes > 0) {
+        // Never freed: the process exits after the benchmark.
+        buffers.back() = BufferView{DeviceAlloc(bytes), bytes, MemoryKind::kCuda};
+        if (buffers.back().data == nullptr) {
+          std::fprintf(stderr, "rank %d: cudaMalloc of %lld bytes failed\n", rank,
+                       static_cast<long long>(bytes));
+          return 1;
+        }
+      }
     }
     const reshard::plan::RefitSpec& s = h.plan.spec();
     for (size_t t = 0; t < s.tensors.size(); ++t) {
@@ -126,6 +175,12 @@ int Child(int rank, const Flags& flags, const std::vector<Case>& cases, int port
               reshard::plan::FillTile(s, t, reshard::plan::Side::kSrc, box, 1, src);
             }
           });
+    }
+    for (size_t b = 0; flags.cuda && b < buffers.size(); ++b) {
+      if (buffers[b].data != nullptr &&
+          !reshard::cuda::CudaCopy(buffers[b].data, h.memory[b].get(), buffers[b].bytes).ok()) {
+        return 1;
+      }
     }
     RefitEngineOptions options;
     options.key_prefix = c.prefix;
@@ -166,7 +221,12 @@ int Child(int rank, const Flags& flags, const std::vector<Case>& cases, int port
     const Handle& h = handles[c];
     const reshard::plan::RefitSpec& s = h.plan.spec();
     for (size_t t = 0; t < s.tensors.size(); ++t) {
-      const uint8_t* dst = h.memory[h.plan.buffer_of(t, reshard::plan::Side::kDst)].get();
+      const uint32_t b = h.plan.buffer_of(t, reshard::plan::Side::kDst);
+      const uint8_t* dst = h.memory[b].get();
+      if (flags.cuda && h.buffers[b].data != nullptr &&
+          !reshard::cuda::CudaCopy(h.memory[b].get(), h.buffers[b].data, h.buffers[b].bytes).ok()) {
+        return 1;
+      }
       absl::Status st;
       reshard::plan::ForEachTile(s, t, reshard::plan::Side::kDst,
                                  [&](int32_t r, const reshard::plan::Box& box) {
@@ -188,6 +248,19 @@ int Child(int rank, const Flags& flags, const std::vector<Case>& cases, int port
   if (rank == 0) {
     std::fprintf(stderr, "transports: %s, delivery: %s\n", handles[0].engine->Transports().c_str(),
                  handles[0].engine->delivery());
+    if (flags.cuda) {
+      const reshard::net::RefitStats& st = handles[0].engine->last_stats();
+      std::fprintf(stderr,
+                   "rank 0 (a source): %lld CUDA buffer(s) staged, %lld registered; staging ring "
+                   "%lld bytes, %lld batches, %lld bytes packed per refit\n",
+                   static_cast<long long>(st.cuda_buffers_staged),
+                   static_cast<long long>(st.cuda_buffers_registered),
+                   static_cast<long long>(st.stage_ring_bytes),
+                   static_cast<long long>(st.stage_ring_batches),
+                   static_cast<long long>(st.bytes_ring_packed));
+      const double copy = DeviceCopyMs(flags.rows * flags.cols * 2, flags.iters);
+      (void)(*store)->Set("bench/devcopy", absl::StrCat(copy));
+    }
   }
   for (Handle& h : handles) (void)h.engine->Shutdown(absl::Now() + absl::Seconds(10));
   return 0;
@@ -222,16 +295,30 @@ int main(int argc, char** argv) {
       flags.delivery = next();
     } else if (a == "--spec") {
       flags.spec_path = next();
+    } else if (a == "--cuda") {
+      flags.cuda = true;
     } else {
       std::fprintf(stderr,
                    "usage: put_bench [--iters N] [--rows R] [--cols C] [--tls UCX_TLS] "
-                   "[--batch BYTES] [--outstanding N] [--delivery put|am] [--spec SPEC.json]\n");
+                   "[--batch BYTES] [--outstanding N] [--delivery put|am] [--spec SPEC.json] "
+                   "[--cuda]\n");
       return a == "--help" ? 0 : 2;
     }
   }
   if (flags.rows % 4 != 0 || flags.cols % 2 != 0) {
     std::fprintf(stderr, "put_bench: --rows must be a multiple of 4 and --cols even\n");
     return 2;
+  }
+  if (flags.cuda) {
+    // Probed in a child: the CUDA runtime must not be initialised before the ranks fork.
+    const pid_t probe = fork();
+    if (probe == 0) _exit(reshard::cuda::CudaDeviceCount() > 0 ? 0 : 3);
+    int status = 0;
+    waitpid(probe, &status, 0);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+      std::fprintf(stderr, "put_bench --cuda: no usable GPU (or a build without CUDA)\n");
+      return 3;
+    }
   }
   std::vector<Case> cases = {{"strided refit (rows -> cols)", StridedSpec(flags), "bench/strided"},
                              {"contiguous puts", ContiguousSpec(flags), "bench/contiguous"}};
@@ -316,5 +403,13 @@ int main(int argc, char** argv) {
                 *std::max_element(slowest.begin(), slowest.end()));
   }
   std::printf("  ratio strided / contiguous: %.3f (target <= 1.3)\n", medians[0] / medians[1]);
+  if (flags.cuda) {
+    double copy = -1;
+    auto v = (*client)->Get("bench/devcopy", absl::Now());
+    if (v.ok()) (void)absl::SimpleAtod(*v, &copy);
+    std::printf("  %-30s median %8.2f ms  (%6.2f GB/s)  strided refit / cudaMemcpy: %.2f\n",
+                "cudaMemcpy device to device", copy, copy > 0 ? bytes / (copy * 1e6) : 0.0,
+                copy > 0 ? medians[0] / copy : 0.0);
+  }
   return 0;
 }

@@ -13,7 +13,12 @@
 # and through the strided copy kernel); NCCL tests that need two GPUs skip. pack_bench's second
 # table times that copy kernel against cudaMemcpy2DAsync. The gpu tests include
 # api_stream_refit_test: a refit between two processes started on a stream behind a kernel that
-# writes the sources, with a kernel reading the destinations queued behind RecordCompletion.
+# writes the sources, with a kernel reading the destinations queued behind RecordCompletion,
+# and net_gpu_staging_test's GpuStaging.StagingRing* (sources packed into a small staging ring).
+# Last, the staging ring at size: a 1 GiB bf16 rows -> columns refit of device buffers between
+# four processes sharing the GPU (bench/put_bench --cuda: staged sources packed into the ring,
+# staged destinations moved to the device asynchronously), its GB/s beside a device-to-device
+# cudaMemcpy of the same bytes.
 #
 #   tools/gpu_check.sh [BUILD_DIR]     (default: build-gpu; CUDA found under /usr/local/cuda or
 #                                       CUDAToolkit_ROOT; UCX_ROOT=<prefix> builds against that
@@ -25,9 +30,8 @@
 # no CUDA toolkit; 3 when there is no usable GPU (the build and the skipping tests were checked,
 # nothing was measured).
 #
-# TODO(issue 11, parts 2 and 6): the 1 GiB refit between processes sharing one GPU (rows->columns
-# and TP4 -> TP2 x DP2 with fan-out, over CUDA-aware UCX and over staging, each as a ratio to
-# cudaMemcpy of the same bytes) needs the engine to use the pack kernels first; it is not here.
+# TODO(issue 11, parts 3 and 6): the TP4 -> TP2 x DP2 refit with fan-out, and both refits over a
+# CUDA-aware UCX (UCX_ROOT), are not here yet; the staged rows -> columns refit is.
 set -euo pipefail
 here="$(cd "$(dirname "$0")/.." && pwd)"
 build="${1:-$here/build-gpu}"
@@ -67,9 +71,10 @@ if [ -z "$targets" ]; then
   echo "gpu_check: no gpu-labelled test targets found" >&2
   exit 1
 fi
-log "build: $targets reshard pack_bench quant_bench delta_gpu_bench"
+log "build: $targets reshard pack_bench quant_bench delta_gpu_bench put_bench"
 # shellcheck disable=SC2086
-cmake --build "$build" -j"$jobs" --target $targets reshard pack_bench quant_bench delta_gpu_bench
+cmake --build "$build" -j"$jobs" --target $targets reshard pack_bench quant_bench delta_gpu_bench \
+  put_bench
 
 log "reshard info"
 "$build/bin/reshard" info || true
@@ -94,12 +99,17 @@ if [ "$bench" -eq 0 ]; then
   "$build/bin/delta_gpu_bench" --mib 8 --iters 20 --pieces 64
   bench=$?
 fi
+if [ "$bench" -eq 0 ]; then
+  log "staging ring: 1 GiB staged rows -> columns refit of device buffers against cudaMemcpy"
+  "$build/bin/put_bench" --cuda --rows 16384 --cols 32768 --iters 5
+  bench=$?
+fi
 set -e
 log "done"
 case "$bench" in
   0) exit 0 ;;
   3) echo "gpu_check: no usable GPU: the gpu tests skipped and nothing was measured" >&2
      exit 3 ;;
-  *) echo "gpu_check: pack_bench, quant_bench or delta_gpu_bench failed (exit $bench)" >&2
+  *) echo "gpu_check: pack_bench, quant_bench, delta_gpu_bench or put_bench failed (exit $bench)" >&2
      exit 1 ;;
 esac

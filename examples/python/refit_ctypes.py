@@ -51,7 +51,9 @@ class Stats(ctypes.Structure):
                 ("cuda_buffers_registered", ctypes.c_int64), ("cuda_buffers_staged", ctypes.c_int64),
                 ("bytes_staged_to_host", ctypes.c_int64), ("bytes_staged_to_device", ctypes.c_int64),
                 ("delta_device_shadow_bytes", ctypes.c_int64),
-                ("delta_pinned_bytes", ctypes.c_int64)]
+                ("delta_pinned_bytes", ctypes.c_int64),
+                ("stage_ring_bytes", ctypes.c_int64), ("stage_ring_batches", ctypes.c_int64),
+                ("bytes_ring_packed", ctypes.c_int64)]
 
 
 class Reshard:

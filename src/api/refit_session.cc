@@ -519,6 +519,9 @@ void RefitSession::FillStats(Stats& s) const {
   s.cuda_buffers_staged = e.cuda_buffers_staged;
   s.bytes_staged_to_host = e.bytes_staged_to_host;
   s.bytes_staged_to_device = e.bytes_staged_to_device;
+  s.stage_ring_bytes = e.stage_ring_bytes;
+  s.stage_ring_batches = e.stage_ring_batches;
+  s.bytes_ring_packed = e.bytes_ring_packed;
   s.transports = engine_->Transports();
   s.fanout = fanout_name_;
   s.quantize_seconds = absl::ToDoubleSeconds(quantize_time_);

@@ -444,6 +444,7 @@ reshard_status_t reshard_handle_create_with_options(reshard_comm_t* comm,
                          ? reshard::Schedule::kPointToPoint
                          : reshard::Schedule::kDomainAware;
   options.delta = o.delta != 0;
+  if (o.stage_ring_bytes > 0) options.stage_ring_bytes = o.stage_ring_bytes;
   // A call refused here still takes its part in the collective set-up: the other ranks learn
   // of the failure at once (RefitHandle::Abandon) instead of at their set-up deadline.
   auto refuse = [&](const char* message) {
@@ -548,6 +549,9 @@ reshard_status_t reshard_handle_stats(const reshard_handle_t* handle, reshard_st
   out->bytes_staged_to_device = s.bytes_staged_to_device;
   out->delta_device_shadow_bytes = s.delta_device_shadow_bytes;
   out->delta_pinned_bytes = s.delta_pinned_bytes;
+  out->stage_ring_bytes = s.stage_ring_bytes;
+  out->stage_ring_batches = s.stage_ring_batches;
+  out->bytes_ring_packed = s.bytes_ring_packed;
   return RESHARD_OK;
 }
 

@@ -293,13 +293,7 @@ absl::StatusOr<bool> DeviceDeltaCodec::SlotDone(int32_t slot) {
     return absl::InvalidArgumentError(
         absl::StrCat("delta pipeline: slot ", slot, " of ", pinned_slots_));
   }
-  const cudaError_t err = cudaEventQuery(static_cast<cudaEvent_t>(events_[slot]));
-  if (err == cudaSuccess) return true;
-  if (err == cudaErrorNotReady) {
-    cudaGetLastError();  // Not ready is not an error: keep later calls clean.
-    return false;
-  }
-  return CudaError(err, "cudaEventQuery(delta pipeline)");
+  return QueryEvent(events_[slot], "cudaEventQuery(delta pipeline)");
 }
 
 absl::StatusOr<delta::Mode> DeviceDeltaCodec::Apply(const DeltaPiece& piece, const uint8_t* stream,

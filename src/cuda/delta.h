@@ -65,7 +65,7 @@ class DeviceDeltaCodec {
                                                   const void* device_stream = nullptr);
 
   // The pipelined encode (docs/delta.md, "The GPU encode pipeline"; the batches are planned by
-  // PlanDeltaBatches, delta_batch.h). ReservePipeline allocates `slots` slots of `slot_bytes` of
+  // PlanBatches, batch_plan.h). ReservePipeline allocates `slots` slots of `slot_bytes` of
   // pinned host memory (mapped into the device's address space), an event per slot and pinned
   // room for `results` encode results; it replaces an earlier reservation (call it with no work
   // enqueued). FailedPrecondition without kernels; InvalidArgument for negative sizes or slots

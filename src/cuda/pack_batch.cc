@@ -95,6 +95,32 @@ absl::StatusOr<PackBatch> BuildPackBatch(absl::Span<const StridedRegion> regions
   return batch;
 }
 
+absl::Status AppendPackBatch(const PackBatch& part, PackBatch* batch) {
+  if (part.strided_base_align != batch->strided_base_align ||
+      part.packed_base_align != batch->packed_base_align) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "a pack batch built for base alignments %d/%d cannot join one built for %d/%d",
+        part.strided_base_align, part.packed_base_align, batch->strided_base_align,
+        batch->packed_base_align));
+  }
+  const int64_t begin = part.packed_offsets.empty() ? part.packed_end : part.packed_offsets[0];
+  if (begin < batch->packed_end) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("a pack batch whose stream starts at %d cannot follow one that ends at %d",
+                        begin, batch->packed_end));
+  }
+  for (PackEntry e : part.entries) {
+    e.units_begin += batch->total_units;
+    batch->entries.push_back(e);
+  }
+  batch->packed_offsets.insert(batch->packed_offsets.end(), part.packed_offsets.begin(),
+                               part.packed_offsets.end());
+  batch->total_units += part.total_units;
+  batch->bytes += part.bytes;
+  batch->packed_end = part.packed_end;
+  return absl::OkStatus();
+}
+
 absl::StatusOr<CopyBatch> BuildCopyBatch(absl::Span<const CopyRegion> regions,
                                          const CopyBatchOptions& options) {
   if (!IsPowerOfTwo(options.from_base_align) || !IsPowerOfTwo(options.to_base_align)) {

@@ -52,6 +52,13 @@ struct PackBatch {
 [[nodiscard]] absl::StatusOr<PackBatch> BuildPackBatch(absl::Span<const StridedRegion> regions,
                                                        const PackBatchOptions& options = {});
 
+// Appends the regions of `part` to `batch`, so that one launch moves both: their units follow
+// batch's, and their stream offsets stay as `part` was built (PackBatchOptions::packed_begin at
+// or past batch->packed_end: streams of several parts may leave gaps between them).
+// InvalidArgument when `part`'s stream starts before batch's ends (an empty batch ends at 0) or
+// the two were built for other base alignments.
+[[nodiscard]] absl::Status AppendPackBatch(const PackBatch& part, PackBatch* batch);
+
 // A strided-to-strided copy region: `run_bytes` contiguous bytes on both sides, repeated over
 // `ndims` outer dims (outermost first) with each side's byte strides. Mirrors plan::Region with
 // its dims inline (a region cut into pieces keeps its own counts).

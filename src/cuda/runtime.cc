@@ -1,6 +1,7 @@
 #include "src/cuda/runtime.h"
 
 #include "absl/strings/str_cat.h"
+#include "src/common/status.h"
 
 #if RESHARD_HAVE_CUDA
 #include <cuda_runtime_api.h>
@@ -55,6 +56,41 @@ absl::StatusOr<cudaStream_t> CopyStream() {
 }
 }  // namespace
 
+absl::StatusOr<bool> QueryEvent(void* event, const char* call) {
+  const cudaError_t err = cudaEventQuery(static_cast<cudaEvent_t>(event));
+  if (err == cudaSuccess) return true;
+  if (err == cudaErrorNotReady) {
+    cudaGetLastError();  // Not ready is not an error: keep later calls clean.
+    return false;
+  }
+  return CudaError(err, call);
+}
+
+namespace {
+// CudaCopy2D's copies, enqueued on `stream` without waiting.
+absl::Status EnqueueCopy2D(void* dst, int64_t dst_pitch, const void* src, int64_t src_pitch,
+                           int64_t width, int64_t rows, cudaStream_t stream) {
+  cudaError_t err = cudaSuccess;
+  if (rows == 1) {
+    err = cudaMemcpyAsync(dst, src, static_cast<size_t>(width), cudaMemcpyDefault, stream);
+    if (err != cudaSuccess) return CudaError(err, "cudaMemcpyAsync");
+  } else if (dst_pitch >= width && src_pitch >= width) {
+    err = cudaMemcpy2DAsync(dst, static_cast<size_t>(dst_pitch), src,
+                            static_cast<size_t>(src_pitch), static_cast<size_t>(width),
+                            static_cast<size_t>(rows), cudaMemcpyDefault, stream);
+    if (err != cudaSuccess) return CudaError(err, "cudaMemcpy2DAsync");
+  } else {
+    for (int64_t i = 0; i < rows; ++i) {
+      err = cudaMemcpyAsync(static_cast<char*>(dst) + i * dst_pitch,
+                            static_cast<const char*>(src) + i * src_pitch,
+                            static_cast<size_t>(width), cudaMemcpyDefault, stream);
+      if (err != cudaSuccess) return CudaError(err, "cudaMemcpyAsync");
+    }
+  }
+  return absl::OkStatus();
+}
+}  // namespace
+
 absl::Status CudaCopy(void* dst, const void* src, size_t bytes) {
   return CudaCopy2D(dst, 0, src, 0, static_cast<int64_t>(bytes), 1);
 }
@@ -64,26 +100,54 @@ absl::Status CudaCopy2D(void* dst, int64_t dst_pitch, const void* src, int64_t s
   if (width <= 0 || rows <= 0) return absl::OkStatus();
   absl::StatusOr<cudaStream_t> stream = CopyStream();
   if (!stream.ok()) return stream.status();
-  cudaError_t err = cudaSuccess;
-  if (rows == 1) {
-    err = cudaMemcpyAsync(dst, src, static_cast<size_t>(width), cudaMemcpyDefault, *stream);
-    if (err != cudaSuccess) return CudaError(err, "cudaMemcpyAsync");
-  } else if (dst_pitch >= width && src_pitch >= width) {
-    err = cudaMemcpy2DAsync(dst, static_cast<size_t>(dst_pitch), src, static_cast<size_t>(src_pitch),
-                            static_cast<size_t>(width), static_cast<size_t>(rows),
-                            cudaMemcpyDefault, *stream);
-    if (err != cudaSuccess) return CudaError(err, "cudaMemcpy2DAsync");
-  } else {
-    for (int64_t i = 0; i < rows; ++i) {
-      err = cudaMemcpyAsync(static_cast<char*>(dst) + i * dst_pitch,
-                            static_cast<const char*>(src) + i * src_pitch,
-                            static_cast<size_t>(width), cudaMemcpyDefault, *stream);
-      if (err != cudaSuccess) return CudaError(err, "cudaMemcpyAsync");
-    }
-  }
-  err = cudaStreamSynchronize(*stream);
+  RESHARD_RETURN_IF_ERROR(EnqueueCopy2D(dst, dst_pitch, src, src_pitch, width, rows, *stream));
+  const cudaError_t err = cudaStreamSynchronize(*stream);
   if (err != cudaSuccess) return CudaError(err, "cudaStreamSynchronize");
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<CopyQueue>> CopyQueue::Create() {
+  std::unique_ptr<CopyQueue> q(new CopyQueue());
+  cudaStream_t stream = nullptr;
+  const cudaError_t err = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
+  if (err != cudaSuccess) return CudaError(err, "cudaStreamCreateWithFlags(copy queue)");
+  q->stream_ = stream;
+  return q;
+}
+
+CopyQueue::~CopyQueue() {
+  if (stream_ != nullptr) {
+    cudaStreamSynchronize(static_cast<cudaStream_t>(stream_));
+    cudaStreamDestroy(static_cast<cudaStream_t>(stream_));
+  }
+  for (void* e : events_) cudaEventDestroy(static_cast<cudaEvent_t>(e));
+}
+
+absl::Status CopyQueue::Copy2D(void* dst, int64_t dst_pitch, const void* src, int64_t src_pitch,
+                               int64_t width, int64_t rows) {
+  if (width <= 0 || rows <= 0) return absl::OkStatus();
+  return EnqueueCopy2D(dst, dst_pitch, src, src_pitch, width, rows,
+                       static_cast<cudaStream_t>(stream_));
+}
+
+absl::StatusOr<int32_t> CopyQueue::Record() {
+  if (free_.empty()) {
+    cudaEvent_t e = nullptr;
+    const cudaError_t err = cudaEventCreateWithFlags(&e, cudaEventDisableTiming);
+    if (err != cudaSuccess) return CudaError(err, "cudaEventCreateWithFlags(copy queue)");
+    events_.push_back(e);
+    free_.push_back(static_cast<int32_t>(events_.size()) - 1);
+  }
+  const int32_t id = free_.back();
+  const cudaError_t err =
+      cudaEventRecord(static_cast<cudaEvent_t>(events_[id]), static_cast<cudaStream_t>(stream_));
+  if (err != cudaSuccess) return CudaError(err, "cudaEventRecord(copy queue)");
+  free_.pop_back();
+  return id;
+}
+
+absl::StatusOr<bool> CopyQueue::Done(int32_t id) {
+  return QueryEvent(events_[id], "cudaEventQuery(copy queue)");
 }
 
 #else  // !RESHARD_HAVE_CUDA
@@ -106,6 +170,13 @@ absl::Status CudaCopy(void*, const void*, size_t) { return NoCuda(); }
 absl::Status CudaCopy2D(void*, int64_t, const void*, int64_t, int64_t, int64_t) {
   return NoCuda();
 }
+absl::StatusOr<std::unique_ptr<CopyQueue>> CopyQueue::Create() { return NoCuda(); }
+CopyQueue::~CopyQueue() = default;
+absl::Status CopyQueue::Copy2D(void*, int64_t, const void*, int64_t, int64_t, int64_t) {
+  return NoCuda();
+}
+absl::StatusOr<int32_t> CopyQueue::Record() { return NoCuda(); }
+absl::StatusOr<bool> CopyQueue::Done(int32_t) { return NoCuda(); }
 
 #endif
 

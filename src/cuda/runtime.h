@@ -9,7 +9,9 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -23,6 +25,10 @@ bool BuiltWithCuda();
 // a cudaError_t (an int here, so this header needs no CUDA header). Defined in builds with CUDA
 // only, for the code that calls the runtime itself (pack.cc, quantize.cc).
 absl::Status CudaError(int err, const char* call);
+// Without waiting, whether the work before `event` (a cudaEvent_t) finished: cudaEventQuery,
+// its "not ready" cleared from the thread's last error; Internal naming `call` when the work
+// failed. Defined in builds with CUDA only (the pipelines of delta.cc, staging_ring.cc, here).
+absl::StatusOr<bool> QueryEvent(void* event, const char* call);
 
 // Number of usable CUDA devices; 0 when the build has no CUDA, there is no driver, or the
 // runtime reports an error (`why`, when given, receives the reason).
@@ -40,5 +46,38 @@ void FreePinned(void* ptr);
 // hold a row, else one cudaMemcpyAsync per row; one synchronise either way.
 [[nodiscard]] absl::Status CudaCopy2D(void* dst, int64_t dst_pitch, const void* src,
                                       int64_t src_pitch, int64_t width, int64_t rows);
+
+// Asynchronous copies on a private stream, each group of copies followed by an event that is
+// polled, never waited for (the engine moves landed pieces of staged destinations to the device
+// with it: docs/data-plane.md). Events are recycled. Thread-compatible; runs with the device
+// that was current at Create.
+class CopyQueue {
+ public:
+  // FailedPrecondition without CUDA; Internal naming the CUDA call.
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<CopyQueue>> Create();
+  // Waits for the stream (copies of a failed epoch) before destroying it and the events.
+  ~CopyQueue();
+  CopyQueue(const CopyQueue&) = delete;
+  CopyQueue& operator=(const CopyQueue&) = delete;
+
+  // Enqueues what CudaCopy2D copies (one cudaMemcpy2DAsync when both pitches hold a row, one
+  // cudaMemcpyAsync when rows is 1), without waiting. The source must stay unchanged until the
+  // event recorded after it completed.
+  [[nodiscard]] absl::Status Copy2D(void* dst, int64_t dst_pitch, const void* src,
+                                    int64_t src_pitch, int64_t width, int64_t rows);
+  // Records an event after the copies enqueued so far; returns its id.
+  [[nodiscard]] absl::StatusOr<int32_t> Record();
+  // Without waiting (cudaEventQuery): true once the copies before event `id` finished; Internal
+  // when one failed.
+  [[nodiscard]] absl::StatusOr<bool> Done(int32_t id);
+  // Event `id` may be recorded again.
+  void Release(int32_t id) { free_.push_back(id); }
+
+ private:
+  CopyQueue() = default;
+  [[maybe_unused]] void* stream_ = nullptr;  // cudaStream_t.
+  std::vector<void*> events_;                // cudaEvent_t by id.
+  std::vector<int32_t> free_;
+};
 
 }  // namespace reshard::cuda

@@ -33,8 +33,10 @@ class DeliveryBase : public Delivery {
                RefitStats& stats)
       : rank_(rank), program_(program), memory_(memory), stats_(stats) {}
 
-  // Where run `run` of `desc` is read from, and its registration.
-  const uint8_t* Source(const SendDesc& d, const SendRun& run) const {
+  // Where run `run` of `desc` is read from, and its registration: the staging ring when the
+  // engine set link.ring_source (the run's bytes there), else the send scratch or the buffer.
+  const uint8_t* Source(const PeerLink& link, const SendDesc& d, const SendRun& run) const {
+    if (link.ring_source != nullptr) return link.ring_source;
     return (d.packed ? memory_.send_scratch() : memory_.data(d.from_buffer)) + run.local_offset;
   }
   // A delta stream's run ends at its segment's stream's end.
@@ -45,8 +47,11 @@ class DeliveryBase : public Delivery {
     return run;
   }
   // Whether runs of `d` are read from device memory (which process_vm_writev cannot read).
-  bool SourceOnDevice(const SendDesc& d) const { return !d.packed && memory_.device(d.from_buffer); }
-  ucp_mem_h SourceMemh(const SendDesc& d) const {
+  bool SourceOnDevice(const PeerLink& link, const SendDesc& d) const {
+    return link.ring_source == nullptr && !d.packed && memory_.device(d.from_buffer);
+  }
+  ucp_mem_h SourceMemh(const PeerLink& link, const SendDesc& d) const {
+    if (link.ring_source != nullptr) return memory_.ring_memh();
     return d.packed ? memory_.send_scratch_memh() : memory_.memh(d.from_buffer);
   }
 
@@ -76,36 +81,33 @@ class PutDelivery final : public DeliveryBase {
         static_cast<uint64_t>(d.packed ? link.landing_block() + d.landing_offset : 0) +
         static_cast<uint64_t>(run.remote_offset);
     absl::Status posted;
-    if (uint8_t* mapped = link.mapped(to); mapped != nullptr && !SourceOnDevice(d)) {
+    if (uint8_t* mapped = link.mapped(to); mapped != nullptr && !SourceOnDevice(link, d)) {
       // The peer's HostBuffer, mapped here: the run's one copy, done when memcpy returns
       // (CheckRemoteKeys bounded every run by the registered region, which the mapping holds).
-      std::memcpy(mapped + (remote - link.remote_base(to)), Source(d, run),
+      std::memcpy(mapped + (remote - link.remote_base(to)), Source(link, d, run),
                   static_cast<size_t>(run.bytes));
       stats_.mapped_copies++;
     } else if (SingleCopyWriter* writer = link.single_copy();
-               writer != nullptr && link.remote_host(to) && !SourceOnDevice(d)) {
+               writer != nullptr && link.remote_host(to) && !SourceOnDevice(link, d)) {
       // Queued; written (many runs per call) at the latest when the piece is posted.
       const int64_t calls = writer->calls();
-      posted = writer->Add(Source(d, run), remote, static_cast<size_t>(run.bytes));
+      posted = writer->Add(Source(link, d, run), remote, static_cast<size_t>(run.bytes));
       stats_.single_copy_writes += writer->calls() - calls;
     } else {
       stats_.puts++;
-      posted = link.Put(Source(d, run), static_cast<size_t>(run.bytes), remote, link.rkey(to),
-                        SourceMemh(d), in_flight);
+      posted = link.Put(Source(link, d, run), static_cast<size_t>(run.bytes), remote, link.rkey(to),
+                        SourceMemh(link, d), in_flight, link.ring_slot);
     }
     common::FaultPoint(common::FaultStage::kPuts, rank_, epoch);
     return posted;
   }
 
+  absl::Status RingPartPosted(PeerLink& link) override { return WriteQueued(link); }
+
   absl::Status DescPosted(PeerLink& link, const SendDesc& d) override {
     // The piece's single-copy writes complete before it joins a batch (whose signal says
     // that it landed).
-    if (SingleCopyWriter* writer = link.single_copy(); writer != nullptr) {
-      const int64_t calls = writer->calls();
-      absl::Status written = writer->Write();
-      stats_.single_copy_writes += writer->calls() - calls;
-      RESHARD_RETURN_IF_ERROR(written);
-    }
+    RESHARD_RETURN_IF_ERROR(WriteQueued(link));
     // Mapped copies are plain stores: ordered before the batch's signal (a UCX message or
     // put the receiver reads before it reads the piece).
     if (link.has_mapped()) std::atomic_thread_fence(std::memory_order_release);
@@ -124,6 +126,16 @@ class PutDelivery final : public DeliveryBase {
   }
 
  private:
+  // Writes the single-copy writes queued on `link` (complete when this returns).
+  absl::Status WriteQueued(PeerLink& link) {
+    SingleCopyWriter* writer = link.single_copy();
+    if (writer == nullptr) return absl::OkStatus();
+    const int64_t calls = writer->calls();
+    absl::Status written = writer->Write();
+    stats_.single_copy_writes += writer->calls() - calls;
+    return written;
+  }
+
   const int64_t signal_batch_bytes_;
 };
 
@@ -146,8 +158,9 @@ class AmDelivery final : public DeliveryBase {
         static_cast<uint64_t>(run.remote_offset),
         delta ? static_cast<uint64_t>(link.stream_end - link.stream_begin) : 0};
     stats_.data_messages++;
-    absl::Status posted = link.SendData(run_index, h, Source(d, run),
-                                        static_cast<size_t>(run.bytes), SourceMemh(d), in_flight);
+    absl::Status posted =
+        link.SendData(run_index, h, Source(link, d, run), static_cast<size_t>(run.bytes),
+                      SourceMemh(link, d), in_flight, link.ring_slot);
     common::FaultPoint(common::FaultStage::kPuts, rank_, epoch);
     // No completion signals here: the last data message to the peer stands for them.
     const bool last =
@@ -160,6 +173,8 @@ class AmDelivery final : public DeliveryBase {
     return posted;
   }
 
+  // Data messages read the ring until their requests complete (tagged with the slot).
+  absl::Status RingPartPosted(PeerLink&) override { return absl::OkStatus(); }
   // Landing is counted by the receiver byte by byte; nothing to flush or signal.
   absl::Status DescPosted(PeerLink& link, const SendDesc&) override {
     link.unsignalled--;

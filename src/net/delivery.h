@@ -33,12 +33,17 @@ class Delivery {
   // landing area at the receiver and cut runs into chunks.
   virtual bool counts_bytes() const = 0;
 
-  // Posts run `run` of `desc` to `link`. `*in_flight`: a request now counts against
-  // max_outstanding_puts. Delta pieces (desc.delta_elem_bytes > 0): the run belongs to the
-  // segment whose stream is [link.stream_begin, link.stream_end) of the piece's area, and is cut
-  // at its end (the caller posts no run past it).
+  // Posts run `run` of `desc` to `link`, read from link.ring_source when set (the engine's
+  // staging ring, tagged with link.ring_slot), else from the descriptor's buffer or the send
+  // scratch. `*in_flight`: a request now counts against max_outstanding_puts. Delta pieces
+  // (desc.delta_elem_bytes > 0): the run belongs to the segment whose stream is [link.stream_begin,
+  // link.stream_end) of the piece's area, and is cut at its end (the caller posts no run past it).
   [[nodiscard]] virtual absl::Status PostRun(PeerLink& link, const SendDesc& desc, uint32_t run,
                                              uint64_t epoch, bool* in_flight) = 0;
+  // The runs of a staging ring part (link.ring_source set) are posted: after this no send of
+  // `link` reads the part's slot except UCX requests posted with its tag (PeerLink::Put,
+  // SendData), whose completions the engine counts (single-copy writes queued are written).
+  [[nodiscard]] virtual absl::Status RingPartPosted(PeerLink& link) = 0;
   // Every run of `desc` is posted.
   [[nodiscard]] virtual absl::Status DescPosted(PeerLink& link, const SendDesc& desc) = 0;
   // `link` has nothing ready to post.

@@ -272,26 +272,34 @@ absl::StatusOr<bool> Landing::Data(const wire::DataHeader& h, const void* data, 
   return static_cast<uint64_t>(landed_bytes_[slot]) == region_bytes;
 }
 
-absl::Status Landing::Land(uint32_t slot) {
+absl::StatusOr<bool> Landing::Land(uint32_t slot) {
   landed_epoch_[slot] = epoch_;
   const plan::Transfer& t = plan_.transfers()[program_.received[slot]];
   const uint32_t to_buf = plan_.buffer_of(t.tensor, t.to_side);
-  if (!memory_.staged(to_buf)) return absl::OkStatus();
+  if (!memory_.staged(to_buf)) return false;
   // Staged destination: the piece landed in pinned host memory; move it to the device.
   auto* device = static_cast<uint8_t*>(memory_.buffer(to_buf).data);
   const uint8_t* host = memory_.data(to_buf);
   const plan::Region& region = plan_.region(t.region);
   staged_to_device_ += region.bytes;
   absl::Status status;
-  plan::ForEachSlab(region, plan_.region_dims(region), 0, region.bytes,
-                    [&](int64_t, int64_t to_off, int64_t width, int64_t rows, int64_t,
-                        int64_t to_pitch) {
-                      if (status.ok()) {
-                        status = cuda::CudaCopy2D(device + to_off, to_pitch, host + to_off,
-                                                  to_pitch, width, rows);
-                      }
-                    });
-  return status;
+  plan::ForEachSlab(
+      region, plan_.region_dims(region), 0, region.bytes,
+      [&](int64_t, int64_t to_off, int64_t width, int64_t rows, int64_t, int64_t to_pitch) {
+        if (!status.ok()) return;
+        status = copy_queue_ != nullptr ? copy_queue_->Copy2D(device + to_off, to_pitch,
+                                                              host + to_off, to_pitch, width, rows)
+                                        : cuda::CudaCopy2D(device + to_off, to_pitch, host + to_off,
+                                                           to_pitch, width, rows);
+      });
+  if (!status.ok()) {
+    return absl::Status(
+        status.code(),
+        absl::StrCat("rank ", program_.rank, ": moving transfer ", program_.received_ids[slot],
+                     " (tensor \"", plan_.spec().tensors[t.tensor].name, "\") from rank ",
+                     t.from_rank, " to the device: ", status.message()));
+  }
+  return copy_queue_ != nullptr;
 }
 
 absl::Status Landing::Unpack(uint32_t slot, int64_t begin, const uint8_t* packed, int64_t length) {
@@ -319,6 +327,8 @@ absl::Status Landing::Gather(const SendDesc& d) {
 absl::Status Landing::Gather(const SendDesc& d, int64_t begin, int64_t end, uint8_t* to) {
   const plan::Transfer& t = plan_.transfers()[d.transfer];
   const plan::Region& region = plan_.region(t.region);
+  // Ring sources have no host copy: the engine reads them through the staging ring only.
+  RESHARD_CHECK(!memory_.ring_source(d.from_buffer));
   const uint8_t* from = memory_.data(d.from_buffer);
   const bool device = memory_.device(d.from_buffer);
   absl::Status status;
@@ -334,6 +344,7 @@ absl::Status Landing::Gather(const SendDesc& d, int64_t begin, int64_t end, uint
 }
 
 absl::Status Landing::CopyLocal(const SendDesc& d) {
+  RESHARD_CHECK(!memory_.ring_source(d.from_buffer));  // See Gather.
   const bool device = memory_.device(d.from_buffer) || memory_.device(d.to_buffer);
   const uint8_t* from = memory_.data(d.from_buffer);
   uint8_t* to = memory_.data(d.to_buffer);
@@ -341,6 +352,18 @@ absl::Status Landing::CopyLocal(const SendDesc& d) {
     const SendRun& run = program_.runs[i];
     RESHARD_RETURN_IF_ERROR(
         Copy(to + run.remote_offset, from + run.local_offset, run.bytes, device));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Landing::CopyLocal(const SendDesc& d, uint32_t run_begin, uint32_t run_end,
+                                const uint8_t* stream) {
+  uint8_t* to = memory_.data(d.to_buffer);
+  const bool device = memory_.device(d.to_buffer);
+  for (uint32_t i = run_begin; i < run_end; ++i) {
+    const SendRun& run = program_.runs[i];
+    RESHARD_RETURN_IF_ERROR(Copy(to + run.remote_offset, stream, run.bytes, device));
+    stream += run.bytes;
   }
   return absl::OkStatus();
 }

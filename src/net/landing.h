@@ -30,6 +30,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "src/cuda/delta.h"
+#include "src/cuda/runtime.h"
 #include "src/net/registered_memory.h"
 #include "src/net/send_program.h"
 #include "src/net/wire.h"
@@ -58,8 +59,12 @@ class Landing {
   [[nodiscard]] absl::StatusOr<bool> Data(const wire::DataHeader& h, const void* data,
                                           size_t length, uint32_t* slot);
   // Marks the transfer in `slot` (not yet landed) landed in this epoch and moves a staged
-  // destination piece to the device.
-  [[nodiscard]] absl::Status Land(uint32_t slot);
+  // destination piece to the device: with a copy queue (set_copy_queue), enqueued there without
+  // waiting (true: the caller records an event and finishes the landing once it completed),
+  // otherwise synchronously (false).
+  [[nodiscard]] absl::StatusOr<bool> Land(uint32_t slot);
+  // The queue staged destination pieces move to the device on (it must outlive the Landing).
+  void set_copy_queue(cuda::CopyQueue* queue) { copy_queue_ = queue; }
 
   // Bytes the transfer in `slot` took on the wire in this epoch: its delta stream, or the piece.
   int64_t wire_bytes(uint32_t slot) const;
@@ -79,6 +84,10 @@ class Landing {
   [[nodiscard]] absl::Status Gather(const SendDesc& desc, int64_t begin, int64_t end, uint8_t* to);
   // A local copy (desc.peer == this rank).
   [[nodiscard]] absl::Status CopyLocal(const SendDesc& desc);
+  // Runs [run_begin, run_end) of local copy `desc`, read one after another from `stream` (host
+  // memory: the part of the piece the staging ring packed) instead of its source buffer.
+  [[nodiscard]] absl::Status CopyLocal(const SendDesc& desc, uint32_t run_begin, uint32_t run_end,
+                                       const uint8_t* stream);
 
  private:
   // The slot of world transfer `id`, which must land here from `from_rank`; DataLoss otherwise.
@@ -114,6 +123,7 @@ class Landing {
   std::vector<int64_t> segment_landed_;
   std::vector<int64_t> segment_stream_;
   cuda::DeviceDeltaCodec* device_delta_ = nullptr;
+  cuda::CopyQueue* copy_queue_ = nullptr;
 };
 
 // One side (`source`: the sending buffer's, else the receiving buffer's) of `region` as the

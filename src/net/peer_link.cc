@@ -38,14 +38,17 @@ const char* CallName(int kind) {
 
 class PeerLink::Done final : public ucx::Completion {
  public:
-  Done(PeerLink* link, int kind, Batch* batch = nullptr)
-      : link_(link), kind_(kind), batch_(batch) {}
-  void Complete(ucs_status_t status) override { link_->Completed(kind_, batch_, status); }
+  Done(PeerLink* link, int kind, Batch* batch = nullptr, int ring_slot = -1)
+      : link_(link), kind_(kind), batch_(batch), ring_slot_(ring_slot) {}
+  void Complete(ucs_status_t status) override {
+    link_->Completed(kind_, batch_, status, ring_slot_);
+  }
 
  private:
   PeerLink* link_;
   int kind_;
   Batch* batch_;
+  int ring_slot_;
 };
 
 struct PeerLink::Batch {
@@ -66,6 +69,10 @@ PeerLink::PeerLink(int32_t rank, int32_t peer, uint64_t peer_handle, ucx::Worker
     : rank_(rank), peer_(peer), peer_handle_(peer_handle), worker_(worker), owner_(&owner) {
   put_done_ = std::make_unique<Done>(this, kPut);
   data_done_ = std::make_unique<Done>(this, kData);
+  for (int i = 0; i < kMaxRingSlots; ++i) {
+    ring_put_done_[i] = std::make_unique<Done>(this, kPut, nullptr, i);
+    ring_data_done_[i] = std::make_unique<Done>(this, kData, nullptr, i);
+  }
   grant_done_ = std::make_unique<Done>(this, kGrant);
   hello_done_ = std::make_unique<Done>(this, kHello);
   abort_done_ = std::make_unique<Done>(this, kAbort);
@@ -197,10 +204,11 @@ void PeerLink::SendAbort(uint64_t epoch, const std::string& reason) {
 }
 
 absl::Status PeerLink::Put(const void* local, size_t bytes, uint64_t remote, ucp_rkey_h rkey,
-                           ucp_mem_h memh, bool* in_flight) {
+                           ucp_mem_h memh, bool* in_flight, int ring_slot) {
   puts_since_flush_++;
-  return Posted(ucx::Put(endpoint_->get(), local, bytes, remote, rkey, memh, put_done_.get()),
-                "ucp_put_nbx", in_flight);
+  Done* done = ring_slot >= 0 ? ring_put_done_[ring_slot].get() : put_done_.get();
+  return Posted(ucx::Put(endpoint_->get(), local, bytes, remote, rkey, memh, done), "ucp_put_nbx",
+                in_flight);
 }
 
 void PeerLink::ReserveDataHeaders(uint32_t run_begin, uint32_t run_end) {
@@ -209,13 +217,14 @@ void PeerLink::ReserveDataHeaders(uint32_t run_begin, uint32_t run_end) {
 }
 
 absl::Status PeerLink::SendData(uint32_t run, const wire::DataHeader& header, const void* data,
-                                size_t bytes, ucp_mem_h memh, bool* in_flight) {
+                                size_t bytes, ucp_mem_h memh, bool* in_flight, int ring_slot) {
   wire::DataHeader& h = data_headers_[run - run_base_];
   h = header;
   h.base.handle = peer_handle_;
-  return Posted(ucx::SendAm(endpoint_->get(), wire::kDataAm, &h, sizeof(h), data, bytes, memh,
-                            data_done_.get()),
-                "ucp_am_send_nbx (data)", in_flight);
+  Done* done = ring_slot >= 0 ? ring_data_done_[ring_slot].get() : data_done_.get();
+  return Posted(
+      ucx::SendAm(endpoint_->get(), wire::kDataAm, &h, sizeof(h), data, bytes, memh, done),
+      "ucp_am_send_nbx (data)", in_flight);
 }
 
 int64_t PeerLink::open_batch_bytes() const { return open_ != nullptr ? open_->bytes : 0; }
@@ -298,12 +307,12 @@ void PeerLink::AbandonBatches() {
   }
 }
 
-void PeerLink::Completed(int kind, Batch* batch, ucs_status_t status) {
+void PeerLink::Completed(int kind, Batch* batch, ucs_status_t status, int ring_slot) {
   in_flight_--;
   switch (kind) {
     case kPut:
     case kData:
-      owner_->OnPutCompleted();
+      owner_->OnPutCompleted(ring_slot);
       break;
     case kGrant:
       grants_in_flight_--;
@@ -334,7 +343,7 @@ void PeerLink::Completed(int kind, Batch* batch, ucs_status_t status) {
 void PeerLink::Orphan() {
   struct NoOwner final : LinkOwner {
     void OnSendError(absl::Status) override {}
-    void OnPutCompleted() override {}
+    void OnPutCompleted(int) override {}
   };
   static NoOwner no_owner;
   owner_ = &no_owner;

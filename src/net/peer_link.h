@@ -37,8 +37,9 @@ namespace reshard::net {
 class LinkOwner {
  public:
   virtual void OnSendError(absl::Status status) = 0;
-  // A put or data message of any link completed.
-  virtual void OnPutCompleted() = 0;
+  // A put or data message of any link completed; `ring_slot`: the staging ring slot it read
+  // (the tag it was posted with), or -1.
+  virtual void OnPutCompleted(int ring_slot) = 0;
 
  protected:
   ~LinkOwner() = default;
@@ -144,12 +145,15 @@ class PeerLink {
   void SendAbort(uint64_t epoch, const std::string& reason);
 
   // Data. `run` indexes the send program's runs (data messages keep one header per run).
+  // `ring_slot` (-1, or below kMaxRingSlots): the staging ring slot the send reads, handed back
+  // to LinkOwner::OnPutCompleted when it completes.
+  static constexpr int kMaxRingSlots = 8;
   [[nodiscard]] absl::Status Put(const void* local, size_t bytes, uint64_t remote, ucp_rkey_h rkey,
-                                 ucp_mem_h memh, bool* in_flight);
+                                 ucp_mem_h memh, bool* in_flight, int ring_slot = -1);
   void ReserveDataHeaders(uint32_t run_begin, uint32_t run_end);
   [[nodiscard]] absl::Status SendData(uint32_t run, const wire::DataHeader& header,
                                       const void* data, size_t bytes, ucp_mem_h memh,
-                                      bool* in_flight);
+                                      bool* in_flight, int ring_slot = -1);
 
   // Put delivery: pieces whose puts are posted join the open batch; a closed batch is flushed
   // (unless only single-copy writes, complete already, went out since the last flush), then
@@ -198,12 +202,18 @@ class PeerLink {
   int64_t encoded_run = -1;
   int64_t stream_begin = 0, stream_end = 0;
   uint8_t piece_streams = 0;
+  // Descriptors read from the staging ring (docs/data-plane.md): the part being posted (an index
+  // of the engine's, -1: none), and, once its batch is packed, where the next run's bytes are in
+  // the ring and its slot (null and -1 otherwise).
+  int64_t ring_part = -1;
+  const uint8_t* ring_source = nullptr;
+  int ring_slot = -1;
   int64_t unsignalled = 0;     // Sends of this epoch not yet remotely complete and signalled.
   int64_t remaining_from = 0;  // Pieces of this epoch not yet landed from the peer.
 
  private:
   friend class Done;
-  void Completed(int kind, Batch* batch, ucs_status_t status);
+  void Completed(int kind, Batch* batch, ucs_status_t status, int ring_slot = -1);
   absl::Status Posted(ucs_status_t status, const char* call, bool* in_flight);
 
   const int32_t rank_;
@@ -232,6 +242,8 @@ class PeerLink {
   ucp_ep_h early_hello_from_ = nullptr;
 
   std::unique_ptr<Done> put_done_, data_done_, grant_done_, hello_done_, abort_done_;
+  // By staging ring slot: the completions of puts and data messages reading it.
+  std::unique_ptr<Done> ring_put_done_[kMaxRingSlots], ring_data_done_[kMaxRingSlots];
   wire::AmHeader hello_header_, grant_header_;
   uint64_t grant_version_ = 0;  // The grant's payload.
   bool hello_pending_ = false;

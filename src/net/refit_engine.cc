@@ -18,14 +18,17 @@
 #include "src/common/idle.h"
 #include "src/common/log.h"
 #include "src/common/status.h"
+#include "src/cuda/batch_plan.h"
 #include "src/cuda/delta.h"
-#include "src/cuda/delta_batch.h"
 #include "src/cuda/delta_index.h"
+#include "src/cuda/pack_batch.h"
+#include "src/cuda/staging_ring.h"
 #include "src/net/delivery.h"
-#include "src/net/delta_order.h"
 #include "src/net/landing.h"
 #include "src/net/peer_link.h"
+#include "src/net/posting_order.h"
 #include "src/net/registered_memory.h"
+#include "src/net/ring_plan.h"
 #include "src/net/runtime.h"
 #include "src/net/send_program.h"
 #include "src/net/ucx/memory.h"
@@ -91,7 +94,10 @@ class RefitEngine::Impl final : public MessageSink, public LinkOwner {
   void OnSendError(absl::Status status) override {
     if (in_epoch_) Fail(std::move(status));
   }
-  void OnPutCompleted() override { outstanding_puts_--; }
+  void OnPutCompleted(int ring_slot) override {
+    outstanding_puts_--;
+    if (ring_slot >= 0) ring_in_flight_[ring_slot]--;
+  }
 
   // Messages to `rank` carry its handle id, so several ranks may share one runtime (tests).
   uint64_t HandleOf(int32_t rank) const { return RefitEngine::HandleId(options_.key_prefix, rank); }
@@ -141,7 +147,8 @@ class RefitEngine::Impl final : public MessageSink, public LinkOwner {
    public:
     explicit Events(Impl& impl) : impl_(impl) {}
     void Block(absl::Duration timeout) override {
-      if (impl_.outstanding_puts_ > 0 || impl_.targets_emulated_puts_ || impl_.DeltaGpuRunning()) {
+      if (impl_.outstanding_puts_ > 0 || impl_.targets_emulated_puts_ || impl_.DeltaGpuRunning() ||
+          impl_.RingGpuRunning() || !impl_.to_device_.empty()) {
         sched_yield();
       } else {
         impl_.runtime_->worker().Block(timeout);
@@ -177,10 +184,10 @@ class RefitEngine::Impl final : public MessageSink, public LinkOwner {
   std::vector<int64_t> device_shadow_offset_;
   std::vector<bool> unstaged_sources_;  // By buffer: only GPU-encoded pieces read it.
   // The pipelined GPU encode (docs/delta.md, "The GPU encode pipeline"): the segments of the
-  // GPU-encoded pieces in posting order, cut into batches (PlanDeltaBatches, entry ids are
+  // GPU-encoded pieces in posting order, cut into batches (PlanBatches, entry ids are
   // segment numbers) that are enqueued on the codec's stream from Start on, each into its pinned
   // slot, as slots drain; a segment is posted once its batch's event completed.
-  cuda::DeltaBatchPlan gpu_plan_;
+  cuda::BatchPlan gpu_plan_;
   std::vector<uint32_t> segment_desc_;  // By segment: its descriptor.
   std::vector<int32_t> gpu_entry_;      // By segment: its entry in gpu_plan_, or -1.
   std::vector<int32_t> gpu_batch_;      // By entry: its batch.
@@ -195,6 +202,54 @@ class RefitEngine::Impl final : public MessageSink, public LinkOwner {
   // Without waiting: whether an enqueued batch of this epoch is still running on the GPU (idle
   // rounds then yield instead of sleeping on the UCX worker, which the GPU never wakes).
   bool DeltaGpuRunning();
+  // The staging ring (docs/data-plane.md, "The staging ring"): descriptors that read a ring
+  // source (RegisteredMemory::ring_source) in posting order, cut into parts of whole runs
+  // (PlanRing); batch b is packed by the GPU into slot b % slots once batch b - slots was
+  // consumed and every send reading its slot completed; a part is posted (or, for a local copy,
+  // copied) once its batch's event completed.
+  RingPlan ring_;
+  const uint8_t* ring_base_ = nullptr;  // Device address the batches' offsets count from.
+  std::vector<int32_t> ring_left_;      // By batch: its parts not yet consumed this epoch.
+  std::vector<uint8_t> ring_done_;      // By batch: its event completed this epoch.
+  int32_t ring_enqueued_ = 0;           // Batches packed this epoch (they start in order).
+  // By slot: puts and data messages reading it, not yet complete (across epochs: a slot is
+  // packed again only when this is 0).
+  int64_t ring_in_flight_[PeerLink::kMaxRingSlots] = {};
+  int64_t local_ring_part_ = -1;  // The next part of the local copy in front, or -1.
+  // Staged destinations: landed pieces move to the device on this queue, without waiting; the
+  // pieces whose copies are in flight, in the order they were enqueued (their events complete
+  // in that order).
+  std::unique_ptr<cuda::CopyQueue> copy_queue_;
+  struct ToDevice {
+    uint32_t slot = 0;
+    int32_t event = 0;
+  };
+  std::deque<ToDevice> to_device_;
+  // Forgets copies of a failed epoch (their events are recycled; the copies still write the
+  // device buffer, which a failed epoch leaves undefined anyway).
+  void DropToDevice() {
+    for (const ToDevice& m : to_device_) copy_queue_->Release(m.event);
+    to_device_.clear();
+  }
+  int32_t ring_batches() const { return ring_.batches(); }
+  bool OnRing(uint32_t desc) const { return ring_.on_ring(desc); }
+  // Plans the staging ring of `ring_sources` (by buffer, chosen in Init) and creates it (before
+  // the registered memory, which then neither stages nor registers them).
+  absl::Status InitRing(const std::vector<BufferView>& buffers,
+                        const std::vector<bool>& ring_sources,
+                        std::unique_ptr<cuda::StagingRing>* ring);
+  // Packs the next batches while their slots are free; none while a source is held.
+  absl::Status EnqueueRingBatches();
+  // Without waiting: whether batch `b` is packed (its event completed).
+  absl::StatusOr<bool> RingReady(int32_t b);
+  // A part of batch `b` was posted or copied.
+  absl::Status ConsumeRingPart(int32_t b);
+  // Without waiting: whether a packed batch of this epoch is still running on the GPU.
+  bool RingGpuRunning();
+  // The tensor a ring part reads, for errors.
+  const std::string& RingTensor(const RingPart& part) const {
+    return plan_.spec().tensors[plan_.transfers()[program_.descs[part.desc].transfer].tensor].name;
+  }
   bool abort_pending_ = false;
   uint64_t reset_floor_ = 0;  // Aborts about epochs <= this predate the last Reset.
   // The last epoch this rank completed (not cleared by failures or Reset). A peer's abort about
@@ -229,8 +284,12 @@ class RefitEngine::Impl final : public MessageSink, public LinkOwner {
   bool Complete() const;
   void Fail(absl::Status status);
   void BroadcastAbort();
-  // The transfer in `slot` (SendProgram::received) landed here.
+  // The transfer in `slot` (SendProgram::received) landed here: counted, reported and its
+  // dependents released (FinishLanded) at once, or, for a staged destination piece moving to
+  // the device on copy_queue_, once the copy's event completed (PollToDevice, every round).
   void MarkLanded(uint32_t slot);
+  void FinishLanded(uint32_t slot);
+  void PollToDevice();
   void PostSends();
   // Delta mode's set-up: shadows (host, and device for CUDA sources), the CUDA codec.
   absl::Status InitDelta(const std::vector<BufferView>& buffers);
@@ -283,26 +342,74 @@ absl::Status RefitEngine::Impl::Init(rendezvous::Store& store, std::vector<Buffe
           plan::SideName(plan_.buffers()[b].side), rank_, buffers[b].bytes, need[b]));
     }
   }
+  if (options_.stage_ring_bytes < cuda::kStageRingSlots * cuda::kBatchAlign) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "rank %d: stage_ring_bytes is %d, below the staging ring's minimum of %d bytes (%d slots "
+        "of %d)",
+        rank_, options_.stage_ring_bytes, cuda::kStageRingSlots * cuda::kBatchAlign,
+        cuda::kStageRingSlots, cuda::kBatchAlign));
+  }
   handle_ = HandleOf(rank_);
   const bool am = UseActiveMessages(options_.delivery);
-  program_ =
-      BuildSendProgram(plan_, rank_,
-                       SendProgramOptions{options_.execute_fanout, options_.pack_below_run_bytes,
-                                          am ? wire::kAmChunkBytes : 0, options_.delta});
+  // CUDA sources UCX cannot register go through the staging ring (InitRing): every source
+  // buffer a send reads, unless a transfer with `after` reads it (a descriptor that waits on a
+  // landing could hold a ring batch: it keeps a pinned host copy instead; sources never wait in
+  // the planner's plans). Their packed streams need no send scratch, and every run must fit a
+  // slot: runs are cut at the slot size (receivers accept any cut).
+  std::vector<bool> ring_sources(buffers.size(), false);
+  bool any_ring_source = false;
+  if (!runtime_->supports_cuda_memory() && cuda::PackKernelsBuilt()) {
+    ring_sources = SourceBuffersRead(plan_, rank_);
+    for (size_t b = 0; b < buffers.size(); ++b) {
+      ring_sources[b] = ring_sources[b] && buffers[b].kind == MemoryKind::kCuda &&
+                        buffers[b].bytes > 0 && plan_.buffers()[b].side == plan::Side::kSrc;
+    }
+    for (const plan::Transfer& t : plan_.transfers()) {
+      if (t.from_rank != rank_ || t.after < 0) continue;
+      const uint32_t b = plan_.buffer_of(t.tensor, t.from_side);
+      if (b < ring_sources.size()) ring_sources[b] = false;
+    }
+    for (bool on : ring_sources) any_ring_source = any_ring_source || on;
+  }
+  program_ = BuildSendProgram(
+      plan_, rank_,
+      SendProgramOptions{
+          options_.execute_fanout, options_.pack_below_run_bytes, am ? wire::kAmChunkBytes : 0,
+          options_.delta,
+          any_ring_source ? cuda::SlotBytes(options_.stage_ring_bytes, cuda::kStageRingSlots) : 0,
+          any_ring_source ? ring_sources : std::vector<bool>{}});
   RESHARD_RETURN_IF_ERROR(CheckDependencies());
   if (options_.delta) RESHARD_RETURN_IF_ERROR(InitDelta(buffers));
+  std::unique_ptr<cuda::StagingRing> ring;
+  if (any_ring_source) RESHARD_RETURN_IF_ERROR(InitRing(buffers, ring_sources, &ring));
   absl::Status registered = runtime_->Register(handle_, this);
   if (!registered.ok()) {
     return absl::AlreadyExistsError(absl::StrCat("a refit handle with key prefix \"",
                                                  options_.key_prefix, "\" for rank ", rank_,
                                                  " already exists on this runtime"));
   }
-  RESHARD_ASSIGN_OR_RETURN(
-      memory_,
-      RegisteredMemory::Create(plan_, rank_, *runtime_, std::move(buffers),
-                               program_.send_scratch_bytes, am ? 0 : program_.landing_bytes));
+  RESHARD_ASSIGN_OR_RETURN(memory_,
+                           RegisteredMemory::Create(plan_, rank_, *runtime_, std::move(buffers),
+                                                    program_.send_scratch_bytes,
+                                                    am ? 0 : program_.landing_bytes, ring_sources));
+  RESHARD_RETURN_IF_ERROR(memory_->AttachRing(std::move(ring), *runtime_));
   landing_ = std::make_unique<Landing>(plan_, program_, *memory_, am);
   landing_->set_device_delta(device_delta_.get());
+  for (uint32_t b = 0; b < memory_->size(); ++b) {
+    if (!memory_->staged(b) || plan_.buffers()[b].side == plan::Side::kSrc) continue;
+    // A staged destination: its landed pieces move to the device without a synchronise.
+    absl::StatusOr<std::unique_ptr<cuda::CopyQueue>> queue = cuda::CopyQueue::Create();
+    if (!queue.ok()) {
+      return absl::Status(
+          queue.status().code(),
+          absl::StrFormat("rank %d: the copy queue of staged CUDA destination "
+                          "buffer \"%s\": %s",
+                          rank_, plan_.buffers()[b].name, queue.status().message()));
+    }
+    copy_queue_ = *std::move(queue);
+    landing_->set_copy_queue(copy_queue_.get());
+    break;
+  }
   delivery_ = MakeDelivery(am, rank_, program_, *memory_, options_.signal_batch_bytes, stats_);
   single_copy_enabled_ = options_.single_copy && !am;
   if (const char* env = std::getenv("RESHARD_SINGLE_COPY")) {
@@ -447,8 +554,8 @@ absl::Status RefitEngine::Impl::InitDelta(const std::vector<BufferView>& buffers
     const SendDesc& d = program_.descs[i];
     for (uint32_t k = 0; k < d.segments; ++k) segment_desc_[d.segment_begin + k] = i;
   }
-  std::vector<cuda::DeltaBatchPiece> pieces;
-  for (uint32_t i : DeltaPostingOrder(program_, on_device)) {
+  std::vector<cuda::BatchPiece> pieces;
+  for (uint32_t i : PostingOrder(program_, on_device)) {
     const SendDesc& d = program_.descs[i];
     const int es = d.delta_elem_bytes;
     for (uint32_t k = 0; k < d.segments; ++k) {
@@ -456,7 +563,7 @@ absl::Status RefitEngine::Impl::InitDelta(const std::vector<BufferView>& buffers
                         delta::StreamCapacity(delta::SegmentLength(d.bytes / es, es, k), es)});
     }
   }
-  gpu_plan_ = cuda::PlanDeltaBatches(pieces, cuda::kDeltaBatchBudget, cuda::kDeltaBatchSlots);
+  gpu_plan_ = cuda::PlanBatches(pieces, cuda::kDeltaBatchBudget, cuda::kDeltaBatchSlots);
   gpu_entry_.assign(program_.segments, -1);
   gpu_batch_.assign(gpu_plan_.entries.size(), 0);
   for (int32_t b = 0; b < gpu_plan_.batches(); ++b) {
@@ -533,6 +640,132 @@ bool RefitEngine::Impl::DeltaGpuRunning() {
     if (!done.ok()) return false;  // EncodeSegment reports the failure.
     if (!*done) return true;
     gpu_done_[b] = 1;
+  }
+  return false;
+}
+
+absl::Status RefitEngine::Impl::InitRing(const std::vector<BufferView>& buffers,
+                                         const std::vector<bool>& on_ring,
+                                         std::unique_ptr<cuda::StagingRing>* ring) {
+  // Every descriptor reading a ring source goes through the ring, except the delta pieces the
+  // GPU delta encode reads from device memory itself; a host-encoded delta piece cannot read a
+  // ring source (it has no host copy), which happens only when the delta kernels could not
+  // start (no usable device).
+  std::vector<bool> selected(program_.descs.size(), false);
+  for (uint32_t i = 0; i < program_.descs.size(); ++i) {
+    const SendDesc& d = program_.descs[i];
+    if (!on_ring[d.from_buffer]) continue;
+    const bool gpu_encoded = i < device_shadow_offset_.size() && device_shadow_offset_[i] >= 0;
+    if (d.delta_elem_bytes > 0 && !gpu_encoded) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "rank %d: buffer \"%s\" (tensor \"%s\") is CUDA memory that UCX cannot register, and "
+          "its delta pieces need the CUDA delta kernels, which did not start",
+          rank_, plan_.buffers()[d.from_buffer].name,
+          plan_.spec().tensors[plan_.transfers()[d.transfer].tensor].name));
+    }
+    selected[i] = d.delta_elem_bytes == 0 && d.run_end > d.run_begin;
+  }
+  // One launch per batch reads every ring source: offsets count from the lowest address.
+  uintptr_t base = UINTPTR_MAX;
+  for (size_t b = 0; b < buffers.size(); ++b) {
+    if (on_ring[b]) base = std::min(base, reinterpret_cast<uintptr_t>(buffers[b].data));
+  }
+  std::vector<int64_t> shift(buffers.size(), 0);
+  for (size_t b = 0; b < buffers.size(); ++b) {
+    if (on_ring[b]) {
+      shift[b] = static_cast<int64_t>(reinterpret_cast<uintptr_t>(buffers[b].data) - base);
+    }
+  }
+  int64_t base_align = cuda::kMaxPackWidth;
+  while (base % static_cast<uintptr_t>(base_align) != 0) base_align /= 2;
+  absl::StatusOr<RingPlan> planned =
+      PlanRing(plan_, program_, selected, shift, base_align, options_.stage_ring_bytes);
+  if (!planned.ok()) {
+    return absl::Status(planned.status().code(),
+                        absl::StrFormat("rank %d: %s", rank_, planned.status().message()));
+  }
+  if (planned->batches() == 0) return absl::OkStatus();
+  ring_ = *std::move(planned);
+  ring_base_ = reinterpret_cast<const uint8_t*>(base);
+  absl::StatusOr<std::unique_ptr<cuda::StagingRing>> created =
+      cuda::StagingRing::Create(ring_.slots, ring_.slot_bytes, ring_.pack);
+  if (!created.ok()) {
+    return absl::Status(
+        created.status().code(),
+        absl::StrFormat("rank %d: the staging ring of CUDA source buffer \"%s\" "
+                        "(%d bytes of pinned memory): %s",
+                        rank_,
+                        plan_.buffers()[program_.descs[ring_.parts[0].desc].from_buffer].name,
+                        ring_.pinned_bytes(), created.status().message()));
+  }
+  *ring = *std::move(created);
+  // The host side no longer needs the pack batches (the ring uploaded them).
+  ring_.pack.clear();
+  ring_.pack.shrink_to_fit();
+  ring_left_.assign(ring_.batch_bytes.size(), 0);
+  ring_done_.assign(ring_.batch_bytes.size(), 0);
+  return absl::OkStatus();
+}
+
+absl::Status RefitEngine::Impl::EnqueueRingBatches() {
+  cuda::StagingRing* ring = memory_->ring();
+  const int32_t slots = ring->slots();
+  while (ring_enqueued_ < ring_batches()) {
+    const int32_t b = ring_enqueued_;
+    const int32_t slot = b % slots;
+    // The slot's previous batch: every part posted, and every send reading it complete.
+    if (b >= slots && ring_left_[b - slots] != 0) return absl::OkStatus();
+    if (ring_in_flight_[slot] != 0) return absl::OkStatus();
+    // A source still being written (HoldSource) is packed once released: its batch waits.
+    for (uint32_t k = ring_.batch_begin[b]; k < ring_.batch_begin[b + 1]; ++k) {
+      if (Held(program_.descs[ring_.parts[k].desc])) return absl::OkStatus();
+    }
+    absl::Status packed = ring->Pack(b, slot, ring_base_);
+    if (!packed.ok()) {
+      return absl::Status(packed.code(),
+                          absl::StrFormat("rank %d: packing the staging ring's batch %d (tensor "
+                                          "\"%s\", %d bytes): %s",
+                                          rank_, b, RingTensor(ring_.parts[ring_.batch_begin[b]]),
+                                          ring_.batch_bytes[b], packed.message()));
+    }
+    stats_.stage_ring_batches++;
+    stats_.bytes_ring_packed += ring_.batch_bytes[b];
+    stats_.bytes_staged_to_host += ring_.batch_bytes[b];
+    ++ring_enqueued_;
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<bool> RefitEngine::Impl::RingReady(int32_t b) {
+  if (b >= ring_enqueued_) {
+    RESHARD_RETURN_IF_ERROR(EnqueueRingBatches());
+    return false;  // Packed now at the earliest: its event is polled next round.
+  }
+  if (ring_done_[b] != 0) return true;
+  absl::StatusOr<bool> done = memory_->ring()->SlotDone(b % memory_->ring()->slots());
+  if (!done.ok()) {
+    return absl::Status(done.status().code(),
+                        absl::StrFormat("rank %d: the staging ring's batch %d (tensor \"%s\") "
+                                        "failed on the GPU: %s",
+                                        rank_, b, RingTensor(ring_.parts[ring_.batch_begin[b]]),
+                                        done.status().message()));
+  }
+  ring_done_[b] = *done ? 1 : 0;
+  return *done;
+}
+
+absl::Status RefitEngine::Impl::ConsumeRingPart(int32_t b) {
+  if (--ring_left_[b] == 0) return EnqueueRingBatches();
+  return absl::OkStatus();
+}
+
+bool RefitEngine::Impl::RingGpuRunning() {
+  if (!in_epoch_) return false;
+  for (int32_t b = 0; b < ring_enqueued_; ++b) {
+    if (ring_done_[b] != 0 || ring_left_[b] == 0) continue;
+    absl::StatusOr<bool> done = RingReady(b);
+    if (!done.ok()) return false;  // The next round reports the failure.
+    if (!*done) return true;
   }
   return false;
 }
@@ -666,6 +899,9 @@ absl::Status RefitEngine::Impl::Start(uint64_t epoch) {
     link->cursor_desc = -1;
     link->cursor_run = 0;
     link->encoded_run = -1;
+    link->ring_part = -1;
+    link->ring_source = nullptr;
+    link->ring_slot = -1;
     link->remaining_from = link->expected_from;
     link->unsignalled = program_.peer_begin[r + 1] - program_.peer_begin[r];
   }
@@ -713,6 +949,17 @@ absl::Status RefitEngine::Impl::Start(uint64_t epoch) {
   std::fill(gpu_plain_.begin(), gpu_plain_.end(), 0);
   gpu_enqueued_ = 0;
   if (staged.ok() && gpu_plan_.batches() > 0) staged = EnqueueDeltaBatches();
+  // The staging ring packs its first batches now (as soon as their slots' sends of the last
+  // epoch completed).
+  stats_.stage_ring_bytes = memory_->ring() != nullptr ? memory_->ring()->bytes() : 0;
+  for (int32_t b = 0; b < ring_batches(); ++b) {
+    ring_left_[b] = static_cast<int32_t>(ring_.batch_begin[b + 1] - ring_.batch_begin[b]);
+  }
+  std::fill(ring_done_.begin(), ring_done_.end(), 0);
+  ring_enqueued_ = 0;
+  local_ring_part_ = -1;
+  if (copy_queue_ != nullptr) DropToDevice();
+  if (staged.ok() && ring_batches() > 0) staged = EnqueueRingBatches();
   if (!staged.ok()) {
     Fail(staged);
     BroadcastAbort();
@@ -743,6 +990,19 @@ bool RefitEngine::Impl::PumpOnce() {
     link->started = true;
     link->ready.insert(link->ready.end(), link->initial.begin(), link->initial.end());
     busy = true;
+  }
+  if (ring_enqueued_ < ring_batches()) {
+    // A slot frees when the last send reading it completes (inside the worker's progress).
+    absl::Status packed = EnqueueRingBatches();
+    if (!packed.ok()) {
+      Fail(packed);
+      return true;
+    }
+  }
+  if (!to_device_.empty()) {
+    const size_t moving = to_device_.size();
+    PollToDevice();
+    busy = busy || to_device_.size() != moving;
   }
   const int before = outstanding_puts_;
   PostSends();
@@ -779,10 +1039,13 @@ void RefitEngine::Impl::PostSends() {
         link->cursor_desc = link->ready.front();
         link->ready.pop_front();
         link->cursor_run = program_.descs[link->cursor_desc].run_begin;
+        link->ring_part = OnRing(static_cast<uint32_t>(link->cursor_desc))
+                              ? ring_.first_part[link->cursor_desc]
+                              : -1;
       }
       const SendDesc& d = program_.descs[link->cursor_desc];
       const bool delta = d.delta_elem_bytes > 0;
-      if (d.packed && !delta && link->cursor_run == d.run_begin) {
+      if (d.packed && !delta && link->cursor_run == d.run_begin && link->ring_part < 0) {
         // Gather the short runs (the source holds this epoch's data since Start).
         absl::Status gathered = landing_->Gather(d);
         if (!gathered.ok()) return Fail(gathered);
@@ -790,6 +1053,19 @@ void RefitEngine::Impl::PostSends() {
       bool waiting = false;  // A GPU-encoded segment's batch still runs.
       while (link->cursor_run < d.run_end) {
         if (outstanding_puts_ >= options_.max_outstanding_puts) return;
+        if (link->ring_part >= 0 && link->ring_source == nullptr) {
+          // The first run of a staging ring part: posted once its batch is packed.
+          const RingPart& part = ring_.parts[link->ring_part];
+          absl::StatusOr<bool> packed = RingReady(part.batch);
+          if (!packed.ok()) return Fail(packed.status());
+          if (!*packed) {
+            waiting = true;  // The other links go on.
+            break;
+          }
+          const int slot = part.batch % memory_->ring()->slots();
+          link->ring_source = memory_->ring()->slot(slot) + part.offset;
+          link->ring_slot = slot;
+        }
         if (delta) {
           // Delta pieces leave segment by segment: each is encoded when its first run is due,
           // while the segments before it are on the wire, and only its stream's length goes.
@@ -819,7 +1095,27 @@ void RefitEngine::Impl::PostSends() {
               absl::StrCat(posted.message(), ", tensor \"",
                            plan_.spec().tensors[plan_.transfers()[d.transfer].tensor].name, "\"")));
         }
-        if (in_flight) outstanding_puts_++;
+        if (in_flight) {
+          outstanding_puts_++;
+          if (link->ring_slot >= 0) ring_in_flight_[link->ring_slot]++;
+        }
+        if (link->ring_source != nullptr) {
+          link->ring_source += program_.runs[link->cursor_run].bytes;
+          const RingPart& part = ring_.parts[link->ring_part];
+          if (link->cursor_run + 1 == part.run_end) {
+            // The part's sends are posted; they hold its slot until they complete.
+            absl::Status done = delivery_->RingPartPosted(*link);
+            if (done.ok()) done = ConsumeRingPart(part.batch);
+            if (!done.ok()) return Fail(done);
+            link->ring_source = nullptr;
+            link->ring_slot = -1;
+            const int64_t next = link->ring_part + 1;
+            link->ring_part = next < static_cast<int64_t>(ring_.parts.size()) &&
+                                      ring_.parts[next].desc == part.desc
+                                  ? next
+                                  : -1;
+          }
+        }
         link->cursor_run++;
       }
       if (waiting) continue;
@@ -918,11 +1214,33 @@ void RefitEngine::Impl::Advance() {
 
 void RefitEngine::Impl::RunLocalCopies() {
   while (!local_ready_.empty() && status_.ok()) {
-    const SendDesc& d = program_.descs[local_ready_.front()];
+    const uint32_t desc = local_ready_.front();
+    const SendDesc& d = program_.descs[desc];
     if (Held(d)) return;  // Not yet written.
-    local_ready_.pop_front();
-    absl::Status copied = landing_->CopyLocal(d);
-    if (!copied.ok()) return Fail(copied);
+    if (OnRing(desc)) {
+      // Part by part from the staging ring, each once its batch is packed.
+      if (local_ring_part_ < 0) local_ring_part_ = ring_.first_part[desc];
+      while (local_ring_part_ >= 0) {
+        const RingPart& part = ring_.parts[local_ring_part_];
+        absl::StatusOr<bool> packed = RingReady(part.batch);
+        if (!packed.ok()) return Fail(packed.status());
+        if (!*packed) return;
+        const uint8_t* stream =
+            memory_->ring()->slot(part.batch % memory_->ring()->slots()) + part.offset;
+        absl::Status copied = landing_->CopyLocal(d, part.run_begin, part.run_end, stream);
+        if (copied.ok()) copied = ConsumeRingPart(part.batch);
+        if (!copied.ok()) return Fail(copied);
+        const int64_t next = local_ring_part_ + 1;
+        local_ring_part_ =
+            next < static_cast<int64_t>(ring_.parts.size()) && ring_.parts[next].desc == desc ? next
+                                                                                              : -1;
+      }
+      local_ready_.pop_front();
+    } else {
+      local_ready_.pop_front();
+      absl::Status copied = landing_->CopyLocal(d);
+      if (!copied.ok()) return Fail(copied);
+    }
     stats_.bytes_local += d.bytes;
     MarkLanded(d.slot);
   }
@@ -930,8 +1248,41 @@ void RefitEngine::Impl::RunLocalCopies() {
 
 void RefitEngine::Impl::MarkLanded(uint32_t slot) {
   if (landing_->landed(slot)) return;
-  absl::Status landed = landing_->Land(slot);
-  if (!landed.ok()) Fail(landed);
+  absl::StatusOr<bool> moving = landing_->Land(slot);
+  if (moving.ok() && *moving) {
+    // A staged destination piece on its way to the device: it lands when the copy's event
+    // completed (PollToDevice).
+    absl::StatusOr<int32_t> event = copy_queue_->Record();
+    if (event.ok()) {
+      to_device_.push_back({slot, *event});
+      return;
+    }
+    moving = event.status();
+  }
+  if (!moving.ok()) Fail(moving.status());
+  FinishLanded(slot);
+}
+
+void RefitEngine::Impl::PollToDevice() {
+  while (!to_device_.empty() && status_.ok()) {
+    const ToDevice front = to_device_.front();
+    absl::StatusOr<bool> done = copy_queue_->Done(front.event);
+    if (!done.ok()) {
+      const plan::Transfer& t = plan_.transfers()[program_.received[front.slot]];
+      return Fail(absl::Status(
+          done.status().code(),
+          absl::StrCat("rank ", rank_, ": moving transfer ", program_.received_ids[front.slot],
+                       " (tensor \"", plan_.spec().tensors[t.tensor].name, "\") from rank ",
+                       t.from_rank, " to the device failed: ", done.status().message())));
+    }
+    if (!*done) return;  // Copies complete in order on the queue's stream.
+    copy_queue_->Release(front.event);
+    to_device_.pop_front();
+    FinishLanded(front.slot);
+  }
+}
+
+void RefitEngine::Impl::FinishLanded(uint32_t slot) {
   const plan::Transfer& t = plan_.transfers()[program_.received[slot]];
   const uint32_t id = program_.received_ids[slot];
   remaining_--;
@@ -988,6 +1339,15 @@ std::string RefitEngine::Impl::PendingSummary() const {
             absl::StrCat(link->in_flight(), " request(s) in flight to rank ", link->peer()));
       }
     }
+  }
+  if (!to_device_.empty()) {
+    parts.push_back(absl::StrCat(to_device_.size(), " landed piece(s) still moving to the device"));
+  }
+  if (ring_enqueued_ < ring_batches()) {
+    const int32_t slot = ring_enqueued_ % memory_->ring()->slots();
+    parts.push_back(absl::StrCat("staging ring batch ", ring_enqueued_, " of ", ring_batches(),
+                                 " not yet packed (", ring_in_flight_[slot],
+                                 " send(s) still read its slot)"));
   }
   return parts.empty() ? "local work" : absl::StrJoin(parts, ", ");
 }
@@ -1084,6 +1444,7 @@ void RefitEngine::Impl::Reset() {
   }
   remaining_ = 0;
   local_ready_.clear();
+  if (copy_queue_ != nullptr) DropToDevice();
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -41,8 +41,10 @@
 // (HandleOptions::fanout = kAuto, the default of the public API).
 //
 // Memory kinds: host memory is registered directly. CUDA memory is registered directly when the
-// UCX context reports CUDA memory support; otherwise (Debian's UCX) it is staged through pinned
-// host buffers with cudaMemcpyAsync (only in builds with CUDA; FailedPrecondition otherwise).
+// UCX context reports CUDA memory support; otherwise (Debian's UCX) it is staged (only in builds
+// with CUDA; FailedPrecondition otherwise): a source's pieces are packed by the GPU into the
+// staging ring (RefitEngineOptions::stage_ring_bytes) as the engine posts them, a destination
+// keeps a pinned host copy that landed pieces are copied from to the device.
 //
 // Thread safety: thread-compatible. All calls on one handle come from one thread, which drives
 // the handle's net::Runtime (its UCX worker, see src/net/ucx/worker.h) and every other handle on
@@ -122,6 +124,12 @@ struct RefitEngineOptions {
   // copy. Destination elements must keep the last refit's values between refits. Every rank of
   // a handle must agree (the landing areas differ).
   bool delta = false;
+  // Pinned host memory per rank for the staging ring of CUDA sources UCX cannot register
+  // (docs/data-plane.md, "The staging ring"): the GPU packs the pieces such a source sends into
+  // the ring's two slots, batch by batch in posting order, and puts read the slots; no
+  // full-size host copy of the source exists. Every run is cut at the slot size (half of this).
+  // At least 512 (two slots of 256 bytes): InvalidArgument otherwise.
+  int64_t stage_ring_bytes = int64_t{256} << 20;
 };
 
 // Figures of the last epoch on this rank.
@@ -161,6 +169,12 @@ struct RefitStats {
   int64_t cuda_buffers_staged = 0;
   int64_t bytes_staged_to_host = 0;
   int64_t bytes_staged_to_device = 0;
+  // The staging ring (RefitEngineOptions::stage_ring_bytes): its pinned bytes (0 without ring
+  // sources), the pack launches of this epoch (one per batch) and the bytes they packed (part
+  // of bytes_staged_to_host).
+  int64_t stage_ring_bytes = 0;
+  int64_t stage_ring_batches = 0;
+  int64_t bytes_ring_packed = 0;
 };
 
 class RefitEngine {

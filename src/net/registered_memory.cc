@@ -49,7 +49,7 @@ absl::StatusOr<SharedRegion> ParseSharedRegion(const std::string& text, int32_t 
 
 absl::StatusOr<std::unique_ptr<RegisteredMemory>> RegisteredMemory::Create(
     const plan::Plan& plan, int32_t rank, Runtime& runtime, std::vector<common::BufferView> buffers,
-    int64_t send_scratch_bytes, int64_t landing_bytes) {
+    int64_t send_scratch_bytes, int64_t landing_bytes, const std::vector<bool>& ring_sources) {
   std::unique_ptr<RegisteredMemory> m(new RegisteredMemory());
   const ucx::Context& context = runtime.context();
   m->buffers_ = std::move(buffers);
@@ -58,6 +58,7 @@ absl::StatusOr<std::unique_ptr<RegisteredMemory>> RegisteredMemory::Create(
   m->staging_.assign(n, nullptr);
   m->writable_.assign(n, false);
   m->regions_.resize(n);
+  m->ring_sources_.assign(n, false);
   const std::vector<bool> read = SourceBuffersRead(plan, rank);
   for (size_t b = 0; b < n; ++b) {
     const common::BufferView& buf = m->buffers_[b];
@@ -77,10 +78,16 @@ absl::StatusOr<std::unique_ptr<RegisteredMemory>> RegisteredMemory::Create(
               "buffer \"%s\" on rank %d is CUDA memory but no CUDA device is usable: %s",
               plan.buffers()[b].name, rank, why));
         }
+        m->cuda_staged_++;
+        if (b < ring_sources.size() && ring_sources[b]) {
+          // Packed into the staging ring by the GPU: no host copy, nothing to register.
+          m->ring_sources_[b] = true;
+          m->data_[b] = nullptr;
+          continue;
+        }
         // UCX without CUDA memory (Debian's): stage through pinned host memory.
         RESHARD_ASSIGN_OR_RETURN(m->staging_[b], cuda::AllocPinned(static_cast<size_t>(buf.bytes)));
         m->data_[b] = static_cast<uint8_t*>(m->staging_[b]);
-        m->cuda_staged_++;
       }
     }
     RESHARD_ASSIGN_OR_RETURN(
@@ -118,7 +125,19 @@ absl::StatusOr<std::unique_ptr<RegisteredMemory>> RegisteredMemory::Create(
   return m;
 }
 
+absl::Status RegisteredMemory::AttachRing(std::unique_ptr<cuda::StagingRing> ring,
+                                          Runtime& runtime) {
+  ring_region_.reset();
+  ring_ = std::move(ring);
+  if (ring_ == nullptr || ring_->bytes() == 0) return absl::OkStatus();
+  RESHARD_ASSIGN_OR_RETURN(ring_region_, ucx::MemoryRegion::Map(runtime.context(), ring_->data(),
+                                                                static_cast<size_t>(ring_->bytes()),
+                                                                UCS_MEMORY_TYPE_HOST));
+  return absl::OkStatus();
+}
+
 RegisteredMemory::~RegisteredMemory() {
+  ring_region_.reset();
   regions_.clear();
   send_scratch_region_.reset();
   landing_region_.reset();

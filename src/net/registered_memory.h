@@ -19,6 +19,7 @@
 #include "absl/status/statusor.h"
 #include "src/common/memory.h"
 #include "src/common/shared_memory.h"
+#include "src/cuda/staging_ring.h"
 #include "src/net/runtime.h"
 #include "src/net/ucx/memory.h"
 #include "src/plan/plan.h"
@@ -32,9 +33,13 @@ class RegisteredMemory {
   // given sizes (0: none). FailedPrecondition for CUDA memory without a usable device. A source
   // buffer that no transfer of this rank reads (SourceBuffersRead: the user's source of a
   // quantized tensor, which only the quantizer reads) is neither registered nor staged.
+  // `ring_sources` (by buffer id, empty: none) names CUDA source buffers UCX cannot register
+  // that the engine reads only through its staging ring (AttachRing, docs/data-plane.md): they
+  // are neither registered nor given a pinned host copy (data(id) is null), and count as staged.
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<RegisteredMemory>> Create(
       const plan::Plan& plan, int32_t rank, Runtime& runtime,
-      std::vector<common::BufferView> buffers, int64_t send_scratch_bytes, int64_t landing_bytes);
+      std::vector<common::BufferView> buffers, int64_t send_scratch_bytes, int64_t landing_bytes,
+      const std::vector<bool>& ring_sources = {});
   ~RegisteredMemory();
   RegisteredMemory(const RegisteredMemory&) = delete;
   RegisteredMemory& operator=(const RegisteredMemory&) = delete;
@@ -51,7 +56,7 @@ class RegisteredMemory {
   int64_t cuda_staged() const { return cuda_staged_; }
   // CUDA memory the engine touches directly (registered by a CUDA-enabled UCX).
   bool device(uint32_t id) const {
-    return buffers_[id].kind == common::MemoryKind::kCuda && !staged(id);
+    return buffers_[id].kind == common::MemoryKind::kCuda && !staged(id) && !ring_source(id);
   }
   uint8_t* send_scratch() { return send_scratch_.data(); }
   ucp_mem_h send_scratch_memh() const {
@@ -60,10 +65,20 @@ class RegisteredMemory {
   uint8_t* landing() { return landing_data_; }
   uint32_t landing_id() const { return static_cast<uint32_t>(buffers_.size()); }
 
+  // Read only through the staging ring (see Create).
+  bool ring_source(uint32_t id) const { return id < ring_sources_.size() && ring_sources_[id]; }
+  // Takes the staging ring and registers its pinned memory with UCX (once, at set-up: refits
+  // register nothing). The ring lives as long as this object, so UCX requests that read it
+  // never outlive it (the engine keeps both alive after a stalled teardown).
+  [[nodiscard]] absl::Status AttachRing(std::unique_ptr<cuda::StagingRing> ring, Runtime& runtime);
+  cuda::StagingRing* ring() const { return ring_.get(); }
+  ucp_mem_h ring_memh() const { return ring_region_ ? ring_region_->get() : nullptr; }
+
   // Adds the `key.<id>` / `base.<id>` fields of this rank's writable memory to `record`.
   [[nodiscard]] absl::Status AddRemoteKeys(rendezvous::Record* record) const;
   // Copies staged source buffers device -> host (before an epoch's first send): only those a
-  // transfer reads, since no other source buffer is staged, and not those `unread` names (by
+  // transfer reads, since no other source buffer is staged, not the ring sources, and not
+  // those `unread` names (by
   // buffer id, when as long as the buffers: what the engine reads from device memory itself).
   // `*bytes` (when given) grows by the bytes copied.
   [[nodiscard]] absl::Status StageSources(const plan::Plan& plan,
@@ -77,6 +92,7 @@ class RegisteredMemory {
   std::vector<uint8_t*> data_;
   std::vector<void*> staging_;  // Pinned, freed in the destructor after the regions.
   std::vector<bool> writable_;  // Peers write into it (destination and staging buffers).
+  std::vector<bool> ring_sources_;
   std::vector<std::unique_ptr<ucx::MemoryRegion>> regions_;
   std::vector<uint8_t> send_scratch_;
   std::unique_ptr<ucx::MemoryRegion> send_scratch_region_;
@@ -85,6 +101,9 @@ class RegisteredMemory {
   uint8_t* landing_data_ = nullptr;
   int64_t cuda_registered_ = 0, cuda_staged_ = 0;
   std::unique_ptr<ucx::MemoryRegion> landing_region_;
+  // Declared in dependency order: the region is released before the ring's memory.
+  std::unique_ptr<cuda::StagingRing> ring_;
+  std::unique_ptr<ucx::MemoryRegion> ring_region_;
 };
 
 // By buffer id: whether a put, message or local copy of the plan that `rank` sends reads the

@@ -112,8 +112,11 @@ SendProgram BuildSendProgram(const plan::Plan& plan, int32_t rank,
         RESHARD_CHECK(slot >= 0);  // A local copy both leaves and lands here.
         d.slot = static_cast<uint32_t>(slot);
       }
-      const int64_t chunk =
+      int64_t chunk =
           options.chunk_bytes > 0 && t.to_rank != rank ? options.chunk_bytes : INT64_MAX;
+      if (options.max_run_bytes > 0 && DeltaElemBytes(plan, t, options) == 0) {
+        chunk = std::min(chunk, options.max_run_bytes);
+      }
       auto add = [&](int64_t local, int64_t remote, int64_t bytes) {
         for (int64_t done = 0; done < bytes; done += chunk) {
           p.runs.push_back(SendRun{local + done, remote + done, std::min(chunk, bytes - done)});
@@ -121,12 +124,15 @@ SendProgram BuildSendProgram(const plan::Plan& plan, int32_t rank,
       };
       if (IsPacked(plan, t, options)) {
         const int64_t stream = PackedBytes(plan, t, options);
+        const int es = DeltaElemBytes(plan, t, options);
+        const bool in_ring = es == 0 && d.from_buffer < options.ring_sources.size() &&
+                             options.ring_sources[d.from_buffer];
         d.packed = true;
-        d.send_offset = p.send_scratch_bytes;
+        d.send_offset = in_ring ? 0 : p.send_scratch_bytes;
         d.landing_offset = packed_bytes;
         packed_bytes += stream;
-        p.send_scratch_bytes += stream;
-        if (const int es = DeltaElemBytes(plan, t, options); es > 0) {
+        if (!in_ring) p.send_scratch_bytes += stream;
+        if (es > 0) {
           d.delta_elem_bytes = static_cast<uint8_t>(es);
           d.shadow_offset = p.shadow_bytes;
           p.shadow_bytes += region.bytes;

@@ -50,6 +50,16 @@ struct SendProgramOptions {
   int64_t pack_below_run_bytes = 0;  // 0: never pack.
   int64_t chunk_bytes = 0;           // 0: network runs are not cut.
   bool delta = false;                // Delta streams (see above).
+  // 0, or the most bytes of any run that is not a delta stream's (network runs, packed streams,
+  // local copies): runs are cut there. The engine sets it to its staging ring's slot size when
+  // staged CUDA sources go through the ring, so that every run fits one slot
+  // (docs/data-plane.md, "The staging ring"). Only the sender's runs change: receivers accept
+  // any cut.
+  int64_t max_run_bytes = 0;
+  // By buffer id (empty: none): sources the engine reads only through its staging ring. Their
+  // packed streams (not delta streams) take no room in the send scratch: the ring holds them,
+  // so such a descriptor's send_offset is 0 and its runs' local offsets are stream offsets.
+  std::vector<bool> ring_sources = {};
 };
 
 struct SendRun {

@@ -5,7 +5,7 @@
 // and shadow, and applied to a device destination as delta::Decoder::Apply applies them; refused
 // streams write nothing; 8 MiB bf16 pieces over many refits with one shadow; arguments the
 // kernels cannot take are InvalidArgument; the pipelined encode (EnqueueEncode in batches of
-// PlanDeltaBatches, streams into pinned slots, events polled) writes the same streams, and its
+// PlanBatches, streams into pinned slots, events polled) writes the same streams, and its
 // plain streams (EnqueuePlain) the host's kFull ones. Every test skips without a usable GPU.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
@@ -20,8 +20,8 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "src/common/delta_codec.h"
+#include "src/cuda/batch_plan.h"
 #include "src/cuda/delta.h"
-#include "src/cuda/delta_batch.h"
 #include "src/cuda/runtime.h"
 #include "tests/cuda/delta_test_util.h"
 #include "tests/cuda/skip_without_gpu.h"
@@ -177,7 +177,7 @@ TEST(DeltaKernelTest, PipelinedBatchesEqualTheHostCodec) {
   constexpr int kPieces = 120;
   std::vector<testing::DeltaCase> cases;
   std::vector<int64_t> shadow_at;
-  std::vector<DeltaBatchPiece> pieces;
+  std::vector<BatchPiece> pieces;
   int64_t shadow_bytes = 0;
   for (int i = 0; i < kPieces; ++i) {
     cases.push_back(testing::MakeDeltaCase(rng, i));
@@ -189,7 +189,7 @@ TEST(DeltaKernelTest, PipelinedBatchesEqualTheHostCodec) {
   auto codec = DeviceDeltaCodec::Create(shadow_bytes, 13000 * 8);
   ASSERT_TRUE(codec.ok()) << codec.status();
   DeviceDeltaCodec& c = **codec;
-  const DeltaBatchPlan plan = PlanDeltaBatches(pieces, 256 << 10, 2);
+  const BatchPlan plan = PlanBatches(pieces, 256 << 10, 2);
   ASSERT_GT(plan.batches(), 4);
   ASSERT_TRUE(
       c.ReservePipeline(plan.slots, plan.slot_bytes, static_cast<int64_t>(plan.entries.size()))

@@ -1,8 +1,9 @@
 // Device memory through the refit engine: CUDA buffers registered directly when UCX reports
-// CUDA memory, otherwise staged through pinned host buffers (the statistics say which, and count
-// every staging copy); and delta refits of CUDA sources
-// (encoded by the CUDA kernels against a device shadow) into CUDA destinations (applied by the
-// kernels, or to a staged buffer's host copy), byte-exact over refits that change 5% of the
+// CUDA memory, otherwise staged (sources packed by the GPU into the staging ring, destinations
+// through pinned host copies; the statistics say which, and count every staging copy, and a
+// ring far smaller than the sources forces many batches and slot reuse); and delta refits of CUDA
+// sources (encoded by the CUDA kernels against a device shadow) into CUDA destinations (applied by
+// the kernels, or to a staged buffer's host copy), byte-exact over refits that change 5% of the
 // elements, all of them, or none. Skips without a usable GPU (cudaGetDeviceCount error or 0
 // devices). Ranks are forked processes over UCX shared memory.
 #include <cuda_runtime_api.h>
@@ -32,8 +33,17 @@ using rendezvous::FileStore;
 constexpr char kSpec[] = R"json({"tensors": [{"name": "w", "dtype": "bf16", "shape": [256, 384],
   "src": {"mesh": [0, 1], "placements": ["S(0)"]}, "dst": {"mesh": [2, 3], "placements": ["S(1)"]}}]})json";
 
-int Rank(int rank, const std::string& dir) {
-  auto spec = plan::ParseSpecJson(kSpec);
+// Two tensors split rows -> columns: "w" with runs of 1 KiB (packed streams), "v" with runs of
+// 8 KiB (puts straight from the staging ring); 512 KiB of sources per rank.
+constexpr char kRingSpec[] = R"json({"tensors": [
+  {"name": "w", "dtype": "bf16", "shape": [512, 1024],
+   "src": {"mesh": [0, 1], "placements": ["S(0)"]}, "dst": {"mesh": [2, 3], "placements": ["S(1)"]}},
+  {"name": "v", "dtype": "fp32", "shape": [64, 4096],
+   "src": {"mesh": [0, 1], "placements": ["S(0)"]}, "dst": {"mesh": [2, 3], "placements": ["S(1)"]}}]})json";
+
+// `ring_bytes`: RefitEngineOptions::stage_ring_bytes (0: the default).
+int Rank(int rank, const std::string& dir, const char* spec_json = kSpec, int64_t ring_bytes = 0) {
+  auto spec = plan::ParseSpecJson(spec_json);
   auto plan = plan::BuildPlan(std::make_shared<const plan::RefitSpec>(*spec));
   if (!plan.ok()) return 10;
   const std::vector<int64_t> bytes = plan->BufferBytes(rank);
@@ -50,37 +60,57 @@ int Rank(int rank, const std::string& dir) {
   if (!store.ok()) return 12;
   auto runtime = Runtime::Create();
   if (!runtime.ok()) return 12;
-  auto engine = RefitEngine::Create(*plan, rank, **store, *runtime, buffers);
+  RefitEngineOptions options;
+  if (ring_bytes > 0) options.stage_ring_bytes = ring_bytes;
+  auto engine = RefitEngine::Create(*plan, rank, **store, *runtime, buffers, options);
   if (!engine.ok()) {
     std::fprintf(stderr, "rank %d: %s\n", rank, std::string(engine.status().message()).c_str());
     return 13;
   }
+  const uint32_t tensors = static_cast<uint32_t>(s.tensors.size());
+  int64_t src_bytes = 0, dst_bytes = 0;  // This rank's, all tensors.
+  for (size_t b = 0; b < bytes.size(); ++b) {
+    (plan->buffers()[b].side == plan::Side::kSrc ? src_bytes : dst_bytes) += bytes[b];
+  }
   for (uint64_t epoch = 1; epoch <= 3; ++epoch) {
-    for (size_t b = 0; b < bytes.size(); ++b) {
+    for (uint32_t t = 0; t < tensors; ++t) {
+      const uint32_t b = plan->buffer_of(t, plan::Side::kSrc);
       if (bytes[b] == 0) continue;
       std::fill(host[b].begin(), host[b].end(), 0xA5);
-      if (plan->buffers()[b].side == plan::Side::kSrc) {
-        plan::ForEachTile(s, 0, plan::Side::kSrc, [&](int32_t r, const plan::Box& box) {
-          if (r == rank) plan::FillTile(s, 0, plan::Side::kSrc, box, epoch, host[b].data());
-        });
-      }
+      plan::ForEachTile(s, t, plan::Side::kSrc, [&](int32_t r, const plan::Box& box) {
+        if (r == rank) plan::FillTile(s, t, plan::Side::kSrc, box, epoch, host[b].data());
+      });
       if (!cuda::CudaCopy(buffers[b].data, host[b].data(), bytes[b]).ok()) return 14;
     }
     if (!(*engine)->Execute(absl::Now() + absl::Seconds(20)).ok()) return 15;
-    const uint32_t dst = plan->buffer_of(0, plan::Side::kDst);
-    // Each rank uses one CUDA buffer (its source or its destination), registered or staged;
-    // staged, every refit copies the source to the host or every landed byte to the device.
+    // Each rank uses CUDA buffers of one side (sources or destinations), registered or staged;
+    // staged, every refit packs each source piece into the staging ring, or copies every landed
+    // byte to the device.
     const RefitStats& stats = (*engine)->last_stats();
-    const uint32_t src = plan->buffer_of(0, plan::Side::kSrc);
-    const bool staged = stats.cuda_buffers_staged == 1;
-    if (stats.cuda_buffers_registered + stats.cuda_buffers_staged != 1) return 18;
-    if (stats.bytes_staged_to_host != (staged && rank < 2 ? bytes[src] : 0)) return 19;
-    if (stats.bytes_staged_to_device != (staged && rank >= 2 ? bytes[dst] : 0)) return 20;
-    if (bytes[dst] > 0) {
+    const bool staged = stats.cuda_buffers_staged > 0;
+    if (stats.cuda_buffers_registered + stats.cuda_buffers_staged != tensors) return 18;
+    if (stats.bytes_staged_to_host != (staged && rank < 2 ? src_bytes : 0)) return 19;
+    if (stats.bytes_staged_to_device != (staged && rank >= 2 ? dst_bytes : 0)) return 20;
+    // The ring: its pinned memory within the budget, every source byte packed once (rows ->
+    // columns: each source sends its whole tile), in several batches when the budget is small.
+    const bool ring = staged && rank < 2;
+    const int64_t budget = ring_bytes > 0 ? ring_bytes : int64_t{256} << 20;
+    if (stats.bytes_ring_packed != stats.bytes_staged_to_host ||
+        (stats.stage_ring_bytes > 0) != ring || stats.stage_ring_bytes > budget ||
+        (ring && ring_bytes > 0 && stats.stage_ring_batches < 2 * src_bytes / budget)) {
+      std::fprintf(stderr, "rank %d: ring of %lld bytes, %lld batches packed %lld bytes\n", rank,
+                   static_cast<long long>(stats.stage_ring_bytes),
+                   static_cast<long long>(stats.stage_ring_batches),
+                   static_cast<long long>(stats.bytes_ring_packed));
+      return 21;
+    }
+    for (uint32_t t = 0; t < tensors; ++t) {
+      const uint32_t dst = plan->buffer_of(t, plan::Side::kDst);
+      if (bytes[dst] == 0) continue;
       if (!cuda::CudaCopy(host[dst].data(), buffers[dst].data, bytes[dst]).ok()) return 16;
       absl::Status st;
-      plan::ForEachTile(s, 0, plan::Side::kDst, [&](int32_t r, const plan::Box& box) {
-        if (r == rank && st.ok()) st = plan::VerifyTile(s, 0, box, epoch, rank, host[dst].data());
+      plan::ForEachTile(s, t, plan::Side::kDst, [&](int32_t r, const plan::Box& box) {
+        if (r == rank && st.ok()) st = plan::VerifyTile(s, t, box, epoch, rank, host[dst].data());
       });
       if (!st.ok()) {
         std::fprintf(stderr, "rank %d: %s\n", rank, std::string(st.message()).c_str());
@@ -189,6 +219,21 @@ TEST(GpuStaging, DeviceBuffersRefitByteExact) {
   const std::string dir = absl::StrCat(::testing::TempDir(), "/reshard-gpu-", getpid(), "-", rd());
   std::map<int32_t, int> codes = testing::ForkRanks(
       testing::Ranks(4), [&](int32_t r) { return Rank(r, dir); },
+      testing::SharedMemoryUcx(absl::Seconds(120)));
+  for (int r = 0; r < 4; ++r) EXPECT_EQ(codes[r], 0) << "rank " << r;
+}
+
+// A staged refit whose staging ring (64 KiB: two slots of 32 KiB, runs cut at 32 KiB) is far
+// smaller than the 512 KiB each source sends: many batches, every slot reused several times per
+// refit, packed streams and plain runs both read from the ring; byte-exact over three refits.
+TEST(GpuStaging, StagingRingRowsToColumnsInManyBatchesByteExact) {
+  std::string why;
+  if (testing::ProbeCudaDevices(&why) == 0) GTEST_SKIP() << "no usable GPU: " << why;
+  std::random_device rd;
+  const std::string dir =
+      absl::StrCat(::testing::TempDir(), "/reshard-gpu-ring-", getpid(), "-", rd());
+  std::map<int32_t, int> codes = testing::ForkRanks(
+      testing::Ranks(4), [&](int32_t r) { return Rank(r, dir, kRingSpec, int64_t{64} << 10); },
       testing::SharedMemoryUcx(absl::Seconds(120)));
   for (int r = 0; r < 4; ++r) EXPECT_EQ(codes[r], 0) << "rank " << r;
 }

@@ -175,6 +175,14 @@ TEST(RefitEngine, RejectsBuffersThatDoNotMatchThePlan) {
   EXPECT_EQ(from_share.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(from_share.status().message().find("rank 3's share"), absl::string_view::npos)
       << from_share.status();
+  // A staging ring budget below two minimal slots.
+  RefitEngineOptions tiny_ring;
+  tiny_ring.stage_ring_bytes = 511;
+  auto ring = RefitEngine::Create(rb.plan, 2, **store, *runtime, rb.buffers, tiny_ring);
+  EXPECT_EQ(ring.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(ring.status().message().find("rank 2: stage_ring_bytes is 511"),
+            absl::string_view::npos)
+      << ring.status();
 }
 
 // Heap bytes in use: glibc's count (every arena, mmapped chunks included), or, under ASan, whose

@@ -165,6 +165,11 @@ struct HandleOptions {
   // registers directly need the CUDA delta kernels (FailedPrecondition in a build without them).
   // Every rank must agree.
   bool delta = false;
+  // Pinned host memory per rank for the staging ring of CUDA sources that UCX cannot register
+  // (Debian's UCX): the GPU packs the pieces they send into it, batch by batch as they are
+  // posted, so no full-size host copy of a source exists (docs/data-plane.md). At least 512
+  // bytes (InvalidArgument otherwise); the ring is allocated only when such sources exist.
+  int64_t stage_ring_bytes = int64_t{256} << 20;
 };
 
 // Figures of the last refit on this rank.
@@ -219,6 +224,12 @@ struct Stats {
   int64_t cuda_buffers_staged = 0;
   int64_t bytes_staged_to_host = 0;
   int64_t bytes_staged_to_device = 0;
+  // The staging ring of staged CUDA sources (HandleOptions::stage_ring_bytes): its pinned host
+  // bytes (0 without staged CUDA sources), this refit's pack launches (one per batch) and the
+  // bytes they packed (part of bytes_staged_to_host).
+  int64_t stage_ring_bytes = 0;
+  int64_t stage_ring_batches = 0;
+  int64_t bytes_ring_packed = 0;
   // Quantized destinations (docs/quantization.md): time this rank spent quantizing its sources
   // (partial amaxes, dequantizing FP8 sources, quantizing; host or GPU, copies to the host
   // included), time from starting the amax exchange to its end (0 without one), and the host

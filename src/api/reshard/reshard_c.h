@@ -118,6 +118,11 @@ typedef struct reshard_stats {
   /* The shadow's part in device memory, and the GPU encode pipeline's pinned host memory. */
   int64_t delta_device_shadow_bytes;
   int64_t delta_pinned_bytes;
+  /* The staging ring of staged CUDA sources: its pinned bytes, this refit's pack launches and
+   * the bytes they packed (reshard::Stats' fields of the same names). */
+  int64_t stage_ring_bytes;
+  int64_t stage_ring_batches;
+  int64_t bytes_ring_packed;
 } reshard_stats_t;
 
 /* The message of the last failing call on this thread ("" when none). Valid until the next
@@ -324,6 +329,7 @@ typedef struct reshard_handle_options {
   int32_t schedule;         /* reshard_schedule_t */
   int64_t setup_timeout_ms; /* <= 0: 60 s */
   int32_t delta;            /* nonzero: delta refits (docs/delta.md) */
+  int64_t stage_ring_bytes; /* <= 0: 256 MiB (reshard::HandleOptions::stage_ring_bytes) */
 } reshard_handle_options_t;
 /* reshard_handle_create with options; `options_size` is sizeof(reshard_handle_options_t) as
  * the caller compiled it (fields beyond it take their defaults). */

@@ -1,10 +1,11 @@
-#include "src/net/delta_order.h"
+#include "src/net/posting_order.h"
 
 #include <algorithm>
 
 namespace reshard::net {
 
-std::vector<uint32_t> DeltaPostingOrder(const SendProgram& p, const std::vector<bool>& selected) {
+std::vector<uint32_t> PostingOrder(const SendProgram& p, const std::vector<bool>& selected,
+                                   bool local_copies) {
   std::vector<int32_t> peers = p.peers;
   if (!peers.empty()) {
     std::rotate(peers.begin(), peers.begin() + p.rank % static_cast<int32_t>(peers.size()),
@@ -27,6 +28,11 @@ std::vector<uint32_t> DeltaPostingOrder(const SendProgram& p, const std::vector<
       if (selected[q[round]]) order.push_back(q[round]);
     }
     if (!any) break;
+  }
+  if (local_copies) {
+    for (uint32_t di : p.dependencies.initial()) {
+      if (p.descs[di].peer == p.rank && selected[di]) order.push_back(di);
+    }
   }
   return order;
 }
