@@ -51,13 +51,17 @@ class RefitHandle:
     last refit's values between refits (host or CUDA buffers: CUDA sources are encoded and
     CUDA destinations applied on the GPU where the build has the kernels).
 
+    ``stage_ring_bytes``: the staging ring's budget for CUDA sources that UCX cannot register
+    (docs/data-plane.md, "The staging ring"; None: the library's default, 256 MiB). The library
+    refuses a budget below its minimum at set-up (InvalidArgumentError naming the rank).
+
     Every rank calls execute() (or start() + wait()) the same number of times. Blocking calls
     release the GIL. Errors are reshard.errors' classes with the library's message.
     """
 
     def __init__(self, comm, spec, sources=None, destinations=None, *, name="",
                  schedule="domain_aware", fanout="auto", setup_timeout=60.0,
-                 allow_larger_buffers=False, delta=False):
+                 allow_larger_buffers=False, delta=False, stage_ring_bytes=None):
         options = _reshard.HandleOptions()
         options.name = str(name)
         try:
@@ -66,6 +70,8 @@ class RefitHandle:
             options.setup_timeout = float(setup_timeout)
             options.allow_larger_buffers = bool(allow_larger_buffers)
             options.delta = bool(delta)
+            if stage_ring_bytes is not None:  # An int: anything else is a TypeError here.
+                options.stage_ring_bytes = stage_ring_bytes
             args = buffer_args(spec, comm.rank, sources, destinations)
         except Exception as e:
             # Refused before the collective set-up: the other ranks would wait for this rank

@@ -596,7 +596,8 @@ NB_MODULE(_reshard, m) {
           [](const reshard::HandleOptions& o) { return absl::ToDoubleSeconds(o.setup_timeout); },
           [](reshard::HandleOptions& o, double s) { o.setup_timeout = Seconds(s, "setup_timeout"); })
       .def_rw("allow_larger_buffers", &reshard::HandleOptions::allow_larger_buffers)
-      .def_rw("delta", &reshard::HandleOptions::delta);
+      .def_rw("delta", &reshard::HandleOptions::delta)
+      .def_rw("stage_ring_bytes", &reshard::HandleOptions::stage_ring_bytes);
 
   nb::class_<Handle>(m, "_Handle")
       .def_static("create", &CreateHandle, "comm"_a, "spec"_a, "buffers"_a, "options"_a)

@@ -123,6 +123,10 @@ def main():
         else:
             buffers["w"] = flat["w"].reshape(-1, 2)[:, 0]
     kwargs = {"sources": buffers} if side == reshard.Side.source else {"destinations": buffers}
+    if a.case == "small_ring":  # a staging ring budget below the library's minimum (512 bytes)
+        kwargs["stage_ring_bytes"] = 100
+    elif a.case == "refit":  # host buffers: the budget passes through, no ring is made
+        kwargs["stage_ring_bytes"] = 1 << 20
     try:
         handle = reshard.RefitHandle(comm, spec, setup_timeout=60, delta=delta, **kwargs)
     except reshard.errors.InvalidArgumentError as e:
@@ -182,6 +186,8 @@ def main():
         if a.case == "hostbuffer" and side == reshard.Side.source:
             assert stats.mapped_copies > 0, "no memcpy into the destinations' HostBuffers"
         assert stats.pieces_received == stats.pieces_expected
+        assert stats.stage_ring_bytes == 0 and stats.bytes_ring_packed == 0, (
+            "host buffers made a staging ring", stats.stage_ring_bytes)
         if step > 0:
             assert stats.registrations_this_refit == 0
         if delta and step > 0:  # every receiver holds the last refit: deltas, much smaller
