@@ -101,7 +101,7 @@ class PieceCache {
     ForEachPiece(src, dst,
                  [&](const TileGrid::Cell& dcell, const Box& dbox, const TileGrid::Cell& scell,
                      const Box& sbox, const Box& piece) {
-                   e.pieces.push_back(CachedPiece{piece, dbox, sbox, FlatIndex(dst, dcell),
+                   e.pieces.push_back(CachedPiece{piece, dbox, sbox, dst.FlatIndex(dcell),
                                                   dst.CellBaseIndex(dcell),
                                                   src.CellBaseIndex(scell), piece.NumElements()});
                  });
@@ -111,13 +111,6 @@ class PieceCache {
   int64_t nonempty_dst_cells() const { return last_->nonempty_dst_cells; }
 
  private:
-  static int64_t FlatIndex(const TileGrid& grid, const TileGrid::Cell& c) {
-    int64_t f = 0;
-    for (int d = 0; d < grid.ndim(); ++d) {
-      f = f * static_cast<int64_t>(grid.intervals(d).size()) + c[d];
-    }
-    return f;
-  }
   struct Entry {
     uint64_t src_key = 0, dst_key = 0;  // 0: empty.
     std::vector<CachedPiece> pieces;

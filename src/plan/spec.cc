@@ -458,11 +458,7 @@ absl::Status CheckBufferOverlap(const RefitSpec& spec, Side side, const std::str
       const TileGrid::Cell cell = grid.CellOfIndex(index);
       const Box box = grid.CellBox(cell);
       if (box.empty()) continue;
-      int64_t flat = 0;
-      for (int d = 0; d < grid.ndim(); ++d) {
-        flat = flat * static_cast<int64_t>(grid.intervals(d).size()) + cell[d];
-      }
-      by_rank[only_rank].push_back({t, flat, l.view.offset, TileExtent(l, box)});
+      by_rank[only_rank].push_back({t, grid.FlatIndex(cell), l.view.offset, TileExtent(l, box)});
       continue;
     }
     const TileGrid grid(l, spec.tensors[t].shape);

@@ -389,11 +389,20 @@ absl::StatusOr<RefitSpec> ConvertSpecJson(Value doc) {
 
 }  // namespace
 
-absl::StatusOr<RefitSpec> ParseSpecJson(std::string_view text) {
-  RESHARD_ASSIGN_OR_RETURN(Value doc, json::Parse(text));
+namespace {
+
+// The validated spec of a parsed document (ParseSpecJson's second half).
+absl::StatusOr<RefitSpec> SpecFromDocument(Value doc) {
   RESHARD_ASSIGN_OR_RETURN(RefitSpec spec, ConvertSpecJson(std::move(doc)));
   RESHARD_RETURN_IF_ERROR(Validate(spec));
   return spec;
+}
+
+}  // namespace
+
+absl::StatusOr<RefitSpec> ParseSpecJson(std::string_view text) {
+  RESHARD_ASSIGN_OR_RETURN(Value doc, json::Parse(text));
+  return SpecFromDocument(std::move(doc));
 }
 
 absl::StatusOr<RefitSpec> LoadSpecFile(const std::string& path) {
@@ -404,17 +413,15 @@ absl::StatusOr<RefitSpec> LoadSpecFile(const std::string& path) {
   char chunk[1 << 16];
   while (in.read(chunk, sizeof(chunk)) || in.gcount() > 0) text.append(chunk, in.gcount());
   if (in.bad()) return absl::DataLossError(absl::StrCat(path, ": reading the spec file failed"));
-  auto in_file = [&path](const absl::Status& status) {
-    return absl::Status(status.code(), absl::StrCat(path, ": ", status.message()));
-  };
   // As ParseSpecJson, with the text freed once parsed: text and document together, then
   // document and spec together, are the peaks of loading a whole model's spec.
   absl::StatusOr<Value> doc = json::Parse(text);
   std::string().swap(text);
-  if (!doc.ok()) return in_file(doc.status());
-  absl::StatusOr<RefitSpec> spec = ConvertSpecJson(*std::move(doc));
-  if (!spec.ok()) return in_file(spec.status());
-  if (absl::Status valid = Validate(*spec); !valid.ok()) return in_file(valid);
+  absl::StatusOr<RefitSpec> spec =
+      doc.ok() ? SpecFromDocument(*std::move(doc)) : absl::StatusOr<RefitSpec>(doc.status());
+  if (!spec.ok()) {
+    return absl::Status(spec.status().code(), absl::StrCat(path, ": ", spec.status().message()));
+  }
   return spec;
 }
 

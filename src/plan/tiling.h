@@ -132,6 +132,12 @@ class TileGrid {
   }
   // Decomposes a flat cell number (row-major over dims) into a cell.
   Cell CellAt(int64_t flat) const;
+  // The flat cell number of `cell` (row-major over dims): CellAt's inverse.
+  int64_t FlatIndex(const Cell& cell) const {
+    int64_t f = 0;
+    for (int d = 0; d < ndim_; ++d) f = f * (dim_begin_[d + 1] - dim_begin_[d]) + cell[d];
+    return f;
+  }
   // The interval index along dim d of composite shard `shard` (row-major over the coordinates
   // of the mesh axes sharding d, outermost first): `shard` itself unless a strided shard
   // reorders the dim.
