@@ -18,7 +18,23 @@
 # Last, the staging ring at size: a 1 GiB bf16 rows -> columns refit of device buffers between
 # four processes sharing the GPU (bench/put_bench --cuda: staged sources packed into the ring,
 # staged destinations moved to the device asynchronously), its GB/s beside a device-to-device
-# cudaMemcpy of the same bytes.
+# cudaMemcpy of the same bytes; then two 1 GiB refits of device buffers through the public API,
+# `reshard run --memory cuda` (bench/specs/gpu_rows_to_cols_1gib.json: rows -> columns across two
+# domains, every byte through the network engine; gpu_tp4_to_tp2x2_1gib.json: TP4 -> TP2 x DP2,
+# the second replica filled by the CUDA IPC fan-out), each as a ratio to cudaMemcpy of the bytes
+# the refit writes.
+#
+# CUDA-aware UCX: the build above uses the system's UCX (Debian's 1.13 has no CUDA: device
+# buffers are staged) unless UCX_ROOT names another. A second build (BUILD_DIR-ucx) is made
+# against the CUDA-aware UCX of a libucx-cu13 / libucx-cu12 wheel (UCX 1.22 with cuda_copy and
+# cuda_ipc), taken from UCX_WHEEL_FILE or the newest build-wheels/libucx_cu*.whl of the checkout
+# (the one matching the driver's CUDA major version first; the GPU machine reaches no network,
+# so download it beside the checkout first: docs/testing.md, "The GPU check"). It prints
+# `reshard info`, runs the gpu tests that move device memory through UCX
+# (net_gpu_staging_test, api_stream_refit_test, run_test's RunGpuTest) with
+# UCX_TLS=posix,sysv,cma,self,cuda_copy,cuda_ipc (RESHARD_TEST_UCX_TLS), so device buffers are
+# registered with UCX instead of staged, and the same put_bench and `reshard run` figures. No
+# wheel and no UCX_ROOT: the section says so and the exit status is unchanged.
 #
 #   tools/gpu_check.sh [BUILD_DIR]     (default: build-gpu; CUDA found under /usr/local/cuda or
 #                                       CUDAToolkit_ROOT; UCX_ROOT=<prefix> builds against that
@@ -29,9 +45,6 @@
 # and the benchmark ran; 1 when the build, a test or the benchmark failed; 2 when the build found
 # no CUDA toolkit; 3 when there is no usable GPU (the build and the skipping tests were checked,
 # nothing was measured).
-#
-# TODO(issue 11, parts 3 and 6): the TP4 -> TP2 x DP2 refit with fan-out, and both refits over a
-# CUDA-aware UCX (UCX_ROOT), are not here yet; the staged rows -> columns refit is.
 set -euo pipefail
 here="$(cd "$(dirname "$0")/.." && pwd)"
 build="${1:-$here/build-gpu}"
@@ -74,7 +87,7 @@ fi
 log "build: $targets reshard pack_bench quant_bench delta_gpu_bench put_bench"
 # shellcheck disable=SC2086
 cmake --build "$build" -j"$jobs" --target $targets reshard pack_bench quant_bench delta_gpu_bench \
-  put_bench
+  put_bench reshard_rank
 
 log "reshard info"
 "$build/bin/reshard" info || true
@@ -104,12 +117,68 @@ if [ "$bench" -eq 0 ]; then
   "$build/bin/put_bench" --cuda --rows 16384 --cols 32768 --iters 5
   bench=$?
 fi
+# Two 1 GiB refits of device buffers through the public API (RefitHandle), ranks sharing GPU 0.
+refits() {
+  local b="$1" spec
+  for spec in gpu_rows_to_cols_1gib gpu_tp4_to_tp2x2_1gib; do
+    "$b/bin/reshard" run "$here/bench/specs/$spec.json" --memory cuda --iters 5 \
+      --timeout-ms 120000 --deadline-s 240 || return 1
+  done
+}
+if [ "$bench" -eq 0 ]; then
+  log "reshard run --memory cuda: 1 GiB rows -> columns and TP4 -> TP2 x DP2, against cudaMemcpy"
+  refits "$build" || bench=1
+fi
+
+# The CUDA-aware UCX build (see the header).
+wheel="${UCX_WHEEL_FILE:-}"
+if [ -z "$wheel" ] && [ -d "$here/build-wheels" ]; then
+  driver=$(nvidia-smi 2>/dev/null | grep -o 'CUDA Version: [0-9]*' | grep -o '[0-9]*$' || true)
+  wheel=$(ls -t "$here"/build-wheels/libucx_cu"${driver:-x}"-*.whl 2>/dev/null | head -1 || true)
+  if [ -z "$wheel" ]; then
+    wheel=$(ls -t "$here"/build-wheels/libucx_cu*.whl 2>/dev/null | head -1 || true)
+  fi
+fi
+if [ "$bench" -ne 0 ]; then
+  :
+elif [ -n "${UCX_ROOT:-}" ]; then
+  log "CUDA-aware UCX: the build above already uses UCX_ROOT=$UCX_ROOT"
+elif [ -z "$wheel" ]; then
+  log "CUDA-aware UCX: skipped, no wheel (set UCX_WHEEL_FILE, or put libucx_cu13-*.whl or libucx_cu12-*.whl under build-wheels/)"
+else
+  ucx_build="$build-ucx"
+  log "CUDA-aware UCX: build against $(basename "$wheel") in $ucx_build"
+  mkdir -p "$ucx_build"
+  rm -rf "$ucx_build/ucx" "$ucx_build/CMakeCache.txt" "$ucx_build/CMakeFiles"
+  python3 -m zipfile -e "$wheel" "$ucx_build/ucx"
+  prefix="$ucx_build/ucx/libucx"
+  ucx_targets=(net_gpu_staging_test api_stream_refit_test run_test reshard reshard_rank put_bench)
+  if cmake -S "$here" -B "$ucx_build" -DCMAKE_BUILD_TYPE=Release -DUCX_ROOT="$prefix" \
+      >"$ucx_build/gpu_check.configure.log" 2>&1 &&
+    grep -q "reshard: UCX .* from $prefix" "$ucx_build/gpu_check.configure.log" &&
+    cmake --build "$ucx_build" -j"$jobs" --target "${ucx_targets[@]}"; then
+    "$ucx_build/bin/reshard" info || true
+    log "CUDA-aware UCX: gpu tests with UCX_TLS=posix,sysv,cma,self,cuda_copy,cuda_ipc"
+    (cd "$ucx_build" && RESHARD_TEST_UCX_TLS=posix,sysv,cma,self,cuda_copy,cuda_ipc \
+      ctest -L gpu -R '^(GpuStaging|StreamRefitCudaTest|RunGpuTest)\.' --output-on-failure \
+      --timeout 300) || bench=1
+    log "CUDA-aware UCX: 1 GiB rows -> columns (put_bench) against cudaMemcpy"
+    "$ucx_build/bin/put_bench" --cuda --rows 16384 --cols 32768 --iters 5 \
+      --tls posix,sysv,cma,self,cuda_copy,cuda_ipc || bench=1
+    log "CUDA-aware UCX: reshard run --memory cuda"
+    refits "$ucx_build" || bench=1
+  else
+    tail -30 "$ucx_build/gpu_check.configure.log"
+    echo "gpu_check: the build against the wheel's UCX failed" >&2
+    bench=1
+  fi
+fi
 set -e
 log "done"
 case "$bench" in
   0) exit 0 ;;
   3) echo "gpu_check: no usable GPU: the gpu tests skipped and nothing was measured" >&2
      exit 3 ;;
-  *) echo "gpu_check: pack_bench, quant_bench, delta_gpu_bench or put_bench failed (exit $bench)" >&2
+  *) echo "gpu_check: a benchmark, a refit of device buffers or the CUDA-aware UCX part failed (exit $bench)" >&2
      exit 1 ;;
 esac

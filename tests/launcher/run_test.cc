@@ -206,6 +206,61 @@ TEST(RunTest, HumanReportNamesTimesBytesRegistrationsAndTransports) {
   }
 }
 
+// CUDA devices as `reshard info` sees them (0 without a driver, a device or a CUDA build).
+int64_t CudaDevices() {
+  json::Value v = ParseJson(Reshard("info --json").out);
+  const json::Value* cuda = v.is_object() ? v.Find("cuda") : nullptr;
+  return cuda != nullptr ? cuda->Find("devices")->as_int() : 0;
+}
+
+// --memory: a value other than host or cuda is a usage error; --memory cuda without a usable
+// CUDA device (or in a build without CUDA) exits 3 naming why, before any rank starts. With a
+// device, RunGpuTest below runs it.
+TEST(RunTest, MemoryCudaWithoutADeviceExitsWithThreeSayingWhy) {
+  Output bad = Reshard(absl::StrCat("run ", kSpecs, kExamples[0], " --memory disk 2>&1"));
+  EXPECT_EQ(bad.exit_code, 2);
+  EXPECT_TRUE(absl::StrContains(bad.out, "--memory must be host or cuda, not \"disk\"")) << bad.out;
+  if (CudaDevices() > 0) GTEST_SKIP() << "this machine has a CUDA device: RunGpuTest runs it";
+  Output o = Reshard(absl::StrCat("run ", kSpecs, kExamples[0], " --memory cuda --json 2>&1"));
+  EXPECT_EQ(o.exit_code, 3) << o.out;
+  EXPECT_TRUE(absl::StrContains(o.out, "reshard run: --memory cuda needs a usable CUDA device: "))
+      << o.out;
+}
+
+// --memory cuda on a GPU: every buffer is device memory (all ranks share GPU 0 here), every
+// destination byte verified after each refit, each CUDA buffer either registered with UCX or
+// staged (the report says which), and the reference cudaMemcpy measured. fig3 (TP4 -> TP2 x DP2)
+// copies half of its pieces inside the destination domain: the fan-out layer runs them over
+// CUDA IPC.
+TEST(RunGpuTest, DeviceBuffersRefitByteExactAndSayRegisteredOrStaged) {
+  if (CudaDevices() == 0) GTEST_SKIP() << "no usable CUDA device";
+  for (const std::string& spec : {kExamples[0], std::string("fig3-tp4-to-tp2dp2.json")}) {
+    Output o = Reshard(absl::StrCat("run ", kSpecs, spec, " --memory cuda --iters 3 ",
+                                    "--timeout-ms 60000 --deadline-s 300 --json"));
+    EXPECT_EQ(o.exit_code, 0) << spec << ": " << o.out;
+    json::Value v = ParseJson(o.out);
+    ExpectVerifiedRun(v, 3, spec);
+    EXPECT_EQ(v.Find("memory")->as_string(), "cuda") << spec;
+    EXPECT_EQ(v.Find("gpus")->items().size(), 1u) << spec;
+    EXPECT_GT(v.Find("cuda_buffers_registered")->as_int() + v.Find("cuda_buffers_staged")->as_int(),
+              0)
+        << spec;
+    // Staged buffers are copied through pinned host memory every refit; registered ones never.
+    if (v.Find("cuda_buffers_staged")->as_int() == 0) {
+      EXPECT_EQ(v.Find("bytes_staged_to_host")->as_int(), 0) << spec;
+    } else {
+      EXPECT_GT(
+          v.Find("bytes_staged_to_host")->as_int() + v.Find("bytes_staged_to_device")->as_int(), 0)
+          << spec;
+    }
+    EXPECT_GT(v.Find("device_copy_ms")->as_double(), 0) << spec;
+    if (spec == "fig3-tp4-to-tp2dp2.json") {
+      EXPECT_EQ(v.Find("fanout")->as_string(), "cuda_ipc") << o.out;
+      EXPECT_GT(v.Find("bytes_fanout")->as_int(), 0) << o.out;
+    }
+  }
+}
+
 TEST(RunNetnsTest, EveryRankRunsAsItsOwnHost) {
   if (!launcher::CanUseNetns()) GTEST_SKIP() << "network namespaces need root";
   const std::vector<std::string> before = launcher::ListNamespaces();

@@ -18,7 +18,10 @@ namespace reshard::testing {
 ForkOptions SharedMemoryUcx(absl::Duration timeout) {
   ForkOptions options;
   options.timeout = timeout;
-  options.env = {{"UCX_TLS", "posix,sysv,cma,self"},
+  // RESHARD_TEST_UCX_TLS replaces the transports, e.g. to add cuda_copy,cuda_ipc when the build's
+  // UCX is CUDA-aware (tools/gpu_check.sh): device buffers are then registered, not staged.
+  const char* tls = std::getenv("RESHARD_TEST_UCX_TLS");
+  options.env = {{"UCX_TLS", tls != nullptr && *tls != '\0' ? tls : "posix,sysv,cma,self"},
                  {"UCX_NET_DEVICES", "all"},
                  {"UCX_WARN_UNUSED_ENV_VARS", "n"}};
   return options;

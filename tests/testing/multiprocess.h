@@ -28,7 +28,8 @@ struct ForkOptions {
 constexpr int kHung = 255;
 
 // UCX over shared memory between forked children of one host: UCX_TLS, UCX_NET_DEVICES and
-// UCX_WARN_UNUSED_ENV_VARS set explicitly.
+// UCX_WARN_UNUSED_ENV_VARS set explicitly. UCX_TLS is posix,sysv,cma,self, or the value of
+// RESHARD_TEST_UCX_TLS when set (tools/gpu_check.sh adds cuda_copy,cuda_ipc for a CUDA-aware UCX).
 ForkOptions SharedMemoryUcx(absl::Duration timeout = absl::Seconds(60));
 
 // Forks one child per rank in `ranks`, runs `body(rank)` in each (its return value is the

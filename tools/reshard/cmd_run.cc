@@ -1,6 +1,6 @@
 // `reshard run SPEC.json [--iters N] [--transport sm|tcp] [--netns] [--emulate-nic RATE]
 //  [--plan-mode ours|naive|gather_broadcast] [--fanout auto|engine] [--timeout-ms MS]
-//  [--deadline-s S] [--delta] [--change-fraction F] [--json]`
+//  [--deadline-s S] [--delta] [--change-fraction F] [--memory host|cuda] [--json]`
 //
 // Launches one `reshard-rank` per rank of the spec's world through the launcher, then merges
 // the one JSON line each rank prints into a report.
@@ -18,11 +18,13 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "reshard/system.h"
 #include "src/common/json.h"
 #include "src/plan/spec_json.h"
 #include "tools/launcher/launcher.h"
 #include "tools/reshard/args.h"
 #include "tools/reshard/commands.h"
+#include "tools/reshard/device_memory.h"
 #include "tools/reshard/report.h"
 
 namespace reshard::cli {
@@ -62,6 +64,16 @@ options:
                        source tensor's elements by 1-15 ulp (scattered), instead of all of
                        them; destinations are verified against exactly those values.
                        `random`: a fraction drawn per refit (0 every 10th, 1 the one after)
+  --memory host|cuda   where every rank's buffers live: host memory (default), or device
+                       memory on GPU (local rank mod GPUs), allocated with the CUDA runtime as a
+                       framework would (builds with CUDA). Sources are filled on the host and
+                       copied to the device before each refit, destinations copied back and
+                       verified after it, outside the timed refit. When the UCX build registers
+                       CUDA memory, UCX_TLS adds cuda_copy,cuda_ipc (sm) or cuda_copy (tcp);
+                       otherwise the handle stages device buffers through pinned host memory.
+                       The report adds which it was per buffer, the staging copies, and a
+                       device-to-device cudaMemcpy of the bytes the refit writes with the
+                       refit's ratio to it (the GPU figures of docs/bench.md)
   --fail-every K       every K-th refit (K >= 2) the last rank gives up at once; every rank
                        then calls Reset() and the run goes on (the next refit is full, the
                        failed ones are neither timed nor verified)
@@ -80,11 +92,16 @@ options:
                        fanout_hidden_fraction (the part of it inside each rank's network
                        stage: before its last network landing), fanout_domain_hidden_fraction
                        (the same against the domain's network stage), and with --emulate-nic rate, mtu,
-                       lower_bound_ms and ratio; errors lists every failed rank
+                       lower_bound_ms and ratio; memory; with --memory cuda gpus,
+                       destination_bytes, cuda_buffers_registered, cuda_buffers_staged,
+                       bytes_staged_to_host, bytes_staged_to_device (last refit, all ranks),
+                       stage_ring_bytes (all ranks), device_copy_ms and ratio_device_copy;
+                       errors lists every failed rank
   --help               this text
 
 exit status: 0 every refit on every rank verified, 1 a refit or a rank failed, 2 invalid spec or
-usage (also when a rank reports invalid input), 130 interrupted.
+usage (also when a rank reports invalid input), 3 --memory cuda without a usable CUDA device
+(or in a build without CUDA), 130 interrupted.
 )";
 
 struct RankLine {
@@ -101,6 +118,9 @@ struct RankLine {
   int64_t quantize_buffer_bytes = 0;
   int64_t delta_pieces = 0, delta_full_pieces = 0, delta_stream_bytes = 0, delta_plain_bytes = 0,
           delta_shadow_bytes = 0;
+  std::string memory, gpu;
+  int64_t destination_bytes = 0, cuda_registered = 0, cuda_staged = 0, staged_to_host = 0,
+          staged_to_device = 0, stage_ring_bytes = 0;
 };
 
 RankLine ParseRankLine(const std::string& line) {
@@ -150,6 +170,14 @@ RankLine ParseRankLine(const std::string& line) {
     r.amax_exchange_ms = f->as_double();
   }
   r.quantize_buffer_bytes = num("quantize_buffer_bytes");
+  r.memory = str("memory");
+  r.gpu = str("gpu");
+  r.destination_bytes = num("destination_bytes");
+  r.cuda_registered = num("cuda_buffers_registered");
+  r.cuda_staged = num("cuda_buffers_staged");
+  r.staged_to_host = num("bytes_staged_to_host");
+  r.staged_to_device = num("bytes_staged_to_device");
+  r.stage_ring_bytes = num("stage_ring_bytes");
   r.error = str("error");
   r.parsed = true;
   return r;
@@ -178,7 +206,7 @@ int RunCommand(int argc, char** argv) {
   absl::StatusOr<Args> args =
       Args::Parse(argc, argv, {"json", "netns", "delta"},
                   {"iters", "transport", "emulate-nic", "plan-mode", "fanout", "timeout-ms",
-                   "deadline-s", "change-fraction", "mtu", "fail-every"});
+                   "deadline-s", "change-fraction", "mtu", "fail-every", "memory"});
   if (!args.ok()) return UsageError("run", std::string(args.status().message()));
   if (args->positional().size() != 1) return UsageError("run", "expected one SPEC.json");
   const std::string spec_path = args->positional()[0];
@@ -215,6 +243,11 @@ int RunCommand(int argc, char** argv) {
     return UsageError("run", absl::StrCat("--fanout must be auto or engine, not \"", fanout_mode,
                                           "\""));
   }
+  const std::string memory = args->Get("memory").value_or("host");
+  if (memory != "host" && memory != "cuda") {
+    return UsageError("run", absl::StrCat("--memory must be host or cuda, not \"", memory, "\""));
+  }
+  const bool cuda = memory == "cuda";
   const std::string rate = args->Get("emulate-nic").value_or("");
   double rate_bits = 0;
   if (!rate.empty()) {
@@ -245,6 +278,17 @@ int RunCommand(int argc, char** argv) {
     return kExitUsage;
   }
   const int world = spec->WorldSize();
+  // --memory cuda: a device to put the buffers on, and the transports that carry them.
+  bool ucx_registers_cuda = false;
+  if (cuda) {
+    std::string why;
+    if (gpu::Devices(&why) == 0) {
+      std::fprintf(stderr, "reshard run: --memory cuda needs a usable CUDA device: %s\n",
+                   why.c_str());
+      return kExitNoDevice;
+    }
+    ucx_registers_cuda = ProbeSystem().ucx.registers_cuda_memory;
+  }
   const std::string rank_binary = RankBinary();
   if (access(rank_binary.c_str(), X_OK) != 0) {
     std::fprintf(stderr, "reshard run: the rank program %s is missing (build the reshard_rank "
@@ -269,6 +313,10 @@ int RunCommand(int argc, char** argv) {
     options.argv.push_back("--fail-every");
     options.argv.push_back(absl::StrCat(*fail_every));
   }
+  if (cuda) {
+    options.argv.push_back("--memory");
+    options.argv.push_back("cuda");
+  }
   options.world_size = world;
   options.mode = netns ? launcher::Mode::kNetns : launcher::Mode::kLoopback;
   options.transport = transport;
@@ -279,6 +327,12 @@ int RunCommand(int argc, char** argv) {
   options.failure_grace = absl::Milliseconds(*timeout_ms) + absl::Seconds(5);
   options.handle_signals = true;
   if (!rate.empty()) options.extra_env.push_back({"RESHARD_EMULATED_NIC_RATE", rate});
+  if (ucx_registers_cuda) {
+    // UCX moves registered device memory through its CUDA transports only when UCX_TLS names
+    // them: cuda_copy (device <-> host inside UCX), cuda_ipc (between processes on one host).
+    options.extra_env.push_back(
+        {"UCX_TLS", transport == "sm" && !netns ? "sm,self,cuda_copy,cuda_ipc" : "tcp,cuda_copy"});
+  }
   absl::StatusOr<launcher::LaunchResult> launched = launcher::Run(options);
   if (!launched.ok()) {
     std::fprintf(stderr, "reshard run: cannot launch the ranks: %s\n",
@@ -360,8 +414,19 @@ int RunCommand(int argc, char** argv) {
   int64_t delta_pieces = 0, delta_full_pieces = 0, delta_stream_bytes = 0, delta_plain_bytes = 0,
           delta_shadow_bytes = 0;  // All ranks, the last refit.
   std::map<std::string, std::vector<int>> transports;
+  // --memory cuda: all ranks' CUDA buffers and last-refit staging copies, the GPUs they used.
+  int64_t destination_bytes = 0, cuda_registered = 0, cuda_staged = 0, staged_to_host = 0,
+          staged_to_device = 0, stage_ring_bytes = 0;
+  std::set<std::string> gpus;
   for (int r = 0; r < world; ++r) {
     const RankLine& l = lines[static_cast<size_t>(r)];
+    destination_bytes += l.destination_bytes;
+    cuda_registered += l.cuda_registered;
+    cuda_staged += l.cuda_staged;
+    staged_to_host += l.staged_to_host;
+    staged_to_device += l.staged_to_device;
+    stage_ring_bytes += l.stage_ring_bytes;
+    if (!l.gpu.empty()) gpus.insert(l.gpu);
     bytes_network += l.sent;
     int64_t rank_bytes = std::max(l.sent, l.received);
     if (rank_bytes > max_rank_bytes) {
@@ -404,6 +469,21 @@ int RunCommand(int argc, char** argv) {
   const double ratio_landing =
       lower_bound_ms > 0 && completed > 0 ? median_landing_ms / lower_bound_ms : 0;
   const char* mode_name = result.mode == launcher::Mode::kNetns ? "netns" : "loopback";
+  // The GPU reference: a device-to-device cudaMemcpy of the bytes one refit writes, on the
+  // first rank's GPU, timed once the ranks are gone (a quiet device).
+  double device_copy_ms = 0;
+  std::string device_copy_error;
+  if (cuda && completed > 0 && destination_bytes > 0) {
+    absl::Status st = gpu::SelectForLocalRank(0);
+    absl::StatusOr<double> copy_ms =
+        st.ok() ? gpu::CopyMs(destination_bytes, 10) : absl::StatusOr<double>(st);
+    if (copy_ms.ok()) {
+      device_copy_ms = *copy_ms;
+    } else {
+      device_copy_error = std::string(copy_ms.status().message());
+    }
+  }
+  const double ratio_device_copy = device_copy_ms > 0 ? median_ms / device_copy_ms : 0;
 
   if (args->Has("json")) {
     using json::Quote;
@@ -445,6 +525,19 @@ int RunCommand(int argc, char** argv) {
                       ",\"lower_bound_ms\":", Ms(lower_bound_ms),
                       ",\"ratio\":", absl::StrFormat("%.3f", ratio),
                       ",\"ratio_landing\":", absl::StrFormat("%.3f", ratio_landing));
+    }
+    absl::StrAppend(&out, ",\"memory\":", Quote(memory));
+    if (cuda) {
+      std::vector<std::string> quoted_gpus;
+      for (const auto& g : gpus) quoted_gpus.push_back(Quote(g));
+      absl::StrAppend(
+          &out, ",\"gpus\":[", absl::StrJoin(quoted_gpus, ","),
+          "],\"destination_bytes\":", destination_bytes,
+          ",\"cuda_buffers_registered\":", cuda_registered,
+          ",\"cuda_buffers_staged\":", cuda_staged, ",\"bytes_staged_to_host\":", staged_to_host,
+          ",\"bytes_staged_to_device\":", staged_to_device,
+          ",\"stage_ring_bytes\":", stage_ring_bytes, ",\"device_copy_ms\":", Ms(device_copy_ms),
+          ",\"ratio_device_copy\":", absl::StrFormat("%.3f", ratio_device_copy));
     }
     if (!result.fallback_reason.empty()) {
       absl::StrAppend(&out, ",\"fallback\":", Quote(result.fallback_reason));
@@ -526,6 +619,30 @@ int RunCommand(int argc, char** argv) {
                   "median is %.2fx the bound, landing median %.2fx\n",
                   rate.c_str(), static_cast<int>(*mtu), FormatSeconds(lower_bound_ms / 1e3).c_str(),
                   ratio, ratio_landing);
+    }
+    if (cuda) {
+      std::printf(
+          "CUDA memory     device buffers on %zu GPU(s) (%s): %lld registered with UCX "
+          "directly, %lld staged through pinned host memory%s; last refit staged %s "
+          "device -> host and %s host -> device (all ranks)\n",
+          gpus.size(), absl::StrJoin(gpus, ", ").c_str(), static_cast<long long>(cuda_registered),
+          static_cast<long long>(cuda_staged),
+          stage_ring_bytes > 0
+              ? absl::StrCat(" (staging rings ", FormatBytes(static_cast<double>(stage_ring_bytes)),
+                             ", all ranks)")
+                    .c_str()
+              : "",
+          FormatBytes(static_cast<double>(staged_to_host)).c_str(),
+          FormatBytes(static_cast<double>(staged_to_device)).c_str());
+      if (device_copy_ms > 0) {
+        std::printf(
+            "cudaMemcpy      device to device of the %s one refit writes: %s; median "
+            "refit is %.2fx that\n",
+            FormatBytes(static_cast<double>(destination_bytes)).c_str(),
+            FormatSeconds(device_copy_ms / 1e3).c_str(), ratio_device_copy);
+      } else if (!device_copy_error.empty()) {
+        std::printf("cudaMemcpy      not measured: %s\n", device_copy_error.c_str());
+      }
     }
     std::printf("result          %s\n",
                 ok ? absl::StrCat("every destination verified byte-exact in ", completed,

@@ -10,6 +10,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "src/common/escape.h"
+#include "tools/reshard/device_memory.h"
 #include "tools/reshard/tile_fill.h"
 
 namespace reshard::cli {
@@ -21,16 +22,27 @@ struct AlignedFree {
   void operator()(uint8_t* p) const { std::free(p); }
 };
 
-// This rank's buffers, owned: sources in private page-aligned memory; destinations in
-// HostBuffers (same-host senders and domain peers that forward pieces to this rank map them:
-// one memcpy per run), or private memory with a note when /dev/shm cannot hold them.
+// This rank's buffers, owned. Host memory: sources in private page-aligned memory;
+// destinations in HostBuffers (same-host senders and domain peers that forward pieces to this
+// rank map them: one memcpy per run), or private memory with a note when /dev/shm cannot hold
+// them. CUDA memory (--memory cuda): every buffer is device memory on this rank's GPU, with a
+// private host mirror that the tile patterns are filled into and verified from; the handle only
+// sees the device pointers.
 class RankBuffers {
  public:
-  absl::Status Allocate(const std::vector<BufferRequirement>& requirements, int rank) {
+  RankBuffers() = default;
+  RankBuffers(const RankBuffers&) = delete;
+  RankBuffers& operator=(const RankBuffers&) = delete;
+  ~RankBuffers() {
+    for (const auto& [key, device] : device_) gpu::Free(device);
+  }
+
+  absl::Status Allocate(const std::vector<BufferRequirement>& requirements, int rank, bool cuda) {
     for (const BufferRequirement& r : requirements) {
       void* data = nullptr;
       absl::StatusOr<HostBuffer> hb = absl::UnavailableError("");
-      if (r.bytes > 0 && r.side == Side::kDestination) {
+      const char* side = r.side == Side::kSource ? "source" : "destination";
+      if (r.bytes > 0 && r.side == Side::kDestination && !cuda) {
         hb = HostBuffer::Allocate(r.bytes, absl::StrCat("r", rank, "-", r.name));
         if (!hb.ok()) {
           std::fprintf(stderr,
@@ -49,16 +61,30 @@ class RankBuffers {
         private_.emplace_back(static_cast<uint8_t*>(std::aligned_alloc(kPage, rounded)));
         data = private_.back().get();
         if (data == nullptr) {
-          return absl::ResourceExhaustedError(absl::StrFormat(
-              "rank %d cannot allocate %d bytes for source buffer \"%s\"", rank, r.bytes, r.name));
+          return absl::ResourceExhaustedError(
+              absl::StrFormat("rank %d cannot allocate %d bytes for %s buffer \"%s\"", rank,
+                              r.bytes, side, r.name));
         }
       }
       if (data != nullptr) std::memset(data, 0xA5, static_cast<size_t>(r.bytes));
-      by_name_[{r.side, r.name}] = Buffer{data, r.bytes, MemoryKind::kHost};
-      local_.Add(r.side, r.name, Buffer{data, r.bytes, MemoryKind::kHost});
+      const Buffer host{data, r.bytes, MemoryKind::kHost};
+      by_name_[{r.side, r.name}] = host;
+      if (!cuda || data == nullptr) {
+        local_.Add(r.side, r.name, host);
+        continue;
+      }
+      absl::StatusOr<void*> device = gpu::Alloc(r.bytes);
+      if (!device.ok()) {
+        return absl::ResourceExhaustedError(absl::StrFormat(
+            "rank %d cannot allocate %d bytes of device memory for %s buffer \"%s\": %s", rank,
+            r.bytes, side, r.name, device.status().message()));
+      }
+      device_[{r.side, r.name}] = *device;
+      local_.Add(r.side, r.name, Buffer{*device, r.bytes, MemoryKind::kCuda});
     }
     return absl::OkStatus();
   }
+  // The host memory of a buffer: the buffer itself, or the mirror of a device buffer.
   const Buffer& Get(Side side, const std::string& name) const { return by_name_.at({side, name}); }
   void PoisonDestinations() {
     for (const auto& [key, buffer] : by_name_) {
@@ -67,12 +93,33 @@ class RankBuffers {
       }
     }
   }
+  // Device buffers: poisons the destinations on the device too; copies the mirrors of the
+  // sources to the device; copies the destinations back into their mirrors (verification).
+  absl::Status PoisonDeviceDestinations() { return ForDevice(Side::kDestination, kPoison); }
+  absl::Status SourcesToDevice() { return ForDevice(Side::kSource, kToDevice); }
+  absl::Status DestinationsToHost() { return ForDevice(Side::kDestination, kToHost); }
   LocalBuffers TakeLocal() { return std::move(local_); }
 
  private:
+  enum DeviceStep { kPoison, kToDevice, kToHost };
+  absl::Status ForDevice(Side side, DeviceStep step) {
+    for (const auto& [key, device] : device_) {
+      if (key.first != side) continue;
+      const Buffer& host = by_name_.at(key);
+      absl::Status st = step == kPoison     ? gpu::Fill(device, 0xA5, host.bytes)
+                        : step == kToDevice ? gpu::ToDevice(device, host.data, host.bytes)
+                                            : gpu::ToHost(host.data, device, host.bytes);
+      if (!st.ok()) {
+        return absl::InternalError(absl::StrCat("buffer \"", key.second, "\": ", st.message()));
+      }
+    }
+    return absl::OkStatus();
+  }
+
   std::vector<std::unique_ptr<uint8_t, AlignedFree>> private_;
   std::vector<HostBuffer> shared_;
   std::map<std::pair<Side, std::string>, Buffer> by_name_;
+  std::map<std::pair<Side, std::string>, void*> device_;
   LocalBuffers local_;
 };
 
@@ -108,6 +155,21 @@ RankReport RunRank(const RankOptions& options, const Communicator& comm) {
                     absl::StrCat("--fanout must be auto or engine, not \"", options.fanout, "\"")),
                 true);
   }
+  if (options.memory != "host" && options.memory != "cuda") {
+    return fail(absl::InvalidArgumentError(
+                    absl::StrCat("--memory must be host or cuda, not \"", options.memory, "\"")),
+                true);
+  }
+  const bool cuda = options.memory == "cuda";
+  report.memory = options.memory;
+  if (cuda) {
+    if (absl::Status st = gpu::SelectForLocalRank(comm.local_rank()); !st.ok()) {
+      return fail(absl::FailedPreconditionError(absl::StrCat(
+                      "rank ", me, " has no CUDA device for --memory cuda: ", st.message())),
+                  false);
+    }
+    report.gpu = gpu::CurrentBusId();
+  }
   absl::StatusOr<RefitSpec> spec = RefitSpec::FromFile(options.spec_path);
   if (!spec.ok()) return fail(spec.status(), true);
   if (comm.world_size() != spec->WorldSize()) {
@@ -135,8 +197,11 @@ RankReport RunRank(const RankOptions& options, const Communicator& comm) {
     }
   }
 
+  for (const BufferRequirement& r : *requirements) {
+    if (r.side == Side::kDestination) report.destination_bytes += r.bytes;
+  }
   RankBuffers buffers;
-  if (absl::Status st = buffers.Allocate(*requirements, me); !st.ok()) {
+  if (absl::Status st = buffers.Allocate(*requirements, me, cuda); !st.ok()) {
     return fail(st, false);
   }
   HandleOptions handle_options;
@@ -172,7 +237,16 @@ RankReport RunRank(const RankOptions& options, const Communicator& comm) {
       }
     }
     // Delta refits build on what the destinations hold: poisoned only before the first one.
-    if (!options.delta || i == 0) buffers.PoisonDestinations();
+    if (!options.delta || i == 0) {
+      buffers.PoisonDestinations();
+      if (absl::Status st = cuda ? buffers.PoisonDeviceDestinations() : absl::OkStatus();
+          !st.ok()) {
+        return fail(st, false);
+      }
+    }
+    if (absl::Status st = cuda ? buffers.SourcesToDevice() : absl::OkStatus(); !st.ok()) {
+      return fail(st, false);
+    }
     // Measurement barrier (not part of a refit): without it a source starts its clock while
     // destinations still verify the previous refit. It keeps the handle progressing, so a peer
     // lost meanwhile fails this rank at once.
@@ -217,6 +291,11 @@ RankReport RunRank(const RankOptions& options, const Communicator& comm) {
     report.delta_stream_bytes = s.delta_stream_bytes;
     report.delta_plain_bytes = s.delta_plain_bytes;
     report.delta_shadow_bytes = s.delta_shadow_bytes;
+    report.cuda_buffers_registered = s.cuda_buffers_registered;
+    report.cuda_buffers_staged = s.cuda_buffers_staged;
+    report.bytes_staged_to_host = s.bytes_staged_to_host;
+    report.bytes_staged_to_device = s.bytes_staged_to_device;
+    report.stage_ring_bytes = s.stage_ring_bytes;
     if (i == 0) {
       report.registrations_first = s.registrations_total;
       report.transports = s.transports;
@@ -227,6 +306,9 @@ RankReport RunRank(const RankOptions& options, const Communicator& comm) {
     // fewer cores than ranks that slows the refit being timed (measured: 2 -> 2 ranks of 128 MiB
     // on 2 cores, one destination done in 20 ms verified while the sources filled the other).
     if (absl::Status st = handle->Barrier(absl::Now() + options.timeout); !st.ok()) {
+      return fail(st, false);
+    }
+    if (absl::Status st = cuda ? buffers.DestinationsToHost() : absl::OkStatus(); !st.ok()) {
       return fail(st, false);
     }
     for (size_t d = 0; d < destinations->size(); ++d) {
@@ -259,8 +341,8 @@ std::string RankReportJson(const RankReport& r) {
   for (double v : r.iter_ms) ms.push_back(absl::StrFormat("%.3f", v));
   return absl::StrCat(
       "{\"rank\":", r.rank, ",\"ok\":", r.ok ? "true" : "false",
-      ",\"failed_on_purpose\":", r.failed_on_purpose, ",\"iter_ms\":[",
-      absl::StrJoin(ms, ","), "],\"bytes_network_sent\":", r.bytes_network_sent,
+      ",\"failed_on_purpose\":", r.failed_on_purpose, ",\"iter_ms\":[", absl::StrJoin(ms, ","),
+      "],\"bytes_network_sent\":", r.bytes_network_sent,
       ",\"bytes_network_received\":", r.bytes_network_received,
       ",\"pieces_received\":", r.pieces_received, ",\"puts\":", r.puts,
       ",\"data_messages\":", r.data_messages, ",\"single_copy_writes\":", r.single_copy_writes,
@@ -274,11 +356,17 @@ std::string RankReportJson(const RankReport& r) {
       absl::StrFormat("%.3f", r.fanout_domain_hidden_fraction),
       ",\"quantize_ms\":", absl::StrFormat("%.3f", r.quantize_ms),
       ",\"amax_exchange_ms\":", absl::StrFormat("%.3f", r.amax_exchange_ms),
-      ",\"quantize_buffer_bytes\":", r.quantize_buffer_bytes,
-      ",\"delta_pieces\":", r.delta_pieces, ",\"delta_full_pieces\":", r.delta_full_pieces,
+      ",\"quantize_buffer_bytes\":", r.quantize_buffer_bytes, ",\"delta_pieces\":", r.delta_pieces,
+      ",\"delta_full_pieces\":", r.delta_full_pieces,
       ",\"delta_stream_bytes\":", r.delta_stream_bytes,
       ",\"delta_plain_bytes\":", r.delta_plain_bytes,
-      ",\"delta_shadow_bytes\":", r.delta_shadow_bytes, ",\"error\":", JsonQuote(r.error), "}");
+      ",\"delta_shadow_bytes\":", r.delta_shadow_bytes, ",\"memory\":", JsonQuote(r.memory),
+      ",\"gpu\":", JsonQuote(r.gpu), ",\"destination_bytes\":", r.destination_bytes,
+      ",\"cuda_buffers_registered\":", r.cuda_buffers_registered,
+      ",\"cuda_buffers_staged\":", r.cuda_buffers_staged,
+      ",\"bytes_staged_to_host\":", r.bytes_staged_to_host,
+      ",\"bytes_staged_to_device\":", r.bytes_staged_to_device,
+      ",\"stage_ring_bytes\":", r.stage_ring_bytes, ",\"error\":", JsonQuote(r.error), "}");
 }
 
 }  // namespace reshard::cli

@@ -7,7 +7,8 @@
 // iteration i fills its source tiles with the pattern of epoch i + 1 (tile_fill.h), poisons its
 // destination buffers, lines the ranks up with RefitHandle::Barrier (so a source's clock does
 // not include waiting for destinations still verifying the previous refit), runs one refit,
-// records its time and verifies every destination tile. With `delta` the handle runs delta
+// records its time and verifies every destination tile. With `memory` "cuda" the buffers are
+// device memory (see RankOptions::memory). With `delta` the handle runs delta
 // refits (docs/delta.md) and destinations are poisoned only before the first refit (they must
 // keep the last refit's values); with `change_fraction` >= 0 each refit after the first changes
 // that fraction of the source elements (TilePatterns::Change) instead of all of them, and
@@ -40,6 +41,10 @@ struct RankOptions {
   // (Start, then Wait with a deadline already past); every rank then calls Reset() and goes on.
   // Those refits are neither timed nor verified. 0: none.
   int fail_every = 0;
+  // "host", or "cuda": every buffer is device memory on GPU local_rank % devices, allocated with
+  // the CUDA runtime; sources are filled through a host mirror and copied to the device before
+  // each refit, destinations copied back after it and verified (outside the timed refit).
+  std::string memory = "host";
 };
 
 // The change fraction of refit `epoch` (>= 2) under --change-fraction random: 0 for every 10th,
@@ -74,6 +79,14 @@ struct RankReport {
   // them and their plain bytes, the shadow this rank keeps.
   int64_t delta_pieces = 0, delta_full_pieces = 0;
   int64_t delta_stream_bytes = 0, delta_plain_bytes = 0, delta_shadow_bytes = 0;
+  // --memory: "host" or "cuda", the GPU's PCI bus id, this rank's destination bytes (what a
+  // refit writes here), and the Stats of CUDA buffers (registered by UCX or staged) and of the
+  // last refit's staging copies.
+  std::string memory = "host";
+  std::string gpu;
+  int64_t destination_bytes = 0;
+  int64_t cuda_buffers_registered = 0, cuda_buffers_staged = 0;
+  int64_t bytes_staged_to_host = 0, bytes_staged_to_device = 0, stage_ring_bytes = 0;
   std::string error;
 };
 
@@ -92,7 +105,9 @@ RankReport RunRank(const RankOptions& options, const Communicator& comm);
 //  "fanout_busy_ms":T,"fanout_hidden_fraction":F,"fanout_domain_hidden_fraction":F,
 //  "quantize_ms":T,"amax_exchange_ms":T,"quantize_buffer_bytes":B,
 //  "delta_pieces":N,"delta_full_pieces":N,"delta_stream_bytes":B,"delta_plain_bytes":B,
-//  "delta_shadow_bytes":B,"error":"..."}
+//  "delta_shadow_bytes":B,"memory":"host","gpu":"","destination_bytes":B,
+//  "cuda_buffers_registered":N,"cuda_buffers_staged":N,"bytes_staged_to_host":B,
+//  "bytes_staged_to_device":B,"stage_ring_bytes":B,"error":"..."}
 std::string RankReportJson(const RankReport& report);
 
 }  // namespace reshard::cli

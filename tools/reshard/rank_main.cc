@@ -1,7 +1,7 @@
 // reshard-rank: one process of a multi-process refit, started by `reshard run` / the launcher.
 //
 //   reshard-rank SPEC.json --iters N [--plan-mode ours|naive|gather_broadcast]
-//                [--fanout auto|engine] [--delta] [--change-fraction F]
+//                [--fanout auto|engine] [--delta] [--change-fraction F] [--memory host|cuda]
 //
 // Environment: RESHARD_RANK, RESHARD_WORLD_SIZE, RESHARD_STORE=host:port, RESHARD_STORE_TOKEN,
 // RESHARD_TIMEOUT_MS (default 30000), RESHARD_EMULATED_NIC_RATE (informational), UCX_TLS and
@@ -64,7 +64,7 @@ int main(int argc, char** argv) {
       std::printf(
           "usage: reshard-rank SPEC.json --iters N [--plan-mode ours|naive|gather_broadcast]\n"
           "                    [--fanout auto|engine] [--delta] [--change-fraction F|random]\n"
-          "                    [--fail-every K]\n"
+          "                    [--fail-every K] [--memory host|cuda]\n"
           "One rank of a refit run; normally started by `reshard run`. Reads RESHARD_RANK,\n"
           "RESHARD_WORLD_SIZE, RESHARD_STORE, RESHARD_STORE_TOKEN, RESHARD_TIMEOUT_MS.\n");
       return reshard::cli::kExitOk;
@@ -72,7 +72,7 @@ int main(int argc, char** argv) {
   }
   absl::StatusOr<reshard::cli::Args> args = reshard::cli::Args::Parse(
       argc - 1, argv + 1, {"delta"},
-      {"iters", "plan-mode", "fanout", "change-fraction", "fail-every"});
+      {"iters", "plan-mode", "fanout", "change-fraction", "fail-every", "memory"});
   if (!args.ok()) return usage(std::string(args.status().message()));
   if (args->positional().size() != 1) return usage("expected exactly one SPEC.json argument");
 
@@ -85,6 +85,7 @@ int main(int argc, char** argv) {
   options.plan_mode = args->Get("plan-mode").value_or("ours");
   options.fanout = args->Get("fanout").value_or("auto");
   options.delta = args->Has("delta");
+  options.memory = args->Get("memory").value_or("host");
   options.random_fraction = args->Get("change-fraction").value_or("") == "random";
   absl::StatusOr<double> fraction =
       options.random_fraction ? absl::StatusOr<double>(-1) : args->GetDouble("change-fraction", -1);
