@@ -107,7 +107,9 @@ double DeviceCopyMs(int64_t bytes, int iters) {
   std::vector<double> ms;
   for (int i = 0; a != nullptr && b != nullptr && i < iters + 1; ++i) {
     const absl::Time start = absl::Now();
-    if (cudaMemcpy(b, a, static_cast<size_t>(bytes), cudaMemcpyDeviceToDevice) != cudaSuccess) {
+    // A device-to-device cudaMemcpy returns before the copy ends: wait for it.
+    if (cudaMemcpy(b, a, static_cast<size_t>(bytes), cudaMemcpyDeviceToDevice) != cudaSuccess ||
+        cudaDeviceSynchronize() != cudaSuccess) {
       break;
     }
     if (i > 0) ms.push_back(absl::ToDoubleMilliseconds(absl::Now() - start));

@@ -68,12 +68,6 @@ foreach(f IN LISTS cli_files)
   math(EXPR checked "${checked} + 1")
   file(STRINGS "${f}" includes REGEX "^[ \t]*#[ \t]*include[ \t]*[<\"](src/|ucp/|ucs/|uct/|cuda|nccl)")
   foreach(inc IN LISTS includes)
-    # device_memory.cc plays the framework's part for `reshard run --memory cuda`: it allocates,
-    # fills and reads back the device buffers a user hands the library, with the CUDA runtime
-    # API and nothing of reshard's data plane.
-    if(f MATCHES "/tools/reshard/device_memory\\.cc$" AND inc MATCHES "<cuda_runtime_api\\.h>")
-      continue()
-    endif()
     if(NOT inc MATCHES "\"src/(plan|common)/")
       file(RELATIVE_PATH rel "${SOURCE_DIR}" "${f}")
       string(STRIP "${inc}" inc)

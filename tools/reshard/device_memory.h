@@ -3,9 +3,11 @@
 // training or inference framework does it. The library only receives the pointers, as
 // MemoryKind::kCuda buffers.
 //
-// Builds without CUDA compile the same functions; they report that the build has no CUDA
-// (FailedPrecondition), and Devices() returns 0 with the reason, so callers need no #ifdef.
-// Thread-compatible; every call runs on the calling thread's current device.
+// The runtime is opened with dlopen (libcudart.so.13, .12, then unversioned; the one libreshard
+// loaded when it has one), so the CLI links nothing of CUDA (tests/tools_link_test.cmake) and
+// needs no CUDA header. Without a loadable runtime every call is FailedPrecondition saying so,
+// and Devices() returns 0 with the reason. Thread-compatible; every call runs on the calling
+// thread's current device.
 #pragma once
 
 #include <cstdint>
@@ -16,9 +18,7 @@
 
 namespace reshard::cli::gpu {
 
-// Whether this build links the CUDA runtime.
-bool Built();
-// Usable devices; 0 with `why` set when there is no CUDA build, driver or device.
+// Usable devices; 0 with `why` set when there is no CUDA runtime, driver or device.
 int Devices(std::string* why);
 // Makes device `local_rank % Devices()` current (ranks of one host spread over its GPUs; on one
 // GPU they share it). FailedPrecondition without a device.
@@ -35,8 +35,9 @@ void Free(void* ptr);
 [[nodiscard]] absl::Status Fill(void* device, uint8_t value, int64_t bytes);
 
 // The reference of the GPU figures: the median milliseconds of `iters` device-to-device
-// cudaMemcpy calls of `bytes` between two fresh buffers on the current device (after one
-// untimed warm-up copy).
+// cudaMemcpy calls of `bytes` between two fresh buffers on the current device, each followed by
+// cudaDeviceSynchronize (a device-to-device cudaMemcpy returns before the copy ends), after one
+// untimed warm-up copy.
 [[nodiscard]] absl::StatusOr<double> CopyMs(int64_t bytes, int iters);
 
 }  // namespace reshard::cli::gpu
