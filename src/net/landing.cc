@@ -45,6 +45,7 @@ Landing::Landing(const plan::Plan& plan, const SendProgram& program, RegisteredM
   }
   segments_done_.assign(program.received.size(), 0);
   any_delta_.assign(program.received.size(), 0);
+  unpack_queued_.assign(program.received.size(), 0);
   if (!data_messages) return;
   segment_landed_.assign(static_cast<size_t>(segment_begin_.back()), 0);
   segment_stream_.assign(static_cast<size_t>(segment_begin_.back()), 0);
@@ -77,6 +78,7 @@ void Landing::StartEpoch(uint64_t epoch, uint64_t version) {
   std::fill(segments_done_.begin(), segments_done_.end(), 0);
   std::fill(any_delta_.begin(), any_delta_.end(), 0);
   std::fill(segment_landed_.begin(), segment_landed_.end(), 0);
+  std::fill(unpack_queued_.begin(), unpack_queued_.end(), 0);
 }
 
 int64_t Landing::wire_bytes(uint32_t slot) const {
@@ -174,7 +176,9 @@ absl::StatusOr<bool> Landing::Signalled(int32_t from_rank, uint32_t id, uint32_t
     }
   } else if (offset >= 0) {
     const int64_t bytes = plan_.region(plan_.transfers()[program_.received[*slot]].region).bytes;
-    RESHARD_RETURN_IF_ERROR(Unpack(*slot, 0, memory_.landing() + offset, bytes));
+    // The landing area holds the stream until the next epoch's grant: device copies may queue.
+    RESHARD_RETURN_IF_ERROR(
+        Unpack(*slot, 0, memory_.landing() + offset, bytes, /*may_queue=*/true));
   }
   return true;
 }
@@ -261,9 +265,10 @@ absl::StatusOr<bool> Landing::Data(const wire::DataHeader& h, const void* data, 
                                             "\")"));
   }
   if (packed) {
+    // `data` is UCX's until this callback returns: copied before it does.
     RESHARD_RETURN_IF_ERROR(Unpack(slot, static_cast<int64_t>(h.to_offset),
-                                   static_cast<const uint8_t*>(data),
-                                   static_cast<int64_t>(length)));
+                                   static_cast<const uint8_t*>(data), static_cast<int64_t>(length),
+                                   /*may_queue=*/false));
   } else {
     RESHARD_RETURN_IF_ERROR(Copy(memory_.data(to_buf) + h.to_offset, data,
                                  static_cast<int64_t>(length), memory_.device(to_buf)));
@@ -276,7 +281,12 @@ absl::StatusOr<bool> Landing::Land(uint32_t slot) {
   landed_epoch_[slot] = epoch_;
   const plan::Transfer& t = plan_.transfers()[program_.received[slot]];
   const uint32_t to_buf = plan_.buffer_of(t.tensor, t.to_side);
-  if (!memory_.staged(to_buf)) return false;
+  if (!memory_.staged(to_buf)) {
+    // A packed stream whose unpacking copies into device memory are still queued.
+    const bool queued = unpack_queued_[slot] != 0;
+    unpack_queued_[slot] = 0;
+    return queued;
+  }
   // Staged destination: the piece landed in pinned host memory; move it to the device.
   auto* device = static_cast<uint8_t*>(memory_.buffer(to_buf).data);
   const uint8_t* host = memory_.data(to_buf);
@@ -302,21 +312,27 @@ absl::StatusOr<bool> Landing::Land(uint32_t slot) {
   return copy_queue_ != nullptr;
 }
 
-absl::Status Landing::Unpack(uint32_t slot, int64_t begin, const uint8_t* packed, int64_t length) {
+absl::Status Landing::Unpack(uint32_t slot, int64_t begin, const uint8_t* packed, int64_t length,
+                             bool may_queue) {
   const plan::Transfer& t = plan_.transfers()[program_.received[slot]];
   const plan::Region& region = plan_.region(t.region);
   const uint32_t to_buf = plan_.buffer_of(t.tensor, t.to_side);
   uint8_t* to = memory_.data(to_buf);
   const bool device = memory_.device(to_buf);
+  const bool queue = device && may_queue && copy_queue_ != nullptr;
   absl::Status status;
-  plan::ForEachSlab(region, plan_.region_dims(region), begin, begin + length,
-                    [&](int64_t, int64_t to_off, int64_t width, int64_t rows, int64_t,
-                        int64_t to_pitch) {
-                      if (status.ok()) {
-                        status = CopySlab(to + to_off, to_pitch, packed, width, width, rows, device);
-                      }
-                      packed += width * rows;
-                    });
+  plan::ForEachSlab(
+      region, plan_.region_dims(region), begin, begin + length,
+      [&](int64_t, int64_t to_off, int64_t width, int64_t rows, int64_t, int64_t to_pitch) {
+        if (!status.ok()) {
+        } else if (queue) {
+          status = copy_queue_->Copy2D(to + to_off, to_pitch, packed, width, width, rows);
+        } else {
+          status = CopySlab(to + to_off, to_pitch, packed, width, width, rows, device);
+        }
+        packed += width * rows;
+      });
+  if (queue) unpack_queued_[slot] = 1;
   return status;
 }
 

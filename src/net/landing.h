@@ -8,7 +8,9 @@
 //    have, bytes outside the transfer's packed stream or outside one run of its region,
 //    compared without wrapping): DataLoss naming the peer. A peer can only write the bytes the
 //    plan has it write;
-//  - unpacks packed streams into place and moves staged destination pieces host -> device;
+//  - unpacks packed streams into place (into device memory the engine writes directly: with a
+//    copy queue, from the landing area without waiting, the piece landing once the queue's event
+//    completed) and moves staged destination pieces host -> device;
 //  - applies delta streams (docs/delta.md) in place, one per segment of the piece, each once
 //    all of it is here, after validating all of it against its segment and this rank's version
 //    (DataLoss otherwise, the segment's destination elements untouched; the refit then fails
@@ -61,9 +63,11 @@ class Landing {
   // Marks the transfer in `slot` (not yet landed) landed in this epoch and moves a staged
   // destination piece to the device: with a copy queue (set_copy_queue), enqueued there without
   // waiting (true: the caller records an event and finishes the landing once it completed),
-  // otherwise synchronously (false).
+  // otherwise synchronously (false). Also true for a packed stream that Signalled unpacked into
+  // device memory through the queue.
   [[nodiscard]] absl::StatusOr<bool> Land(uint32_t slot);
-  // The queue staged destination pieces move to the device on (it must outlive the Landing).
+  // The queue staged destination pieces move to the device on, and packed streams are unpacked
+  // into device memory with (it must outlive the Landing).
   void set_copy_queue(cuda::CopyQueue* queue) { copy_queue_ = queue; }
 
   // Bytes the transfer in `slot` took on the wire in this epoch: its delta stream, or the piece.
@@ -93,7 +97,10 @@ class Landing {
   // The slot of world transfer `id`, which must land here from `from_rank`; DataLoss otherwise.
   absl::StatusOr<uint32_t> CheckSender(int32_t from_rank, uint32_t id, const char* what) const;
   // Copies [begin, begin + length) of the packed stream in `slot` from `packed` into place.
-  absl::Status Unpack(uint32_t slot, int64_t begin, const uint8_t* packed, int64_t length);
+  // `may_queue`: `packed` stays unchanged until the piece has landed, so copies into device
+  // memory may go on the copy queue (then Land reports them); otherwise they are synchronous.
+  absl::Status Unpack(uint32_t slot, int64_t begin, const uint8_t* packed, int64_t length,
+                      bool may_queue);
   // Applies the delta stream of segment `k` of `slot` (`length` bytes at `stream`) to its
   // destination elements.
   absl::Status ApplyDelta(uint32_t slot, int64_t k, const uint8_t* stream, int64_t length);
@@ -124,6 +131,7 @@ class Landing {
   std::vector<int64_t> segment_stream_;
   cuda::DeviceDeltaCodec* device_delta_ = nullptr;
   cuda::CopyQueue* copy_queue_ = nullptr;
+  std::vector<uint8_t> unpack_queued_;  // By slot: Unpack queued device copies (Land reports).
 };
 
 // One side (`source`: the sending buffer's, else the receiving buffer's) of `region` as the

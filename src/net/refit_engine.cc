@@ -396,15 +396,18 @@ absl::Status RefitEngine::Impl::Init(rendezvous::Store& store, std::vector<Buffe
   landing_ = std::make_unique<Landing>(plan_, program_, *memory_, am);
   landing_->set_device_delta(device_delta_.get());
   for (uint32_t b = 0; b < memory_->size(); ++b) {
-    if (!memory_->staged(b) || plan_.buffers()[b].side == plan::Side::kSrc) continue;
-    // A staged destination: its landed pieces move to the device without a synchronise.
+    if (!(memory_->staged(b) || memory_->device(b)) ||
+        plan_.buffers()[b].side == plan::Side::kSrc) {
+      continue;
+    }
+    // A CUDA destination: landed pieces of a staged one move to the device, and packed streams
+    // are unpacked into a registered one, without a synchronise.
     absl::StatusOr<std::unique_ptr<cuda::CopyQueue>> queue = cuda::CopyQueue::Create();
     if (!queue.ok()) {
       return absl::Status(
           queue.status().code(),
-          absl::StrFormat("rank %d: the copy queue of staged CUDA destination "
-                          "buffer \"%s\": %s",
-                          rank_, plan_.buffers()[b].name, queue.status().message()));
+          absl::StrFormat("rank %d: the copy queue of CUDA destination buffer \"%s\": %s", rank_,
+                          plan_.buffers()[b].name, queue.status().message()));
     }
     copy_queue_ = *std::move(queue);
     landing_->set_copy_queue(copy_queue_.get());
@@ -1250,8 +1253,8 @@ void RefitEngine::Impl::MarkLanded(uint32_t slot) {
   if (landing_->landed(slot)) return;
   absl::StatusOr<bool> moving = landing_->Land(slot);
   if (moving.ok() && *moving) {
-    // A staged destination piece on its way to the device: it lands when the copy's event
-    // completed (PollToDevice).
+    // A staged destination piece on its way to the device, or a packed stream being unpacked
+    // into device memory: it lands when the copies' event completed (PollToDevice).
     absl::StatusOr<int32_t> event = copy_queue_->Record();
     if (event.ok()) {
       to_device_.push_back({slot, *event});
