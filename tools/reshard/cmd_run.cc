@@ -104,6 +104,22 @@ usage (also when a rank reports invalid input), 3 --memory cuda without a usable
 (or in a build without CUDA), 130 interrupted.
 )";
 
+// --memory cuda figures of one rank, or summed over ranks: destination bytes (what a refit
+// writes), CUDA buffers registered with UCX and staged, the last refit's staging copies and the
+// staging ring's pinned bytes.
+struct CudaFigures {
+  int64_t destination_bytes = 0, registered = 0, staged = 0, to_host = 0, to_device = 0,
+          ring_bytes = 0;
+  void Add(const CudaFigures& o) {
+    destination_bytes += o.destination_bytes;
+    registered += o.registered;
+    staged += o.staged;
+    to_host += o.to_host;
+    to_device += o.to_device;
+    ring_bytes += o.ring_bytes;
+  }
+};
+
 struct RankLine {
   bool parsed = false;
   bool ok = false;
@@ -119,8 +135,7 @@ struct RankLine {
   int64_t delta_pieces = 0, delta_full_pieces = 0, delta_stream_bytes = 0, delta_plain_bytes = 0,
           delta_shadow_bytes = 0;
   std::string memory, gpu;
-  int64_t destination_bytes = 0, cuda_registered = 0, cuda_staged = 0, staged_to_host = 0,
-          staged_to_device = 0, stage_ring_bytes = 0;
+  CudaFigures cuda;
 };
 
 RankLine ParseRankLine(const std::string& line) {
@@ -172,12 +187,9 @@ RankLine ParseRankLine(const std::string& line) {
   r.quantize_buffer_bytes = num("quantize_buffer_bytes");
   r.memory = str("memory");
   r.gpu = str("gpu");
-  r.destination_bytes = num("destination_bytes");
-  r.cuda_registered = num("cuda_buffers_registered");
-  r.cuda_staged = num("cuda_buffers_staged");
-  r.staged_to_host = num("bytes_staged_to_host");
-  r.staged_to_device = num("bytes_staged_to_device");
-  r.stage_ring_bytes = num("stage_ring_bytes");
+  r.cuda = CudaFigures{num("destination_bytes"),      num("cuda_buffers_registered"),
+                       num("cuda_buffers_staged"),    num("bytes_staged_to_host"),
+                       num("bytes_staged_to_device"), num("stage_ring_bytes")};
   r.error = str("error");
   r.parsed = true;
   return r;
@@ -415,17 +427,11 @@ int RunCommand(int argc, char** argv) {
           delta_shadow_bytes = 0;  // All ranks, the last refit.
   std::map<std::string, std::vector<int>> transports;
   // --memory cuda: all ranks' CUDA buffers and last-refit staging copies, the GPUs they used.
-  int64_t destination_bytes = 0, cuda_registered = 0, cuda_staged = 0, staged_to_host = 0,
-          staged_to_device = 0, stage_ring_bytes = 0;
+  CudaFigures cuda_all;
   std::set<std::string> gpus;
   for (int r = 0; r < world; ++r) {
     const RankLine& l = lines[static_cast<size_t>(r)];
-    destination_bytes += l.destination_bytes;
-    cuda_registered += l.cuda_registered;
-    cuda_staged += l.cuda_staged;
-    staged_to_host += l.staged_to_host;
-    staged_to_device += l.staged_to_device;
-    stage_ring_bytes += l.stage_ring_bytes;
+    cuda_all.Add(l.cuda);
     if (!l.gpu.empty()) gpus.insert(l.gpu);
     bytes_network += l.sent;
     int64_t rank_bytes = std::max(l.sent, l.received);
@@ -473,10 +479,10 @@ int RunCommand(int argc, char** argv) {
   // first rank's GPU, timed once the ranks are gone (a quiet device).
   double device_copy_ms = 0;
   std::string device_copy_error;
-  if (cuda && completed > 0 && destination_bytes > 0) {
+  if (cuda && completed > 0 && cuda_all.destination_bytes > 0) {
     absl::Status st = gpu::SelectForLocalRank(0);
     absl::StatusOr<double> copy_ms =
-        st.ok() ? gpu::CopyMs(destination_bytes, 10) : absl::StatusOr<double>(st);
+        st.ok() ? gpu::CopyMs(cuda_all.destination_bytes, 10) : absl::StatusOr<double>(st);
     if (copy_ms.ok()) {
       device_copy_ms = *copy_ms;
     } else {
@@ -530,14 +536,15 @@ int RunCommand(int argc, char** argv) {
     if (cuda) {
       std::vector<std::string> quoted_gpus;
       for (const auto& g : gpus) quoted_gpus.push_back(Quote(g));
-      absl::StrAppend(
-          &out, ",\"gpus\":[", absl::StrJoin(quoted_gpus, ","),
-          "],\"destination_bytes\":", destination_bytes,
-          ",\"cuda_buffers_registered\":", cuda_registered,
-          ",\"cuda_buffers_staged\":", cuda_staged, ",\"bytes_staged_to_host\":", staged_to_host,
-          ",\"bytes_staged_to_device\":", staged_to_device,
-          ",\"stage_ring_bytes\":", stage_ring_bytes, ",\"device_copy_ms\":", Ms(device_copy_ms),
-          ",\"ratio_device_copy\":", absl::StrFormat("%.3f", ratio_device_copy));
+      absl::StrAppend(&out, ",\"gpus\":[", absl::StrJoin(quoted_gpus, ","),
+                      "],\"destination_bytes\":", cuda_all.destination_bytes,
+                      ",\"cuda_buffers_registered\":", cuda_all.registered,
+                      ",\"cuda_buffers_staged\":", cuda_all.staged,
+                      ",\"bytes_staged_to_host\":", cuda_all.to_host,
+                      ",\"bytes_staged_to_device\":", cuda_all.to_device,
+                      ",\"stage_ring_bytes\":", cuda_all.ring_bytes,
+                      ",\"device_copy_ms\":", Ms(device_copy_ms),
+                      ",\"ratio_device_copy\":", absl::StrFormat("%.3f", ratio_device_copy));
     }
     if (!result.fallback_reason.empty()) {
       absl::StrAppend(&out, ",\"fallback\":", Quote(result.fallback_reason));
@@ -625,20 +632,20 @@ int RunCommand(int argc, char** argv) {
           "CUDA memory     device buffers on %zu GPU(s) (%s): %lld registered with UCX "
           "directly, %lld staged through pinned host memory%s; last refit staged %s "
           "device -> host and %s host -> device (all ranks)\n",
-          gpus.size(), absl::StrJoin(gpus, ", ").c_str(), static_cast<long long>(cuda_registered),
-          static_cast<long long>(cuda_staged),
-          stage_ring_bytes > 0
-              ? absl::StrCat(" (staging rings ", FormatBytes(static_cast<double>(stage_ring_bytes)),
-                             ", all ranks)")
+          gpus.size(), absl::StrJoin(gpus, ", ").c_str(),
+          static_cast<long long>(cuda_all.registered), static_cast<long long>(cuda_all.staged),
+          cuda_all.ring_bytes > 0
+              ? absl::StrCat(" (staging rings ",
+                             FormatBytes(static_cast<double>(cuda_all.ring_bytes)), ", all ranks)")
                     .c_str()
               : "",
-          FormatBytes(static_cast<double>(staged_to_host)).c_str(),
-          FormatBytes(static_cast<double>(staged_to_device)).c_str());
+          FormatBytes(static_cast<double>(cuda_all.to_host)).c_str(),
+          FormatBytes(static_cast<double>(cuda_all.to_device)).c_str());
       if (device_copy_ms > 0) {
         std::printf(
             "cudaMemcpy      device to device of the %s one refit writes: %s; median "
             "refit is %.2fx that\n",
-            FormatBytes(static_cast<double>(destination_bytes)).c_str(),
+            FormatBytes(static_cast<double>(cuda_all.destination_bytes)).c_str(),
             FormatSeconds(device_copy_ms / 1e3).c_str(), ratio_device_copy);
       } else if (!device_copy_error.empty()) {
         std::printf("cudaMemcpy      not measured: %s\n", device_copy_error.c_str());
