@@ -552,6 +552,7 @@ NB_MODULE(_reshard, m) {
       .def_ro("bytes_staged_to_host", &reshard::Stats::bytes_staged_to_host)
       .def_ro("bytes_staged_to_device", &reshard::Stats::bytes_staged_to_device)
       .def_ro("stage_ring_bytes", &reshard::Stats::stage_ring_bytes)
+      .def_ro("stage_copy_bytes", &reshard::Stats::stage_copy_bytes)
       .def_ro("stage_ring_batches", &reshard::Stats::stage_ring_batches)
       .def_ro("bytes_ring_packed", &reshard::Stats::bytes_ring_packed)
       .def_ro("delta_pieces", &reshard::Stats::delta_pieces)

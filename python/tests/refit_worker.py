@@ -188,6 +188,7 @@ def main():
         assert stats.pieces_received == stats.pieces_expected
         assert stats.stage_ring_bytes == 0 and stats.bytes_ring_packed == 0, (
             "host buffers made a staging ring", stats.stage_ring_bytes)
+        assert stats.stage_copy_bytes == 0, ("host buffers were staged", stats.stage_copy_bytes)
         if step > 0:
             assert stats.registrations_this_refit == 0
         if delta and step > 0:  # every receiver holds the last refit: deltas, much smaller

@@ -550,6 +550,7 @@ reshard_status_t reshard_handle_stats(const reshard_handle_t* handle, reshard_st
   out->delta_device_shadow_bytes = s.delta_device_shadow_bytes;
   out->delta_pinned_bytes = s.delta_pinned_bytes;
   out->stage_ring_bytes = s.stage_ring_bytes;
+  out->stage_copy_bytes = s.stage_copy_bytes;
   out->stage_ring_batches = s.stage_ring_batches;
   out->bytes_ring_packed = s.bytes_ring_packed;
   return RESHARD_OK;

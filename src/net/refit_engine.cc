@@ -955,6 +955,7 @@ absl::Status RefitEngine::Impl::Start(uint64_t epoch) {
   // The staging ring packs its first batches now (as soon as their slots' sends of the last
   // epoch completed).
   stats_.stage_ring_bytes = memory_->ring() != nullptr ? memory_->ring()->bytes() : 0;
+  stats_.stage_copy_bytes = memory_->staged_copy_bytes();
   for (int32_t b = 0; b < ring_batches(); ++b) {
     ring_left_[b] = static_cast<int32_t>(ring_.batch_begin[b + 1] - ring_.batch_begin[b]);
   }

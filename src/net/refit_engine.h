@@ -174,6 +174,8 @@ struct RefitStats {
   // of bytes_staged_to_host).
   int64_t stage_ring_bytes = 0;
   int64_t stage_ring_batches = 0;
+  // Pinned host copies of staged CUDA buffers (destinations; sources outside the ring), full size.
+  int64_t stage_copy_bytes = 0;
   int64_t bytes_ring_packed = 0;
 };
 

@@ -88,6 +88,7 @@ absl::StatusOr<std::unique_ptr<RegisteredMemory>> RegisteredMemory::Create(
         // UCX without CUDA memory (Debian's): stage through pinned host memory.
         RESHARD_ASSIGN_OR_RETURN(m->staging_[b], cuda::AllocPinned(static_cast<size_t>(buf.bytes)));
         m->data_[b] = static_cast<uint8_t*>(m->staging_[b]);
+        m->staged_copy_bytes_ += buf.bytes;
       }
     }
     RESHARD_ASSIGN_OR_RETURN(

@@ -54,6 +54,9 @@ class RegisteredMemory {
   // CUDA buffers the engine uses: registered directly with a CUDA-aware UCX, and staged.
   int64_t cuda_registered() const { return cuda_registered_; }
   int64_t cuda_staged() const { return cuda_staged_; }
+  // Pinned host memory of the full-size copies of staged buffers (destinations, and sources
+  // outside the staging ring): docs/data-plane.md, "Destinations".
+  int64_t staged_copy_bytes() const { return staged_copy_bytes_; }
   // CUDA memory the engine touches directly (registered by a CUDA-enabled UCX).
   bool device(uint32_t id) const {
     return buffers_[id].kind == common::MemoryKind::kCuda && !staged(id) && !ring_source(id);
@@ -99,7 +102,7 @@ class RegisteredMemory {
   std::vector<uint8_t> landing_;                   // Private, when /dev/shm cannot hold it.
   std::unique_ptr<SharedBuffer> landing_shared_;    // Else shared (same-host peers map it).
   uint8_t* landing_data_ = nullptr;
-  int64_t cuda_registered_ = 0, cuda_staged_ = 0;
+  int64_t cuda_registered_ = 0, cuda_staged_ = 0, staged_copy_bytes_ = 0;
   std::unique_ptr<ucx::MemoryRegion> landing_region_;
   // Declared in dependency order: the region is released before the ring's memory.
   std::unique_ptr<cuda::StagingRing> ring_;

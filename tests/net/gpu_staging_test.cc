@@ -91,6 +91,8 @@ int Rank(int rank, const std::string& dir, const char* spec_json = kSpec, int64_
     if (stats.cuda_buffers_registered + stats.cuda_buffers_staged != tensors) return 18;
     if (stats.bytes_staged_to_host != (staged && rank < 2 ? src_bytes : 0)) return 19;
     if (stats.bytes_staged_to_device != (staged && rank >= 2 ? dst_bytes : 0)) return 20;
+    // Staged destinations keep full-size pinned copies; ring sources none.
+    if (stats.stage_copy_bytes != (staged && rank >= 2 ? dst_bytes : 0)) return 22;
     // The ring: its pinned memory within the budget, every source byte packed once (rows ->
     // columns: each source sends its whole tile), in several batches when the budget is small.
     const bool ring = staged && rank < 2;

@@ -95,7 +95,8 @@ options:
                        lower_bound_ms and ratio; memory; with --memory cuda gpus,
                        destination_bytes, cuda_buffers_registered, cuda_buffers_staged,
                        bytes_staged_to_host, bytes_staged_to_device (last refit, all ranks),
-                       stage_ring_bytes (all ranks), device_copy_ms and ratio_device_copy;
+                       stage_ring_bytes and stage_copy_bytes (all ranks), device_copy_ms and
+                       ratio_device_copy;
                        errors lists every failed rank
   --help               this text
 
@@ -105,11 +106,11 @@ usage (also when a rank reports invalid input), 3 --memory cuda without a usable
 )";
 
 // --memory cuda figures of one rank, or summed over ranks: destination bytes (what a refit
-// writes), CUDA buffers registered with UCX and staged, the last refit's staging copies and the
-// staging ring's pinned bytes.
+// writes), CUDA buffers registered with UCX and staged, the last refit's staging copies, the
+// staging ring's pinned bytes and the pinned host copies of staged buffers.
 struct CudaFigures {
   int64_t destination_bytes = 0, registered = 0, staged = 0, to_host = 0, to_device = 0,
-          ring_bytes = 0;
+          ring_bytes = 0, copy_bytes = 0;
   void Add(const CudaFigures& o) {
     destination_bytes += o.destination_bytes;
     registered += o.registered;
@@ -117,6 +118,7 @@ struct CudaFigures {
     to_host += o.to_host;
     to_device += o.to_device;
     ring_bytes += o.ring_bytes;
+    copy_bytes += o.copy_bytes;
   }
 };
 
@@ -189,7 +191,8 @@ RankLine ParseRankLine(const std::string& line) {
   r.gpu = str("gpu");
   r.cuda = CudaFigures{num("destination_bytes"),      num("cuda_buffers_registered"),
                        num("cuda_buffers_staged"),    num("bytes_staged_to_host"),
-                       num("bytes_staged_to_device"), num("stage_ring_bytes")};
+                       num("bytes_staged_to_device"), num("stage_ring_bytes"),
+                       num("stage_copy_bytes")};
   r.error = str("error");
   r.parsed = true;
   return r;
@@ -543,6 +546,7 @@ int RunCommand(int argc, char** argv) {
                       ",\"bytes_staged_to_host\":", cuda_all.to_host,
                       ",\"bytes_staged_to_device\":", cuda_all.to_device,
                       ",\"stage_ring_bytes\":", cuda_all.ring_bytes,
+                      ",\"stage_copy_bytes\":", cuda_all.copy_bytes,
                       ",\"device_copy_ms\":", Ms(device_copy_ms),
                       ",\"ratio_device_copy\":", absl::StrFormat("%.3f", ratio_device_copy));
     }
@@ -628,17 +632,23 @@ int RunCommand(int argc, char** argv) {
                   ratio, ratio_landing);
     }
     if (cuda) {
+      // The pinned host memory staging holds, all ranks: the rings and the full-size copies.
+      std::vector<std::string> pinned;
+      if (cuda_all.ring_bytes > 0) {
+        pinned.push_back(
+            absl::StrCat("staging rings ", FormatBytes(static_cast<double>(cuda_all.ring_bytes))));
+      }
+      if (cuda_all.copy_bytes > 0) {
+        pinned.push_back(absl::StrCat("full-size copies ",
+                                      FormatBytes(static_cast<double>(cuda_all.copy_bytes))));
+      }
       std::printf(
           "CUDA memory     device buffers on %zu GPU(s) (%s): %lld registered with UCX "
           "directly, %lld staged through pinned host memory%s; last refit staged %s "
           "device -> host and %s host -> device (all ranks)\n",
           gpus.size(), absl::StrJoin(gpus, ", ").c_str(),
           static_cast<long long>(cuda_all.registered), static_cast<long long>(cuda_all.staged),
-          cuda_all.ring_bytes > 0
-              ? absl::StrCat(" (staging rings ",
-                             FormatBytes(static_cast<double>(cuda_all.ring_bytes)), ", all ranks)")
-                    .c_str()
-              : "",
+          pinned.empty() ? "" : absl::StrCat(" (", absl::StrJoin(pinned, ", "), ")").c_str(),
           FormatBytes(static_cast<double>(cuda_all.to_host)).c_str(),
           FormatBytes(static_cast<double>(cuda_all.to_device)).c_str());
       if (device_copy_ms > 0) {

@@ -230,6 +230,10 @@ struct Stats {
   int64_t stage_ring_bytes = 0;
   int64_t stage_ring_batches = 0;
   int64_t bytes_ring_packed = 0;
+  // Pinned host memory of the full-size copies of staged CUDA buffers: every staged destination
+  // (landed pieces move from it to the device) and any staged source outside the ring. Not
+  // bounded by stage_ring_bytes yet (docs/data-plane.md, "Destinations").
+  int64_t stage_copy_bytes = 0;
   // Quantized destinations (docs/quantization.md): time this rank spent quantizing its sources
   // (partial amaxes, dequantizing FP8 sources, quantizing; host or GPU, copies to the host
   // included), time from starting the amax exchange to its end (0 without one), and the host

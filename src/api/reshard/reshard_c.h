@@ -123,6 +123,8 @@ typedef struct reshard_stats {
   int64_t stage_ring_bytes;
   int64_t stage_ring_batches;
   int64_t bytes_ring_packed;
+  /* Pinned host copies of staged CUDA buffers, full size (reshard::Stats::stage_copy_bytes). */
+  int64_t stage_copy_bytes;
 } reshard_stats_t;
 
 /* The message of the last failing call on this thread ("" when none). Valid until the next
