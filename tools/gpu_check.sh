@@ -36,15 +36,25 @@
 # registered with UCX instead of staged, and the same put_bench and `reshard run` figures. No
 # wheel and no UCX_ROOT: the section says so and the exit status is unchanged.
 #
+# On the `device` tool (about 15 minutes of device time in all, machine start included): run it
+# as one call with `carry: ["build-wheels"]` and timeout_s 600, leaving time for a second try.
+#
 #   tools/gpu_check.sh [BUILD_DIR]     (default: build-gpu; CUDA found under /usr/local/cuda or
 #                                       CUDAToolkit_ROOT; UCX_ROOT=<prefix> builds against that
 #                                       UCX instead of the system's, e.g. a CUDA-aware one:
 #                                       docs/building.md)
 #
+# After the build every step runs, whatever failed before it (a lent device's minutes are few):
+# failures are listed at the end. Last comes one Markdown table of issue 11's figures beside
+# their targets (tools/gpu_check_summary.py, kept in BUILD_DIR/gpu_check/summary.md with every
+# step's output): pack/unpack against cudaMemcpy, the put_bench refits, and each reshard run
+# refit's median against cudaMemcpy of the bytes it writes, with its registered and staged CUDA
+# buffers, for both UCX builds. Paste it into the closing note.
+#
 # Exit status: 0 when every gpu test passed (or skipped for a stated reason such as a second GPU)
-# and the benchmark ran; 1 when the build, a test or the benchmark failed; 2 when the build found
-# no CUDA toolkit; 3 when there is no usable GPU (the build and the skipping tests were checked,
-# nothing was measured).
+# and every benchmark and refit ran; 1 when the build, a test, a benchmark, a refit or the
+# CUDA-aware build failed; 2 when the build found no CUDA toolkit; 3 when there is no usable GPU
+# (the build and the skipping tests were checked, nothing was measured).
 set -euo pipefail
 here="$(cd "$(dirname "$0")/.." && pwd)"
 build="${1:-$here/build-gpu}"
@@ -92,56 +102,64 @@ cmake --build "$build" -j"$jobs" --target $targets reshard pack_bench quant_benc
 log "reshard info"
 "$build/bin/reshard" info || true
 
-log "run (ctest -L gpu)"
-(cd "$build" && ctest -L gpu --output-on-failure --timeout 300) || {
-  echo "gpu_check: a gpu test failed" >&2
-  exit 1
-}
-
-log "pack/unpack kernels against cudaMemcpy"
+# From here every step runs whatever failed before it (one lent session should see everything):
+# a failure is recorded, the script goes on, and the exit status says it at the end. Outputs are
+# kept under $build/gpu_check/ for the summary table.
 set +e
-"$build/bin/pack_bench" --mib 256 --iters 20
-bench=$?
-if [ "$bench" -eq 0 ]; then
-  log "FP8 quantization kernels against cudaMemcpy"
-  "$build/bin/quant_bench" --rows 8192 --cols 8192 --iters 20
-  bench=$?
-fi
-if [ "$bench" -eq 0 ]; then
-  log "delta encode/apply kernels against cudaMemcpy; pipelined encode against one by one"
-  "$build/bin/delta_gpu_bench" --mib 8 --iters 20 --pieces 64
-  bench=$?
-fi
-if [ "$bench" -eq 0 ]; then
-  log "staging ring: 1 GiB staged rows -> columns refit of device buffers against cudaMemcpy"
-  "$build/bin/put_bench" --cuda --rows 16384 --cols 32768 --iters 5
-  bench=$?
-fi
-# Two 1 GiB refits of device buffers through the public API (RefitHandle), ranks sharing GPU 0.
+out="$build/gpu_check"
+rm -rf "$out"
+mkdir -p "$out"
+failed=()
+# step NAME CMD...: runs CMD, its output shown and kept in $out/NAME.txt; returns CMD's status.
+step() {
+  local name="$1"
+  shift
+  "$@" 2>&1 | tee "$out/$name.txt"
+  local rc=${PIPESTATUS[0]}
+  [ "$rc" -eq 0 ] || failed+=("$name (exit $rc)")
+  return "$rc"
+}
+# refits BUILD TAG: the two 1 GiB refits of device buffers through the public API (RefitHandle),
+# all ranks sharing GPU 0; each report is kept as $out/TAG-SPEC.json.
 refits() {
-  local b="$1" spec
+  local b="$1" tag="$2" spec rc
   for spec in gpu_rows_to_cols_1gib gpu_tp4_to_tp2x2_1gib; do
     "$b/bin/reshard" run "$here/bench/specs/$spec.json" --memory cuda --iters 5 \
-      --timeout-ms 120000 --deadline-s 240 || return 1
+      --timeout-ms 120000 --deadline-s 240 --json >"$out/$tag-$spec.json"
+    rc=$?
+    cat "$out/$tag-$spec.json"
+    [ "$rc" -eq 0 ] || failed+=("reshard run $spec, $tag UCX (exit $rc)")
   done
 }
-if [ "$bench" -eq 0 ]; then
-  log "reshard run --memory cuda: 1 GiB rows -> columns and TP4 -> TP2 x DP2, against cudaMemcpy"
-  refits "$build" || bench=1
+
+log "run (ctest -L gpu)"
+step ctest bash -c "cd '$build' && ctest -L gpu --output-on-failure --timeout 300"
+
+log "pack/unpack kernels against cudaMemcpy"
+step pack_bench "$build/bin/pack_bench" --mib 256 --iters 20
+if [ $? -eq 3 ]; then
+  echo "gpu_check: no usable GPU: the gpu tests skipped and nothing was measured" >&2
+  exit 3
 fi
+log "FP8 quantization kernels against cudaMemcpy"
+step quant_bench "$build/bin/quant_bench" --rows 8192 --cols 8192 --iters 20
+log "delta encode/apply kernels against cudaMemcpy; pipelined encode against one by one"
+step delta_gpu_bench "$build/bin/delta_gpu_bench" --mib 8 --iters 20 --pieces 64
+log "staging ring: 1 GiB staged rows -> columns refit of device buffers against cudaMemcpy"
+step put_bench-system "$build/bin/put_bench" --cuda --rows 16384 --cols 32768 --iters 5
+log "reshard run --memory cuda: 1 GiB rows -> columns and TP4 -> TP2 x DP2, against cudaMemcpy"
+refits "$build" system
 
 # The CUDA-aware UCX build (see the header).
 wheel="${UCX_WHEEL_FILE:-}"
 if [ -z "$wheel" ] && [ -d "$here/build-wheels" ]; then
-  driver=$(nvidia-smi 2>/dev/null | grep -o 'CUDA Version: [0-9]*' | grep -o '[0-9]*$' || true)
-  wheel=$(ls -t "$here"/build-wheels/libucx_cu"${driver:-x}"-*.whl 2>/dev/null | head -1 || true)
+  driver=$(nvidia-smi 2>/dev/null | grep -o 'CUDA Version: [0-9]*' | grep -o '[0-9]*$')
+  wheel=$(ls -t "$here"/build-wheels/libucx_cu"${driver:-x}"-*.whl 2>/dev/null | head -1)
   if [ -z "$wheel" ]; then
-    wheel=$(ls -t "$here"/build-wheels/libucx_cu*.whl 2>/dev/null | head -1 || true)
+    wheel=$(ls -t "$here"/build-wheels/libucx_cu*.whl 2>/dev/null | head -1)
   fi
 fi
-if [ "$bench" -ne 0 ]; then
-  :
-elif [ -n "${UCX_ROOT:-}" ]; then
+if [ -n "${UCX_ROOT:-}" ]; then
   log "CUDA-aware UCX: the build above already uses UCX_ROOT=$UCX_ROOT"
 elif [ -z "$wheel" ]; then
   log "CUDA-aware UCX: skipped, no wheel (set UCX_WHEEL_FILE, or put libucx_cu13-*.whl or libucx_cu12-*.whl under build-wheels/)"
@@ -157,28 +175,27 @@ else
       >"$ucx_build/gpu_check.configure.log" 2>&1 &&
     grep -q "reshard: UCX .* from $prefix" "$ucx_build/gpu_check.configure.log" &&
     cmake --build "$ucx_build" -j"$jobs" --target "${ucx_targets[@]}"; then
-    "$ucx_build/bin/reshard" info || true
+    "$ucx_build/bin/reshard" info
     log "CUDA-aware UCX: gpu tests with UCX_TLS=posix,sysv,cma,self,cuda_copy,cuda_ipc"
-    (cd "$ucx_build" && RESHARD_TEST_UCX_TLS=posix,sysv,cma,self,cuda_copy,cuda_ipc \
-      ctest -L gpu -R '^(GpuStaging|StreamRefitCudaTest|RunGpuTest)\.' --output-on-failure \
-      --timeout 300) || bench=1
+    step ctest-cuda-aware bash -c "cd '$ucx_build' && \
+      RESHARD_TEST_UCX_TLS=posix,sysv,cma,self,cuda_copy,cuda_ipc ctest -L gpu \
+      -R '^(GpuStaging|StreamRefitCudaTest|RunGpuTest)\.' --output-on-failure --timeout 300"
     log "CUDA-aware UCX: 1 GiB rows -> columns (put_bench) against cudaMemcpy"
-    "$ucx_build/bin/put_bench" --cuda --rows 16384 --cols 32768 --iters 5 \
-      --tls posix,sysv,cma,self,cuda_copy,cuda_ipc || bench=1
+    step put_bench-cuda-aware "$ucx_build/bin/put_bench" --cuda --rows 16384 --cols 32768 \
+      --iters 5 --tls posix,sysv,cma,self,cuda_copy,cuda_ipc
     log "CUDA-aware UCX: reshard run --memory cuda"
-    refits "$ucx_build" || bench=1
+    refits "$ucx_build" cuda-aware
   else
     tail -30 "$ucx_build/gpu_check.configure.log"
-    echo "gpu_check: the build against the wheel's UCX failed" >&2
-    bench=1
+    failed+=("the build against the wheel's UCX")
   fi
 fi
-set -e
+
+log "summary (also in $out/summary.md)"
+python3 "$here/tools/gpu_check_summary.py" "$out" | tee "$out/summary.md"
 log "done"
-case "$bench" in
-  0) exit 0 ;;
-  3) echo "gpu_check: no usable GPU: the gpu tests skipped and nothing was measured" >&2
-     exit 3 ;;
-  *) echo "gpu_check: a benchmark, a refit of device buffers or the CUDA-aware UCX part failed (exit $bench)" >&2
-     exit 1 ;;
-esac
+if [ "${#failed[@]}" -gt 0 ]; then
+  printf 'gpu_check: failed: %s\n' "${failed[@]}" >&2
+  exit 1
+fi
+exit 0

@@ -1,0 +1,106 @@
+#!/usr/bin/env python3
+"""The summary table of tools/gpu_check.sh: issue 11's GPU figures, from the outputs it kept.
+
+    tools/gpu_check_summary.py OUT_DIR
+
+Reads OUT_DIR/pack_bench.txt (the pack/unpack kernels against cudaMemcpy, per run size),
+OUT_DIR/put_bench-{system,cuda-aware}.txt (the 1 GiB staged rows -> columns refit of put_bench
+--cuda) and OUT_DIR/{system,cuda-aware}-<spec>.json (`reshard run --memory cuda --json` of the
+two 1 GiB specs), and prints one Markdown table, each figure beside its target. A file that is
+missing or unreadable is a row saying so, never an error: the table shows what the run produced.
+"""
+import json
+import os
+import re
+import sys
+
+PACK_ROW = re.compile(r"^\s*(\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+(\d+)%\s+(\d+)%")
+PUT_RATIO = re.compile(r"strided refit / cudaMemcpy: ([\d.]+)")
+SPECS = [("gpu_rows_to_cols_1gib", "1 GiB rows -> columns, 2 -> 2 ranks"),
+         ("gpu_tp4_to_tp2x2_1gib", "1 GiB TP4 -> TP2 x DP2, fan-out")]
+UCX = [("system", "system UCX (staged)"), ("cuda-aware", "CUDA-aware UCX")]
+
+
+def read(path):
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except OSError:
+        return None
+
+
+def pack_rows(out):
+    text = read(os.path.join(out, "pack_bench.txt"))
+    if text is None:
+        return [("pack / unpack kernels, runs >= 256 B", "not run", ">= 70% of cudaMemcpy")]
+    pack, unpack, sizes = [], [], []
+    for line in text.splitlines():
+        m = PACK_ROW.match(line)
+        if m and int(m.group(1)) >= 256:
+            sizes.append(int(m.group(1)))
+            pack.append(int(m.group(5)))
+            unpack.append(int(m.group(6)))
+    if not sizes:
+        return [("pack / unpack kernels, runs >= 256 B", "no figures in pack_bench.txt",
+                 ">= 70% of cudaMemcpy")]
+    return [("pack / unpack kernels, runs %d B .. %d B" % (min(sizes), max(sizes)),
+             "pack at least %d%%, unpack at least %d%% of cudaMemcpy" % (min(pack), min(unpack)),
+             ">= 70% of cudaMemcpy")]
+
+
+def put_rows(out):
+    rows = []
+    for tag, what in UCX:
+        text = read(os.path.join(out, "put_bench-%s.txt" % tag))
+        m = PUT_RATIO.search(text or "")
+        figure = ("%sx cudaMemcpy" % m.group(1)) if m else ("not run" if text is None
+                                                             else "no ratio in the output")
+        rows.append(("put_bench --cuda, 1 GiB rows -> columns, %s" % what, figure, "-"))
+    return rows
+
+
+def run_rows(out):
+    rows = []
+    for tag, what in UCX:
+        for spec, name in SPECS:
+            text = read(os.path.join(out, "%s-%s.json" % (tag, spec)))
+            target = "<= 1.5x cudaMemcpy" if tag == "cuda-aware" else "-"
+            label = "reshard run --memory cuda, %s, %s" % (name, what)
+            if text is None:
+                rows.append((label, "not run", target))
+                continue
+            try:
+                v = json.loads(text)
+            except ValueError:
+                rows.append((label, "no report (the run failed before printing it)", target))
+                continue
+            if not v.get("ok"):
+                rows.append((label, "FAILED: %s" % "; ".join(v.get("errors", [])), target))
+                continue
+            fanout = v.get("fanout", "none")
+            rows.append((label,
+                         "median %s ms, cudaMemcpy of the %.2f GiB written %s ms: %.2fx; "
+                         "%d CUDA buffers registered, %d staged; fan-out %s" % (
+                             v.get("median_ms"), v.get("destination_bytes", 0) / 2**30,
+                             v.get("device_copy_ms"), v.get("ratio_device_copy", 0),
+                             v.get("cuda_buffers_registered", 0),
+                             v.get("cuda_buffers_staged", 0), fanout),
+                         target))
+    return rows
+
+
+def main():
+    if len(sys.argv) != 2:
+        sys.stderr.write("usage: gpu_check_summary.py OUT_DIR\n")
+        return 2
+    out = sys.argv[1]
+    rows = pack_rows(out) + put_rows(out) + run_rows(out)
+    print("| measure | figure | target |")
+    print("|---|---|---|")
+    for measure, figure, target in rows:
+        print("| %s | %s | %s |" % (measure, figure, target))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
