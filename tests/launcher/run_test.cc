@@ -214,14 +214,21 @@ int64_t CudaDevices() {
 }
 
 // --memory: a value other than host or cuda is a usage error; --memory cuda without a usable
-// CUDA device (or in a build without CUDA) exits 3 naming why, before any rank starts. With a
-// device, RunGpuTest below runs it.
+// CUDA device exits 3 naming why, before any rank starts. CUDA_VISIBLE_DEVICES="" hides a
+// machine's devices, so this runs the same with a GPU or without; RunGpuTest below runs the refit.
 TEST(RunTest, MemoryCudaWithoutADeviceExitsWithThreeSayingWhy) {
   Output bad = Reshard(absl::StrCat("run ", kSpecs, kExamples[0], " --memory disk 2>&1"));
   EXPECT_EQ(bad.exit_code, 2);
   EXPECT_TRUE(absl::StrContains(bad.out, "--memory must be host or cuda, not \"disk\"")) << bad.out;
-  if (CudaDevices() > 0) GTEST_SKIP() << "this machine has a CUDA device: RunGpuTest runs it";
+  const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
+  const std::string saved = visible != nullptr ? visible : "";
+  setenv("CUDA_VISIBLE_DEVICES", "", 1);  // Inherited by the reshard process popen starts.
   Output o = Reshard(absl::StrCat("run ", kSpecs, kExamples[0], " --memory cuda --json 2>&1"));
+  if (visible != nullptr) {
+    setenv("CUDA_VISIBLE_DEVICES", saved.c_str(), 1);
+  } else {
+    unsetenv("CUDA_VISIBLE_DEVICES");
+  }
   EXPECT_EQ(o.exit_code, 3) << o.out;
   EXPECT_TRUE(absl::StrContains(o.out, "reshard run: --memory cuda needs a usable CUDA device: "))
       << o.out;

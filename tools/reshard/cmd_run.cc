@@ -101,8 +101,9 @@ options:
   --help               this text
 
 exit status: 0 every refit on every rank verified, 1 a refit or a rank failed, 2 invalid spec or
-usage (also when a rank reports invalid input), 3 --memory cuda without a usable CUDA device
-(or in a build without CUDA), 130 interrupted.
+usage (also when a rank reports invalid input), 3 --memory cuda without a usable CUDA device,
+130 interrupted. (A library built without CUDA refuses device buffers: each rank fails naming
+its buffer, exit 1.)
 )";
 
 // --memory cuda figures of one rank, or summed over ranks: destination bytes (what a refit

@@ -38,6 +38,7 @@ class RankBuffers {
   }
 
   absl::Status Allocate(const std::vector<BufferRequirement>& requirements, int rank, bool cuda) {
+    rank_ = rank;
     for (const BufferRequirement& r : requirements) {
       void* data = nullptr;
       absl::StatusOr<HostBuffer> hb = absl::UnavailableError("");
@@ -110,7 +111,10 @@ class RankBuffers {
                         : step == kToDevice ? gpu::ToDevice(device, host.data, host.bytes)
                                             : gpu::ToHost(host.data, device, host.bytes);
       if (!st.ok()) {
-        return absl::InternalError(absl::StrCat("buffer \"", key.second, "\": ", st.message()));
+        static constexpr const char* kWhat[] = {"poisoning destination", "copying source",
+                                                "reading back destination"};
+        return absl::InternalError(absl::StrFormat("rank %d: %s buffer \"%s\" on the device: %s",
+                                                   rank_, kWhat[step], key.second, st.message()));
       }
     }
     return absl::OkStatus();
@@ -121,6 +125,7 @@ class RankBuffers {
   std::map<std::pair<Side, std::string>, Buffer> by_name_;
   std::map<std::pair<Side, std::string>, void*> device_;
   LocalBuffers local_;
+  int rank_ = 0;
 };
 
 }  // namespace
