@@ -66,14 +66,16 @@ options:
                        `random`: a fraction drawn per refit (0 every 10th, 1 the one after)
   --memory host|cuda   where every rank's buffers live: host memory (default), or device
                        memory on GPU (local rank mod GPUs), allocated with the CUDA runtime as a
-                       framework would (builds with CUDA). Sources are filled on the host and
+                       framework would (the library must be built with CUDA; the runtime is
+                       opened with dlopen). Sources are filled on the host and
                        copied to the device before each refit, destinations copied back and
                        verified after it, outside the timed refit. When the UCX build registers
                        CUDA memory, UCX_TLS adds cuda_copy,cuda_ipc (sm) or cuda_copy (tcp);
                        otherwise the handle stages device buffers through pinned host memory.
-                       The report adds which it was per buffer, the staging copies, and a
-                       device-to-device cudaMemcpy of the bytes the refit writes with the
-                       refit's ratio to it (the GPU figures of docs/bench.md)
+                       The report adds how many CUDA buffers were registered and how many
+                       staged, the staging copies, and a device-to-device cudaMemcpy of the
+                       bytes the refit writes with the median refit's ratio to it
+                       (docs/running.md; tools/gpu_check.sh runs it on a GPU)
   --fail-every K       every K-th refit (K >= 2) the last rank gives up at once; every rank
                        then calls Reset() and the run goes on (the next refit is full, the
                        failed ones are neither timed nor verified)
@@ -96,7 +98,7 @@ options:
                        destination_bytes, cuda_buffers_registered, cuda_buffers_staged,
                        bytes_staged_to_host, bytes_staged_to_device (last refit, all ranks),
                        stage_ring_bytes and stage_copy_bytes (all ranks), device_copy_ms and
-                       ratio_device_copy;
+                       ratio_device_copy (0 and device_copy_error when the copy failed);
                        errors lists every failed rank
   --help               this text
 
@@ -550,6 +552,9 @@ int RunCommand(int argc, char** argv) {
                       ",\"stage_copy_bytes\":", cuda_all.copy_bytes,
                       ",\"device_copy_ms\":", Ms(device_copy_ms),
                       ",\"ratio_device_copy\":", absl::StrFormat("%.3f", ratio_device_copy));
+      if (!device_copy_error.empty()) {
+        absl::StrAppend(&out, ",\"device_copy_error\":", Quote(device_copy_error));
+      }
     }
     if (!result.fallback_reason.empty()) {
       absl::StrAppend(&out, ",\"fallback\":", Quote(result.fallback_reason));
