@@ -37,7 +37,8 @@
 # wheel and no UCX_ROOT: the section says so and the exit status is unchanged.
 #
 # On the `device` tool (about 15 minutes of device time in all, machine start included): run it
-# as one call with `carry: ["build-wheels"]` and timeout_s 600, leaving time for a second try.
+# as one call with `carry: ["build-wheels"]` and timeout_s 600, leaving time for a second try;
+# BUILD_DIR/gpu_check/ (every step's output and summary.md) is copied under $OUT when it is set.
 #
 #   tools/gpu_check.sh [BUILD_DIR]     (default: build-gpu; CUDA found under /usr/local/cuda or
 #                                       CUDAToolkit_ROOT; UCX_ROOT=<prefix> builds against that
@@ -125,7 +126,7 @@ refits() {
   local b="$1" tag="$2" spec rc
   for spec in gpu_rows_to_cols_1gib gpu_tp4_to_tp2x2_1gib; do
     "$b/bin/reshard" run "$here/bench/specs/$spec.json" --memory cuda --iters 5 \
-      --timeout-ms 120000 --deadline-s 240 --json >"$out/$tag-$spec.json"
+      --timeout-ms 60000 --deadline-s 150 --json >"$out/$tag-$spec.json"
     rc=$?
     cat "$out/$tag-$spec.json"
     [ "$rc" -eq 0 ] || failed+=("reshard run $spec, $tag UCX (exit $rc)")
@@ -193,6 +194,8 @@ fi
 
 log "summary (also in $out/summary.md)"
 python3 "$here/tools/gpu_check_summary.py" "$out" | tee "$out/summary.md"
+# On the device tool's machine only what lands under $OUT comes back: every step's output too.
+if [ -n "${OUT:-}" ] && [ -d "$OUT" ]; then cp -r "$out" "$OUT/"; fi
 log "done"
 if [ "${#failed[@]}" -gt 0 ]; then
   printf 'gpu_check: failed: %s\n' "${failed[@]}" >&2
