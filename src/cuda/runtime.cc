@@ -1,5 +1,10 @@
 #include "src/cuda/runtime.h"
 
+#include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+
 #include "absl/strings/str_cat.h"
 #include "src/common/status.h"
 
@@ -8,6 +13,19 @@
 #endif
 
 namespace reshard::cuda {
+
+namespace {
+// DevicesEmulatedOnHost (tests).
+std::atomic<bool> g_emulated{false};
+
+void HostCopy2D(void* dst, int64_t dst_pitch, const void* src, int64_t src_pitch, int64_t width,
+                int64_t rows) {
+  for (int64_t i = 0; i < rows; ++i) {
+    std::memcpy(static_cast<char*>(dst) + i * dst_pitch,
+                static_cast<const char*>(src) + i * src_pitch, static_cast<size_t>(width));
+  }
+}
+}  // namespace
 
 #if RESHARD_HAVE_CUDA
 
@@ -18,7 +36,7 @@ absl::Status CudaError(int err, const char* call) {
 
 bool BuiltWithCuda() { return true; }
 
-int CudaDeviceCount(std::string* why) {
+static int DeviceCount(std::string* why) {
   int count = 0;
   const cudaError_t err = cudaGetDeviceCount(&count);
   if (err != cudaSuccess) {
@@ -33,14 +51,14 @@ int CudaDeviceCount(std::string* why) {
   return count;
 }
 
-absl::StatusOr<void*> AllocPinned(size_t bytes) {
+static absl::StatusOr<void*> DeviceAllocPinned(size_t bytes) {
   void* ptr = nullptr;
   const cudaError_t err = cudaHostAlloc(&ptr, bytes == 0 ? 1 : bytes, cudaHostAllocPortable);
   if (err != cudaSuccess) return CudaError(err, "cudaHostAlloc");
   return ptr;
 }
 
-void FreePinned(void* ptr) {
+static void DeviceFreePinned(void* ptr) {
   if (ptr != nullptr) cudaFreeHost(ptr);
 }
 
@@ -91,13 +109,8 @@ absl::Status EnqueueCopy2D(void* dst, int64_t dst_pitch, const void* src, int64_
 }
 }  // namespace
 
-absl::Status CudaCopy(void* dst, const void* src, size_t bytes) {
-  return CudaCopy2D(dst, 0, src, 0, static_cast<int64_t>(bytes), 1);
-}
-
-absl::Status CudaCopy2D(void* dst, int64_t dst_pitch, const void* src, int64_t src_pitch,
-                        int64_t width, int64_t rows) {
-  if (width <= 0 || rows <= 0) return absl::OkStatus();
+static absl::Status DeviceCopy2D(void* dst, int64_t dst_pitch, const void* src, int64_t src_pitch,
+                                 int64_t width, int64_t rows) {
   absl::StatusOr<cudaStream_t> stream = CopyStream();
   if (!stream.ok()) return stream.status();
   RESHARD_RETURN_IF_ERROR(EnqueueCopy2D(dst, dst_pitch, src, src_pitch, width, rows, *stream));
@@ -106,48 +119,47 @@ absl::Status CudaCopy2D(void* dst, int64_t dst_pitch, const void* src, int64_t s
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::unique_ptr<CopyQueue>> CopyQueue::Create() {
-  std::unique_ptr<CopyQueue> q(new CopyQueue());
+static absl::Status CreateQueueStream(void** stream_out) {
   cudaStream_t stream = nullptr;
   const cudaError_t err = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
   if (err != cudaSuccess) return CudaError(err, "cudaStreamCreateWithFlags(copy queue)");
-  q->stream_ = stream;
-  return q;
+  *stream_out = stream;
+  return absl::OkStatus();
 }
 
-CopyQueue::~CopyQueue() {
-  if (stream_ != nullptr) {
-    cudaStreamSynchronize(static_cast<cudaStream_t>(stream_));
-    cudaStreamDestroy(static_cast<cudaStream_t>(stream_));
+static void DestroyQueue(void* stream, const std::vector<void*>& events) {
+  if (stream != nullptr) {
+    cudaStreamSynchronize(static_cast<cudaStream_t>(stream));
+    cudaStreamDestroy(static_cast<cudaStream_t>(stream));
   }
-  for (void* e : events_) cudaEventDestroy(static_cast<cudaEvent_t>(e));
+  for (void* e : events) cudaEventDestroy(static_cast<cudaEvent_t>(e));
 }
 
-absl::Status CopyQueue::Copy2D(void* dst, int64_t dst_pitch, const void* src, int64_t src_pitch,
-                               int64_t width, int64_t rows) {
-  if (width <= 0 || rows <= 0) return absl::OkStatus();
+static absl::Status QueueCopy2D(void* stream, void* dst, int64_t dst_pitch, const void* src,
+                                int64_t src_pitch, int64_t width, int64_t rows) {
   return EnqueueCopy2D(dst, dst_pitch, src, src_pitch, width, rows,
-                       static_cast<cudaStream_t>(stream_));
+                       static_cast<cudaStream_t>(stream));
 }
 
-absl::StatusOr<int32_t> CopyQueue::Record() {
-  if (free_.empty()) {
+static absl::StatusOr<int32_t> QueueRecord(void* stream, std::vector<void*>& events,
+                                           std::vector<int32_t>& free_ids) {
+  if (free_ids.empty()) {
     cudaEvent_t e = nullptr;
     const cudaError_t err = cudaEventCreateWithFlags(&e, cudaEventDisableTiming);
     if (err != cudaSuccess) return CudaError(err, "cudaEventCreateWithFlags(copy queue)");
-    events_.push_back(e);
-    free_.push_back(static_cast<int32_t>(events_.size()) - 1);
+    events.push_back(e);
+    free_ids.push_back(static_cast<int32_t>(events.size()) - 1);
   }
-  const int32_t id = free_.back();
+  const int32_t id = free_ids.back();
   const cudaError_t err =
-      cudaEventRecord(static_cast<cudaEvent_t>(events_[id]), static_cast<cudaStream_t>(stream_));
+      cudaEventRecord(static_cast<cudaEvent_t>(events[id]), static_cast<cudaStream_t>(stream));
   if (err != cudaSuccess) return CudaError(err, "cudaEventRecord(copy queue)");
-  free_.pop_back();
+  free_ids.pop_back();
   return id;
 }
 
-absl::StatusOr<bool> CopyQueue::Done(int32_t id) {
-  return QueryEvent(events_[id], "cudaEventQuery(copy queue)");
+static absl::StatusOr<bool> QueueDone(const std::vector<void*>& events, int32_t id) {
+  return QueryEvent(events[id], "cudaEventQuery(copy queue)");
 }
 
 #else  // !RESHARD_HAVE_CUDA
@@ -160,24 +172,112 @@ absl::Status NoCuda() {
 }  // namespace
 
 bool BuiltWithCuda() { return false; }
-int CudaDeviceCount(std::string* why) {
+static int DeviceCount(std::string* why) {
   if (why != nullptr) *why = "reshard was built without CUDA";
   return 0;
 }
-absl::StatusOr<void*> AllocPinned(size_t) { return NoCuda(); }
-void FreePinned(void*) {}
-absl::Status CudaCopy(void*, const void*, size_t) { return NoCuda(); }
-absl::Status CudaCopy2D(void*, int64_t, const void*, int64_t, int64_t, int64_t) {
+static absl::StatusOr<void*> DeviceAllocPinned(size_t) { return NoCuda(); }
+static void DeviceFreePinned(void*) {}
+static absl::Status DeviceCopy2D(void*, int64_t, const void*, int64_t, int64_t, int64_t) {
   return NoCuda();
 }
-absl::StatusOr<std::unique_ptr<CopyQueue>> CopyQueue::Create() { return NoCuda(); }
-CopyQueue::~CopyQueue() = default;
-absl::Status CopyQueue::Copy2D(void*, int64_t, const void*, int64_t, int64_t, int64_t) {
+static absl::Status CreateQueueStream(void**) { return NoCuda(); }
+static void DestroyQueue(void*, const std::vector<void*>&) {}
+static absl::Status QueueCopy2D(void*, void*, int64_t, const void*, int64_t, int64_t, int64_t) {
   return NoCuda();
 }
-absl::StatusOr<int32_t> CopyQueue::Record() { return NoCuda(); }
-absl::StatusOr<bool> CopyQueue::Done(int32_t) { return NoCuda(); }
+static absl::StatusOr<int32_t> QueueRecord(void*, std::vector<void*>&, std::vector<int32_t>&) {
+  return NoCuda();
+}
+static absl::StatusOr<bool> QueueDone(const std::vector<void*>&, int32_t) { return NoCuda(); }
 
 #endif
+
+// The public calls: the host emulation (tests), else the device.
+
+void EmulateDevicesOnHost(bool on) { g_emulated.store(on); }
+bool DevicesEmulatedOnHost() { return g_emulated.load(std::memory_order_relaxed); }
+
+int CudaDeviceCount(std::string* why) { return DevicesEmulatedOnHost() ? 1 : DeviceCount(why); }
+
+absl::StatusOr<void*> AllocPinned(size_t bytes) {
+  if (!DevicesEmulatedOnHost()) return DeviceAllocPinned(bytes);
+  void* ptr = std::calloc(bytes == 0 ? 1 : bytes, 1);
+  if (ptr == nullptr) return absl::ResourceExhaustedError("AllocPinned (emulated): out of memory");
+  return ptr;
+}
+
+void FreePinned(void* ptr) {
+  if (DevicesEmulatedOnHost()) {
+    std::free(ptr);
+  } else {
+    DeviceFreePinned(ptr);
+  }
+}
+
+absl::Status CudaCopy(void* dst, const void* src, size_t bytes) {
+  return CudaCopy2D(dst, 0, src, 0, static_cast<int64_t>(bytes), 1);
+}
+
+absl::Status CudaCopy2D(void* dst, int64_t dst_pitch, const void* src, int64_t src_pitch,
+                        int64_t width, int64_t rows) {
+  if (width <= 0 || rows <= 0) return absl::OkStatus();
+  if (!DevicesEmulatedOnHost()) return DeviceCopy2D(dst, dst_pitch, src, src_pitch, width, rows);
+  HostCopy2D(dst, dst_pitch, src, src_pitch, width, rows);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<CopyQueue>> CopyQueue::Create() {
+  std::unique_ptr<CopyQueue> q(new CopyQueue());
+  q->emulated_ = DevicesEmulatedOnHost();
+  if (!q->emulated_) RESHARD_RETURN_IF_ERROR(CreateQueueStream(&q->stream_));
+  return q;
+}
+
+CopyQueue::~CopyQueue() {
+  if (!emulated_) DestroyQueue(stream_, events_);
+}
+
+absl::Status CopyQueue::Copy2D(void* dst, int64_t dst_pitch, const void* src, int64_t src_pitch,
+                               int64_t width, int64_t rows) {
+  if (width <= 0 || rows <= 0) return absl::OkStatus();
+  if (!emulated_) return QueueCopy2D(stream_, dst, dst_pitch, src, src_pitch, width, rows);
+  host_copies_.push_back(HostCopy{dst, dst_pitch, src, src_pitch, width, rows});
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int32_t> CopyQueue::Record() {
+  if (!emulated_) return QueueRecord(stream_, events_, free_);
+  if (free_.empty()) {
+    host_event_end_.push_back(0);
+    host_event_asked_.push_back(0);
+    free_.push_back(static_cast<int32_t>(host_event_end_.size()) - 1);
+  }
+  const int32_t id = free_.back();
+  free_.pop_back();
+  host_event_end_[id] = host_base_ + static_cast<int64_t>(host_copies_.size());
+  host_event_asked_[id] = 0;
+  return id;
+}
+
+absl::StatusOr<bool> CopyQueue::Done(int32_t id) {
+  if (!emulated_) return QueueDone(events_, id);
+  if (host_event_asked_[id] != 0) return true;
+  // The copies before the event run now, and the event completes at the next question.
+  RunHostCopies(host_event_end_[id]);
+  host_event_asked_[id] = 1;
+  return false;
+}
+
+void CopyQueue::RunHostCopies(int64_t end) {
+  // In order, as a stream runs them; copies already run are dropped.
+  const int64_t run = std::max<int64_t>(0, end - host_base_);
+  for (int64_t i = 0; i < run; ++i) {
+    const HostCopy& c = host_copies_[i];
+    HostCopy2D(c.dst, c.dst_pitch, c.src, c.src_pitch, c.width, c.rows);
+  }
+  host_copies_.erase(host_copies_.begin(), host_copies_.begin() + run);
+  host_base_ += run;
+}
 
 }  // namespace reshard::cuda

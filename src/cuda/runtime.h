@@ -21,6 +21,17 @@ namespace reshard::cuda {
 // Whether this build links the CUDA runtime.
 bool BuiltWithCuda();
 
+// Tests only: "device memory" is host memory. Then, in every build, CudaDeviceCount() is 1,
+// AllocPinned is plain host memory, CudaCopy and CudaCopy2D are memcpy, and a CopyQueue runs
+// its copies only when Done is first asked about an event after them, which then answers "not
+// yet" once (so a caller that changes a source before the event completed, or never polls, gets
+// wrong bytes, as on a device). The refit engine then stages CUDA buffers through host copies
+// (UCX cannot register them, and no kernels run), so the staging paths for destinations are
+// tested on machines without a GPU (tests/net/staged_emulation_test.cc). Set once, before any
+// other call of this header; never by the library itself.
+void EmulateDevicesOnHost(bool on);
+bool DevicesEmulatedOnHost();
+
 // A failed CUDA runtime call as a Status: Internal "<call>: <cudaGetErrorString(err)>". `err` is
 // a cudaError_t (an int here, so this header needs no CUDA header). Defined in builds with CUDA
 // only, for the code that calls the runtime itself (pack.cc, quantize.cc).
@@ -78,6 +89,20 @@ class CopyQueue {
   [[maybe_unused]] void* stream_ = nullptr;  // cudaStream_t.
   std::vector<void*> events_;                // cudaEvent_t by id.
   std::vector<int32_t> free_;
+  // DevicesEmulatedOnHost(): the copies not yet run (host_copies_[i] is the copy numbered
+  // host_base_ + i), and by event id the number of copies before it and whether Done answered.
+  struct HostCopy {
+    void* dst;
+    int64_t dst_pitch;
+    const void* src;
+    int64_t src_pitch, width, rows;
+  };
+  bool emulated_ = false;
+  std::vector<HostCopy> host_copies_;
+  int64_t host_base_ = 0;
+  std::vector<int64_t> host_event_end_;
+  std::vector<uint8_t> host_event_asked_;
+  void RunHostCopies(int64_t end);
 };
 
 }  // namespace reshard::cuda

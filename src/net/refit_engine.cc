@@ -358,7 +358,9 @@ absl::Status RefitEngine::Impl::Init(rendezvous::Store& store, std::vector<Buffe
   // slot: runs are cut at the slot size (receivers accept any cut).
   std::vector<bool> ring_sources(buffers.size(), false);
   bool any_ring_source = false;
-  if (!runtime_->supports_cuda_memory() && cuda::PackKernelsBuilt()) {
+  // (Devices emulated on the host, for tests, run no kernels: sources are staged whole.)
+  if (!runtime_->supports_cuda_memory() && cuda::PackKernelsBuilt() &&
+      !cuda::DevicesEmulatedOnHost()) {
     ring_sources = SourceBuffersRead(plan_, rank_);
     for (size_t b = 0; b < buffers.size(); ++b) {
       ring_sources[b] = ring_sources[b] && buffers[b].kind == MemoryKind::kCuda &&
@@ -502,7 +504,9 @@ absl::Status RefitEngine::Impl::InitDelta(const std::vector<BufferView>& buffers
   }
   if (device_shadow > 0 || device_destination) {
     absl::StatusOr<std::unique_ptr<cuda::DeviceDeltaCodec>> codec =
-        cuda::DeviceDeltaCodec::Create(device_shadow, device_piece);
+        cuda::DevicesEmulatedOnHost()
+            ? absl::FailedPreconditionError("devices are emulated on the host (a test)")
+            : cuda::DeviceDeltaCodec::Create(device_shadow, device_piece);
     if (codec.ok()) {
       device_delta_ = *std::move(codec);
     } else if (device_destination ||

@@ -21,6 +21,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "src/cuda/runtime.h"
 #include "src/net/ucx/context.h"
 #include "src/net/ucx/worker.h"
 #include "src/net/wire.h"
@@ -62,7 +63,10 @@ class Runtime {
   // Whether endpoints detect lost peers (see ucx::Context::peer_error_handling()).
   bool peer_error_handling() const { return context_->peer_error_handling(); }
   // Whether UCX registers CUDA memory directly (otherwise engines stage it through host memory).
-  bool supports_cuda_memory() const { return context_->supports_cuda_memory(); }
+  // (Never while devices are emulated on the host: tests, src/cuda/runtime.h.)
+  bool supports_cuda_memory() const {
+    return context_->supports_cuda_memory() && !cuda::DevicesEmulatedOnHost();
+  }
 
   // Routes messages for `handle` to `sink` until Unregister. AlreadyExists when another sink
   // holds the handle (two live handles with the same key prefix and rank).
