@@ -53,7 +53,8 @@ class Stats(ctypes.Structure):
                 ("delta_device_shadow_bytes", ctypes.c_int64),
                 ("delta_pinned_bytes", ctypes.c_int64),
                 ("stage_ring_bytes", ctypes.c_int64), ("stage_ring_batches", ctypes.c_int64),
-                ("bytes_ring_packed", ctypes.c_int64)]
+                ("bytes_ring_packed", ctypes.c_int64), ("stage_copy_bytes", ctypes.c_int64),
+                ("stage_landing_bytes", ctypes.c_int64), ("stage_landing_rounds", ctypes.c_int64)]
 
 
 class Reshard:

@@ -55,13 +55,17 @@ class RefitHandle:
     (docs/data-plane.md, "The staging ring"; None: the library's default, 256 MiB). The library
     refuses a budget below its minimum at set-up (InvalidArgumentError naming the rank).
 
+    ``stage_landing_bytes``: the landing rounds' budget for CUDA destinations that UCX cannot
+    register (docs/data-plane.md, "Destinations"; None: the library's default, 256 MiB).
+
     Every rank calls execute() (or start() + wait()) the same number of times. Blocking calls
     release the GIL. Errors are reshard.errors' classes with the library's message.
     """
 
     def __init__(self, comm, spec, sources=None, destinations=None, *, name="",
                  schedule="domain_aware", fanout="auto", setup_timeout=60.0,
-                 allow_larger_buffers=False, delta=False, stage_ring_bytes=None):
+                 allow_larger_buffers=False, delta=False, stage_ring_bytes=None,
+                 stage_landing_bytes=None):
         options = _reshard.HandleOptions()
         options.name = str(name)
         try:
@@ -72,6 +76,8 @@ class RefitHandle:
             options.delta = bool(delta)
             if stage_ring_bytes is not None:  # An int: anything else is a TypeError here.
                 options.stage_ring_bytes = stage_ring_bytes
+            if stage_landing_bytes is not None:
+                options.stage_landing_bytes = stage_landing_bytes
             args = buffer_args(spec, comm.rank, sources, destinations)
         except Exception as e:
             # Refused before the collective set-up: the other ranks would wait for this rank

@@ -553,6 +553,8 @@ NB_MODULE(_reshard, m) {
       .def_ro("bytes_staged_to_device", &reshard::Stats::bytes_staged_to_device)
       .def_ro("stage_ring_bytes", &reshard::Stats::stage_ring_bytes)
       .def_ro("stage_copy_bytes", &reshard::Stats::stage_copy_bytes)
+      .def_ro("stage_landing_bytes", &reshard::Stats::stage_landing_bytes)
+      .def_ro("stage_landing_rounds", &reshard::Stats::stage_landing_rounds)
       .def_ro("stage_ring_batches", &reshard::Stats::stage_ring_batches)
       .def_ro("bytes_ring_packed", &reshard::Stats::bytes_ring_packed)
       .def_ro("delta_pieces", &reshard::Stats::delta_pieces)
@@ -595,10 +597,13 @@ NB_MODULE(_reshard, m) {
       .def_prop_rw(
           "setup_timeout",
           [](const reshard::HandleOptions& o) { return absl::ToDoubleSeconds(o.setup_timeout); },
-          [](reshard::HandleOptions& o, double s) { o.setup_timeout = Seconds(s, "setup_timeout"); })
+          [](reshard::HandleOptions& o, double s) {
+            o.setup_timeout = Seconds(s, "setup_timeout");
+          })
       .def_rw("allow_larger_buffers", &reshard::HandleOptions::allow_larger_buffers)
       .def_rw("delta", &reshard::HandleOptions::delta)
-      .def_rw("stage_ring_bytes", &reshard::HandleOptions::stage_ring_bytes);
+      .def_rw("stage_ring_bytes", &reshard::HandleOptions::stage_ring_bytes)
+      .def_rw("stage_landing_bytes", &reshard::HandleOptions::stage_landing_bytes);
 
   nb::class_<Handle>(m, "_Handle")
       .def_static("create", &CreateHandle, "comm"_a, "spec"_a, "buffers"_a, "options"_a)

@@ -125,8 +125,9 @@ def main():
     kwargs = {"sources": buffers} if side == reshard.Side.source else {"destinations": buffers}
     if a.case == "small_ring":  # a staging ring budget below the library's minimum (512 bytes)
         kwargs["stage_ring_bytes"] = 100
-    elif a.case == "refit":  # host buffers: the budget passes through, no ring is made
+    elif a.case == "refit":  # host buffers: the budgets pass through, no ring or round area
         kwargs["stage_ring_bytes"] = 1 << 20
+        kwargs["stage_landing_bytes"] = 1 << 20
     try:
         handle = reshard.RefitHandle(comm, spec, setup_timeout=60, delta=delta, **kwargs)
     except reshard.errors.InvalidArgumentError as e:
@@ -189,6 +190,8 @@ def main():
         assert stats.stage_ring_bytes == 0 and stats.bytes_ring_packed == 0, (
             "host buffers made a staging ring", stats.stage_ring_bytes)
         assert stats.stage_copy_bytes == 0, ("host buffers were staged", stats.stage_copy_bytes)
+        assert stats.stage_landing_bytes == 0 and stats.stage_landing_rounds == 0, (
+            "host buffers landed in rounds", stats.stage_landing_bytes)
         if step > 0:
             assert stats.registrations_this_refit == 0
         if delta and step > 0:  # every receiver holds the last refit: deltas, much smaller

@@ -294,6 +294,7 @@ absl::StatusOr<RefitHandle> RefitHandle::Create(const Communicator& comm, const 
   config.fanout_layer = options.fanout == Fanout::kAuto;
   config.engine.delta = options.delta;
   config.engine.stage_ring_bytes = options.stage_ring_bytes;
+  config.engine.stage_landing_bytes = options.stage_landing_bytes;
   const bool in_spec = impl->rank < spec_world;
   // A rank of the spec that fails before the session's agreement step tells the others, which
   // would otherwise wait for its fingerprint until their set-up deadline.

@@ -521,6 +521,8 @@ void RefitSession::FillStats(Stats& s) const {
   s.bytes_staged_to_device = e.bytes_staged_to_device;
   s.stage_ring_bytes = e.stage_ring_bytes;
   s.stage_copy_bytes = e.stage_copy_bytes;
+  s.stage_landing_bytes = e.stage_landing_bytes;
+  s.stage_landing_rounds = e.stage_landing_rounds;
   s.stage_ring_batches = e.stage_ring_batches;
   s.bytes_ring_packed = e.bytes_ring_packed;
   s.transports = engine_->Transports();

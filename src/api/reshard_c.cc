@@ -445,6 +445,7 @@ reshard_status_t reshard_handle_create_with_options(reshard_comm_t* comm,
                          : reshard::Schedule::kDomainAware;
   options.delta = o.delta != 0;
   if (o.stage_ring_bytes > 0) options.stage_ring_bytes = o.stage_ring_bytes;
+  if (o.stage_landing_bytes > 0) options.stage_landing_bytes = o.stage_landing_bytes;
   // A call refused here still takes its part in the collective set-up: the other ranks learn
   // of the failure at once (RefitHandle::Abandon) instead of at their set-up deadline.
   auto refuse = [&](const char* message) {
@@ -551,6 +552,8 @@ reshard_status_t reshard_handle_stats(const reshard_handle_t* handle, reshard_st
   out->delta_pinned_bytes = s.delta_pinned_bytes;
   out->stage_ring_bytes = s.stage_ring_bytes;
   out->stage_copy_bytes = s.stage_copy_bytes;
+  out->stage_landing_bytes = s.stage_landing_bytes;
+  out->stage_landing_rounds = s.stage_landing_rounds;
   out->stage_ring_batches = s.stage_ring_batches;
   out->bytes_ring_packed = s.bytes_ring_packed;
   return RESHARD_OK;

@@ -73,6 +73,18 @@ class PutDelivery final : public DeliveryBase {
   absl::Status PostRun(PeerLink& link, const SendDesc& d, uint32_t run_index, uint64_t epoch,
                        bool* in_flight) override {
     const SendRun run = Cut(link, d, program_.runs[run_index]);
+    if (link.round_bytes > 0) {
+      // A chunk of a landing round (src/net/landing_rounds.h): into the receiver's round area,
+      // with a UCX put (the area is pinned memory, neither mapped nor written by the kernel).
+      const uint32_t area = memory_.round_id();
+      stats_.puts++;
+      absl::Status posted =
+          link.Put(Source(link, d, run) + link.round_skip, static_cast<size_t>(link.round_bytes),
+                   link.remote_base(area) + link.round_remote, link.rkey(area), SourceMemh(link, d),
+                   in_flight, link.ring_slot);
+      common::FaultPoint(common::FaultStage::kPuts, rank_, epoch);
+      return posted;
+    }
     // Packed streams land in this rank's block of the receiver's landing area (id one past the
     // plan's buffers).
     const uint32_t to = d.packed ? memory_.landing_id() : d.to_buffer;

@@ -163,6 +163,8 @@ absl::StatusOr<uint32_t> Landing::CheckSender(int32_t from_rank, uint32_t id,
 absl::StatusOr<bool> Landing::Signalled(int32_t from_rank, uint32_t id, uint32_t* slot) {
   RESHARD_ASSIGN_OR_RETURN(*slot, CheckSender(from_rank, id, "signalled"));
   if (landed(*slot)) return false;
+  // A round piece lands with its last round (the engine), not with its signal.
+  if (rounds_ != nullptr && rounds_->sender_of_slot[*slot] >= 0) return false;
   const int64_t offset = program_.landing_offset[*slot];
   if (offset >= 0 && program_.delta_elem_bytes[*slot] != 0) {
     // Every segment's stream is in place (the batch's signal follows the piece's puts).
@@ -272,6 +274,7 @@ absl::StatusOr<bool> Landing::Data(const wire::DataHeader& h, const void* data, 
   } else {
     RESHARD_RETURN_IF_ERROR(Copy(memory_.data(to_buf) + h.to_offset, data,
                                  static_cast<int64_t>(length), memory_.device(to_buf)));
+    if (memory_.direct(to_buf)) staged_to_device_ += static_cast<int64_t>(length);
   }
   landed_bytes_[slot] += static_cast<int64_t>(length);
   return static_cast<uint64_t>(landed_bytes_[slot]) == region_bytes;
@@ -333,7 +336,15 @@ absl::Status Landing::Unpack(uint32_t slot, int64_t begin, const uint8_t* packed
         packed += width * rows;
       });
   if (queue) unpack_queued_[slot] = 1;
+  if (memory_.direct(to_buf)) staged_to_device_ += length;
   return status;
+}
+
+absl::Status Landing::UnpackRound(uint32_t slot, int64_t begin, const uint8_t* from,
+                                  int64_t length) {
+  RESHARD_RETURN_IF_ERROR(Unpack(slot, begin, from, length, /*may_queue=*/true));
+  unpack_queued_[slot] = 0;  // The engine records the round's event itself.
+  return absl::OkStatus();
 }
 
 absl::Status Landing::Gather(const SendDesc& d) {
@@ -369,6 +380,7 @@ absl::Status Landing::CopyLocal(const SendDesc& d) {
     RESHARD_RETURN_IF_ERROR(
         Copy(to + run.remote_offset, from + run.local_offset, run.bytes, device));
   }
+  if (memory_.direct(d.to_buffer)) staged_to_device_ += d.bytes;
   return absl::OkStatus();
 }
 
@@ -380,6 +392,7 @@ absl::Status Landing::CopyLocal(const SendDesc& d, uint32_t run_begin, uint32_t 
     const SendRun& run = program_.runs[i];
     RESHARD_RETURN_IF_ERROR(Copy(to + run.remote_offset, stream, run.bytes, device));
     stream += run.bytes;
+    if (memory_.direct(d.to_buffer)) staged_to_device_ += run.bytes;
   }
   return absl::OkStatus();
 }

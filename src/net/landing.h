@@ -33,6 +33,7 @@
 #include "absl/status/statusor.h"
 #include "src/cuda/delta.h"
 #include "src/cuda/runtime.h"
+#include "src/net/landing_rounds.h"
 #include "src/net/registered_memory.h"
 #include "src/net/send_program.h"
 #include "src/net/wire.h"
@@ -70,10 +71,22 @@ class Landing {
   // into device memory with (it must outlive the Landing).
   void set_copy_queue(cuda::CopyQueue* queue) { copy_queue_ = queue; }
 
+  // Landing rounds (src/net/landing_rounds.h; it must outlive the Landing): their pieces are
+  // signalled like any other, but land when the engine has copied their last round out of the
+  // round area (UnpackRound, then LandRound), not when signalled.
+  void set_rounds(const LandingRounds* rounds) { rounds_ = rounds; }
+  // Copies bytes [begin, begin + length) of round piece `slot`, held at `from` in the round
+  // area, to its direct destination on the copy queue (or synchronously without one).
+  [[nodiscard]] absl::Status UnpackRound(uint32_t slot, int64_t begin, const uint8_t* from,
+                                         int64_t length);
+  // Round piece `slot` landed (every byte's copy completed).
+  void LandRound(uint32_t slot) { landed_epoch_[slot] = epoch_; }
+
   // Bytes the transfer in `slot` took on the wire in this epoch: its delta stream, or the piece.
   int64_t wire_bytes(uint32_t slot) const;
-  // Bytes of landed pieces Land moved from staged destinations' host copies to the device in
-  // this epoch.
+  // Bytes this rank moved from host memory to CUDA destinations UCX cannot register in this
+  // epoch: landed pieces from staged destinations' host copies, and what was copied into direct
+  // ones (from the landing areas, data messages and local copies).
   int64_t staged_to_device() const { return staged_to_device_; }
   // Delta pieces applied with at least one segment as a delta (not all plain) in this epoch.
   int64_t deltas_applied() const { return deltas_applied_; }
@@ -131,6 +144,7 @@ class Landing {
   std::vector<int64_t> segment_stream_;
   cuda::DeviceDeltaCodec* device_delta_ = nullptr;
   cuda::CopyQueue* copy_queue_ = nullptr;
+  const LandingRounds* rounds_ = nullptr;
   std::vector<uint8_t> unpack_queued_;  // By slot: Unpack queued device copies (Land reports).
 };
 

@@ -62,6 +62,8 @@ struct PeerLink::Batch {
   bool signalled = false;
   bool abandoned = false;  // Of an epoch that was Reset: never signalled, not counted.
   int pending_signals = 0;
+  int64_t round = -1;  // CloseRound: the landing round its signal completes, else -1.
+  uint64_t round_payload = 0;
 };
 
 PeerLink::PeerLink(int32_t rank, int32_t peer, uint64_t peer_handle, ucx::Worker& worker,
@@ -189,6 +191,19 @@ absl::Status PeerLink::SendGrant(uint64_t epoch, uint64_t version) {
   return absl::OkStatus();
 }
 
+absl::Status PeerLink::SendRoundGrant(uint64_t epoch, int64_t round) {
+  if (grants_in_flight_ == 0) round_grants_.clear();
+  RoundGrant& msg = round_grants_.emplace_back(RoundGrant{
+      wire::AmHeader{wire::kMagic, rank_, peer_handle_, epoch}, static_cast<uint64_t>(round)});
+  bool in_flight = false;
+  RESHARD_RETURN_IF_ERROR(
+      Posted(ucx::SendAm(endpoint_->get(), wire::kRoundGrantAm, &msg.header, sizeof(msg.header),
+                         &msg.round, sizeof(msg.round), nullptr, grant_done_.get()),
+             "ucp_am_send_nbx (round grant)", &in_flight));
+  if (in_flight) grants_in_flight_++;
+  return absl::OkStatus();
+}
+
 void PeerLink::SendAbort(uint64_t epoch, const std::string& reason) {
   if (endpoint_ == nullptr || !endpoint_->error().ok()) return;
   // Messages whose sends all completed are dropped: a handle that fails again and again keeps
@@ -262,6 +277,16 @@ absl::Status PeerLink::CloseBatch() {
   return absl::OkStatus();
 }
 
+absl::Status PeerLink::CloseRound(int64_t round) {
+  if (open_ == nullptr) {
+    batches_.push_back(std::make_unique<Batch>(this));
+    open_ = batches_.back().get();
+  }
+  open_->round = round;
+  puts_since_flush_ = std::max<int64_t>(puts_since_flush_, 1);  // Flush whatever was posted.
+  return CloseBatch();
+}
+
 absl::Status PeerLink::SignalBatches(uint64_t epoch, int64_t* signals, int64_t* retired) {
   for (auto it = batches_.begin(); it != batches_.end();) {
     Batch& batch = **it;
@@ -280,9 +305,21 @@ absl::Status PeerLink::SignalBatches(uint64_t epoch, int64_t* signals, int64_t* 
                    "ucp_am_send_nbx (completion signal)", &in_flight));
         if (in_flight) batch.pending_signals++;
       }
+      if (batch.round >= 0) {
+        batch.round_payload = static_cast<uint64_t>(batch.round);
+        bool in_flight = false;
+        RESHARD_RETURN_IF_ERROR(
+            Posted(ucx::SendAm(endpoint_->get(), wire::kRoundAm, &batch.header,
+                               sizeof(batch.header), &batch.round_payload,
+                               sizeof(batch.round_payload), nullptr, &batch.signal_done),
+                   "ucp_am_send_nbx (landing round)", &in_flight));
+        if (in_flight) batch.pending_signals++;
+      }
     }
     if (batch.flushed && batch.signalled && batch.pending_signals == 0) {
-      if (!batch.abandoned) *retired += static_cast<int64_t>(batch.transfers.size());
+      if (!batch.abandoned) {
+        *retired += static_cast<int64_t>(batch.transfers.size()) + (batch.round >= 0 ? 1 : 0);
+      }
       it = batches_.erase(it);
     } else {
       ++it;
@@ -377,7 +414,12 @@ std::string PeerLink::Pending(uint64_t epoch) const {
   if (remaining_from > 0) absl::StrAppend(&out, remaining_from, " piece(s) from rank ", peer_);
   if (unsignalled > 0) {
     absl::StrAppend(&out, out.empty() ? "" : ", ", unsignalled, " piece(s) to rank ", peer_,
-                    started ? "" : absl::StrCat(" (no grant for epoch ", epoch, " yet)"));
+                    !started ? absl::StrCat(" (no grant for epoch ", epoch, " yet)")
+                    : round_to.quota > 0 && round_pos < round_to.total &&
+                            round_to.RoundOf(round_pos) > round_granted
+                        ? absl::StrCat(" (waiting for its grant of landing round ",
+                                       round_to.RoundOf(round_pos), " of ", round_to.rounds, ")")
+                        : "");
   }
   return out;
 }

@@ -24,6 +24,7 @@
 #include "src/common/process.h"
 #include "src/common/shared_memory.h"
 #include "src/common/single_copy.h"
+#include "src/net/landing_rounds.h"
 #include "src/net/ucx/endpoint.h"
 #include "src/net/ucx/memory.h"
 #include "src/net/ucx/ops.h"
@@ -141,6 +142,8 @@ class PeerLink {
   // `version`: this rank's version, the payload delta senders check (docs/delta.md).
   [[nodiscard]] absl::Status SendGrant(uint64_t epoch, uint64_t version);
   int grants_in_flight() const { return grants_in_flight_; }
+  // Landing rounds (src/net/landing_rounds.h): "you may write round `round` of `epoch`".
+  [[nodiscard]] absl::Status SendRoundGrant(uint64_t epoch, int64_t round);
   // Best effort; the message lives until its send completes.
   void SendAbort(uint64_t epoch, const std::string& reason);
 
@@ -158,12 +161,18 @@ class PeerLink {
   // Put delivery: pieces whose puts are posted join the open batch; a closed batch is flushed
   // (unless only single-copy writes, complete already, went out since the last flush), then
   // (SignalBatches) signalled in messages of at most kMaxIndicesPerSignal indices.
-  // Returns the pieces whose signals completed (to be subtracted from `unsignalled`).
+  // Returns the pieces whose signals completed, and the landing rounds (CloseRound), to be
+  // subtracted from `unsignalled`.
   // Pieces are named by world transfer index (src/net/send_program.h).
   void AddToBatch(uint32_t id, int64_t bytes);
   bool batch_open() const { return open_ != nullptr; }
   int64_t open_batch_bytes() const;
   [[nodiscard]] absl::Status CloseBatch();
+  // Landing rounds: closes the open batch (an empty one when none is open) and flushes the
+  // endpoint whatever was posted since the last flush (a run of the round may be in a batch
+  // whose flush is still in flight), then says, after the batch's signal, that round `round`
+  // of the epoch is in the peer's round area (wire::kRoundAm).
+  [[nodiscard]] absl::Status CloseRound(int64_t round);
   [[nodiscard]] absl::Status SignalBatches(uint64_t epoch, int64_t* signals, int64_t* retired);
   // Reset: batches of the failed epoch are never signalled nor counted.
   void AbandonBatches();
@@ -208,6 +217,20 @@ class PeerLink {
   int64_t ring_part = -1;
   const uint8_t* ring_source = nullptr;
   int ring_slot = -1;
+  // Landing rounds towards the peer (src/net/landing_rounds.h), from its wire-up record: its
+  // direct destination buffers (by id; the engine writes no key of them) and this rank's stream
+  // into its round area (quota 0: none). This epoch: the highest round the peer granted, the
+  // next stream byte to post and the bytes of the current run posted (runs are cut at round
+  // ends); and the chunk the engine has PostRun put next: `round_bytes` bytes from `round_skip`
+  // into the run, at `round_remote` in the peer's round area (round_bytes 0: a whole run, not a
+  // round chunk).
+  std::vector<bool> peer_direct;
+  RoundSender round_to;
+  int64_t round_granted = 1;
+  int64_t round_pos = 0;
+  int64_t run_posted = 0;
+  int64_t round_skip = 0, round_bytes = 0;
+  uint64_t round_remote = 0;
   int64_t unsignalled = 0;     // Sends of this epoch not yet remotely complete and signalled.
   int64_t remaining_from = 0;  // Pieces of this epoch not yet landed from the peer.
 
@@ -255,6 +278,12 @@ class PeerLink {
   };
   // Sends are not awaited: kept until none is in flight (the next SendAbort then drops them).
   std::deque<AbortMessage> aborts_;
+  struct RoundGrant {
+    wire::AmHeader header;
+    uint64_t round;
+  };
+  // Round grants in flight (counted in grants_in_flight_), dropped once none is.
+  std::deque<RoundGrant> round_grants_;
   int aborts_in_flight_ = 0;
   uint32_t run_base_ = 0;
   std::vector<wire::DataHeader> data_headers_;  // By run - run_base_.

@@ -25,6 +25,7 @@
 #include "src/cuda/staging_ring.h"
 #include "src/net/delivery.h"
 #include "src/net/landing.h"
+#include "src/net/landing_rounds.h"
 #include "src/net/peer_link.h"
 #include "src/net/posting_order.h"
 #include "src/net/registered_memory.h"
@@ -86,6 +87,7 @@ class RefitEngine::Impl final : public MessageSink, public LinkOwner {
               ucp_ep_h from) override;
   void OnData(const wire::DataHeader& h, const void* data, size_t length, ucp_ep_h from) override;
   void OnAbort(const wire::AmHeader& h, absl::string_view reason, ucp_ep_h from) override;
+  void OnRound(const wire::AmHeader& h, uint64_t round, bool grant, ucp_ep_h from) override;
   // The link of the peer a message names, when the message arrived on that peer's endpoint;
   // null otherwise (the message is dropped, and the first such message is logged).
   PeerLink* Origin(const wire::AmHeader& h, ucp_ep_h from, const char* what);
@@ -223,6 +225,10 @@ class RefitEngine::Impl final : public MessageSink, public LinkOwner {
   struct ToDevice {
     uint32_t slot = 0;
     int32_t event = 0;
+    // A landing round's copies instead of a piece's: the index of its sender in rounds_ and
+    // the round (-1: a piece's).
+    int32_t sender = -1;
+    int32_t round = -1;
   };
   std::deque<ToDevice> to_device_;
   // Forgets copies of a failed epoch (their events are recycled; the copies still write the
@@ -231,6 +237,26 @@ class RefitEngine::Impl final : public MessageSink, public LinkOwner {
     for (const ToDevice& m : to_device_) copy_queue_->Release(m.event);
     to_device_.clear();
   }
+  // Landing rounds (src/net/landing_rounds.h). Receiving side: the round pieces landing here
+  // and, by sender (its index in rounds_.senders), this epoch's next round to copy out of the
+  // round area, a round whose signal came before that one's (-1: none), the first piece not yet
+  // wholly copied out and the first not yet landed. Sending side: by descriptor, its place in
+  // its receiver's round stream (-1: not a round piece; see PeerLink::round_to).
+  LandingRounds rounds_;
+  std::vector<int32_t> round_next_, round_early_;
+  std::vector<uint32_t> round_drain_piece_, round_land_piece_;
+  std::vector<int64_t> round_base_;
+  // The CUDA destinations (by buffer) UCX cannot register that the engine writes itself
+  // (RegisteredMemory::direct); the others keep a pinned host copy (logged at Init).
+  std::vector<bool> DirectDestinations(const std::vector<BufferView>& buffers, bool am) const;
+  // The round area's sender `i` signalled round `r`, the next it expects: its copies to the
+  // device are enqueued (an event on to_device_).
+  absl::Status DrainRound(int32_t i, int32_t r);
+  // Round `r` of sender `i` is on the device: its half is granted again (round r + 2) and the
+  // pieces it completed land.
+  void RoundDrained(int32_t i, int32_t r);
+  // The sender of a landing round message from `rank`, as an index in rounds_.senders, or -1.
+  int32_t RoundSenderIndex(int32_t rank) const;
   int32_t ring_batches() const { return ring_.batches(); }
   bool OnRing(uint32_t desc) const { return ring_.on_ring(desc); }
   // Plans the staging ring of `ring_sources` (by buffer, chosen in Init) and creates it (before
@@ -349,6 +375,11 @@ absl::Status RefitEngine::Impl::Init(rendezvous::Store& store, std::vector<Buffe
         rank_, options_.stage_ring_bytes, cuda::kStageRingSlots * cuda::kBatchAlign,
         cuda::kStageRingSlots, cuda::kBatchAlign));
   }
+  if (options_.stage_landing_bytes < kMinRoundQuota) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "rank %d: stage_landing_bytes is %d, below the landing rounds' minimum of %d bytes", rank_,
+        options_.stage_landing_bytes, kMinRoundQuota));
+  }
   handle_ = HandleOf(rank_);
   const bool am = UseActiveMessages(options_.delivery);
   // CUDA sources UCX cannot register go through the staging ring (InitRing): every source
@@ -390,13 +421,28 @@ absl::Status RefitEngine::Impl::Init(rendezvous::Store& store, std::vector<Buffe
                                                  options_.key_prefix, "\" for rank ", rank_,
                                                  " already exists on this runtime"));
   }
-  RESHARD_ASSIGN_OR_RETURN(memory_,
-                           RegisteredMemory::Create(plan_, rank_, *runtime_, std::move(buffers),
-                                                    program_.send_scratch_bytes,
-                                                    am ? 0 : program_.landing_bytes, ring_sources));
+  // CUDA destinations UCX cannot register: written by the engine itself, their plain pieces
+  // (put delivery) through the landing rounds' bounded area.
+  const std::vector<bool> direct = DirectDestinations(buffers, am);
+  if (!am) {
+    absl::StatusOr<LandingRounds> rounds =
+        PlanLandingRounds(plan_, program_, direct, options_.stage_landing_bytes);
+    if (!rounds.ok()) return rounds.status();
+    rounds_ = *std::move(rounds);
+  }
+  const size_t round_senders = rounds_.senders.size();
+  round_next_.assign(round_senders, 0);
+  round_early_.assign(round_senders, -1);
+  round_drain_piece_.assign(round_senders, 0);
+  round_land_piece_.assign(round_senders, 0);
+  RESHARD_ASSIGN_OR_RETURN(
+      memory_, RegisteredMemory::Create(
+                   plan_, rank_, *runtime_, std::move(buffers), program_.send_scratch_bytes,
+                   am ? 0 : program_.landing_bytes, ring_sources, direct, rounds_.area_bytes));
   RESHARD_RETURN_IF_ERROR(memory_->AttachRing(std::move(ring), *runtime_));
   landing_ = std::make_unique<Landing>(plan_, program_, *memory_, am);
   landing_->set_device_delta(device_delta_.get());
+  landing_->set_rounds(&rounds_);
   for (uint32_t b = 0; b < memory_->size(); ++b) {
     if (!(memory_->staged(b) || memory_->device(b)) ||
         plan_.buffers()[b].side == plan::Side::kSrc) {
@@ -461,7 +507,27 @@ absl::Status RefitEngine::Impl::Init(rendezvous::Store& store, std::vector<Buffe
   RESHARD_RETURN_IF_ERROR(
       Connect(store, options_.key_prefix, rank_, *runtime_, *memory_,
               am ? absl::Span<const LandingBlock>() : absl::MakeConstSpan(program_.landing_blocks),
-              links_, single_copy_enabled_, deadline));
+              rounds_, links_, single_copy_enabled_, deadline));
+  if (!am) {
+    // This rank's round streams: each receiver published the total it expects.
+    round_base_.assign(program_.descs.size(), -1);
+    for (PeerLink* link : peers_) {
+      if (!link->sends_to) continue;
+      const int32_t r = link->peer();
+      int64_t total = 0;
+      const std::vector<int64_t> bases =
+          RoundStreamBases(plan_, program_, r, link->peer_direct, &total);
+      if (total != link->round_to.total) {
+        return absl::FailedPreconditionError(absl::StrFormat(
+            "rank %d expects %d bytes of landing rounds from rank %d, which sends %d there (the "
+            "ranks disagree on the plan, pack_below_run_bytes or the delivery)",
+            r, link->round_to.total, rank_, total));
+      }
+      for (uint32_t i = program_.peer_begin[r]; i < program_.peer_begin[r + 1]; ++i) {
+        round_base_[i] = bases[i];
+      }
+    }
+  }
   RESHARD_RETURN_IF_ERROR(CheckRemoteKeys());
   RESHARD_RETURN_IF_ERROR(Handshake(store, options_.key_prefix, rank_, *runtime_, links_, deadline));
   return ChooseSingleCopy();
@@ -817,11 +883,23 @@ absl::Status RefitEngine::Impl::ChooseSingleCopy() {
 
 absl::Status RefitEngine::Impl::CheckRemoteKeys() const {
   const bool puts = !delivery_->counts_bytes();
-  for (const SendDesc& d : program_.descs) {
+  for (uint32_t di = 0; di < program_.descs.size(); ++di) {
+    const SendDesc& d = program_.descs[di];
     if (d.peer == rank_) continue;
     const PeerLink& link = *links_[d.peer];
     const std::string& tensor = plan_.spec().tensors[plan_.transfers()[d.transfer].tensor].name;
-    if (link.rkey(d.to_buffer) == nullptr) {
+    // A direct destination of the peer (CUDA memory it writes itself) has no key: its plain
+    // pieces go to the peer's round area (within the bounds RoundStreamOf checked), packed ones
+    // to its landing area, data messages to the peer's copies.
+    const bool to_direct = d.to_buffer < link.peer_direct.size() && link.peer_direct[d.to_buffer];
+    if (to_direct && puts && !d.packed && d.bytes > 0 && round_base_[di] < 0) {
+      return absl::DataLossError(absl::StrFormat(
+          "rank %d writes buffer \"%s\" itself (CUDA memory its UCX cannot register), but rank %d "
+          "must put %d bytes of tensor \"%s\" there outside its landing rounds",
+          d.peer, plan_.buffers()[d.to_buffer].name, rank_, d.bytes, tensor));
+    }
+    if (to_direct && !d.packed) continue;
+    if (!to_direct && link.rkey(d.to_buffer) == nullptr) {
       return absl::DataLossError(absl::StrFormat(
           "rank %d published no remote key for buffer \"%s\" that rank %d must write (tensor "
           "\"%s\")",
@@ -909,8 +987,14 @@ absl::Status RefitEngine::Impl::Start(uint64_t epoch) {
     link->ring_part = -1;
     link->ring_source = nullptr;
     link->ring_slot = -1;
+    link->round_granted = 1;  // Rounds 0 and 1 come with the epoch's grant.
+    link->round_pos = 0;
+    link->run_posted = 0;
+    link->round_bytes = 0;
     link->remaining_from = link->expected_from;
-    link->unsignalled = program_.peer_begin[r + 1] - program_.peer_begin[r];
+    // Each landing round's signal counts as one more: the epoch ends only once it went.
+    link->unsignalled = program_.peer_begin[r + 1] - program_.peer_begin[r] +
+                        (link->round_to.quota > 0 ? link->round_to.rounds : 0);
   }
   // Every peer is checked before any grant goes out: a grant sent before this rank finds an
   // aborted or failed peer would let that source finish a refit this rank fails (its abort
@@ -960,6 +1044,12 @@ absl::Status RefitEngine::Impl::Start(uint64_t epoch) {
   // epoch completed).
   stats_.stage_ring_bytes = memory_->ring() != nullptr ? memory_->ring()->bytes() : 0;
   stats_.stage_copy_bytes = memory_->staged_copy_bytes();
+  stats_.stage_landing_bytes = memory_->round_bytes();
+  std::fill(round_next_.begin(), round_next_.end(), 0);
+  std::fill(round_early_.begin(), round_early_.end(), -1);
+  for (size_t i = 0; i < rounds_.senders.size(); ++i) {
+    round_drain_piece_[i] = round_land_piece_[i] = rounds_.senders[i].piece_begin;
+  }
   for (int32_t b = 0; b < ring_batches(); ++b) {
     ring_left_[b] = static_cast<int32_t>(ring_.batch_begin[b + 1] - ring_.batch_begin[b]);
   }
@@ -1095,6 +1185,30 @@ void RefitEngine::Impl::PostSends() {
             continue;
           }
         }
+        const int64_t round_base = round_base_.empty() ? -1 : round_base_[link->cursor_desc];
+        int32_t round = -1;
+        if (round_base >= 0) {
+          // A round piece (src/net/landing_rounds.h): its runs go in chunks cut at round ends,
+          // each once the receiver granted its round. The link posts its round pieces in plan
+          // order, the order of the receiver's table.
+          const RoundSender& to = link->round_to;
+          if (link->cursor_run == d.run_begin && link->run_posted == 0 &&
+              link->round_pos != round_base) {
+            return Fail(absl::InternalError(absl::StrFormat(
+                "rank %d: transfer %d to rank %d starts at byte %d of its landing rounds, but "
+                "the rounds are at byte %d",
+                rank_, d.id, d.peer, round_base, link->round_pos)));
+          }
+          round = to.RoundOf(link->round_pos);
+          if (round > link->round_granted) {
+            waiting = true;  // The other links go on.
+            break;
+          }
+          link->round_skip = link->run_posted;
+          link->round_bytes = std::min(program_.runs[link->cursor_run].bytes - link->run_posted,
+                                       to.RoundEnd(round) - link->round_pos);
+          link->round_remote = static_cast<uint64_t>(to.AreaOffset(link->round_pos));
+        }
         bool in_flight = false;
         absl::Status posted = delivery_->PostRun(*link, d, link->cursor_run, epoch_, &in_flight);
         if (!posted.ok()) {
@@ -1106,6 +1220,19 @@ void RefitEngine::Impl::PostSends() {
         if (in_flight) {
           outstanding_puts_++;
           if (link->ring_slot >= 0) ring_in_flight_[link->ring_slot]++;
+        }
+        if (round >= 0) {
+          link->round_pos += link->round_bytes;
+          link->run_posted += link->round_bytes;
+          link->round_bytes = 0;
+          if (link->round_pos == link->round_to.RoundEnd(round)) {
+            // The round's last chunk is posted: after a flush, the receiver hears of it.
+            absl::Status closed = link->CloseRound(round);
+            if (!closed.ok()) return Fail(closed);
+          }
+          // The rest of the run belongs to the next round.
+          if (link->run_posted < program_.runs[link->cursor_run].bytes) continue;
+          link->run_posted = 0;
         }
         if (link->ring_source != nullptr) {
           link->ring_source += program_.runs[link->cursor_run].bytes;
@@ -1275,6 +1402,12 @@ void RefitEngine::Impl::PollToDevice() {
   while (!to_device_.empty() && status_.ok()) {
     const ToDevice front = to_device_.front();
     absl::StatusOr<bool> done = copy_queue_->Done(front.event);
+    if (!done.ok() && front.round >= 0) {
+      return Fail(absl::Status(done.status().code(),
+                               absl::StrCat("rank ", rank_, ": moving landing round ", front.round,
+                                            " from rank ", rounds_.senders[front.sender].rank,
+                                            " to the device failed: ", done.status().message())));
+    }
     if (!done.ok()) {
       const plan::Transfer& t = plan_.transfers()[program_.received[front.slot]];
       return Fail(absl::Status(
@@ -1286,7 +1419,86 @@ void RefitEngine::Impl::PollToDevice() {
     if (!*done) return;  // Copies complete in order on the queue's stream.
     copy_queue_->Release(front.event);
     to_device_.pop_front();
-    FinishLanded(front.slot);
+    if (front.round >= 0) {
+      RoundDrained(front.sender, front.round);
+    } else {
+      FinishLanded(front.slot);
+    }
+  }
+}
+
+std::vector<bool> RefitEngine::Impl::DirectDestinations(const std::vector<BufferView>& buffers,
+                                                        bool am) const {
+  std::vector<bool> direct(buffers.size(), false);
+  if (runtime_->supports_cuda_memory()) return direct;
+  const std::vector<bool> sends_from = SourceBuffersRead(plan_, rank_);
+  std::vector<const char*> why(buffers.size(), nullptr);
+  for (size_t b = 0; b < buffers.size(); ++b) {
+    direct[b] = buffers[b].kind == MemoryKind::kCuda && buffers[b].bytes > 0 &&
+                plan_.buffers()[b].side != plan::Side::kSrc;
+    if (direct[b] && sends_from[b]) why[b] = "this rank sends from it";
+  }
+  for (uint32_t slot = 0; slot < program_.received.size(); ++slot) {
+    const plan::Transfer& t = plan_.transfers()[program_.received[slot]];
+    const uint32_t b = plan_.buffer_of(t.tensor, t.to_side);
+    if (b >= direct.size() || !direct[b] || why[b] != nullptr) continue;
+    if (program_.delta_elem_bytes[slot] != 0) {
+      why[b] = "delta streams land in it, applied on the host";
+    } else if (!am && t.from_rank != rank_ && t.after >= 0 && program_.landing_offset[slot] < 0 &&
+               plan_.region(t.region).bytes > 0) {
+      why[b] = "relayed pieces land in it, posted in no fixed order";
+    }
+  }
+  for (size_t b = 0; b < buffers.size(); ++b) {
+    if (why[b] == nullptr) continue;
+    direct[b] = false;
+    RESHARD_LOG(kInfo,
+                "rank %d: CUDA destination buffer \"%s\" keeps a full-size pinned host copy (%d "
+                "bytes): %s",
+                rank_, plan_.buffers()[b].name, buffers[b].bytes, why[b]);
+  }
+  return direct;
+}
+
+int32_t RefitEngine::Impl::RoundSenderIndex(int32_t rank) const {
+  auto it = std::lower_bound(rounds_.senders.begin(), rounds_.senders.end(), rank,
+                             [](const RoundSender& s, int32_t r) { return s.rank < r; });
+  return it != rounds_.senders.end() && it->rank == rank
+             ? static_cast<int32_t>(it - rounds_.senders.begin())
+             : -1;
+}
+
+absl::Status RefitEngine::Impl::DrainRound(int32_t i, int32_t r) {
+  const RoundSender& s = rounds_.senders[i];
+  const int64_t begin = s.RoundBegin(r), end = s.RoundEnd(r);
+  // Each piece's bytes in the round, copied to the device from where they landed.
+  for (uint32_t p = round_drain_piece_[i]; p < s.piece_end; ++p) {
+    const RoundPiece& piece = rounds_.pieces[p];
+    if (piece.base >= end) break;
+    const int64_t from = std::max(begin, piece.base);
+    const int64_t to = std::min(end, piece.base + piece.bytes);
+    RESHARD_RETURN_IF_ERROR(landing_->UnpackRound(
+        piece.slot, from - piece.base, memory_->round_area() + s.AreaOffset(from), to - from));
+    if (piece.base + piece.bytes <= end) round_drain_piece_[i] = p + 1;
+  }
+  stats_.stage_landing_rounds++;
+  RESHARD_ASSIGN_OR_RETURN(const int32_t event, copy_queue_->Record());
+  to_device_.push_back({0, event, i, r});
+  return absl::OkStatus();
+}
+
+void RefitEngine::Impl::RoundDrained(int32_t i, int32_t r) {
+  const RoundSender& s = rounds_.senders[i];
+  // Its half is free again: the sender may write the round after the next into it.
+  if (r + 2 < s.rounds) {
+    absl::Status granted = links_[s.rank]->SendRoundGrant(epoch_, r + 2);
+    if (!granted.ok()) return Fail(granted);
+  }
+  const int64_t end = s.RoundEnd(r);
+  for (uint32_t& p = round_land_piece_[i];
+       p < s.piece_end && rounds_.pieces[p].base + rounds_.pieces[p].bytes <= end; ++p) {
+    landing_->LandRound(rounds_.pieces[p].slot);
+    FinishLanded(rounds_.pieces[p].slot);
   }
 }
 
@@ -1529,6 +1741,48 @@ void RefitEngine::Impl::OnData(const wire::DataHeader& h, const void* data, size
   absl::StatusOr<bool> complete = landing_->Data(h, data, length, &slot);
   if (!complete.ok()) return Fail(complete.status());
   if (*complete) MarkLanded(slot);
+}
+
+void RefitEngine::Impl::OnRound(const wire::AmHeader& h, uint64_t round, bool grant,
+                                ucp_ep_h from) {
+  PeerLink* link = Origin(h, from, grant ? "landing round grant" : "landing round");
+  if (link == nullptr) return;
+  if (!in_epoch_ || h.epoch != epoch_) return;  // A failed or abandoned epoch's message.
+  auto refuse = [&](const char* what) {
+    Fail(absl::DataLossError(absl::StrFormat(
+        "rank %d: rank %d %s landing round %d of epoch %d, %s (protocol error)", rank_, h.from_rank,
+        grant ? "granted" : "signalled", round, h.epoch, what)));
+  };
+  if (grant) {
+    if (link->round_to.quota == 0 || round >= static_cast<uint64_t>(link->round_to.rounds)) {
+      return refuse("which this rank does not send it");
+    }
+    link->round_granted = std::max(link->round_granted, static_cast<int64_t>(round));
+    return;
+  }
+  const int32_t i = RoundSenderIndex(h.from_rank);
+  if (i < 0 || round >= static_cast<uint64_t>(rounds_.senders[i].rounds)) {
+    return refuse("which it does not send here");
+  }
+  // Rounds come in order; the next one's signal may overtake this one's.
+  const auto r = static_cast<int32_t>(round);
+  if (r == round_next_[i] + 1 && round_early_[i] < 0) {
+    round_early_[i] = r;
+    return;
+  }
+  if (r != round_next_[i]) return refuse("out of order");
+  for (int32_t next = r; next >= 0;) {
+    absl::Status drained = DrainRound(i, next);
+    if (!drained.ok()) {
+      return Fail(absl::Status(
+          drained.code(), absl::StrFormat("rank %d: copying landing round %d from rank %d to the "
+                                          "device: %s",
+                                          rank_, next, h.from_rank, drained.message())));
+    }
+    round_next_[i] = next + 1;
+    next = round_early_[i] == round_next_[i] ? round_next_[i] : -1;
+    if (next >= 0) round_early_[i] = -1;
+  }
 }
 
 void RefitEngine::Impl::OnAbort(const wire::AmHeader& h, absl::string_view reason, ucp_ep_h from) {

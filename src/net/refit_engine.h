@@ -43,8 +43,12 @@
 // Memory kinds: host memory is registered directly. CUDA memory is registered directly when the
 // UCX context reports CUDA memory support; otherwise (Debian's UCX) it is staged (only in builds
 // with CUDA; FailedPrecondition otherwise): a source's pieces are packed by the GPU into the
-// staging ring (RefitEngineOptions::stage_ring_bytes) as the engine posts them, a destination
-// keeps a pinned host copy that landed pieces are copied from to the device.
+// staging ring (RefitEngineOptions::stage_ring_bytes) as the engine posts them; a destination
+// is written by the engine's copies from its landing areas: with put delivery, its plain pieces
+// land in bounded landing rounds (RefitEngineOptions::stage_landing_bytes), packed streams in
+// the landing area, and with active messages each message is copied in as it arrives. Only a
+// destination that delta streams land in, or that this rank sends from, keeps a full-size pinned
+// host copy (the host applies deltas to it and reads it), which landed pieces are copied from.
 //
 // Thread safety: thread-compatible. All calls on one handle come from one thread, which drives
 // the handle's net::Runtime (its UCX worker, see src/net/ucx/worker.h) and every other handle on
@@ -130,6 +134,13 @@ struct RefitEngineOptions {
   // full-size host copy of the source exists. Every run is cut at the slot size (half of this).
   // At least 512 (two slots of 256 bytes): InvalidArgument otherwise.
   int64_t stage_ring_bytes = int64_t{256} << 20;
+  // Pinned host memory per rank for the landing rounds of CUDA destinations UCX cannot register
+  // (docs/data-plane.md, "Destinations"; src/net/landing_rounds.h): with put delivery, the
+  // pieces other ranks put into such a destination land in a round area of at most this many
+  // bytes, half of it per round, and move to the device from there; no full-size host copy of
+  // the destination exists. Every rank must agree. At least kMinRoundQuota (4096): InvalidArgument
+  // otherwise; FailedPrecondition when too small for two rounds of 4096 bytes per sender.
+  int64_t stage_landing_bytes = int64_t{256} << 20;
 };
 
 // Figures of the last epoch on this rank.
@@ -174,8 +185,13 @@ struct RefitStats {
   // of bytes_staged_to_host).
   int64_t stage_ring_bytes = 0;
   int64_t stage_ring_batches = 0;
-  // Pinned host copies of staged CUDA buffers (destinations; sources outside the ring), full size.
+  // Pinned host copies of staged CUDA buffers (destinations that delta streams or relays need
+  // on the host; sources outside the ring), full size.
   int64_t stage_copy_bytes = 0;
+  // The landing rounds' pinned area (RefitEngineOptions::stage_landing_bytes; 0 without round
+  // pieces) and the rounds drained from it this epoch.
+  int64_t stage_landing_bytes = 0;
+  int64_t stage_landing_rounds = 0;
   int64_t bytes_ring_packed = 0;
 };
 

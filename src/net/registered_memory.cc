@@ -49,7 +49,8 @@ absl::StatusOr<SharedRegion> ParseSharedRegion(const std::string& text, int32_t 
 
 absl::StatusOr<std::unique_ptr<RegisteredMemory>> RegisteredMemory::Create(
     const plan::Plan& plan, int32_t rank, Runtime& runtime, std::vector<common::BufferView> buffers,
-    int64_t send_scratch_bytes, int64_t landing_bytes, const std::vector<bool>& ring_sources) {
+    int64_t send_scratch_bytes, int64_t landing_bytes, const std::vector<bool>& ring_sources,
+    const std::vector<bool>& direct_destinations, int64_t round_bytes) {
   std::unique_ptr<RegisteredMemory> m(new RegisteredMemory());
   const ucx::Context& context = runtime.context();
   m->buffers_ = std::move(buffers);
@@ -59,6 +60,7 @@ absl::StatusOr<std::unique_ptr<RegisteredMemory>> RegisteredMemory::Create(
   m->writable_.assign(n, false);
   m->regions_.resize(n);
   m->ring_sources_.assign(n, false);
+  m->direct_.assign(n, false);
   const std::vector<bool> read = SourceBuffersRead(plan, rank);
   for (size_t b = 0; b < n; ++b) {
     const common::BufferView& buf = m->buffers_[b];
@@ -83,6 +85,12 @@ absl::StatusOr<std::unique_ptr<RegisteredMemory>> RegisteredMemory::Create(
           // Packed into the staging ring by the GPU: no host copy, nothing to register.
           m->ring_sources_[b] = true;
           m->data_[b] = nullptr;
+          continue;
+        }
+        if (b < direct_destinations.size() && direct_destinations[b]) {
+          // Written by the engine's copies from the landing areas (landing rounds, packed
+          // streams, data messages): no host copy, and peers never write it.
+          m->direct_[b] = true;
           continue;
         }
         // UCX without CUDA memory (Debian's): stage through pinned host memory.
@@ -123,6 +131,16 @@ absl::StatusOr<std::unique_ptr<RegisteredMemory>> RegisteredMemory::Create(
         ucx::MemoryRegion::Map(context, m->landing_data_, static_cast<size_t>(landing_bytes),
                                UCS_MEMORY_TYPE_HOST));
   }
+  if (round_bytes > 0) {
+    // The landing rounds' area (src/net/landing_rounds.h): pinned, so its halves move to the
+    // device on the copy queue without a bounce.
+    RESHARD_ASSIGN_OR_RETURN(m->round_area_, cuda::AllocPinned(static_cast<size_t>(round_bytes)));
+    RESHARD_ASSIGN_OR_RETURN(
+        m->round_region_,
+        ucx::MemoryRegion::Map(context, m->round_area_, static_cast<size_t>(round_bytes),
+                               UCS_MEMORY_TYPE_HOST));
+    m->round_bytes_ = round_bytes;
+  }
   return m;
 }
 
@@ -142,7 +160,9 @@ RegisteredMemory::~RegisteredMemory() {
   regions_.clear();
   send_scratch_region_.reset();
   landing_region_.reset();
+  round_region_.reset();
   for (void* p : staging_) cuda::FreePinned(p);
+  cuda::FreePinned(round_area_);
 }
 
 absl::Status RegisteredMemory::AddRemoteKeys(rendezvous::Record* record) const {
@@ -166,6 +186,10 @@ absl::Status RegisteredMemory::AddRemoteKeys(rendezvous::Record* record) const {
   }
   if (landing_region_ != nullptr) {
     RESHARD_RETURN_IF_ERROR(add(landing_id(), *landing_region_, true));
+  }
+  if (round_region_ != nullptr) {
+    // Written with UCX puts only (pinned memory, not a shared-memory object).
+    RESHARD_RETURN_IF_ERROR(add(round_id(), *round_region_, false));
   }
   return absl::OkStatus();
 }

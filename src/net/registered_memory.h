@@ -36,10 +36,16 @@ class RegisteredMemory {
   // `ring_sources` (by buffer id, empty: none) names CUDA source buffers UCX cannot register
   // that the engine reads only through its staging ring (AttachRing, docs/data-plane.md): they
   // are neither registered nor given a pinned host copy (data(id) is null), and count as staged.
+  // `direct_destinations` (by buffer id, empty: none) names CUDA destination buffers UCX cannot
+  // register that the engine writes itself, with copies from its landing areas: neither
+  // registered nor given a pinned host copy (data(id) is the caller's memory, device(id) is
+  // true), and counted as staged. `round_bytes`: the landing rounds' area
+  // (src/net/landing_rounds.h), pinned and registered, published as round_id().
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<RegisteredMemory>> Create(
       const plan::Plan& plan, int32_t rank, Runtime& runtime,
       std::vector<common::BufferView> buffers, int64_t send_scratch_bytes, int64_t landing_bytes,
-      const std::vector<bool>& ring_sources = {});
+      const std::vector<bool>& ring_sources = {}, const std::vector<bool>& direct_destinations = {},
+      int64_t round_bytes = 0);
   ~RegisteredMemory();
   RegisteredMemory(const RegisteredMemory&) = delete;
   RegisteredMemory& operator=(const RegisteredMemory&) = delete;
@@ -57,7 +63,9 @@ class RegisteredMemory {
   // Pinned host memory of the full-size copies of staged buffers (destinations, and sources
   // outside the staging ring): docs/data-plane.md, "Destinations".
   int64_t staged_copy_bytes() const { return staged_copy_bytes_; }
-  // CUDA memory the engine touches directly (registered by a CUDA-enabled UCX).
+  // A direct destination (see Create): CUDA memory UCX cannot register, written by the engine.
+  bool direct(uint32_t id) const { return id < direct_.size() && direct_[id]; }
+  // CUDA memory the engine touches directly (registered by a CUDA-enabled UCX, or direct).
   bool device(uint32_t id) const {
     return buffers_[id].kind == common::MemoryKind::kCuda && !staged(id) && !ring_source(id);
   }
@@ -67,6 +75,12 @@ class RegisteredMemory {
   }
   uint8_t* landing() { return landing_data_; }
   uint32_t landing_id() const { return static_cast<uint32_t>(buffers_.size()); }
+  // The landing rounds' area (null and 0 when none) and the id of its remote key.
+  uint8_t* round_area() const { return static_cast<uint8_t*>(round_area_); }
+  int64_t round_bytes() const { return round_bytes_; }
+  uint32_t round_id() const { return static_cast<uint32_t>(buffers_.size()) + 1; }
+  // Ids of remote keys a peer's record may hold: the buffers, the landing area, the round area.
+  uint32_t remote_ids() const { return static_cast<uint32_t>(buffers_.size()) + 2; }
 
   // Read only through the staging ring (see Create).
   bool ring_source(uint32_t id) const { return id < ring_sources_.size() && ring_sources_[id]; }
@@ -96,6 +110,7 @@ class RegisteredMemory {
   std::vector<void*> staging_;  // Pinned, freed in the destructor after the regions.
   std::vector<bool> writable_;  // Peers write into it (destination and staging buffers).
   std::vector<bool> ring_sources_;
+  std::vector<bool> direct_;
   std::vector<std::unique_ptr<ucx::MemoryRegion>> regions_;
   std::vector<uint8_t> send_scratch_;
   std::unique_ptr<ucx::MemoryRegion> send_scratch_region_;
@@ -104,6 +119,9 @@ class RegisteredMemory {
   uint8_t* landing_data_ = nullptr;
   int64_t cuda_registered_ = 0, cuda_staged_ = 0, staged_copy_bytes_ = 0;
   std::unique_ptr<ucx::MemoryRegion> landing_region_;
+  void* round_area_ = nullptr;  // Pinned, freed in the destructor after its region.
+  int64_t round_bytes_ = 0;
+  std::unique_ptr<ucx::MemoryRegion> round_region_;
   // Declared in dependency order: the region is released before the ring's memory.
   std::unique_ptr<cuda::StagingRing> ring_;
   std::unique_ptr<ucx::MemoryRegion> ring_region_;

@@ -25,6 +25,10 @@ absl::StatusOr<std::shared_ptr<Runtime>> Runtime::Create() {
       worker.SetAmHandler(wire::kHelloAm, &Runtime::OnMessage<wire::kHelloAm>, self));
   RESHARD_RETURN_IF_ERROR(
       worker.SetAmHandler(wire::kDataAm, &Runtime::OnMessage<wire::kDataAm>, self));
+  RESHARD_RETURN_IF_ERROR(
+      worker.SetAmHandler(wire::kRoundAm, &Runtime::OnMessage<wire::kRoundAm>, self));
+  RESHARD_RETURN_IF_ERROR(
+      worker.SetAmHandler(wire::kRoundGrantAm, &Runtime::OnMessage<wire::kRoundGrantAm>, self));
   return runtime;
 }
 
@@ -67,7 +71,7 @@ void Runtime::Dispatch(unsigned id, const void* header, size_t header_length, co
   // Unknown ids are dropped before anything else (a rendezvous one is no protocol error of a
   // sink's peer: it names no message of ours).
   if (id != wire::kGrantAm && id != wire::kDoneAm && id != wire::kAbortAm && id != wire::kDataAm &&
-      id != wire::kHelloAm) {
+      id != wire::kHelloAm && id != wire::kRoundAm && id != wire::kRoundGrantAm) {
     return;
   }
   if (id == wire::kDataAm) {
@@ -105,6 +109,17 @@ void Runtime::Dispatch(unsigned id, const void* header, size_t header_length, co
     case wire::kHelloAm:
       sink->OnHello(h, from);
       return;
+    case wire::kRoundAm:
+    case wire::kRoundGrantAm: {
+      uint64_t round = 0;
+      if (length != sizeof(round) || data == nullptr) {
+        sink->OnAbort(h, "received a malformed landing round message (protocol error)", from);
+        return;
+      }
+      std::memcpy(&round, data, sizeof(round));
+      sink->OnRound(h, round, id == wire::kRoundGrantAm, from);
+      return;
+    }
     case wire::kDoneAm: {
       // No allocation: a signal carries at most kMaxIndicesPerSignal indices.
       std::array<uint32_t, wire::kMaxIndicesPerSignal> indices;

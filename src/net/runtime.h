@@ -42,6 +42,8 @@ class MessageSink {
   virtual void OnData(const wire::DataHeader& h, const void* data, size_t length,
                       ucp_ep_h from) = 0;
   virtual void OnAbort(const wire::AmHeader& h, absl::string_view reason, ucp_ep_h from) = 0;
+  // Landing rounds: wire::kRoundAm (`grant` false) and wire::kRoundGrantAm (true).
+  virtual void OnRound(const wire::AmHeader& h, uint64_t round, bool grant, ucp_ep_h from) = 0;
 
  protected:
   ~MessageSink() = default;

@@ -19,6 +19,11 @@ constexpr unsigned kDoneAm = 12;   // source -> destination: "pieces [..] of epo
 constexpr unsigned kAbortAm = 13;  // any -> peers: "my epoch E failed: <reason>".
 constexpr unsigned kDataAm = 14;   // source -> destination: one run of a piece (AM delivery).
 constexpr unsigned kHelloAm = 15;  // peer -> peer, once in Create: "my endpoint to you works".
+// Landing rounds (src/net/landing_rounds.h), each with an 8-byte payload, the round:
+// source -> destination: "my bytes of round R of epoch E are in your round area" (after a flush);
+constexpr unsigned kRoundAm = 16;
+// destination -> source: "you may write round R of epoch E" (rounds 0 and 1 come with the grant).
+constexpr unsigned kRoundGrantAm = 17;
 constexpr uint32_t kMagic = 0x52534844;  // "RSHD"
 
 // Piece indices per completion message, small enough to stay eager on every transport.

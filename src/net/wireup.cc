@@ -22,8 +22,35 @@ std::vector<int32_t> PeerRanks(const std::vector<std::unique_ptr<PeerLink>>& lin
 namespace {
 
 std::string LandingField(int32_t sender) { return absl::StrCat("landing.", sender); }
+std::string RoundsField(int32_t sender) { return absl::StrCat("rounds.", sender); }
+std::string DirectField(uint32_t id) { return absl::StrCat("direct.", id); }
 
 }  // namespace
+
+absl::StatusOr<RoundSender> RoundStreamOf(const rendezvous::Record& theirs, int32_t rank,
+                                          int32_t peer, uint64_t registered) {
+  RoundSender s;
+  s.rank = rank;
+  auto field = theirs.find(RoundsField(rank));
+  if (field == theirs.end()) return s;
+  std::vector<std::string> parts = absl::StrSplit(field->second, ':');
+  if (parts.size() != 3 || !absl::SimpleAtoi(parts[0], &s.offset) ||
+      !absl::SimpleAtoi(parts[1], &s.quota) || !absl::SimpleAtoi(parts[2], &s.total) ||
+      s.offset < 0 || s.quota < 1 || s.total < 1 || static_cast<uint64_t>(s.quota) > registered) {
+    return absl::DataLossError(absl::StrCat("the wire-up record of rank ", peer,
+                                            " has a malformed ", RoundsField(rank), " field"));
+  }
+  s.rounds = static_cast<int32_t>(std::min<int64_t>((s.total - 1) / s.quota + 1, INT32_MAX));
+  const auto area = static_cast<uint64_t>(s.rounds == 1 ? s.total : 2 * s.quota);
+  if (static_cast<uint64_t>(s.offset) > registered ||
+      area > registered - static_cast<uint64_t>(s.offset)) {
+    return absl::DataLossError(absl::StrCat("the wire-up record of rank ", peer, " places rank ",
+                                            rank, "'s ", area, " bytes of landing rounds at ",
+                                            s.offset, ", outside its ", registered,
+                                            "-byte round area"));
+  }
+  return s;
+}
 
 absl::StatusOr<int64_t> LandingBlockOf(const rendezvous::Record& theirs, int32_t rank, int32_t peer,
                                        int64_t bytes, uint64_t registered) {
@@ -61,7 +88,7 @@ absl::StatusOr<int64_t> LandingBlockOf(const rendezvous::Record& theirs, int32_t
 
 absl::Status Connect(rendezvous::Store& store, const std::string& prefix, int32_t rank,
                      Runtime& runtime, const RegisteredMemory& memory,
-                     absl::Span<const LandingBlock> landing_blocks,
+                     absl::Span<const LandingBlock> landing_blocks, const LandingRounds& rounds,
                      std::vector<std::unique_ptr<PeerLink>>& links, bool single_copy,
                      absl::Time deadline) {
   rendezvous::Record mine;
@@ -81,6 +108,12 @@ absl::Status Connect(rendezvous::Store& store, const std::string& prefix, int32_
   RESHARD_RETURN_IF_ERROR(memory.AddRemoteKeys(&mine));
   for (const LandingBlock& b : landing_blocks) {
     mine[LandingField(b.rank)] = absl::StrCat(b.offset, ":", b.bytes);
+  }
+  for (uint32_t id = 0; id < memory.size(); ++id) {
+    if (memory.direct(id)) mine[DirectField(id)].assign(1, '1');
+  }
+  for (const RoundSender& r : rounds.senders) {
+    mine[RoundsField(r.rank)] = absl::StrCat(r.offset, ":", r.quota, ":", r.total);
   }
   RESHARD_RETURN_IF_ERROR(rendezvous::PublishRecord(store, prefix, "wireup", rank, mine));
   for (const std::unique_ptr<PeerLink>& link : links) {
@@ -110,8 +143,22 @@ absl::Status Connect(rendezvous::Store& store, const std::string& prefix, int32_
     }
     link->set_peer_single_copy(theirs.count("single_copy") != 0 && theirs.at("single_copy") == "1");
     // Every plan buffer id, plus the landing area of packed streams.
-    RESHARD_RETURN_IF_ERROR(link->LoadRemoteKeys(link->sends_to ? theirs : rendezvous::Record{},
-                                                 memory.landing_id() + 1));
+    RESHARD_RETURN_IF_ERROR(
+        link->LoadRemoteKeys(link->sends_to ? theirs : rendezvous::Record{}, memory.remote_ids()));
+    if (link->sends_to) {
+      // Its direct destinations and this rank's landing rounds into it (landing_rounds.h).
+      link->peer_direct.assign(memory.size(), false);
+      for (uint32_t id = 0; id < memory.size(); ++id) {
+        link->peer_direct[id] = theirs.count(DirectField(id)) != 0;
+      }
+      RESHARD_ASSIGN_OR_RETURN(
+          link->round_to,
+          RoundStreamOf(theirs, rank, link->peer(), link->remote_bytes(memory.round_id())));
+      if (link->round_to.quota > 0 && link->rkey(memory.round_id()) == nullptr) {
+        return absl::DataLossError(absl::StrCat("rank ", link->peer(), " published landing ",
+                                                "rounds for rank ", rank, " but no round area"));
+      }
+    }
     if (link->packed_bytes_to > 0) {
       RESHARD_ASSIGN_OR_RETURN(
           const int64_t block,

@@ -49,16 +49,27 @@ namespace reshard::net {
                                                      int32_t rank, int32_t peer, int64_t bytes,
                                                      uint64_t registered);
 
+// This rank's stream into `peer`'s landing rounds, from `peer`'s wire-up record (`rounds.<rank>`
+// = "OFFSET:QUOTA:TOTAL", src/net/landing_rounds.h); quota 0 when the record has none. DataLoss
+// when the field is malformed or its rounds do not lie inside the `registered` bytes of the
+// peer's round area.
+[[nodiscard]] absl::StatusOr<RoundSender> RoundStreamOf(const rendezvous::Record& theirs,
+                                                        int32_t rank, int32_t peer,
+                                                        uint64_t registered);
+
 // `links` is indexed by rank (null for ranks that are not peers); each link's `sends_to` says
 // whether its remote keys are needed, its `packed_bytes_to` whether (and how large) a block of
 // the peer's landing area must be found in its record: FailedPrecondition when the peer
 // reserved a block of another size (the ranks disagree on what is packed), DataLoss when the
-// field is missing or malformed. `landing_blocks`: this rank's landing area, published.
+// field is missing or malformed. `landing_blocks`: this rank's landing area, published;
+// `rounds`: its landing rounds, published (`rounds.<sender>`) with its direct destination buffers
+// (`direct.<id>` = 1); each sending link reads the peer's into peer_direct and round_to.
 // `single_copy`: this rank may write same-host peers with process_vm_writev (published as
 // `single_copy`, read into PeerLink::peer_single_copy()).
 [[nodiscard]] absl::Status Connect(rendezvous::Store& store, const std::string& prefix,
                                    int32_t rank, Runtime& runtime, const RegisteredMemory& memory,
                                    absl::Span<const LandingBlock> landing_blocks,
+                                   const LandingRounds& rounds,
                                    std::vector<std::unique_ptr<PeerLink>>& links, bool single_copy,
                                    absl::Time deadline);
 

@@ -458,6 +458,8 @@ TEST(CApiTest, ErrorsCodesAndARefit) {
   EXPECT_EQ(stats.epoch, 1u);
   EXPECT_EQ(stats.bytes_local, 96);
   EXPECT_EQ(stats.stage_copy_bytes, 0);  // Host buffers: nothing staged.
+  EXPECT_EQ(stats.stage_landing_bytes, 0);
+  EXPECT_EQ(stats.stage_landing_rounds, 0);
   EXPECT_EQ(reshard_handle_wait(handle, 1000), RESHARD_FAILED_PRECONDITION);
   reshard_handle_destroy(handle);
   // Abandon: returns the failure it was given (OK or an unknown code: UNKNOWN) as the last

@@ -1,11 +1,11 @@
 // Device memory through the refit engine: CUDA buffers registered directly when UCX reports
 // CUDA memory, otherwise staged (sources packed by the GPU into the staging ring, destinations
-// through pinned host copies; the statistics say which, and count every staging copy, and a
-// ring far smaller than the sources forces many batches and slot reuse); and delta refits of CUDA
-// sources (encoded by the CUDA kernels against a device shadow) into CUDA destinations (applied by
-// the kernels, or to a staged buffer's host copy), byte-exact over refits that change 5% of the
-// elements, all of them, or none. Skips without a usable GPU (cudaGetDeviceCount error or 0
-// devices). Ranks are forked processes over UCX shared memory.
+// written by the engine from its bounded landing rounds; the statistics say which, and count every
+// staging copy, and a ring far smaller than the sources forces many batches and slot reuse); and
+// delta refits of CUDA sources (encoded by the CUDA kernels against a device shadow) into CUDA
+// destinations (applied by the kernels, or to a staged buffer's host copy), byte-exact over refits
+// that change 5% of the elements, all of them, or none. Skips without a usable GPU
+// (cudaGetDeviceCount error or 0 devices). Ranks are forked processes over UCX shared memory.
 #include <cuda_runtime_api.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -91,8 +92,15 @@ int Rank(int rank, const std::string& dir, const char* spec_json = kSpec, int64_
     if (stats.cuda_buffers_registered + stats.cuda_buffers_staged != tensors) return 18;
     if (stats.bytes_staged_to_host != (staged && rank < 2 ? src_bytes : 0)) return 19;
     if (stats.bytes_staged_to_device != (staged && rank >= 2 ? dst_bytes : 0)) return 20;
-    // Staged destinations keep full-size pinned copies; ring sources none.
-    if (stats.stage_copy_bytes != (staged && rank >= 2 ? dst_bytes : 0)) return 22;
+    // No full-size pinned copies: ring sources have none, and staged destinations are written
+    // by the engine, their plain pieces through the landing rounds' area (put delivery) within
+    // its budget.
+    if (stats.stage_copy_bytes != 0) return 22;
+    const bool rounds = staged && rank >= 2 && std::string((*engine)->delivery()) == "put";
+    if ((stats.stage_landing_bytes > 0) != rounds || stats.stage_landing_bytes > (256 << 20) ||
+        (rounds && stats.stage_landing_rounds < 2)) {
+      return 23;
+    }
     // The ring: its pinned memory within the budget, every source byte packed once (rows ->
     // columns: each source sends its whole tile), in several batches when the budget is small.
     const bool ring = staged && rank < 2;

@@ -183,6 +183,14 @@ TEST(RefitEngine, RejectsBuffersThatDoNotMatchThePlan) {
   EXPECT_NE(ring.status().message().find("rank 2: stage_ring_bytes is 511"),
             absl::string_view::npos)
       << ring.status();
+  // A landing rounds' budget below one least round (refused whether or not rounds are needed).
+  RefitEngineOptions tiny_landing;
+  tiny_landing.stage_landing_bytes = 4095;
+  auto landing = RefitEngine::Create(rb.plan, 2, **store, *runtime, rb.buffers, tiny_landing);
+  EXPECT_EQ(landing.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(landing.status().message().find("rank 2: stage_landing_bytes is 4095"),
+            absl::string_view::npos)
+      << landing.status();
 }
 
 // Heap bytes in use: glibc's count (every arena, mmapped chunks included), or, under ASan, whose
@@ -275,12 +283,13 @@ TEST(Runtime, DispatchDropsUnknownIds) {
     void OnDone(const wire::AmHeader&, const uint32_t*, size_t, ucp_ep_h) override { calls++; }
     void OnData(const wire::DataHeader&, const void*, size_t, ucp_ep_h) override { calls++; }
     void OnAbort(const wire::AmHeader&, absl::string_view, ucp_ep_h) override { calls++; }
+    void OnRound(const wire::AmHeader&, uint64_t, bool, ucp_ep_h) override { calls++; }
   } sink;
   auto runtime = Runtime::Create();
   ASSERT_TRUE(runtime.ok()) << runtime.status();
   ASSERT_TRUE((*runtime)->Register(7, &sink).ok());
   const wire::AmHeader h{wire::kMagic, 0, 7, 1};
-  for (unsigned id : {0u, 10u, 16u, 255u}) {
+  for (unsigned id : {0u, 10u, 18u, 255u}) {
     for (bool rendezvous : {false, true}) {
       (*runtime)->Dispatch(id, &h, sizeof(h), nullptr, 0, rendezvous, nullptr);
     }

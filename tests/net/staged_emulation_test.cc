@@ -48,8 +48,15 @@ void Say(int rank, const std::string& what) {
   std::fprintf(stderr, "rank %d: %s\n", rank, what.c_str());
 }
 
-// One rank: host buffers marked CUDA, `epochs` refits with `delivery`, each verified.
-int Rank(int rank, const std::string& dir, RefitEngineOptions::Delivery delivery, bool delta) {
+struct World {
+  RefitEngineOptions::Delivery delivery = RefitEngineOptions::Delivery::kPut;
+  bool delta = false;
+  int64_t landing_bytes = 0;  // RefitEngineOptions::stage_landing_bytes (0: the default).
+};
+
+// One rank: host buffers marked CUDA, four refits, each verified.
+int Rank(int rank, const std::string& dir, const World& world) {
+  const bool delta = world.delta;
   cuda::EmulateDevicesOnHost(true);
   auto spec = plan::ParseSpecJson(kSpec);
   if (!spec.ok()) return 10;
@@ -70,8 +77,10 @@ int Rank(int rank, const std::string& dir, RefitEngineOptions::Delivery delivery
   auto runtime = Runtime::Create();
   if (!runtime.ok()) return 12;
   RefitEngineOptions options;
-  options.delivery = delivery;
+  options.delivery = world.delivery;
   options.delta = delta;
+  if (world.landing_bytes > 0) options.stage_landing_bytes = world.landing_bytes;
+  const bool puts = world.delivery == RefitEngineOptions::Delivery::kPut;
   auto engine = RefitEngine::Create(*plan, rank, **store, *runtime, buffers, options);
   if (!engine.ok()) {
     Say(rank, std::string(engine.status().message()));
@@ -93,20 +102,33 @@ int Rank(int rank, const std::string& dir, RefitEngineOptions::Delivery delivery
       Say(rank, absl::StrCat("epoch ", epoch, ": ", done.message()));
       return 15;
     }
-    // Every buffer is staged: sources copied whole to their host copies before the first send,
-    // every destination byte moved from its host copy, both kept at full size; no ring.
+    // Every buffer is staged: sources copied whole to their host copies before the first send
+    // (no ring), every destination byte moved to the device by the engine. A destination keeps
+    // a full-size host copy only for delta streams; otherwise, with puts, its plain pieces came
+    // through the landing rounds' area (within its budget; many rounds when it is small).
     const RefitStats& st = (*engine)->last_stats();
     const bool source = rank < 2;
+    const bool rounds = !source && puts && !delta;
+    const int64_t budget = world.landing_bytes > 0 ? world.landing_bytes : int64_t{256} << 20;
     if (st.cuda_buffers_registered != 0 || st.cuda_buffers_staged != (rank == 2 ? 2 : 3) ||
         st.bytes_staged_to_host != (source ? src_bytes : 0) ||
         st.bytes_staged_to_device != (source ? 0 : dst_bytes) ||
-        st.stage_copy_bytes != (source ? src_bytes : dst_bytes) || st.stage_ring_bytes != 0) {
+        st.stage_copy_bytes != (source  ? src_bytes
+                                : delta ? dst_bytes
+                                        : 0) ||
+        st.stage_ring_bytes != 0 || (st.stage_landing_bytes > 0) != rounds ||
+        st.stage_landing_bytes > budget ||
+        st.stage_landing_rounds < (!rounds                   ? 0
+                                   : world.landing_bytes > 0 ? 16
+                                                             : 2) ||
+        (!rounds && st.stage_landing_rounds != 0)) {
       Say(rank, absl::StrCat("epoch ", epoch, ": ", st.cuda_buffers_registered, " registered, ",
                              st.cuda_buffers_staged, " staged, ", st.bytes_staged_to_host,
                              " bytes to the host, ", st.bytes_staged_to_device,
                              " to the device, copies of ", st.stage_copy_bytes, " bytes, ring ",
-                             st.stage_ring_bytes, " (sources ", src_bytes, ", destinations ",
-                             dst_bytes, ")"));
+                             st.stage_ring_bytes, ", landing area ", st.stage_landing_bytes,
+                             " bytes in ", st.stage_landing_rounds, " rounds (sources ", src_bytes,
+                             ", destinations ", dst_bytes, ")"));
       return 18;
     }
     // (Epochs 2 and 4 change every element: those travel plain.)
@@ -135,28 +157,37 @@ int Rank(int rank, const std::string& dir, RefitEngineOptions::Delivery delivery
   return 0;
 }
 
-void RunWorld(RefitEngineOptions::Delivery delivery, bool delta, const std::string& tag) {
+void RunWorld(const World& world, const std::string& tag) {
   const std::string dir = testing::ScratchDir(tag);
   std::map<int32_t, int> codes = testing::ForkRanks(
-      testing::Ranks(4), [&](int32_t r) { return Rank(r, dir, delivery, delta); },
+      testing::Ranks(4), [&](int32_t r) { return Rank(r, dir, world); },
       testing::SharedMemoryUcx(absl::Seconds(90)));
   for (int r = 0; r < 4; ++r) EXPECT_EQ(codes[r], 0) << "rank " << r;
 }
 
-TEST(StagedEmulation, PutDeliveryRefitsStagedBuffersByteExact) {
-  RunWorld(RefitEngineOptions::Delivery::kPut, /*delta=*/false, "staged-put");
+constexpr auto kPut = RefitEngineOptions::Delivery::kPut;
+constexpr auto kAm = RefitEngineOptions::Delivery::kActiveMessage;
+
+TEST(StagedEmulation, PutDeliveryLandsInOneRoundPerSenderByteExact) {
+  RunWorld(World{kPut, false, 0}, "staged-put");
 }
 
-TEST(StagedEmulation, ActiveMessagesRefitStagedBuffersByteExact) {
-  RunWorld(RefitEngineOptions::Delivery::kActiveMessage, /*delta=*/false, "staged-am");
+// 64 KiB of landing area for 262 KiB from each of two senders: rounds of 16 KiB, each half
+// reused eight times per refit, runs of 8 KiB and a 6 KiB piece cut at round ends.
+TEST(StagedEmulation, PutDeliveryThroughASmallLandingAreaInManyRoundsByteExact) {
+  RunWorld(World{kPut, false, 64 << 10}, "staged-put-rounds");
+}
+
+TEST(StagedEmulation, ActiveMessagesCopyIntoDirectDestinationsByteExact) {
+  RunWorld(World{kAm, false, 0}, "staged-am");
 }
 
 TEST(StagedEmulation, DeltaRefitsApplyToStagedCopiesByteExact) {
-  RunWorld(RefitEngineOptions::Delivery::kPut, /*delta=*/true, "staged-delta");
+  RunWorld(World{kPut, true, 0}, "staged-delta");
 }
 
 TEST(StagedEmulation, DeltaRefitsOverActiveMessagesByteExact) {
-  RunWorld(RefitEngineOptions::Delivery::kActiveMessage, /*delta=*/true, "staged-delta-am");
+  RunWorld(World{kAm, true, 0}, "staged-delta-am");
 }
 
 }  // namespace

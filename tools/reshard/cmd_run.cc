@@ -97,7 +97,8 @@ options:
                        lower_bound_ms and ratio; memory; with --memory cuda gpus,
                        destination_bytes, cuda_buffers_registered, cuda_buffers_staged,
                        bytes_staged_to_host, bytes_staged_to_device (last refit, all ranks),
-                       stage_ring_bytes and stage_copy_bytes (all ranks), device_copy_ms and
+                       stage_ring_bytes, stage_copy_bytes and stage_landing_bytes (all
+                       ranks), device_copy_ms and
                        ratio_device_copy (0 and device_copy_error when the copy failed);
                        errors lists every failed rank
   --help               this text
@@ -110,10 +111,11 @@ its buffer, exit 1.)
 
 // --memory cuda figures of one rank, or summed over ranks: destination bytes (what a refit
 // writes), CUDA buffers registered with UCX and staged, the last refit's staging copies, the
-// staging ring's pinned bytes and the pinned host copies of staged buffers.
+// staging ring's pinned bytes, the pinned host copies of staged buffers and the landing
+// rounds' pinned areas.
 struct CudaFigures {
   int64_t destination_bytes = 0, registered = 0, staged = 0, to_host = 0, to_device = 0,
-          ring_bytes = 0, copy_bytes = 0;
+          ring_bytes = 0, copy_bytes = 0, landing_bytes = 0;
   void Add(const CudaFigures& o) {
     destination_bytes += o.destination_bytes;
     registered += o.registered;
@@ -122,6 +124,7 @@ struct CudaFigures {
     to_device += o.to_device;
     ring_bytes += o.ring_bytes;
     copy_bytes += o.copy_bytes;
+    landing_bytes += o.landing_bytes;
   }
 };
 
@@ -195,7 +198,7 @@ RankLine ParseRankLine(const std::string& line) {
   r.cuda = CudaFigures{num("destination_bytes"),      num("cuda_buffers_registered"),
                        num("cuda_buffers_staged"),    num("bytes_staged_to_host"),
                        num("bytes_staged_to_device"), num("stage_ring_bytes"),
-                       num("stage_copy_bytes")};
+                       num("stage_copy_bytes"),       num("stage_landing_bytes")};
   r.error = str("error");
   r.parsed = true;
   return r;
@@ -550,6 +553,7 @@ int RunCommand(int argc, char** argv) {
                       ",\"bytes_staged_to_device\":", cuda_all.to_device,
                       ",\"stage_ring_bytes\":", cuda_all.ring_bytes,
                       ",\"stage_copy_bytes\":", cuda_all.copy_bytes,
+                      ",\"stage_landing_bytes\":", cuda_all.landing_bytes,
                       ",\"device_copy_ms\":", Ms(device_copy_ms),
                       ",\"ratio_device_copy\":", absl::StrFormat("%.3f", ratio_device_copy));
       if (!device_copy_error.empty()) {
@@ -638,11 +642,16 @@ int RunCommand(int argc, char** argv) {
                   ratio, ratio_landing);
     }
     if (cuda) {
-      // The pinned host memory staging holds, all ranks: the rings and the full-size copies.
+      // The pinned host memory staging holds, all ranks: the rings, the landing rounds' areas
+      // and the full-size copies.
       std::vector<std::string> pinned;
       if (cuda_all.ring_bytes > 0) {
         pinned.push_back(
             absl::StrCat("staging rings ", FormatBytes(static_cast<double>(cuda_all.ring_bytes))));
+      }
+      if (cuda_all.landing_bytes > 0) {
+        pinned.push_back(absl::StrCat("landing rounds ",
+                                      FormatBytes(static_cast<double>(cuda_all.landing_bytes))));
       }
       if (cuda_all.copy_bytes > 0) {
         pinned.push_back(absl::StrCat("full-size copies ",

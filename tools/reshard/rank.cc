@@ -302,6 +302,7 @@ RankReport RunRank(const RankOptions& options, const Communicator& comm) {
     report.bytes_staged_to_device = s.bytes_staged_to_device;
     report.stage_ring_bytes = s.stage_ring_bytes;
     report.stage_copy_bytes = s.stage_copy_bytes;
+    report.stage_landing_bytes = s.stage_landing_bytes;
     if (i == 0) {
       report.registrations_first = s.registrations_total;
       report.transports = s.transports;
@@ -373,7 +374,7 @@ std::string RankReportJson(const RankReport& r) {
       ",\"bytes_staged_to_host\":", r.bytes_staged_to_host,
       ",\"bytes_staged_to_device\":", r.bytes_staged_to_device,
       ",\"stage_ring_bytes\":", r.stage_ring_bytes, ",\"stage_copy_bytes\":", r.stage_copy_bytes,
-      ",\"error\":", JsonQuote(r.error), "}");
+      ",\"stage_landing_bytes\":", r.stage_landing_bytes, ",\"error\":", JsonQuote(r.error), "}");
 }
 
 }  // namespace reshard::cli

@@ -87,7 +87,7 @@ struct RankReport {
   int64_t destination_bytes = 0;
   int64_t cuda_buffers_registered = 0, cuda_buffers_staged = 0;
   int64_t bytes_staged_to_host = 0, bytes_staged_to_device = 0, stage_ring_bytes = 0;
-  int64_t stage_copy_bytes = 0;
+  int64_t stage_copy_bytes = 0, stage_landing_bytes = 0;
   std::string error;
 };
 
@@ -108,7 +108,8 @@ RankReport RunRank(const RankOptions& options, const Communicator& comm);
 //  "delta_pieces":N,"delta_full_pieces":N,"delta_stream_bytes":B,"delta_plain_bytes":B,
 //  "delta_shadow_bytes":B,"memory":"host","gpu":"","destination_bytes":B,
 //  "cuda_buffers_registered":N,"cuda_buffers_staged":N,"bytes_staged_to_host":B,
-//  "bytes_staged_to_device":B,"stage_ring_bytes":B,"stage_copy_bytes":B,"error":"..."}
+//  "bytes_staged_to_device":B,"stage_ring_bytes":B,"stage_copy_bytes":B,
+//  "stage_landing_bytes":B,"error":"..."}
 std::string RankReportJson(const RankReport& report);
 
 }  // namespace reshard::cli

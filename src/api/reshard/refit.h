@@ -170,6 +170,14 @@ struct HandleOptions {
   // posted, so no full-size host copy of a source exists (docs/data-plane.md). At least 512
   // bytes (InvalidArgument otherwise); the ring is allocated only when such sources exist.
   int64_t stage_ring_bytes = int64_t{256} << 20;
+  // Pinned host memory per rank for the landing rounds of CUDA destinations that UCX cannot
+  // register: the pieces other ranks put into them land there, half of it per round, and move
+  // to the device from there, so no full-size host copy of a destination exists
+  // (docs/data-plane.md, "Destinations"). Only a destination that delta streams land in, or that
+  // this rank sends from, keeps one (Stats::stage_copy_bytes). Ranks need not agree: each
+  // receiver sizes its own rounds. At least 4096 bytes (InvalidArgument otherwise);
+  // FailedPrecondition when it cannot hold two rounds of 4096 bytes for every sender.
+  int64_t stage_landing_bytes = int64_t{256} << 20;
 };
 
 // Figures of the last refit on this rank.
@@ -230,10 +238,15 @@ struct Stats {
   int64_t stage_ring_bytes = 0;
   int64_t stage_ring_batches = 0;
   int64_t bytes_ring_packed = 0;
-  // Pinned host memory of the full-size copies of staged CUDA buffers: every staged destination
-  // (landed pieces move from it to the device) and any staged source outside the ring. Not
-  // bounded by stage_ring_bytes yet (docs/data-plane.md, "Destinations").
+  // Pinned host memory of the full-size copies of staged CUDA buffers: destinations that delta
+  // streams land in or that this rank sends from, and staged sources outside the ring (0
+  // otherwise; docs/data-plane.md, "Destinations").
   int64_t stage_copy_bytes = 0;
+  // The landing rounds of CUDA destinations UCX cannot register (HandleOptions::
+  // stage_landing_bytes): their pinned area (0 when no piece lands through it) and the rounds
+  // copied out of it to the device in this refit.
+  int64_t stage_landing_bytes = 0;
+  int64_t stage_landing_rounds = 0;
   // Quantized destinations (docs/quantization.md): time this rank spent quantizing its sources
   // (partial amaxes, dequantizing FP8 sources, quantizing; host or GPU, copies to the host
   // included), time from starting the amax exchange to its end (0 without one), and the host

@@ -125,6 +125,10 @@ typedef struct reshard_stats {
   int64_t bytes_ring_packed;
   /* Pinned host copies of staged CUDA buffers, full size (reshard::Stats::stage_copy_bytes). */
   int64_t stage_copy_bytes;
+  /* The landing rounds of CUDA destinations UCX cannot register: their pinned area and the
+   * rounds copied out of it (reshard::Stats' fields of the same names). */
+  int64_t stage_landing_bytes;
+  int64_t stage_landing_rounds;
 } reshard_stats_t;
 
 /* The message of the last failing call on this thread ("" when none). Valid until the next
@@ -332,6 +336,8 @@ typedef struct reshard_handle_options {
   int64_t setup_timeout_ms; /* <= 0: 60 s */
   int32_t delta;            /* nonzero: delta refits (docs/delta.md) */
   int64_t stage_ring_bytes; /* <= 0: 256 MiB (reshard::HandleOptions::stage_ring_bytes) */
+  /* <= 0: 256 MiB (reshard::HandleOptions::stage_landing_bytes) */
+  int64_t stage_landing_bytes;
 } reshard_handle_options_t;
 /* reshard_handle_create with options; `options_size` is sizeof(reshard_handle_options_t) as
  * the caller compiled it (fields beyond it take their defaults). */

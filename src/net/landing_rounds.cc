@@ -1,0 +1,91 @@
+#include "src/net/landing_rounds.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_format.h"
+
+namespace reshard::net {
+
+bool IsRoundPiece(const plan::Plan& plan, const plan::Transfer& t, bool packed, bool delta,
+                  bool to_direct) {
+  return to_direct && t.from_rank != t.to_rank && !packed && !delta && t.after < 0 &&
+         plan.region(t.region).bytes > 0;
+}
+
+absl::StatusOr<LandingRounds> PlanLandingRounds(const plan::Plan& plan, const SendProgram& program,
+                                                const std::vector<bool>& direct, int64_t budget) {
+  LandingRounds out;
+  out.sender_of_slot.assign(program.received.size(), -1);
+  // Slots are in plan order (ascending world index), the order each sender posts its pieces.
+  std::vector<std::vector<uint32_t>> by_sender(static_cast<size_t>(plan.world_size()));
+  for (uint32_t slot = 0; slot < program.received.size(); ++slot) {
+    const plan::Transfer& t = plan.transfers()[program.received[slot]];
+    const uint32_t to = plan.buffer_of(t.tensor, t.to_side);
+    if (IsRoundPiece(plan, t, program.landing_offset[slot] >= 0,
+                     program.delta_elem_bytes[slot] != 0, to < direct.size() && direct[to])) {
+      by_sender[static_cast<size_t>(t.from_rank)].push_back(slot);
+    }
+  }
+  int64_t all = 0;
+  for (int32_t r = 0; r < plan.world_size(); ++r) {
+    if (by_sender[r].empty()) continue;
+    RoundSender s;
+    s.rank = r;
+    s.piece_begin = static_cast<uint32_t>(out.pieces.size());
+    for (uint32_t slot : by_sender[r]) {
+      const int64_t bytes = plan.region(plan.transfers()[program.received[slot]].region).bytes;
+      out.sender_of_slot[slot] = static_cast<int32_t>(out.senders.size());
+      out.pieces.push_back(RoundPiece{slot, s.total, bytes});
+      s.total += bytes;
+    }
+    s.piece_end = static_cast<uint32_t>(out.pieces.size());
+    all += s.total;
+    out.senders.push_back(s);
+  }
+  if (out.senders.empty()) return out;
+  if (budget < kMinRoundQuota) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("rank %d: stage_landing_bytes is %d, below the least round of %d bytes",
+                        program.rank, budget, kMinRoundQuota));
+  }
+  const bool one_round = all <= budget;
+  const double half = static_cast<double>(budget / 2);
+  for (RoundSender& s : out.senders) {
+    if (one_round) {
+      s.quota = s.total;
+    } else {
+      // A share of half the budget in proportion to the stream, in whole 256-byte units.
+      const auto share = static_cast<int64_t>(half * (static_cast<double>(s.total) / all));
+      s.quota = std::min(s.total, std::max(kMinRoundQuota, share / 256 * 256));
+    }
+    s.rounds = static_cast<int32_t>((s.total + s.quota - 1) / s.quota);
+    s.offset = out.area_bytes;
+    out.area_bytes += s.rounds == 1 ? s.total : 2 * s.quota;
+  }
+  if (out.area_bytes > budget) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "rank %d: stage_landing_bytes of %d bytes cannot hold two rounds of at least %d bytes for "
+        "each of the %d ranks that send into its CUDA destinations (it needs %d); raise it",
+        program.rank, budget, kMinRoundQuota, out.senders.size(), out.area_bytes));
+  }
+  return out;
+}
+
+std::vector<int64_t> RoundStreamBases(const plan::Plan& plan, const SendProgram& program,
+                                      int32_t peer, const std::vector<bool>& peer_direct,
+                                      int64_t* total) {
+  std::vector<int64_t> bases(program.descs.size(), -1);
+  *total = 0;
+  for (uint32_t i = program.peer_begin[peer]; i < program.peer_begin[peer + 1]; ++i) {
+    const SendDesc& d = program.descs[i];
+    const plan::Transfer& t = plan.transfers()[d.transfer];
+    if (IsRoundPiece(plan, t, d.packed, d.delta_elem_bytes > 0,
+                     d.to_buffer < peer_direct.size() && peer_direct[d.to_buffer])) {
+      bases[i] = *total;
+      *total += d.bytes;
+    }
+  }
+  return bases;
+}
+
+}  // namespace reshard::net

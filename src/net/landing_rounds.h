@@ -1,0 +1,94 @@
+// Landing rounds: how pieces reach CUDA destinations that UCX cannot register, through a pinned
+// landing area of bounded size instead of a full-size pinned copy of each destination
+// (docs/data-plane.md, "Destinations"). A pure function of the send program, tested on the CPU.
+//
+// A "direct" destination buffer is CUDA memory the engine writes itself (no pinned copy, not
+// registered). With put delivery, the pieces other ranks send into it plainly (not packed, not
+// delta streams, not empty, without `after`) are its round pieces. Each sender's round pieces to
+// a receiver, in plan order (the order the sender posts them), form one stream of `total`
+// bytes; the receiver gives the sender a slice of its round area of two halves of `quota` bytes
+// each (one when the stream fits one), and stream bytes [r * quota, (r + 1) * quota) are round r,
+// written into half r % 2. The sender posts round r only once granted: the epoch's grant allows
+// rounds 0 and 1, and the receiver grants round r + 2 when round r has been copied out of its
+// half to the device. A sender's rounds depend on nothing but its own earlier rounds and the
+// receiver's copy queue, so no sender waits on another and no cycle can form.
+//
+// Quotas: when every sender's stream fits the budget together, each gets one round of its
+// whole stream; otherwise each gets a share of half the budget in proportion to its stream, at
+// least kMinRoundQuota bytes.
+//
+// Both sides compute what they need from their own send program: the receiver its senders'
+// streams (published as `rounds.<sender>` = "OFFSET:QUOTA:TOTAL" in its wire-up record, with
+// `round.<id>` = 1 for each direct destination buffer), the sender each descriptor's place in
+// its stream to a receiver (which must add up to the TOTAL the receiver published).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "src/net/send_program.h"
+#include "src/plan/plan.h"
+
+namespace reshard::net {
+
+// The least bytes per round a sender is given (a larger budget is needed for more senders).
+constexpr int64_t kMinRoundQuota = 4096;
+
+// A sender's stream into this rank's round area.
+struct RoundSender {
+  int32_t rank = 0;
+  int64_t total = 0;                        // Bytes of its round pieces.
+  int64_t quota = 0;                        // Bytes per round (a half of its slice).
+  int64_t offset = 0;                       // Its slice in the round area.
+  int32_t rounds = 0;                       // ceil(total / quota).
+  uint32_t piece_begin = 0, piece_end = 0;  // Its pieces, in LandingRounds::pieces.
+
+  int32_t RoundOf(int64_t x) const { return static_cast<int32_t>(x / quota); }
+  // Where stream byte `x` lies in the round area.
+  int64_t AreaOffset(int64_t x) const {
+    const int64_t r = x / quota;
+    return offset + (r % 2) * quota + (x - r * quota);
+  }
+  // The stream bytes of round r: [RoundBegin(r), RoundEnd(r)).
+  int64_t RoundBegin(int32_t r) const { return r * quota; }
+  int64_t RoundEnd(int32_t r) const { return std::min(total, (r + 1) * quota); }
+};
+
+// One round piece landing here: its slot (SendProgram::received) and place in its sender's
+// stream.
+struct RoundPiece {
+  uint32_t slot = 0;
+  int64_t base = 0;
+  int64_t bytes = 0;
+};
+
+struct LandingRounds {
+  std::vector<RoundSender> senders;  // Ascending rank.
+  std::vector<RoundPiece> pieces;    // By sender, plan order within one.
+  int64_t area_bytes = 0;
+  // By slot: the index in `senders` of a round piece's sender, -1 for other slots.
+  std::vector<int32_t> sender_of_slot;
+
+  bool empty() const { return senders.empty(); }
+};
+
+// Whether `t` (sent into buffer `to_buffer` of its receiver, which is direct when
+// `to_direct`) travels as a round piece; the same rule on both sides.
+bool IsRoundPiece(const plan::Plan& plan, const plan::Transfer& t, bool packed, bool delta,
+                  bool to_direct);
+
+// Receiving side of `program` (this rank's): `direct` by buffer id. InvalidArgument when the
+// budget is below kMinRoundQuota; FailedPrecondition naming the rank when it cannot give every
+// sender two rounds of kMinRoundQuota.
+absl::StatusOr<LandingRounds> PlanLandingRounds(const plan::Plan& plan, const SendProgram& program,
+                                                const std::vector<bool>& direct, int64_t budget);
+
+// Sending side: by descriptor of `program`, its first byte's place in this rank's round stream
+// to its receiver `peer`, or -1 when it is not a round piece; `peer_direct` by buffer id (the
+// peer's `round.<id>` fields). `*total` receives the stream's bytes.
+std::vector<int64_t> RoundStreamBases(const plan::Plan& plan, const SendProgram& program,
+                                      int32_t peer, const std::vector<bool>& peer_direct,
+                                      int64_t* total);
+
+}  // namespace reshard::net

@@ -1,0 +1,222 @@
+// Landing rounds (src/net/landing_rounds.h) on real plans, without UCX: the receiver's table and
+// every sender's stream agree piece by piece (the same world indices at the same stream
+// offsets, the same totals), quotas stay within the budget with two halves per sender, every
+// stream byte has one place in its sender's slice and consecutive rounds alternate halves,
+// pieces that cannot travel in rounds (packed, delta, empty, relayed) are left out, and a
+// budget too small is refused with the rank named. The wire-up field is parsed strictly.
+#include "src/net/landing_rounds.h"
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "src/net/wireup.h"
+#include "src/plan/spec_json.h"
+
+namespace reshard::net {
+namespace {
+
+plan::Plan MakePlan(const std::string& json) {
+  auto spec = plan::ParseSpecJson(json);
+  EXPECT_TRUE(spec.ok()) << spec.status();
+  auto plan = plan::BuildPlan(std::make_shared<const plan::RefitSpec>(*spec));
+  EXPECT_TRUE(plan.ok()) << plan.status();
+  return *std::move(plan);
+}
+
+// Rows -> columns (plain runs of 2 KiB and packed runs of 64 bytes) and a replicated
+// destination: every destination rank receives from both sources.
+constexpr char kTwoSenders[] = R"json({"tensors": [
+  {"name": "v", "dtype": "fp32", "shape": [64, 1024],
+   "src": {"mesh": [0, 1], "placements": ["S(0)"]}, "dst": {"mesh": [2, 3], "placements": ["S(1)"]}},
+  {"name": "w", "dtype": "bf16", "shape": [64, 64],
+   "src": {"mesh": [0, 1], "placements": ["S(0)"]}, "dst": {"mesh": [2, 3], "placements": ["S(1)"]}},
+  {"name": "e", "dtype": "fp32", "shape": [16, 40],
+   "src": {"mesh": [0, 1], "placements": ["S(0)"]}, "dst": {"mesh": [2, 3], "placements": ["R"]}}]})json";
+// The same in two domains: the engine runs the fan-out, so relayed pieces (`after`) land too.
+constexpr char kDomains[] = R"json({"topology": {"domains": [[0, 1], [2, 3, 4, 5]]}, "tensors": [
+  {"name": "v", "dtype": "fp32", "shape": [64, 1024],
+   "src": {"mesh": [0, 1], "placements": ["S(0)"]}, "dst": {"mesh": [2, 3], "placements": ["S(1)"]}},
+  {"name": "w", "dtype": "bf16", "shape": [64, 64],
+   "src": {"mesh": [0, 1], "placements": ["S(0)"]}, "dst": {"mesh": [2, 3], "placements": ["S(1)"]}},
+  {"name": "e", "dtype": "fp32", "shape": [16, 40],
+   "src": {"mesh": [0, 1], "placements": ["S(0)"]}, "dst": {"mesh": [2, 3, 4, 5], "placements": ["R"]}}]})json";
+
+SendProgramOptions Options() {
+  SendProgramOptions o;
+  o.pack_below_run_bytes = 1024;
+  return o;
+}
+
+// Every destination buffer direct.
+std::vector<bool> AllDestinations(const plan::Plan& plan) {
+  std::vector<bool> direct(plan.buffers().size(), false);
+  for (size_t b = 0; b < direct.size(); ++b) direct[b] = plan.buffers()[b].side != plan::Side::kSrc;
+  return direct;
+}
+
+void ExpectBothSidesAgree(const char* spec) {
+  const plan::Plan plan = MakePlan(spec);
+  const std::vector<bool> direct = AllDestinations(plan);
+  std::vector<SendProgram> programs;
+  for (int32_t r = 0; r < plan.world_size(); ++r)
+    programs.push_back(BuildSendProgram(plan, r, Options()));
+  int64_t round_pieces = 0;
+  for (int32_t p = 0; p < plan.world_size(); ++p) {
+    absl::StatusOr<LandingRounds> rounds = PlanLandingRounds(plan, programs[p], direct, 1 << 20);
+    ASSERT_TRUE(rounds.ok()) << rounds.status();
+    std::map<int32_t, const RoundSender*> by_rank;
+    for (const RoundSender& s : rounds->senders) by_rank[s.rank] = &s;
+    for (int32_t s = 0; s < plan.world_size(); ++s) {
+      int64_t total = 0;
+      const std::vector<int64_t> bases = RoundStreamBases(plan, programs[s], p, direct, &total);
+      auto it = by_rank.find(s);
+      ASSERT_EQ(total, it == by_rank.end() ? 0 : it->second->total) << s << " -> " << p;
+      if (it == by_rank.end()) continue;
+      // The sender's round descriptors, in its order, are the receiver's pieces, in its order.
+      uint32_t k = it->second->piece_begin;
+      for (uint32_t i = programs[s].peer_begin[p]; i < programs[s].peer_begin[p + 1]; ++i) {
+        if (bases[i] < 0) continue;
+        ASSERT_LT(k, it->second->piece_end);
+        const RoundPiece& piece = rounds->pieces[k++];
+        EXPECT_EQ(programs[p].received_ids[piece.slot], programs[s].descs[i].id);
+        EXPECT_EQ(piece.base, bases[i]);
+        EXPECT_EQ(piece.bytes, programs[s].descs[i].bytes);
+        EXPECT_EQ(rounds->sender_of_slot[piece.slot], it->second - rounds->senders.data());
+        round_pieces++;
+      }
+      EXPECT_EQ(k, it->second->piece_end);
+    }
+    // Only plain network pieces, never packed, relayed or local ones.
+    for (uint32_t slot = 0; slot < programs[p].received.size(); ++slot) {
+      const plan::Transfer& t = plan.transfers()[programs[p].received[slot]];
+      if (rounds->sender_of_slot[slot] < 0) {
+        EXPECT_TRUE(t.from_rank == p || t.after >= 0 || programs[p].landing_offset[slot] >= 0 ||
+                    plan.region(t.region).bytes == 0)
+            << "slot " << slot << " of rank " << p;
+      } else {
+        EXPECT_TRUE(t.from_rank != p && t.after < 0 && programs[p].landing_offset[slot] < 0);
+      }
+    }
+  }
+  EXPECT_GT(round_pieces, 0);
+}
+
+TEST(LandingRounds, ReceiverAndSendersAgreePieceByPiece) {
+  ExpectBothSidesAgree(kTwoSenders);
+  ExpectBothSidesAgree(kDomains);
+}
+
+TEST(LandingRounds, ABudgetThatHoldsEverythingGivesOneRoundEach) {
+  const plan::Plan plan = MakePlan(kTwoSenders);
+  const SendProgram program = BuildSendProgram(plan, 2, Options());
+  absl::StatusOr<LandingRounds> rounds =
+      PlanLandingRounds(plan, program, AllDestinations(plan), 256 << 20);
+  ASSERT_TRUE(rounds.ok()) << rounds.status();
+  ASSERT_EQ(rounds->senders.size(), 2u);
+  int64_t all = 0;
+  for (const RoundSender& s : rounds->senders) {
+    EXPECT_EQ(s.rounds, 1);
+    EXPECT_EQ(s.quota, s.total);
+    EXPECT_EQ(s.offset, all);
+    all += s.total;
+  }
+  EXPECT_EQ(rounds->area_bytes, all);
+}
+
+TEST(LandingRounds, ASmallBudgetCutsEveryStreamIntoAlternatingHalves) {
+  const plan::Plan plan = MakePlan(kTwoSenders);
+  const SendProgram program = BuildSendProgram(plan, 3, Options());
+  const int64_t budget = 40 << 10;
+  absl::StatusOr<LandingRounds> rounds =
+      PlanLandingRounds(plan, program, AllDestinations(plan), budget);
+  ASSERT_TRUE(rounds.ok()) << rounds.status();
+  EXPECT_LE(rounds->area_bytes, budget);
+  int64_t end = 0;
+  for (const RoundSender& s : rounds->senders) {
+    EXPECT_GE(s.quota, kMinRoundQuota);
+    EXPECT_EQ(s.quota % 256, 0);
+    EXPECT_GT(s.rounds, 2) << "sender " << s.rank;
+    EXPECT_EQ(s.offset, end);  // Slices follow each other.
+    end = s.offset + 2 * s.quota;
+    for (int32_t r = 0; r < s.rounds; ++r) {
+      const int64_t first = s.AreaOffset(s.RoundBegin(r));
+      EXPECT_EQ(first, s.offset + (r % 2) * s.quota);
+      EXPECT_LE(s.AreaOffset(s.RoundEnd(r) - 1), first + s.quota - 1);
+      EXPECT_EQ(s.RoundOf(s.RoundEnd(r) - 1), r);
+    }
+    EXPECT_EQ(s.RoundEnd(s.rounds - 1), s.total);
+  }
+  EXPECT_EQ(end, rounds->area_bytes);
+}
+
+TEST(LandingRounds, ABudgetTooSmallIsRefusedNamingTheRank) {
+  const plan::Plan plan = MakePlan(kTwoSenders);
+  const SendProgram program = BuildSendProgram(plan, 3, Options());
+  absl::StatusOr<LandingRounds> rounds =
+      PlanLandingRounds(plan, program, AllDestinations(plan), 8192);
+  ASSERT_FALSE(rounds.ok());
+  EXPECT_EQ(rounds.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(rounds.status().message().find("rank 3: stage_landing_bytes of 8192 bytes"),
+            std::string::npos)
+      << rounds.status();
+  rounds = PlanLandingRounds(plan, program, AllDestinations(plan), 100);
+  ASSERT_FALSE(rounds.ok());
+  EXPECT_EQ(rounds.status().code(), absl::StatusCode::kInvalidArgument);
+  // No direct destination: no rounds, whatever the budget.
+  rounds = PlanLandingRounds(plan, program, {}, 100);
+  ASSERT_TRUE(rounds.ok());
+  EXPECT_TRUE(rounds->empty());
+  EXPECT_EQ(rounds->area_bytes, 0);
+}
+
+TEST(LandingRounds, DeltaStreamsNeverTravelInRounds) {
+  for (const char* spec : {kTwoSenders, kDomains}) {
+    const plan::Plan plan = MakePlan(spec);
+    SendProgramOptions options = Options();
+    options.delta = true;
+    for (int32_t p = 0; p < plan.world_size(); ++p) {
+      const SendProgram program = BuildSendProgram(plan, p, options);
+      absl::StatusOr<LandingRounds> rounds =
+          PlanLandingRounds(plan, program, AllDestinations(plan), 1 << 20);
+      ASSERT_TRUE(rounds.ok()) << rounds.status();
+      for (uint32_t slot = 0; slot < program.received.size(); ++slot) {
+        if (program.delta_elem_bytes[slot] != 0) EXPECT_EQ(rounds->sender_of_slot[slot], -1);
+      }
+    }
+  }
+}
+
+TEST(LandingRounds, TheWireUpFieldIsParsedStrictly) {
+  rendezvous::Record theirs;
+  absl::StatusOr<RoundSender> s = RoundStreamOf(theirs, 1, 4, 1 << 20);
+  ASSERT_TRUE(s.ok());
+  EXPECT_EQ(s->quota, 0);  // None published: no rounds.
+  theirs["rounds.1"] = "4096:8192:40000";
+  s = RoundStreamOf(theirs, 1, 4, 1 << 20);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->offset, 4096);
+  EXPECT_EQ(s->quota, 8192);
+  EXPECT_EQ(s->total, 40000);
+  EXPECT_EQ(s->rounds, 5);
+  for (const char* bad : {"4096:8192", "x:8192:40000", "4096:0:40000", "-1:8192:40000",
+                          "4096:8192:0", "4096:8192:40000:1"}) {
+    theirs["rounds.1"] = bad;
+    s = RoundStreamOf(theirs, 1, 4, 1 << 20);
+    ASSERT_FALSE(s.ok()) << bad;
+    EXPECT_EQ(s.status().code(), absl::StatusCode::kDataLoss) << bad;
+    EXPECT_NE(s.status().message().find("rank 4"), std::string::npos) << s.status();
+  }
+  // Two halves of 8192 at 4096 do not fit 16 KiB; one round of the whole stream does.
+  theirs["rounds.1"] = "4096:8192:40000";
+  s = RoundStreamOf(theirs, 1, 4, 16 << 10);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kDataLoss);
+  theirs["rounds.1"] = "4096:12288:12288";
+  EXPECT_TRUE(RoundStreamOf(theirs, 1, 4, 16 << 10).ok());
+}
+
+}  // namespace
+}  // namespace reshard::net
