@@ -1,11 +1,13 @@
 // The memory one refit handle moves bytes from and to, registered once at Create: the caller's
-// buffers (or, for CUDA memory UCX cannot register, pinned host staging buffers of the same
-// size), the send scratch that packed streams are gathered into, and the landing area packed
-// streams are put into (put delivery). It publishes the remote keys of what peers write into
-// as fields of this rank's wire-up record: `key.<id>` (the packed key), `base.<id>` (the
-// address), `size.<id>` (the registered bytes) and, for host memory, `host.<id>` = 1 (same-host
-// peers may write it with process_vm_writev, src/common/single_copy.h), for each destination or
-// staging buffer id and for landing_id() (= number of plan buffers).
+// buffers (or, for CUDA memory UCX cannot register: the staging ring for sources, nothing for
+// the destinations the engine writes itself, and pinned host copies of the same size for the
+// others), the send scratch that packed streams are gathered into, the landing area packed
+// streams are put into and the landing rounds' area (put delivery). It publishes the remote
+// keys of what peers write into as fields of this rank's wire-up record: `key.<id>` (the packed
+// key), `base.<id>` (the address), `size.<id>` (the registered bytes) and, for host memory,
+// `host.<id>` = 1 (same-host peers may write it with process_vm_writev,
+// src/common/single_copy.h), for each destination or staging buffer id, for landing_id() (=
+// number of plan buffers) and for round_id() (one more).
 //
 // Thread-compatible. Regions are released before the staging memory they map.
 #pragma once

@@ -183,7 +183,9 @@ TEST(LandingRounds, DeltaStreamsNeverTravelInRounds) {
           PlanLandingRounds(plan, program, AllDestinations(plan), 1 << 20);
       ASSERT_TRUE(rounds.ok()) << rounds.status();
       for (uint32_t slot = 0; slot < program.received.size(); ++slot) {
-        if (program.delta_elem_bytes[slot] != 0) EXPECT_EQ(rounds->sender_of_slot[slot], -1);
+        if (program.delta_elem_bytes[slot] != 0) {
+          EXPECT_EQ(rounds->sender_of_slot[slot], -1);
+        }
       }
     }
   }

@@ -52,6 +52,9 @@ struct World {
   RefitEngineOptions::Delivery delivery = RefitEngineOptions::Delivery::kPut;
   bool delta = false;
   int64_t landing_bytes = 0;  // RefitEngineOptions::stage_landing_bytes (0: the default).
+  // An epoch that rank 3 aborts while its rounds are under way (0: none): every rank that fails
+  // it resets, and the next refits are byte-exact again.
+  uint64_t abort_epoch = 0;
 };
 
 // One rank: host buffers marked CUDA, four refits, each verified.
@@ -96,6 +99,28 @@ int Rank(int rank, const std::string& dir, const World& world) {
       plan::ForEachTile(s, t, plan::Side::kSrc, [&](int32_t r, const plan::Box& box) {
         if (r == rank) plan::FillTile(s, t, plan::Side::kSrc, box, values, memory[b].data());
       });
+    }
+    if (epoch == world.abort_epoch) {
+      absl::Status failed;
+      if (rank == 3) {
+        if (!(*engine)->Start(epoch).ok()) return 30;
+        std::vector<uint32_t> landed;
+        bool progressed = false;
+        // Some rounds copied out (of 34), most still to come.
+        const absl::Time until = absl::Now() + absl::Seconds(10);
+        while ((*engine)->last_stats().stage_landing_rounds < 4 && absl::Now() < until) {
+          (void)(*engine)->Progress(&landed, &progressed);
+        }
+        if ((*engine)->last_stats().stage_landing_rounds < 4) return 32;
+        (*engine)->Abort(epoch, absl::AbortedError("a test aborts it"));
+        failed = (*engine)->Wait(absl::Now() + absl::Seconds(30));
+        if (failed.ok()) return 31;
+      } else {
+        failed = (*engine)->Execute(absl::Now() + absl::Seconds(30));
+      }
+      // A rank that finished its part keeps it (rank 2 may); the others start again.
+      if (!failed.ok()) (*engine)->Reset();
+      continue;
     }
     absl::Status done = (*engine)->Execute(absl::Now() + absl::Seconds(30));
     if (!done.ok()) {
@@ -176,6 +201,10 @@ TEST(StagedEmulation, PutDeliveryLandsInOneRoundPerSenderByteExact) {
 // reused eight times per refit, runs of 8 KiB and a 6 KiB piece cut at round ends.
 TEST(StagedEmulation, PutDeliveryThroughASmallLandingAreaInManyRoundsByteExact) {
   RunWorld(World{kPut, false, 64 << 10}, "staged-put-rounds");
+}
+
+TEST(StagedEmulation, AnEpochAbortedInTheMiddleOfItsRoundsIsFollowedByByteExactRefits) {
+  RunWorld(World{kPut, false, 64 << 10, /*abort_epoch=*/2}, "staged-put-abort");
 }
 
 TEST(StagedEmulation, ActiveMessagesCopyIntoDirectDestinationsByteExact) {
