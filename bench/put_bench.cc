@@ -9,6 +9,7 @@
 //
 //   put_bench [--iters N] [--rows R] [--cols C] [--tls UCX_TLS] [--batch BYTES]
 //             [--outstanding N] [--delivery put|am] [--spec SPEC.json] [--cuda]
+//             [--emulate-devices] [--landing-bytes BYTES]
 // --spec replaces the strided case with any spec of 4 ranks (e.g. many small pieces, to compare
 // --batch 0, one completion signal per piece, with batched signals).
 // --cuda (builds with CUDA): every buffer is device memory on GPU 0 (the four processes share
@@ -16,6 +17,12 @@
 // and the destinations through their pinned host copies (docs/data-plane.md); rank 0 also times
 // a device-to-device cudaMemcpy of the same bytes, printed beside the refits. Exit 3 without a
 // usable GPU.
+// --emulate-devices (any build): every buffer is host memory marked CUDA with devices emulated
+// on the host (cuda::EmulateDevicesOnHost, a test facility), so the staging protocol runs on the
+// CPU: sources copied whole to their host copies (no ring: no kernels), destinations through
+// the landing rounds of --landing-bytes (RefitEngineOptions::stage_landing_bytes, default 256
+// MiB), each round's "device copy" a memcpy. It measures the protocol's cost (rounds, flushes,
+// grants), not a GPU's.
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -60,6 +67,8 @@ struct Flags {
   std::string delivery;
   std::string spec_path;  // Replaces the strided case (a world of 4 ranks).
   bool cuda = false;      // Device buffers (see the header).
+  bool emulate = false;   // --emulate-devices.
+  int64_t landing_bytes = 0;
 };
 
 struct Case {
@@ -157,7 +166,8 @@ int Child(int rank, const Flags& flags, const std::vector<Case>& cases, int port
       auto* p = bytes > 0 ? static_cast<uint8_t*>(std::aligned_alloc(4096, rounded)) : nullptr;
       if (p != nullptr) std::memset(p, 0xA5, rounded);
       h.memory.emplace_back(p, &std::free);
-      buffers.push_back(BufferView{p, bytes, MemoryKind::kHost});
+      buffers.push_back(
+          BufferView{p, bytes, flags.emulate ? MemoryKind::kCuda : MemoryKind::kHost});
       if (flags.cuda && bytes > 0) {
         // Never freed: the process exits after the benchmark.
         buffers.back() = BufferView{DeviceAlloc(bytes), bytes, MemoryKind::kCuda};
@@ -189,6 +199,7 @@ int Child(int rank, const Flags& flags, const std::vector<Case>& cases, int port
     options.setup_timeout = absl::Seconds(300);  // Filling 128 MiB per rank on a busy machine.
     if (flags.batch >= 0) options.signal_batch_bytes = flags.batch;
     if (flags.outstanding > 0) options.max_outstanding_puts = flags.outstanding;
+    if (flags.landing_bytes > 0) options.stage_landing_bytes = flags.landing_bytes;
     auto engine = RefitEngine::Create(h.plan, rank, **store, *runtime, buffers, options);
     if (!engine.ok()) {
       std::fprintf(stderr, "rank %d: %s\n", rank, std::string(engine.status().message()).c_str());
@@ -247,6 +258,16 @@ int Child(int rank, const Flags& flags, const std::vector<Case>& cases, int port
     for (double v : ms[c]) parts.push_back(absl::StrCat(v));
     (void)(*store)->Set(absl::StrCat("bench/result/", c, "/", rank), absl::StrJoin(parts, ","));
   }
+  if (rank == 2 && flags.emulate) {
+    const reshard::net::RefitStats& st = handles[0].engine->last_stats();
+    std::fprintf(stderr,
+                 "rank 2 (a destination, devices emulated): landing rounds area %lld bytes, %lld "
+                 "rounds, %lld bytes to the \"device\" per refit; full-size copies %lld bytes\n",
+                 static_cast<long long>(st.stage_landing_bytes),
+                 static_cast<long long>(st.stage_landing_rounds),
+                 static_cast<long long>(st.bytes_staged_to_device),
+                 static_cast<long long>(st.stage_copy_bytes));
+  }
   if (rank == 0) {
     std::fprintf(stderr, "transports: %s, delivery: %s\n", handles[0].engine->Transports().c_str(),
                  handles[0].engine->delivery());
@@ -299,11 +320,15 @@ int main(int argc, char** argv) {
       flags.spec_path = next();
     } else if (a == "--cuda") {
       flags.cuda = true;
+    } else if (a == "--emulate-devices") {
+      flags.emulate = true;
+    } else if (a == "--landing-bytes" && absl::SimpleAtoi(next(), &v) && v > 0) {
+      flags.landing_bytes = v;
     } else {
       std::fprintf(stderr,
                    "usage: put_bench [--iters N] [--rows R] [--cols C] [--tls UCX_TLS] "
                    "[--batch BYTES] [--outstanding N] [--delivery put|am] [--spec SPEC.json] "
-                   "[--cuda]\n");
+                   "[--cuda] [--emulate-devices] [--landing-bytes BYTES]\n");
       return a == "--help" ? 0 : 2;
     }
   }
@@ -311,6 +336,12 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "put_bench: --rows must be a multiple of 4 and --cols even\n");
     return 2;
   }
+  if (flags.cuda && flags.emulate) {
+    std::fprintf(stderr, "put_bench: --cuda and --emulate-devices exclude each other\n");
+    return 2;
+  }
+  // Inherited by the forked ranks.
+  if (flags.emulate) reshard::cuda::EmulateDevicesOnHost(true);
   if (flags.cuda) {
     // Probed in a child: the CUDA runtime must not be initialised before the ranks fork.
     const pid_t probe = fork();

@@ -852,7 +852,9 @@ absl::Status RefitEngine::Impl::ChooseSingleCopy() {
     const std::string transports = link->Transports();
     const bool single_copy_in = link->peer_single_copy() &&
                                 link->watched() && ucx::SharedMemoryLanes(transports);
-    if (link->receives_from && !single_copy_in && ucx::EmulatedRmaLanes(transports)) {
+    // Landing rounds always come as UCX puts.
+    const bool puts_in = !single_copy_in || RoundSenderIndex(link->peer()) >= 0;
+    if (link->receives_from && puts_in && ucx::EmulatedRmaLanes(transports)) {
       targets_emulated_puts_ = true;
     }
   }
