@@ -480,7 +480,8 @@ struct Addressing {
 Addressing Address(const Message& m, uint64_t victim_handle) {
   Addressing a;
   const bool known = m.id == wire::kGrantAm || m.id == wire::kDoneAm || m.id == wire::kAbortAm ||
-                     m.id == wire::kDataAm || m.id == wire::kHelloAm;
+                     m.id == wire::kDataAm || m.id == wire::kHelloAm || m.id == wire::kRoundAm ||
+                     m.id == wire::kRoundGrantAm;
   const size_t want = m.id == wire::kDataAm ? sizeof(wire::DataHeader) : sizeof(wire::AmHeader);
   if (m.header.size() >= sizeof(wire::AmHeader)) {
     wire::AmHeader h;
@@ -543,6 +544,10 @@ const char* IdName(unsigned id) {
       return "data";
     case wire::kHelloAm:
       return "hello";
+    case wire::kRoundAm:
+      return "landing round";
+    case wire::kRoundGrantAm:
+      return "landing round grant";
     default:
       return "unknown";
   }
