@@ -25,9 +25,10 @@ bool BuiltWithCuda();
 // AllocPinned is plain host memory, CudaCopy and CudaCopy2D are memcpy, and a CopyQueue runs
 // its copies only when Done is first asked about an event after them, which then answers "not
 // yet" once (so a caller that changes a source before the event completed, or never polls, gets
-// wrong bytes, as on a device). The refit engine then stages CUDA buffers through host copies
-// (UCX cannot register them, and no kernels run), so the staging paths for destinations are
-// tested on machines without a GPU (tests/net/staged_emulation_test.cc). Set once, before any
+// wrong bytes, as on a device), and the staging ring (staging_ring.h) packs its slots on the host
+// with the kernels' arithmetic, as late. The refit engine then stages CUDA buffers (UCX cannot
+// register them; no delta kernels exist), so its staging paths run on machines without a GPU
+// (tests/net/staged_emulation_test.cc, bench/put_bench --emulate-devices). Set once, before any
 // other call of this header; never by the library itself.
 void EmulateDevicesOnHost(bool on);
 bool DevicesEmulatedOnHost();

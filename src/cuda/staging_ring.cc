@@ -1,21 +1,18 @@
 #include "src/cuda/staging_ring.h"
 
 #include <algorithm>
+#include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "src/common/status.h"
+#include "src/cuda/pack_index.h"
+#include "src/cuda/runtime.h"
 
 #if RESHARD_HAVE_CUDA
 #include <cuda_runtime_api.h>
-
-#include "src/cuda/runtime.h"
 #endif
 
 namespace reshard::cuda {
-
-#if RESHARD_HAVE_CUDA
-
-bool PackKernelsBuilt() { return true; }
 
 absl::StatusOr<std::unique_ptr<StagingRing>> StagingRing::Create(
     int32_t slots, int64_t slot_bytes, absl::Span<const PackBatch> batches) {
@@ -31,6 +28,67 @@ absl::StatusOr<std::unique_ptr<StagingRing>> StagingRing::Create(
                                                      slot_bytes));
     }
   }
+  if (!DevicesEmulatedOnHost()) return CreateOnDevice(slots, slot_bytes, batches);
+  std::unique_ptr<StagingRing> ring(new StagingRing());
+  ring->emulated_ = true;
+  ring->host_batches_.assign(batches.begin(), batches.end());
+  ring->host_slots_.assign(static_cast<size_t>(std::max<int64_t>(slots * slot_bytes, 1)), 0);
+  ring->host_ = ring->host_slots_.data();
+  ring->slots_ = slots;
+  ring->slot_bytes_ = slot_bytes;
+  return ring;
+}
+
+StagingRing::~StagingRing() {
+  if (!emulated_) DestroyOnDevice();
+}
+
+absl::Status StagingRing::Pack(int32_t batch, int32_t slot, const void* strided) {
+  const size_t batches = emulated_ ? host_batches_.size() : batches_->size();
+  if (batch < 0 || static_cast<size_t>(batch) >= batches || slot < 0 || slot >= slots_) {
+    return absl::InvalidArgumentError(absl::StrCat("staging ring: batch ", batch, " of ", batches,
+                                                   " into slot ", slot, " of ", slots_));
+  }
+  if (!emulated_) return PackOnDevice(batch, slot, strided);
+  PackOnHost(slot);  // A pack still pending in the slot ran before this one, as on a stream.
+  pending_[slot] = static_cast<const uint8_t*>(strided);
+  pending_batch_[slot] = batch;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<bool> StagingRing::SlotDone(int32_t slot) {
+  if (slot < 0 || slot >= slots_) {
+    return absl::InvalidArgumentError(absl::StrCat("staging ring: slot ", slot, " of ", slots_));
+  }
+  if (!emulated_) return SlotDoneOnDevice(slot);
+  if (pending_[slot] == nullptr) return true;
+  PackOnHost(slot);
+  return false;  // It ran now: done at the next question.
+}
+
+void StagingRing::PackOnHost(int32_t slot) {
+  const uint8_t* strided = pending_[slot];
+  if (strided == nullptr) return;
+  pending_[slot] = nullptr;
+  // The kernels' arithmetic, a run at a time: a run's units are consecutive on both sides.
+  const PackBatch& batch = host_batches_[static_cast<size_t>(pending_batch_[slot])];
+  uint8_t* packed = slot_bytes_ > 0 ? host_ + slot * slot_bytes_ : host_;
+  for (const PackEntry& e : batch.entries) {
+    const uint64_t run = e.run_units > 0 ? e.run_units : e.units;
+    for (uint64_t u = 0; u < e.units; u += run) {
+      const UnitAddress a = LocatePackUnit(e, u);
+      std::memcpy(packed + a.packed_offset, strided + a.strided_offset,
+                  static_cast<size_t>(std::min(run, e.units - u) * static_cast<uint64_t>(a.width)));
+    }
+  }
+}
+
+#if RESHARD_HAVE_CUDA
+
+bool PackKernelsBuilt() { return true; }
+
+absl::StatusOr<std::unique_ptr<StagingRing>> StagingRing::CreateOnDevice(
+    int32_t slots, int64_t slot_bytes, absl::Span<const PackBatch> batches) {
   std::unique_ptr<StagingRing> ring(new StagingRing());
   RESHARD_ASSIGN_OR_RETURN(ring->batches_, DevicePackBatches::Create(batches));
   void* host = nullptr;
@@ -58,7 +116,7 @@ absl::StatusOr<std::unique_ptr<StagingRing>> StagingRing::Create(
   return ring;
 }
 
-StagingRing::~StagingRing() {
+void StagingRing::DestroyOnDevice() {
   if (stream_ != nullptr) {
     cudaStreamSynchronize(static_cast<cudaStream_t>(stream_));
     cudaStreamDestroy(static_cast<cudaStream_t>(stream_));
@@ -69,12 +127,7 @@ StagingRing::~StagingRing() {
   if (host_ != nullptr) cudaFreeHost(host_);
 }
 
-absl::Status StagingRing::Pack(int32_t batch, int32_t slot, const void* strided) {
-  if (batch < 0 || static_cast<size_t>(batch) >= batches_->size() || slot < 0 || slot >= slots_) {
-    return absl::InvalidArgumentError(absl::StrCat("staging ring: batch ", batch, " of ",
-                                                   batches_->size(), " into slot ", slot, " of ",
-                                                   slots_));
-  }
+absl::Status StagingRing::PackOnDevice(int32_t batch, int32_t slot, const void* strided) {
   RESHARD_RETURN_IF_ERROR(
       batches_->Pack(static_cast<size_t>(batch), strided, device_ + slot * slot_bytes_, stream_));
   const cudaError_t err =
@@ -83,27 +136,24 @@ absl::Status StagingRing::Pack(int32_t batch, int32_t slot, const void* strided)
   return absl::OkStatus();
 }
 
-absl::StatusOr<bool> StagingRing::SlotDone(int32_t slot) {
-  if (slot < 0 || slot >= slots_) {
-    return absl::InvalidArgumentError(absl::StrCat("staging ring: slot ", slot, " of ", slots_));
-  }
+absl::StatusOr<bool> StagingRing::SlotDoneOnDevice(int32_t slot) {
   return QueryEvent(events_[slot], "cudaEventQuery(staging ring)");
 }
 
-#else  // No CUDA: Create says so; nothing else is reachable.
+#else  // No kernels: CreateOnDevice says so; nothing else of the device's side is reachable.
 
 bool PackKernelsBuilt() { return false; }
 
-absl::StatusOr<std::unique_ptr<StagingRing>> StagingRing::Create(int32_t, int64_t,
-                                                                 absl::Span<const PackBatch>) {
+absl::StatusOr<std::unique_ptr<StagingRing>> StagingRing::CreateOnDevice(
+    int32_t, int64_t, absl::Span<const PackBatch>) {
   return absl::FailedPreconditionError(
       "the staging ring needs the CUDA pack kernels, which this build does not have");
 }
-StagingRing::~StagingRing() = default;
-absl::Status StagingRing::Pack(int32_t, int32_t, const void*) {
+void StagingRing::DestroyOnDevice() {}
+absl::Status StagingRing::PackOnDevice(int32_t, int32_t, const void*) {
   return absl::FailedPreconditionError("this build has no CUDA pack kernels");
 }
-absl::StatusOr<bool> StagingRing::SlotDone(int32_t) {
+absl::StatusOr<bool> StagingRing::SlotDoneOnDevice(int32_t) {
   return absl::FailedPreconditionError("this build has no CUDA pack kernels");
 }
 

@@ -6,13 +6,17 @@
 // and fills a slot again only when every send reading it completed.
 //
 // Built with the pack kernels when the build found CUDA; otherwise Create returns
-// FailedPrecondition (callers choose by capability: PackKernelsBuilt()).
+// FailedPrecondition (callers choose by capability: PackKernelsBuilt()). With devices emulated
+// on the host (tests: DevicesEmulatedOnHost(), src/cuda/runtime.h) every build has a ring whose
+// slots are host memory and whose packs run the kernels' arithmetic (pack_index.h) on the host
+// when SlotDone is first asked after them, which then answers "not yet" once, as a GPU would.
 //
 // Thread-compatible. Runs with the device that was current at Create.
 #pragma once
 
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -57,6 +61,14 @@ class StagingRing {
 
  private:
   StagingRing() = default;
+  // DevicesEmulatedOnHost(): runs slot `slot`'s pending pack.
+  void PackOnHost(int32_t slot);
+  // The device's side of Create (after the checks), the destructor, Pack and SlotDone.
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<StagingRing>> CreateOnDevice(
+      int32_t slots, int64_t slot_bytes, absl::Span<const PackBatch> batches);
+  void DestroyOnDevice();
+  [[nodiscard]] absl::Status PackOnDevice(int32_t batch, int32_t slot, const void* strided);
+  [[nodiscard]] absl::StatusOr<bool> SlotDoneOnDevice(int32_t slot);
 
   int32_t slots_ = 0;
   int64_t slot_bytes_ = 0;
@@ -65,6 +77,13 @@ class StagingRing {
   [[maybe_unused]] void* stream_ = nullptr;     // cudaStream_t.
   [[maybe_unused]] void* events_[kMaxSlots] = {};
   std::unique_ptr<DevicePackBatches> batches_;
+  // Emulated devices: the batches, the slots' memory, and by slot the pack enqueued and not yet
+  // run (its strided base, null: none, and its batch).
+  bool emulated_ = false;
+  std::vector<PackBatch> host_batches_;
+  std::vector<uint8_t> host_slots_;
+  const uint8_t* pending_[kMaxSlots] = {};
+  int32_t pending_batch_[kMaxSlots] = {};
 };
 
 }  // namespace reshard::cuda

@@ -389,9 +389,11 @@ absl::Status RefitEngine::Impl::Init(rendezvous::Store& store, std::vector<Buffe
   // slot: runs are cut at the slot size (receivers accept any cut).
   std::vector<bool> ring_sources(buffers.size(), false);
   bool any_ring_source = false;
-  // (Devices emulated on the host, for tests, run no kernels: sources are staged whole.)
-  if (!runtime_->supports_cuda_memory() && cuda::PackKernelsBuilt() &&
-      !cuda::DevicesEmulatedOnHost()) {
+  // Devices emulated on the host (tests) pack on the host, and have no delta kernels: their
+  // delta refits stage sources whole.
+  const bool emulated = cuda::DevicesEmulatedOnHost();
+  if (!runtime_->supports_cuda_memory() && (cuda::PackKernelsBuilt() || emulated) &&
+      !(emulated && options_.delta)) {
     ring_sources = SourceBuffersRead(plan_, rank_);
     for (size_t b = 0; b < buffers.size(); ++b) {
       ring_sources[b] = ring_sources[b] && buffers[b].kind == MemoryKind::kCuda &&

@@ -18,7 +18,7 @@
 namespace reshard::net {
 namespace {
 
-plan::Plan MakePlan(const std::string& json) {
+plan::Plan MakeRoundsPlan(const std::string& json) {
   auto spec = plan::ParseSpecJson(json);
   EXPECT_TRUE(spec.ok()) << spec.status();
   auto plan = plan::BuildPlan(std::make_shared<const plan::RefitSpec>(*spec));
@@ -28,7 +28,7 @@ plan::Plan MakePlan(const std::string& json) {
 
 // Rows -> columns (plain runs of 2 KiB and packed runs of 64 bytes) and a replicated
 // destination: every destination rank receives from both sources.
-constexpr char kTwoSenders[] = R"json({"tensors": [
+constexpr char kRoundsTwoSenders[] = R"json({"tensors": [
   {"name": "v", "dtype": "fp32", "shape": [64, 1024],
    "src": {"mesh": [0, 1], "placements": ["S(0)"]}, "dst": {"mesh": [2, 3], "placements": ["S(1)"]}},
   {"name": "w", "dtype": "bf16", "shape": [64, 64],
@@ -36,7 +36,8 @@ constexpr char kTwoSenders[] = R"json({"tensors": [
   {"name": "e", "dtype": "fp32", "shape": [16, 40],
    "src": {"mesh": [0, 1], "placements": ["S(0)"]}, "dst": {"mesh": [2, 3], "placements": ["R"]}}]})json";
 // The same in two domains: the engine runs the fan-out, so relayed pieces (`after`) land too.
-constexpr char kDomains[] = R"json({"topology": {"domains": [[0, 1], [2, 3, 4, 5]]}, "tensors": [
+constexpr char kRoundsInDomains[] =
+    R"json({"topology": {"domains": [[0, 1], [2, 3, 4, 5]]}, "tensors": [
   {"name": "v", "dtype": "fp32", "shape": [64, 1024],
    "src": {"mesh": [0, 1], "placements": ["S(0)"]}, "dst": {"mesh": [2, 3], "placements": ["S(1)"]}},
   {"name": "w", "dtype": "bf16", "shape": [64, 64],
@@ -44,25 +45,25 @@ constexpr char kDomains[] = R"json({"topology": {"domains": [[0, 1], [2, 3, 4, 5
   {"name": "e", "dtype": "fp32", "shape": [16, 40],
    "src": {"mesh": [0, 1], "placements": ["S(0)"]}, "dst": {"mesh": [2, 3, 4, 5], "placements": ["R"]}}]})json";
 
-SendProgramOptions Options() {
+SendProgramOptions RoundsOptions() {
   SendProgramOptions o;
   o.pack_below_run_bytes = 1024;
   return o;
 }
 
 // Every destination buffer direct.
-std::vector<bool> AllDestinations(const plan::Plan& plan) {
+std::vector<bool> AllDirect(const plan::Plan& plan) {
   std::vector<bool> direct(plan.buffers().size(), false);
   for (size_t b = 0; b < direct.size(); ++b) direct[b] = plan.buffers()[b].side != plan::Side::kSrc;
   return direct;
 }
 
-void ExpectBothSidesAgree(const char* spec) {
-  const plan::Plan plan = MakePlan(spec);
-  const std::vector<bool> direct = AllDestinations(plan);
+void ExpectRoundTablesAgree(const char* spec) {
+  const plan::Plan plan = MakeRoundsPlan(spec);
+  const std::vector<bool> direct = AllDirect(plan);
   std::vector<SendProgram> programs;
   for (int32_t r = 0; r < plan.world_size(); ++r)
-    programs.push_back(BuildSendProgram(plan, r, Options()));
+    programs.push_back(BuildSendProgram(plan, r, RoundsOptions()));
   int64_t round_pieces = 0;
   for (int32_t p = 0; p < plan.world_size(); ++p) {
     absl::StatusOr<LandingRounds> rounds = PlanLandingRounds(plan, programs[p], direct, 1 << 20);
@@ -105,15 +106,15 @@ void ExpectBothSidesAgree(const char* spec) {
 }
 
 TEST(LandingRounds, ReceiverAndSendersAgreePieceByPiece) {
-  ExpectBothSidesAgree(kTwoSenders);
-  ExpectBothSidesAgree(kDomains);
+  ExpectRoundTablesAgree(kRoundsTwoSenders);
+  ExpectRoundTablesAgree(kRoundsInDomains);
 }
 
 TEST(LandingRounds, ABudgetThatHoldsEverythingGivesOneRoundEach) {
-  const plan::Plan plan = MakePlan(kTwoSenders);
-  const SendProgram program = BuildSendProgram(plan, 2, Options());
+  const plan::Plan plan = MakeRoundsPlan(kRoundsTwoSenders);
+  const SendProgram program = BuildSendProgram(plan, 2, RoundsOptions());
   absl::StatusOr<LandingRounds> rounds =
-      PlanLandingRounds(plan, program, AllDestinations(plan), 256 << 20);
+      PlanLandingRounds(plan, program, AllDirect(plan), 256 << 20);
   ASSERT_TRUE(rounds.ok()) << rounds.status();
   ASSERT_EQ(rounds->senders.size(), 2u);
   int64_t all = 0;
@@ -127,11 +128,10 @@ TEST(LandingRounds, ABudgetThatHoldsEverythingGivesOneRoundEach) {
 }
 
 TEST(LandingRounds, ASmallBudgetCutsEveryStreamIntoAlternatingHalves) {
-  const plan::Plan plan = MakePlan(kTwoSenders);
-  const SendProgram program = BuildSendProgram(plan, 3, Options());
+  const plan::Plan plan = MakeRoundsPlan(kRoundsTwoSenders);
+  const SendProgram program = BuildSendProgram(plan, 3, RoundsOptions());
   const int64_t budget = 40 << 10;
-  absl::StatusOr<LandingRounds> rounds =
-      PlanLandingRounds(plan, program, AllDestinations(plan), budget);
+  absl::StatusOr<LandingRounds> rounds = PlanLandingRounds(plan, program, AllDirect(plan), budget);
   ASSERT_TRUE(rounds.ok()) << rounds.status();
   EXPECT_LE(rounds->area_bytes, budget);
   int64_t end = 0;
@@ -153,16 +153,15 @@ TEST(LandingRounds, ASmallBudgetCutsEveryStreamIntoAlternatingHalves) {
 }
 
 TEST(LandingRounds, ABudgetTooSmallIsRefusedNamingTheRank) {
-  const plan::Plan plan = MakePlan(kTwoSenders);
-  const SendProgram program = BuildSendProgram(plan, 3, Options());
-  absl::StatusOr<LandingRounds> rounds =
-      PlanLandingRounds(plan, program, AllDestinations(plan), 8192);
+  const plan::Plan plan = MakeRoundsPlan(kRoundsTwoSenders);
+  const SendProgram program = BuildSendProgram(plan, 3, RoundsOptions());
+  absl::StatusOr<LandingRounds> rounds = PlanLandingRounds(plan, program, AllDirect(plan), 8192);
   ASSERT_FALSE(rounds.ok());
   EXPECT_EQ(rounds.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(rounds.status().message().find("rank 3: stage_landing_bytes of 8192 bytes"),
             std::string::npos)
       << rounds.status();
-  rounds = PlanLandingRounds(plan, program, AllDestinations(plan), 100);
+  rounds = PlanLandingRounds(plan, program, AllDirect(plan), 100);
   ASSERT_FALSE(rounds.ok());
   EXPECT_EQ(rounds.status().code(), absl::StatusCode::kInvalidArgument);
   // No direct destination: no rounds, whatever the budget.
@@ -173,14 +172,14 @@ TEST(LandingRounds, ABudgetTooSmallIsRefusedNamingTheRank) {
 }
 
 TEST(LandingRounds, DeltaStreamsNeverTravelInRounds) {
-  for (const char* spec : {kTwoSenders, kDomains}) {
-    const plan::Plan plan = MakePlan(spec);
-    SendProgramOptions options = Options();
+  for (const char* spec : {kRoundsTwoSenders, kRoundsInDomains}) {
+    const plan::Plan plan = MakeRoundsPlan(spec);
+    SendProgramOptions options = RoundsOptions();
     options.delta = true;
     for (int32_t p = 0; p < plan.world_size(); ++p) {
       const SendProgram program = BuildSendProgram(plan, p, options);
       absl::StatusOr<LandingRounds> rounds =
-          PlanLandingRounds(plan, program, AllDestinations(plan), 1 << 20);
+          PlanLandingRounds(plan, program, AllDirect(plan), 1 << 20);
       ASSERT_TRUE(rounds.ok()) << rounds.status();
       for (uint32_t slot = 0; slot < program.received.size(); ++slot) {
         if (program.delta_elem_bytes[slot] != 0) {

@@ -1,13 +1,14 @@
 // The refit engine's staging of CUDA buffers, on machines without a GPU: with devices emulated
 // on the host (cuda::EmulateDevicesOnHost, src/cuda/runtime.h) the "device" buffers are host
-// memory marked MemoryKind::kCuda, UCX cannot register them, and no kernel runs, so every
-// source is staged whole to a host copy and every destination piece lands in a host copy and
-// moves to its buffer on the copy queue, whose copies run late (at the first poll of their
-// event, which completes only at the next). The paths GpuStaging runs on a device (the copy
-// queue, Landing::Land, the engine's PollToDevice, the host delta apply on a staged copy) run
-// here with put delivery and with active messages, byte-exact over several refits, with packed
-// streams and plain runs, and with the statistics that count every staging copy. Ranks are
-// forked processes over UCX shared memory.
+// memory marked MemoryKind::kCuda and UCX cannot register them. Sources go through a 64 KiB
+// staging ring whose batches the kernels' arithmetic packs on the host, late (at the first poll
+// of the slot's event, which completes only at the next); destinations are written by the engine
+// from its landing rounds, the landing area or data messages, on a copy queue whose copies run
+// as late; delta refits (no delta kernels here) stage sources whole and apply to destinations'
+// host copies. The paths GpuStaging runs on a device run here with put delivery and active
+// messages, byte-exact over several refits, with packed streams and plain runs, an aborted
+// epoch, and the statistics that count every staging copy. Ranks are forked processes over UCX
+// shared memory.
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -43,6 +44,8 @@ constexpr char kSpec[] = R"json({"tensors": [
    "src": {"mesh": [0, 1], "placements": ["S(0)"]}, "dst": {"mesh": [2, 3], "placements": ["S(1)"]}},
   {"name": "e", "dtype": "fp32", "shape": [32, 96],
    "src": {"mesh": [0, 1], "placements": ["S(0)"]}, "dst": {"mesh": [3], "placements": ["R"]}}]})json";
+
+constexpr int64_t kRingBytes = 64 << 10;  // Two slots of 32 KiB.
 
 void Say(int rank, const std::string& what) {
   std::fprintf(stderr, "rank %d: %s\n", rank, what.c_str());
@@ -83,6 +86,8 @@ int Rank(int rank, const std::string& dir, const World& world) {
   options.delivery = world.delivery;
   options.delta = delta;
   if (world.landing_bytes > 0) options.stage_landing_bytes = world.landing_bytes;
+  // A staging ring far smaller than the sources: many batches, every slot reused.
+  options.stage_ring_bytes = kRingBytes;
   const bool puts = world.delivery == RefitEngineOptions::Delivery::kPut;
   auto engine = RefitEngine::Create(*plan, rank, **store, *runtime, buffers, options);
   if (!engine.ok()) {
@@ -127,33 +132,34 @@ int Rank(int rank, const std::string& dir, const World& world) {
       Say(rank, absl::StrCat("epoch ", epoch, ": ", done.message()));
       return 15;
     }
-    // Every buffer is staged: sources copied whole to their host copies before the first send
-    // (no ring), every destination byte moved to the device by the engine. A destination keeps
+    // Every buffer is staged. Sources are packed batch by batch into the staging ring (delta
+    // refits, which need the GPU delta encode emulated devices lack, copy them whole to host
+    // copies). Every destination byte is moved to the device by the engine: a destination keeps
     // a full-size host copy only for delta streams; otherwise, with puts, its plain pieces came
     // through the landing rounds' area (within its budget; many rounds when it is small).
     const RefitStats& st = (*engine)->last_stats();
     const bool source = rank < 2;
+    const bool ring = source && !delta;
     const bool rounds = !source && puts && !delta;
     const int64_t budget = world.landing_bytes > 0 ? world.landing_bytes : int64_t{256} << 20;
+    const int64_t copies = ring ? 0 : source ? src_bytes : delta ? dst_bytes : 0;
+    const int64_t least_rounds = !rounds ? 0 : world.landing_bytes > 0 ? 16 : 2;
     if (st.cuda_buffers_registered != 0 || st.cuda_buffers_staged != (rank == 2 ? 2 : 3) ||
         st.bytes_staged_to_host != (source ? src_bytes : 0) ||
-        st.bytes_staged_to_device != (source ? 0 : dst_bytes) ||
-        st.stage_copy_bytes != (source  ? src_bytes
-                                : delta ? dst_bytes
-                                        : 0) ||
-        st.stage_ring_bytes != 0 || (st.stage_landing_bytes > 0) != rounds ||
-        st.stage_landing_bytes > budget ||
-        st.stage_landing_rounds < (!rounds                   ? 0
-                                   : world.landing_bytes > 0 ? 16
-                                                             : 2) ||
-        (!rounds && st.stage_landing_rounds != 0)) {
+        st.bytes_staged_to_device != (source ? 0 : dst_bytes) || st.stage_copy_bytes != copies ||
+        st.stage_ring_bytes != (ring ? kRingBytes : 0) ||
+        st.bytes_ring_packed != (ring ? src_bytes : 0) ||
+        st.stage_ring_batches < (ring ? 2 * src_bytes / kRingBytes : 0) ||
+        (st.stage_landing_bytes > 0) != rounds || st.stage_landing_bytes > budget ||
+        st.stage_landing_rounds < least_rounds || (!rounds && st.stage_landing_rounds != 0)) {
       Say(rank, absl::StrCat("epoch ", epoch, ": ", st.cuda_buffers_registered, " registered, ",
                              st.cuda_buffers_staged, " staged, ", st.bytes_staged_to_host,
                              " bytes to the host, ", st.bytes_staged_to_device,
                              " to the device, copies of ", st.stage_copy_bytes, " bytes, ring ",
-                             st.stage_ring_bytes, ", landing area ", st.stage_landing_bytes,
-                             " bytes in ", st.stage_landing_rounds, " rounds (sources ", src_bytes,
-                             ", destinations ", dst_bytes, ")"));
+                             st.stage_ring_bytes, " in ", st.stage_ring_batches, " batches, ",
+                             st.bytes_ring_packed, " bytes packed, landing area ",
+                             st.stage_landing_bytes, " bytes in ", st.stage_landing_rounds,
+                             " rounds (sources ", src_bytes, ", destinations ", dst_bytes, ")"));
       return 18;
     }
     // (Epochs 2 and 4 change every element: those travel plain.)
