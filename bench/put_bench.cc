@@ -19,10 +19,10 @@
 // usable GPU.
 // --emulate-devices (any build): every buffer is host memory marked CUDA with devices emulated
 // on the host (cuda::EmulateDevicesOnHost, a test facility), so the staging protocol runs on the
-// CPU: sources copied whole to their host copies (no ring: no kernels), destinations through
-// the landing rounds of --landing-bytes (RefitEngineOptions::stage_landing_bytes, default 256
-// MiB), each round's "device copy" a memcpy. It measures the protocol's cost (rounds, flushes,
-// grants), not a GPU's.
+// CPU: sources through the staging ring (its batches packed on the host by the kernels'
+// arithmetic), destinations through the landing rounds of --landing-bytes
+// (RefitEngineOptions::stage_landing_bytes, default 256 MiB), each round's "device copy" a
+// memcpy. It measures the protocol's cost (batches, rounds, flushes, grants), not a GPU's.
 #include <sys/wait.h>
 #include <unistd.h>
 
