@@ -82,7 +82,8 @@ class Reshard:
                                             ctypes.c_char_p, ctypes.c_int32,
                                             ctypes.POINTER(ctypes.c_void_p)]
         L.reshard_handle_execute.argtypes = [ctypes.c_void_p, ctypes.c_int64]
-        L.reshard_handle_stats.argtypes = [ctypes.c_void_p, ctypes.POINTER(Stats)]
+        L.reshard_handle_stats_sized.argtypes = [ctypes.c_void_p, ctypes.POINTER(Stats),
+                                                 ctypes.c_size_t]
         L.reshard_handle_destroy.argtypes = [ctypes.c_void_p]
 
     def check(self, status, what):
@@ -127,7 +128,9 @@ def run_rank(args):
                     raise RuntimeError("rank %d step %d: w[%d][%d] = %d, expected %d" %
                                        (args.rank, step, r, 3 * args.rank + c, dst[r * 3 + c], want))
         stats = Stats()
-        rs.check(L.reshard_handle_stats(handle, ctypes.byref(stats)), "stats")
+        # Sized: a library newer than these fields writes only the ones this struct has.
+        rs.check(L.reshard_handle_stats_sized(handle, ctypes.byref(stats), ctypes.sizeof(stats)),
+                 "stats")
         print("rank %d refit %d verified: %d bytes received, %d pieces, %.2f ms" %
               (args.rank, stats.epoch, stats.bytes_network_received, stats.pieces_received,
                stats.total_seconds * 1e3), flush=True)

@@ -559,6 +559,18 @@ reshard_status_t reshard_handle_stats(const reshard_handle_t* handle, reshard_st
   return RESHARD_OK;
 }
 
+reshard_status_t reshard_handle_stats_sized(const reshard_handle_t* handle, reshard_stats_t* out,
+                                            size_t out_size) {
+  if (handle == nullptr || out == nullptr) {
+    return Invalid("reshard_handle_stats_sized: handle and out must not be NULL");
+  }
+  reshard_stats_t all;
+  std::memset(&all, 0, sizeof(all));
+  const reshard_status_t status = reshard_handle_stats(handle, &all);
+  if (status == RESHARD_OK) std::memcpy(out, &all, std::min(out_size, sizeof(all)));
+  return status;
+}
+
 void reshard_handle_destroy(reshard_handle_t* handle) { delete handle; }
 
 }  // extern "C"

@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <map>
@@ -460,6 +461,22 @@ TEST(CApiTest, ErrorsCodesAndARefit) {
   EXPECT_EQ(stats.stage_copy_bytes, 0);  // Host buffers: nothing staged.
   EXPECT_EQ(stats.stage_landing_bytes, 0);
   EXPECT_EQ(stats.stage_landing_rounds, 0);
+  // Sized: a caller whose struct ends before stage_copy_bytes (an older header) gets its fields
+  // and nothing past them; the full size gives what reshard_handle_stats gives.
+  {
+    const size_t older = offsetof(reshard_stats_t, stage_copy_bytes);
+    std::vector<uint8_t> raw(sizeof(reshard_stats_t), 0xEE);
+    ASSERT_EQ(
+        reshard_handle_stats_sized(handle, reinterpret_cast<reshard_stats_t*>(raw.data()), older),
+        RESHARD_OK);
+    EXPECT_EQ(std::memcmp(raw.data(), &stats, older), 0);
+    for (size_t i = older; i < raw.size(); ++i) ASSERT_EQ(raw[i], 0xEE) << "byte " << i;
+    reshard_stats_t whole;
+    std::memset(&whole, 0xEE, sizeof(whole));
+    ASSERT_EQ(reshard_handle_stats_sized(handle, &whole, sizeof(whole)), RESHARD_OK);
+    EXPECT_EQ(std::memcmp(&whole, &stats, sizeof(whole)), 0);
+    EXPECT_EQ(reshard_handle_stats_sized(handle, nullptr, sizeof(whole)), RESHARD_INVALID_ARGUMENT);
+  }
   EXPECT_EQ(reshard_handle_wait(handle, 1000), RESHARD_FAILED_PRECONDITION);
   reshard_handle_destroy(handle);
   // Abandon: returns the failure it was given (OK or an unknown code: UNKNOWN) as the last

@@ -349,6 +349,12 @@ reshard_status_t reshard_handle_create_with_options(reshard_comm_t* comm,
                                                     size_t options_size, reshard_handle_t** out);
 void reshard_handle_reset(reshard_handle_t* handle);
 reshard_status_t reshard_handle_stats(const reshard_handle_t* handle, reshard_stats_t* out);
+/* The same for a caller compiled against any version of this header: fills the first
+ * `out_size` bytes of `out`, sizeof(reshard_stats_t) as the caller compiled it (fields are only
+ * ever appended, so an older caller gets the fields it knows and nothing is written past its
+ * struct). reshard_handle_stats writes this header's whole struct. */
+reshard_status_t reshard_handle_stats_sized(const reshard_handle_t* handle, reshard_stats_t* out,
+                                            size_t out_size);
 void reshard_handle_destroy(reshard_handle_t* handle);
 
 #ifdef __cplusplus
