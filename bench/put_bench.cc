@@ -14,7 +14,7 @@
 // --batch 0, one completion signal per piece, with batched signals).
 // --cuda (builds with CUDA): every buffer is device memory on GPU 0 (the four processes share
 // it), so with a UCX that cannot register CUDA memory the sources go through the staging ring
-// and the destinations through their pinned host copies (docs/data-plane.md); rank 0 also times
+// and the destinations through their landing rounds (docs/data-plane.md); rank 0 also times
 // a device-to-device cudaMemcpy of the same bytes, printed beside the refits. Exit 3 without a
 // usable GPU.
 // --emulate-devices (any build): every buffer is host memory marked CUDA with devices emulated
