@@ -138,8 +138,9 @@ struct RefitEngineOptions {
   // (docs/data-plane.md, "Destinations"; src/net/landing_rounds.h): with put delivery, the
   // pieces other ranks put into such a destination land in a round area of at most this many
   // bytes, half of it per round, and move to the device from there; no full-size host copy of
-  // the destination exists. Every rank must agree. At least kMinRoundQuota (4096): InvalidArgument
-  // otherwise; FailedPrecondition when too small for two rounds of 4096 bytes per sender.
+  // the destination exists. Only the receiver uses it (ranks need not agree). At least
+  // kMinRoundQuota (4096): InvalidArgument otherwise; FailedPrecondition when too small for two
+  // rounds of 4096 bytes per sender.
   int64_t stage_landing_bytes = int64_t{256} << 20;
 };
 

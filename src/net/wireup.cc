@@ -1,5 +1,8 @@
 #include "src/net/wireup.h"
 
+#include <algorithm>
+#include <cstdint>
+
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -41,9 +44,13 @@ absl::StatusOr<RoundSender> RoundStreamOf(const rendezvous::Record& theirs, int3
                                             " has a malformed ", RoundsField(rank), " field"));
   }
   s.rounds = static_cast<int32_t>(std::min<int64_t>((s.total - 1) / s.quota + 1, INT32_MAX));
-  const auto area = static_cast<uint64_t>(s.rounds == 1 ? s.total : 2 * s.quota);
-  if (static_cast<uint64_t>(s.offset) > registered ||
-      area > registered - static_cast<uint64_t>(s.offset)) {
+  // Unsigned: 2 * quota of a hostile record (quota <= registered, which the record also names)
+  // would overflow int64; quota < 2^63, so twice it fits uint64.
+  const uint64_t area =
+      s.rounds == 1 ? static_cast<uint64_t>(s.total) : 2 * static_cast<uint64_t>(s.quota);
+  // Inside the registered area, and inside int64 (every later offset into it is int64).
+  const uint64_t limit = std::min<uint64_t>(registered, INT64_MAX);
+  if (static_cast<uint64_t>(s.offset) > limit || area > limit - static_cast<uint64_t>(s.offset)) {
     return absl::DataLossError(absl::StrCat("the wire-up record of rank ", peer, " places rank ",
                                             rank, "'s ", area, " bytes of landing rounds at ",
                                             s.offset, ", outside its ", registered,

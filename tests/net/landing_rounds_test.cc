@@ -6,6 +6,7 @@
 // budget too small is refused with the rank named. The wire-up field is parsed strictly.
 #include "src/net/landing_rounds.h"
 
+#include <cstdint>
 #include <map>
 #include <memory>
 #include <string>
@@ -217,6 +218,22 @@ TEST(LandingRounds, TheWireUpFieldIsParsedStrictly) {
   EXPECT_EQ(s.status().code(), absl::StatusCode::kDataLoss);
   theirs["rounds.1"] = "4096:12288:12288";
   EXPECT_TRUE(RoundStreamOf(theirs, 1, 4, 16 << 10).ok());
+  // Hostile sizes in a record that also claims a huge area: twice the quota overflows int64 and
+  // the offset leaves no room; refused without wrapping.
+  theirs["rounds.1"] = "9223372036854775807:4611686018427387905:9223372036854775807";
+  s = RoundStreamOf(theirs, 1, 4, UINT64_MAX);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kDataLoss);
+  // Two halves of 2^62 + 1 bytes fit 2^64 - 1 registered bytes, but not int64 offsets.
+  theirs["rounds.1"] = "0:4611686018427387905:9223372036854775807";
+  s = RoundStreamOf(theirs, 1, 4, UINT64_MAX);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_FALSE(RoundStreamOf(theirs, 1, 4, uint64_t{1} << 62).ok());
+  theirs["rounds.1"] = "0:2305843009213693952:4611686018427387904";  // 2^61 halves: fit.
+  s = RoundStreamOf(theirs, 1, 4, UINT64_MAX);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->rounds, 2);
 }
 
 }  // namespace
