@@ -17,6 +17,7 @@ namespace reshard::cuda {
 namespace {
 // DevicesEmulatedOnHost (tests).
 std::atomic<bool> g_emulated{false};
+std::atomic<bool> g_emulated_registered{false};
 
 void HostCopy2D(void* dst, int64_t dst_pitch, const void* src, int64_t src_pitch, int64_t width,
                 int64_t rows) {
@@ -60,6 +61,17 @@ static absl::StatusOr<void*> DeviceAllocPinned(size_t bytes) {
 
 static void DeviceFreePinned(void* ptr) {
   if (ptr != nullptr) cudaFreeHost(ptr);
+}
+
+static absl::StatusOr<void*> DeviceAllocDevice(size_t bytes) {
+  void* ptr = nullptr;
+  const cudaError_t err = cudaMalloc(&ptr, bytes == 0 ? 1 : bytes);
+  if (err != cudaSuccess) return CudaError(err, "cudaMalloc");
+  return ptr;
+}
+
+static void DeviceFreeDevice(void* ptr) {
+  if (ptr != nullptr) cudaFree(ptr);
 }
 
 namespace {
@@ -178,6 +190,8 @@ static int DeviceCount(std::string* why) {
 }
 static absl::StatusOr<void*> DeviceAllocPinned(size_t) { return NoCuda(); }
 static void DeviceFreePinned(void*) {}
+static absl::StatusOr<void*> DeviceAllocDevice(size_t) { return NoCuda(); }
+static void DeviceFreeDevice(void*) {}
 static absl::Status DeviceCopy2D(void*, int64_t, const void*, int64_t, int64_t, int64_t) {
   return NoCuda();
 }
@@ -195,8 +209,14 @@ static absl::StatusOr<bool> QueueDone(const std::vector<void*>&, int32_t) { retu
 
 // The public calls: the host emulation (tests), else the device.
 
-void EmulateDevicesOnHost(bool on) { g_emulated.store(on); }
+void EmulateDevicesOnHost(bool on, bool ucx_registers_them) {
+  g_emulated.store(on);
+  g_emulated_registered.store(on && ucx_registers_them);
+}
 bool DevicesEmulatedOnHost() { return g_emulated.load(std::memory_order_relaxed); }
+bool EmulatedDeviceMemoryRegistered() {
+  return g_emulated_registered.load(std::memory_order_relaxed);
+}
 
 int CudaDeviceCount(std::string* why) { return DevicesEmulatedOnHost() ? 1 : DeviceCount(why); }
 
@@ -212,6 +232,21 @@ void FreePinned(void* ptr) {
     std::free(ptr);
   } else {
     DeviceFreePinned(ptr);
+  }
+}
+
+absl::StatusOr<void*> AllocDevice(size_t bytes) {
+  if (!DevicesEmulatedOnHost()) return DeviceAllocDevice(bytes);
+  void* ptr = std::calloc(bytes == 0 ? 1 : bytes, 1);
+  if (ptr == nullptr) return absl::ResourceExhaustedError("AllocDevice (emulated): out of memory");
+  return ptr;
+}
+
+void FreeDevice(void* ptr) {
+  if (DevicesEmulatedOnHost()) {
+    std::free(ptr);
+  } else {
+    DeviceFreeDevice(ptr);
   }
 }
 

@@ -28,10 +28,15 @@ bool BuiltWithCuda();
 // wrong bytes, as on a device), and the staging ring (staging_ring.h) packs its slots on the host
 // with the kernels' arithmetic, as late. The refit engine then stages CUDA buffers (UCX cannot
 // register them; no delta kernels exist), so its staging paths run on machines without a GPU
-// (tests/net/staged_emulation_test.cc, bench/put_bench --emulate-devices). Set once, before any
-// other call of this header; never by the library itself.
-void EmulateDevicesOnHost(bool on);
+// (tests/net/staged_emulation_test.cc, bench/put_bench --emulate-devices). With
+// `ucx_registers_them`, the emulated devices stand for a CUDA-aware UCX instead
+// (EmulatedDeviceMemoryRegistered(): net::Runtime::supports_cuda_memory() is true and the engine
+// registers "device" buffers with UCX as the host memory they are), so the engine's paths for
+// registered device memory run on such machines too. Set once, before any other call of this
+// header; never by the library itself.
+void EmulateDevicesOnHost(bool on, bool ucx_registers_them = false);
 bool DevicesEmulatedOnHost();
+bool EmulatedDeviceMemoryRegistered();
 
 // A failed CUDA runtime call as a Status: Internal "<call>: <cudaGetErrorString(err)>". `err` is
 // a cudaError_t (an int here, so this header needs no CUDA header). Defined in builds with CUDA
@@ -49,6 +54,10 @@ int CudaDeviceCount(std::string* why = nullptr);
 // Page-locked host memory (cudaHostAlloc); FailedPrecondition without CUDA.
 [[nodiscard]] absl::StatusOr<void*> AllocPinned(size_t bytes);
 void FreePinned(void* ptr);
+// Device memory on the current device (cudaMalloc; calloc while devices are emulated);
+// FailedPrecondition without CUDA, ResourceExhausted or Internal naming the call otherwise.
+[[nodiscard]] absl::StatusOr<void*> AllocDevice(size_t bytes);
+void FreeDevice(void* ptr);
 
 // A synchronous copy between any two addresses the CUDA runtime understands (host, pinned or
 // device; cudaMemcpyAsync on a private stream, then synchronise).

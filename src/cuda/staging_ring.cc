@@ -15,7 +15,7 @@
 namespace reshard::cuda {
 
 absl::StatusOr<std::unique_ptr<StagingRing>> StagingRing::Create(
-    int32_t slots, int64_t slot_bytes, absl::Span<const PackBatch> batches) {
+    int32_t slots, int64_t slot_bytes, absl::Span<const PackBatch> batches, bool device_memory) {
   if (slots < 1 || slots > kMaxSlots || slot_bytes < 0) {
     return absl::InvalidArgumentError(absl::StrCat("staging ring: ", slots, " slots of ",
                                                    slot_bytes, " bytes (1 to ", kMaxSlots,
@@ -28,9 +28,10 @@ absl::StatusOr<std::unique_ptr<StagingRing>> StagingRing::Create(
                                                      slot_bytes));
     }
   }
-  if (!DevicesEmulatedOnHost()) return CreateOnDevice(slots, slot_bytes, batches);
+  if (!DevicesEmulatedOnHost()) return CreateOnDevice(slots, slot_bytes, batches, device_memory);
   std::unique_ptr<StagingRing> ring(new StagingRing());
   ring->emulated_ = true;
+  ring->on_device_ = device_memory;
   ring->host_batches_.assign(batches.begin(), batches.end());
   ring->host_slots_.assign(static_cast<size_t>(std::max<int64_t>(slots * slot_bytes, 1)), 0);
   ring->host_ = ring->host_slots_.data();
@@ -88,21 +89,29 @@ void StagingRing::PackOnHost(int32_t slot) {
 bool PackKernelsBuilt() { return true; }
 
 absl::StatusOr<std::unique_ptr<StagingRing>> StagingRing::CreateOnDevice(
-    int32_t slots, int64_t slot_bytes, absl::Span<const PackBatch> batches) {
+    int32_t slots, int64_t slot_bytes, absl::Span<const PackBatch> batches, bool device_memory) {
   std::unique_ptr<StagingRing> ring(new StagingRing());
   RESHARD_ASSIGN_OR_RETURN(ring->batches_, DevicePackBatches::Create(batches));
-  void* host = nullptr;
-  cudaError_t err =
-      cudaHostAlloc(&host, static_cast<size_t>(std::max<int64_t>(slots * slot_bytes, 1)),
-                    cudaHostAllocPortable | cudaHostAllocMapped);
-  if (err != cudaSuccess) return CudaError(err, "cudaHostAlloc(staging ring)");
-  ring->host_ = static_cast<uint8_t*>(host);
   ring->slots_ = slots;
   ring->slot_bytes_ = slot_bytes;
-  void* device = nullptr;
-  err = cudaHostGetDevicePointer(&device, host, 0);
-  if (err != cudaSuccess) return CudaError(err, "cudaHostGetDevicePointer(staging ring)");
-  ring->device_ = static_cast<uint8_t*>(device);
+  cudaError_t err = cudaSuccess;
+  if (device_memory) {
+    void* device = nullptr;
+    err = cudaMalloc(&device, static_cast<size_t>(std::max<int64_t>(slots * slot_bytes, 1)));
+    if (err != cudaSuccess) return CudaError(err, "cudaMalloc(staging ring)");
+    ring->on_device_ = true;
+    ring->host_ = ring->device_ = static_cast<uint8_t*>(device);
+  } else {
+    void* host = nullptr;
+    err = cudaHostAlloc(&host, static_cast<size_t>(std::max<int64_t>(slots * slot_bytes, 1)),
+                        cudaHostAllocPortable | cudaHostAllocMapped);
+    if (err != cudaSuccess) return CudaError(err, "cudaHostAlloc(staging ring)");
+    ring->host_ = static_cast<uint8_t*>(host);
+    void* device = nullptr;
+    err = cudaHostGetDevicePointer(&device, host, 0);
+    if (err != cudaSuccess) return CudaError(err, "cudaHostGetDevicePointer(staging ring)");
+    ring->device_ = static_cast<uint8_t*>(device);
+  }
   cudaStream_t stream = nullptr;
   err = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
   if (err != cudaSuccess) return CudaError(err, "cudaStreamCreateWithFlags(staging ring)");
@@ -124,7 +133,11 @@ void StagingRing::DestroyOnDevice() {
   for (void* e : events_) {
     if (e != nullptr) cudaEventDestroy(static_cast<cudaEvent_t>(e));
   }
-  if (host_ != nullptr) cudaFreeHost(host_);
+  if (on_device_) {
+    if (device_ != nullptr) cudaFree(device_);
+  } else if (host_ != nullptr) {
+    cudaFreeHost(host_);
+  }
 }
 
 absl::Status StagingRing::PackOnDevice(int32_t batch, int32_t slot, const void* strided) {
@@ -145,7 +158,7 @@ absl::StatusOr<bool> StagingRing::SlotDoneOnDevice(int32_t slot) {
 bool PackKernelsBuilt() { return false; }
 
 absl::StatusOr<std::unique_ptr<StagingRing>> StagingRing::CreateOnDevice(
-    int32_t, int64_t, absl::Span<const PackBatch>) {
+    int32_t, int64_t, absl::Span<const PackBatch>, bool) {
   return absl::FailedPreconditionError(
       "the staging ring needs the CUDA pack kernels, which this build does not have");
 }

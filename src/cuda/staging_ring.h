@@ -32,19 +32,25 @@ bool PackKernelsBuilt();
 class StagingRing {
  public:
   static constexpr int32_t kMaxSlots = 8;
+  // `device_memory`: the slots are device memory (cudaMalloc) instead of mapped pinned host
+  // memory, for a CUDA-aware UCX that registers and reads device memory itself (the pack then
+  // never crosses PCIe); slot() is then a device address, never read by the host.
   // Allocates the slots, a stream and an event per slot, and uploads `batches` (each built with
   // stream offsets inside one slot, PackBatch::packed_end <= slot_bytes) to the device once.
   // FailedPrecondition without the kernels or a device; InvalidArgument for slots outside
   // [1, kMaxSlots], a negative size or a batch longer than a slot; Internal naming the CUDA call.
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<StagingRing>> Create(
-      int32_t slots, int64_t slot_bytes, absl::Span<const PackBatch> batches);
+      int32_t slots, int64_t slot_bytes, absl::Span<const PackBatch> batches,
+      bool device_memory = false);
   // Waits for the ring's stream (work enqueued before a failed epoch) before freeing the slots.
   ~StagingRing();
   StagingRing(const StagingRing&) = delete;
   StagingRing& operator=(const StagingRing&) = delete;
 
-  // Pinned host memory of `slot` (slot_bytes of it), valid to read once SlotDone(slot) is true.
+  // The memory of `slot` (slot_bytes of it: pinned host memory, or device memory when
+  // on_device()), valid to read once SlotDone(slot) is true.
   uint8_t* slot(int32_t slot) const { return host_ + slot * slot_bytes_; }
+  bool on_device() const { return on_device_; }
   uint8_t* data() const { return host_; }
   int64_t bytes() const { return static_cast<int64_t>(slots_) * slot_bytes_; }
   int32_t slots() const { return slots_; }
@@ -65,14 +71,15 @@ class StagingRing {
   void PackOnHost(int32_t slot);
   // The device's side of Create (after the checks), the destructor, Pack and SlotDone.
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<StagingRing>> CreateOnDevice(
-      int32_t slots, int64_t slot_bytes, absl::Span<const PackBatch> batches);
+      int32_t slots, int64_t slot_bytes, absl::Span<const PackBatch> batches, bool device_memory);
   void DestroyOnDevice();
   [[nodiscard]] absl::Status PackOnDevice(int32_t batch, int32_t slot, const void* strided);
   [[nodiscard]] absl::StatusOr<bool> SlotDoneOnDevice(int32_t slot);
 
   int32_t slots_ = 0;
   int64_t slot_bytes_ = 0;
-  uint8_t* host_ = nullptr;                     // Pinned host, mapped.
+  uint8_t* host_ = nullptr;  // Pinned host, mapped (or the device address when on_device_).
+  bool on_device_ = false;
   [[maybe_unused]] uint8_t* device_ = nullptr;  // The same memory's device address.
   [[maybe_unused]] void* stream_ = nullptr;     // cudaStream_t.
   [[maybe_unused]] void* events_[kMaxSlots] = {};

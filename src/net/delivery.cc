@@ -48,7 +48,8 @@ class DeliveryBase : public Delivery {
   }
   // Whether runs of `d` are read from device memory (which process_vm_writev cannot read).
   bool SourceOnDevice(const PeerLink& link, const SendDesc& d) const {
-    return link.ring_source == nullptr && !d.packed && memory_.device(d.from_buffer);
+    if (link.ring_source != nullptr) return memory_.ring()->on_device();
+    return !d.packed && memory_.device(d.from_buffer);
   }
   ucp_mem_h SourceMemh(const PeerLink& link, const SendDesc& d) const {
     if (link.ring_source != nullptr) return memory_.ring_memh();

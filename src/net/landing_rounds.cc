@@ -7,22 +7,27 @@
 namespace reshard::net {
 
 bool IsRoundPiece(const plan::Plan& plan, const plan::Transfer& t, bool packed, bool delta,
-                  bool to_direct) {
-  return to_direct && t.from_rank != t.to_rank && !packed && !delta && t.after < 0 &&
-         plan.region(t.region).bytes > 0;
+                  RoundMode to) {
+  if (to == RoundMode::kNone || t.from_rank == t.to_rank || packed || delta || t.after >= 0) {
+    return false;
+  }
+  const plan::Region& region = plan.region(t.region);
+  return region.bytes > 0 && (to == RoundMode::kAll || region.bytes > region.run_bytes);
 }
 
 absl::StatusOr<LandingRounds> PlanLandingRounds(const plan::Plan& plan, const SendProgram& program,
-                                                const std::vector<bool>& direct, int64_t budget) {
+                                                const std::vector<RoundMode>& modes,
+                                                int64_t budget) {
   LandingRounds out;
   out.sender_of_slot.assign(program.received.size(), -1);
+  out.modes = modes;
   // Slots are in plan order (ascending world index), the order each sender posts its pieces.
   std::vector<std::vector<uint32_t>> by_sender(static_cast<size_t>(plan.world_size()));
   for (uint32_t slot = 0; slot < program.received.size(); ++slot) {
     const plan::Transfer& t = plan.transfers()[program.received[slot]];
     const uint32_t to = plan.buffer_of(t.tensor, t.to_side);
     if (IsRoundPiece(plan, t, program.landing_offset[slot] >= 0,
-                     program.delta_elem_bytes[slot] != 0, to < direct.size() && direct[to])) {
+                     program.delta_elem_bytes[slot] != 0, ModeOf(modes, to))) {
       by_sender[static_cast<size_t>(t.from_rank)].push_back(slot);
     }
   }
@@ -72,15 +77,14 @@ absl::StatusOr<LandingRounds> PlanLandingRounds(const plan::Plan& plan, const Se
 }
 
 std::vector<int64_t> RoundStreamBases(const plan::Plan& plan, const SendProgram& program,
-                                      int32_t peer, const std::vector<bool>& peer_direct,
+                                      int32_t peer, const std::vector<RoundMode>& peer_modes,
                                       int64_t* total) {
   std::vector<int64_t> bases(program.descs.size(), -1);
   *total = 0;
   for (uint32_t i = program.peer_begin[peer]; i < program.peer_begin[peer + 1]; ++i) {
     const SendDesc& d = program.descs[i];
     const plan::Transfer& t = plan.transfers()[d.transfer];
-    if (IsRoundPiece(plan, t, d.packed, d.delta_elem_bytes > 0,
-                     d.to_buffer < peer_direct.size() && peer_direct[d.to_buffer])) {
+    if (IsRoundPiece(plan, t, d.packed, d.delta_elem_bytes > 0, ModeOf(peer_modes, d.to_buffer))) {
       bases[i] = *total;
       *total += d.bytes;
     }

@@ -1,6 +1,8 @@
 // Landing rounds: how pieces reach CUDA destinations that UCX cannot register, through a pinned
-// landing area of bounded size instead of a full-size pinned copy of each destination
-// (docs/data-plane.md, "Destinations"). A pure function of the send program, tested on the CPU.
+// landing area of bounded size instead of a full-size pinned copy of each destination, and how
+// strided pieces reach CUDA destinations that UCX registers, through a device landing area as
+// a few large puts instead of one put per run (docs/data-plane.md, "Destinations"). A pure
+// function of the send program, tested on the CPU.
 //
 // A "direct" destination buffer is CUDA memory the engine writes itself (no pinned copy, not
 // registered). With put delivery, the pieces other ranks send into it plainly (not packed, not
@@ -19,7 +21,8 @@
 //
 // Both sides compute what they need from their own send program: the receiver its senders'
 // streams (published as `rounds.<sender>` = "OFFSET:QUOTA:TOTAL" in its wire-up record, with
-// `round.<id>` = 1 for each direct destination buffer), the sender each descriptor's place in
+// `direct.<id>` = 1 or `strided.<id>` = 1 for each destination buffer that takes round pieces:
+// RoundMode), the sender each descriptor's place in
 // its stream to a receiver (which must add up to the TOTAL the receiver published).
 #pragma once
 
@@ -34,6 +37,18 @@ namespace reshard::net {
 
 // The least bytes per round a sender is given (a larger budget is needed for more senders).
 constexpr int64_t kMinRoundQuota = 4096;
+
+// Which pieces into a destination buffer travel through its receiver's round area.
+enum class RoundMode : uint8_t {
+  kNone = 0,
+  // A direct destination (CUDA memory UCX cannot register; `direct.<id>` = 1 in the wire-up
+  // record, no remote key): every plain piece.
+  kAll = 1,
+  // CUDA memory UCX registers (`strided.<id>` = 1): the plain pieces of more than one run, which
+  // then leave as few large puts into device memory and are scattered there by the receiver,
+  // instead of one put per run; contiguous pieces are put straight into the buffer.
+  kStrided = 2,
+};
 
 // A sender's stream into this rank's round area.
 struct RoundSender {
@@ -69,26 +84,33 @@ struct LandingRounds {
   int64_t area_bytes = 0;
   // By slot: the index in `senders` of a round piece's sender, -1 for other slots.
   std::vector<int32_t> sender_of_slot;
+  // By buffer id: the modes the rounds were planned with (published at wire-up).
+  std::vector<RoundMode> modes;
 
   bool empty() const { return senders.empty(); }
 };
 
-// Whether `t` (sent into buffer `to_buffer` of its receiver, which is direct when
-// `to_direct`) travels as a round piece; the same rule on both sides.
+// Whether `t` (sent into a buffer of its receiver whose round mode is `to`) travels as a round
+// piece; the same rule on both sides.
 bool IsRoundPiece(const plan::Plan& plan, const plan::Transfer& t, bool packed, bool delta,
-                  bool to_direct);
+                  RoundMode to);
+// The round mode of buffer `id` in `modes` (kNone past its end).
+inline RoundMode ModeOf(const std::vector<RoundMode>& modes, uint32_t id) {
+  return id < modes.size() ? modes[id] : RoundMode::kNone;
+}
 
-// Receiving side of `program` (this rank's): `direct` by buffer id. InvalidArgument when the
+// Receiving side of `program` (this rank's): `modes` by buffer id. InvalidArgument when the
 // budget is below kMinRoundQuota; FailedPrecondition naming the rank when it cannot give every
 // sender two rounds of kMinRoundQuota.
 absl::StatusOr<LandingRounds> PlanLandingRounds(const plan::Plan& plan, const SendProgram& program,
-                                                const std::vector<bool>& direct, int64_t budget);
+                                                const std::vector<RoundMode>& modes,
+                                                int64_t budget);
 
 // Sending side: by descriptor of `program`, its first byte's place in this rank's round stream
-// to its receiver `peer`, or -1 when it is not a round piece; `peer_direct` by buffer id (the
-// peer's `round.<id>` fields). `*total` receives the stream's bytes.
+// to its receiver `peer`, or -1 when it is not a round piece; `peer_modes` by buffer id (the
+// peer's `direct.<id>` and `strided.<id>` fields). `*total` receives the stream's bytes.
 std::vector<int64_t> RoundStreamBases(const plan::Plan& plan, const SendProgram& program,
-                                      int32_t peer, const std::vector<bool>& peer_direct,
+                                      int32_t peer, const std::vector<RoundMode>& peer_modes,
                                       int64_t* total);
 
 }  // namespace reshard::net

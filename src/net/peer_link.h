@@ -218,18 +218,21 @@ class PeerLink {
   const uint8_t* ring_source = nullptr;
   int ring_slot = -1;
   // Landing rounds towards the peer (src/net/landing_rounds.h), from its wire-up record: its
-  // direct destination buffers (by id; the engine writes no key of them) and this rank's stream
+  // destination buffers' round modes (by id; a direct one, kAll, has no key) and this rank's stream
   // into its round area (quota 0: none). This epoch: the highest round the peer granted, the
   // next stream byte to post and the bytes of the current run posted (runs are cut at round
   // ends); and the chunk the engine has PostRun put next: `round_bytes` bytes from `round_skip`
   // into the run, at `round_remote` in the peer's round area (round_bytes 0: a whole run, not a
   // round chunk).
-  std::vector<bool> peer_direct;
+  std::vector<RoundMode> peer_rounds;
   RoundSender round_to;
   int64_t round_granted = 1;
   int64_t round_pos = 0;
   int64_t run_posted = 0;
   int64_t round_skip = 0, round_bytes = 0;
+  // Bytes of the next runs already posted with this run's chunk (a ring part's runs are
+  // consecutive in its slot, so one put carries them up to the part's or the round's end).
+  int64_t round_ahead = 0;
   uint64_t round_remote = 0;
   int64_t unsignalled = 0;     // Sends of this epoch not yet remotely complete and signalled.
   int64_t remaining_from = 0;  // Pieces of this epoch not yet landed from the peer.

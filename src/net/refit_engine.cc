@@ -259,11 +259,14 @@ class RefitEngine::Impl final : public MessageSink, public LinkOwner {
   int32_t RoundSenderIndex(int32_t rank) const;
   int32_t ring_batches() const { return ring_.batches(); }
   bool OnRing(uint32_t desc) const { return ring_.on_ring(desc); }
-  // Plans the staging ring of `ring_sources` (by buffer, chosen in Init) and creates it (before
-  // the registered memory, which then neither stages nor registers them).
-  absl::Status InitRing(const std::vector<BufferView>& buffers,
-                        const std::vector<bool>& ring_sources,
-                        std::unique_ptr<cuda::StagingRing>* ring);
+  // The descriptors that read staged `ring_sources` (by buffer, chosen in Init) through the
+  // staging ring.
+  absl::StatusOr<std::vector<bool>> StagedRingDescs(const std::vector<bool>& ring_sources) const;
+  // Plans the staging ring of the `selected` descriptors and creates it: pinned for staged
+  // sources (before the registered memory, which then neither stages nor registers them),
+  // `device_memory` for the round pieces of registered ones (after wire-up).
+  absl::Status InitRing(const std::vector<BufferView>& buffers, const std::vector<bool>& selected,
+                        bool device_memory, std::unique_ptr<cuda::StagingRing>* ring);
   // Packs the next batches while their slots are free; none while a source is held.
   absl::Status EnqueueRingBatches();
   // Without waiting: whether batch `b` is packed (its event completed).
@@ -406,17 +409,33 @@ absl::Status RefitEngine::Impl::Init(rendezvous::Store& store, std::vector<Buffe
     }
     for (bool on : ring_sources) any_ring_source = any_ring_source || on;
   }
+  // CUDA sources UCX registers: their strided pieces into a receiver's round area (RoundMode::
+  // kStrided) are packed into a staging ring in device memory, chosen after wire-up (it depends
+  // on the receivers' modes); runs are cut at its slot size in case.
+  bool device_ring = false;
+  if (runtime_->supports_cuda_memory() && !am && (cuda::PackKernelsBuilt() || emulated)) {
+    const std::vector<bool> read = SourceBuffersRead(plan_, rank_);
+    for (size_t b = 0; b < buffers.size(); ++b) {
+      device_ring =
+          device_ring || (read[b] && buffers[b].kind == MemoryKind::kCuda && buffers[b].bytes > 0 &&
+                          plan_.buffers()[b].side == plan::Side::kSrc);
+    }
+  }
   program_ = BuildSendProgram(
       plan_, rank_,
-      SendProgramOptions{
-          options_.execute_fanout, options_.pack_below_run_bytes, am ? wire::kAmChunkBytes : 0,
-          options_.delta,
-          any_ring_source ? cuda::SlotBytes(options_.stage_ring_bytes, cuda::kStageRingSlots) : 0,
-          any_ring_source ? ring_sources : std::vector<bool>{}});
+      SendProgramOptions{options_.execute_fanout, options_.pack_below_run_bytes,
+                         am ? wire::kAmChunkBytes : 0, options_.delta,
+                         any_ring_source || device_ring
+                             ? cuda::SlotBytes(options_.stage_ring_bytes, cuda::kStageRingSlots)
+                             : 0,
+                         any_ring_source ? ring_sources : std::vector<bool>{}});
   RESHARD_RETURN_IF_ERROR(CheckDependencies());
   if (options_.delta) RESHARD_RETURN_IF_ERROR(InitDelta(buffers));
   std::unique_ptr<cuda::StagingRing> ring;
-  if (any_ring_source) RESHARD_RETURN_IF_ERROR(InitRing(buffers, ring_sources, &ring));
+  if (any_ring_source) {
+    RESHARD_ASSIGN_OR_RETURN(const std::vector<bool> selected, StagedRingDescs(ring_sources));
+    RESHARD_RETURN_IF_ERROR(InitRing(buffers, selected, /*device_memory=*/false, &ring));
+  }
   absl::Status registered = runtime_->Register(handle_, this);
   if (!registered.ok()) {
     return absl::AlreadyExistsError(absl::StrCat("a refit handle with key prefix \"",
@@ -427,8 +446,18 @@ absl::Status RefitEngine::Impl::Init(rendezvous::Store& store, std::vector<Buffe
   // (put delivery) through the landing rounds' bounded area.
   const std::vector<bool> direct = DirectDestinations(buffers, am);
   if (!am) {
+    // And with a CUDA-aware UCX, the strided pieces of registered CUDA destinations.
+    std::vector<RoundMode> modes(buffers.size(), RoundMode::kNone);
+    for (size_t b = 0; b < buffers.size(); ++b) {
+      if (direct[b]) {
+        modes[b] = RoundMode::kAll;
+      } else if (runtime_->supports_cuda_memory() && buffers[b].kind == MemoryKind::kCuda &&
+                 buffers[b].bytes > 0 && plan_.buffers()[b].side != plan::Side::kSrc) {
+        modes[b] = RoundMode::kStrided;
+      }
+    }
     absl::StatusOr<LandingRounds> rounds =
-        PlanLandingRounds(plan_, program_, direct, options_.stage_landing_bytes);
+        PlanLandingRounds(plan_, program_, modes, options_.stage_landing_bytes);
     if (!rounds.ok()) return rounds.status();
     rounds_ = *std::move(rounds);
   }
@@ -518,7 +547,7 @@ absl::Status RefitEngine::Impl::Init(rendezvous::Store& store, std::vector<Buffe
       const int32_t r = link->peer();
       int64_t total = 0;
       const std::vector<int64_t> bases =
-          RoundStreamBases(plan_, program_, r, link->peer_direct, &total);
+          RoundStreamBases(plan_, program_, r, link->peer_rounds, &total);
       if (total != link->round_to.total) {
         return absl::FailedPreconditionError(absl::StrFormat(
             "rank %d expects %d bytes of landing rounds from rank %d, which sends %d there (the "
@@ -528,6 +557,27 @@ absl::Status RefitEngine::Impl::Init(rendezvous::Store& store, std::vector<Buffe
       for (uint32_t i = program_.peer_begin[r]; i < program_.peer_begin[r + 1]; ++i) {
         round_base_[i] = bases[i];
       }
+    }
+  }
+  if (device_ring) {
+    // The strided pieces of registered CUDA sources that receivers take in rounds: packed by
+    // the GPU into the device ring, whose slots leave as a few large puts (PostSends merges a
+    // part's runs within a round).
+    std::vector<bool> selected(program_.descs.size(), false);
+    bool any = false;
+    for (uint32_t i = 0; i < program_.descs.size(); ++i) {
+      const SendDesc& d = program_.descs[i];
+      const plan::Region& region = plan_.region(plan_.transfers()[d.transfer].region);
+      selected[i] = round_base_[i] >= 0 && memory_->device(d.from_buffer) && !d.packed &&
+                    d.delta_elem_bytes == 0 && region.bytes > region.run_bytes;
+      any = any || selected[i];
+    }
+    if (any) {
+      std::vector<BufferView> views;
+      for (uint32_t b = 0; b < memory_->size(); ++b) views.push_back(memory_->buffer(b));
+      std::unique_ptr<cuda::StagingRing> device;
+      RESHARD_RETURN_IF_ERROR(InitRing(views, selected, /*device_memory=*/true, &device));
+      RESHARD_RETURN_IF_ERROR(memory_->AttachRing(std::move(device), *runtime_));
     }
   }
   RESHARD_RETURN_IF_ERROR(CheckRemoteKeys());
@@ -719,9 +769,8 @@ bool RefitEngine::Impl::DeltaGpuRunning() {
   return false;
 }
 
-absl::Status RefitEngine::Impl::InitRing(const std::vector<BufferView>& buffers,
-                                         const std::vector<bool>& on_ring,
-                                         std::unique_ptr<cuda::StagingRing>* ring) {
+absl::StatusOr<std::vector<bool>> RefitEngine::Impl::StagedRingDescs(
+    const std::vector<bool>& on_ring) const {
   // Every descriptor reading a ring source goes through the ring, except the delta pieces the
   // GPU delta encode reads from device memory itself; a host-encoded delta piece cannot read a
   // ring source (it has no host copy), which happens only when the delta kernels could not
@@ -740,11 +789,22 @@ absl::Status RefitEngine::Impl::InitRing(const std::vector<BufferView>& buffers,
     }
     selected[i] = d.delta_elem_bytes == 0 && d.run_end > d.run_begin;
   }
+  return selected;
+}
+
+absl::Status RefitEngine::Impl::InitRing(const std::vector<BufferView>& buffers,
+                                         const std::vector<bool>& selected, bool device_memory,
+                                         std::unique_ptr<cuda::StagingRing>* ring) {
+  std::vector<bool> on_ring(buffers.size(), false);
+  for (uint32_t i = 0; i < program_.descs.size(); ++i) {
+    if (selected[i]) on_ring[program_.descs[i].from_buffer] = true;
+  }
   // One launch per batch reads every ring source: offsets count from the lowest address.
   uintptr_t base = UINTPTR_MAX;
   for (size_t b = 0; b < buffers.size(); ++b) {
     if (on_ring[b]) base = std::min(base, reinterpret_cast<uintptr_t>(buffers[b].data));
   }
+  if (base == UINTPTR_MAX) return absl::OkStatus();
   std::vector<int64_t> shift(buffers.size(), 0);
   for (size_t b = 0; b < buffers.size(); ++b) {
     if (on_ring[b]) {
@@ -763,15 +823,15 @@ absl::Status RefitEngine::Impl::InitRing(const std::vector<BufferView>& buffers,
   ring_ = *std::move(planned);
   ring_base_ = reinterpret_cast<const uint8_t*>(base);
   absl::StatusOr<std::unique_ptr<cuda::StagingRing>> created =
-      cuda::StagingRing::Create(ring_.slots, ring_.slot_bytes, ring_.pack);
+      cuda::StagingRing::Create(ring_.slots, ring_.slot_bytes, ring_.pack, device_memory);
   if (!created.ok()) {
     return absl::Status(
         created.status().code(),
-        absl::StrFormat("rank %d: the staging ring of CUDA source buffer \"%s\" "
-                        "(%d bytes of pinned memory): %s",
-                        rank_,
-                        plan_.buffers()[program_.descs[ring_.parts[0].desc].from_buffer].name,
-                        ring_.pinned_bytes(), created.status().message()));
+        absl::StrFormat(
+            "rank %d: the staging ring of CUDA source buffer \"%s\" "
+            "(%d bytes of %s memory): %s",
+            rank_, plan_.buffers()[program_.descs[ring_.parts[0].desc].from_buffer].name,
+            ring_.pinned_bytes(), device_memory ? "device" : "pinned", created.status().message()));
   }
   *ring = *std::move(created);
   // The host side no longer needs the pack batches (the ring uploaded them).
@@ -805,7 +865,7 @@ absl::Status RefitEngine::Impl::EnqueueRingBatches() {
     }
     stats_.stage_ring_batches++;
     stats_.bytes_ring_packed += ring_.batch_bytes[b];
-    stats_.bytes_staged_to_host += ring_.batch_bytes[b];
+    if (!ring->on_device()) stats_.bytes_staged_to_host += ring_.batch_bytes[b];
     ++ring_enqueued_;
   }
   return absl::OkStatus();
@@ -895,7 +955,7 @@ absl::Status RefitEngine::Impl::CheckRemoteKeys() const {
     // A direct destination of the peer (CUDA memory it writes itself) has no key: its plain
     // pieces go to the peer's round area (within the bounds RoundStreamOf checked), packed ones
     // to its landing area, data messages to the peer's copies.
-    const bool to_direct = d.to_buffer < link.peer_direct.size() && link.peer_direct[d.to_buffer];
+    const bool to_direct = ModeOf(link.peer_rounds, d.to_buffer) == RoundMode::kAll;
     if (to_direct && puts && !d.packed && d.bytes > 0 && round_base_[di] < 0) {
       return absl::DataLossError(absl::StrFormat(
           "rank %d writes buffer \"%s\" itself (CUDA memory its UCX cannot register), but rank %d "
@@ -995,6 +1055,7 @@ absl::Status RefitEngine::Impl::Start(uint64_t epoch) {
     link->round_pos = 0;
     link->run_posted = 0;
     link->round_bytes = 0;
+    link->round_ahead = 0;
     link->remaining_from = link->expected_from;
     // Each landing round's signal counts as one more: the epoch ends only once it went.
     link->unsignalled = program_.peer_begin[r + 1] - program_.peer_begin[r] +
@@ -1213,17 +1274,41 @@ void RefitEngine::Impl::PostSends() {
                                        to.RoundEnd(round) - link->round_pos);
           link->round_remote = static_cast<uint64_t>(to.AreaOffset(link->round_pos));
         }
-        bool in_flight = false;
-        absl::Status posted = delivery_->PostRun(*link, d, link->cursor_run, epoch_, &in_flight);
-        if (!posted.ok()) {
-          return Fail(absl::Status(
-              posted.code(),
-              absl::StrCat(posted.message(), ", tensor \"",
-                           plan_.spec().tensors[plan_.transfers()[d.transfer].tensor].name, "\"")));
-        }
-        if (in_flight) {
-          outstanding_puts_++;
-          if (link->ring_slot >= 0) ring_in_flight_[link->ring_slot]++;
+        if (round >= 0 && link->round_ahead > 0) {
+          // Posted already, with the chunk of an earlier run of this ring part.
+          link->round_ahead -= link->round_bytes;
+        } else {
+          // A round chunk read from a ring part runs on over the part's next runs, which follow
+          // it in the slot as in the round area: one put up to the part's or the round's end.
+          const int64_t chunk = link->round_bytes;
+          if (round >= 0 && link->ring_source != nullptr) {
+            const uint32_t part_end = ring_.parts[link->ring_part].run_end;
+            const int64_t room = link->round_to.RoundEnd(round) - link->round_pos;
+            // The chunk's last run: its bytes in the chunk, and its bytes not yet posted.
+            int64_t fill = chunk;
+            int64_t need = program_.runs[link->cursor_run].bytes - link->run_posted;
+            for (uint32_t k = link->cursor_run + 1;
+                 k < part_end && fill == need && link->round_bytes < room; ++k) {
+              need = program_.runs[k].bytes;
+              fill = std::min(need, room - link->round_bytes);
+              link->round_bytes += fill;
+            }
+          }
+          bool in_flight = false;
+          absl::Status posted = delivery_->PostRun(*link, d, link->cursor_run, epoch_, &in_flight);
+          if (!posted.ok()) {
+            return Fail(absl::Status(
+                posted.code(),
+                absl::StrCat(posted.message(), ", tensor \"",
+                             plan_.spec().tensors[plan_.transfers()[d.transfer].tensor].name,
+                             "\"")));
+          }
+          if (in_flight) {
+            outstanding_puts_++;
+            if (link->ring_slot >= 0) ring_in_flight_[link->ring_slot]++;
+          }
+          link->round_ahead = link->round_bytes - chunk;
+          link->round_bytes = chunk;
         }
         if (round >= 0) {
           link->round_pos += link->round_bytes;

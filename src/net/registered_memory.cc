@@ -71,7 +71,7 @@ absl::StatusOr<std::unique_ptr<RegisteredMemory>> RegisteredMemory::Create(
     ucs_memory_type_t type = UCS_MEMORY_TYPE_HOST;
     if (buf.kind == MemoryKind::kCuda) {
       if (runtime.supports_cuda_memory()) {
-        type = UCS_MEMORY_TYPE_CUDA;
+        type = runtime.cuda_memory_type();
         m->cuda_registered_++;
       } else {
         std::string why;
@@ -133,12 +133,19 @@ absl::StatusOr<std::unique_ptr<RegisteredMemory>> RegisteredMemory::Create(
   }
   if (round_bytes > 0) {
     // The landing rounds' area (src/net/landing_rounds.h): pinned, so its halves move to the
-    // device on the copy queue without a bounce.
-    RESHARD_ASSIGN_OR_RETURN(m->round_area_, cuda::AllocPinned(static_cast<size_t>(round_bytes)));
+    // device on the copy queue without a bounce; device memory when UCX registers it (the
+    // strided pieces of registered CUDA destinations land there, then move device to device).
+    m->round_on_device_ = runtime.supports_cuda_memory();
+    if (m->round_on_device_) {
+      RESHARD_ASSIGN_OR_RETURN(m->round_area_, cuda::AllocDevice(static_cast<size_t>(round_bytes)));
+    } else {
+      RESHARD_ASSIGN_OR_RETURN(m->round_area_, cuda::AllocPinned(static_cast<size_t>(round_bytes)));
+    }
     RESHARD_ASSIGN_OR_RETURN(
         m->round_region_,
-        ucx::MemoryRegion::Map(context, m->round_area_, static_cast<size_t>(round_bytes),
-                               UCS_MEMORY_TYPE_HOST));
+        ucx::MemoryRegion::Map(
+            context, m->round_area_, static_cast<size_t>(round_bytes),
+            m->round_on_device_ ? runtime.cuda_memory_type() : UCS_MEMORY_TYPE_HOST));
     m->round_bytes_ = round_bytes;
   }
   return m;
@@ -149,9 +156,10 @@ absl::Status RegisteredMemory::AttachRing(std::unique_ptr<cuda::StagingRing> rin
   ring_region_.reset();
   ring_ = std::move(ring);
   if (ring_ == nullptr || ring_->bytes() == 0) return absl::OkStatus();
-  RESHARD_ASSIGN_OR_RETURN(ring_region_, ucx::MemoryRegion::Map(runtime.context(), ring_->data(),
-                                                                static_cast<size_t>(ring_->bytes()),
-                                                                UCS_MEMORY_TYPE_HOST));
+  RESHARD_ASSIGN_OR_RETURN(
+      ring_region_, ucx::MemoryRegion::Map(
+                        runtime.context(), ring_->data(), static_cast<size_t>(ring_->bytes()),
+                        ring_->on_device() ? runtime.cuda_memory_type() : UCS_MEMORY_TYPE_HOST));
   return absl::OkStatus();
 }
 
@@ -162,7 +170,11 @@ RegisteredMemory::~RegisteredMemory() {
   landing_region_.reset();
   round_region_.reset();
   for (void* p : staging_) cuda::FreePinned(p);
-  cuda::FreePinned(round_area_);
+  if (round_on_device_) {
+    cuda::FreeDevice(round_area_);
+  } else {
+    cuda::FreePinned(round_area_);
+  }
 }
 
 absl::Status RegisteredMemory::AddRemoteKeys(rendezvous::Record* record) const {
@@ -188,7 +200,7 @@ absl::Status RegisteredMemory::AddRemoteKeys(rendezvous::Record* record) const {
     RESHARD_RETURN_IF_ERROR(add(landing_id(), *landing_region_, true));
   }
   if (round_region_ != nullptr) {
-    // Written with UCX puts only (pinned memory, not a shared-memory object).
+    // Written with UCX puts only (pinned or device memory, not a shared-memory object).
     RESHARD_RETURN_IF_ERROR(add(round_id(), *round_region_, false));
   }
   return absl::OkStatus();

@@ -42,7 +42,8 @@ class RegisteredMemory {
   // register that the engine writes itself, with copies from its landing areas: neither
   // registered nor given a pinned host copy (data(id) is the caller's memory, device(id) is
   // true), and counted as staged. `round_bytes`: the landing rounds' area
-  // (src/net/landing_rounds.h), pinned and registered, published as round_id().
+  // (src/net/landing_rounds.h), registered and published as round_id(): pinned host memory, or
+  // device memory when UCX registers CUDA memory.
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<RegisteredMemory>> Create(
       const plan::Plan& plan, int32_t rank, Runtime& runtime,
       std::vector<common::BufferView> buffers, int64_t send_scratch_bytes, int64_t landing_bytes,
@@ -81,6 +82,8 @@ class RegisteredMemory {
   uint8_t* round_area() const { return static_cast<uint8_t*>(round_area_); }
   int64_t round_bytes() const { return round_bytes_; }
   uint32_t round_id() const { return static_cast<uint32_t>(buffers_.size()) + 1; }
+  // The round area is device memory (UCX registers CUDA memory) rather than pinned host memory.
+  bool round_on_device() const { return round_on_device_; }
   // Ids of remote keys a peer's record may hold: the buffers, the landing area, the round area.
   uint32_t remote_ids() const { return static_cast<uint32_t>(buffers_.size()) + 2; }
 
@@ -121,7 +124,8 @@ class RegisteredMemory {
   uint8_t* landing_data_ = nullptr;
   int64_t cuda_registered_ = 0, cuda_staged_ = 0, staged_copy_bytes_ = 0;
   std::unique_ptr<ucx::MemoryRegion> landing_region_;
-  void* round_area_ = nullptr;  // Pinned, freed in the destructor after its region.
+  void* round_area_ = nullptr;  // Pinned or device, freed in the destructor after its region.
+  bool round_on_device_ = false;
   int64_t round_bytes_ = 0;
   std::unique_ptr<ucx::MemoryRegion> round_region_;
   // Declared in dependency order: the region is released before the ring's memory.

@@ -65,9 +65,14 @@ class Runtime {
   // Whether endpoints detect lost peers (see ucx::Context::peer_error_handling()).
   bool peer_error_handling() const { return context_->peer_error_handling(); }
   // Whether UCX registers CUDA memory directly (otherwise engines stage it through host memory).
-  // (Never while devices are emulated on the host: tests, src/cuda/runtime.h.)
+  // (While devices are emulated on the host, tests, src/cuda/runtime.h: as the emulation says.)
   bool supports_cuda_memory() const {
-    return context_->supports_cuda_memory() && !cuda::DevicesEmulatedOnHost();
+    if (cuda::DevicesEmulatedOnHost()) return cuda::EmulatedDeviceMemoryRegistered();
+    return context_->supports_cuda_memory();
+  }
+  // The UCX memory type of CUDA buffers registered directly (host while devices are emulated).
+  ucs_memory_type_t cuda_memory_type() const {
+    return cuda::DevicesEmulatedOnHost() ? UCS_MEMORY_TYPE_HOST : UCS_MEMORY_TYPE_CUDA;
   }
 
   // Routes messages for `handle` to `sink` until Unregister. AlreadyExists when another sink

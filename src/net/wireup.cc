@@ -27,6 +27,7 @@ namespace {
 std::string LandingField(int32_t sender) { return absl::StrCat("landing.", sender); }
 std::string RoundsField(int32_t sender) { return absl::StrCat("rounds.", sender); }
 std::string DirectField(uint32_t id) { return absl::StrCat("direct.", id); }
+std::string StridedField(uint32_t id) { return absl::StrCat("strided.", id); }
 
 }  // namespace
 
@@ -117,7 +118,11 @@ absl::Status Connect(rendezvous::Store& store, const std::string& prefix, int32_
     mine[LandingField(b.rank)] = absl::StrCat(b.offset, ":", b.bytes);
   }
   for (uint32_t id = 0; id < memory.size(); ++id) {
-    if (memory.direct(id)) mine[DirectField(id)].assign(1, '1');
+    if (memory.direct(id)) {
+      mine[DirectField(id)].assign(1, '1');
+    } else if (ModeOf(rounds.modes, id) == RoundMode::kStrided) {
+      mine[StridedField(id)].assign(1, '1');
+    }
   }
   for (const RoundSender& r : rounds.senders) {
     mine[RoundsField(r.rank)] = absl::StrCat(r.offset, ":", r.quota, ":", r.total);
@@ -153,10 +158,15 @@ absl::Status Connect(rendezvous::Store& store, const std::string& prefix, int32_
     RESHARD_RETURN_IF_ERROR(
         link->LoadRemoteKeys(link->sends_to ? theirs : rendezvous::Record{}, memory.remote_ids()));
     if (link->sends_to) {
-      // Its direct destinations and this rank's landing rounds into it (landing_rounds.h).
-      link->peer_direct.assign(memory.size(), false);
+      // Its destinations' round modes and this rank's landing rounds into it
+      // (landing_rounds.h).
+      link->peer_rounds.assign(memory.size(), RoundMode::kNone);
       for (uint32_t id = 0; id < memory.size(); ++id) {
-        link->peer_direct[id] = theirs.count(DirectField(id)) != 0;
+        if (theirs.count(DirectField(id)) != 0) {
+          link->peer_rounds[id] = RoundMode::kAll;
+        } else if (theirs.count(StridedField(id)) != 0) {
+          link->peer_rounds[id] = RoundMode::kStrided;
+        }
       }
       RESHARD_ASSIGN_OR_RETURN(
           link->round_to,

@@ -62,8 +62,9 @@ namespace reshard::net {
 // the peer's landing area must be found in its record: FailedPrecondition when the peer
 // reserved a block of another size (the ranks disagree on what is packed), DataLoss when the
 // field is missing or malformed. `landing_blocks`: this rank's landing area, published;
-// `rounds`: its landing rounds, published (`rounds.<sender>`) with its direct destination buffers
-// (`direct.<id>` = 1); each sending link reads the peer's into peer_direct and round_to.
+// `rounds`: its landing rounds, published (`rounds.<sender>`) with its destination buffers' round
+// modes (`direct.<id>` = 1, `strided.<id>` = 1); each sending link reads the peer's into
+// peer_rounds and round_to.
 // `single_copy`: this rank may write same-host peers with process_vm_writev (published as
 // `single_copy`, read into PeerLink::peer_single_copy()).
 [[nodiscard]] absl::Status Connect(rendezvous::Store& store, const std::string& prefix,

@@ -1,6 +1,8 @@
 // Device memory through the refit engine: CUDA buffers registered directly when UCX reports
-// CUDA memory, otherwise staged (sources packed by the GPU into the staging ring, destinations
-// written by the engine from its bounded landing rounds; the statistics say which, and count every
+// CUDA memory (strided pieces packed by the GPU into a device staging ring and put into the
+// receivers' device round areas), otherwise staged (sources packed by the GPU into the staging
+// ring, destinations written by the engine from its bounded landing rounds; the statistics say
+// which, and count every
 // staging copy, and a ring far smaller than the sources forces many batches and slot reuse); and
 // delta refits of CUDA sources (encoded by the CUDA kernels against a device shadow) into CUDA
 // destinations (applied by the kernels, or to a staged buffer's host copy), byte-exact over refits
@@ -96,18 +98,24 @@ int Rank(int rank, const std::string& dir, const char* spec_json = kSpec, int64_
     // by the engine, their plain pieces through the landing rounds' area (put delivery) within
     // its budget.
     if (stats.stage_copy_bytes != 0) return 22;
-    const bool rounds = staged && rank >= 2 && std::string((*engine)->delivery()) == "put";
+    // Registered (a CUDA-aware UCX), the strided plain pieces ("v" of kRingSpec, runs of 8 KiB)
+    // also travel in rounds, into device memory, packed by the sender into a device ring.
+    const bool puts = std::string((*engine)->delivery()) == "put";
+    const bool strided = puts && tensors == 2;
+    const bool rounds = rank >= 2 && puts && (staged || strided);
     if ((stats.stage_landing_bytes > 0) != rounds || stats.stage_landing_bytes > (256 << 20) ||
         (rounds && stats.stage_landing_rounds < 2)) {
       return 23;
     }
     // The ring: its pinned memory within the budget, every source byte packed once (rows ->
     // columns: each source sends its whole tile), in several batches when the budget is small.
-    const bool ring = staged && rank < 2;
+    const bool ring = rank < 2 && (staged || strided);
     const int64_t budget = ring_bytes > 0 ? ring_bytes : int64_t{256} << 20;
-    if (stats.bytes_ring_packed != stats.bytes_staged_to_host ||
-        (stats.stage_ring_bytes > 0) != ring || stats.stage_ring_bytes > budget ||
-        (ring && ring_bytes > 0 && stats.stage_ring_batches < 2 * src_bytes / budget)) {
+    const int64_t packed = staged ? stats.bytes_staged_to_host
+                                  : (ring ? bytes[plan->buffer_of(1, plan::Side::kSrc)] : 0);
+    if (stats.bytes_ring_packed != packed || (stats.stage_ring_bytes > 0) != ring ||
+        stats.stage_ring_bytes > budget ||
+        (ring && ring_bytes > 0 && stats.stage_ring_batches < 2 * packed / budget)) {
       std::fprintf(stderr, "rank %d: ring of %lld bytes, %lld batches packed %lld bytes\n", rank,
                    static_cast<long long>(stats.stage_ring_bytes),
                    static_cast<long long>(stats.stage_ring_batches),

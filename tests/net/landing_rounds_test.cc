@@ -52,16 +52,18 @@ SendProgramOptions RoundsOptions() {
   return o;
 }
 
-// Every destination buffer direct.
-std::vector<bool> AllDirect(const plan::Plan& plan) {
-  std::vector<bool> direct(plan.buffers().size(), false);
-  for (size_t b = 0; b < direct.size(); ++b) direct[b] = plan.buffers()[b].side != plan::Side::kSrc;
-  return direct;
+// Every destination buffer in `mode` (direct by default).
+std::vector<RoundMode> AllDirect(const plan::Plan& plan, RoundMode mode = RoundMode::kAll) {
+  std::vector<RoundMode> modes(plan.buffers().size(), RoundMode::kNone);
+  for (size_t b = 0; b < modes.size(); ++b) {
+    if (plan.buffers()[b].side != plan::Side::kSrc) modes[b] = mode;
+  }
+  return modes;
 }
 
-void ExpectRoundTablesAgree(const char* spec) {
+void ExpectRoundTablesAgree(const char* spec, RoundMode mode) {
   const plan::Plan plan = MakeRoundsPlan(spec);
-  const std::vector<bool> direct = AllDirect(plan);
+  const std::vector<RoundMode> direct = AllDirect(plan, mode);
   std::vector<SendProgram> programs;
   for (int32_t r = 0; r < plan.world_size(); ++r)
     programs.push_back(BuildSendProgram(plan, r, RoundsOptions()));
@@ -91,15 +93,19 @@ void ExpectRoundTablesAgree(const char* spec) {
       }
       EXPECT_EQ(k, it->second->piece_end);
     }
-    // Only plain network pieces, never packed, relayed or local ones.
+    // Only plain network pieces, never packed, relayed or local ones; with kStrided only those
+    // of more than one run.
     for (uint32_t slot = 0; slot < programs[p].received.size(); ++slot) {
       const plan::Transfer& t = plan.transfers()[programs[p].received[slot]];
+      const plan::Region& region = plan.region(t.region);
+      const bool strided = region.bytes > region.run_bytes;
       if (rounds->sender_of_slot[slot] < 0) {
         EXPECT_TRUE(t.from_rank == p || t.after >= 0 || programs[p].landing_offset[slot] >= 0 ||
-                    plan.region(t.region).bytes == 0)
+                    region.bytes == 0 || (mode == RoundMode::kStrided && !strided))
             << "slot " << slot << " of rank " << p;
       } else {
-        EXPECT_TRUE(t.from_rank != p && t.after < 0 && programs[p].landing_offset[slot] < 0);
+        EXPECT_TRUE(t.from_rank != p && t.after < 0 && programs[p].landing_offset[slot] < 0 &&
+                    (mode == RoundMode::kAll || strided));
       }
     }
   }
@@ -107,8 +113,28 @@ void ExpectRoundTablesAgree(const char* spec) {
 }
 
 TEST(LandingRounds, ReceiverAndSendersAgreePieceByPiece) {
-  ExpectRoundTablesAgree(kRoundsTwoSenders);
-  ExpectRoundTablesAgree(kRoundsInDomains);
+  ExpectRoundTablesAgree(kRoundsTwoSenders, RoundMode::kAll);
+  ExpectRoundTablesAgree(kRoundsInDomains, RoundMode::kAll);
+}
+
+// Registered CUDA destinations (a CUDA-aware UCX) take only strided pieces in rounds: the
+// replicated "e" (contiguous rows) is put straight into its buffer.
+TEST(LandingRounds, RegisteredDestinationsTakeOnlyStridedPiecesInRounds) {
+  ExpectRoundTablesAgree(kRoundsTwoSenders, RoundMode::kStrided);
+  ExpectRoundTablesAgree(kRoundsInDomains, RoundMode::kStrided);
+  const plan::Plan plan = MakeRoundsPlan(kRoundsTwoSenders);
+  const SendProgram program = BuildSendProgram(plan, 2, RoundsOptions());
+  absl::StatusOr<LandingRounds> all = PlanLandingRounds(plan, program, AllDirect(plan), 1 << 20);
+  absl::StatusOr<LandingRounds> strided =
+      PlanLandingRounds(plan, program, AllDirect(plan, RoundMode::kStrided), 1 << 20);
+  ASSERT_TRUE(all.ok() && strided.ok());
+  // Each of the two senders: "v" (32 rows of 2 KiB) in both, "e" (8 rows of 160 bytes, one run)
+  // only in the first; "w" is packed.
+  ASSERT_EQ(strided->senders.size(), 2u);
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_EQ(strided->senders[i].total, 64 * 1024 * 4 / 4);
+    EXPECT_EQ(all->senders[i].total, 64 * 1024 * 4 / 4 + 8 * 40 * 4);
+  }
 }
 
 TEST(LandingRounds, ABudgetThatHoldsEverythingGivesOneRoundEach) {

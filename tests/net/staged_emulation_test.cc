@@ -58,12 +58,14 @@ struct World {
   // An epoch that rank 3 aborts while its rounds are under way (0: none): every rank that fails
   // it resets, and the next refits are byte-exact again.
   uint64_t abort_epoch = 0;
+  // The emulated devices stand for a CUDA-aware UCX: every buffer is registered, none staged.
+  bool registered = false;
 };
 
 // One rank: host buffers marked CUDA, four refits, each verified.
 int Rank(int rank, const std::string& dir, const World& world) {
   const bool delta = world.delta;
-  cuda::EmulateDevicesOnHost(true);
+  cuda::EmulateDevicesOnHost(true, world.registered);
   auto spec = plan::ParseSpecJson(kSpec);
   if (!spec.ok()) return 10;
   auto plan = plan::BuildPlan(std::make_shared<const plan::RefitSpec>(*spec));
@@ -144,14 +146,51 @@ int Rank(int rank, const std::string& dir, const World& world) {
     const int64_t budget = world.landing_bytes > 0 ? world.landing_bytes : int64_t{256} << 20;
     const int64_t copies = ring ? 0 : source ? src_bytes : delta ? dst_bytes : 0;
     const int64_t least_rounds = !rounds ? 0 : world.landing_bytes > 0 ? 16 : 2;
-    if (st.cuda_buffers_registered != 0 || st.cuda_buffers_staged != (rank == 2 ? 2 : 3) ||
-        st.bytes_staged_to_host != (source ? src_bytes : 0) ||
-        st.bytes_staged_to_device != (source ? 0 : dst_bytes) || st.stage_copy_bytes != copies ||
-        st.stage_ring_bytes != (ring ? kRingBytes : 0) ||
-        st.bytes_ring_packed != (ring ? src_bytes : 0) ||
-        st.stage_ring_batches < (ring ? 2 * src_bytes / kRingBytes : 0) ||
-        (st.stage_landing_bytes > 0) != rounds || st.stage_landing_bytes > budget ||
-        st.stage_landing_rounds < least_rounds || (!rounds && st.stage_landing_rounds != 0)) {
+    if (world.registered) {
+      // A CUDA-aware UCX: every buffer registered, nothing staged. The strided plain pieces
+      // ("v", runs of 8 KiB) are packed into the device ring (its slots hold 4 runs) and land in
+      // the receivers' device round areas: a ring part leaves as one put per round it touches,
+      // not one per run. "w" is packed (runs of 1 KiB) and "e" contiguous: put as before.
+      // Active messages (no puts, no rounds) carry them all as data messages.
+      const int64_t v_bytes = bytes[plan->buffer_of(1, plan::Side::kSrc)];
+      const int64_t v_runs = v_bytes / (8 << 10);
+      // "v" takes at most one put per two runs (rounds of 16 KiB or more, parts of 32 KiB);
+      // "w" is 2 packed streams of 256 KiB in runs of a slot (32 KiB), "e" one put.
+      constexpr int64_t kOtherPuts = 2 * 8 + 1;
+      const int64_t least_rounds = world.landing_bytes > 0 ? 16 : 2;
+      const bool ok =
+          st.cuda_buffers_registered == (rank == 2 ? 2 : 3) && st.cuda_buffers_staged == 0 &&
+          st.bytes_staged_to_host == 0 && st.bytes_staged_to_device == 0 &&
+          st.stage_copy_bytes == 0 &&
+          (!puts ? st.stage_ring_bytes == 0 && st.bytes_ring_packed == 0 &&
+                       st.stage_landing_bytes == 0 && st.stage_landing_rounds == 0
+           : source
+               ? st.stage_ring_bytes == kRingBytes && st.bytes_ring_packed == v_bytes &&
+                     st.stage_ring_batches >= v_bytes / kRingBytes * 2 &&
+                     st.stage_landing_bytes == 0 && st.puts <= v_runs / 2 + kOtherPuts
+               : st.stage_ring_bytes == 0 && st.stage_landing_bytes > 0 &&
+                     st.stage_landing_bytes <= budget && st.stage_landing_rounds >= least_rounds);
+      if (!ok) {
+        Say(rank,
+            absl::StrCat("epoch ", epoch, ": ", st.cuda_buffers_registered, " registered, ",
+                         st.cuda_buffers_staged, " staged, ", st.bytes_staged_to_host,
+                         " bytes to the host, ", st.bytes_staged_to_device,
+                         " to the device, copies of ", st.stage_copy_bytes, " bytes, ring ",
+                         st.stage_ring_bytes, " in ", st.stage_ring_batches, " batches, ",
+                         st.bytes_ring_packed, " bytes packed, ", st.puts, " puts, landing area ",
+                         st.stage_landing_bytes, " bytes in ", st.stage_landing_rounds,
+                         " rounds (sources ", src_bytes, ", destinations ", dst_bytes, ")"));
+        return 18;
+      }
+    } else if (st.cuda_buffers_registered != 0 || st.cuda_buffers_staged != (rank == 2 ? 2 : 3) ||
+               st.bytes_staged_to_host != (source ? src_bytes : 0) ||
+               st.bytes_staged_to_device != (source ? 0 : dst_bytes) ||
+               st.stage_copy_bytes != copies || st.stage_ring_bytes != (ring ? kRingBytes : 0) ||
+               st.bytes_ring_packed != (ring ? src_bytes : 0) ||
+               st.stage_ring_batches < (ring ? 2 * src_bytes / kRingBytes : 0) ||
+               (st.stage_landing_bytes > 0) != rounds || st.stage_landing_bytes > budget ||
+               st.stage_landing_rounds < least_rounds ||
+               (!rounds && st.stage_landing_rounds != 0)) {
       Say(rank, absl::StrCat("epoch ", epoch, ": ", st.cuda_buffers_registered, " registered, ",
                              st.cuda_buffers_staged, " staged, ", st.bytes_staged_to_host,
                              " bytes to the host, ", st.bytes_staged_to_device,
@@ -215,6 +254,27 @@ TEST(StagedEmulation, AnEpochAbortedInTheMiddleOfItsRoundsIsFollowedByByteExactR
 
 TEST(StagedEmulation, ActiveMessagesCopyIntoDirectDestinationsByteExact) {
   RunWorld(World{kAm, false, 0}, "staged-am");
+}
+
+// A CUDA-aware UCX (emulated): registered sources and destinations, the strided pieces through
+// the device ring and the receivers' device round areas.
+TEST(StagedEmulation, RegisteredDeviceMemoryTakesStridedPiecesInRoundsByteExact) {
+  World world{kPut, false, 0};
+  world.registered = true;
+  RunWorld(world, "registered-put");
+}
+
+// The same through 64 KiB of round area per receiver: ring parts cut at round ends.
+TEST(StagedEmulation, RegisteredDeviceMemoryThroughASmallRoundAreaByteExact) {
+  World world{kPut, false, 64 << 10};
+  world.registered = true;
+  RunWorld(world, "registered-put-rounds");
+}
+
+TEST(StagedEmulation, RegisteredDeviceMemoryOverActiveMessagesByteExact) {
+  World world{kAm, false, 0};
+  world.registered = true;
+  RunWorld(world, "registered-am");
 }
 
 TEST(StagedEmulation, DeltaRefitsApplyToStagedCopiesByteExact) {
