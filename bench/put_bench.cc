@@ -9,7 +9,7 @@
 //
 //   put_bench [--iters N] [--rows R] [--cols C] [--tls UCX_TLS] [--batch BYTES]
 //             [--outstanding N] [--delivery put|am] [--spec SPEC.json] [--cuda]
-//             [--emulate-devices] [--landing-bytes BYTES]
+//             [--emulate-devices] [--emulate-registered] [--landing-bytes BYTES]
 // --spec replaces the strided case with any spec of 4 ranks (e.g. many small pieces, to compare
 // --batch 0, one completion signal per piece, with batched signals).
 // --cuda (builds with CUDA): every buffer is device memory on GPU 0 (the four processes share
@@ -23,6 +23,9 @@
 // arithmetic), destinations through the landing rounds of --landing-bytes
 // (RefitEngineOptions::stage_landing_bytes, default 256 MiB), each round's "device copy" a
 // memcpy. It measures the protocol's cost (batches, rounds, flushes, grants), not a GPU's.
+// --emulate-registered: the same emulated devices standing for a CUDA-aware UCX (every buffer
+// registered): the strided pieces through the device ring and the receivers' device round
+// areas, each ring part one put per round (docs/data-plane.md, "Registered device memory").
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -67,7 +70,8 @@ struct Flags {
   std::string delivery;
   std::string spec_path;  // Replaces the strided case (a world of 4 ranks).
   bool cuda = false;      // Device buffers (see the header).
-  bool emulate = false;   // --emulate-devices.
+  bool emulate = false;   // --emulate-devices (or --emulate-registered).
+  bool registered = false;  // --emulate-registered.
   int64_t landing_bytes = 0;
 };
 
@@ -271,6 +275,15 @@ int Child(int rank, const Flags& flags, const std::vector<Case>& cases, int port
   if (rank == 0) {
     std::fprintf(stderr, "transports: %s, delivery: %s\n", handles[0].engine->Transports().c_str(),
                  handles[0].engine->delivery());
+    if (flags.emulate) {
+      const reshard::net::RefitStats& st = handles[0].engine->last_stats();
+      std::fprintf(stderr,
+                   "rank 0 (a source, devices emulated%s): %lld puts per strided refit, staging "
+                   "ring %lld bytes in %lld batches\n",
+                   flags.registered ? ", registered" : "", static_cast<long long>(st.puts),
+                   static_cast<long long>(st.stage_ring_bytes),
+                   static_cast<long long>(st.stage_ring_batches));
+    }
     if (flags.cuda) {
       const reshard::net::RefitStats& st = handles[0].engine->last_stats();
       std::fprintf(stderr,
@@ -322,13 +335,15 @@ int main(int argc, char** argv) {
       flags.cuda = true;
     } else if (a == "--emulate-devices") {
       flags.emulate = true;
+    } else if (a == "--emulate-registered") {
+      flags.emulate = flags.registered = true;
     } else if (a == "--landing-bytes" && absl::SimpleAtoi(next(), &v) && v > 0) {
       flags.landing_bytes = v;
     } else {
       std::fprintf(stderr,
                    "usage: put_bench [--iters N] [--rows R] [--cols C] [--tls UCX_TLS] "
                    "[--batch BYTES] [--outstanding N] [--delivery put|am] [--spec SPEC.json] "
-                   "[--cuda] [--emulate-devices] [--landing-bytes BYTES]\n");
+                   "[--cuda] [--emulate-devices] [--emulate-registered] [--landing-bytes BYTES]\n");
       return a == "--help" ? 0 : 2;
     }
   }
@@ -341,7 +356,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   // Inherited by the forked ranks.
-  if (flags.emulate) reshard::cuda::EmulateDevicesOnHost(true);
+  if (flags.emulate) reshard::cuda::EmulateDevicesOnHost(true, flags.registered);
   if (flags.cuda) {
     // Probed in a child: the CUDA runtime must not be initialised before the ranks fork.
     const pid_t probe = fork();

@@ -914,8 +914,15 @@ absl::Status RefitEngine::Impl::ChooseSingleCopy() {
     const std::string transports = link->Transports();
     const bool single_copy_in = link->peer_single_copy() &&
                                 link->watched() && ucx::SharedMemoryLanes(transports);
-    // Landing rounds always come as UCX puts.
-    const bool puts_in = !single_copy_in || RoundSenderIndex(link->peer()) >= 0;
+    // Landing rounds always come as UCX puts, and so do plain pieces into registered device
+    // memory (no peer maps or writes it with process_vm_writev).
+    bool into_device = false;
+    for (uint32_t slot = 0; slot < program_.received.size() && !into_device; ++slot) {
+      const plan::Transfer& t = plan_.transfers()[program_.received[slot]];
+      into_device = t.from_rank == link->peer() && program_.landing_offset[slot] < 0 &&
+                    memory_->device(plan_.buffer_of(t.tensor, t.to_side));
+    }
+    const bool puts_in = !single_copy_in || RoundSenderIndex(link->peer()) >= 0 || into_device;
     if (link->receives_from && puts_in && ucx::EmulatedRmaLanes(transports)) {
       targets_emulated_puts_ = true;
     }
