@@ -72,6 +72,15 @@ BatchPlan PlanBatches(const std::vector<BatchPiece>& pieces, int64_t budget_byte
     }
   }
   plan.batch_begin.push_back(static_cast<uint32_t>(plan.entries.size()));
+  // A rank that sends less than the budget pins less: slots as large as the largest batch, and
+  // no more slots than batches.
+  int64_t largest = 0;
+  for (int32_t b = 0; b < plan.batches(); ++b) {
+    const BatchPlan::Entry& last = plan.entries[plan.batch_begin[b + 1] - 1];
+    largest = std::max(largest, last.offset + Aligned(last.bytes));
+  }
+  plan.slot_bytes = largest;
+  plan.slots = std::min(plan.slots, plan.batches());
   return plan;
 }
 

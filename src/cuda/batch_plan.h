@@ -39,7 +39,7 @@ struct BatchPlan {
   std::vector<Entry> entries;         // Every piece's parts in order, pieces in the given order.
   std::vector<uint32_t> batch_begin;  // Batch b is entries [batch_begin[b], batch_begin[b + 1]).
   int32_t slots = 0;
-  int64_t slot_bytes = 0;  // Pinned host bytes of one slot (0 without pieces).
+  int64_t slot_bytes = 0;  // Bytes of one slot: its largest batch's (0 without pieces).
 
   int32_t batches() const {
     return batch_begin.empty() ? 0 : static_cast<int32_t>(batch_begin.size()) - 1;
@@ -69,6 +69,8 @@ int64_t SlotBytes(int64_t budget_bytes, int32_t slots);
 // in the next batches. Only a piece (or, between two cuts, a part) that no slot can hold raises
 // slot_bytes to its aligned size, in a batch of its own: the one case where the pinned memory
 // exceeds the budget (the engine cuts ring runs at the slot size, so it never happens there).
+// Then slot_bytes shrinks to the largest batch's and `slots` to the number of batches, so a
+// rank that sends 1 MiB pins 1 MiB, not the budget.
 BatchPlan PlanBatches(const std::vector<BatchPiece>& pieces, int64_t budget_bytes, int32_t slots);
 
 }  // namespace reshard::cuda
