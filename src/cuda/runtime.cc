@@ -220,35 +220,25 @@ bool EmulatedDeviceMemoryRegistered() {
 
 int CudaDeviceCount(std::string* why) { return DevicesEmulatedOnHost() ? 1 : DeviceCount(why); }
 
-absl::StatusOr<void*> AllocPinned(size_t bytes) {
-  if (!DevicesEmulatedOnHost()) return DeviceAllocPinned(bytes);
+// Devices emulated on the host: pinned and "device" memory are both zeroed host memory.
+static absl::StatusOr<void*> HostAlloc(size_t bytes, const char* call) {
   void* ptr = std::calloc(bytes == 0 ? 1 : bytes, 1);
-  if (ptr == nullptr) return absl::ResourceExhaustedError("AllocPinned (emulated): out of memory");
+  if (ptr == nullptr)
+    return absl::ResourceExhaustedError(absl::StrCat(call, " (emulated): out of memory"));
   return ptr;
 }
 
-void FreePinned(void* ptr) {
-  if (DevicesEmulatedOnHost()) {
-    std::free(ptr);
-  } else {
-    DeviceFreePinned(ptr);
-  }
+absl::StatusOr<void*> AllocPinned(size_t bytes) {
+  return DevicesEmulatedOnHost() ? HostAlloc(bytes, "AllocPinned") : DeviceAllocPinned(bytes);
 }
+
+void FreePinned(void* ptr) { DevicesEmulatedOnHost() ? std::free(ptr) : DeviceFreePinned(ptr); }
 
 absl::StatusOr<void*> AllocDevice(size_t bytes) {
-  if (!DevicesEmulatedOnHost()) return DeviceAllocDevice(bytes);
-  void* ptr = std::calloc(bytes == 0 ? 1 : bytes, 1);
-  if (ptr == nullptr) return absl::ResourceExhaustedError("AllocDevice (emulated): out of memory");
-  return ptr;
+  return DevicesEmulatedOnHost() ? HostAlloc(bytes, "AllocDevice") : DeviceAllocDevice(bytes);
 }
 
-void FreeDevice(void* ptr) {
-  if (DevicesEmulatedOnHost()) {
-    std::free(ptr);
-  } else {
-    DeviceFreeDevice(ptr);
-  }
-}
+void FreeDevice(void* ptr) { DevicesEmulatedOnHost() ? std::free(ptr) : DeviceFreeDevice(ptr); }
 
 absl::Status CudaCopy(void* dst, const void* src, size_t bytes) {
   return CudaCopy2D(dst, 0, src, 0, static_cast<int64_t>(bytes), 1);

@@ -92,4 +92,18 @@ std::vector<int64_t> RoundStreamBases(const plan::Plan& plan, const SendProgram&
   return bases;
 }
 
+absl::StatusOr<std::vector<int64_t>> CheckedRoundStreamBases(
+    const plan::Plan& plan, const SendProgram& program, int32_t peer,
+    const std::vector<RoundMode>& peer_modes, int64_t published_total) {
+  int64_t total = 0;
+  std::vector<int64_t> bases = RoundStreamBases(plan, program, peer, peer_modes, &total);
+  if (total != published_total) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "rank %d expects %d bytes of landing rounds from rank %d, which sends %d there (the "
+        "ranks disagree on the plan, pack_below_run_bytes or the delivery)",
+        peer, published_total, program.rank, total));
+  }
+  return bases;
+}
+
 }  // namespace reshard::net

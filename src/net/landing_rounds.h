@@ -112,5 +112,11 @@ absl::StatusOr<LandingRounds> PlanLandingRounds(const plan::Plan& plan, const Se
 std::vector<int64_t> RoundStreamBases(const plan::Plan& plan, const SendProgram& program,
                                       int32_t peer, const std::vector<RoundMode>& peer_modes,
                                       int64_t* total);
+// RoundStreamBases checked against the TOTAL `peer` published for this rank (its wire-up record,
+// read with its modes): FailedPrecondition naming both ranks when they differ, which a record
+// claiming modes or a total this rank's plan does not explain also gets.
+absl::StatusOr<std::vector<int64_t>> CheckedRoundStreamBases(
+    const plan::Plan& plan, const SendProgram& program, int32_t peer,
+    const std::vector<RoundMode>& peer_modes, int64_t published_total);
 
 }  // namespace reshard::net

@@ -470,7 +470,9 @@ absl::Status RefitEngine::Impl::Init(rendezvous::Store& store, std::vector<Buffe
       memory_, RegisteredMemory::Create(
                    plan_, rank_, *runtime_, std::move(buffers), program_.send_scratch_bytes,
                    am ? 0 : program_.landing_bytes, ring_sources, direct, rounds_.area_bytes));
-  RESHARD_RETURN_IF_ERROR(memory_->AttachRing(std::move(ring), *runtime_));
+  if (absl::Status attached = memory_->AttachRing(std::move(ring), *runtime_); !attached.ok()) {
+    return absl::Status(attached.code(), absl::StrCat("rank ", rank_, ": ", attached.message()));
+  }
   landing_ = std::make_unique<Landing>(plan_, program_, *memory_, am);
   landing_->set_device_delta(device_delta_.get());
   landing_->set_rounds(&rounds_);
@@ -545,15 +547,9 @@ absl::Status RefitEngine::Impl::Init(rendezvous::Store& store, std::vector<Buffe
     for (PeerLink* link : peers_) {
       if (!link->sends_to) continue;
       const int32_t r = link->peer();
-      int64_t total = 0;
-      const std::vector<int64_t> bases =
-          RoundStreamBases(plan_, program_, r, link->peer_rounds, &total);
-      if (total != link->round_to.total) {
-        return absl::FailedPreconditionError(absl::StrFormat(
-            "rank %d expects %d bytes of landing rounds from rank %d, which sends %d there (the "
-            "ranks disagree on the plan, pack_below_run_bytes or the delivery)",
-            r, link->round_to.total, rank_, total));
-      }
+      RESHARD_ASSIGN_OR_RETURN(
+          const std::vector<int64_t> bases,
+          CheckedRoundStreamBases(plan_, program_, r, link->peer_rounds, link->round_to.total));
       for (uint32_t i = program_.peer_begin[r]; i < program_.peer_begin[r + 1]; ++i) {
         round_base_[i] = bases[i];
       }
@@ -577,7 +573,11 @@ absl::Status RefitEngine::Impl::Init(rendezvous::Store& store, std::vector<Buffe
       for (uint32_t b = 0; b < memory_->size(); ++b) views.push_back(memory_->buffer(b));
       std::unique_ptr<cuda::StagingRing> device;
       RESHARD_RETURN_IF_ERROR(InitRing(views, selected, /*device_memory=*/true, &device));
-      RESHARD_RETURN_IF_ERROR(memory_->AttachRing(std::move(device), *runtime_));
+      if (absl::Status attached = memory_->AttachRing(std::move(device), *runtime_);
+          !attached.ok()) {
+        return absl::Status(attached.code(),
+                            absl::StrCat("rank ", rank_, ": ", attached.message()));
+      }
     }
   }
   RESHARD_RETURN_IF_ERROR(CheckRemoteKeys());
@@ -907,6 +907,15 @@ bool RefitEngine::Impl::RingGpuRunning() {
 
 absl::Status RefitEngine::Impl::ChooseSingleCopy() {
   if (delivery_->counts_bytes()) return absl::OkStatus();
+  // By sender: whether plain pieces from it land in registered device memory.
+  std::vector<bool> into_device(links_.size(), false);
+  for (uint32_t slot = 0; slot < program_.received.size(); ++slot) {
+    const plan::Transfer& t = plan_.transfers()[program_.received[slot]];
+    if (program_.landing_offset[slot] < 0 &&
+        memory_->device(plan_.buffer_of(t.tensor, t.to_side))) {
+      into_device[static_cast<size_t>(t.from_rank)] = true;
+    }
+  }
   for (PeerLink* link : peers_) {
     // A peer that writes into this rank does so with process_vm_writev when it may (its record),
     // it runs here, and UCX reaches it over shared memory (the same test it makes below; a
@@ -916,13 +925,8 @@ absl::Status RefitEngine::Impl::ChooseSingleCopy() {
                                 link->watched() && ucx::SharedMemoryLanes(transports);
     // Landing rounds always come as UCX puts, and so do plain pieces into registered device
     // memory (no peer maps or writes it with process_vm_writev).
-    bool into_device = false;
-    for (uint32_t slot = 0; slot < program_.received.size() && !into_device; ++slot) {
-      const plan::Transfer& t = plan_.transfers()[program_.received[slot]];
-      into_device = t.from_rank == link->peer() && program_.landing_offset[slot] < 0 &&
-                    memory_->device(plan_.buffer_of(t.tensor, t.to_side));
-    }
-    const bool puts_in = !single_copy_in || RoundSenderIndex(link->peer()) >= 0 || into_device;
+    const bool puts_in = !single_copy_in || RoundSenderIndex(link->peer()) >= 0 ||
+                         into_device[static_cast<size_t>(link->peer())];
     if (link->receives_from && puts_in && ucx::EmulatedRmaLanes(transports)) {
       targets_emulated_puts_ = true;
     }

@@ -46,7 +46,10 @@
 // staging ring (RefitEngineOptions::stage_ring_bytes) as the engine posts them; a destination
 // is written by the engine's copies from its landing areas: with put delivery, its plain pieces
 // land in bounded landing rounds (RefitEngineOptions::stage_landing_bytes), packed streams in
-// the landing area, and with active messages each message is copied in as it arrives. Only a
+// the landing area, and with active messages each message is copied in as it arrives. (With
+// a CUDA-aware UCX, strided plain pieces between registered CUDA buffers also go through a
+// staging ring and landing rounds, both in device memory: docs/data-plane.md, "Registered
+// device memory".) Only a
 // destination that delta streams land in, or that this rank sends from, keeps a full-size pinned
 // host copy (the host applies deltas to it and reads it), which landed pieces are copied from.
 //
@@ -181,16 +184,18 @@ struct RefitStats {
   int64_t cuda_buffers_staged = 0;
   int64_t bytes_staged_to_host = 0;
   int64_t bytes_staged_to_device = 0;
-  // The staging ring (RefitEngineOptions::stage_ring_bytes): its pinned bytes (0 without ring
-  // sources), the pack launches of this epoch (one per batch) and the bytes they packed (part
-  // of bytes_staged_to_host).
+  // The staging ring (RefitEngineOptions::stage_ring_bytes): its bytes, pinned or (CUDA-aware
+  // UCX) device memory, at most what its batches need (0 without a ring), the pack launches of
+  // this epoch (one per batch) and the bytes they packed (part of bytes_staged_to_host for a
+  // pinned ring).
   int64_t stage_ring_bytes = 0;
   int64_t stage_ring_batches = 0;
   // Pinned host copies of staged CUDA buffers (destinations that delta streams or relays need
   // on the host; sources outside the ring), full size.
   int64_t stage_copy_bytes = 0;
-  // The landing rounds' pinned area (RefitEngineOptions::stage_landing_bytes; 0 without round
-  // pieces) and the rounds drained from it this epoch.
+  // The landing rounds' area, pinned or (CUDA-aware UCX) device memory
+  // (RefitEngineOptions::stage_landing_bytes; 0 without round pieces), and the rounds drained
+  // from it this epoch.
   int64_t stage_landing_bytes = 0;
   int64_t stage_landing_rounds = 0;
   int64_t bytes_ring_packed = 0;

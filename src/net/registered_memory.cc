@@ -136,16 +136,26 @@ absl::StatusOr<std::unique_ptr<RegisteredMemory>> RegisteredMemory::Create(
     // device on the copy queue without a bounce; device memory when UCX registers it (the
     // strided pieces of registered CUDA destinations land there, then move device to device).
     m->round_on_device_ = runtime.supports_cuda_memory();
-    if (m->round_on_device_) {
-      RESHARD_ASSIGN_OR_RETURN(m->round_area_, cuda::AllocDevice(static_cast<size_t>(round_bytes)));
-    } else {
-      RESHARD_ASSIGN_OR_RETURN(m->round_area_, cuda::AllocPinned(static_cast<size_t>(round_bytes)));
+    const size_t bytes = static_cast<size_t>(round_bytes);
+    absl::StatusOr<void*> area =
+        m->round_on_device_ ? cuda::AllocDevice(bytes) : cuda::AllocPinned(bytes);
+    absl::Status failed = area.status();
+    if (failed.ok()) {
+      m->round_area_ = *area;
+      absl::StatusOr<std::unique_ptr<ucx::MemoryRegion>> region = ucx::MemoryRegion::Map(
+          context, m->round_area_, bytes,
+          m->round_on_device_ ? runtime.cuda_memory_type() : UCS_MEMORY_TYPE_HOST);
+      if (region.ok()) m->round_region_ = *std::move(region);
+      failed = region.status();
     }
-    RESHARD_ASSIGN_OR_RETURN(
-        m->round_region_,
-        ucx::MemoryRegion::Map(
-            context, m->round_area_, static_cast<size_t>(round_bytes),
-            m->round_on_device_ ? runtime.cuda_memory_type() : UCS_MEMORY_TYPE_HOST));
+    if (!failed.ok()) {
+      return absl::Status(
+          failed.code(),
+          absl::StrFormat("rank %d: the landing rounds' area (stage_landing_bytes: %d bytes of %s "
+                          "memory): %s",
+                          rank, round_bytes, m->round_on_device_ ? "device" : "pinned",
+                          failed.message()));
+    }
     m->round_bytes_ = round_bytes;
   }
   return m;
@@ -156,10 +166,17 @@ absl::Status RegisteredMemory::AttachRing(std::unique_ptr<cuda::StagingRing> rin
   ring_region_.reset();
   ring_ = std::move(ring);
   if (ring_ == nullptr || ring_->bytes() == 0) return absl::OkStatus();
-  RESHARD_ASSIGN_OR_RETURN(
-      ring_region_, ucx::MemoryRegion::Map(
-                        runtime.context(), ring_->data(), static_cast<size_t>(ring_->bytes()),
-                        ring_->on_device() ? runtime.cuda_memory_type() : UCS_MEMORY_TYPE_HOST));
+  absl::StatusOr<std::unique_ptr<ucx::MemoryRegion>> region = ucx::MemoryRegion::Map(
+      runtime.context(), ring_->data(), static_cast<size_t>(ring_->bytes()),
+      ring_->on_device() ? runtime.cuda_memory_type() : UCS_MEMORY_TYPE_HOST);
+  if (!region.ok()) {
+    return absl::Status(region.status().code(),
+                        absl::StrFormat("registering the staging ring (stage_ring_bytes: %d bytes "
+                                        "of %s memory): %s",
+                                        ring_->bytes(), ring_->on_device() ? "device" : "pinned",
+                                        region.status().message()));
+  }
+  ring_region_ = *std::move(region);
   return absl::OkStatus();
 }
 

@@ -89,7 +89,8 @@ class RegisteredMemory {
 
   // Read only through the staging ring (see Create).
   bool ring_source(uint32_t id) const { return id < ring_sources_.size() && ring_sources_[id]; }
-  // Takes the staging ring and registers its pinned memory with UCX (once, at set-up: refits
+  // Takes the staging ring and registers its memory (pinned, or device memory as CUDA memory)
+  // with UCX (once, at set-up: refits
   // register nothing). The ring lives as long as this object, so UCX requests that read it
   // never outlive it (the engine keeps both alive after a stalled teardown).
   [[nodiscard]] absl::Status AttachRing(std::unique_ptr<cuda::StagingRing> ring, Runtime& runtime);

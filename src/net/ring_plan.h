@@ -47,11 +47,11 @@ struct RingPlan {
 // Plans the ring for the descriptors `selected` names (by descriptor: no delta streams, no
 // `after`, at least one run; every run at most SlotBytes(budget, kStageRingSlots), as
 // SendProgramOptions::max_run_bytes cuts them), in PostingOrder with local copies last, in
-// kStageRingSlots slots of `budget_bytes`. Batch b's pack batch reads from one base address:
-// `shift` (by buffer id) is the bytes from that base to each selected descriptor's source
-// buffer, `base_align` the base's alignment (a power of two up to cuda::kMaxPackWidth); its
-// stream offsets count from the slot's start. InvalidArgument naming the tensor when a pack batch
-// cannot be built.
+// kStageRingSlots slots of `budget_bytes` (shrunk to what the batches need, PlanBatches). Batch b's
+// pack batch reads from one base address: `shift` (by buffer id) is the bytes from that base to
+// each selected descriptor's source buffer, `base_align` the base's alignment (a power of two up to
+// cuda::kMaxPackWidth); its stream offsets count from the slot's start. InvalidArgument naming the
+// tensor when a pack batch cannot be built.
 [[nodiscard]] absl::StatusOr<RingPlan> PlanRing(const plan::Plan& plan, const SendProgram& program,
                                                 const std::vector<bool>& selected,
                                                 const std::vector<int64_t>& shift,

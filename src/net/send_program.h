@@ -52,7 +52,8 @@ struct SendProgramOptions {
   bool delta = false;                // Delta streams (see above).
   // 0, or the most bytes of any run that is not a delta stream's (network runs, packed streams,
   // local copies): runs are cut there. The engine sets it to its staging ring's slot size when
-  // staged CUDA sources go through the ring, so that every run fits one slot
+  // CUDA sources may go through a ring (staged, or strided pieces over a CUDA-aware UCX), so
+  // that every run fits one slot
   // (docs/data-plane.md, "The staging ring"). Only the sender's runs change: receivers accept
   // any cut.
   int64_t max_run_bytes = 0;

@@ -117,6 +117,34 @@ TEST(LandingRounds, ReceiverAndSendersAgreePieceByPiece) {
   ExpectRoundTablesAgree(kRoundsInDomains, RoundMode::kAll);
 }
 
+// A receiver's record that its plan does not explain: a total off by one byte, or modes it did
+// not plan with (every buffer strided, or every one direct, where it planned the other), is
+// refused by the sender at set-up, naming both ranks.
+TEST(LandingRounds, ASenderRefusesRoundsThePlanDoesNotExplain) {
+  const plan::Plan plan = MakeRoundsPlan(kRoundsTwoSenders);
+  const SendProgram receiver = BuildSendProgram(plan, 2, RoundsOptions());
+  const SendProgram sender = BuildSendProgram(plan, 0, RoundsOptions());
+  for (const RoundMode planned : {RoundMode::kAll, RoundMode::kStrided}) {
+    absl::StatusOr<LandingRounds> rounds =
+        PlanLandingRounds(plan, receiver, AllDirect(plan, planned), 1 << 20);
+    ASSERT_TRUE(rounds.ok()) << rounds.status();
+    const int64_t total = rounds->senders[0].total;
+    EXPECT_TRUE(CheckedRoundStreamBases(plan, sender, 2, rounds->modes, total).ok());
+    for (const int64_t hostile : {total + 1, total - 1, int64_t{0}, INT64_MAX, INT64_MIN}) {
+      absl::StatusOr<std::vector<int64_t>> bases =
+          CheckedRoundStreamBases(plan, sender, 2, rounds->modes, hostile);
+      ASSERT_FALSE(bases.ok()) << hostile;
+      EXPECT_EQ(bases.status().code(), absl::StatusCode::kFailedPrecondition);
+      EXPECT_NE(bases.status().message().find("rank 2 expects"), std::string::npos);
+      EXPECT_NE(bases.status().message().find("from rank 0"), std::string::npos);
+    }
+    const RoundMode other = planned == RoundMode::kAll ? RoundMode::kStrided : RoundMode::kAll;
+    EXPECT_EQ(
+        CheckedRoundStreamBases(plan, sender, 2, AllDirect(plan, other), total).status().code(),
+        absl::StatusCode::kFailedPrecondition);
+  }
+}
+
 // Registered CUDA destinations (a CUDA-aware UCX) take only strided pieces in rounds: the
 // replicated "e" (contiguous rows) is put straight into its buffer.
 TEST(LandingRounds, RegisteredDestinationsTakeOnlyStridedPiecesInRounds) {
