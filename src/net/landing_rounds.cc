@@ -8,7 +8,10 @@ namespace reshard::net {
 
 bool IsRoundPiece(const plan::Plan& plan, const plan::Transfer& t, bool packed, bool delta,
                   RoundMode to) {
-  if (to == RoundMode::kNone || t.from_rank == t.to_rank || packed || delta || t.after >= 0) {
+  // Packed streams into a direct destination land in the landing area (host memory either
+  // way); into registered device memory they take the device round area.
+  if (to == RoundMode::kNone || t.from_rank == t.to_rank || (packed && to != RoundMode::kStrided) ||
+      delta || t.after >= 0) {
     return false;
   }
   const plan::Region& region = plan.region(t.region);

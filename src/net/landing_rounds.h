@@ -6,7 +6,8 @@
 //
 // A "direct" destination buffer is CUDA memory the engine writes itself (no pinned copy, not
 // registered). With put delivery, the pieces other ranks send into it plainly (not packed, not
-// delta streams, not empty, without `after`) are its round pieces. Each sender's round pieces to
+// delta streams, not empty, without `after`) are its round pieces; into registered CUDA memory,
+// its strided pieces, packed streams included (RoundMode). Each sender's round pieces to
 // a receiver, in plan order (the order the sender posts them), form one stream of `total`
 // bytes; the receiver gives the sender a slice of its round area of two halves of `quota` bytes
 // each (one when the stream fits one), and stream bytes [r * quota, (r + 1) * quota) are round r,
@@ -44,9 +45,10 @@ enum class RoundMode : uint8_t {
   // A direct destination (CUDA memory UCX cannot register; `direct.<id>` = 1 in the wire-up
   // record, no remote key): every plain piece.
   kAll = 1,
-  // CUDA memory UCX registers (`strided.<id>` = 1): the plain pieces of more than one run, which
-  // then leave as few large puts into device memory and are scattered there by the receiver,
-  // instead of one put per run; contiguous pieces are put straight into the buffer.
+  // CUDA memory UCX registers (`strided.<id>` = 1): the pieces of more than one run, plain and
+  // packed streams alike, which then leave as few large puts into device memory and are
+  // scattered there by the receiver, instead of one put per run or a stream through a host
+  // landing area; contiguous pieces are put straight into the buffer.
   kStrided = 2,
 };
 

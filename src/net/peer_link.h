@@ -205,6 +205,9 @@ class PeerLink {
   std::deque<uint32_t> ready;  // Descs whose dependencies landed.
   int64_t cursor_desc = -1;    // Desc being posted, and its next run.
   uint32_t cursor_run = 0;
+  // A packed desc's stream is in the send scratch (gathered once, however many passes its
+  // posting takes while it waits for round grants).
+  bool gathered = false;
   // Delta pieces (docs/delta.md): the run whose segment was encoded last (-1: none in this
   // epoch), that segment's stream as [stream_begin, stream_end) of the piece's area, and what
   // the piece's segments were so far (RefitEngine's flags).

@@ -409,9 +409,9 @@ absl::Status RefitEngine::Impl::Init(rendezvous::Store& store, std::vector<Buffe
     }
     for (bool on : ring_sources) any_ring_source = any_ring_source || on;
   }
-  // CUDA sources UCX registers: their strided pieces into a receiver's round area (RoundMode::
-  // kStrided) are packed into a staging ring in device memory, chosen after wire-up (it depends
-  // on the receivers' modes); runs are cut at its slot size in case.
+  // CUDA sources UCX registers: their packed streams and their strided pieces into a receiver's
+  // round area (RoundMode::kStrided) are packed into a staging ring in device memory, chosen
+  // after wire-up (it depends on the receivers' modes); runs are cut at its slot size in case.
   bool device_ring = false;
   if (runtime_->supports_cuda_memory() && !am && (cuda::PackKernelsBuilt() || emulated)) {
     const std::vector<bool> read = SourceBuffersRead(plan_, rank_);
@@ -556,16 +556,18 @@ absl::Status RefitEngine::Impl::Init(rendezvous::Store& store, std::vector<Buffe
     }
   }
   if (device_ring) {
-    // The strided pieces of registered CUDA sources that receivers take in rounds: packed by
-    // the GPU into the device ring, whose slots leave as a few large puts (PostSends merges a
-    // part's runs within a round).
+    // Registered CUDA sources: their strided pieces that receivers take in rounds, and their
+    // packed streams to other ranks (into a round area or a landing area), are packed by the
+    // GPU into the device ring, whose slots leave as a few large puts (PostSends merges a
+    // part's runs within a round), instead of runs put one by one or gathered through the host.
     std::vector<bool> selected(program_.descs.size(), false);
     bool any = false;
     for (uint32_t i = 0; i < program_.descs.size(); ++i) {
       const SendDesc& d = program_.descs[i];
       const plan::Region& region = plan_.region(plan_.transfers()[d.transfer].region);
-      selected[i] = round_base_[i] >= 0 && memory_->device(d.from_buffer) && !d.packed &&
-                    d.delta_elem_bytes == 0 && region.bytes > region.run_bytes;
+      selected[i] = memory_->device(d.from_buffer) && d.delta_elem_bytes == 0 && d.peer != rank_ &&
+                    d.run_end > d.run_begin && plan_.transfers()[d.transfer].after < 0 &&
+                    (d.packed || (round_base_[i] >= 0 && region.bytes > region.run_bytes));
       any = any || selected[i];
     }
     if (any) {
@@ -1213,16 +1215,18 @@ void RefitEngine::Impl::PostSends() {
         link->cursor_desc = link->ready.front();
         link->ready.pop_front();
         link->cursor_run = program_.descs[link->cursor_desc].run_begin;
+        link->gathered = false;
         link->ring_part = OnRing(static_cast<uint32_t>(link->cursor_desc))
                               ? ring_.first_part[link->cursor_desc]
                               : -1;
       }
       const SendDesc& d = program_.descs[link->cursor_desc];
       const bool delta = d.delta_elem_bytes > 0;
-      if (d.packed && !delta && link->cursor_run == d.run_begin && link->ring_part < 0) {
+      if (d.packed && !delta && !link->gathered && link->ring_part < 0) {
         // Gather the short runs (the source holds this epoch's data since Start).
         absl::Status gathered = landing_->Gather(d);
         if (!gathered.ok()) return Fail(gathered);
+        link->gathered = true;
       }
       bool waiting = false;  // A GPU-encoded segment's batch still runs.
       while (link->cursor_run < d.run_end) {

@@ -2,7 +2,8 @@
 // every sender's stream agree piece by piece (the same world indices at the same stream
 // offsets, the same totals), quotas stay within the budget with two halves per sender, every
 // stream byte has one place in its sender's slice and consecutive rounds alternate halves,
-// pieces that cannot travel in rounds (packed, delta, empty, relayed) are left out, and a
+// pieces that cannot travel in rounds (delta, empty, relayed; packed into direct destinations,
+// contiguous into registered ones) are left out, and a
 // budget too small is refused with the rank named. The wire-up field is parsed strictly.
 #include "src/net/landing_rounds.h"
 
@@ -93,19 +94,21 @@ void ExpectRoundTablesAgree(const char* spec, RoundMode mode) {
       }
       EXPECT_EQ(k, it->second->piece_end);
     }
-    // Only plain network pieces, never packed, relayed or local ones; with kStrided only those
-    // of more than one run.
+    // Network pieces only, never relayed or local ones. kAll: the plain ones (packed streams
+    // keep the landing area); kStrided: those of more than one run, packed streams included.
     for (uint32_t slot = 0; slot < programs[p].received.size(); ++slot) {
       const plan::Transfer& t = plan.transfers()[programs[p].received[slot]];
       const plan::Region& region = plan.region(t.region);
       const bool strided = region.bytes > region.run_bytes;
+      const bool packed = programs[p].landing_offset[slot] >= 0;
       if (rounds->sender_of_slot[slot] < 0) {
-        EXPECT_TRUE(t.from_rank == p || t.after >= 0 || programs[p].landing_offset[slot] >= 0 ||
-                    region.bytes == 0 || (mode == RoundMode::kStrided && !strided))
+        EXPECT_TRUE(t.from_rank == p || t.after >= 0 || region.bytes == 0 ||
+                    (mode == RoundMode::kAll && packed) ||
+                    (mode == RoundMode::kStrided && !strided))
             << "slot " << slot << " of rank " << p;
       } else {
-        EXPECT_TRUE(t.from_rank != p && t.after < 0 && programs[p].landing_offset[slot] < 0 &&
-                    (mode == RoundMode::kAll || strided));
+        EXPECT_TRUE(t.from_rank != p && t.after < 0 &&
+                    (mode == RoundMode::kAll ? !packed : strided));
       }
     }
   }
@@ -145,8 +148,8 @@ TEST(LandingRounds, ASenderRefusesRoundsThePlanDoesNotExplain) {
   }
 }
 
-// Registered CUDA destinations (a CUDA-aware UCX) take only strided pieces in rounds: the
-// replicated "e" (contiguous rows) is put straight into its buffer.
+// Registered CUDA destinations (a CUDA-aware UCX) take only strided pieces in rounds, packed
+// streams included: the replicated "e" (contiguous rows) is put straight into its buffer.
 TEST(LandingRounds, RegisteredDestinationsTakeOnlyStridedPiecesInRounds) {
   ExpectRoundTablesAgree(kRoundsTwoSenders, RoundMode::kStrided);
   ExpectRoundTablesAgree(kRoundsInDomains, RoundMode::kStrided);
@@ -157,10 +160,10 @@ TEST(LandingRounds, RegisteredDestinationsTakeOnlyStridedPiecesInRounds) {
       PlanLandingRounds(plan, program, AllDirect(plan, RoundMode::kStrided), 1 << 20);
   ASSERT_TRUE(all.ok() && strided.ok());
   // Each of the two senders: "v" (32 rows of 2 KiB) in both, "e" (8 rows of 160 bytes, one run)
-  // only in the first; "w" is packed.
+  // only in the first, the packed "w" (32 rows of 64 bytes) only in the second.
   ASSERT_EQ(strided->senders.size(), 2u);
   for (size_t i = 0; i < 2; ++i) {
-    EXPECT_EQ(strided->senders[i].total, 64 * 1024 * 4 / 4);
+    EXPECT_EQ(strided->senders[i].total, 64 * 1024 * 4 / 4 + 32 * 64);
     EXPECT_EQ(all->senders[i].total, 64 * 1024 * 4 / 4 + 8 * 40 * 4);
   }
 }

@@ -147,16 +147,17 @@ int Rank(int rank, const std::string& dir, const World& world) {
     const int64_t copies = ring ? 0 : source ? src_bytes : delta ? dst_bytes : 0;
     const int64_t least_rounds = !rounds ? 0 : world.landing_bytes > 0 ? 16 : 2;
     if (world.registered) {
-      // A CUDA-aware UCX: every buffer registered, nothing staged. The strided plain pieces
-      // ("v", runs of 8 KiB) are packed into the device ring (its slots hold 4 runs) and land in
-      // the receivers' device round areas: a ring part leaves as one put per round it touches,
-      // not one per run. "w" is packed (runs of 1 KiB) and "e" contiguous: put as before.
-      // Active messages (no puts, no rounds) carry them all as data messages.
+      // A CUDA-aware UCX: every buffer registered, nothing staged. The strided pieces, plain
+      // ("v", runs of 8 KiB) and packed ("w", runs of 1 KiB), are packed into the device ring
+      // (its slots hold 4 runs of "v") and land in the receivers' device round areas: a ring
+      // part leaves as one put per round it touches, not one per run, and no stream passes
+      // through host memory. "e" is contiguous: put as before. Active messages (no puts, no
+      // rounds) carry them all as data messages.
       const int64_t v_bytes = bytes[plan->buffer_of(1, plan::Side::kSrc)];
-      const int64_t v_runs = v_bytes / (8 << 10);
-      // "v" takes at most one put per two runs (rounds of 16 KiB or more, parts of 32 KiB);
-      // "w" is 2 packed streams of 256 KiB in runs of a slot (32 KiB), "e" one put.
-      constexpr int64_t kOtherPuts = 2 * 8 + 1;
+      const int64_t w_bytes = bytes[plan->buffer_of(0, plan::Side::kSrc)];
+      // Every put but the one of "e" carries a whole ring part (32 KiB, a slot) or, through
+      // the small round area, a whole round (16 KiB): never one run of 8 or 1 KiB.
+      const int64_t put_bytes = world.landing_bytes > 0 ? 16 << 10 : 32 << 10;
       const int64_t least_rounds = world.landing_bytes > 0 ? 16 : 2;
       const bool ok =
           st.cuda_buffers_registered == (rank == 2 ? 2 : 3) && st.cuda_buffers_staged == 0 &&
@@ -165,9 +166,9 @@ int Rank(int rank, const std::string& dir, const World& world) {
           (!puts ? st.stage_ring_bytes == 0 && st.bytes_ring_packed == 0 &&
                        st.stage_landing_bytes == 0 && st.stage_landing_rounds == 0
            : source
-               ? st.stage_ring_bytes == kRingBytes && st.bytes_ring_packed == v_bytes &&
-                     st.stage_ring_batches >= v_bytes / kRingBytes * 2 &&
-                     st.stage_landing_bytes == 0 && st.puts <= v_runs / 2 + kOtherPuts
+               ? st.stage_ring_bytes == kRingBytes && st.bytes_ring_packed == v_bytes + w_bytes &&
+                     st.stage_ring_batches >= (v_bytes + w_bytes) / kRingBytes * 2 &&
+                     st.stage_landing_bytes == 0 && st.puts <= (v_bytes + w_bytes) / put_bytes + 1
                : st.stage_ring_bytes == 0 && st.stage_landing_bytes > 0 &&
                      st.stage_landing_bytes <= budget && st.stage_landing_rounds >= least_rounds);
       if (!ok) {
