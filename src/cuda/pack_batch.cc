@@ -1,6 +1,8 @@
 #include "src/cuda/pack_batch.h"
 
+#include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <optional>
 
 #include "absl/strings/str_format.h"
@@ -180,6 +182,42 @@ absl::StatusOr<CopyBatch> BuildCopyBatch(absl::Span<const CopyRegion> regions,
     batch.bytes = *total;
   }
   return batch;
+}
+
+namespace {
+// Calls move(strided_offset, packed_offset, bytes) once per run of `batch`.
+template <typename Move>
+void ForEachPackRun(const PackBatch& batch, Move move) {
+  for (const PackEntry& e : batch.entries) {
+    const uint64_t run = e.run_units > 0 ? e.run_units : e.units;
+    for (uint64_t u = 0; u < e.units; u += run) {
+      const UnitAddress a = LocatePackUnit(e, u);
+      move(a.strided_offset, a.packed_offset,
+           static_cast<size_t>(std::min(run, e.units - u) * static_cast<uint64_t>(a.width)));
+    }
+  }
+}
+}  // namespace
+
+void PackOnHost(const PackBatch& batch, const uint8_t* strided, uint8_t* packed) {
+  ForEachPackRun(batch,
+                 [&](int64_t s, int64_t p, size_t n) { std::memcpy(packed + p, strided + s, n); });
+}
+
+void UnpackOnHost(const PackBatch& batch, const uint8_t* packed, uint8_t* strided) {
+  ForEachPackRun(batch,
+                 [&](int64_t s, int64_t p, size_t n) { std::memcpy(strided + s, packed + p, n); });
+}
+
+void CopyOnHost(const CopyBatch& batch, const uint8_t* from, uint8_t* to) {
+  for (const CopyEntry& e : batch.entries) {
+    const uint64_t run = e.run_units > 0 ? e.run_units : e.units;
+    for (uint64_t u = 0; u < e.units; u += run) {
+      const CopyUnitAddress a = LocateCopyUnit(e, u);
+      std::memcpy(to + a.to_offset, from + a.from_offset,
+                  static_cast<size_t>(std::min(run, e.units - u) * static_cast<uint64_t>(a.width)));
+    }
+  }
 }
 
 }  // namespace reshard::cuda

@@ -115,4 +115,13 @@ struct CopyBatch {
 [[nodiscard]] absl::StatusOr<CopyBatch> BuildCopyBatch(absl::Span<const CopyRegion> regions,
                                                        const CopyBatchOptions& options = {});
 
+// The kernels' host twins (the same index arithmetic, a run at a time: a run's units are
+// consecutive on both sides), for devices emulated on the host (runtime.h) and CPU tests.
+// Gathers every region of `batch` from `strided` into the stream at `packed`, and the scatter
+// back.
+void PackOnHost(const PackBatch& batch, const uint8_t* strided, uint8_t* packed);
+void UnpackOnHost(const PackBatch& batch, const uint8_t* packed, uint8_t* strided);
+// Copies every region of `batch` from `from` to `to`.
+void CopyOnHost(const CopyBatch& batch, const uint8_t* from, uint8_t* to);
+
 }  // namespace reshard::cuda

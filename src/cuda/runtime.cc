@@ -271,6 +271,12 @@ absl::Status CopyQueue::Copy2D(void* dst, int64_t dst_pitch, const void* src, in
   return absl::OkStatus();
 }
 
+void CopyQueue::EnqueueOnHost(HostWork work, const void* context, int64_t index, const void* src,
+                              void* dst) {
+  RESHARD_CHECK(emulated_);
+  host_copies_.push_back(HostCopy{dst, 0, src, 0, index, 0, work, context});
+}
+
 absl::StatusOr<int32_t> CopyQueue::Record() {
   if (!emulated_) return QueueRecord(stream_, events_, free_);
   if (free_.empty()) {
@@ -299,7 +305,11 @@ void CopyQueue::RunHostCopies(int64_t end) {
   const int64_t run = std::max<int64_t>(0, end - host_base_);
   for (int64_t i = 0; i < run; ++i) {
     const HostCopy& c = host_copies_[i];
-    HostCopy2D(c.dst, c.dst_pitch, c.src, c.src_pitch, c.width, c.rows);
+    if (c.work != nullptr) {
+      c.work(c.context, c.width, c.src, c.dst);
+    } else {
+      HostCopy2D(c.dst, c.dst_pitch, c.src, c.src_pitch, c.width, c.rows);
+    }
   }
   host_copies_.erase(host_copies_.begin(), host_copies_.begin() + run);
   host_base_ += run;

@@ -86,6 +86,13 @@ class CopyQueue {
   // event recorded after it completed.
   [[nodiscard]] absl::Status Copy2D(void* dst, int64_t dst_pitch, const void* src,
                                     int64_t src_pitch, int64_t width, int64_t rows);
+  // The queue's stream (a cudaStream_t), for kernels launched on it in order with its copies
+  // (queued_kernels.h); null while devices are emulated.
+  void* stream() const { return stream_; }
+  // Devices emulated on the host only: `work(context, index, src, dst)` runs on the host in
+  // queue order, when a copy enqueued now would (the emulated kernels of queued_kernels.h).
+  using HostWork = void (*)(const void* context, int64_t index, const void* src, void* dst);
+  void EnqueueOnHost(HostWork work, const void* context, int64_t index, const void* src, void* dst);
   // Records an event after the copies enqueued so far; returns its id.
   [[nodiscard]] absl::StatusOr<int32_t> Record();
   // Without waiting (cudaEventQuery): true once the copies before event `id` finished; Internal
@@ -106,6 +113,8 @@ class CopyQueue {
     int64_t dst_pitch;
     const void* src;
     int64_t src_pitch, width, rows;
+    HostWork work = nullptr;  // Instead of the copy: work(context, width, src, dst).
+    const void* context = nullptr;
   };
   bool emulated_ = false;
   std::vector<HostCopy> host_copies_;

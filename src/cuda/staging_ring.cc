@@ -71,17 +71,8 @@ void StagingRing::PackOnHost(int32_t slot) {
   const uint8_t* strided = pending_[slot];
   if (strided == nullptr) return;
   pending_[slot] = nullptr;
-  // The kernels' arithmetic, a run at a time: a run's units are consecutive on both sides.
-  const PackBatch& batch = host_batches_[static_cast<size_t>(pending_batch_[slot])];
-  uint8_t* packed = slot_bytes_ > 0 ? host_ + slot * slot_bytes_ : host_;
-  for (const PackEntry& e : batch.entries) {
-    const uint64_t run = e.run_units > 0 ? e.run_units : e.units;
-    for (uint64_t u = 0; u < e.units; u += run) {
-      const UnitAddress a = LocatePackUnit(e, u);
-      std::memcpy(packed + a.packed_offset, strided + a.strided_offset,
-                  static_cast<size_t>(std::min(run, e.units - u) * static_cast<uint64_t>(a.width)));
-    }
-  }
+  cuda::PackOnHost(host_batches_[static_cast<size_t>(pending_batch_[slot])], strided,
+                   slot_bytes_ > 0 ? host_ + slot * slot_bytes_ : host_);
 }
 
 #if RESHARD_HAVE_CUDA
