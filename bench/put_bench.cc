@@ -266,9 +266,11 @@ int Child(int rank, const Flags& flags, const std::vector<Case>& cases, int port
     const reshard::net::RefitStats& st = handles[0].engine->last_stats();
     std::fprintf(stderr,
                  "rank 2 (a destination, devices emulated): landing rounds area %lld bytes, %lld "
-                 "rounds, %lld bytes to the \"device\" per refit; full-size copies %lld bytes\n",
+                 "rounds (%lld scattered by the kernel), %lld bytes to the \"device\" per refit; "
+                 "full-size copies %lld bytes\n",
                  static_cast<long long>(st.stage_landing_bytes),
                  static_cast<long long>(st.stage_landing_rounds),
+                 static_cast<long long>(st.stage_round_scatters),
                  static_cast<long long>(st.bytes_staged_to_device),
                  static_cast<long long>(st.stage_copy_bytes));
   }

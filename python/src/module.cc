@@ -557,6 +557,8 @@ NB_MODULE(_reshard, m) {
       .def_ro("stage_landing_rounds", &reshard::Stats::stage_landing_rounds)
       .def_ro("stage_ring_batches", &reshard::Stats::stage_ring_batches)
       .def_ro("bytes_ring_packed", &reshard::Stats::bytes_ring_packed)
+      .def_ro("stage_round_scatters", &reshard::Stats::stage_round_scatters)
+      .def_ro("local_copy_launches", &reshard::Stats::local_copy_launches)
       .def_ro("delta_pieces", &reshard::Stats::delta_pieces)
       .def_ro("delta_full_no_base", &reshard::Stats::delta_full_no_base)
       .def_ro("delta_full_receiver_version", &reshard::Stats::delta_full_receiver_version)

@@ -525,6 +525,8 @@ void RefitSession::FillStats(Stats& s) const {
   s.stage_landing_rounds = e.stage_landing_rounds;
   s.stage_ring_batches = e.stage_ring_batches;
   s.bytes_ring_packed = e.bytes_ring_packed;
+  s.stage_round_scatters = e.stage_round_scatters;
+  s.local_copy_launches = e.local_copy_launches;
   s.transports = engine_->Transports();
   s.fanout = fanout_name_;
   s.quantize_seconds = absl::ToDoubleSeconds(quantize_time_);

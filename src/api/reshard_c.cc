@@ -556,6 +556,8 @@ reshard_status_t reshard_handle_stats(const reshard_handle_t* handle, reshard_st
   out->stage_landing_rounds = s.stage_landing_rounds;
   out->stage_ring_batches = s.stage_ring_batches;
   out->bytes_ring_packed = s.bytes_ring_packed;
+  out->stage_round_scatters = s.stage_round_scatters;
+  out->local_copy_launches = s.local_copy_launches;
   return RESHARD_OK;
 }
 

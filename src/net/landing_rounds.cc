@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_format.h"
+#include "src/plan/region.h"
 
 namespace reshard::net {
 
@@ -75,6 +76,59 @@ absl::StatusOr<LandingRounds> PlanLandingRounds(const plan::Plan& plan, const Se
         "rank %d: stage_landing_bytes of %d bytes cannot hold two rounds of at least %d bytes for "
         "each of the %d ranks that send into its CUDA destinations (it needs %d); raise it",
         program.rank, budget, kMinRoundQuota, out.senders.size(), out.area_bytes));
+  }
+  return out;
+}
+
+absl::StatusOr<RoundScatters> PlanRoundScatters(const plan::Plan& plan, const SendProgram& program,
+                                                const LandingRounds& rounds,
+                                                const std::vector<int64_t>& shift,
+                                                int64_t base_align) {
+  RoundScatters out;
+  cuda::PackBatchOptions options;
+  options.strided_base_align = base_align;
+  options.packed_base_align = cuda::kMaxPackWidth;  // The area is a device allocation.
+  std::vector<cuda::StridedRegion> slabs;
+  for (const RoundSender& s : rounds.senders) {
+    out.first.push_back(static_cast<int32_t>(out.batches.size()));
+    uint32_t p = s.piece_begin;
+    for (int32_t r = 0; r < s.rounds; ++r) {
+      const int64_t begin = s.RoundBegin(r), end = s.RoundEnd(r);
+      cuda::PackBatch batch;
+      batch.strided_base_align = options.strided_base_align;
+      batch.packed_base_align = options.packed_base_align;
+      // The pieces with bytes in the round (the last one may go on into the next).
+      for (uint32_t k = p; k < s.piece_end && rounds.pieces[k].base < end; ++k) {
+        const RoundPiece& piece = rounds.pieces[k];
+        const plan::Transfer& t = plan.transfers()[program.received[piece.slot]];
+        const plan::Region& region = plan.region(t.region);
+        const uint32_t to = plan.buffer_of(t.tensor, t.to_side);
+        const int64_t from = std::max(begin, piece.base);
+        slabs.clear();
+        plan::ForEachSlab(
+            region, plan.region_dims(region), from - piece.base,
+            std::min(end, piece.base + piece.bytes) - piece.base,
+            [&](int64_t, int64_t to_off, int64_t width, int64_t rows, int64_t, int64_t to_pitch) {
+              cuda::StridedRegion slab;
+              slab.offset = shift[to] + to_off;
+              slab.run_bytes = width;
+              slab.ndims = rows > 1 ? 1 : 0;
+              slab.count[0] = rows;
+              slab.stride[0] = to_pitch;
+              slabs.push_back(slab);
+            });
+        options.packed_begin = s.AreaOffset(from);
+        absl::StatusOr<cuda::PackBatch> part = cuda::BuildPackBatch(slabs, options);
+        absl::Status appended = part.ok() ? cuda::AppendPackBatch(*part, &batch) : part.status();
+        if (!appended.ok()) {
+          return absl::InvalidArgumentError(absl::StrFormat(
+              "rank %d: the scatter of landing round %d from rank %d (tensor \"%s\"): %s",
+              program.rank, r, s.rank, plan.spec().tensors[t.tensor].name, appended.message()));
+        }
+        if (piece.base + piece.bytes <= end) p = k + 1;
+      }
+      out.batches.push_back(std::move(batch));
+    }
   }
   return out;
 }

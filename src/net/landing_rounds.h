@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "src/cuda/pack_batch.h"
 #include "src/net/send_program.h"
 #include "src/plan/plan.h"
 
@@ -107,6 +108,22 @@ inline RoundMode ModeOf(const std::vector<RoundMode>& modes, uint32_t id) {
 absl::StatusOr<LandingRounds> PlanLandingRounds(const plan::Plan& plan, const SendProgram& program,
                                                 const std::vector<RoundMode>& modes,
                                                 int64_t budget);
+
+// The pack kernel's scatters of a receiver's rounds out of a round area in device memory
+// (RoundMode::kStrided): batch first[i] + r scatters round r of senders[i], every piece's bytes
+// in it, from its place in the round area (the stream offsets count from the area's start) into
+// the destination buffers, whose offsets count from one base: `shift` (by buffer id) is the
+// bytes from that base to each buffer, `base_align` the base's alignment (a power of two up to
+// cuda::kMaxPackWidth). One launch per drained round instead of one copy per slab.
+struct RoundScatters {
+  std::vector<cuda::PackBatch> batches;
+  std::vector<int32_t> first;  // By sender (LandingRounds::senders).
+};
+// InvalidArgument naming the rank and tensor when a batch cannot be built.
+absl::StatusOr<RoundScatters> PlanRoundScatters(const plan::Plan& plan, const SendProgram& program,
+                                                const LandingRounds& rounds,
+                                                const std::vector<int64_t>& shift,
+                                                int64_t base_align);
 
 // Sending side: by descriptor of `program`, its first byte's place in this rank's round stream
 // to its receiver `peer`, or -1 when it is not a round piece; `peer_modes` by buffer id (the

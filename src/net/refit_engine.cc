@@ -22,6 +22,7 @@
 #include "src/cuda/delta.h"
 #include "src/cuda/delta_index.h"
 #include "src/cuda/pack_batch.h"
+#include "src/cuda/queued_kernels.h"
 #include "src/cuda/staging_ring.h"
 #include "src/net/delivery.h"
 #include "src/net/landing.h"
@@ -56,6 +57,14 @@ struct Graveyard {
 Graveyard& Leaked() {
   static Graveyard* graveyard = new Graveyard();  // Never destroyed (see above).
   return *graveyard;
+}
+
+// The alignment a kernel batch may assume of base `address`: its largest power-of-two divisor,
+// up to the widest unit the kernels move.
+int64_t AlignmentOf(uintptr_t address) {
+  int64_t align = cuda::kMaxPackWidth;
+  while (address % static_cast<uintptr_t>(align) != 0) align /= 2;
+  return align;
 }
 
 }  // namespace
@@ -246,6 +255,16 @@ class RefitEngine::Impl final : public MessageSink, public LinkOwner {
   std::vector<int32_t> round_next_, round_early_;
   std::vector<uint32_t> round_drain_piece_, round_land_piece_;
   std::vector<int64_t> round_base_;
+  // Kernels on the copy queue (InitQueuedKernels; null: none). A round area in device memory
+  // (CUDA-aware UCX): each round is scattered by one pack-kernel launch (PlanRoundScatters;
+  // batch round_scatters_first_[i] + r, empty: per-slab copies), into destination buffers
+  // addressed from round_scatter_base_. Local copies between two device buffers: one
+  // strided-copy launch each (by descriptor, its copy batch, or -1: one copy per run).
+  std::unique_ptr<cuda::QueuedKernels> kernels_;
+  std::vector<int32_t> round_scatters_first_;
+  uint8_t* round_scatter_base_ = nullptr;
+  std::vector<int32_t> local_copy_batch_;
+  absl::Status InitQueuedKernels();
   // The CUDA destinations (by buffer) UCX cannot register that the engine writes itself
   // (RegisteredMemory::direct); the others keep a pinned host copy (logged at Init).
   std::vector<bool> DirectDestinations(const std::vector<BufferView>& buffers, bool am) const;
@@ -315,8 +334,9 @@ class RefitEngine::Impl final : public MessageSink, public LinkOwner {
   void BroadcastAbort();
   // The transfer in `slot` (SendProgram::received) landed here: counted, reported and its
   // dependents released (FinishLanded) at once, or, for a staged destination piece moving to
-  // the device on copy_queue_, once the copy's event completed (PollToDevice, every round).
-  void MarkLanded(uint32_t slot);
+  // the device on copy_queue_ and for work the caller `queued` there (a local copy's kernel),
+  // once the queue's event after it completed (PollToDevice, every round).
+  void MarkLanded(uint32_t slot, bool queued = false);
   void FinishLanded(uint32_t slot);
   void PollToDevice();
   void PostSends();
@@ -494,6 +514,7 @@ absl::Status RefitEngine::Impl::Init(rendezvous::Store& store, std::vector<Buffe
     landing_->set_copy_queue(copy_queue_.get());
     break;
   }
+  RESHARD_RETURN_IF_ERROR(InitQueuedKernels());
   delivery_ = MakeDelivery(am, rank_, program_, *memory_, options_.signal_batch_bytes, stats_);
   single_copy_enabled_ = options_.single_copy && !am;
   if (const char* env = std::getenv("RESHARD_SINGLE_COPY")) {
@@ -585,6 +606,82 @@ absl::Status RefitEngine::Impl::Init(rendezvous::Store& store, std::vector<Buffe
   RESHARD_RETURN_IF_ERROR(CheckRemoteKeys());
   RESHARD_RETURN_IF_ERROR(Handshake(store, options_.key_prefix, rank_, *runtime_, links_, deadline));
   return ChooseSingleCopy();
+}
+
+absl::Status RefitEngine::Impl::InitQueuedKernels() {
+  if (copy_queue_ == nullptr || !(cuda::PackKernelsBuilt() || cuda::DevicesEmulatedOnHost())) {
+    return absl::OkStatus();
+  }
+  RoundScatters scatters;
+  if (!rounds_.empty() && memory_->round_on_device()) {
+    // Every buffer a round piece lands in, addressed from the lowest of them.
+    std::vector<bool> into(memory_->size(), false);
+    for (const RoundPiece& piece : rounds_.pieces) {
+      const plan::Transfer& t = plan_.transfers()[program_.received[piece.slot]];
+      into[plan_.buffer_of(t.tensor, t.to_side)] = true;
+    }
+    uintptr_t base = UINTPTR_MAX;
+    for (uint32_t b = 0; b < memory_->size(); ++b) {
+      if (into[b]) base = std::min(base, reinterpret_cast<uintptr_t>(memory_->data(b)));
+    }
+    std::vector<int64_t> shift(memory_->size(), 0);
+    for (uint32_t b = 0; b < memory_->size(); ++b) {
+      if (into[b]) {
+        shift[b] = static_cast<int64_t>(reinterpret_cast<uintptr_t>(memory_->data(b)) - base);
+      }
+    }
+    RESHARD_ASSIGN_OR_RETURN(scatters,
+                             PlanRoundScatters(plan_, program_, rounds_, shift, AlignmentOf(base)));
+    round_scatter_base_ = reinterpret_cast<uint8_t*>(base);
+  }
+  // Local pieces between two device buffers (not through the staging ring).
+  std::vector<cuda::CopyBatch> copies;
+  local_copy_batch_.assign(program_.descs.size(), -1);
+  for (uint32_t i = program_.peer_begin[rank_]; i < program_.peer_begin[rank_ + 1]; ++i) {
+    const SendDesc& d = program_.descs[i];
+    if (OnRing(i) || d.bytes == 0 || !memory_->device(d.from_buffer) ||
+        !memory_->device(d.to_buffer)) {
+      continue;
+    }
+    const plan::Transfer& t = plan_.transfers()[d.transfer];
+    const plan::Region& region = plan_.region(t.region);
+    const plan::RegionDim* dims = plan_.region_dims(region);
+    cuda::CopyRegion c;
+    c.from_offset = region.from_offset;
+    c.to_offset = region.to_offset;
+    c.run_bytes = region.run_bytes;
+    c.ndims = region.ndims;
+    for (int k = 0; k < region.ndims; ++k) {
+      c.count[k] = dims[k].count;
+      c.from_stride[k] = dims[k].from_stride;
+      c.to_stride[k] = dims[k].to_stride;
+    }
+    cuda::CopyBatchOptions options;
+    options.from_base_align =
+        AlignmentOf(reinterpret_cast<uintptr_t>(memory_->data(d.from_buffer)));
+    options.to_base_align = AlignmentOf(reinterpret_cast<uintptr_t>(memory_->data(d.to_buffer)));
+    absl::StatusOr<cuda::CopyBatch> batch = cuda::BuildCopyBatch({c}, options);
+    if (!batch.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("rank %d: the local copy of tensor \"%s\": %s", rank_,
+                          plan_.spec().tensors[t.tensor].name, batch.status().message()));
+    }
+    local_copy_batch_[i] = static_cast<int32_t>(copies.size());
+    copies.push_back(*std::move(batch));
+  }
+  if (scatters.batches.empty() && copies.empty()) return absl::OkStatus();
+  absl::StatusOr<std::unique_ptr<cuda::QueuedKernels>> kernels =
+      cuda::QueuedKernels::Create(scatters.batches, copies);
+  if (!kernels.ok()) {
+    return absl::Status(
+        kernels.status().code(),
+        absl::StrFormat("rank %d: the kernels of its %d landing rounds and %d "
+                        "local copies: %s",
+                        rank_, scatters.batches.size(), copies.size(), kernels.status().message()));
+  }
+  kernels_ = *std::move(kernels);
+  round_scatters_first_ = std::move(scatters.first);
+  return absl::OkStatus();
 }
 
 absl::Status RefitEngine::Impl::InitDelta(const std::vector<BufferView>& buffers) {
@@ -813,10 +910,8 @@ absl::Status RefitEngine::Impl::InitRing(const std::vector<BufferView>& buffers,
       shift[b] = static_cast<int64_t>(reinterpret_cast<uintptr_t>(buffers[b].data) - base);
     }
   }
-  int64_t base_align = cuda::kMaxPackWidth;
-  while (base % static_cast<uintptr_t>(base_align) != 0) base_align /= 2;
   absl::StatusOr<RingPlan> planned =
-      PlanRing(plan_, program_, selected, shift, base_align, options_.stage_ring_bytes);
+      PlanRing(plan_, program_, selected, shift, AlignmentOf(base), options_.stage_ring_bytes);
   if (!planned.ok()) {
     return absl::Status(planned.status().code(),
                         absl::StrFormat("rank %d: %s", rank_, planned.status().message()));
@@ -1475,20 +1570,38 @@ void RefitEngine::Impl::RunLocalCopies() {
                                                                                               : -1;
       }
       local_ready_.pop_front();
-    } else {
+    } else if (local_copy_batch_.empty() || local_copy_batch_[desc] < 0) {
       local_ready_.pop_front();
       absl::Status copied = landing_->CopyLocal(d);
       if (!copied.ok()) return Fail(copied);
+    } else {
+      // Between two device buffers: one launch on the copy queue; the piece lands when the
+      // event after it completed.
+      local_ready_.pop_front();
+      absl::Status launched =
+          kernels_->Copy(*copy_queue_, static_cast<size_t>(local_copy_batch_[desc]),
+                         memory_->data(d.from_buffer), memory_->data(d.to_buffer));
+      if (!launched.ok()) {
+        return Fail(absl::Status(
+            launched.code(),
+            absl::StrFormat("rank %d: the local copy of tensor \"%s\": %s", rank_,
+                            plan_.spec().tensors[plan_.transfers()[d.transfer].tensor].name,
+                            launched.message())));
+      }
+      stats_.local_copy_launches++;
+      stats_.bytes_local += d.bytes;
+      MarkLanded(d.slot, /*queued=*/true);
+      continue;
     }
     stats_.bytes_local += d.bytes;
     MarkLanded(d.slot);
   }
 }
 
-void RefitEngine::Impl::MarkLanded(uint32_t slot) {
+void RefitEngine::Impl::MarkLanded(uint32_t slot, bool queued) {
   if (landing_->landed(slot)) return;
   absl::StatusOr<bool> moving = landing_->Land(slot);
-  if (moving.ok() && *moving) {
+  if (moving.ok() && (*moving || queued)) {
     // A staged destination piece on its way to the device, or a packed stream being unpacked
     // into device memory: it lands when the copies' event completed (PollToDevice).
     absl::StatusOr<int32_t> event = copy_queue_->Record();
@@ -1575,15 +1688,28 @@ int32_t RefitEngine::Impl::RoundSenderIndex(int32_t rank) const {
 absl::Status RefitEngine::Impl::DrainRound(int32_t i, int32_t r) {
   const RoundSender& s = rounds_.senders[i];
   const int64_t begin = s.RoundBegin(r), end = s.RoundEnd(r);
-  // Each piece's bytes in the round, copied to the device from where they landed.
-  for (uint32_t p = round_drain_piece_[i]; p < s.piece_end; ++p) {
-    const RoundPiece& piece = rounds_.pieces[p];
-    if (piece.base >= end) break;
-    const int64_t from = std::max(begin, piece.base);
-    const int64_t to = std::min(end, piece.base + piece.bytes);
-    RESHARD_RETURN_IF_ERROR(landing_->UnpackRound(
-        piece.slot, from - piece.base, memory_->round_area() + s.AreaOffset(from), to - from));
-    if (piece.base + piece.bytes <= end) round_drain_piece_[i] = p + 1;
+  if (!round_scatters_first_.empty()) {
+    // One launch scatters every piece's bytes in the round.
+    absl::Status launched =
+        kernels_->Unpack(*copy_queue_, static_cast<size_t>(round_scatters_first_[i] + r),
+                         memory_->round_area(), round_scatter_base_);
+    if (!launched.ok()) {
+      return absl::Status(launched.code(),
+                          absl::StrFormat("rank %d: scattering landing round %d from rank %d: %s",
+                                          rank_, r, s.rank, launched.message()));
+    }
+    stats_.stage_round_scatters++;
+  } else {
+    // Each piece's bytes in the round, copied to the device from where they landed.
+    for (uint32_t p = round_drain_piece_[i]; p < s.piece_end; ++p) {
+      const RoundPiece& piece = rounds_.pieces[p];
+      if (piece.base >= end) break;
+      const int64_t from = std::max(begin, piece.base);
+      const int64_t to = std::min(end, piece.base + piece.bytes);
+      RESHARD_RETURN_IF_ERROR(landing_->UnpackRound(
+          piece.slot, from - piece.base, memory_->round_area() + s.AreaOffset(from), to - from));
+      if (piece.base + piece.bytes <= end) round_drain_piece_[i] = p + 1;
+    }
   }
   stats_.stage_landing_rounds++;
   RESHARD_ASSIGN_OR_RETURN(const int32_t event, copy_queue_->Record());

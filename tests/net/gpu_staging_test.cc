@@ -1,9 +1,7 @@
-// Device memory through the refit engine: CUDA buffers registered directly when UCX reports
-// CUDA memory (strided pieces packed by the GPU into a device staging ring and put into the
-// receivers' device round areas), otherwise staged (sources packed by the GPU into the staging
-// ring, destinations written by the engine from its bounded landing rounds; the statistics say
-// which, and count every
-// staging copy, and a ring far smaller than the sources forces many batches and slot reuse); and
+// Device memory through the refit engine: the world of tests/net/device_world.h on a GPU (CUDA
+// buffers registered or staged as UCX allows; the statistics say which and count every staging
+// copy, and a ring far smaller than the sources forces many batches and slot reuse; the same
+// world runs with devices emulated in every build, StagedEmulation.TheGpuWorld*); and
 // delta refits of CUDA sources (encoded by the CUDA kernels against a device shadow) into CUDA
 // destinations (applied by the kernels, or to a staged buffer's host copy), byte-exact over refits
 // that change 5% of the elements, all of them, or none. Skips without a usable GPU
@@ -26,6 +24,7 @@
 #include "src/plan/fill.h"
 #include "src/plan/spec_json.h"
 #include "src/rendezvous/file_store.h"
+#include "tests/net/device_world.h"
 #include "tests/testing/multiprocess.h"
 
 namespace reshard::net {
@@ -33,112 +32,9 @@ namespace {
 
 using rendezvous::FileStore;
 
-constexpr char kSpec[] = R"json({"tensors": [{"name": "w", "dtype": "bf16", "shape": [256, 384],
-  "src": {"mesh": [0, 1], "placements": ["S(0)"]}, "dst": {"mesh": [2, 3], "placements": ["S(1)"]}}]})json";
-
-// Two tensors split rows -> columns: "w" with runs of 1 KiB (packed streams), "v" with runs of
-// 8 KiB (puts straight from the staging ring); 512 KiB of sources per rank.
-constexpr char kRingSpec[] = R"json({"tensors": [
-  {"name": "w", "dtype": "bf16", "shape": [512, 1024],
-   "src": {"mesh": [0, 1], "placements": ["S(0)"]}, "dst": {"mesh": [2, 3], "placements": ["S(1)"]}},
-  {"name": "v", "dtype": "fp32", "shape": [64, 4096],
-   "src": {"mesh": [0, 1], "placements": ["S(0)"]}, "dst": {"mesh": [2, 3], "placements": ["S(1)"]}}]})json";
-
-// `ring_bytes`: RefitEngineOptions::stage_ring_bytes (0: the default).
-int Rank(int rank, const std::string& dir, const char* spec_json = kSpec, int64_t ring_bytes = 0) {
-  auto spec = plan::ParseSpecJson(spec_json);
-  auto plan = plan::BuildPlan(std::make_shared<const plan::RefitSpec>(*spec));
-  if (!plan.ok()) return 10;
-  const std::vector<int64_t> bytes = plan->BufferBytes(rank);
-  std::vector<std::vector<uint8_t>> host(bytes.size());
-  std::vector<BufferView> buffers;
-  for (size_t b = 0; b < bytes.size(); ++b) {
-    host[b].assign(bytes[b], 0xA5);
-    void* device = nullptr;
-    if (bytes[b] > 0 && cudaMalloc(&device, bytes[b]) != cudaSuccess) return 11;
-    buffers.push_back(BufferView{device, bytes[b], MemoryKind::kCuda});
-  }
-  const plan::RefitSpec& s = plan->spec();
-  auto store = FileStore::Open(dir);
-  if (!store.ok()) return 12;
-  auto runtime = Runtime::Create();
-  if (!runtime.ok()) return 12;
-  RefitEngineOptions options;
-  if (ring_bytes > 0) options.stage_ring_bytes = ring_bytes;
-  auto engine = RefitEngine::Create(*plan, rank, **store, *runtime, buffers, options);
-  if (!engine.ok()) {
-    std::fprintf(stderr, "rank %d: %s\n", rank, std::string(engine.status().message()).c_str());
-    return 13;
-  }
-  const uint32_t tensors = static_cast<uint32_t>(s.tensors.size());
-  int64_t src_bytes = 0, dst_bytes = 0;  // This rank's, all tensors.
-  for (size_t b = 0; b < bytes.size(); ++b) {
-    (plan->buffers()[b].side == plan::Side::kSrc ? src_bytes : dst_bytes) += bytes[b];
-  }
-  for (uint64_t epoch = 1; epoch <= 3; ++epoch) {
-    for (uint32_t t = 0; t < tensors; ++t) {
-      const uint32_t b = plan->buffer_of(t, plan::Side::kSrc);
-      if (bytes[b] == 0) continue;
-      std::fill(host[b].begin(), host[b].end(), 0xA5);
-      plan::ForEachTile(s, t, plan::Side::kSrc, [&](int32_t r, const plan::Box& box) {
-        if (r == rank) plan::FillTile(s, t, plan::Side::kSrc, box, epoch, host[b].data());
-      });
-      if (!cuda::CudaCopy(buffers[b].data, host[b].data(), bytes[b]).ok()) return 14;
-    }
-    if (!(*engine)->Execute(absl::Now() + absl::Seconds(20)).ok()) return 15;
-    // Each rank uses CUDA buffers of one side (sources or destinations), registered or staged;
-    // staged, every refit packs each source piece into the staging ring, or copies every landed
-    // byte to the device.
-    const RefitStats& stats = (*engine)->last_stats();
-    const bool staged = stats.cuda_buffers_staged > 0;
-    if (stats.cuda_buffers_registered + stats.cuda_buffers_staged != tensors) return 18;
-    if (stats.bytes_staged_to_host != (staged && rank < 2 ? src_bytes : 0)) return 19;
-    if (stats.bytes_staged_to_device != (staged && rank >= 2 ? dst_bytes : 0)) return 20;
-    // No full-size pinned copies: ring sources have none, and staged destinations are written
-    // by the engine, their plain pieces through the landing rounds' area (put delivery) within
-    // its budget.
-    if (stats.stage_copy_bytes != 0) return 22;
-    // Registered (a CUDA-aware UCX), the strided plain pieces ("v" of kRingSpec, runs of 8 KiB)
-    // also travel in rounds, into device memory, packed by the sender into a device ring.
-    const bool puts = std::string((*engine)->delivery()) == "put";
-    const bool strided = puts && tensors == 2;
-    const bool rounds = rank >= 2 && puts && (staged || strided);
-    if ((stats.stage_landing_bytes > 0) != rounds || stats.stage_landing_bytes > (256 << 20) ||
-        (rounds && stats.stage_landing_rounds < 2)) {
-      return 23;
-    }
-    // The ring: its pinned memory within the budget, every source byte packed once (rows ->
-    // columns: each source sends its whole tile), in several batches when the budget is small.
-    const bool ring = rank < 2 && (staged || strided);
-    const int64_t budget = ring_bytes > 0 ? ring_bytes : int64_t{256} << 20;
-    const int64_t packed = staged ? stats.bytes_staged_to_host
-                                  : (ring ? bytes[plan->buffer_of(1, plan::Side::kSrc)] : 0);
-    if (stats.bytes_ring_packed != packed || (stats.stage_ring_bytes > 0) != ring ||
-        stats.stage_ring_bytes > budget ||
-        (ring && ring_bytes > 0 && stats.stage_ring_batches < 2 * packed / budget)) {
-      std::fprintf(stderr, "rank %d: ring of %lld bytes, %lld batches packed %lld bytes\n", rank,
-                   static_cast<long long>(stats.stage_ring_bytes),
-                   static_cast<long long>(stats.stage_ring_batches),
-                   static_cast<long long>(stats.bytes_ring_packed));
-      return 21;
-    }
-    for (uint32_t t = 0; t < tensors; ++t) {
-      const uint32_t dst = plan->buffer_of(t, plan::Side::kDst);
-      if (bytes[dst] == 0) continue;
-      if (!cuda::CudaCopy(host[dst].data(), buffers[dst].data, bytes[dst]).ok()) return 16;
-      absl::Status st;
-      plan::ForEachTile(s, t, plan::Side::kDst, [&](int32_t r, const plan::Box& box) {
-        if (r == rank && st.ok()) st = plan::VerifyTile(s, t, box, epoch, rank, host[dst].data());
-      });
-      if (!st.ok()) {
-        std::fprintf(stderr, "rank %d: %s\n", rank, std::string(st.message()).c_str());
-        return 17;
-      }
-    }
-  }
-  (void)(*engine)->Shutdown(absl::Now() + absl::Seconds(10));
-  return 0;
-}
+using device_world::DeviceWorldRank;
+using device_world::kDeviceRingSpec;
+using device_world::kDeviceSpec;
 
 // Delta refits: the global 256 x 384 bf16 tensor of epoch e, element k: its bits follow the
 // number of epochs up to e that changed it (epoch 1 sets all; epoch 3 changes all; epoch 5
@@ -155,7 +51,7 @@ uint16_t DeltaValue(int64_t k, uint64_t epoch) {
 }
 
 int DeltaRank(int rank, const std::string& dir) {
-  auto spec = plan::ParseSpecJson(kSpec);
+  auto spec = plan::ParseSpecJson(kDeviceSpec);
   auto plan = plan::BuildPlan(std::make_shared<const plan::RefitSpec>(*spec));
   if (!plan.ok()) return 10;
   const std::vector<int64_t> bytes = plan->BufferBytes(rank);
@@ -176,8 +72,8 @@ int DeltaRank(int rank, const std::string& dir) {
     std::fprintf(stderr, "rank %d: %s\n", rank, std::string(engine.status().message()).c_str());
     return 13;
   }
-  // kSpec: sources 0 and 1 hold rows [128r, 128r + 128) of the 256 x 384 tensor, destinations 2
-  // and 3 columns [192(r - 2), 192(r - 2) + 192), row-major.
+  // kDeviceSpec: sources 0 and 1 hold rows [128r, 128r + 128) of the 256 x 384 tensor, destinations
+  // 2 and 3 columns [192(r - 2), 192(r - 2) + 192), row-major.
   const uint32_t src = plan->buffer_of(0, plan::Side::kSrc);
   const uint32_t dst = plan->buffer_of(0, plan::Side::kDst);
   int64_t deltas = 0;
@@ -236,7 +132,7 @@ TEST(GpuStaging, DeviceBuffersRefitByteExact) {
   std::random_device rd;
   const std::string dir = absl::StrCat(::testing::TempDir(), "/reshard-gpu-", getpid(), "-", rd());
   std::map<int32_t, int> codes = testing::ForkRanks(
-      testing::Ranks(4), [&](int32_t r) { return Rank(r, dir); },
+      testing::Ranks(4), [&](int32_t r) { return DeviceWorldRank(r, dir); },
       testing::SharedMemoryUcx(absl::Seconds(120)));
   for (int r = 0; r < 4; ++r) EXPECT_EQ(codes[r], 0) << "rank " << r;
 }
@@ -251,7 +147,8 @@ TEST(GpuStaging, StagingRingRowsToColumnsInManyBatchesByteExact) {
   const std::string dir =
       absl::StrCat(::testing::TempDir(), "/reshard-gpu-ring-", getpid(), "-", rd());
   std::map<int32_t, int> codes = testing::ForkRanks(
-      testing::Ranks(4), [&](int32_t r) { return Rank(r, dir, kRingSpec, int64_t{64} << 10); },
+      testing::Ranks(4),
+      [&](int32_t r) { return DeviceWorldRank(r, dir, kDeviceRingSpec, int64_t{64} << 10); },
       testing::SharedMemoryUcx(absl::Seconds(120)));
   for (int r = 0; r < 4; ++r) EXPECT_EQ(codes[r], 0) << "rank " << r;
 }

@@ -8,6 +8,7 @@
 #include "src/net/landing_rounds.h"
 
 #include <cstdint>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <string>
@@ -15,6 +16,7 @@
 
 #include "gtest/gtest.h"
 #include "src/net/wireup.h"
+#include "src/plan/region.h"
 #include "src/plan/spec_json.h"
 
 namespace reshard::net {
@@ -208,6 +210,74 @@ TEST(LandingRounds, ASmallBudgetCutsEveryStreamIntoAlternatingHalves) {
     EXPECT_EQ(s.RoundEnd(s.rounds - 1), s.total);
   }
   EXPECT_EQ(end, rounds->area_bytes);
+}
+
+// The scatters of a device round area (PlanRoundScatters), run with the kernel's host twin:
+// each sender's stream, written round by round into its alternating halves and scattered after
+// each round, leaves every destination byte as the executor's copy from the senders' sources
+// does, packed streams and plain pieces alike, a piece cut at round ends included.
+TEST(LandingRounds, RoundScattersPutEveryByteWhereTheExecutorDoes) {
+  const plan::Plan plan = MakeRoundsPlan(kRoundsTwoSenders);
+  std::vector<SendProgram> programs;
+  for (int32_t r = 0; r < plan.world_size(); ++r) {
+    programs.push_back(BuildSendProgram(plan, r, RoundsOptions()));
+  }
+  const std::vector<RoundMode> modes = AllDirect(plan, RoundMode::kStrided);
+  // Every rank's buffers in one allocation each, at 16-byte aligned offsets; random sources.
+  std::vector<std::vector<uint8_t>> memory(plan.world_size());
+  std::vector<std::vector<int64_t>> at(plan.world_size());
+  uint64_t seed = 0x2545F4914F6CDD1DULL;
+  for (int32_t r = 0; r < plan.world_size(); ++r) {
+    int64_t size = 0;
+    for (int64_t b : plan.BufferBytes(r)) {
+      at[r].push_back(size);
+      size += (b + 15) / 16 * 16;
+    }
+    memory[r].resize(static_cast<size_t>(size));
+    for (uint8_t& byte : memory[r]) {
+      seed ^= seed << 13, seed ^= seed >> 7, seed ^= seed << 17;
+      byte = static_cast<uint8_t>(seed);
+    }
+  }
+  for (int32_t p = 2; p < plan.world_size(); ++p) {
+    // 16 KiB of round area for about 66 KiB from each sender: rounds of 4 KiB, pieces cut.
+    absl::StatusOr<LandingRounds> rounds = PlanLandingRounds(plan, programs[p], modes, 16 << 10);
+    ASSERT_TRUE(rounds.ok()) << rounds.status();
+    absl::StatusOr<RoundScatters> scatters =
+        PlanRoundScatters(plan, programs[p], *rounds, at[p], cuda::kMaxPackWidth);
+    ASSERT_TRUE(scatters.ok()) << scatters.status();
+    std::vector<uint8_t> ours(memory[p].size(), 0xA5), expected(memory[p].size(), 0xA5);
+    std::vector<uint8_t> area(static_cast<size_t>(rounds->area_bytes), 0);
+    int32_t batches = 0;
+    for (size_t i = 0; i < rounds->senders.size(); ++i) {
+      const RoundSender& s = rounds->senders[i];
+      // The sender's stream: its round pieces' runs in order, from its source buffers.
+      std::vector<uint8_t> stream;
+      for (uint32_t k = s.piece_begin; k < s.piece_end; ++k) {
+        const plan::Transfer& t = plan.transfers()[programs[p].received[rounds->pieces[k].slot]];
+        const plan::Region& region = plan.region(t.region);
+        const uint8_t* from =
+            memory[s.rank].data() + at[s.rank][plan.buffer_of(t.tensor, t.from_side)];
+        uint8_t* to = expected.data() + at[p][plan.buffer_of(t.tensor, t.to_side)];
+        plan::ForEachRun(region, plan.region_dims(region), [&](int64_t f, int64_t d, int64_t n) {
+          stream.insert(stream.end(), from + f, from + f + n);
+          std::memcpy(to + d, from + f, static_cast<size_t>(n));
+        });
+      }
+      ASSERT_EQ(static_cast<int64_t>(stream.size()), s.total);
+      ASSERT_GT(s.rounds, 2);
+      ASSERT_EQ(scatters->first[i], batches);
+      for (int32_t r = 0; r < s.rounds; ++r) {
+        std::memcpy(area.data() + s.AreaOffset(s.RoundBegin(r)), stream.data() + s.RoundBegin(r),
+                    static_cast<size_t>(s.RoundEnd(r) - s.RoundBegin(r)));
+        cuda::UnpackOnHost(scatters->batches[static_cast<size_t>(scatters->first[i] + r)],
+                           area.data(), ours.data());
+      }
+      batches += s.rounds;
+    }
+    EXPECT_EQ(static_cast<int32_t>(scatters->batches.size()), batches);
+    EXPECT_EQ(ours, expected) << "rank " << p;
+  }
 }
 
 TEST(LandingRounds, ABudgetTooSmallIsRefusedNamingTheRank) {

@@ -27,6 +27,7 @@
 #include "src/plan/fill.h"
 #include "src/plan/spec_json.h"
 #include "src/rendezvous/file_store.h"
+#include "tests/net/device_world.h"
 #include "tests/testing/multiprocess.h"
 
 namespace reshard::net {
@@ -149,7 +150,8 @@ int Rank(int rank, const std::string& dir, const World& world) {
     if (world.registered) {
       // A CUDA-aware UCX: every buffer registered, nothing staged. The strided pieces, plain
       // ("v", runs of 8 KiB) and packed ("w", runs of 1 KiB), are packed into the device ring
-      // (its slots hold 4 runs of "v") and land in the receivers' device round areas: a ring
+      // (its slots hold 4 runs of "v") and land in the receivers' device round areas, each
+      // round scattered by one kernel launch (emulated: late, on the copy queue): a ring
       // part leaves as one put per round it touches, not one per run, and no stream passes
       // through host memory. "e" is contiguous: put as before. Active messages (no puts, no
       // rounds) carry them all as data messages.
@@ -170,7 +172,8 @@ int Rank(int rank, const std::string& dir, const World& world) {
                      st.stage_ring_batches >= (v_bytes + w_bytes) / kRingBytes * 2 &&
                      st.stage_landing_bytes == 0 && st.puts <= (v_bytes + w_bytes) / put_bytes + 1
                : st.stage_ring_bytes == 0 && st.stage_landing_bytes > 0 &&
-                     st.stage_landing_bytes <= budget && st.stage_landing_rounds >= least_rounds);
+                     st.stage_landing_bytes <= budget && st.stage_landing_rounds >= least_rounds &&
+                     st.stage_round_scatters == st.stage_landing_rounds);
       if (!ok) {
         Say(rank,
             absl::StrCat("epoch ", epoch, ": ", st.cuda_buffers_registered, " registered, ",
@@ -179,8 +182,9 @@ int Rank(int rank, const std::string& dir, const World& world) {
                          " to the device, copies of ", st.stage_copy_bytes, " bytes, ring ",
                          st.stage_ring_bytes, " in ", st.stage_ring_batches, " batches, ",
                          st.bytes_ring_packed, " bytes packed, ", st.puts, " puts, landing area ",
-                         st.stage_landing_bytes, " bytes in ", st.stage_landing_rounds,
-                         " rounds (sources ", src_bytes, ", destinations ", dst_bytes, ")"));
+                         st.stage_landing_bytes, " bytes in ", st.stage_landing_rounds, " rounds, ",
+                         st.stage_round_scatters, " scattered by the kernel (sources ", src_bytes,
+                         ", destinations ", dst_bytes, ")"));
         return 18;
       }
     } else if (st.cuda_buffers_registered != 0 || st.cuda_buffers_staged != (rank == 2 ? 2 : 3) ||
@@ -276,6 +280,117 @@ TEST(StagedEmulation, RegisteredDeviceMemoryOverActiveMessagesByteExact) {
   World world{kAm, false, 0};
   world.registered = true;
   RunWorld(world, "registered-am");
+}
+
+// Ranks that are trainers and inference ranks at once: "l" moves rows -> columns inside each of
+// two ranks (a strided local piece, and one to the other rank). With registered device memory
+// the local piece is one strided-copy launch on the copy queue (emulated: run late, at the
+// event's first poll) instead of one copy per run; staged, it goes through the staging ring.
+constexpr char kLocalSpec[] = R"json({"tensors": [
+  {"name": "l", "dtype": "bf16", "shape": [256, 512],
+   "src": {"mesh": [0, 1], "placements": ["S(0)"]}, "dst": {"mesh": [0, 1], "placements": ["S(1)"]}}]})json";
+
+int LocalRank(int rank, const std::string& dir, bool registered) {
+  cuda::EmulateDevicesOnHost(true, registered);
+  auto spec = plan::ParseSpecJson(kLocalSpec);
+  if (!spec.ok()) return 10;
+  auto plan = plan::BuildPlan(std::make_shared<const plan::RefitSpec>(*spec));
+  if (!plan.ok()) return 10;
+  const plan::RefitSpec& s = plan->spec();
+  const std::vector<int64_t> bytes = plan->BufferBytes(rank);
+  std::vector<std::vector<uint8_t>> memory(bytes.size());
+  std::vector<BufferView> buffers;
+  for (size_t b = 0; b < bytes.size(); ++b) {
+    memory[b].assign(static_cast<size_t>(bytes[b]), 0xA5);
+    buffers.push_back(BufferView{memory[b].data(), bytes[b], MemoryKind::kCuda});
+  }
+  auto store = FileStore::Open(dir);
+  auto runtime = Runtime::Create();
+  if (!store.ok() || !runtime.ok()) return 12;
+  RefitEngineOptions options;
+  options.stage_ring_bytes = kRingBytes;
+  auto engine = RefitEngine::Create(*plan, rank, **store, *runtime, buffers, options);
+  if (!engine.ok()) {
+    Say(rank, std::string(engine.status().message()));
+    return 13;
+  }
+  const uint32_t src = plan->buffer_of(0, plan::Side::kSrc);
+  const uint32_t dst = plan->buffer_of(0, plan::Side::kDst);
+  for (uint64_t epoch = 1; epoch <= 3; ++epoch) {
+    plan::ForEachTile(s, 0, plan::Side::kSrc, [&](int32_t r, const plan::Box& box) {
+      if (r == rank) plan::FillTile(s, 0, plan::Side::kSrc, box, epoch, memory[src].data());
+    });
+    absl::Status done = (*engine)->Execute(absl::Now() + absl::Seconds(30));
+    if (!done.ok()) {
+      Say(rank, absl::StrCat("epoch ", epoch, ": ", done.message()));
+      return 15;
+    }
+    const RefitStats& st = (*engine)->last_stats();
+    // A quarter of the tensor is this rank's local piece: 128 rows of 256 bytes.
+    const int64_t local = 256 * 512 * 2 / 4;
+    if (st.bytes_local != local || st.local_copy_launches != (registered ? 1 : 0) ||
+        (!registered && st.bytes_ring_packed < local)) {
+      Say(rank, absl::StrCat("epoch ", epoch, ": ", st.bytes_local, " local bytes in ",
+                             st.local_copy_launches, " launches, ", st.bytes_ring_packed,
+                             " bytes packed into the ring"));
+      return 18;
+    }
+    absl::Status verified;
+    plan::ForEachTile(s, 0, plan::Side::kDst, [&](int32_t r, const plan::Box& box) {
+      if (r == rank && verified.ok()) {
+        verified = plan::VerifyTile(s, 0, box, epoch, rank, memory[dst].data());
+      }
+    });
+    if (!verified.ok()) {
+      Say(rank, absl::StrCat("epoch ", epoch, ": ", verified.message()));
+      return 17;
+    }
+    std::memset(memory[dst].data(), 0x5A, memory[dst].size());
+  }
+  (void)(*engine)->Shutdown(absl::Now() + absl::Seconds(10));
+  return 0;
+}
+
+void RunLocalWorld(bool registered, const std::string& tag) {
+  const std::string dir = testing::ScratchDir(tag);
+  std::map<int32_t, int> codes = testing::ForkRanks(
+      testing::Ranks(2), [&](int32_t r) { return LocalRank(r, dir, registered); },
+      testing::SharedMemoryUcx(absl::Seconds(90)));
+  for (int r = 0; r < 2; ++r) EXPECT_EQ(codes[r], 0) << "rank " << r;
+}
+
+TEST(StagedEmulation, RegisteredDeviceMemoryCopiesALocalPieceInOneLaunchByteExact) {
+  RunLocalWorld(/*registered=*/true, "registered-local");
+}
+
+TEST(StagedEmulation, StagedLocalPiecesGoThroughTheRingByteExact) {
+  RunLocalWorld(/*registered=*/false, "staged-local");
+}
+
+// GpuStaging's world (tests/net/device_world.h) with devices emulated, staged and registered:
+// what a GPU session will check, checked here first.
+void RunGpuWorld(bool registered, bool ring, const std::string& tag) {
+  const std::string dir = testing::ScratchDir(tag);
+  std::map<int32_t, int> codes = testing::ForkRanks(
+      testing::Ranks(4),
+      [&](int32_t r) {
+        cuda::EmulateDevicesOnHost(true, registered);
+        return ring ? device_world::DeviceWorldRank(r, dir, device_world::kDeviceRingSpec,
+                                                    int64_t{64} << 10)
+                    : device_world::DeviceWorldRank(r, dir);
+      },
+      testing::SharedMemoryUcx(absl::Seconds(90)));
+  for (int r = 0; r < 4; ++r) EXPECT_EQ(codes[r], 0) << "rank " << r;
+}
+
+TEST(StagedEmulation, TheGpuWorldStagedByteExact) {
+  RunGpuWorld(false, false, "gpu-world-staged");
+  RunGpuWorld(false, true, "gpu-world-staged-ring");
+}
+
+TEST(StagedEmulation, TheGpuWorldRegisteredByteExact) {
+  RunGpuWorld(true, false, "gpu-world-registered");
+  RunGpuWorld(true, true, "gpu-world-registered-ring");
 }
 
 TEST(StagedEmulation, DeltaRefitsApplyToStagedCopiesByteExact) {

@@ -129,6 +129,10 @@ typedef struct reshard_stats {
    * rounds copied out of it (reshard::Stats' fields of the same names). */
   int64_t stage_landing_bytes;
   int64_t stage_landing_rounds;
+  /* Rounds scattered and local pieces copied by one kernel launch each (reshard::Stats' fields
+   * of the same names). */
+  int64_t stage_round_scatters;
+  int64_t local_copy_launches;
 } reshard_stats_t;
 
 /* The message of the last failing call on this thread ("" when none). Valid until the next

@@ -1,0 +1,153 @@
+// The world of GpuStaging (tests/net/gpu_staging_test.cc): four ranks, rows -> columns between
+// CUDA buffers, three refits each verified, and every staging statistic checked against what
+// the engine must do with them: registered directly when UCX reports CUDA memory (strided
+// pieces packed by the GPU into a device staging ring and put into the receivers' device round
+// areas, scattered there by one kernel launch per round), otherwise staged (sources packed by
+// the GPU into the staging ring, destinations written by the engine from its landing area and
+// bounded landing rounds). Device memory comes from cuda::AllocDevice, so the same rank runs on
+// a GPU and, with devices emulated on the host (staged or registered), in every build
+// (StagedEmulation.TheGpuWorld*): the expectations a GPU session checks are checked on every
+// machine first.
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/clock.h"
+#include "src/cuda/runtime.h"
+#include "src/cuda/staging_ring.h"
+#include "src/net/refit_engine.h"
+#include "src/net/runtime.h"
+#include "src/plan/fill.h"
+#include "src/plan/spec_json.h"
+#include "src/rendezvous/file_store.h"
+
+namespace reshard::net::device_world {
+
+inline constexpr char kDeviceSpec[] =
+    R"json({"tensors": [{"name": "w", "dtype": "bf16", "shape": [256, 384],
+  "src": {"mesh": [0, 1], "placements": ["S(0)"]}, "dst": {"mesh": [2, 3], "placements": ["S(1)"]}}]})json";
+
+// Two tensors split rows -> columns: "w" with runs of 1 KiB (packed streams), "v" with runs of
+// 8 KiB (puts straight from the staging ring); 512 KiB of sources per rank.
+inline constexpr char kDeviceRingSpec[] = R"json({"tensors": [
+  {"name": "w", "dtype": "bf16", "shape": [512, 1024],
+   "src": {"mesh": [0, 1], "placements": ["S(0)"]}, "dst": {"mesh": [2, 3], "placements": ["S(1)"]}},
+  {"name": "v", "dtype": "fp32", "shape": [64, 4096],
+   "src": {"mesh": [0, 1], "placements": ["S(0)"]}, "dst": {"mesh": [2, 3], "placements": ["S(1)"]}}]})json";
+
+// `ring_bytes`: RefitEngineOptions::stage_ring_bytes (0: the default).
+inline int DeviceWorldRank(int rank, const std::string& dir, const char* spec_json = kDeviceSpec,
+                           int64_t ring_bytes = 0) {
+  auto spec = plan::ParseSpecJson(spec_json);
+  auto plan = plan::BuildPlan(std::make_shared<const plan::RefitSpec>(*spec));
+  if (!plan.ok()) return 10;
+  const std::vector<int64_t> bytes = plan->BufferBytes(rank);
+  std::vector<std::vector<uint8_t>> host(bytes.size());
+  std::vector<BufferView> buffers;
+  for (size_t b = 0; b < bytes.size(); ++b) {
+    host[b].assign(bytes[b], 0xA5);
+    void* device = nullptr;
+    if (bytes[b] > 0) {
+      absl::StatusOr<void*> allocated = cuda::AllocDevice(static_cast<size_t>(bytes[b]));
+      if (!allocated.ok()) return 11;
+      device = *allocated;
+    }
+    buffers.push_back(BufferView{device, bytes[b], MemoryKind::kCuda});
+  }
+  const plan::RefitSpec& s = plan->spec();
+  auto store = rendezvous::FileStore::Open(dir);
+  if (!store.ok()) return 12;
+  auto runtime = Runtime::Create();
+  if (!runtime.ok()) return 12;
+  RefitEngineOptions options;
+  if (ring_bytes > 0) options.stage_ring_bytes = ring_bytes;
+  auto engine = RefitEngine::Create(*plan, rank, **store, *runtime, buffers, options);
+  if (!engine.ok()) {
+    std::fprintf(stderr, "rank %d: %s\n", rank, std::string(engine.status().message()).c_str());
+    return 13;
+  }
+  const uint32_t tensors = static_cast<uint32_t>(s.tensors.size());
+  int64_t src_bytes = 0, dst_bytes = 0;  // This rank's, all tensors.
+  for (size_t b = 0; b < bytes.size(); ++b) {
+    (plan->buffers()[b].side == plan::Side::kSrc ? src_bytes : dst_bytes) += bytes[b];
+  }
+  for (uint64_t epoch = 1; epoch <= 3; ++epoch) {
+    for (uint32_t t = 0; t < tensors; ++t) {
+      const uint32_t b = plan->buffer_of(t, plan::Side::kSrc);
+      if (bytes[b] == 0) continue;
+      std::fill(host[b].begin(), host[b].end(), 0xA5);
+      plan::ForEachTile(s, t, plan::Side::kSrc, [&](int32_t r, const plan::Box& box) {
+        if (r == rank) plan::FillTile(s, t, plan::Side::kSrc, box, epoch, host[b].data());
+      });
+      if (!cuda::CudaCopy(buffers[b].data, host[b].data(), bytes[b]).ok()) return 14;
+    }
+    if (!(*engine)->Execute(absl::Now() + absl::Seconds(20)).ok()) return 15;
+    // Each rank uses CUDA buffers of one side (sources or destinations), registered or staged;
+    // staged, every refit packs each source piece into the staging ring, or copies every landed
+    // byte to the device.
+    const RefitStats& stats = (*engine)->last_stats();
+    const bool staged = stats.cuda_buffers_staged > 0;
+    if (stats.cuda_buffers_registered + stats.cuda_buffers_staged != tensors) return 18;
+    if (stats.bytes_staged_to_host != (staged && rank < 2 ? src_bytes : 0)) return 19;
+    if (stats.bytes_staged_to_device != (staged && rank >= 2 ? dst_bytes : 0)) return 20;
+    // No full-size pinned copies: ring sources have none, and staged destinations are written
+    // by the engine, their plain pieces through the landing rounds' area (put delivery) within
+    // its budget.
+    if (stats.stage_copy_bytes != 0) return 22;
+    // Landing rounds: staged destinations take the plain pieces ("v" of kDeviceRingSpec, runs
+    // of 8 KiB; packed streams land in the landing area), registered ones (a CUDA-aware UCX)
+    // every strided piece, packed streams included, into device memory, each round scattered by
+    // one kernel launch.
+    const bool puts = std::string((*engine)->delivery()) == "put";
+    const bool plain = tensors == 2;
+    const bool rounds = rank >= 2 && puts && (!staged || plain);
+    const bool kernels = cuda::PackKernelsBuilt() || cuda::DevicesEmulatedOnHost();
+    if ((stats.stage_landing_bytes > 0) != rounds || stats.stage_landing_bytes > (256 << 20) ||
+        (rounds && stats.stage_landing_rounds < 2) ||
+        stats.stage_round_scatters !=
+            (rounds && !staged && kernels ? stats.stage_landing_rounds : 0)) {
+      std::fprintf(stderr, "rank %d: landing area of %lld bytes, %lld rounds, %lld scattered\n",
+                   rank, static_cast<long long>(stats.stage_landing_bytes),
+                   static_cast<long long>(stats.stage_landing_rounds),
+                   static_cast<long long>(stats.stage_round_scatters));
+      return 23;
+    }
+    // The ring: its memory within the budget, every source byte packed once (rows -> columns:
+    // each source sends its whole tile in strided pieces), pinned when staged, in device memory
+    // when registered (put delivery only), in several batches when the budget is small.
+    const bool ring = rank < 2 && (staged || puts);
+    const int64_t budget = ring_bytes > 0 ? ring_bytes : int64_t{256} << 20;
+    const int64_t packed = ring ? src_bytes : 0;
+    if (stats.bytes_ring_packed != packed || (stats.stage_ring_bytes > 0) != ring ||
+        stats.stage_ring_bytes > budget ||
+        (ring && ring_bytes > 0 && stats.stage_ring_batches < 2 * packed / budget)) {
+      std::fprintf(stderr, "rank %d: ring of %lld bytes, %lld batches packed %lld bytes\n", rank,
+                   static_cast<long long>(stats.stage_ring_bytes),
+                   static_cast<long long>(stats.stage_ring_batches),
+                   static_cast<long long>(stats.bytes_ring_packed));
+      return 21;
+    }
+    for (uint32_t t = 0; t < tensors; ++t) {
+      const uint32_t dst = plan->buffer_of(t, plan::Side::kDst);
+      if (bytes[dst] == 0) continue;
+      if (!cuda::CudaCopy(host[dst].data(), buffers[dst].data, bytes[dst]).ok()) return 16;
+      absl::Status st;
+      plan::ForEachTile(s, t, plan::Side::kDst, [&](int32_t r, const plan::Box& box) {
+        if (r == rank && st.ok()) st = plan::VerifyTile(s, t, box, epoch, rank, host[dst].data());
+      });
+      if (!st.ok()) {
+        std::fprintf(stderr, "rank %d: %s\n", rank, std::string(st.message()).c_str());
+        return 17;
+      }
+    }
+  }
+  (void)(*engine)->Shutdown(absl::Now() + absl::Seconds(10));
+  return 0;
+}
+
+}  // namespace reshard::net::device_world
