@@ -149,6 +149,22 @@ cuda::DeltaPiece DeltaPieceOf(const plan::Plan& plan, const plan::Region& region
                               region.ndims, count, stride, elem_size);
 }
 
+cuda::CopyRegion CopyRegionOf(const plan::Plan& plan, const plan::Region& region) {
+  const plan::RegionDim* dims = plan.region_dims(region);
+  static_assert(plan::kMaxTensorDims <= cuda::kMaxPackDims);
+  cuda::CopyRegion c;
+  c.from_offset = region.from_offset;
+  c.to_offset = region.to_offset;
+  c.run_bytes = region.run_bytes;
+  c.ndims = region.ndims;
+  for (int k = 0; k < region.ndims; ++k) {
+    c.count[k] = dims[k].count;
+    c.from_stride[k] = dims[k].from_stride;
+    c.to_stride[k] = dims[k].to_stride;
+  }
+  return c;
+}
+
 absl::StatusOr<uint32_t> Landing::CheckSender(int32_t from_rank, uint32_t id,
                                               const char* what) const {
   const int64_t slot = program_.Slot(id);

@@ -32,6 +32,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "src/cuda/delta.h"
+#include "src/cuda/pack_batch.h"
 #include "src/cuda/runtime.h"
 #include "src/net/landing_rounds.h"
 #include "src/net/registered_memory.h"
@@ -152,6 +153,10 @@ class Landing {
 // delta kernels address its elements of `elem_size` bytes.
 cuda::DeltaPiece DeltaPieceOf(const plan::Plan& plan, const plan::Region& region, bool source,
                               int elem_size);
+
+// `region` as the strided-copy kernel addresses it (from its sending buffer to its receiving
+// one, each side's offsets from that buffer's start).
+cuda::CopyRegion CopyRegionOf(const plan::Plan& plan, const plan::Region& region);
 
 // One copy between any two addresses (CUDA when either side is device memory).
 [[nodiscard]] absl::Status Copy(void* dst, const void* src, int64_t bytes, bool device);

@@ -644,23 +644,12 @@ absl::Status RefitEngine::Impl::InitQueuedKernels() {
       continue;
     }
     const plan::Transfer& t = plan_.transfers()[d.transfer];
-    const plan::Region& region = plan_.region(t.region);
-    const plan::RegionDim* dims = plan_.region_dims(region);
-    cuda::CopyRegion c;
-    c.from_offset = region.from_offset;
-    c.to_offset = region.to_offset;
-    c.run_bytes = region.run_bytes;
-    c.ndims = region.ndims;
-    for (int k = 0; k < region.ndims; ++k) {
-      c.count[k] = dims[k].count;
-      c.from_stride[k] = dims[k].from_stride;
-      c.to_stride[k] = dims[k].to_stride;
-    }
     cuda::CopyBatchOptions options;
     options.from_base_align =
         AlignmentOf(reinterpret_cast<uintptr_t>(memory_->data(d.from_buffer)));
     options.to_base_align = AlignmentOf(reinterpret_cast<uintptr_t>(memory_->data(d.to_buffer)));
-    absl::StatusOr<cuda::CopyBatch> batch = cuda::BuildCopyBatch({c}, options);
+    absl::StatusOr<cuda::CopyBatch> batch =
+        cuda::BuildCopyBatch({CopyRegionOf(plan_, plan_.region(t.region))}, options);
     if (!batch.ok()) {
       return absl::InvalidArgumentError(
           absl::StrFormat("rank %d: the local copy of tensor \"%s\": %s", rank_,

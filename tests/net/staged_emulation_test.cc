@@ -63,28 +63,75 @@ struct World {
   bool registered = false;
 };
 
-// One rank: host buffers marked CUDA, four refits, each verified.
-int Rank(int rank, const std::string& dir, const World& world) {
-  const bool delta = world.delta;
-  cuda::EmulateDevicesOnHost(true, world.registered);
-  auto spec = plan::ParseSpecJson(kSpec);
+// A rank's plan of `spec_json` and its buffers: host memory marked CUDA (the devices emulated,
+// standing for a CUDA-aware UCX when `registered`), and its store and runtime.
+struct EmulatedRank {
+  std::unique_ptr<plan::Plan> plan;
+  std::vector<int64_t> bytes;
+  std::vector<std::vector<uint8_t>> memory;
+  std::vector<BufferView> buffers;
+  int64_t src_bytes = 0, dst_bytes = 0;
+  std::unique_ptr<rendezvous::Store> store;
+  std::shared_ptr<Runtime> runtime;
+};
+
+// 0, or the exit code of the failing step.
+int SetUpEmulatedRank(int rank, const std::string& dir, const char* spec_json, bool registered,
+                      EmulatedRank* out) {
+  cuda::EmulateDevicesOnHost(true, registered);
+  auto spec = plan::ParseSpecJson(spec_json);
   if (!spec.ok()) return 10;
   auto plan = plan::BuildPlan(std::make_shared<const plan::RefitSpec>(*spec));
   if (!plan.ok()) return 10;
-  const plan::RefitSpec& s = plan->spec();
-  const std::vector<int64_t> bytes = plan->BufferBytes(rank);
-  std::vector<std::vector<uint8_t>> memory(bytes.size());
-  std::vector<BufferView> buffers;
-  int64_t src_bytes = 0, dst_bytes = 0;
-  for (size_t b = 0; b < bytes.size(); ++b) {
-    memory[b].assign(static_cast<size_t>(bytes[b]), 0xA5);
-    buffers.push_back(BufferView{memory[b].data(), bytes[b], MemoryKind::kCuda});
-    (plan->buffers()[b].side == plan::Side::kSrc ? src_bytes : dst_bytes) += bytes[b];
+  out->plan = std::make_unique<plan::Plan>(*std::move(plan));
+  out->bytes = out->plan->BufferBytes(rank);
+  out->memory.resize(out->bytes.size());
+  for (size_t b = 0; b < out->bytes.size(); ++b) {
+    out->memory[b].assign(static_cast<size_t>(out->bytes[b]), 0xA5);
+    out->buffers.push_back(BufferView{out->memory[b].data(), out->bytes[b], MemoryKind::kCuda});
+    (out->plan->buffers()[b].side == plan::Side::kSrc ? out->src_bytes : out->dst_bytes) +=
+        out->bytes[b];
   }
   auto store = FileStore::Open(dir);
-  if (!store.ok()) return 12;
   auto runtime = Runtime::Create();
-  if (!runtime.ok()) return 12;
+  if (!store.ok() || !runtime.ok()) return 12;
+  out->store = *std::move(store);
+  out->runtime = *std::move(runtime);
+  return 0;
+}
+
+// Verifies tensor `t`'s destination tiles of this rank against `values` (0, or 17 after saying
+// what differs), then poisons the buffer: the next refit must write every byte again.
+int VerifyAndPoison(EmulatedRank& e, int rank, uint32_t t, uint64_t values, uint64_t epoch) {
+  const plan::RefitSpec& s = e.plan->spec();
+  const uint32_t dst = e.plan->buffer_of(t, plan::Side::kDst);
+  if (e.bytes[dst] == 0) return 0;
+  absl::Status verified;
+  plan::ForEachTile(s, t, plan::Side::kDst, [&](int32_t r, const plan::Box& box) {
+    if (r == rank && verified.ok()) {
+      verified = plan::VerifyTile(s, t, box, values, rank, e.memory[dst].data());
+    }
+  });
+  if (!verified.ok()) {
+    Say(rank, absl::StrCat("epoch ", epoch, ": ", verified.message()));
+    return 17;
+  }
+  std::memset(e.memory[dst].data(), 0x5A, e.memory[dst].size());
+  return 0;
+}
+
+// One rank: host buffers marked CUDA, four refits, each verified.
+int Rank(int rank, const std::string& dir, const World& world) {
+  const bool delta = world.delta;
+  EmulatedRank e;
+  if (int failed = SetUpEmulatedRank(rank, dir, kSpec, world.registered, &e); failed != 0) {
+    return failed;
+  }
+  const plan::Plan* plan = e.plan.get();
+  const plan::RefitSpec& s = plan->spec();
+  const std::vector<int64_t>& bytes = e.bytes;
+  std::vector<std::vector<uint8_t>>& memory = e.memory;
+  const int64_t src_bytes = e.src_bytes, dst_bytes = e.dst_bytes;
   RefitEngineOptions options;
   options.delivery = world.delivery;
   options.delta = delta;
@@ -92,7 +139,7 @@ int Rank(int rank, const std::string& dir, const World& world) {
   // A staging ring far smaller than the sources: many batches, every slot reused.
   options.stage_ring_bytes = kRingBytes;
   const bool puts = world.delivery == RefitEngineOptions::Delivery::kPut;
-  auto engine = RefitEngine::Create(*plan, rank, **store, *runtime, buffers, options);
+  auto engine = RefitEngine::Create(*plan, rank, *e.store, e.runtime, e.buffers, options);
   if (!engine.ok()) {
     Say(rank, std::string(engine.status().message()));
     return 13;
@@ -212,20 +259,7 @@ int Rank(int rank, const std::string& dir, const World& world) {
       return 19;
     }
     for (uint32_t t = 0; t < tensors; ++t) {
-      const uint32_t dst = plan->buffer_of(t, plan::Side::kDst);
-      if (bytes[dst] == 0) continue;
-      absl::Status verified;
-      plan::ForEachTile(s, t, plan::Side::kDst, [&](int32_t r, const plan::Box& box) {
-        if (r == rank && verified.ok()) {
-          verified = plan::VerifyTile(s, t, box, values, rank, memory[dst].data());
-        }
-      });
-      if (!verified.ok()) {
-        Say(rank, absl::StrCat("epoch ", epoch, ": ", verified.message()));
-        return 17;
-      }
-      // Poisoned between refits: the next one must write every byte again.
-      std::memset(memory[dst].data(), 0x5A, memory[dst].size());
+      if (int failed = VerifyAndPoison(e, rank, t, values, epoch); failed != 0) return failed;
     }
   }
   (void)(*engine)->Shutdown(absl::Now() + absl::Seconds(10));
@@ -291,31 +325,21 @@ constexpr char kLocalSpec[] = R"json({"tensors": [
    "src": {"mesh": [0, 1], "placements": ["S(0)"]}, "dst": {"mesh": [0, 1], "placements": ["S(1)"]}}]})json";
 
 int LocalRank(int rank, const std::string& dir, bool registered) {
-  cuda::EmulateDevicesOnHost(true, registered);
-  auto spec = plan::ParseSpecJson(kLocalSpec);
-  if (!spec.ok()) return 10;
-  auto plan = plan::BuildPlan(std::make_shared<const plan::RefitSpec>(*spec));
-  if (!plan.ok()) return 10;
-  const plan::RefitSpec& s = plan->spec();
-  const std::vector<int64_t> bytes = plan->BufferBytes(rank);
-  std::vector<std::vector<uint8_t>> memory(bytes.size());
-  std::vector<BufferView> buffers;
-  for (size_t b = 0; b < bytes.size(); ++b) {
-    memory[b].assign(static_cast<size_t>(bytes[b]), 0xA5);
-    buffers.push_back(BufferView{memory[b].data(), bytes[b], MemoryKind::kCuda});
+  EmulatedRank e;
+  if (int failed = SetUpEmulatedRank(rank, dir, kLocalSpec, registered, &e); failed != 0) {
+    return failed;
   }
-  auto store = FileStore::Open(dir);
-  auto runtime = Runtime::Create();
-  if (!store.ok() || !runtime.ok()) return 12;
+  const plan::Plan* plan = e.plan.get();
+  const plan::RefitSpec& s = plan->spec();
+  std::vector<std::vector<uint8_t>>& memory = e.memory;
   RefitEngineOptions options;
   options.stage_ring_bytes = kRingBytes;
-  auto engine = RefitEngine::Create(*plan, rank, **store, *runtime, buffers, options);
+  auto engine = RefitEngine::Create(*plan, rank, *e.store, e.runtime, e.buffers, options);
   if (!engine.ok()) {
     Say(rank, std::string(engine.status().message()));
     return 13;
   }
   const uint32_t src = plan->buffer_of(0, plan::Side::kSrc);
-  const uint32_t dst = plan->buffer_of(0, plan::Side::kDst);
   for (uint64_t epoch = 1; epoch <= 3; ++epoch) {
     plan::ForEachTile(s, 0, plan::Side::kSrc, [&](int32_t r, const plan::Box& box) {
       if (r == rank) plan::FillTile(s, 0, plan::Side::kSrc, box, epoch, memory[src].data());
@@ -335,17 +359,7 @@ int LocalRank(int rank, const std::string& dir, bool registered) {
                              " bytes packed into the ring"));
       return 18;
     }
-    absl::Status verified;
-    plan::ForEachTile(s, 0, plan::Side::kDst, [&](int32_t r, const plan::Box& box) {
-      if (r == rank && verified.ok()) {
-        verified = plan::VerifyTile(s, 0, box, epoch, rank, memory[dst].data());
-      }
-    });
-    if (!verified.ok()) {
-      Say(rank, absl::StrCat("epoch ", epoch, ": ", verified.message()));
-      return 17;
-    }
-    std::memset(memory[dst].data(), 0x5A, memory[dst].size());
+    if (int failed = VerifyAndPoison(e, rank, 0, epoch, epoch); failed != 0) return failed;
   }
   (void)(*engine)->Shutdown(absl::Now() + absl::Seconds(10));
   return 0;
