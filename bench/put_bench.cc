@@ -262,12 +262,13 @@ int Child(int rank, const Flags& flags, const std::vector<Case>& cases, int port
     for (double v : ms[c]) parts.push_back(absl::StrCat(v));
     (void)(*store)->Set(absl::StrCat("bench/result/", c, "/", rank), absl::StrJoin(parts, ","));
   }
-  if (rank == 2 && flags.emulate) {
+  if (rank == 2 && (flags.emulate || flags.cuda)) {
     const reshard::net::RefitStats& st = handles[0].engine->last_stats();
     std::fprintf(stderr,
-                 "rank 2 (a destination, devices emulated): landing rounds area %lld bytes, %lld "
+                 "rank 2 (a destination%s): landing rounds area %lld bytes, %lld "
                  "rounds (%lld scattered by the kernel), %lld bytes to the \"device\" per refit; "
                  "full-size copies %lld bytes\n",
+                 flags.emulate ? ", devices emulated" : ", device buffers",
                  static_cast<long long>(st.stage_landing_bytes),
                  static_cast<long long>(st.stage_landing_rounds),
                  static_cast<long long>(st.stage_round_scatters),
