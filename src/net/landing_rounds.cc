@@ -7,14 +7,9 @@
 
 namespace reshard::net {
 
-bool IsRoundPiece(const plan::Plan& plan, const plan::Transfer& t, bool packed, bool delta,
-                  RoundMode to) {
-  // Packed streams into a direct destination land in the landing area (host memory either
-  // way); into registered device memory they take the device round area.
-  if (to == RoundMode::kNone || t.from_rank == t.to_rank || (packed && to != RoundMode::kStrided) ||
-      delta || t.after >= 0) {
-    return false;
-  }
+bool IsRoundPiece(const plan::Plan& plan, const plan::Transfer& t, bool delta, RoundMode to) {
+  // Packed streams too: a round holds a piece's bytes in run order, as its packed stream.
+  if (to == RoundMode::kNone || t.from_rank == t.to_rank || delta || t.after >= 0) return false;
   const plan::Region& region = plan.region(t.region);
   return region.bytes > 0 && (to == RoundMode::kAll || region.bytes > region.run_bytes);
 }
@@ -30,8 +25,7 @@ absl::StatusOr<LandingRounds> PlanLandingRounds(const plan::Plan& plan, const Se
   for (uint32_t slot = 0; slot < program.received.size(); ++slot) {
     const plan::Transfer& t = plan.transfers()[program.received[slot]];
     const uint32_t to = plan.buffer_of(t.tensor, t.to_side);
-    if (IsRoundPiece(plan, t, program.landing_offset[slot] >= 0,
-                     program.delta_elem_bytes[slot] != 0, ModeOf(modes, to))) {
+    if (IsRoundPiece(plan, t, program.delta_elem_bytes[slot] != 0, ModeOf(modes, to))) {
       by_sender[static_cast<size_t>(t.from_rank)].push_back(slot);
     }
   }
@@ -133,6 +127,73 @@ absl::StatusOr<RoundScatters> PlanRoundScatters(const plan::Plan& plan, const Se
   return out;
 }
 
+void CompactLandingArea(const LandingRounds& rounds, SendProgram* p) {
+  if (rounds.empty()) return;
+  // Each block's streams, in slot order, with the bytes each took (up to the next one's offset,
+  // or the block's end).
+  std::vector<std::vector<uint32_t>> by_block(p->landing_blocks.size());
+  for (uint32_t slot = 0; slot < p->received.size(); ++slot) {
+    const int64_t at = p->landing_offset[slot];
+    if (at < 0) continue;
+    auto block = std::upper_bound(p->landing_blocks.begin(), p->landing_blocks.end(), at,
+                                  [](int64_t x, const LandingBlock& b) { return x < b.offset; });
+    by_block[static_cast<size_t>(block - p->landing_blocks.begin() - 1)].push_back(slot);
+  }
+  std::vector<LandingBlock> blocks;
+  int64_t end = 0;
+  for (size_t b = 0; b < by_block.size(); ++b) {
+    const LandingBlock& old = p->landing_blocks[b];
+    const std::vector<uint32_t>& slots = by_block[b];
+    LandingBlock kept{old.rank, end, 0};
+    for (size_t k = 0; k < slots.size(); ++k) {
+      const uint32_t slot = slots[k];
+      const int64_t next =
+          k + 1 < slots.size() ? p->landing_offset[slots[k + 1]] : old.offset + old.bytes;
+      const int64_t bytes = next - p->landing_offset[slot];
+      if (rounds.sender_of_slot[slot] >= 0) {
+        p->landing_offset[slot] = -1;
+        continue;
+      }
+      p->landing_offset[slot] = end + kept.bytes;
+      kept.bytes += bytes;
+    }
+    if (kept.bytes == 0) continue;
+    end += kept.bytes;
+    blocks.push_back(kept);
+  }
+  p->landing_blocks = std::move(blocks);
+  p->landing_bytes = end;
+}
+
+void CompactLandingBlock(int32_t peer, const std::vector<int64_t>& round_base, SendProgram* p) {
+  auto entry = std::lower_bound(p->packed_to.begin(), p->packed_to.end(), peer,
+                                [](const LandingBlock& b, int32_t r) { return b.rank < r; });
+  if (entry == p->packed_to.end() || entry->rank != peer) return;
+  // The packed descriptors to `peer`, in order (their offsets ascend), and the bytes each took.
+  std::vector<uint32_t> packed;
+  for (uint32_t i = p->peer_begin[peer]; i < p->peer_begin[peer + 1]; ++i) {
+    if (p->descs[i].packed) packed.push_back(i);
+  }
+  int64_t kept = 0;
+  for (size_t k = 0; k < packed.size(); ++k) {
+    SendDesc& d = p->descs[packed[k]];
+    const int64_t next =
+        k + 1 < packed.size() ? p->descs[packed[k + 1]].landing_offset : entry->bytes;
+    const int64_t bytes = next - d.landing_offset;
+    if (round_base[packed[k]] >= 0) {
+      d.landing_offset = -1;
+      continue;
+    }
+    d.landing_offset = kept;
+    kept += bytes;
+  }
+  if (kept == 0) {
+    p->packed_to.erase(entry);
+  } else {
+    entry->bytes = kept;
+  }
+}
+
 std::vector<int64_t> RoundStreamBases(const plan::Plan& plan, const SendProgram& program,
                                       int32_t peer, const std::vector<RoundMode>& peer_modes,
                                       int64_t* total) {
@@ -141,7 +202,7 @@ std::vector<int64_t> RoundStreamBases(const plan::Plan& plan, const SendProgram&
   for (uint32_t i = program.peer_begin[peer]; i < program.peer_begin[peer + 1]; ++i) {
     const SendDesc& d = program.descs[i];
     const plan::Transfer& t = plan.transfers()[d.transfer];
-    if (IsRoundPiece(plan, t, d.packed, d.delta_elem_bytes > 0, ModeOf(peer_modes, d.to_buffer))) {
+    if (IsRoundPiece(plan, t, d.delta_elem_bytes > 0, ModeOf(peer_modes, d.to_buffer))) {
       bases[i] = *total;
       *total += d.bytes;
     }

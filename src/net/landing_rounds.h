@@ -5,9 +5,11 @@
 // function of the send program, tested on the CPU.
 //
 // A "direct" destination buffer is CUDA memory the engine writes itself (no pinned copy, not
-// registered). With put delivery, the pieces other ranks send into it plainly (not packed, not
-// delta streams, not empty, without `after`) are its round pieces; into registered CUDA memory,
-// its strided pieces, packed streams included (RoundMode). Each sender's round pieces to
+// registered). With put delivery, the pieces other ranks send into it, plain or packed streams
+// (not delta streams, not empty, without `after`), are its round pieces; into registered CUDA
+// memory, its strided pieces, packed streams included (RoundMode). The landing area then holds
+// only the packed streams that do not travel in rounds (CompactLandingArea,
+// CompactLandingBlock). Each sender's round pieces to
 // a receiver, in plan order (the order the sender posts them), form one stream of `total`
 // bytes; the receiver gives the sender a slice of its round area of two halves of `quota` bytes
 // each (one when the stream fits one), and stream bytes [r * quota, (r + 1) * quota) are round r,
@@ -44,7 +46,7 @@ constexpr int64_t kMinRoundQuota = 4096;
 enum class RoundMode : uint8_t {
   kNone = 0,
   // A direct destination (CUDA memory UCX cannot register; `direct.<id>` = 1 in the wire-up
-  // record, no remote key): every plain piece.
+  // record, no remote key): every piece, plain or packed.
   kAll = 1,
   // CUDA memory UCX registers (`strided.<id>` = 1): the pieces of more than one run, plain and
   // packed streams alike, which then leave as few large puts into device memory and are
@@ -95,8 +97,7 @@ struct LandingRounds {
 
 // Whether `t` (sent into a buffer of its receiver whose round mode is `to`) travels as a round
 // piece; the same rule on both sides.
-bool IsRoundPiece(const plan::Plan& plan, const plan::Transfer& t, bool packed, bool delta,
-                  RoundMode to);
+bool IsRoundPiece(const plan::Plan& plan, const plan::Transfer& t, bool delta, RoundMode to);
 // The round mode of buffer `id` in `modes` (kNone past its end).
 inline RoundMode ModeOf(const std::vector<RoundMode>& modes, uint32_t id) {
   return id < modes.size() ? modes[id] : RoundMode::kNone;
@@ -124,6 +125,18 @@ absl::StatusOr<RoundScatters> PlanRoundScatters(const plan::Plan& plan, const Se
                                                 const LandingRounds& rounds,
                                                 const std::vector<int64_t>& shift,
                                                 int64_t base_align);
+
+// The landing area without the packed streams that travel in landing rounds. Receiving side
+// (set-up, once `rounds` is planned, before the area is allocated): the area is laid out again
+// with only the streams that land in it, in the same order (landing_offset, landing_blocks,
+// landing_bytes); a round piece's landing_offset becomes -1.
+void CompactLandingArea(const LandingRounds& rounds, SendProgram* program);
+// Sending side (after wire-up): the same for this rank's block at `peer`, `round_base` by
+// descriptor as RoundStreamBases gives it (-1: not a round piece): round descriptors'
+// landing_offset becomes -1, the others close up, and packed_to's bytes for `peer` shrink to
+// what the peer's compacted area reserves for this rank (its entry removed at 0).
+void CompactLandingBlock(int32_t peer, const std::vector<int64_t>& round_base,
+                         SendProgram* program);
 
 // Sending side: by descriptor of `program`, its first byte's place in this rank's round stream
 // to its receiver `peer`, or -1 when it is not a round piece; `peer_modes` by buffer id (the

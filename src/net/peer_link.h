@@ -190,8 +190,11 @@ class PeerLink {
   bool sends_to = false;          // This rank sends into the peer.
   bool receives_from = false;     // The peer sends into this rank (this rank grants it).
   int64_t expected_from = 0;      // Pieces per epoch from the peer.
-  // Put delivery: bytes of this rank's packed streams in the peer's landing area.
+  // Put delivery: bytes of this rank's packed streams in the peer's landing area, and the
+  // `landing.<rank>` field of the peer's wire-up record (PlaceLandingBlocks reads it).
   int64_t packed_bytes_to = 0;
+  std::string peer_landing_field;
+  bool has_peer_landing_field = false;
   std::vector<uint32_t> initial;  // Descs without dependencies, in plan order.
   // Grants and aborts received.
   uint64_t granted = 0;  // Latest epoch the peer granted this rank.

@@ -480,6 +480,8 @@ absl::Status RefitEngine::Impl::Init(rendezvous::Store& store, std::vector<Buffe
         PlanLandingRounds(plan_, program_, modes, options_.stage_landing_bytes);
     if (!rounds.ok()) return rounds.status();
     rounds_ = *std::move(rounds);
+    // The landing area holds only the packed streams that do not travel in the rounds.
+    CompactLandingArea(rounds_, &program_);
   }
   const size_t round_senders = rounds_.senders.size();
   round_next_.assign(round_senders, 0);
@@ -574,8 +576,17 @@ absl::Status RefitEngine::Impl::Init(rendezvous::Store& store, std::vector<Buffe
       for (uint32_t i = program_.peer_begin[r]; i < program_.peer_begin[r + 1]; ++i) {
         round_base_[i] = bases[i];
       }
+      // Its packed streams that travel in the rounds leave the receiver's landing area (which
+      // the receiver compacted the same way).
+      CompactLandingBlock(r, round_base_, &program_);
+      auto packed =
+          std::lower_bound(program_.packed_to.begin(), program_.packed_to.end(), r,
+                           [](const LandingBlock& b, int32_t peer) { return b.rank < peer; });
+      link->packed_bytes_to =
+          packed != program_.packed_to.end() && packed->rank == r ? packed->bytes : 0;
     }
   }
+  RESHARD_RETURN_IF_ERROR(PlaceLandingBlocks(rank_, *memory_, links_));
   if (device_ring) {
     // Registered CUDA sources: their strided pieces that receivers take in rounds, and their
     // packed streams to other ranks (into a round area or a landing area), are packed by the
@@ -1059,6 +1070,8 @@ absl::Status RefitEngine::Impl::CheckRemoteKeys() const {
           "must put %d bytes of tensor \"%s\" there outside its landing rounds",
           d.peer, plan_.buffers()[d.to_buffer].name, rank_, d.bytes, tensor));
     }
+    // Round pieces go to the peer's round area, within the bounds RoundStreamOf checked.
+    if (puts && round_base_[di] >= 0) continue;
     if (to_direct && !d.packed) continue;
     if (!to_direct && link.rkey(d.to_buffer) == nullptr) {
       return absl::DataLossError(absl::StrFormat(

@@ -79,7 +79,8 @@ struct SendDesc {
   uint32_t run_begin = 0, run_end = 0;  // Into SendProgram::runs.
   bool packed = false;
   int64_t send_offset = 0;     // Packed: the stream's offset in this rank's send scratch.
-  // Packed: the stream's offset in this rank's block of the receiver's landing area.
+  // Packed: the stream's offset in this rank's block of the receiver's landing area (-1 once
+  // set-up found that it travels in the receiver's landing rounds: CompactLandingBlock).
   int64_t landing_offset = 0;
   uint32_t slot = 0;  // Local copies: the transfer's slot on the receiving side (received[slot]).
   // Delta streams: the element size compared (1, 2, 4 or 8), the piece's offset in the
@@ -121,7 +122,9 @@ struct SendProgram {
   // Receiving side, by slot: the executed transfers landing here, in plan order.
   std::vector<uint32_t> received;            // Index in plan.transfers().
   std::vector<uint32_t> received_ids;        // World index, ascending (plan order).
-  std::vector<int64_t> landing_offset;       // Offset in the landing area, or -1 (not packed).
+  // Offset in the landing area, or -1: not packed, or (after set-up's CompactLandingArea) a
+  // packed stream that travels in the landing rounds.
+  std::vector<int64_t> landing_offset;
   std::vector<uint8_t> delta_elem_bytes;     // Delta streams: their element size; 0 otherwise.
   std::vector<int64_t> expected_from;        // By rank: pieces per epoch (other ranks only).
   std::vector<LandingBlock> landing_blocks;  // One per sender of packed streams, ascending.

@@ -176,13 +176,23 @@ absl::Status Connect(rendezvous::Store& store, const std::string& prefix, int32_
                                                 "rounds for rank ", rank, " but no round area"));
       }
     }
-    if (link->packed_bytes_to > 0) {
-      RESHARD_ASSIGN_OR_RETURN(
-          const int64_t block,
-          LandingBlockOf(theirs, rank, link->peer(), link->packed_bytes_to,
-                         link->remote_bytes(memory.landing_id())));
-      link->set_landing_block(block);
-    }
+    auto landing = theirs.find(LandingField(rank));
+    link->has_peer_landing_field = landing != theirs.end();
+    if (link->has_peer_landing_field) link->peer_landing_field = landing->second;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PlaceLandingBlocks(int32_t rank, const RegisteredMemory& memory,
+                                std::vector<std::unique_ptr<PeerLink>>& links) {
+  for (const std::unique_ptr<PeerLink>& link : links) {
+    if (link == nullptr || link->packed_bytes_to <= 0) continue;
+    rendezvous::Record theirs;
+    if (link->has_peer_landing_field) theirs[LandingField(rank)] = link->peer_landing_field;
+    RESHARD_ASSIGN_OR_RETURN(const int64_t block,
+                             LandingBlockOf(theirs, rank, link->peer(), link->packed_bytes_to,
+                                            link->remote_bytes(memory.landing_id())));
+    link->set_landing_block(block);
   }
   return absl::OkStatus();
 }

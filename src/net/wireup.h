@@ -6,8 +6,9 @@
 //    `key.<id>` / `base.<id>` / `size.<id>` / `host.<id>` fields) and, with put delivery, where
 //    each sender's packed streams start in its landing area (`landing.<sender>` =
 //    "<offset>:<bytes>", src/net/send_program.h), fetches each peer's, creates the endpoints,
-//    unpacks the keys of the peers it sends to, reads where its own packed streams go in each
-//    receiver's landing area, and watches the process of every
+//    unpacks the keys of the peers it sends to, keeps where its own packed streams go in each
+//    receiver's landing area (placed by PlaceLandingBlocks once the engine knows which of them
+//    travel in the receiver's landing rounds instead), and watches the process of every
 //    peer on its own host and in its pid namespace (a lost shared-memory peer is noticed
 //    although UCX's shared-memory transports cannot report it; the watched pid is also the one
 //    single-copy writes go to).
@@ -58,10 +59,9 @@ namespace reshard::net {
                                                         uint64_t registered);
 
 // `links` is indexed by rank (null for ranks that are not peers); each link's `sends_to` says
-// whether its remote keys are needed, its `packed_bytes_to` whether (and how large) a block of
-// the peer's landing area must be found in its record: FailedPrecondition when the peer
-// reserved a block of another size (the ranks disagree on what is packed), DataLoss when the
-// field is missing or malformed. `landing_blocks`: this rank's landing area, published;
+// whether its remote keys are needed; the peer's `landing.<rank>` field is kept on the link
+// (PeerLink::peer_landing_field) for PlaceLandingBlocks. `landing_blocks`: this rank's landing
+// area, published;
 // `rounds`: its landing rounds, published (`rounds.<sender>`) with its destination buffers' round
 // modes (`direct.<id>` = 1, `strided.<id>` = 1); each sending link reads the peer's into
 // peer_rounds and round_to.
@@ -73,6 +73,14 @@ namespace reshard::net {
                                    const LandingRounds& rounds,
                                    std::vector<std::unique_ptr<PeerLink>>& links, bool single_copy,
                                    absl::Time deadline);
+
+// After Connect, once each sending link's packed_bytes_to is final (the streams that travel in
+// the peer's landing rounds left out: CompactLandingBlock): where this rank's block starts in
+// each peer's landing area (LandingBlockOf on the field the peer published), for every link
+// with packed_bytes_to > 0: FailedPrecondition when the peer reserved a block of another size
+// (the ranks disagree on what is packed), DataLoss when the field is missing or malformed.
+[[nodiscard]] absl::Status PlaceLandingBlocks(int32_t rank, const RegisteredMemory& memory,
+                                              std::vector<std::unique_ptr<PeerLink>>& links);
 
 [[nodiscard]] absl::Status Handshake(rendezvous::Store& store, const std::string& prefix,
                                      int32_t rank, Runtime& runtime,

@@ -99,13 +99,11 @@ inline int DeviceWorldRank(int rank, const std::string& dir, const char* spec_js
     // by the engine, their plain pieces through the landing rounds' area (put delivery) within
     // its budget.
     if (stats.stage_copy_bytes != 0) return 22;
-    // Landing rounds: staged destinations take the plain pieces ("v" of kDeviceRingSpec, runs
-    // of 8 KiB; packed streams land in the landing area), registered ones (a CUDA-aware UCX)
-    // every strided piece, packed streams included, into device memory, each round scattered by
-    // one kernel launch.
+    // Landing rounds: staged destinations take every piece, registered ones (a CUDA-aware UCX)
+    // every strided piece, packed streams included (both specs' pieces are strided), into
+    // device memory, each round scattered there by one kernel launch.
     const bool puts = std::string((*engine)->delivery()) == "put";
-    const bool plain = tensors == 2;
-    const bool rounds = rank >= 2 && puts && (!staged || plain);
+    const bool rounds = rank >= 2 && puts;
     const bool kernels = cuda::PackKernelsBuilt() || cuda::DevicesEmulatedOnHost();
     if ((stats.stage_landing_bytes > 0) != rounds || stats.stage_landing_bytes > (256 << 20) ||
         (rounds && stats.stage_landing_rounds < 2) ||

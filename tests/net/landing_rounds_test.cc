@@ -70,7 +70,7 @@ void ExpectRoundTablesAgree(const char* spec, RoundMode mode) {
   std::vector<SendProgram> programs;
   for (int32_t r = 0; r < plan.world_size(); ++r)
     programs.push_back(BuildSendProgram(plan, r, RoundsOptions()));
-  int64_t round_pieces = 0;
+  int64_t round_pieces = 0, packed_round_pieces = 0;
   for (int32_t p = 0; p < plan.world_size(); ++p) {
     absl::StatusOr<LandingRounds> rounds = PlanLandingRounds(plan, programs[p], direct, 1 << 20);
     ASSERT_TRUE(rounds.ok()) << rounds.status();
@@ -96,8 +96,8 @@ void ExpectRoundTablesAgree(const char* spec, RoundMode mode) {
       }
       EXPECT_EQ(k, it->second->piece_end);
     }
-    // Network pieces only, never relayed or local ones. kAll: the plain ones (packed streams
-    // keep the landing area); kStrided: those of more than one run, packed streams included.
+    // Network pieces only, never relayed or local ones, packed streams included; kStrided: only
+    // those of more than one run.
     for (uint32_t slot = 0; slot < programs[p].received.size(); ++slot) {
       const plan::Transfer& t = plan.transfers()[programs[p].received[slot]];
       const plan::Region& region = plan.region(t.region);
@@ -105,16 +105,16 @@ void ExpectRoundTablesAgree(const char* spec, RoundMode mode) {
       const bool packed = programs[p].landing_offset[slot] >= 0;
       if (rounds->sender_of_slot[slot] < 0) {
         EXPECT_TRUE(t.from_rank == p || t.after >= 0 || region.bytes == 0 ||
-                    (mode == RoundMode::kAll && packed) ||
                     (mode == RoundMode::kStrided && !strided))
             << "slot " << slot << " of rank " << p;
       } else {
-        EXPECT_TRUE(t.from_rank != p && t.after < 0 &&
-                    (mode == RoundMode::kAll ? !packed : strided));
+        EXPECT_TRUE(t.from_rank != p && t.after < 0 && (mode == RoundMode::kAll || strided));
       }
+      packed_round_pieces += packed && rounds->sender_of_slot[slot] >= 0 ? 1 : 0;
     }
   }
   EXPECT_GT(round_pieces, 0);
+  EXPECT_GT(packed_round_pieces, 0);
 }
 
 TEST(LandingRounds, ReceiverAndSendersAgreePieceByPiece) {
@@ -161,12 +161,12 @@ TEST(LandingRounds, RegisteredDestinationsTakeOnlyStridedPiecesInRounds) {
   absl::StatusOr<LandingRounds> strided =
       PlanLandingRounds(plan, program, AllDirect(plan, RoundMode::kStrided), 1 << 20);
   ASSERT_TRUE(all.ok() && strided.ok());
-  // Each of the two senders: "v" (32 rows of 2 KiB) in both, "e" (8 rows of 160 bytes, one run)
-  // only in the first, the packed "w" (32 rows of 64 bytes) only in the second.
+  // Each of the two senders: "v" (32 rows of 2 KiB) and the packed "w" (32 rows of 64 bytes) in
+  // both, "e" (8 rows of 160 bytes, one run) only in the first.
   ASSERT_EQ(strided->senders.size(), 2u);
   for (size_t i = 0; i < 2; ++i) {
     EXPECT_EQ(strided->senders[i].total, 64 * 1024 * 4 / 4 + 32 * 64);
-    EXPECT_EQ(all->senders[i].total, 64 * 1024 * 4 / 4 + 8 * 40 * 4);
+    EXPECT_EQ(all->senders[i].total, 64 * 1024 * 4 / 4 + 32 * 64 + 8 * 40 * 4);
   }
 }
 
@@ -277,6 +277,74 @@ TEST(LandingRounds, RoundScattersPutEveryByteWhereTheExecutorDoes) {
     }
     EXPECT_EQ(static_cast<int32_t>(scatters->batches.size()), batches);
     EXPECT_EQ(ours, expected) << "rank " << p;
+  }
+}
+
+// Compacting the landing area: each receiver lays it out again without its round pieces'
+// packed streams, each sender its block the same way from the receiver's modes, and the two
+// agree stream by stream. Two packed tensors, one into a direct destination (its streams go in
+// rounds) and one into a host destination (its streams stay, closing up), in both orders.
+TEST(LandingRounds, CompactedLandingAreasAgreeBetweenSendersAndReceivers) {
+  constexpr char kTwoPacked[] = R"json({"tensors": [
+    {"name": "w", "dtype": "bf16", "shape": [64, 64],
+     "src": {"mesh": [0, 1], "placements": ["S(0)"]}, "dst": {"mesh": [2, 3], "placements": ["S(1)"]}},
+    {"name": "x", "dtype": "bf16", "shape": [64, 96],
+     "src": {"mesh": [0, 1], "placements": ["S(0)"]}, "dst": {"mesh": [2, 3], "placements": ["S(1)"]}},
+    {"name": "y", "dtype": "bf16", "shape": [32, 64],
+     "src": {"mesh": [0, 1], "placements": ["S(0)"]}, "dst": {"mesh": [2, 3], "placements": ["S(1)"]}}]})json";
+  const plan::Plan plan = MakeRoundsPlan(kTwoPacked);
+  for (const char* direct : {"w", "x", "y"}) {
+    std::vector<RoundMode> modes(plan.buffers().size(), RoundMode::kNone);
+    for (size_t b = 0; b < modes.size(); ++b) {
+      if (plan.buffers()[b].side == plan::Side::kDst && plan.buffers()[b].name == direct) {
+        modes[b] = RoundMode::kAll;
+      }
+    }
+    for (int32_t p = 2; p < plan.world_size(); ++p) {
+      SendProgram receiver = BuildSendProgram(plan, p, RoundsOptions());
+      const int64_t before = receiver.landing_bytes;
+      absl::StatusOr<LandingRounds> rounds = PlanLandingRounds(plan, receiver, modes, 1 << 20);
+      ASSERT_TRUE(rounds.ok()) << rounds.status();
+      CompactLandingArea(*rounds, &receiver);
+      int64_t kept = 0;
+      for (const LandingBlock& b : receiver.landing_blocks) {
+        EXPECT_EQ(b.offset, kept);
+        kept += b.bytes;
+      }
+      EXPECT_EQ(receiver.landing_bytes, kept);
+      EXPECT_LT(receiver.landing_bytes, before) << direct << " -> rank " << p;
+      EXPECT_GT(receiver.landing_bytes, 0) << direct << " -> rank " << p;
+      for (int32_t s = 0; s < 2; ++s) {
+        SendProgram sender = BuildSendProgram(plan, s, RoundsOptions());
+        int64_t total = 0;
+        const std::vector<int64_t> bases = RoundStreamBases(plan, sender, p, modes, &total);
+        CompactLandingBlock(p, bases, &sender);
+        const LandingBlock* block = nullptr;
+        for (const LandingBlock& b : receiver.landing_blocks) {
+          if (b.rank == s) block = &b;
+        }
+        ASSERT_NE(block, nullptr);
+        int64_t packed_to = 0;
+        for (const LandingBlock& b : sender.packed_to) {
+          if (b.rank == p) packed_to = b.bytes;
+        }
+        EXPECT_EQ(packed_to, block->bytes);
+        for (uint32_t i = sender.peer_begin[p]; i < sender.peer_begin[p + 1]; ++i) {
+          const SendDesc& d = sender.descs[i];
+          const int64_t slot = receiver.Slot(d.id);
+          ASSERT_GE(slot, 0);
+          if (bases[i] >= 0) {
+            EXPECT_EQ(d.landing_offset, -1);
+            EXPECT_EQ(receiver.landing_offset[slot], -1);
+          } else {
+            ASSERT_TRUE(d.packed);
+            EXPECT_EQ(receiver.landing_offset[slot], block->offset + d.landing_offset)
+                << "tensor " << plan.spec().tensors[plan.transfers()[d.transfer].tensor].name;
+            EXPECT_LE(d.landing_offset + d.bytes, block->bytes);
+          }
+        }
+      }
+    }
   }
 }
 
