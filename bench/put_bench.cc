@@ -21,8 +21,9 @@
 // on the host (cuda::EmulateDevicesOnHost, a test facility), so the staging protocol runs on the
 // CPU: sources through the staging ring (its batches packed on the host by the kernels'
 // arithmetic), destinations through the landing rounds of --landing-bytes
-// (RefitEngineOptions::stage_landing_bytes, default 256 MiB), each round's "device copy" a
-// memcpy. It measures the protocol's cost (batches, rounds, flushes, grants), not a GPU's.
+// (RefitEngineOptions::stage_landing_bytes, default 256 MiB), each round scattered to the
+// "device" by the scatter kernel's host twin. It measures the protocol's cost (batches, rounds,
+// flushes, grants), not a GPU's.
 // --emulate-registered: the same emulated devices standing for a CUDA-aware UCX (every buffer
 // registered): the strided pieces through the device ring and the receivers' device round
 // areas, each ring part one put per round (docs/data-plane.md, "Registered device memory").

@@ -63,6 +63,19 @@ static void DeviceFreePinned(void* ptr) {
   if (ptr != nullptr) cudaFreeHost(ptr);
 }
 
+static absl::StatusOr<void*> DeviceAllocMappedPinned(size_t bytes, void** device) {
+  void* ptr = nullptr;
+  cudaError_t err =
+      cudaHostAlloc(&ptr, bytes == 0 ? 1 : bytes, cudaHostAllocPortable | cudaHostAllocMapped);
+  if (err != cudaSuccess) return CudaError(err, "cudaHostAlloc(mapped)");
+  err = cudaHostGetDevicePointer(device, ptr, 0);
+  if (err != cudaSuccess) {
+    cudaFreeHost(ptr);
+    return CudaError(err, "cudaHostGetDevicePointer");
+  }
+  return ptr;
+}
+
 static absl::StatusOr<void*> DeviceAllocDevice(size_t bytes) {
   void* ptr = nullptr;
   const cudaError_t err = cudaMalloc(&ptr, bytes == 0 ? 1 : bytes);
@@ -189,6 +202,7 @@ static int DeviceCount(std::string* why) {
   return 0;
 }
 static absl::StatusOr<void*> DeviceAllocPinned(size_t) { return NoCuda(); }
+static absl::StatusOr<void*> DeviceAllocMappedPinned(size_t, void**) { return NoCuda(); }
 static void DeviceFreePinned(void*) {}
 static absl::StatusOr<void*> DeviceAllocDevice(size_t) { return NoCuda(); }
 static void DeviceFreeDevice(void*) {}
@@ -230,6 +244,13 @@ static absl::StatusOr<void*> HostAlloc(size_t bytes, const char* call) {
 
 absl::StatusOr<void*> AllocPinned(size_t bytes) {
   return DevicesEmulatedOnHost() ? HostAlloc(bytes, "AllocPinned") : DeviceAllocPinned(bytes);
+}
+
+absl::StatusOr<void*> AllocMappedPinned(size_t bytes, void** device) {
+  if (!DevicesEmulatedOnHost()) return DeviceAllocMappedPinned(bytes, device);
+  RESHARD_ASSIGN_OR_RETURN(void* ptr, HostAlloc(bytes, "AllocMappedPinned"));
+  *device = ptr;
+  return ptr;
 }
 
 void FreePinned(void* ptr) { DevicesEmulatedOnHost() ? std::free(ptr) : DeviceFreePinned(ptr); }

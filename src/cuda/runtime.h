@@ -53,6 +53,10 @@ int CudaDeviceCount(std::string* why = nullptr);
 
 // Page-locked host memory (cudaHostAlloc); FailedPrecondition without CUDA.
 [[nodiscard]] absl::StatusOr<void*> AllocPinned(size_t bytes);
+// The same, mapped into the current device's address space (cudaHostAllocMapped): `*device`
+// receives the address kernels read and write it at (cudaHostGetDevicePointer; the same host
+// memory while devices are emulated). Freed with FreePinned.
+[[nodiscard]] absl::StatusOr<void*> AllocMappedPinned(size_t bytes, void** device);
 void FreePinned(void* ptr);
 // Device memory on the current device (cudaMalloc; calloc while devices are emulated);
 // FailedPrecondition without CUDA, ResourceExhausted or Internal naming the call otherwise.

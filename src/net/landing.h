@@ -89,6 +89,8 @@ class Landing {
   // epoch: landed pieces from staged destinations' host copies, and what was copied into direct
   // ones (from the landing areas, data messages and local copies).
   int64_t staged_to_device() const { return staged_to_device_; }
+  // `bytes` more moved into direct destinations by the engine itself (a landing round's scatter).
+  void CountStagedToDevice(int64_t bytes) { staged_to_device_ += bytes; }
   // Delta pieces applied with at least one segment as a delta (not all plain) in this epoch.
   int64_t deltas_applied() const { return deltas_applied_; }
   // The codec that applies delta streams to device buffers the engine writes directly (not

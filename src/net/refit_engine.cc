@@ -255,11 +255,12 @@ class RefitEngine::Impl final : public MessageSink, public LinkOwner {
   std::vector<int32_t> round_next_, round_early_;
   std::vector<uint32_t> round_drain_piece_, round_land_piece_;
   std::vector<int64_t> round_base_;
-  // Kernels on the copy queue (InitQueuedKernels; null: none). A round area in device memory
-  // (CUDA-aware UCX): each round is scattered by one pack-kernel launch (PlanRoundScatters;
-  // batch round_scatters_first_[i] + r, empty: per-slab copies), into destination buffers
-  // addressed from round_scatter_base_. Local copies between two device buffers: one
-  // strided-copy launch each (by descriptor, its copy batch, or -1: one copy per run).
+  // Kernels on the copy queue (InitQueuedKernels; null: none). Landing rounds: each round is
+  // scattered by one pack-kernel launch (PlanRoundScatters; batch round_scatters_first_[i] + r,
+  // empty: per-slab copies) from the round area (device memory, or the pinned area through its
+  // mapping) into destination buffers addressed from round_scatter_base_. Local copies between two
+  // device buffers: one strided-copy launch each (by descriptor, its copy batch, or -1: one copy
+  // per run).
   std::unique_ptr<cuda::QueuedKernels> kernels_;
   std::vector<int32_t> round_scatters_first_;
   uint8_t* round_scatter_base_ = nullptr;
@@ -624,7 +625,7 @@ absl::Status RefitEngine::Impl::InitQueuedKernels() {
     return absl::OkStatus();
   }
   RoundScatters scatters;
-  if (!rounds_.empty() && memory_->round_on_device()) {
+  if (!rounds_.empty()) {
     // Every buffer a round piece lands in, addressed from the lowest of them.
     std::vector<bool> into(memory_->size(), false);
     for (const RoundPiece& piece : rounds_.pieces) {
@@ -1694,13 +1695,15 @@ absl::Status RefitEngine::Impl::DrainRound(int32_t i, int32_t r) {
     // One launch scatters every piece's bytes in the round.
     absl::Status launched =
         kernels_->Unpack(*copy_queue_, static_cast<size_t>(round_scatters_first_[i] + r),
-                         memory_->round_area(), round_scatter_base_);
+                         memory_->round_device(), round_scatter_base_);
     if (!launched.ok()) {
       return absl::Status(launched.code(),
                           absl::StrFormat("rank %d: scattering landing round %d from rank %d: %s",
                                           rank_, r, s.rank, launched.message()));
     }
     stats_.stage_round_scatters++;
+    // A pinned area's rounds are bytes of direct destinations moved to the device.
+    if (!memory_->round_on_device()) landing_->CountStagedToDevice(end - begin);
   } else {
     // Each piece's bytes in the round, copied to the device from where they landed.
     for (uint32_t p = round_drain_piece_[i]; p < s.piece_end; ++p) {

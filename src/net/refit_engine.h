@@ -199,8 +199,9 @@ struct RefitStats {
   int64_t stage_landing_bytes = 0;
   int64_t stage_landing_rounds = 0;
   int64_t bytes_ring_packed = 0;
-  // Rounds of a device round area (CUDA-aware UCX) scattered by one pack-kernel launch each
-  // (the others: one copy per slab); and local pieces copied between device buffers by one
+  // Landing rounds (a pinned area read through its mapping, or a device round area with a
+  // CUDA-aware UCX) scattered by one pack-kernel launch each (without the kernels: one copy
+  // per slab); and local pieces copied between device buffers by one
   // strided-copy launch each (the others: one copy per run).
   int64_t stage_round_scatters = 0;
   int64_t local_copy_launches = 0;

@@ -132,16 +132,19 @@ absl::StatusOr<std::unique_ptr<RegisteredMemory>> RegisteredMemory::Create(
                                UCS_MEMORY_TYPE_HOST));
   }
   if (round_bytes > 0) {
-    // The landing rounds' area (src/net/landing_rounds.h): pinned, so its halves move to the
-    // device on the copy queue without a bounce; device memory when UCX registers it (the
-    // strided pieces of registered CUDA destinations land there, then move device to device).
+    // The landing rounds' area (src/net/landing_rounds.h): pinned and mapped, so that its
+    // rounds are scattered to the device without a bounce (by a kernel reading it through the
+    // mapping, or the copy engines); device memory when UCX registers it (the strided pieces of
+    // registered CUDA destinations land there, then move device to device).
     m->round_on_device_ = runtime.supports_cuda_memory();
     const size_t bytes = static_cast<size_t>(round_bytes);
+    void* device = nullptr;
     absl::StatusOr<void*> area =
-        m->round_on_device_ ? cuda::AllocDevice(bytes) : cuda::AllocPinned(bytes);
+        m->round_on_device_ ? cuda::AllocDevice(bytes) : cuda::AllocMappedPinned(bytes, &device);
     absl::Status failed = area.status();
     if (failed.ok()) {
       m->round_area_ = *area;
+      m->round_device_ = m->round_on_device_ ? *area : device;
       absl::StatusOr<std::unique_ptr<ucx::MemoryRegion>> region = ucx::MemoryRegion::Map(
           context, m->round_area_, bytes,
           m->round_on_device_ ? runtime.cuda_memory_type() : UCS_MEMORY_TYPE_HOST);

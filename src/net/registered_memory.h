@@ -84,6 +84,8 @@ class RegisteredMemory {
   uint32_t round_id() const { return static_cast<uint32_t>(buffers_.size()) + 1; }
   // The round area is device memory (UCX registers CUDA memory) rather than pinned host memory.
   bool round_on_device() const { return round_on_device_; }
+  // Where kernels read the round area: itself on the device, or the pinned area's mapping.
+  const uint8_t* round_device() const { return static_cast<const uint8_t*>(round_device_); }
   // Ids of remote keys a peer's record may hold: the buffers, the landing area, the round area.
   uint32_t remote_ids() const { return static_cast<uint32_t>(buffers_.size()) + 2; }
 
@@ -127,6 +129,7 @@ class RegisteredMemory {
   std::unique_ptr<ucx::MemoryRegion> landing_region_;
   void* round_area_ = nullptr;  // Pinned or device, freed in the destructor after its region.
   bool round_on_device_ = false;
+  void* round_device_ = nullptr;
   int64_t round_bytes_ = 0;
   std::unique_ptr<ucx::MemoryRegion> round_region_;
   // Declared in dependency order: the region is released before the ring's memory.

@@ -99,16 +99,16 @@ inline int DeviceWorldRank(int rank, const std::string& dir, const char* spec_js
     // by the engine, their plain pieces through the landing rounds' area (put delivery) within
     // its budget.
     if (stats.stage_copy_bytes != 0) return 22;
-    // Landing rounds: staged destinations take every piece, registered ones (a CUDA-aware UCX)
-    // every strided piece, packed streams included (both specs' pieces are strided), into
-    // device memory, each round scattered there by one kernel launch.
+    // Landing rounds: staged destinations take every piece into a pinned area, registered
+    // ones (a CUDA-aware UCX) every strided piece, packed streams included (both specs' pieces
+    // are strided), into device memory; either way each round is scattered to the destinations
+    // by one kernel launch (from the pinned area through its mapping).
     const bool puts = std::string((*engine)->delivery()) == "put";
     const bool rounds = rank >= 2 && puts;
     const bool kernels = cuda::PackKernelsBuilt() || cuda::DevicesEmulatedOnHost();
     if ((stats.stage_landing_bytes > 0) != rounds || stats.stage_landing_bytes > (256 << 20) ||
         (rounds && stats.stage_landing_rounds < 2) ||
-        stats.stage_round_scatters !=
-            (rounds && !staged && kernels ? stats.stage_landing_rounds : 0)) {
+        stats.stage_round_scatters != (rounds && kernels ? stats.stage_landing_rounds : 0)) {
       std::fprintf(stderr, "rank %d: landing area of %lld bytes, %lld rounds, %lld scattered\n",
                    rank, static_cast<long long>(stats.stage_landing_bytes),
                    static_cast<long long>(stats.stage_landing_rounds),

@@ -186,7 +186,8 @@ int Rank(int rank, const std::string& dir, const World& world) {
     // refits, which need the GPU delta encode emulated devices lack, copy them whole to host
     // copies). Every destination byte is moved to the device by the engine: a destination keeps
     // a full-size host copy only for delta streams; otherwise, with puts, its plain pieces came
-    // through the landing rounds' area (within its budget; many rounds when it is small).
+    // through the landing rounds' area (within its budget; many rounds when it is small), each
+    // round scattered to the device by one kernel launch reading the area through its mapping.
     const RefitStats& st = (*engine)->last_stats();
     const bool source = rank < 2;
     const bool ring = source && !delta;
@@ -242,15 +243,17 @@ int Rank(int rank, const std::string& dir, const World& world) {
                st.stage_ring_batches < (ring ? 2 * src_bytes / kRingBytes : 0) ||
                (st.stage_landing_bytes > 0) != rounds || st.stage_landing_bytes > budget ||
                st.stage_landing_rounds < least_rounds ||
-               (!rounds && st.stage_landing_rounds != 0)) {
-      Say(rank, absl::StrCat("epoch ", epoch, ": ", st.cuda_buffers_registered, " registered, ",
-                             st.cuda_buffers_staged, " staged, ", st.bytes_staged_to_host,
-                             " bytes to the host, ", st.bytes_staged_to_device,
-                             " to the device, copies of ", st.stage_copy_bytes, " bytes, ring ",
-                             st.stage_ring_bytes, " in ", st.stage_ring_batches, " batches, ",
-                             st.bytes_ring_packed, " bytes packed, landing area ",
-                             st.stage_landing_bytes, " bytes in ", st.stage_landing_rounds,
-                             " rounds (sources ", src_bytes, ", destinations ", dst_bytes, ")"));
+               (!rounds && st.stage_landing_rounds != 0) ||
+               st.stage_round_scatters != st.stage_landing_rounds) {
+      Say(rank,
+          absl::StrCat(
+              "epoch ", epoch, ": ", st.cuda_buffers_registered, " registered, ",
+              st.cuda_buffers_staged, " staged, ", st.bytes_staged_to_host, " bytes to the host, ",
+              st.bytes_staged_to_device, " to the device, copies of ", st.stage_copy_bytes,
+              " bytes, ring ", st.stage_ring_bytes, " in ", st.stage_ring_batches, " batches, ",
+              st.bytes_ring_packed, " bytes packed, landing area ", st.stage_landing_bytes,
+              " bytes in ", st.stage_landing_rounds, " rounds, ", st.stage_round_scatters,
+              " scattered by the kernel (sources ", src_bytes, ", destinations ", dst_bytes, ")"));
       return 18;
     }
     // (Epochs 2 and 4 change every element: those travel plain.)

@@ -247,9 +247,9 @@ struct Stats {
   // copied out of it to the device in this refit.
   int64_t stage_landing_bytes = 0;
   int64_t stage_landing_rounds = 0;
-  // Kernel launches that replace per-slab and per-run copies (docs/data-plane.md, "Registered
-  // device memory"): rounds of a device round area scattered by one launch each, and local
-  // pieces copied between two device buffers by one launch each.
+  // Kernel launches that replace per-slab and per-run copies (docs/data-plane.md): landing
+  // rounds (pinned or in device memory) scattered by one launch each, and local pieces copied
+  // between two device buffers by one launch each.
   int64_t stage_round_scatters = 0;
   int64_t local_copy_launches = 0;
   // Quantized destinations (docs/quantization.md): time this rank spent quantizing its sources
