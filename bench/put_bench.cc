@@ -27,6 +27,10 @@
 // --emulate-registered: the same emulated devices standing for a CUDA-aware UCX (every buffer
 // registered): the strided pieces through the device ring and the receivers' device round
 // areas, each ring part one put per round (docs/data-plane.md, "Registered device memory").
+// With --cuda and the emulations a third case, "rounds by slab copies", runs the first again
+// with its landing rounds copied out by the copy engines, one 2-D copy per slab, instead of one
+// scatter-kernel launch per round (RefitEngineOptions::scatter_rounds_by_kernel), so a GPU run
+// shows which of the two a round area should use (--cuda prints its ratio to cudaMemcpy too).
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -80,6 +84,9 @@ struct Case {
   std::string name;
   std::string spec;
   std::string prefix;
+  // RefitEngineOptions::scatter_rounds_by_kernel = false: landing rounds copied out slab by
+  // slab by the copy engines.
+  bool slab_copies = false;
 };
 
 std::string StridedSpec(const Flags& f) {
@@ -205,6 +212,7 @@ int Child(int rank, const Flags& flags, const std::vector<Case>& cases, int port
     if (flags.batch >= 0) options.signal_batch_bytes = flags.batch;
     if (flags.outstanding > 0) options.max_outstanding_puts = flags.outstanding;
     if (flags.landing_bytes > 0) options.stage_landing_bytes = flags.landing_bytes;
+    options.scatter_rounds_by_kernel = !c.slab_copies;
     auto engine = RefitEngine::Create(h.plan, rank, **store, *runtime, buffers, options);
     if (!engine.ok()) {
       std::fprintf(stderr, "rank %d: %s\n", rank, std::string(engine.status().message()).c_str());
@@ -382,6 +390,11 @@ int main(int argc, char** argv) {
     }
     cases[0] = {flags.spec_path, reshard::plan::SpecToJson(*spec), "bench/spec"};
   }
+  if (flags.cuda || flags.emulate) {
+    // The first case again, its landing rounds copied out by the copy engines instead of the
+    // scatter kernel: which of the two a round area should use is measured here.
+    cases.push_back({"same, rounds by slab copies", cases[0].spec, "bench/slabs", true});
+  }
   std::random_device rd;
   const std::string token = absl::StrCat("bench", rd());
   // Fork the ranks before the store server starts its thread: a child forked while another
@@ -462,6 +475,8 @@ int main(int argc, char** argv) {
     std::printf("  %-30s median %8.2f ms  (%6.2f GB/s)  strided refit / cudaMemcpy: %.2f\n",
                 "cudaMemcpy device to device", copy, copy > 0 ? bytes / (copy * 1e6) : 0.0,
                 copy > 0 ? medians[0] / copy : 0.0);
+    std::printf("  %-30s rounds by slab copies / cudaMemcpy: %.2f\n", "",
+                copy > 0 ? medians[2] / copy : 0.0);
   }
   return 0;
 }

@@ -16,6 +16,7 @@ import sys
 
 PACK_ROW = re.compile(r"^\s*(\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+(\d+)%\s+(\d+)%")
 PUT_RATIO = re.compile(r"strided refit / cudaMemcpy: ([\d.]+)")
+PUT_SLABS = re.compile(r"rounds by slab copies / cudaMemcpy: ([\d.]+)")
 SPECS = [("gpu_rows_to_cols_1gib", "1 GiB rows -> columns, 2 -> 2 ranks"),
          ("gpu_tp4_to_tp2x2_1gib", "1 GiB TP4 -> TP2 x DP2, fan-out")]
 UCX = [("system", "system UCX (staged)"), ("cuda-aware", "CUDA-aware UCX")]
@@ -55,6 +56,9 @@ def put_rows(out):
         m = PUT_RATIO.search(text or "")
         figure = ("%sx cudaMemcpy" % m.group(1)) if m else ("not run" if text is None
                                                              else "no ratio in the output")
+        slabs = PUT_SLABS.search(text or "")
+        if m and slabs:
+            figure += " (landing rounds by slab copies instead of the kernel: %sx)" % slabs.group(1)
         rows.append(("put_bench --cuda, 1 GiB rows -> columns, %s" % what, figure, "-"))
     return rows
 

@@ -625,7 +625,7 @@ absl::Status RefitEngine::Impl::InitQueuedKernels() {
     return absl::OkStatus();
   }
   RoundScatters scatters;
-  if (!rounds_.empty()) {
+  if (!rounds_.empty() && options_.scatter_rounds_by_kernel) {
     // Every buffer a round piece lands in, addressed from the lowest of them.
     std::vector<bool> into(memory_->size(), false);
     for (const RoundPiece& piece : rounds_.pieces) {

@@ -145,6 +145,12 @@ struct RefitEngineOptions {
   // kMinRoundQuota (4096): InvalidArgument otherwise; FailedPrecondition when too small for two
   // rounds of 4096 bytes per sender.
   int64_t stage_landing_bytes = int64_t{256} << 20;
+  // How a landing round moves from the round area into the destinations: one launch of the
+  // scatter kernel per round (the default wherever the kernels are built), or, false, the copy
+  // engines with one 2-D copy per slab. For measurements (put_bench --cuda times both): the
+  // kernel reads a pinned area over PCIe through its mapping, which short runs need and long
+  // runs may not.
+  bool scatter_rounds_by_kernel = true;
 };
 
 // Figures of the last epoch on this rank.

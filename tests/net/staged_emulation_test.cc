@@ -61,6 +61,9 @@ struct World {
   uint64_t abort_epoch = 0;
   // The emulated devices stand for a CUDA-aware UCX: every buffer is registered, none staged.
   bool registered = false;
+  // Landing rounds copied out by the copy engines, one 2-D copy per slab, instead of one
+  // scatter-kernel launch each (RefitEngineOptions::scatter_rounds_by_kernel = false).
+  bool slab_copies = false;
 };
 
 // A rank's plan of `spec_json` and its buffers: host memory marked CUDA (the devices emulated,
@@ -136,6 +139,7 @@ int Rank(int rank, const std::string& dir, const World& world) {
   options.delivery = world.delivery;
   options.delta = delta;
   if (world.landing_bytes > 0) options.stage_landing_bytes = world.landing_bytes;
+  options.scatter_rounds_by_kernel = !world.slab_copies;
   // A staging ring far smaller than the sources: many batches, every slot reused.
   options.stage_ring_bytes = kRingBytes;
   const bool puts = world.delivery == RefitEngineOptions::Delivery::kPut;
@@ -221,7 +225,7 @@ int Rank(int rank, const std::string& dir, const World& world) {
                      st.stage_landing_bytes == 0 && st.puts <= (v_bytes + w_bytes) / put_bytes + 1
                : st.stage_ring_bytes == 0 && st.stage_landing_bytes > 0 &&
                      st.stage_landing_bytes <= budget && st.stage_landing_rounds >= least_rounds &&
-                     st.stage_round_scatters == st.stage_landing_rounds);
+                     st.stage_round_scatters == (world.slab_copies ? 0 : st.stage_landing_rounds));
       if (!ok) {
         Say(rank,
             absl::StrCat("epoch ", epoch, ": ", st.cuda_buffers_registered, " registered, ",
@@ -244,7 +248,7 @@ int Rank(int rank, const std::string& dir, const World& world) {
                (st.stage_landing_bytes > 0) != rounds || st.stage_landing_bytes > budget ||
                st.stage_landing_rounds < least_rounds ||
                (!rounds && st.stage_landing_rounds != 0) ||
-               st.stage_round_scatters != st.stage_landing_rounds) {
+               st.stage_round_scatters != (world.slab_copies ? 0 : st.stage_landing_rounds)) {
       Say(rank,
           absl::StrCat(
               "epoch ", epoch, ": ", st.cuda_buffers_registered, " registered, ",
@@ -290,6 +294,13 @@ TEST(StagedEmulation, PutDeliveryThroughASmallLandingAreaInManyRoundsByteExact) 
   RunWorld(World{kPut, false, 64 << 10}, "staged-put-rounds");
 }
 
+// The same with every round copied out slab by slab instead of by the scatter kernel.
+TEST(StagedEmulation, PutDeliveryThroughASmallLandingAreaBySlabCopiesByteExact) {
+  World world{kPut, false, 64 << 10};
+  world.slab_copies = true;
+  RunWorld(world, "staged-put-slabs");
+}
+
 TEST(StagedEmulation, AnEpochAbortedInTheMiddleOfItsRoundsIsFollowedByByteExactRefits) {
   RunWorld(World{kPut, false, 64 << 10, /*abort_epoch=*/2}, "staged-put-abort");
 }
@@ -311,6 +322,12 @@ TEST(StagedEmulation, RegisteredDeviceMemoryThroughASmallRoundAreaByteExact) {
   World world{kPut, false, 64 << 10};
   world.registered = true;
   RunWorld(world, "registered-put-rounds");
+}
+
+TEST(StagedEmulation, RegisteredDeviceMemoryThroughASmallRoundAreaBySlabCopiesByteExact) {
+  World world{kPut, false, 64 << 10};
+  world.registered = world.slab_copies = true;
+  RunWorld(world, "registered-put-slabs");
 }
 
 TEST(StagedEmulation, RegisteredDeviceMemoryOverActiveMessagesByteExact) {
