@@ -280,8 +280,16 @@ class RefitEngine::Impl final : public MessageSink, public LinkOwner {
   int32_t ring_batches() const { return ring_.batches(); }
   bool OnRing(uint32_t desc) const { return ring_.on_ring(desc); }
   // The descriptors that read staged `ring_sources` (by buffer, chosen in Init) through the
-  // staging ring.
-  absl::StatusOr<std::vector<bool>> StagedRingDescs(const std::vector<bool>& ring_sources) const;
+  // staging ring: all but their local pieces into `direct` destinations, which one strided-copy
+  // launch moves device to device (InitQueuedKernels), and GPU-encoded delta pieces.
+  absl::StatusOr<std::vector<bool>> StagedRingDescs(const std::vector<bool>& ring_sources,
+                                                    const std::vector<bool>& direct) const;
+  // Where a kernel reads or writes buffer `id` on the device: the caller's memory for a ring
+  // source (which has no engine copy), else the engine's (registered or direct).
+  uint8_t* DeviceData(uint32_t id) const {
+    return memory_->ring_source(id) ? static_cast<uint8_t*>(memory_->buffer(id).data)
+                                    : memory_->data(id);
+  }
   // Plans the staging ring of the `selected` descriptors and creates it: pinned for staged
   // sources (before the registered memory, which then neither stages nor registers them),
   // `device_memory` for the round pieces of registered ones (after wire-up).
@@ -452,9 +460,13 @@ absl::Status RefitEngine::Impl::Init(rendezvous::Store& store, std::vector<Buffe
                          any_ring_source ? ring_sources : std::vector<bool>{}});
   RESHARD_RETURN_IF_ERROR(CheckDependencies());
   if (options_.delta) RESHARD_RETURN_IF_ERROR(InitDelta(buffers));
+  // CUDA destinations UCX cannot register: written by the engine itself, their plain pieces
+  // (put delivery) through the landing rounds' bounded area.
+  const std::vector<bool> direct = DirectDestinations(buffers, am);
   std::unique_ptr<cuda::StagingRing> ring;
   if (any_ring_source) {
-    RESHARD_ASSIGN_OR_RETURN(const std::vector<bool> selected, StagedRingDescs(ring_sources));
+    RESHARD_ASSIGN_OR_RETURN(const std::vector<bool> selected,
+                             StagedRingDescs(ring_sources, direct));
     RESHARD_RETURN_IF_ERROR(InitRing(buffers, selected, /*device_memory=*/false, &ring));
   }
   absl::Status registered = runtime_->Register(handle_, this);
@@ -463,9 +475,6 @@ absl::Status RefitEngine::Impl::Init(rendezvous::Store& store, std::vector<Buffe
                                                  options_.key_prefix, "\" for rank ", rank_,
                                                  " already exists on this runtime"));
   }
-  // CUDA destinations UCX cannot register: written by the engine itself, their plain pieces
-  // (put delivery) through the landing rounds' bounded area.
-  const std::vector<bool> direct = DirectDestinations(buffers, am);
   if (!am) {
     // And with a CUDA-aware UCX, the strided pieces of registered CUDA destinations.
     std::vector<RoundMode> modes(buffers.size(), RoundMode::kNone);
@@ -651,14 +660,14 @@ absl::Status RefitEngine::Impl::InitQueuedKernels() {
   local_copy_batch_.assign(program_.descs.size(), -1);
   for (uint32_t i = program_.peer_begin[rank_]; i < program_.peer_begin[rank_ + 1]; ++i) {
     const SendDesc& d = program_.descs[i];
-    if (OnRing(i) || d.bytes == 0 || !memory_->device(d.from_buffer) ||
+    if (OnRing(i) || d.bytes == 0 ||
+        !(memory_->device(d.from_buffer) || memory_->ring_source(d.from_buffer)) ||
         !memory_->device(d.to_buffer)) {
       continue;
     }
     const plan::Transfer& t = plan_.transfers()[d.transfer];
     cuda::CopyBatchOptions options;
-    options.from_base_align =
-        AlignmentOf(reinterpret_cast<uintptr_t>(memory_->data(d.from_buffer)));
+    options.from_base_align = AlignmentOf(reinterpret_cast<uintptr_t>(DeviceData(d.from_buffer)));
     options.to_base_align = AlignmentOf(reinterpret_cast<uintptr_t>(memory_->data(d.to_buffer)));
     absl::StatusOr<cuda::CopyBatch> batch =
         cuda::BuildCopyBatch({CopyRegionOf(plan_, plan_.region(t.region))}, options);
@@ -870,7 +879,7 @@ bool RefitEngine::Impl::DeltaGpuRunning() {
 }
 
 absl::StatusOr<std::vector<bool>> RefitEngine::Impl::StagedRingDescs(
-    const std::vector<bool>& on_ring) const {
+    const std::vector<bool>& on_ring, const std::vector<bool>& direct) const {
   // Every descriptor reading a ring source goes through the ring, except the delta pieces the
   // GPU delta encode reads from device memory itself; a host-encoded delta piece cannot read a
   // ring source (it has no host copy), which happens only when the delta kernels could not
@@ -887,6 +896,9 @@ absl::StatusOr<std::vector<bool>> RefitEngine::Impl::StagedRingDescs(
           rank_, plan_.buffers()[d.from_buffer].name,
           plan_.spec().tensors[plan_.transfers()[d.transfer].tensor].name));
     }
+    // A local piece into a direct destination stays on the device: one strided-copy launch
+    // from the caller's source (InitQueuedKernels), not a pack to pinned memory and a copy back.
+    if (d.peer == rank_ && d.to_buffer < direct.size() && direct[d.to_buffer]) continue;
     selected[i] = d.delta_elem_bytes == 0 && d.run_end > d.run_begin;
   }
   return selected;
@@ -1583,7 +1595,7 @@ void RefitEngine::Impl::RunLocalCopies() {
       local_ready_.pop_front();
       absl::Status launched =
           kernels_->Copy(*copy_queue_, static_cast<size_t>(local_copy_batch_[desc]),
-                         memory_->data(d.from_buffer), memory_->data(d.to_buffer));
+                         DeviceData(d.from_buffer), memory_->data(d.to_buffer));
       if (!launched.ok()) {
         return Fail(absl::Status(
             launched.code(),
@@ -1593,6 +1605,7 @@ void RefitEngine::Impl::RunLocalCopies() {
       }
       stats_.local_copy_launches++;
       stats_.bytes_local += d.bytes;
+      if (memory_->direct(d.to_buffer)) landing_->CountStagedToDevice(d.bytes);
       MarkLanded(d.slot, /*queued=*/true);
       continue;
     }

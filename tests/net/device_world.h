@@ -10,6 +10,7 @@
 // machine first.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <memory>
@@ -40,44 +41,68 @@ inline constexpr char kDeviceRingSpec[] = R"json({"tensors": [
   {"name": "v", "dtype": "fp32", "shape": [64, 4096],
    "src": {"mesh": [0, 1], "placements": ["S(0)"]}, "dst": {"mesh": [2, 3], "placements": ["S(1)"]}}]})json";
 
-// `ring_bytes`: RefitEngineOptions::stage_ring_bytes (0: the default).
-inline int DeviceWorldRank(int rank, const std::string& dir, const char* spec_json = kDeviceSpec,
-                           int64_t ring_bytes = 0) {
-  auto spec = plan::ParseSpecJson(spec_json);
-  auto plan = plan::BuildPlan(std::make_shared<const plan::RefitSpec>(*spec));
-  if (!plan.ok()) return 10;
-  const std::vector<int64_t> bytes = plan->BufferBytes(rank);
-  std::vector<std::vector<uint8_t>> host(bytes.size());
+// Two ranks that train and serve at once: "l" moves rows -> columns inside each rank (a
+// strided local piece of 128 rows of 256 bytes) and to the other rank (as large).
+inline constexpr char kLocalSpec[] = R"json({"tensors": [
+  {"name": "l", "dtype": "bf16", "shape": [256, 512],
+   "src": {"mesh": [0, 1], "placements": ["S(0)"]}, "dst": {"mesh": [0, 1], "placements": ["S(1)"]}}]})json";
+
+// One rank of a world of device buffers: its plan, device buffers (cuda::AllocDevice) with
+// host mirrors to fill and verify them, and its engine.
+struct DeviceRank {
+  int rank = 0;
+  std::unique_ptr<plan::Plan> plan;
+  std::vector<int64_t> bytes;
+  std::vector<std::vector<uint8_t>> host;
   std::vector<BufferView> buffers;
-  for (size_t b = 0; b < bytes.size(); ++b) {
-    host[b].assign(bytes[b], 0xA5);
-    void* device = nullptr;
-    if (bytes[b] > 0) {
-      absl::StatusOr<void*> allocated = cuda::AllocDevice(static_cast<size_t>(bytes[b]));
-      if (!allocated.ok()) return 11;
-      device = *allocated;
-    }
-    buffers.push_back(BufferView{device, bytes[b], MemoryKind::kCuda});
-  }
-  const plan::RefitSpec& s = plan->spec();
-  auto store = rendezvous::FileStore::Open(dir);
-  if (!store.ok()) return 12;
-  auto runtime = Runtime::Create();
-  if (!runtime.ok()) return 12;
-  RefitEngineOptions options;
-  if (ring_bytes > 0) options.stage_ring_bytes = ring_bytes;
-  auto engine = RefitEngine::Create(*plan, rank, **store, *runtime, buffers, options);
-  if (!engine.ok()) {
-    std::fprintf(stderr, "rank %d: %s\n", rank, std::string(engine.status().message()).c_str());
-    return 13;
-  }
-  const uint32_t tensors = static_cast<uint32_t>(s.tensors.size());
+  std::unique_ptr<rendezvous::FileStore> store;
+  std::shared_ptr<Runtime> runtime;
+  std::unique_ptr<RefitEngine> engine;
   int64_t src_bytes = 0, dst_bytes = 0;  // This rank's, all tensors.
-  for (size_t b = 0; b < bytes.size(); ++b) {
-    (plan->buffers()[b].side == plan::Side::kSrc ? src_bytes : dst_bytes) += bytes[b];
+
+  // 0, or the exit code of the step that failed.
+  int SetUp(int r, const std::string& dir, const char* spec_json,
+            const RefitEngineOptions& options) {
+    rank = r;
+    auto spec = plan::ParseSpecJson(spec_json);
+    if (!spec.ok()) return 10;
+    auto built = plan::BuildPlan(std::make_shared<const plan::RefitSpec>(*spec));
+    if (!built.ok()) return 10;
+    plan = std::make_unique<plan::Plan>(*std::move(built));
+    bytes = plan->BufferBytes(rank);
+    host.resize(bytes.size());
+    for (size_t b = 0; b < bytes.size(); ++b) {
+      host[b].assign(bytes[b], 0xA5);
+      void* device = nullptr;
+      if (bytes[b] > 0) {
+        absl::StatusOr<void*> allocated = cuda::AllocDevice(static_cast<size_t>(bytes[b]));
+        if (!allocated.ok()) return 11;
+        device = *allocated;
+      }
+      buffers.push_back(BufferView{device, bytes[b], MemoryKind::kCuda});
+      (plan->buffers()[b].side == plan::Side::kSrc ? src_bytes : dst_bytes) += bytes[b];
+    }
+    auto opened = rendezvous::FileStore::Open(dir);
+    if (!opened.ok()) return 12;
+    store = *std::move(opened);
+    auto created = Runtime::Create();
+    if (!created.ok()) return 12;
+    runtime = *std::move(created);
+    auto made = RefitEngine::Create(*plan, rank, *store, runtime, buffers, options);
+    if (!made.ok()) {
+      std::fprintf(stderr, "rank %d: %s\n", rank, std::string(made.status().message()).c_str());
+      return 13;
+    }
+    engine = *std::move(made);
+    return 0;
   }
-  for (uint64_t epoch = 1; epoch <= 3; ++epoch) {
-    for (uint32_t t = 0; t < tensors; ++t) {
+
+  uint32_t tensors() const { return static_cast<uint32_t>(plan->spec().tensors.size()); }
+
+  // This rank's source tiles of `epoch`, copied to the device.
+  int FillSources(uint64_t epoch) {
+    const plan::RefitSpec& s = plan->spec();
+    for (uint32_t t = 0; t < tensors(); ++t) {
       const uint32_t b = plan->buffer_of(t, plan::Side::kSrc);
       if (bytes[b] == 0) continue;
       std::fill(host[b].begin(), host[b].end(), 0xA5);
@@ -86,11 +111,45 @@ inline int DeviceWorldRank(int rank, const std::string& dir, const char* spec_js
       });
       if (!cuda::CudaCopy(buffers[b].data, host[b].data(), bytes[b]).ok()) return 14;
     }
-    if (!(*engine)->Execute(absl::Now() + absl::Seconds(20)).ok()) return 15;
+    return 0;
+  }
+
+  // Every destination element of `epoch`, read back from the device.
+  int VerifyDestinations(uint64_t epoch) {
+    const plan::RefitSpec& s = plan->spec();
+    for (uint32_t t = 0; t < tensors(); ++t) {
+      const uint32_t dst = plan->buffer_of(t, plan::Side::kDst);
+      if (bytes[dst] == 0) continue;
+      if (!cuda::CudaCopy(host[dst].data(), buffers[dst].data, bytes[dst]).ok()) return 16;
+      absl::Status st;
+      plan::ForEachTile(s, t, plan::Side::kDst, [&](int32_t r, const plan::Box& box) {
+        if (r == rank && st.ok()) st = plan::VerifyTile(s, t, box, epoch, rank, host[dst].data());
+      });
+      if (!st.ok()) {
+        std::fprintf(stderr, "rank %d: %s\n", rank, std::string(st.message()).c_str());
+        return 17;
+      }
+    }
+    return 0;
+  }
+};
+
+// `ring_bytes`: RefitEngineOptions::stage_ring_bytes (0: the default).
+inline int DeviceWorldRank(int rank, const std::string& dir, const char* spec_json = kDeviceSpec,
+                           int64_t ring_bytes = 0) {
+  DeviceRank d;
+  RefitEngineOptions options;
+  if (ring_bytes > 0) options.stage_ring_bytes = ring_bytes;
+  if (int failed = d.SetUp(rank, dir, spec_json, options); failed != 0) return failed;
+  const uint32_t tensors = d.tensors();
+  const int64_t src_bytes = d.src_bytes, dst_bytes = d.dst_bytes;
+  for (uint64_t epoch = 1; epoch <= 3; ++epoch) {
+    if (int failed = d.FillSources(epoch); failed != 0) return failed;
+    if (!d.engine->Execute(absl::Now() + absl::Seconds(20)).ok()) return 15;
     // Each rank uses CUDA buffers of one side (sources or destinations), registered or staged;
     // staged, every refit packs each source piece into the staging ring, or copies every landed
     // byte to the device.
-    const RefitStats& stats = (*engine)->last_stats();
+    const RefitStats& stats = d.engine->last_stats();
     const bool staged = stats.cuda_buffers_staged > 0;
     if (stats.cuda_buffers_registered + stats.cuda_buffers_staged != tensors) return 18;
     if (stats.bytes_staged_to_host != (staged && rank < 2 ? src_bytes : 0)) return 19;
@@ -103,7 +162,7 @@ inline int DeviceWorldRank(int rank, const std::string& dir, const char* spec_js
     // ones (a CUDA-aware UCX) every strided piece, packed streams included (both specs' pieces
     // are strided), into device memory; either way each round is scattered to the destinations
     // by one kernel launch (from the pinned area through its mapping).
-    const bool puts = std::string((*engine)->delivery()) == "put";
+    const bool puts = std::string(d.engine->delivery()) == "put";
     const bool rounds = rank >= 2 && puts;
     const bool kernels = cuda::PackKernelsBuilt() || cuda::DevicesEmulatedOnHost();
     if ((stats.stage_landing_bytes > 0) != rounds || stats.stage_landing_bytes > (256 << 20) ||
@@ -130,21 +189,47 @@ inline int DeviceWorldRank(int rank, const std::string& dir, const char* spec_js
                    static_cast<long long>(stats.bytes_ring_packed));
       return 21;
     }
-    for (uint32_t t = 0; t < tensors; ++t) {
-      const uint32_t dst = plan->buffer_of(t, plan::Side::kDst);
-      if (bytes[dst] == 0) continue;
-      if (!cuda::CudaCopy(host[dst].data(), buffers[dst].data, bytes[dst]).ok()) return 16;
-      absl::Status st;
-      plan::ForEachTile(s, t, plan::Side::kDst, [&](int32_t r, const plan::Box& box) {
-        if (r == rank && st.ok()) st = plan::VerifyTile(s, t, box, epoch, rank, host[dst].data());
-      });
-      if (!st.ok()) {
-        std::fprintf(stderr, "rank %d: %s\n", rank, std::string(st.message()).c_str());
-        return 17;
-      }
-    }
+    if (int failed = d.VerifyDestinations(epoch); failed != 0) return failed;
   }
-  (void)(*engine)->Shutdown(absl::Now() + absl::Seconds(10));
+  (void)d.engine->Shutdown(absl::Now() + absl::Seconds(10));
+  return 0;
+}
+
+// A rank of kLocalSpec's two: its local piece between two device buffers is one strided-copy
+// launch, registered (a CUDA-aware UCX) and staged alike; staged, only the piece to the other
+// rank is packed into the staging ring, and both pieces count as moved to the device.
+inline int LocalWorldRank(int rank, const std::string& dir) {
+  DeviceRank d;
+  RefitEngineOptions options;
+  if (int failed = d.SetUp(rank, dir, kLocalSpec, options); failed != 0) return failed;
+  const int64_t local = 256 * 512 * 2 / 4;
+  for (uint64_t epoch = 1; epoch <= 3; ++epoch) {
+    if (int failed = d.FillSources(epoch); failed != 0) return failed;
+    absl::Status done = d.engine->Execute(absl::Now() + absl::Seconds(20));
+    if (!done.ok()) {
+      std::fprintf(stderr, "rank %d: %s\n", rank, std::string(done.message()).c_str());
+      return 15;
+    }
+    const RefitStats& st = d.engine->last_stats();
+    const bool staged = st.cuda_buffers_staged > 0;
+    const bool kernels = cuda::PackKernelsBuilt() || cuda::DevicesEmulatedOnHost();
+    const bool puts = std::string(d.engine->delivery()) == "put";
+    if (st.bytes_local != local || st.local_copy_launches != (kernels ? 1 : 0) ||
+        st.bytes_ring_packed != (kernels && (staged || puts) ? local : 0) ||
+        st.bytes_staged_to_device != (staged ? 2 * local : 0)) {
+      std::fprintf(stderr,
+                   "rank %d: epoch %llu: %lld local bytes in %lld launches, %lld bytes packed "
+                   "into the ring, %lld moved to the device\n",
+                   rank, static_cast<unsigned long long>(epoch),
+                   static_cast<long long>(st.bytes_local),
+                   static_cast<long long>(st.local_copy_launches),
+                   static_cast<long long>(st.bytes_ring_packed),
+                   static_cast<long long>(st.bytes_staged_to_device));
+      return 18;
+    }
+    if (int failed = d.VerifyDestinations(epoch); failed != 0) return failed;
+  }
+  (void)d.engine->Shutdown(absl::Now() + absl::Seconds(10));
   return 0;
 }
 

@@ -153,6 +153,20 @@ TEST(GpuStaging, StagingRingRowsToColumnsInManyBatchesByteExact) {
   for (int r = 0; r < 4; ++r) EXPECT_EQ(codes[r], 0) << "rank " << r;
 }
 
+// Two ranks that train and serve at once: each one's strided local piece is one strided-copy
+// launch between its device buffers, registered or staged (device_world::LocalWorldRank).
+TEST(GpuStaging, LocalPiecesCopyInOneLaunchByteExact) {
+  std::string why;
+  if (testing::ProbeCudaDevices(&why) == 0) GTEST_SKIP() << "no usable GPU: " << why;
+  std::random_device rd;
+  const std::string dir =
+      absl::StrCat(::testing::TempDir(), "/reshard-gpu-local-", getpid(), "-", rd());
+  std::map<int32_t, int> codes = testing::ForkRanks(
+      testing::Ranks(2), [&](int32_t r) { return device_world::LocalWorldRank(r, dir); },
+      testing::SharedMemoryUcx(absl::Seconds(120)));
+  for (int r = 0; r < 2; ++r) EXPECT_EQ(codes[r], 0) << "rank " << r;
+}
+
 TEST(GpuStaging, DeltaRefitsOfDeviceBuffersByteExact) {
   std::string why;
   if (testing::ProbeCudaDevices(&why) == 0) GTEST_SKIP() << "no usable GPU: " << why;

@@ -336,59 +336,19 @@ TEST(StagedEmulation, RegisteredDeviceMemoryOverActiveMessagesByteExact) {
   RunWorld(world, "registered-am");
 }
 
-// Ranks that are trainers and inference ranks at once: "l" moves rows -> columns inside each of
-// two ranks (a strided local piece, and one to the other rank). With registered device memory
-// the local piece is one strided-copy launch on the copy queue (emulated: run late, at the
-// event's first poll) instead of one copy per run; staged, it goes through the staging ring.
-constexpr char kLocalSpec[] = R"json({"tensors": [
-  {"name": "l", "dtype": "bf16", "shape": [256, 512],
-   "src": {"mesh": [0, 1], "placements": ["S(0)"]}, "dst": {"mesh": [0, 1], "placements": ["S(1)"]}}]})json";
-
-int LocalRank(int rank, const std::string& dir, bool registered) {
-  EmulatedRank e;
-  if (int failed = SetUpEmulatedRank(rank, dir, kLocalSpec, registered, &e); failed != 0) {
-    return failed;
-  }
-  const plan::Plan* plan = e.plan.get();
-  const plan::RefitSpec& s = plan->spec();
-  std::vector<std::vector<uint8_t>>& memory = e.memory;
-  RefitEngineOptions options;
-  options.stage_ring_bytes = kRingBytes;
-  auto engine = RefitEngine::Create(*plan, rank, *e.store, e.runtime, e.buffers, options);
-  if (!engine.ok()) {
-    Say(rank, std::string(engine.status().message()));
-    return 13;
-  }
-  const uint32_t src = plan->buffer_of(0, plan::Side::kSrc);
-  for (uint64_t epoch = 1; epoch <= 3; ++epoch) {
-    plan::ForEachTile(s, 0, plan::Side::kSrc, [&](int32_t r, const plan::Box& box) {
-      if (r == rank) plan::FillTile(s, 0, plan::Side::kSrc, box, epoch, memory[src].data());
-    });
-    absl::Status done = (*engine)->Execute(absl::Now() + absl::Seconds(30));
-    if (!done.ok()) {
-      Say(rank, absl::StrCat("epoch ", epoch, ": ", done.message()));
-      return 15;
-    }
-    const RefitStats& st = (*engine)->last_stats();
-    // A quarter of the tensor is this rank's local piece: 128 rows of 256 bytes.
-    const int64_t local = 256 * 512 * 2 / 4;
-    if (st.bytes_local != local || st.local_copy_launches != (registered ? 1 : 0) ||
-        (!registered && st.bytes_ring_packed < local)) {
-      Say(rank, absl::StrCat("epoch ", epoch, ": ", st.bytes_local, " local bytes in ",
-                             st.local_copy_launches, " launches, ", st.bytes_ring_packed,
-                             " bytes packed into the ring"));
-      return 18;
-    }
-    if (int failed = VerifyAndPoison(e, rank, 0, epoch, epoch); failed != 0) return failed;
-  }
-  (void)(*engine)->Shutdown(absl::Now() + absl::Seconds(10));
-  return 0;
-}
-
+// Ranks that are trainers and inference ranks at once (device_world::kLocalSpec): the local
+// piece is one strided-copy launch on the copy queue (emulated: run late, at the event's first
+// poll) instead of one copy per run, with registered device memory and staged alike: a staged
+// rank packs only the piece to the other rank into its staging ring, and the local one never
+// leaves the device. GpuStaging runs the same ranks on a GPU.
 void RunLocalWorld(bool registered, const std::string& tag) {
   const std::string dir = testing::ScratchDir(tag);
   std::map<int32_t, int> codes = testing::ForkRanks(
-      testing::Ranks(2), [&](int32_t r) { return LocalRank(r, dir, registered); },
+      testing::Ranks(2),
+      [&](int32_t r) {
+        cuda::EmulateDevicesOnHost(true, registered);
+        return device_world::LocalWorldRank(r, dir);
+      },
       testing::SharedMemoryUcx(absl::Seconds(90)));
   for (int r = 0; r < 2; ++r) EXPECT_EQ(codes[r], 0) << "rank " << r;
 }
@@ -397,7 +357,7 @@ TEST(StagedEmulation, RegisteredDeviceMemoryCopiesALocalPieceInOneLaunchByteExac
   RunLocalWorld(/*registered=*/true, "registered-local");
 }
 
-TEST(StagedEmulation, StagedLocalPiecesGoThroughTheRingByteExact) {
+TEST(StagedEmulation, StagedLocalPiecesCopyInOneLaunchByteExact) {
   RunLocalWorld(/*registered=*/false, "staged-local");
 }
 
