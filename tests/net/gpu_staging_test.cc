@@ -12,6 +12,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <random>
 #include <string>
 #include <vector>
@@ -125,59 +126,42 @@ int DeltaRank(int rank, const std::string& dir) {
   return 0;
 }
 
-TEST(GpuStaging, DeviceBuffersRefitByteExact) {
-  // Probed in a child: the CUDA runtime must not be initialised before the ranks fork.
+// Runs `rank_main(rank, dir)` in `ranks` forked ranks over UCX shared memory, each expected to
+// exit 0; skips the test without a usable GPU (probed in a child: the CUDA runtime must not be
+// initialised before the ranks fork).
+void RunOnGpu(int ranks, const std::string& tag,
+              const std::function<int(int32_t, const std::string&)>& rank_main) {
   std::string why;
   if (testing::ProbeCudaDevices(&why) == 0) GTEST_SKIP() << "no usable GPU: " << why;
   std::random_device rd;
-  const std::string dir = absl::StrCat(::testing::TempDir(), "/reshard-gpu-", getpid(), "-", rd());
+  const std::string dir =
+      absl::StrCat(::testing::TempDir(), "/reshard-gpu-", tag, "-", getpid(), "-", rd());
   std::map<int32_t, int> codes = testing::ForkRanks(
-      testing::Ranks(4), [&](int32_t r) { return DeviceWorldRank(r, dir); },
+      testing::Ranks(ranks), [&](int32_t r) { return rank_main(r, dir); },
       testing::SharedMemoryUcx(absl::Seconds(120)));
-  for (int r = 0; r < 4; ++r) EXPECT_EQ(codes[r], 0) << "rank " << r;
+  for (int r = 0; r < ranks; ++r) EXPECT_EQ(codes[r], 0) << "rank " << r;
+}
+
+TEST(GpuStaging, DeviceBuffersRefitByteExact) {
+  RunOnGpu(4, "world", [](int32_t r, const std::string& dir) { return DeviceWorldRank(r, dir); });
 }
 
 // A staged refit whose staging ring (64 KiB: two slots of 32 KiB, runs cut at 32 KiB) is far
 // smaller than the 512 KiB each source sends: many batches, every slot reused several times per
 // refit, packed streams and plain runs both read from the ring; byte-exact over three refits.
 TEST(GpuStaging, StagingRingRowsToColumnsInManyBatchesByteExact) {
-  std::string why;
-  if (testing::ProbeCudaDevices(&why) == 0) GTEST_SKIP() << "no usable GPU: " << why;
-  std::random_device rd;
-  const std::string dir =
-      absl::StrCat(::testing::TempDir(), "/reshard-gpu-ring-", getpid(), "-", rd());
-  std::map<int32_t, int> codes = testing::ForkRanks(
-      testing::Ranks(4),
-      [&](int32_t r) { return DeviceWorldRank(r, dir, kDeviceRingSpec, int64_t{64} << 10); },
-      testing::SharedMemoryUcx(absl::Seconds(120)));
-  for (int r = 0; r < 4; ++r) EXPECT_EQ(codes[r], 0) << "rank " << r;
+  RunOnGpu(4, "ring", [](int32_t r, const std::string& dir) {
+    return DeviceWorldRank(r, dir, kDeviceRingSpec, int64_t{64} << 10);
+  });
 }
 
 // Two ranks that train and serve at once: each one's strided local piece is one strided-copy
 // launch between its device buffers, registered or staged (device_world::LocalWorldRank).
 TEST(GpuStaging, LocalPiecesCopyInOneLaunchByteExact) {
-  std::string why;
-  if (testing::ProbeCudaDevices(&why) == 0) GTEST_SKIP() << "no usable GPU: " << why;
-  std::random_device rd;
-  const std::string dir =
-      absl::StrCat(::testing::TempDir(), "/reshard-gpu-local-", getpid(), "-", rd());
-  std::map<int32_t, int> codes = testing::ForkRanks(
-      testing::Ranks(2), [&](int32_t r) { return device_world::LocalWorldRank(r, dir); },
-      testing::SharedMemoryUcx(absl::Seconds(120)));
-  for (int r = 0; r < 2; ++r) EXPECT_EQ(codes[r], 0) << "rank " << r;
+  RunOnGpu(2, "local", device_world::LocalWorldRank);
 }
 
-TEST(GpuStaging, DeltaRefitsOfDeviceBuffersByteExact) {
-  std::string why;
-  if (testing::ProbeCudaDevices(&why) == 0) GTEST_SKIP() << "no usable GPU: " << why;
-  std::random_device rd;
-  const std::string dir =
-      absl::StrCat(::testing::TempDir(), "/reshard-gpu-delta-", getpid(), "-", rd());
-  std::map<int32_t, int> codes = testing::ForkRanks(
-      testing::Ranks(4), [&](int32_t r) { return DeltaRank(r, dir); },
-      testing::SharedMemoryUcx(absl::Seconds(120)));
-  for (int r = 0; r < 4; ++r) EXPECT_EQ(codes[r], 0) << "rank " << r;
-}
+TEST(GpuStaging, DeltaRefitsOfDeviceBuffersByteExact) { RunOnGpu(4, "delta", DeltaRank); }
 
 }  // namespace
 }  // namespace reshard::net
