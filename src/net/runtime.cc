@@ -3,8 +3,10 @@
 #include <algorithm>
 #include <array>
 #include <cstring>
+#include <string>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "src/common/status.h"
 
 namespace reshard::net {
@@ -65,6 +67,17 @@ ucs_status_t Runtime::OnMessage(void* arg, const void* header, size_t header_len
   return UCS_OK;
 }
 
+namespace {
+
+// The abort reason for a message its named peer should never send: the engine shows it as the
+// peer's own ("peer rank 2 sent a malformed completion signal (protocol error)"), once Origin
+// has checked that it came from that peer.
+std::string Malformed(const wire::AmHeader& h, absl::string_view what) {
+  return absl::StrCat("rank ", h.from_rank, " sent ", what, " (protocol error)");
+}
+
+}  // namespace
+
 void Runtime::Dispatch(unsigned id, const void* header, size_t header_length, const void* data,
                        size_t length, bool rendezvous, ucp_ep_h from) {
   if (header == nullptr) return;
@@ -82,7 +95,7 @@ void Runtime::Dispatch(unsigned id, const void* header, size_t header_length, co
     MessageSink* sink = Find(h.base.handle);
     if (sink == nullptr) return;  // A handle that is gone: stale message.
     if (rendezvous) {
-      sink->OnAbort(h.base, "received a rendezvous data message (protocol error)", from);
+      sink->OnAbort(h.base, Malformed(h.base, "a rendezvous data message"), from);
     } else {
       sink->OnData(h, data, length, from);
     }
@@ -96,7 +109,7 @@ void Runtime::Dispatch(unsigned id, const void* header, size_t header_length, co
   if (sink == nullptr) return;  // A handle that is gone: stale message.
   if (rendezvous) {
     // Messages are sent eager; a rendezvous one is a protocol error.
-    sink->OnAbort(h, "received a rendezvous control message (protocol error)", from);
+    sink->OnAbort(h, Malformed(h, "a rendezvous control message"), from);
     return;
   }
   switch (id) {
@@ -113,7 +126,7 @@ void Runtime::Dispatch(unsigned id, const void* header, size_t header_length, co
     case wire::kRoundGrantAm: {
       uint64_t round = 0;
       if (length != sizeof(round) || data == nullptr) {
-        sink->OnAbort(h, "received a malformed landing round message (protocol error)", from);
+        sink->OnAbort(h, Malformed(h, "a malformed landing round message"), from);
         return;
       }
       std::memcpy(&round, data, sizeof(round));
@@ -126,7 +139,7 @@ void Runtime::Dispatch(unsigned id, const void* header, size_t header_length, co
       const size_t count = length / sizeof(uint32_t);
       if (count > indices.size() || length % sizeof(uint32_t) != 0 ||
           (count > 0 && data == nullptr)) {
-        sink->OnAbort(h, "received a malformed completion signal (protocol error)", from);
+        sink->OnAbort(h, Malformed(h, "a malformed completion signal"), from);
         return;
       }
       if (count > 0) std::memcpy(indices.data(), data, count * sizeof(uint32_t));

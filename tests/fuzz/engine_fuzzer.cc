@@ -2,18 +2,22 @@
 // decoder of incoming active messages, and the RefitEngine handlers behind it: grant, hello,
 // completion, data, abort) with messages injected into a live refit.
 //
-// Set-up (LLVMFuzzerInitialize, once): two worlds of 4 ranks over one small plan (fp32 [64, 48]
+// Set-up (LLVMFuzzerInitialize, once): three worlds of 4 ranks over one small plan (fp32 [64, 48]
 // rows -> columns and bf16 [16, 32] back, both travelling packed, the second into a destination
 // view with holes; fp32 [64, 128] rows -> replicated, unpacked). World 0 delivers by active
 // messages (the receiver writes what data messages say), world 1 by puts (the receiver unpacks
-// what completion signals name). Every rank has its own net::Runtime (its own UCX worker, over
+// what completion signals name). World 2 delivers by puts into CUDA buffers that UCX cannot
+// register, with devices emulated on the host (cuda::EmulateDevicesOnHost): sources through an
+// 8 KiB staging ring, every piece into a destination through 16 KiB of landing rounds (rounds
+// of 4 KiB, several per sender), each round drained when its landing round message (id 16)
+// arrives and granted back (id 17). Every rank has its own net::Runtime (its own UCX worker, over
 // shared memory: UCX_TLS=self,posix,sysv,cma and UCX_NET_DEVICES=all, set here) and is created
 // on its own thread over a FileStore in a fresh private temporary directory (removed once the
 // engines are wired up); then this thread drives all of them. Every buffer lies between guard
 // zones.
 //
-// Input: byte 0 picks the world (bit 0) and the victim rank (bits 1-2); then up to 16 messages
-// to the victim, each:
+// Input: byte 0 picks the world (bit 0; bit 3 set: world 2) and the victim rank (bits 1-2);
+// then up to 16 messages to the victim, each:
 //   control byte c: id c & 7 (grant, completion, abort, data, hello, a raw id byte follows,
 //     data, completion); origin (c >> 3) & 3: the named rank's own endpoint (a legitimate,
 //     possibly buggy peer), the victim's endpoint to another peer, null, or an endpoint of
@@ -27,7 +31,9 @@
 //     and to_offset (u16, 2^64 - u16, raw u64, or the transfer's region offset).
 //   payload: a length byte (x 8 bytes, or >= 0xe0: u16 follows; 0xff: the data pointer is
 //     null), then the bytes: completion indices (each a byte naming a transfer of the plan, or
-//     raw u32), an abort reason from the input, or a fill byte.
+//     raw u32), an abort reason from the input, a landing round's number when the message is
+//     one (ids 16 and 17) of 8 bytes (a byte: round byte % 8, or >= 0xf0: raw u64), or a fill
+//     byte.
 // Missing input bytes read as 0. Each input: every rank fills its sources and poisons its
 // destinations, Starts a new epoch, the messages are dispatched to the victim through
 // victim_runtime->Dispatch while all ranks progress round robin, until every rank is out of the
@@ -72,6 +78,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "src/cuda/runtime.h"
 #include "src/net/refit_engine.h"
 #include "src/net/runtime.h"
 #include "src/net/wire.h"
@@ -164,7 +171,7 @@ struct Harness {
   plan::Plan plan;
   std::vector<std::vector<int64_t>> bytes;  // By rank, by buffer.
   Masks masks;
-  std::array<World, 2> worlds;
+  std::array<World, 3> worlds;
 };
 
 Harness* harness = nullptr;
@@ -248,6 +255,9 @@ void BuildWorld(World& world) {
   }
 }
 
+// World 2 must stage what it should (one clean epoch; defined after RunEpoch).
+void CheckRoundsWorld();
+
 void Init() {
   // Shared memory between the workers of this process (DESIGN §5: name the transports).
   setenv("UCX_TLS", "self,posix,sysv,cma", 1);
@@ -277,22 +287,32 @@ void Init() {
                    static_cast<long long>(region.run_bytes));
     }
   }
+  // World 2's "device" buffers are host memory (worlds 0 and 1 use host buffers, which the
+  // emulation leaves alone).
+  cuda::EmulateDevicesOnHost(true, /*ucx_registers_them=*/false);
   for (size_t w = 0; w < h.worlds.size(); ++w) {
     World& world = h.worlds[w];
     world.options.delivery =
         w == 0 ? RefitEngineOptions::Delivery::kActiveMessage : RefitEngineOptions::Delivery::kPut;
     world.options.setup_timeout = absl::Seconds(30);
+    const bool device = w == 2;
+    if (device) {
+      world.options.stage_ring_bytes = 8 << 10;
+      world.options.stage_landing_bytes = 16 << 10;
+    }
     for (int32_t r = 0; r < kWorld; ++r) {
       Rank& rank = world.ranks[r];
       for (int64_t n : h.bytes[r]) {
         std::vector<uint8_t>& m = rank.memory.emplace_back(kGuard + n + kGuard, kGuardByte);
-        rank.views.push_back(BufferView{n > 0 ? m.data() + kGuard : nullptr, n, MemoryKind::kHost});
+        rank.views.push_back(BufferView{n > 0 ? m.data() + kGuard : nullptr, n,
+                                        device ? MemoryKind::kCuda : MemoryKind::kHost});
       }
     }
     BuildWorld(world);
     const std::string expected = w == 0 ? "am" : "put";
     if (world.ranks[0].engine->delivery() != expected) SetupFailed("delivery not honoured");
   }
+  CheckRoundsWorld();
 }
 
 // Source tiles hold `epoch`'s fill; destination buffers are poisoned.
@@ -456,6 +476,11 @@ Message Decode(Reader& in, const World& world, int32_t victim) {
       const uint32_t index = PickTransfer(in);
       std::memcpy(m.payload.data() + i, &index, sizeof(index));
     }
+  } else if ((m.id == wire::kRoundAm || m.id == wire::kRoundGrantAm) && length == 8) {
+    const uint8_t r = in.Byte();
+    const uint64_t round = r >= 0xf0 ? in.Raw<uint64_t>() : r % 8;
+    m.payload.resize(sizeof(round));
+    std::memcpy(m.payload.data(), &round, sizeof(round));
   } else if (m.id == wire::kAbortAm) {
     length = std::min<size_t>(length, 2 * wire::kMaxAbortReasonBytes);
     m.payload.resize(length);
@@ -699,10 +724,27 @@ bool RunEpoch(World& world, int32_t victim, const std::vector<Message>& messages
   return true;
 }
 
+void CheckRoundsWorld() {
+  World& world = harness->worlds[2];
+  Injection clean;
+  if (!RunEpoch(world, 0, {}, &clean, "world 2's first epoch")) {
+    SetupFailed("world 2's first epoch failed");
+  }
+  for (int32_t r = 0; r < kWorld; ++r) {
+    const RefitStats& st = world.ranks[r].engine->last_stats();
+    if (st.cuda_buffers_staged == 0 || st.stage_landing_rounds < 2 || st.stage_ring_batches < 1) {
+      SetupFailed(absl::StrCat("world 2, rank ", r, ": ", st.cuda_buffers_staged,
+                               " CUDA buffers staged, ", st.stage_landing_rounds,
+                               " landing rounds, ", st.stage_ring_batches,
+                               " ring batches: not the staging world it should be"));
+    }
+  }
+}
+
 void RunInput(const uint8_t* data, size_t size) {
   Reader in(data, size);
   const uint8_t setup = in.Byte();
-  World& world = harness->worlds[setup & 1];
+  World& world = harness->worlds[(setup & 8) != 0 ? 2 : setup & 1];
   const int32_t victim = (setup >> 1) & 3;
   std::vector<Message> messages;
   while (!in.empty() && messages.size() < kMaxMessages) {
