@@ -387,6 +387,7 @@ absl::Status Landing::Gather(const SendDesc& d, int64_t begin, int64_t end, uint
 }
 
 absl::Status Landing::CopyLocal(const SendDesc& d) {
+  if (d.run_begin == d.run_end) return absl::OkStatus();  // An empty piece reads nothing.
   RESHARD_CHECK(!memory_.ring_source(d.from_buffer));  // See Gather.
   const bool device = memory_.device(d.from_buffer) || memory_.device(d.to_buffer);
   const uint8_t* from = memory_.data(d.from_buffer);

@@ -460,8 +460,9 @@ absl::Status RefitEngine::Impl::Init(rendezvous::Store& store, std::vector<Buffe
                          any_ring_source ? ring_sources : std::vector<bool>{}});
   RESHARD_RETURN_IF_ERROR(CheckDependencies());
   if (options_.delta) RESHARD_RETURN_IF_ERROR(InitDelta(buffers));
-  // CUDA destinations UCX cannot register: written by the engine itself, their plain pieces
-  // (put delivery) through the landing rounds' bounded area.
+  // CUDA destinations UCX cannot register: written by the engine itself, the pieces other
+  // ranks put into them through the landing rounds' bounded area, local pieces from staged
+  // sources by one kernel launch each (so those stay off the staging ring).
   const std::vector<bool> direct = DirectDestinations(buffers, am);
   std::unique_ptr<cuda::StagingRing> ring;
   if (any_ring_source) {
