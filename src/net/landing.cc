@@ -401,6 +401,31 @@ absl::Status Landing::CopyLocal(const SendDesc& d) {
   return absl::OkStatus();
 }
 
+absl::Status Landing::CopyLocalToDevice(const SendDesc& d) {
+  RESHARD_CHECK(copy_queue_ != nullptr && memory_.device(d.to_buffer));
+  const plan::Transfer& t = plan_.transfers()[d.transfer];
+  const plan::Region& region = plan_.region(t.region);
+  const uint8_t* from = memory_.data(d.from_buffer);
+  uint8_t* to = memory_.data(d.to_buffer);
+  absl::Status status;
+  plan::ForEachSlab(region, plan_.region_dims(region), 0, region.bytes,
+                    [&](int64_t from_off, int64_t to_off, int64_t width, int64_t rows,
+                        int64_t from_pitch, int64_t to_pitch) {
+                      if (status.ok()) {
+                        status = copy_queue_->Copy2D(to + to_off, to_pitch, from + from_off,
+                                                     from_pitch, width, rows);
+                      }
+                    });
+  if (!status.ok()) {
+    return absl::Status(
+        status.code(),
+        absl::StrCat("rank ", program_.rank, ": the local copy of tensor \"",
+                     plan_.spec().tensors[t.tensor].name, "\" to the device: ", status.message()));
+  }
+  if (memory_.direct(d.to_buffer)) staged_to_device_ += d.bytes;
+  return absl::OkStatus();
+}
+
 absl::Status Landing::CopyLocal(const SendDesc& d, uint32_t run_begin, uint32_t run_end,
                                 const uint8_t* stream) {
   uint8_t* to = memory_.data(d.to_buffer);

@@ -211,6 +211,9 @@ struct RefitStats {
   // strided-copy launch each (the others: one copy per run).
   int64_t stage_round_scatters = 0;
   int64_t local_copy_launches = 0;
+  // Local pieces from host memory into device memory copied slab by slab on the copy queue
+  // (the others with host memory on one side: one synchronous copy per run).
+  int64_t local_slab_copies = 0;
 };
 
 class RefitEngine {

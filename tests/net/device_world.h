@@ -48,7 +48,8 @@ inline constexpr char kLocalSpec[] = R"json({"tensors": [
    "src": {"mesh": [0, 1], "placements": ["S(0)"]}, "dst": {"mesh": [0, 1], "placements": ["S(1)"]}}]})json";
 
 // One rank of a world of device buffers: its plan, device buffers (cuda::AllocDevice) with
-// host mirrors to fill and verify them, and its engine.
+// host mirrors to fill and verify them (with `host_sources`, the source buffers are the host
+// mirrors themselves, host memory), and its engine.
 struct DeviceRank {
   int rank = 0;
   std::unique_ptr<plan::Plan> plan;
@@ -61,8 +62,8 @@ struct DeviceRank {
   int64_t src_bytes = 0, dst_bytes = 0;  // This rank's, all tensors.
 
   // 0, or the exit code of the step that failed.
-  int SetUp(int r, const std::string& dir, const char* spec_json,
-            const RefitEngineOptions& options) {
+  int SetUp(int r, const std::string& dir, const char* spec_json, const RefitEngineOptions& options,
+            bool host_sources = false) {
     rank = r;
     auto spec = plan::ParseSpecJson(spec_json);
     if (!spec.ok()) return 10;
@@ -73,6 +74,13 @@ struct DeviceRank {
     host.resize(bytes.size());
     for (size_t b = 0; b < bytes.size(); ++b) {
       host[b].assign(bytes[b], 0xA5);
+      const bool source = plan->buffers()[b].side == plan::Side::kSrc;
+      if (host_sources && source) {
+        buffers.push_back(
+            BufferView{bytes[b] > 0 ? host[b].data() : nullptr, bytes[b], MemoryKind::kHost});
+        src_bytes += bytes[b];
+        continue;
+      }
       void* device = nullptr;
       if (bytes[b] > 0) {
         absl::StatusOr<void*> allocated = cuda::AllocDevice(static_cast<size_t>(bytes[b]));
@@ -109,7 +117,10 @@ struct DeviceRank {
       plan::ForEachTile(s, t, plan::Side::kSrc, [&](int32_t r, const plan::Box& box) {
         if (r == rank) plan::FillTile(s, t, plan::Side::kSrc, box, epoch, host[b].data());
       });
-      if (!cuda::CudaCopy(buffers[b].data, host[b].data(), bytes[b]).ok()) return 14;
+      if (buffers[b].kind == MemoryKind::kCuda &&
+          !cuda::CudaCopy(buffers[b].data, host[b].data(), bytes[b]).ok()) {
+        return 14;
+      }
     }
     return 0;
   }
@@ -197,11 +208,15 @@ inline int DeviceWorldRank(int rank, const std::string& dir, const char* spec_js
 
 // A rank of kLocalSpec's two: its local piece between two device buffers is one strided-copy
 // launch, registered (a CUDA-aware UCX) and staged alike; staged, only the piece to the other
-// rank is packed into the staging ring, and both pieces count as moved to the device.
-inline int LocalWorldRank(int rank, const std::string& dir) {
+// rank is packed into the staging ring, and both pieces count as moved to the device. With
+// `host_sources` (host memory, device destinations) the local piece is copied slab by slab on
+// the copy queue, and nothing goes through a staging ring.
+inline int LocalWorldRank(int rank, const std::string& dir, bool host_sources = false) {
   DeviceRank d;
   RefitEngineOptions options;
-  if (int failed = d.SetUp(rank, dir, kLocalSpec, options); failed != 0) return failed;
+  if (int failed = d.SetUp(rank, dir, kLocalSpec, options, host_sources); failed != 0) {
+    return failed;
+  }
   const int64_t local = 256 * 512 * 2 / 4;
   for (uint64_t epoch = 1; epoch <= 3; ++epoch) {
     if (int failed = d.FillSources(epoch); failed != 0) return failed;
@@ -214,15 +229,18 @@ inline int LocalWorldRank(int rank, const std::string& dir) {
     const bool staged = st.cuda_buffers_staged > 0;
     const bool kernels = cuda::PackKernelsBuilt() || cuda::DevicesEmulatedOnHost();
     const bool puts = std::string(d.engine->delivery()) == "put";
-    if (st.bytes_local != local || st.local_copy_launches != (kernels ? 1 : 0) ||
-        st.bytes_ring_packed != (kernels && (staged || puts) ? local : 0) ||
+    const bool launch = kernels && !host_sources;
+    if (st.bytes_local != local || st.local_copy_launches != (launch ? 1 : 0) ||
+        st.local_slab_copies != (host_sources ? 1 : 0) ||
+        st.bytes_ring_packed != (launch && (staged || puts) ? local : 0) ||
         st.bytes_staged_to_device != (staged ? 2 * local : 0)) {
       std::fprintf(stderr,
-                   "rank %d: epoch %llu: %lld local bytes in %lld launches, %lld bytes packed "
-                   "into the ring, %lld moved to the device\n",
+                   "rank %d: epoch %llu: %lld local bytes in %lld launches and %lld slab-copied "
+                   "pieces, %lld bytes packed into the ring, %lld moved to the device\n",
                    rank, static_cast<unsigned long long>(epoch),
                    static_cast<long long>(st.bytes_local),
                    static_cast<long long>(st.local_copy_launches),
+                   static_cast<long long>(st.local_slab_copies),
                    static_cast<long long>(st.bytes_ring_packed),
                    static_cast<long long>(st.bytes_staged_to_device));
       return 18;

@@ -158,7 +158,16 @@ TEST(GpuStaging, StagingRingRowsToColumnsInManyBatchesByteExact) {
 // Two ranks that train and serve at once: each one's strided local piece is one strided-copy
 // launch between its device buffers, registered or staged (device_world::LocalWorldRank).
 TEST(GpuStaging, LocalPiecesCopyInOneLaunchByteExact) {
-  RunOnGpu(2, "local", device_world::LocalWorldRank);
+  RunOnGpu(2, "local",
+           [](int32_t r, const std::string& dir) { return device_world::LocalWorldRank(r, dir); });
+}
+
+// The same ranks with their sources in host memory: each local piece slab by slab on the copy
+// queue into the device destination.
+TEST(GpuStaging, LocalPiecesFromHostMemoryCopySlabBySlabByteExact) {
+  RunOnGpu(2, "local-host", [](int32_t r, const std::string& dir) {
+    return device_world::LocalWorldRank(r, dir, /*host_sources=*/true);
+  });
 }
 
 TEST(GpuStaging, DeltaRefitsOfDeviceBuffersByteExact) { RunOnGpu(4, "delta", DeltaRank); }

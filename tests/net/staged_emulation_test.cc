@@ -341,13 +341,13 @@ TEST(StagedEmulation, RegisteredDeviceMemoryOverActiveMessagesByteExact) {
 // poll) instead of one copy per run, with registered device memory and staged alike: a staged
 // rank packs only the piece to the other rank into its staging ring, and the local one never
 // leaves the device. GpuStaging runs the same ranks on a GPU.
-void RunLocalWorld(bool registered, const std::string& tag) {
+void RunLocalWorld(bool registered, const std::string& tag, bool host_sources = false) {
   const std::string dir = testing::ScratchDir(tag);
   std::map<int32_t, int> codes = testing::ForkRanks(
       testing::Ranks(2),
       [&](int32_t r) {
         cuda::EmulateDevicesOnHost(true, registered);
-        return device_world::LocalWorldRank(r, dir);
+        return device_world::LocalWorldRank(r, dir, host_sources);
       },
       testing::SharedMemoryUcx(absl::Seconds(90)));
   for (int r = 0; r < 2; ++r) EXPECT_EQ(codes[r], 0) << "rank " << r;
@@ -355,6 +355,12 @@ void RunLocalWorld(bool registered, const std::string& tag) {
 
 TEST(StagedEmulation, RegisteredDeviceMemoryCopiesALocalPieceInOneLaunchByteExact) {
   RunLocalWorld(/*registered=*/true, "registered-local");
+}
+
+// Host sources into device destinations: the local piece slab by slab on the copy queue.
+TEST(StagedEmulation, LocalPiecesFromHostMemoryCopySlabBySlabByteExact) {
+  RunLocalWorld(/*registered=*/false, "staged-local-host", /*host_sources=*/true);
+  RunLocalWorld(/*registered=*/true, "registered-local-host", /*host_sources=*/true);
 }
 
 TEST(StagedEmulation, StagedLocalPiecesCopyInOneLaunchByteExact) {
