@@ -386,23 +386,11 @@ absl::Status Landing::Gather(const SendDesc& d, int64_t begin, int64_t end, uint
   return status;
 }
 
-absl::Status Landing::CopyLocal(const SendDesc& d) {
-  if (d.run_begin == d.run_end) return absl::OkStatus();  // An empty piece reads nothing.
+absl::StatusOr<bool> Landing::CopyLocal(const SendDesc& d) {
+  if (d.run_begin == d.run_end) return false;          // An empty piece reads nothing.
   RESHARD_CHECK(!memory_.ring_source(d.from_buffer));  // See Gather.
   const bool device = memory_.device(d.from_buffer) || memory_.device(d.to_buffer);
-  const uint8_t* from = memory_.data(d.from_buffer);
-  uint8_t* to = memory_.data(d.to_buffer);
-  for (uint32_t i = d.run_begin; i < d.run_end; ++i) {
-    const SendRun& run = program_.runs[i];
-    RESHARD_RETURN_IF_ERROR(
-        Copy(to + run.remote_offset, from + run.local_offset, run.bytes, device));
-  }
-  if (memory_.direct(d.to_buffer)) staged_to_device_ += d.bytes;
-  return absl::OkStatus();
-}
-
-absl::Status Landing::CopyLocalToDevice(const SendDesc& d) {
-  RESHARD_CHECK(copy_queue_ != nullptr && memory_.device(d.to_buffer));
+  const bool queued = device && copy_queue_ != nullptr;
   const plan::Transfer& t = plan_.transfers()[d.transfer];
   const plan::Region& region = plan_.region(t.region);
   const uint8_t* from = memory_.data(d.from_buffer);
@@ -411,19 +399,19 @@ absl::Status Landing::CopyLocalToDevice(const SendDesc& d) {
   plan::ForEachSlab(region, plan_.region_dims(region), 0, region.bytes,
                     [&](int64_t from_off, int64_t to_off, int64_t width, int64_t rows,
                         int64_t from_pitch, int64_t to_pitch) {
-                      if (status.ok()) {
-                        status = copy_queue_->Copy2D(to + to_off, to_pitch, from + from_off,
-                                                     from_pitch, width, rows);
-                      }
+                      if (!status.ok()) return;
+                      status = queued ? copy_queue_->Copy2D(to + to_off, to_pitch, from + from_off,
+                                                            from_pitch, width, rows)
+                                      : CopySlab(to + to_off, to_pitch, from + from_off, from_pitch,
+                                                 width, rows, device);
                     });
   if (!status.ok()) {
     return absl::Status(
-        status.code(),
-        absl::StrCat("rank ", program_.rank, ": the local copy of tensor \"",
-                     plan_.spec().tensors[t.tensor].name, "\" to the device: ", status.message()));
+        status.code(), absl::StrCat("rank ", program_.rank, ": the local copy of tensor \"",
+                                    plan_.spec().tensors[t.tensor].name, "\": ", status.message()));
   }
   if (memory_.direct(d.to_buffer)) staged_to_device_ += d.bytes;
-  return absl::OkStatus();
+  return queued;
 }
 
 absl::Status Landing::CopyLocal(const SendDesc& d, uint32_t run_begin, uint32_t run_end,

@@ -102,12 +102,11 @@ class Landing {
   // [begin, end) of its packed stream into `to`.
   [[nodiscard]] absl::Status Gather(const SendDesc& desc);
   [[nodiscard]] absl::Status Gather(const SendDesc& desc, int64_t begin, int64_t end, uint8_t* to);
-  // A local copy (desc.peer == this rank).
-  [[nodiscard]] absl::Status CopyLocal(const SendDesc& desc);
-  // The same from host memory into device memory the engine writes (registered or direct), on
-  // the copy queue: one 2-D copy per slab (plan::ForEachSlab), not one synchronous copy per
-  // run; the piece has landed once an event recorded after them completed.
-  [[nodiscard]] absl::Status CopyLocalToDevice(const SendDesc& desc);
+  // A local copy (desc.peer == this rank), one 2-D copy per slab (plan::ForEachSlab), not one
+  // per run. True when device memory is on either side and a copy queue exists: the copies are
+  // queued there, and the piece has landed once an event recorded after them completed; false
+  // when they are done.
+  [[nodiscard]] absl::StatusOr<bool> CopyLocal(const SendDesc& desc);
   // Runs [run_begin, run_end) of local copy `desc`, read one after another from `stream` (host
   // memory: the part of the piece the staging ring packed) instead of its source buffer.
   [[nodiscard]] absl::Status CopyLocal(const SendDesc& desc, uint32_t run_begin, uint32_t run_end,

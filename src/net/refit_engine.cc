@@ -1586,21 +1586,18 @@ void RefitEngine::Impl::RunLocalCopies() {
                                                                                               : -1;
       }
       local_ready_.pop_front();
-    } else if (copy_queue_ != nullptr && d.bytes > 0 && memory_->device(d.to_buffer) &&
-               memory_->buffer(d.from_buffer).kind == MemoryKind::kHost) {
-      // Host memory into device memory: slab by slab on the copy queue; the piece lands when
-      // the event after the copies completed.
-      local_ready_.pop_front();
-      absl::Status copied = landing_->CopyLocalToDevice(d);
-      if (!copied.ok()) return Fail(copied);
-      stats_.local_slab_copies++;
-      stats_.bytes_local += d.bytes;
-      MarkLanded(d.slot, /*queued=*/true);
-      continue;
     } else if (local_copy_batch_.empty() || local_copy_batch_[desc] < 0) {
       local_ready_.pop_front();
-      absl::Status copied = landing_->CopyLocal(d);
-      if (!copied.ok()) return Fail(copied);
+      absl::StatusOr<bool> queued = landing_->CopyLocal(d);
+      if (!queued.ok()) return Fail(queued.status());
+      if (*queued) {
+        // Device memory on one side: slab by slab on the copy queue; the piece lands when the
+        // event after the copies completed.
+        stats_.local_slab_copies++;
+        stats_.bytes_local += d.bytes;
+        MarkLanded(d.slot, /*queued=*/true);
+        continue;
+      }
     } else {
       // Between two device buffers: one launch on the copy queue; the piece lands when the
       // event after it completed.

@@ -211,8 +211,8 @@ struct RefitStats {
   // strided-copy launch each (the others: one copy per run).
   int64_t stage_round_scatters = 0;
   int64_t local_copy_launches = 0;
-  // Local pieces from host memory into device memory copied slab by slab on the copy queue
-  // (the others with host memory on one side: one synchronous copy per run).
+  // Local pieces with device memory on one side (or both, without the kernels) copied slab by
+  // slab on the copy queue.
   int64_t local_slab_copies = 0;
 };
 

@@ -48,8 +48,10 @@ inline constexpr char kLocalSpec[] = R"json({"tensors": [
    "src": {"mesh": [0, 1], "placements": ["S(0)"]}, "dst": {"mesh": [0, 1], "placements": ["S(1)"]}}]})json";
 
 // One rank of a world of device buffers: its plan, device buffers (cuda::AllocDevice) with
-// host mirrors to fill and verify them (with `host_sources`, the source buffers are the host
-// mirrors themselves, host memory), and its engine.
+// host mirrors to fill and verify them (the buffers of the `host_side`, if any, are the host
+// mirrors themselves: host memory), and its engine.
+enum class HostSide { kNone, kSources, kDestinations };
+
 struct DeviceRank {
   int rank = 0;
   std::unique_ptr<plan::Plan> plan;
@@ -63,7 +65,7 @@ struct DeviceRank {
 
   // 0, or the exit code of the step that failed.
   int SetUp(int r, const std::string& dir, const char* spec_json, const RefitEngineOptions& options,
-            bool host_sources = false) {
+            HostSide host_side = HostSide::kNone) {
     rank = r;
     auto spec = plan::ParseSpecJson(spec_json);
     if (!spec.ok()) return 10;
@@ -75,10 +77,10 @@ struct DeviceRank {
     for (size_t b = 0; b < bytes.size(); ++b) {
       host[b].assign(bytes[b], 0xA5);
       const bool source = plan->buffers()[b].side == plan::Side::kSrc;
-      if (host_sources && source) {
+      if (host_side == (source ? HostSide::kSources : HostSide::kDestinations)) {
         buffers.push_back(
             BufferView{bytes[b] > 0 ? host[b].data() : nullptr, bytes[b], MemoryKind::kHost});
-        src_bytes += bytes[b];
+        (source ? src_bytes : dst_bytes) += bytes[b];
         continue;
       }
       void* device = nullptr;
@@ -131,7 +133,10 @@ struct DeviceRank {
     for (uint32_t t = 0; t < tensors(); ++t) {
       const uint32_t dst = plan->buffer_of(t, plan::Side::kDst);
       if (bytes[dst] == 0) continue;
-      if (!cuda::CudaCopy(host[dst].data(), buffers[dst].data, bytes[dst]).ok()) return 16;
+      if (buffers[dst].kind == MemoryKind::kCuda &&
+          !cuda::CudaCopy(host[dst].data(), buffers[dst].data, bytes[dst]).ok()) {
+        return 16;
+      }
       absl::Status st;
       plan::ForEachTile(s, t, plan::Side::kDst, [&](int32_t r, const plan::Box& box) {
         if (r == rank && st.ok()) st = plan::VerifyTile(s, t, box, epoch, rank, host[dst].data());
@@ -209,12 +214,12 @@ inline int DeviceWorldRank(int rank, const std::string& dir, const char* spec_js
 // A rank of kLocalSpec's two: its local piece between two device buffers is one strided-copy
 // launch, registered (a CUDA-aware UCX) and staged alike; staged, only the piece to the other
 // rank is packed into the staging ring, and both pieces count as moved to the device. With
-// `host_sources` (host memory, device destinations) the local piece is copied slab by slab on
-// the copy queue, and nothing goes through a staging ring.
-inline int LocalWorldRank(int rank, const std::string& dir, bool host_sources = false) {
+// host memory on one side (`host_side`) the local piece is copied slab by slab on the copy
+// queue, except from a staged source, whose staging ring packs it.
+inline int LocalWorldRank(int rank, const std::string& dir, HostSide host_side = HostSide::kNone) {
   DeviceRank d;
   RefitEngineOptions options;
-  if (int failed = d.SetUp(rank, dir, kLocalSpec, options, host_sources); failed != 0) {
+  if (int failed = d.SetUp(rank, dir, kLocalSpec, options, host_side); failed != 0) {
     return failed;
   }
   const int64_t local = 256 * 512 * 2 / 4;
@@ -229,11 +234,24 @@ inline int LocalWorldRank(int rank, const std::string& dir, bool host_sources = 
     const bool staged = st.cuda_buffers_staged > 0;
     const bool kernels = cuda::PackKernelsBuilt() || cuda::DevicesEmulatedOnHost();
     const bool puts = std::string(d.engine->delivery()) == "put";
-    const bool launch = kernels && !host_sources;
+    // Device to device: one launch. From a staged source into host memory: through the ring
+    // with the piece to the other rank. From a registered one into host memory: slab by slab,
+    // synchronously (a rank without CUDA destinations has no copy queue). From host memory
+    // into device memory (or device to device without the kernels): slab by slab on the copy
+    // queue.
+    const bool launch = kernels && host_side == HostSide::kNone;
+    const bool ring_local = kernels && staged && host_side == HostSide::kDestinations;
+    const int64_t packed = !kernels || !(staged || puts) || host_side == HostSide::kSources ? 0
+                           : ring_local ? 2 * local
+                                        : local;
     if (st.bytes_local != local || st.local_copy_launches != (launch ? 1 : 0) ||
-        st.local_slab_copies != (host_sources ? 1 : 0) ||
-        st.bytes_ring_packed != (launch && (staged || puts) ? local : 0) ||
-        st.bytes_staged_to_device != (staged ? 2 * local : 0)) {
+        st.local_slab_copies != (host_side == HostSide::kSources ||
+                                         (!kernels && !ring_local && host_side == HostSide::kNone)
+                                     ? 1
+                                     : 0) ||
+        st.bytes_ring_packed != packed ||
+        st.bytes_staged_to_device !=
+            (staged && host_side != HostSide::kDestinations ? 2 * local : 0)) {
       std::fprintf(stderr,
                    "rank %d: epoch %llu: %lld local bytes in %lld launches and %lld slab-copied "
                    "pieces, %lld bytes packed into the ring, %lld moved to the device\n",

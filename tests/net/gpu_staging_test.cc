@@ -162,12 +162,15 @@ TEST(GpuStaging, LocalPiecesCopyInOneLaunchByteExact) {
            [](int32_t r, const std::string& dir) { return device_world::LocalWorldRank(r, dir); });
 }
 
-// The same ranks with their sources in host memory: each local piece slab by slab on the copy
-// queue into the device destination.
-TEST(GpuStaging, LocalPiecesFromHostMemoryCopySlabBySlabByteExact) {
-  RunOnGpu(2, "local-host", [](int32_t r, const std::string& dir) {
-    return device_world::LocalWorldRank(r, dir, /*host_sources=*/true);
-  });
+// The same ranks with host memory on one side: each local piece slab by slab on the copy
+// queue (from a staged source into host memory: through its staging ring).
+TEST(GpuStaging, LocalPiecesWithHostMemoryOnOneSideCopySlabBySlabByteExact) {
+  for (device_world::HostSide side :
+       {device_world::HostSide::kSources, device_world::HostSide::kDestinations}) {
+    RunOnGpu(2, "local-host", [side](int32_t r, const std::string& dir) {
+      return device_world::LocalWorldRank(r, dir, side);
+    });
+  }
 }
 
 TEST(GpuStaging, DeltaRefitsOfDeviceBuffersByteExact) { RunOnGpu(4, "delta", DeltaRank); }

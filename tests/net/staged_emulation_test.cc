@@ -341,13 +341,14 @@ TEST(StagedEmulation, RegisteredDeviceMemoryOverActiveMessagesByteExact) {
 // poll) instead of one copy per run, with registered device memory and staged alike: a staged
 // rank packs only the piece to the other rank into its staging ring, and the local one never
 // leaves the device. GpuStaging runs the same ranks on a GPU.
-void RunLocalWorld(bool registered, const std::string& tag, bool host_sources = false) {
+void RunLocalWorld(bool registered, const std::string& tag,
+                   device_world::HostSide host_side = device_world::HostSide::kNone) {
   const std::string dir = testing::ScratchDir(tag);
   std::map<int32_t, int> codes = testing::ForkRanks(
       testing::Ranks(2),
       [&](int32_t r) {
         cuda::EmulateDevicesOnHost(true, registered);
-        return device_world::LocalWorldRank(r, dir, host_sources);
+        return device_world::LocalWorldRank(r, dir, host_side);
       },
       testing::SharedMemoryUcx(absl::Seconds(90)));
   for (int r = 0; r < 2; ++r) EXPECT_EQ(codes[r], 0) << "rank " << r;
@@ -357,10 +358,14 @@ TEST(StagedEmulation, RegisteredDeviceMemoryCopiesALocalPieceInOneLaunchByteExac
   RunLocalWorld(/*registered=*/true, "registered-local");
 }
 
-// Host sources into device destinations: the local piece slab by slab on the copy queue.
-TEST(StagedEmulation, LocalPiecesFromHostMemoryCopySlabBySlabByteExact) {
-  RunLocalWorld(/*registered=*/false, "staged-local-host", /*host_sources=*/true);
-  RunLocalWorld(/*registered=*/true, "registered-local-host", /*host_sources=*/true);
+// Host memory on one side: the local piece slab by slab on the copy queue (from a staged
+// source into host memory: through its staging ring).
+TEST(StagedEmulation, LocalPiecesWithHostMemoryOnOneSideCopySlabBySlabByteExact) {
+  using device_world::HostSide;
+  RunLocalWorld(/*registered=*/false, "staged-local-host-src", HostSide::kSources);
+  RunLocalWorld(/*registered=*/true, "registered-local-host-src", HostSide::kSources);
+  RunLocalWorld(/*registered=*/false, "staged-local-host-dst", HostSide::kDestinations);
+  RunLocalWorld(/*registered=*/true, "registered-local-host-dst", HostSide::kDestinations);
 }
 
 TEST(StagedEmulation, StagedLocalPiecesCopyInOneLaunchByteExact) {
