@@ -259,8 +259,8 @@ class RefitEngine::Impl final : public MessageSink, public LinkOwner {
   // scattered by one pack-kernel launch (PlanRoundScatters; batch round_scatters_first_[i] + r,
   // empty: per-slab copies) from the round area (device memory, or the pinned area through its
   // mapping) into destination buffers addressed from round_scatter_base_. Local copies between two
-  // device buffers: one strided-copy launch each (by descriptor, its copy batch, or -1: one copy
-  // per run).
+  // device buffers: one strided-copy launch each (by descriptor, its copy batch, or -1:
+  // Landing::CopyLocal, slab by slab).
   std::unique_ptr<cuda::QueuedKernels> kernels_;
   std::vector<int32_t> round_scatters_first_;
   uint8_t* round_scatter_base_ = nullptr;
