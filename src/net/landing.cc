@@ -4,6 +4,8 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "src/common/delta_codec.h"
 #include "src/common/status.h"
 #include "src/cuda/runtime.h"
@@ -33,7 +35,7 @@ absl::Status CopySlab(uint8_t* dst, int64_t dst_pitch, const uint8_t* src, int64
 
 Landing::Landing(const plan::Plan& plan, const SendProgram& program, RegisteredMemory& memory,
                  bool data_messages)
-    : plan_(plan), program_(program), memory_(memory) {
+    : plan_(plan), program_(program), memory_(memory), data_messages_(data_messages) {
   landed_epoch_.assign(program.received.size(), 0);
   landed_bytes_.assign(program.received.size(), 0);
   stream_bytes_.assign(program.received.size(), 0);
@@ -68,11 +70,105 @@ Landing::Landing(const plan::Plan& plan, const SendProgram& program, RegisteredM
   }
 }
 
+Landing::~Landing() {
+  // The copy queue, which the engine destroys first, waited for every copy reading it.
+  if (bounce_ != nullptr) cuda::FreePinned(bounce_);
+}
+
+absl::Status Landing::InitBounce() {
+  if (!data_messages_ || bounce_ != nullptr) return absl::OkStatus();
+  bool device = false;
+  for (uint32_t slot = 0; slot < program_.received.size() && !device; ++slot) {
+    const plan::Transfer& t = plan_.transfers()[program_.received[slot]];
+    device = t.from_rank != program_.rank && program_.delta_elem_bytes[slot] == 0 &&
+             plan_.region(t.region).bytes > 0 &&
+             memory_.device(plan_.buffer_of(t.tensor, t.to_side));
+  }
+  if (!device) return absl::OkStatus();
+  if (copy_queue_ == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("rank ", program_.rank,
+                     ": data messages land in device memory, but the rank has no copy queue"));
+  }
+  const auto bytes = static_cast<size_t>(kBounceSlots * wire::kAmChunkBytes);
+  absl::StatusOr<void*> area = cuda::AllocPinned(bytes);
+  if (!area.ok()) {
+    return absl::Status(area.status().code(),
+                        absl::StrCat("rank ", program_.rank,
+                                     ": the pinned bounce area of data messages into device "
+                                     "memory (",
+                                     bytes, " bytes): ", area.status().message()));
+  }
+  bounce_ = static_cast<uint8_t*>(*area);
+  bounce_event_.assign(kBounceSlots, -1);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<uint8_t*> Landing::NextBounceSlot() {
+  const int k = bounce_next_;
+  int32_t& event = bounce_event_[static_cast<size_t>(k)];
+  if (event >= 0) {
+    const absl::Time until = absl::Now() + kBounceWait;
+    for (bool first = true;; first = false) {
+      RESHARD_ASSIGN_OR_RETURN(const bool done, copy_queue_->Done(event));
+      if (done) break;
+      if (first) bounce_waits_++;
+      if (absl::Now() >= until) {
+        return absl::DeadlineExceededError(
+            absl::StrCat("the copies of an earlier data message to the device did not finish "
+                         "within ",
+                         absl::FormatDuration(kBounceWait)));
+      }
+    }
+    copy_queue_->Release(event);
+    event = -1;
+  }
+  bounce_next_ = (k + 1) % kBounceSlots;
+  return bounce_ + static_cast<int64_t>(k) * wire::kAmChunkBytes;
+}
+
+absl::Status Landing::BounceToDevice(uint32_t slot, const wire::DataHeader& h, const void* data,
+                                     size_t length, uint32_t to_buf, bool packed) {
+  const int k = bounce_next_;
+  absl::StatusOr<uint8_t*> at = NextBounceSlot();
+  absl::Status status = at.status();
+  if (status.ok()) {
+    // `data` is UCX's until Data returns; the slot stays unchanged until the event after its
+    // copies completed.
+    std::memcpy(*at, data, length);
+    const auto bytes = static_cast<int64_t>(length);
+    if (packed) {
+      status = Unpack(slot, static_cast<int64_t>(h.to_offset), *at, bytes, /*may_queue=*/true);
+    } else {
+      status = copy_queue_->Copy2D(memory_.data(to_buf) + h.to_offset, bytes, *at, bytes, bytes, 1);
+      unpack_queued_[slot] = 1;
+      if (memory_.direct(to_buf)) staged_to_device_ += bytes;
+    }
+  }
+  if (status.ok()) {
+    absl::StatusOr<int32_t> event = copy_queue_->Record();
+    status = event.status();
+    if (event.ok()) bounce_event_[static_cast<size_t>(k)] = *event;
+  }
+  if (!status.ok()) {
+    const plan::Transfer& t = plan_.transfers()[program_.received[slot]];
+    return absl::Status(
+        status.code(),
+        absl::StrCat("rank ", program_.rank, ": moving a data message of transfer ", h.transfer,
+                     " (tensor \"", plan_.spec().tensors[t.tensor].name, "\") from rank ",
+                     h.base.from_rank, " to the device: ", status.message()));
+  }
+  bounced_messages_++;
+  return absl::OkStatus();
+}
+
 void Landing::StartEpoch(uint64_t epoch, uint64_t version) {
   epoch_ = epoch;
   version_ = version;
   deltas_applied_ = 0;
   staged_to_device_ = 0;
+  bounced_messages_ = 0;
+  bounce_waits_ = 0;
   std::fill(landed_bytes_.begin(), landed_bytes_.end(), 0);
   std::fill(stream_bytes_.begin(), stream_bytes_.end(), 0);
   std::fill(segments_done_.begin(), segments_done_.end(), 0);
@@ -282,7 +378,16 @@ absl::StatusOr<bool> Landing::Data(const wire::DataHeader& h, const void* data, 
                                             " (tensor \"", plan_.spec().tensors[t.tensor].name,
                                             "\")"));
   }
-  if (packed) {
+  if (length > 0 && bounce_ != nullptr && memory_.device(to_buf)) {
+    // Every data message is at most one chunk (the sender cuts runs there).
+    if (length > static_cast<size_t>(wire::kAmChunkBytes)) {
+      return absl::DataLossError(absl::StrCat(
+          "rank ", program_.rank, ": rank ", from, " sent a data message of ", length,
+          " bytes for transfer ", id, " (tensor \"", plan_.spec().tensors[t.tensor].name,
+          "\"), more than the ", wire::kAmChunkBytes, " bytes a data message carries"));
+    }
+    RESHARD_RETURN_IF_ERROR(BounceToDevice(slot, h, data, length, to_buf, packed));
+  } else if (packed) {
     // `data` is UCX's until this callback returns: copied before it does.
     RESHARD_RETURN_IF_ERROR(Unpack(slot, static_cast<int64_t>(h.to_offset),
                                    static_cast<const uint8_t*>(data), static_cast<int64_t>(length),

@@ -10,7 +10,8 @@
 //    plan has it write;
 //  - unpacks packed streams into place (into device memory the engine writes directly: with a
 //    copy queue, from the landing area without waiting, the piece landing once the queue's event
-//    completed) and moves staged destination pieces host -> device;
+//    completed) and moves staged destination pieces host -> device; data messages into such
+//    memory pass through a pinned bounce area onto the copy queue (InitBounce);
 //  - applies delta streams (docs/delta.md) in place, one per segment of the piece, each once
 //    all of it is here, after validating all of it against its segment and this rank's version
 //    (DataLoss otherwise, the segment's destination elements untouched; the refit then fails
@@ -31,6 +32,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "src/cuda/delta.h"
 #include "src/cuda/pack_batch.h"
 #include "src/cuda/runtime.h"
@@ -48,6 +50,9 @@ class Landing {
   // called), for which the receiving runs of unpacked transfers are indexed.
   Landing(const plan::Plan& plan, const SendProgram& program, RegisteredMemory& memory,
           bool data_messages);
+  ~Landing();
+  Landing(const Landing&) = delete;
+  Landing& operator=(const Landing&) = delete;
 
   // `version`: the epoch the destination buffers hold (the last one this rank completed, 0
   // after a failure or Reset): delta streams of this epoch must be built on it.
@@ -71,6 +76,26 @@ class Landing {
   // The queue staged destination pieces move to the device on, and packed streams are unpacked
   // into device memory with (it must outlive the Landing).
   void set_copy_queue(cuda::CopyQueue* queue) { copy_queue_ = queue; }
+  // Active-message delivery into device memory the engine writes (direct destinations, or
+  // registered ones with a CUDA-aware UCX): a data message's bytes are UCX's only until Data
+  // returns, so Data copies each into the next of kBounceSlots slots of a pinned bounce area and
+  // moves it to the device on the copy queue (one copy per message, one per slab of a packed
+  // stream), never by a synchronous copy; the piece lands when the event after its last copy
+  // completed (Land reports it queued). A slot is reused once the event after its copies
+  // completed, waited for (at most kBounceWait) only when every slot is busy. Allocates the area
+  // (kBounceSlots * wire::kAmChunkBytes pinned bytes) when data messages land in such memory
+  // here; call after set_copy_queue. FailedPrecondition without a copy queue then.
+  [[nodiscard]] absl::Status InitBounce();
+  static constexpr int kBounceSlots = 8;
+  static constexpr absl::Duration kBounceWait = absl::Seconds(10);
+  // The bounce area's pinned bytes (0 without one).
+  int64_t bounce_bytes() const {
+    return bounce_ != nullptr ? kBounceSlots * wire::kAmChunkBytes : 0;
+  }
+  // This epoch: data messages moved to the device through the bounce area, and how many of them
+  // waited for a slot whose copies were still running.
+  int64_t bounced_messages() const { return bounced_messages_; }
+  int64_t bounce_waits() const { return bounce_waits_; }
 
   // Landing rounds (src/net/landing_rounds.h; it must outlive the Landing): their pieces are
   // signalled like any other, but land when the engine has copied their last round out of the
@@ -120,6 +145,11 @@ class Landing {
   // memory may go on the copy queue (then Land reports them); otherwise they are synchronous.
   absl::Status Unpack(uint32_t slot, int64_t begin, const uint8_t* packed, int64_t length,
                       bool may_queue);
+  // Data into device memory through the bounce area (see InitBounce).
+  absl::Status BounceToDevice(uint32_t slot, const wire::DataHeader& h, const void* data,
+                              size_t length, uint32_t to_buf, bool packed);
+  // The next bounce slot, once the copies that read it last completed.
+  absl::StatusOr<uint8_t*> NextBounceSlot();
   // Applies the delta stream of segment `k` of `slot` (`length` bytes at `stream`) to its
   // destination elements.
   absl::Status ApplyDelta(uint32_t slot, int64_t k, const uint8_t* stream, int64_t length);
@@ -152,6 +182,14 @@ class Landing {
   cuda::CopyQueue* copy_queue_ = nullptr;
   const LandingRounds* rounds_ = nullptr;
   std::vector<uint8_t> unpack_queued_;  // By slot: Unpack queued device copies (Land reports).
+  const bool data_messages_;
+  // The bounce area (pinned; null without one), by slot the event after the copies that read it
+  // (-1: none), the next slot to use, and this epoch's counts.
+  uint8_t* bounce_ = nullptr;
+  std::vector<int32_t> bounce_event_;
+  int bounce_next_ = 0;
+  int64_t bounced_messages_ = 0;
+  int64_t bounce_waits_ = 0;
 };
 
 // One side (`source`: the sending buffer's, else the receiving buffer's) of `region` as the

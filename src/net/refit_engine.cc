@@ -527,6 +527,7 @@ absl::Status RefitEngine::Impl::Init(rendezvous::Store& store, std::vector<Buffe
     landing_->set_copy_queue(copy_queue_.get());
     break;
   }
+  RESHARD_RETURN_IF_ERROR(landing_->InitBounce());
   RESHARD_RETURN_IF_ERROR(InitQueuedKernels());
   delivery_ = MakeDelivery(am, rank_, program_, *memory_, options_.signal_batch_bytes, stats_);
   single_copy_enabled_ = options_.single_copy && !am;
@@ -1234,6 +1235,7 @@ absl::Status RefitEngine::Impl::Start(uint64_t epoch) {
   stats_.stage_ring_bytes = memory_->ring() != nullptr ? memory_->ring()->bytes() : 0;
   stats_.stage_copy_bytes = memory_->staged_copy_bytes();
   stats_.stage_landing_bytes = memory_->round_bytes();
+  stats_.stage_bounce_bytes = landing_->bounce_bytes();
   std::fill(round_next_.begin(), round_next_.end(), 0);
   std::fill(round_early_.begin(), round_early_.end(), -1);
   for (size_t i = 0; i < rounds_.senders.size(); ++i) {
@@ -1303,6 +1305,8 @@ bool RefitEngine::Impl::PumpOnce() {
     completed_ = epoch_;
     stats_.deltas_applied = landing_->deltas_applied();
     stats_.bytes_staged_to_device = landing_->staged_to_device();
+    stats_.bounced_data_messages = landing_->bounced_messages();
+    stats_.bounce_waits = landing_->bounce_waits();
     stats_.seconds = absl::ToDoubleSeconds(absl::Now() - started_at_);
     return true;
   }
@@ -1997,6 +2001,7 @@ void RefitEngine::Impl::OnData(const wire::DataHeader& h, const void* data, size
   uint32_t slot = 0;
   absl::StatusOr<bool> complete = landing_->Data(h, data, length, &slot);
   if (!complete.ok()) return Fail(complete.status());
+  stats_.data_messages_received++;
   if (*complete) MarkLanded(slot);
 }
 

@@ -164,6 +164,7 @@ struct RefitStats {
   int64_t single_copy_writes = 0;      // process_vm_writev calls (same-host peers).
   int64_t mapped_copies = 0;           // Runs copied into a mapped same-host HostBuffer.
   int64_t data_messages = 0;           // Data active messages posted (delivery kActiveMessage).
+  int64_t data_messages_received = 0;  // Data active messages that landed here.
   int64_t signals = 0;                 // Completion signals sent.
   double seconds = 0;                  // Start to the end of Wait.
   // Delta refits (RefitEngineOptions::delta), sending side: pieces sent as deltas and as plain
@@ -214,6 +215,13 @@ struct RefitStats {
   // Local pieces with device memory on one side (or both, without the kernels) copied slab by
   // slab on the copy queue.
   int64_t local_slab_copies = 0;
+  // Active-message delivery into device memory the engine writes (direct or registered
+  // destinations): the pinned bounce area's bytes (0 without one), the data messages moved
+  // through it to the device on the copy queue this epoch, and how many of them waited for a
+  // slot whose copies were still running (data_messages_received counts all of them).
+  int64_t stage_bounce_bytes = 0;
+  int64_t bounced_data_messages = 0;
+  int64_t bounce_waits = 0;
 };
 
 class RefitEngine {

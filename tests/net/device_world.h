@@ -21,6 +21,7 @@
 #include "absl/time/clock.h"
 #include "src/cuda/runtime.h"
 #include "src/cuda/staging_ring.h"
+#include "src/net/landing.h"
 #include "src/net/refit_engine.h"
 #include "src/net/runtime.h"
 #include "src/plan/fill.h"
@@ -150,12 +151,15 @@ struct DeviceRank {
   }
 };
 
-// `ring_bytes`: RefitEngineOptions::stage_ring_bytes (0: the default).
-inline int DeviceWorldRank(int rank, const std::string& dir, const char* spec_json = kDeviceSpec,
-                           int64_t ring_bytes = 0) {
+// `ring_bytes`: RefitEngineOptions::stage_ring_bytes (0: the default); `delivery`:
+// RefitEngineOptions::delivery.
+inline int DeviceWorldRank(
+    int rank, const std::string& dir, const char* spec_json = kDeviceSpec, int64_t ring_bytes = 0,
+    RefitEngineOptions::Delivery delivery = RefitEngineOptions::Delivery::kAuto) {
   DeviceRank d;
   RefitEngineOptions options;
   if (ring_bytes > 0) options.stage_ring_bytes = ring_bytes;
+  options.delivery = delivery;
   if (int failed = d.SetUp(rank, dir, spec_json, options); failed != 0) return failed;
   const uint32_t tensors = d.tensors();
   const int64_t src_bytes = d.src_bytes, dst_bytes = d.dst_bytes;
@@ -189,6 +193,18 @@ inline int DeviceWorldRank(int rank, const std::string& dir, const char* spec_js
                    static_cast<long long>(stats.stage_landing_rounds),
                    static_cast<long long>(stats.stage_round_scatters));
       return 23;
+    }
+    // Active messages: every data message into the destinations (device memory the engine
+    // writes, registered or staged) went through the pinned bounce area onto the copy queue.
+    const bool bounce = rank >= 2 && !puts;
+    if (stats.stage_bounce_bytes != (bounce ? Landing::kBounceSlots * wire::kAmChunkBytes : 0) ||
+        stats.bounced_data_messages != (bounce ? stats.data_messages_received : 0) ||
+        (bounce && stats.data_messages_received == 0)) {
+      std::fprintf(stderr, "rank %d: bounce area of %lld bytes, %lld of %lld data messages\n", rank,
+                   static_cast<long long>(stats.stage_bounce_bytes),
+                   static_cast<long long>(stats.bounced_data_messages),
+                   static_cast<long long>(stats.data_messages_received));
+      return 24;
     }
     // The ring: its memory within the budget, every source byte packed once (rows -> columns:
     // each source sends its whole tile in strided pieces), pinned when staged, in device memory

@@ -173,6 +173,16 @@ TEST(GpuStaging, LocalPiecesWithHostMemoryOnOneSideCopySlabBySlabByteExact) {
   }
 }
 
+// Active-message delivery (as over tcp without RDMA): each data message into the device
+// destinations is copied into a pinned bounce slot and moved to the device on the copy queue,
+// never by a synchronous copy; byte-exact over three refits.
+TEST(GpuStaging, ActiveMessagesIntoDeviceBuffersByteExact) {
+  RunOnGpu(4, "am", [](int32_t r, const std::string& dir) {
+    return DeviceWorldRank(r, dir, device_world::kDeviceSpec, 0,
+                           RefitEngineOptions::Delivery::kActiveMessage);
+  });
+}
+
 TEST(GpuStaging, DeltaRefitsOfDeviceBuffersByteExact) { RunOnGpu(4, "delta", DeltaRank); }
 
 }  // namespace

@@ -22,6 +22,7 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "src/cuda/runtime.h"
+#include "src/net/landing.h"
 #include "src/net/refit_engine.h"
 #include "src/net/runtime.h"
 #include "src/plan/fill.h"
@@ -260,6 +261,20 @@ int Rank(int rank, const std::string& dir, const World& world) {
               " scattered by the kernel (sources ", src_bytes, ", destinations ", dst_bytes, ")"));
       return 18;
     }
+    // Data messages into device memory the engine writes (every destination of an
+    // active-message world but the delta ones, whose streams land in host copies) are copied
+    // into the pinned bounce area and moved to the device on the copy queue, every one of them.
+    const bool bounce = !puts && !source && !delta;
+    const int64_t bounce_bytes = Landing::kBounceSlots * wire::kAmChunkBytes;
+    if (st.stage_bounce_bytes != (bounce ? bounce_bytes : 0) ||
+        st.bounced_data_messages != (bounce ? st.data_messages_received : 0) ||
+        (bounce && st.data_messages_received < dst_bytes / wire::kAmChunkBytes)) {
+      Say(rank, absl::StrCat("epoch ", epoch, ": bounce area ", st.stage_bounce_bytes, " bytes, ",
+                             st.bounced_data_messages, " of ", st.data_messages_received,
+                             " data messages through it (", st.bounce_waits,
+                             " waited; destinations ", dst_bytes, " bytes)"));
+      return 20;
+    }
     // (Epochs 2 and 4 change every element: those travel plain.)
     if (delta && !source && epoch == 3 && st.deltas_applied == 0) {
       Say(rank, absl::StrCat("epoch ", epoch, ": no delta applied"));
@@ -374,15 +389,16 @@ TEST(StagedEmulation, StagedLocalPiecesCopyInOneLaunchByteExact) {
 
 // GpuStaging's world (tests/net/device_world.h) with devices emulated, staged and registered:
 // what a GPU session will check, checked here first.
-void RunGpuWorld(bool registered, bool ring, const std::string& tag) {
+void RunGpuWorld(bool registered, bool ring, const std::string& tag,
+                 RefitEngineOptions::Delivery delivery = RefitEngineOptions::Delivery::kAuto) {
   const std::string dir = testing::ScratchDir(tag);
   std::map<int32_t, int> codes = testing::ForkRanks(
       testing::Ranks(4),
       [&](int32_t r) {
         cuda::EmulateDevicesOnHost(true, registered);
         return ring ? device_world::DeviceWorldRank(r, dir, device_world::kDeviceRingSpec,
-                                                    int64_t{64} << 10)
-                    : device_world::DeviceWorldRank(r, dir);
+                                                    int64_t{64} << 10, delivery)
+                    : device_world::DeviceWorldRank(r, dir, device_world::kDeviceSpec, 0, delivery);
       },
       testing::SharedMemoryUcx(absl::Seconds(90)));
   for (int r = 0; r < 4; ++r) EXPECT_EQ(codes[r], 0) << "rank " << r;
@@ -396,6 +412,13 @@ TEST(StagedEmulation, TheGpuWorldStagedByteExact) {
 TEST(StagedEmulation, TheGpuWorldRegisteredByteExact) {
   RunGpuWorld(true, false, "gpu-world-registered");
   RunGpuWorld(true, true, "gpu-world-registered-ring");
+}
+
+// Active messages into the destinations (a tcp cluster without RDMA): every data message
+// through the pinned bounce area onto the copy queue, staged and registered.
+TEST(StagedEmulation, TheGpuWorldOverActiveMessagesByteExact) {
+  RunGpuWorld(false, false, "gpu-world-staged-am", kAm);
+  RunGpuWorld(true, false, "gpu-world-registered-am", kAm);
 }
 
 TEST(StagedEmulation, DeltaRefitsApplyToStagedCopiesByteExact) {
