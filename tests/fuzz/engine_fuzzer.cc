@@ -2,7 +2,7 @@
 // decoder of incoming active messages, and the RefitEngine handlers behind it: grant, hello,
 // completion, data, abort) with messages injected into a live refit.
 //
-// Set-up (LLVMFuzzerInitialize, once): three worlds of 4 ranks over one small plan (fp32 [64, 48]
+// Set-up (LLVMFuzzerInitialize, once): four worlds of 4 ranks over one small plan (fp32 [64, 48]
 // rows -> columns and bf16 [16, 32] back, both travelling packed, the second into a destination
 // view with holes; fp32 [64, 128] rows -> replicated, unpacked). World 0 delivers by active
 // messages (the receiver writes what data messages say), world 1 by puts (the receiver unpacks
@@ -10,13 +10,16 @@
 // register, with devices emulated on the host (cuda::EmulateDevicesOnHost): sources through an
 // 8 KiB staging ring, every piece into a destination through 16 KiB of landing rounds (rounds
 // of 4 KiB, several per sender), each round drained when its landing round message (id 16)
-// arrives and granted back (id 17). Every rank has its own net::Runtime (its own UCX worker, over
-// shared memory: UCX_TLS=self,posix,sysv,cma and UCX_NET_DEVICES=all, set here) and is created
-// on its own thread over a FileStore in a fresh private temporary directory (removed once the
-// engines are wired up); then this thread drives all of them. Every buffer lies between guard
-// zones.
+// arrives and granted back (id 17). World 3 delivers by active messages into such buffers: each
+// data message goes through the receiver's pinned bounce area onto its (emulated) copy queue,
+// whose copies run late, at the first poll of an event after them. Every rank has its own
+// net::Runtime (its own UCX worker, over shared memory: UCX_TLS=self,posix,sysv,cma and
+// UCX_NET_DEVICES=all, set here) and is created on its own thread over a FileStore in a fresh
+// private temporary directory (removed once the engines are wired up); then this thread drives all
+// of them. Every buffer lies between guard zones.
 //
-// Input: byte 0 picks the world (bit 0; bit 3 set: world 2) and the victim rank (bits 1-2);
+// Input: byte 0 picks the world (bit 0; bit 3 set: worlds 2 and 3) and the victim rank
+// (bits 1-2);
 // then up to 16 messages to the victim, each:
 //   control byte c: id c & 7 (grant, completion, abort, data, hello, a raw id byte follows,
 //     data, completion); origin (c >> 3) & 3: the named rank's own endpoint (a legitimate,
@@ -171,7 +174,7 @@ struct Harness {
   plan::Plan plan;
   std::vector<std::vector<int64_t>> bytes;  // By rank, by buffer.
   Masks masks;
-  std::array<World, 3> worlds;
+  std::array<World, 4> worlds;
 };
 
 Harness* harness = nullptr;
@@ -255,8 +258,8 @@ void BuildWorld(World& world) {
   }
 }
 
-// World 2 must stage what it should (one clean epoch; defined after RunEpoch).
-void CheckRoundsWorld();
+// Worlds 2 and 3 must stage what they should (one clean epoch each; defined after RunEpoch).
+void CheckDeviceWorlds();
 
 void Init() {
   // Shared memory between the workers of this process (DESIGN §5: name the transports).
@@ -287,15 +290,16 @@ void Init() {
                    static_cast<long long>(region.run_bytes));
     }
   }
-  // World 2's "device" buffers are host memory (worlds 0 and 1 use host buffers, which the
-  // emulation leaves alone).
+  // Worlds 2 and 3's "device" buffers are host memory (worlds 0 and 1 use host buffers, which
+  // the emulation leaves alone).
   cuda::EmulateDevicesOnHost(true, /*ucx_registers_them=*/false);
   for (size_t w = 0; w < h.worlds.size(); ++w) {
     World& world = h.worlds[w];
+    const bool am = w == 0 || w == 3;
     world.options.delivery =
-        w == 0 ? RefitEngineOptions::Delivery::kActiveMessage : RefitEngineOptions::Delivery::kPut;
+        am ? RefitEngineOptions::Delivery::kActiveMessage : RefitEngineOptions::Delivery::kPut;
     world.options.setup_timeout = absl::Seconds(30);
-    const bool device = w == 2;
+    const bool device = w >= 2;
     if (device) {
       world.options.stage_ring_bytes = 8 << 10;
       world.options.stage_landing_bytes = 16 << 10;
@@ -309,10 +313,10 @@ void Init() {
       }
     }
     BuildWorld(world);
-    const std::string expected = w == 0 ? "am" : "put";
+    const std::string expected = am ? "am" : "put";
     if (world.ranks[0].engine->delivery() != expected) SetupFailed("delivery not honoured");
   }
-  CheckRoundsWorld();
+  CheckDeviceWorlds();
 }
 
 // Source tiles hold `epoch`'s fill; destination buffers are poisoned.
@@ -695,9 +699,13 @@ bool RunEpoch(World& world, int32_t victim, const std::vector<Message>& messages
   bool ok = true;
   for (int32_t r = 0; r < kWorld; ++r) ok = ok && world.ranks[r].engine->last_status().ok();
   if (verbose) {
-    std::fprintf(stderr, "%s, %s world generation %d, epoch %llu, victim %d, %zu message(s)%s:\n",
-                 what, world.ranks[0].engine->delivery(), world.generation,
-                 static_cast<unsigned long long>(epoch), victim, messages.size(),
+    std::fprintf(stderr,
+                 "%s, world %d (%s, %s buffers) generation %d, epoch %llu, victim %d, %zu "
+                 "message(s)%s:\n",
+                 what, static_cast<int>(&world - harness->worlds.data()),
+                 world.ranks[0].engine->delivery(),
+                 world.ranks[0].views[0].kind == MemoryKind::kCuda ? "device" : "host",
+                 world.generation, static_cast<unsigned long long>(epoch), victim, messages.size(),
                  injection->legit ? " (legitimate ones among them)" : "");
     for (int32_t r = 0; r < kWorld; ++r) {
       const RefitEngine& e = *world.ranks[r].engine;
@@ -724,27 +732,35 @@ bool RunEpoch(World& world, int32_t victim, const std::vector<Message>& messages
   return true;
 }
 
-void CheckRoundsWorld() {
-  World& world = harness->worlds[2];
-  Injection clean;
-  if (!RunEpoch(world, 0, {}, &clean, "world 2's first epoch")) {
-    SetupFailed("world 2's first epoch failed");
-  }
-  for (int32_t r = 0; r < kWorld; ++r) {
-    const RefitStats& st = world.ranks[r].engine->last_stats();
-    if (st.cuda_buffers_staged == 0 || st.stage_landing_rounds < 2 || st.stage_ring_batches < 1) {
-      SetupFailed(absl::StrCat("world 2, rank ", r, ": ", st.cuda_buffers_staged,
-                               " CUDA buffers staged, ", st.stage_landing_rounds,
-                               " landing rounds, ", st.stage_ring_batches,
-                               " ring batches: not the staging world it should be"));
+void CheckDeviceWorlds() {
+  for (size_t w : {size_t{2}, size_t{3}}) {
+    World& world = harness->worlds[w];
+    Injection clean;
+    const std::string what = absl::StrCat("world ", w, "'s first epoch");
+    if (!RunEpoch(world, 0, {}, &clean, what.c_str())) SetupFailed(what + " failed");
+    int64_t bounced = 0;
+    for (int32_t r = 0; r < kWorld; ++r) {
+      const RefitStats& st = world.ranks[r].engine->last_stats();
+      // World 2: rounds and the ring. World 3: every data message through the bounce area.
+      const bool staged = w == 2 ? st.stage_landing_rounds >= 2 && st.stage_ring_batches >= 1
+                                 : st.bounced_data_messages == st.data_messages_received;
+      if (st.cuda_buffers_staged == 0 || !staged) {
+        SetupFailed(absl::StrCat("world ", w, ", rank ", r, ": ", st.cuda_buffers_staged,
+                                 " CUDA buffers staged, ", st.stage_landing_rounds,
+                                 " landing rounds, ", st.stage_ring_batches, " ring batches, ",
+                                 st.bounced_data_messages, " of ", st.data_messages_received,
+                                 " data messages bounced: not the staging world it should be"));
+      }
+      bounced += st.bounced_data_messages;
     }
+    if (w == 3 && bounced == 0) SetupFailed("world 3 bounced no data message");
   }
 }
 
 void RunInput(const uint8_t* data, size_t size) {
   Reader in(data, size);
   const uint8_t setup = in.Byte();
-  World& world = harness->worlds[(setup & 8) != 0 ? 2 : setup & 1];
+  World& world = harness->worlds[((setup & 8) != 0 ? 2 : 0) + (setup & 1)];
   const int32_t victim = (setup >> 1) & 3;
   std::vector<Message> messages;
   while (!in.empty() && messages.size() < kMaxMessages) {
