@@ -10,6 +10,7 @@
 //   put_bench [--iters N] [--rows R] [--cols C] [--tls UCX_TLS] [--batch BYTES]
 //             [--outstanding N] [--delivery put|am] [--spec SPEC.json] [--cuda]
 //             [--emulate-devices] [--emulate-registered] [--landing-bytes BYTES]
+//             [--round-bytes BYTES]
 // --spec replaces the strided case with any spec of 4 ranks (e.g. many small pieces, to compare
 // --batch 0, one completion signal per piece, with batched signals).
 // --cuda (builds with CUDA): every buffer is device memory on GPU 0 (the four processes share
@@ -21,7 +22,8 @@
 // on the host (cuda::EmulateDevicesOnHost, a test facility), so the staging protocol runs on the
 // CPU: sources through the staging ring (its batches packed on the host by the kernels'
 // arithmetic), destinations through the landing rounds of --landing-bytes
-// (RefitEngineOptions::stage_landing_bytes, default 256 MiB), each round scattered to the
+// (RefitEngineOptions::stage_landing_bytes, default 256 MiB) in rounds of at most --round-bytes
+// (RefitEngineOptions::stage_round_bytes, default 8 MiB), each round scattered to the
 // "device" by the scatter kernel's host twin. It measures the protocol's cost (batches, rounds,
 // flushes, grants), not a GPU's.
 // --emulate-registered: the same emulated devices standing for a CUDA-aware UCX (every buffer
@@ -78,6 +80,7 @@ struct Flags {
   bool emulate = false;   // --emulate-devices (or --emulate-registered).
   bool registered = false;  // --emulate-registered.
   int64_t landing_bytes = 0;
+  int64_t round_bytes = 0;
 };
 
 struct Case {
@@ -212,6 +215,7 @@ int Child(int rank, const Flags& flags, const std::vector<Case>& cases, int port
     if (flags.batch >= 0) options.signal_batch_bytes = flags.batch;
     if (flags.outstanding > 0) options.max_outstanding_puts = flags.outstanding;
     if (flags.landing_bytes > 0) options.stage_landing_bytes = flags.landing_bytes;
+    if (flags.round_bytes > 0) options.stage_round_bytes = flags.round_bytes;
     options.scatter_rounds_by_kernel = !c.slab_copies;
     auto engine = RefitEngine::Create(h.plan, rank, **store, *runtime, buffers, options);
     if (!engine.ok()) {
@@ -351,11 +355,14 @@ int main(int argc, char** argv) {
       flags.emulate = flags.registered = true;
     } else if (a == "--landing-bytes" && absl::SimpleAtoi(next(), &v) && v > 0) {
       flags.landing_bytes = v;
+    } else if (a == "--round-bytes" && absl::SimpleAtoi(next(), &v) && v > 0) {
+      flags.round_bytes = v;
     } else {
       std::fprintf(stderr,
                    "usage: put_bench [--iters N] [--rows R] [--cols C] [--tls UCX_TLS] "
                    "[--batch BYTES] [--outstanding N] [--delivery put|am] [--spec SPEC.json] "
-                   "[--cuda] [--emulate-devices] [--emulate-registered] [--landing-bytes BYTES]\n");
+                   "[--cuda] [--emulate-devices] [--emulate-registered] [--landing-bytes BYTES] "
+                   "[--round-bytes BYTES]\n");
       return a == "--help" ? 0 : 2;
     }
   }

@@ -15,8 +15,8 @@ bool IsRoundPiece(const plan::Plan& plan, const plan::Transfer& t, bool delta, R
 }
 
 absl::StatusOr<LandingRounds> PlanLandingRounds(const plan::Plan& plan, const SendProgram& program,
-                                                const std::vector<RoundMode>& modes,
-                                                int64_t budget) {
+                                                const std::vector<RoundMode>& modes, int64_t budget,
+                                                int64_t round_bytes) {
   LandingRounds out;
   out.sender_of_slot.assign(program.received.size(), -1);
   out.modes = modes;
@@ -51,19 +51,32 @@ absl::StatusOr<LandingRounds> PlanLandingRounds(const plan::Plan& plan, const Se
         absl::StrFormat("rank %d: stage_landing_bytes is %d, below the least round of %d bytes",
                         program.rank, budget, kMinRoundQuota));
   }
-  const bool one_round = all <= budget;
-  const double half = static_cast<double>(budget / 2);
+  if (round_bytes < kMinRoundQuota) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("rank %d: stage_round_bytes is %d, below the least round of %d bytes",
+                        program.rank, round_bytes, kMinRoundQuota));
+  }
+  const bool everything = all <= budget;
+  const int64_t largest = round_bytes / 256 * 256;
   for (RoundSender& s : out.senders) {
-    if (one_round) {
-      s.quota = s.total;
+    if (everything) {
+      // Every round has its place: all are granted with the epoch.
+      s.quota = std::min(s.total, largest);
+      s.rounds = static_cast<int32_t>((s.total + s.quota - 1) / s.quota);
+      s.slots = s.rounds;
     } else {
-      // A share of half the budget in proportion to the stream, in whole 256-byte units.
-      const auto share = static_cast<int64_t>(half * (static_cast<double>(s.total) / all));
-      s.quota = std::min(s.total, std::max(kMinRoundQuota, share / 256 * 256));
+      // A share of the budget in proportion to the stream, in places of whole 256-byte units:
+      // at least two rounds of at least kMinRoundQuota bytes.
+      const auto share =
+          static_cast<int64_t>(static_cast<double>(budget) * (static_cast<double>(s.total) / all));
+      s.quota =
+          std::min(s.total, std::max(kMinRoundQuota, std::min(largest, share / 2 / 256 * 256)));
+      s.rounds = static_cast<int32_t>((s.total + s.quota - 1) / s.quota);
+      s.slots =
+          static_cast<int32_t>(std::min<int64_t>(s.rounds, std::max<int64_t>(2, share / s.quota)));
     }
-    s.rounds = static_cast<int32_t>((s.total + s.quota - 1) / s.quota);
     s.offset = out.area_bytes;
-    out.area_bytes += s.rounds == 1 ? s.total : 2 * s.quota;
+    out.area_bytes += s.SliceBytes();
   }
   if (out.area_bytes > budget) {
     return absl::FailedPreconditionError(absl::StrFormat(

@@ -11,16 +11,20 @@
 // only the packed streams that do not travel in rounds (CompactLandingArea,
 // CompactLandingBlock). Each sender's round pieces to
 // a receiver, in plan order (the order the sender posts them), form one stream of `total`
-// bytes; the receiver gives the sender a slice of its round area of two halves of `quota` bytes
-// each (one when the stream fits one), and stream bytes [r * quota, (r + 1) * quota) are round r,
-// written into half r % 2. The sender posts round r only once granted: the epoch's grant allows
-// rounds 0 and 1, and the receiver grants round r + 2 when round r has been copied out of its
-// half to the device. A sender's rounds depend on nothing but its own earlier rounds and the
+// bytes, cut into rounds of `quota` bytes: stream bytes [r * quota, (r + 1) * quota) are round
+// r. The receiver gives the sender a slice of its round area of `slots` places of `quota` bytes
+// (the whole stream when every round has its own place), and round r is written into place
+// r % slots. The sender posts round r only once granted: the epoch's grant allows rounds 0 to
+// slots - 1, and the receiver grants round r + slots when round r has been copied out of its
+// place to the device. A sender's rounds depend on nothing but its own earlier rounds and the
 // receiver's copy queue, so no sender waits on another and no cycle can form.
 //
-// Quotas: when every sender's stream fits the budget together, each gets one round of its
-// whole stream; otherwise each gets a share of half the budget in proportion to its stream, at
-// least kMinRoundQuota bytes.
+// Sizes: rounds are at most `round_bytes` (RefitEngineOptions::stage_round_bytes), so that a
+// stream is copied to the device round by round while its next rounds land, instead of all at
+// once after its last byte. When every sender's stream fits the budget together, each stream
+// gets a place for every round (all granted with the epoch); otherwise each sender gets a share
+// of the budget in proportion to its stream, holding at least two rounds (smaller than
+// round_bytes when the share is below twice that), each at least kMinRoundQuota bytes.
 //
 // Both sides compute what they need from their own send program: the receiver its senders'
 // streams (published as `rounds.<sender>` = "OFFSET:QUOTA:TOTAL" in its wire-up record, with
@@ -59,17 +63,20 @@ enum class RoundMode : uint8_t {
 struct RoundSender {
   int32_t rank = 0;
   int64_t total = 0;                        // Bytes of its round pieces.
-  int64_t quota = 0;                        // Bytes per round (a half of its slice).
+  int64_t quota = 0;                        // Bytes per round.
   int64_t offset = 0;                       // Its slice in the round area.
   int32_t rounds = 0;                       // ceil(total / quota).
+  int32_t slots = 0;  // Places of `quota` bytes in its slice (rounds in flight).
   uint32_t piece_begin = 0, piece_end = 0;  // Its pieces, in LandingRounds::pieces.
 
   int32_t RoundOf(int64_t x) const { return static_cast<int32_t>(x / quota); }
   // Where stream byte `x` lies in the round area.
   int64_t AreaOffset(int64_t x) const {
     const int64_t r = x / quota;
-    return offset + (r % 2) * quota + (x - r * quota);
+    return offset + (r % slots) * quota + (x - r * quota);
   }
+  // Its slice's bytes: the whole stream when every round has a place.
+  int64_t SliceBytes() const { return slots >= rounds ? total : slots * quota; }
   // The stream bytes of round r: [RoundBegin(r), RoundEnd(r)).
   int64_t RoundBegin(int32_t r) const { return r * quota; }
   int64_t RoundEnd(int32_t r) const { return std::min(total, (r + 1) * quota); }
@@ -103,14 +110,18 @@ inline RoundMode ModeOf(const std::vector<RoundMode>& modes, uint32_t id) {
   return id < modes.size() ? modes[id] : RoundMode::kNone;
 }
 
-// Receiving side of `program` (this rank's): `modes` by buffer id. InvalidArgument when the
-// budget is below kMinRoundQuota; FailedPrecondition naming the rank when it cannot give every
-// sender two rounds of kMinRoundQuota.
-absl::StatusOr<LandingRounds> PlanLandingRounds(const plan::Plan& plan, const SendProgram& program,
-                                                const std::vector<RoundMode>& modes,
-                                                int64_t budget);
+// The default largest round (RefitEngineOptions::stage_round_bytes).
+constexpr int64_t kDefaultRoundBytes = int64_t{8} << 20;
 
-// The pack kernel's scatters of a receiver's rounds out of a round area in device memory
+// Receiving side of `program` (this rank's): `modes` by buffer id, rounds of at most
+// `round_bytes`. InvalidArgument when the budget or round_bytes is below kMinRoundQuota;
+// FailedPrecondition naming the rank when it cannot give every sender two rounds of
+// kMinRoundQuota.
+absl::StatusOr<LandingRounds> PlanLandingRounds(const plan::Plan& plan, const SendProgram& program,
+                                                const std::vector<RoundMode>& modes, int64_t budget,
+                                                int64_t round_bytes = kDefaultRoundBytes);
+
+// The pack kernel's scatters of a receiver's rounds out of a round area
 // (RoundMode::kStrided): batch first[i] + r scatters round r of senders[i], every piece's bytes
 // in it, from its place in the round area (the stream offsets count from the area's start) into
 // the destination buffers, whose offsets count from one base: `shift` (by buffer id) is the

@@ -248,11 +248,13 @@ class RefitEngine::Impl final : public MessageSink, public LinkOwner {
   }
   // Landing rounds (src/net/landing_rounds.h). Receiving side: the round pieces landing here
   // and, by sender (its index in rounds_.senders), this epoch's next round to copy out of the
-  // round area, a round whose signal came before that one's (-1: none), the first piece not yet
+  // round area, by round place (RoundSender::slots) whether a later round's signal came before
+  // that one's, the first piece not yet
   // wholly copied out and the first not yet landed. Sending side: by descriptor, its place in
   // its receiver's round stream (-1: not a round piece; see PeerLink::round_to).
   LandingRounds rounds_;
-  std::vector<int32_t> round_next_, round_early_;
+  std::vector<int32_t> round_next_;
+  std::vector<std::vector<uint8_t>> round_early_;
   std::vector<uint32_t> round_drain_piece_, round_land_piece_;
   std::vector<int64_t> round_base_;
   // Kernels on the copy queue (InitQueuedKernels; null: none). Landing rounds: each round is
@@ -272,7 +274,7 @@ class RefitEngine::Impl final : public MessageSink, public LinkOwner {
   // The round area's sender `i` signalled round `r`, the next it expects: its copies to the
   // device are enqueued (an event on to_device_).
   absl::Status DrainRound(int32_t i, int32_t r);
-  // Round `r` of sender `i` is on the device: its half is granted again (round r + 2) and the
+  // Round `r` of sender `i` is on the device: its place is granted again (round r + slots) and the
   // pieces it completed land.
   void RoundDrained(int32_t i, int32_t r);
   // The sender of a landing round message from `rank`, as an index in rounds_.senders, or -1.
@@ -412,6 +414,12 @@ absl::Status RefitEngine::Impl::Init(rendezvous::Store& store, std::vector<Buffe
         "rank %d: stage_landing_bytes is %d, below the landing rounds' minimum of %d bytes", rank_,
         options_.stage_landing_bytes, kMinRoundQuota));
   }
+  static_assert(RefitEngineOptions{}.stage_round_bytes == kDefaultRoundBytes);
+  if (options_.stage_round_bytes < kMinRoundQuota) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "rank %d: stage_round_bytes is %d, below the landing rounds' minimum of %d bytes", rank_,
+        options_.stage_round_bytes, kMinRoundQuota));
+  }
   handle_ = HandleOf(rank_);
   const bool am = UseActiveMessages(options_.delivery);
   // CUDA sources UCX cannot register go through the staging ring (InitRing): every source
@@ -487,8 +495,8 @@ absl::Status RefitEngine::Impl::Init(rendezvous::Store& store, std::vector<Buffe
         modes[b] = RoundMode::kStrided;
       }
     }
-    absl::StatusOr<LandingRounds> rounds =
-        PlanLandingRounds(plan_, program_, modes, options_.stage_landing_bytes);
+    absl::StatusOr<LandingRounds> rounds = PlanLandingRounds(
+        plan_, program_, modes, options_.stage_landing_bytes, options_.stage_round_bytes);
     if (!rounds.ok()) return rounds.status();
     rounds_ = *std::move(rounds);
     // The landing area holds only the packed streams that do not travel in the rounds.
@@ -496,7 +504,10 @@ absl::Status RefitEngine::Impl::Init(rendezvous::Store& store, std::vector<Buffe
   }
   const size_t round_senders = rounds_.senders.size();
   round_next_.assign(round_senders, 0);
-  round_early_.assign(round_senders, -1);
+  round_early_.resize(round_senders);
+  for (size_t i = 0; i < round_senders; ++i) {
+    round_early_[i].assign(static_cast<size_t>(rounds_.senders[i].slots), 0);
+  }
   round_drain_piece_.assign(round_senders, 0);
   round_land_piece_.assign(round_senders, 0);
   RESHARD_ASSIGN_OR_RETURN(
@@ -1176,7 +1187,8 @@ absl::Status RefitEngine::Impl::Start(uint64_t epoch) {
     link->ring_part = -1;
     link->ring_source = nullptr;
     link->ring_slot = -1;
-    link->round_granted = 1;  // Rounds 0 and 1 come with the epoch's grant.
+    // Rounds 0 to slots - 1 come with the epoch's grant.
+    link->round_granted = link->round_to.quota > 0 ? link->round_to.slots - 1 : 0;
     link->round_pos = 0;
     link->run_posted = 0;
     link->round_bytes = 0;
@@ -1237,7 +1249,7 @@ absl::Status RefitEngine::Impl::Start(uint64_t epoch) {
   stats_.stage_landing_bytes = memory_->round_bytes();
   stats_.stage_bounce_bytes = landing_->bounce_bytes();
   std::fill(round_next_.begin(), round_next_.end(), 0);
-  std::fill(round_early_.begin(), round_early_.end(), -1);
+  for (std::vector<uint8_t>& early : round_early_) std::fill(early.begin(), early.end(), 0);
   for (size_t i = 0; i < rounds_.senders.size(); ++i) {
     round_drain_piece_[i] = round_land_piece_[i] = rounds_.senders[i].piece_begin;
   }
@@ -1750,9 +1762,9 @@ absl::Status RefitEngine::Impl::DrainRound(int32_t i, int32_t r) {
 
 void RefitEngine::Impl::RoundDrained(int32_t i, int32_t r) {
   const RoundSender& s = rounds_.senders[i];
-  // Its half is free again: the sender may write the round after the next into it.
-  if (r + 2 < s.rounds) {
-    absl::Status granted = links_[s.rank]->SendRoundGrant(epoch_, r + 2);
+  // Its place is free again: the sender may write round r + slots into it.
+  if (r + s.slots < s.rounds) {
+    absl::Status granted = links_[s.rank]->SendRoundGrant(epoch_, r + s.slots);
     if (!granted.ok()) return Fail(granted);
   }
   const int64_t end = s.RoundEnd(r);
@@ -2026,13 +2038,17 @@ void RefitEngine::Impl::OnRound(const wire::AmHeader& h, uint64_t round, bool gr
   if (i < 0 || round >= static_cast<uint64_t>(rounds_.senders[i].rounds)) {
     return refuse("which it does not send here");
   }
-  // Rounds come in order; the next one's signal may overtake this one's.
+  // Rounds are drained in order; the signal of a later round in flight (at most slots - 1
+  // after this one) may overtake this one's.
+  const RoundSender& s = rounds_.senders[i];
   const auto r = static_cast<int32_t>(round);
-  if (r == round_next_[i] + 1 && round_early_[i] < 0) {
-    round_early_[i] = r;
+  if (r < round_next_[i] || r - round_next_[i] >= s.slots) return refuse("out of order");
+  if (r != round_next_[i]) {
+    uint8_t& early = round_early_[i][static_cast<size_t>(r % s.slots)];
+    if (early != 0) return refuse("twice");
+    early = 1;
     return;
   }
-  if (r != round_next_[i]) return refuse("out of order");
   for (int32_t next = r; next >= 0;) {
     absl::Status drained = DrainRound(i, next);
     if (!drained.ok()) {
@@ -2042,8 +2058,12 @@ void RefitEngine::Impl::OnRound(const wire::AmHeader& h, uint64_t round, bool gr
                                           rank_, next, h.from_rank, drained.message())));
     }
     round_next_[i] = next + 1;
-    next = round_early_[i] == round_next_[i] ? round_next_[i] : -1;
-    if (next >= 0) round_early_[i] = -1;
+    next = -1;
+    if (round_next_[i] < s.rounds) {
+      uint8_t& early = round_early_[i][static_cast<size_t>(round_next_[i] % s.slots)];
+      if (early != 0) next = round_next_[i];
+      early = 0;
+    }
   }
 }
 

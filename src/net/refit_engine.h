@@ -140,11 +140,17 @@ struct RefitEngineOptions {
   // Pinned host memory per rank for the landing rounds of CUDA destinations UCX cannot register
   // (docs/data-plane.md, "Destinations"; src/net/landing_rounds.h): with put delivery, the
   // pieces other ranks put into such a destination land in a round area of at most this many
-  // bytes, half of it per round, and move to the device from there; no full-size host copy of
-  // the destination exists. Only the receiver uses it (ranks need not agree). At least
-  // kMinRoundQuota (4096): InvalidArgument otherwise; FailedPrecondition when too small for two
-  // rounds of 4096 bytes per sender.
+  // bytes, in rounds of at most stage_round_bytes, and move to the device from there round by
+  // round; no full-size host copy of the destination exists. Only the receiver uses it (ranks
+  // need not agree). At least kMinRoundQuota (4096): InvalidArgument otherwise;
+  // FailedPrecondition when too small for two rounds of 4096 bytes per sender.
   int64_t stage_landing_bytes = int64_t{256} << 20;
+  // The largest landing round (src/net/landing_rounds.h), for staged and registered
+  // destinations alike: a sender's stream is copied out of the round area round by round while
+  // its next rounds land, so only its last round's copy follows its last byte. Smaller rounds
+  // overlap more and cost a signal, a flush and a scatter launch each. Only the receiver uses
+  // it; at least kMinRoundQuota (InvalidArgument otherwise).
+  int64_t stage_round_bytes = int64_t{8} << 20;  // landing_rounds.h's kDefaultRoundBytes
   // How a landing round moves from the round area into the destinations: one launch of the
   // scatter kernel per round (the default wherever the kernels are built), or, false, the copy
   // engines with one 2-D copy per slab. For measurements (put_bench --cuda times both): the

@@ -38,17 +38,23 @@ absl::StatusOr<RoundSender> RoundStreamOf(const rendezvous::Record& theirs, int3
   auto field = theirs.find(RoundsField(rank));
   if (field == theirs.end()) return s;
   std::vector<std::string> parts = absl::StrSplit(field->second, ':');
-  if (parts.size() != 3 || !absl::SimpleAtoi(parts[0], &s.offset) ||
+  if (parts.size() != 4 || !absl::SimpleAtoi(parts[0], &s.offset) ||
       !absl::SimpleAtoi(parts[1], &s.quota) || !absl::SimpleAtoi(parts[2], &s.total) ||
-      s.offset < 0 || s.quota < 1 || s.total < 1 || static_cast<uint64_t>(s.quota) > registered) {
+      !absl::SimpleAtoi(parts[3], &s.slots) || s.offset < 0 || s.quota < 1 || s.total < 1 ||
+      s.slots < 1 || static_cast<uint64_t>(s.quota) > registered) {
     return absl::DataLossError(absl::StrCat("the wire-up record of rank ", peer,
                                             " has a malformed ", RoundsField(rank), " field"));
   }
-  s.rounds = static_cast<int32_t>(std::min<int64_t>((s.total - 1) / s.quota + 1, INT32_MAX));
-  // Unsigned: 2 * quota of a hostile record (quota <= registered, which the record also names)
-  // would overflow int64; quota < 2^63, so twice it fits uint64.
-  const uint64_t area =
-      s.rounds == 1 ? static_cast<uint64_t>(s.total) : 2 * static_cast<uint64_t>(s.quota);
+  const int64_t rounds = (s.total - 1) / s.quota + 1;
+  if (rounds > INT32_MAX) {
+    return absl::DataLossError(absl::StrCat("the wire-up record of rank ", peer, " cuts rank ",
+                                            rank, "'s ", s.total, " bytes into more than ",
+                                            INT32_MAX, " landing rounds"));
+  }
+  s.rounds = static_cast<int32_t>(rounds);
+  s.slots = std::min(s.slots, s.rounds);
+  // The slice: the stream, or slots * quota with slots < rounds, below the stream (no overflow).
+  const auto area = static_cast<uint64_t>(s.SliceBytes());
   // Inside the registered area, and inside int64 (every later offset into it is int64).
   const uint64_t limit = std::min<uint64_t>(registered, INT64_MAX);
   if (static_cast<uint64_t>(s.offset) > limit || area > limit - static_cast<uint64_t>(s.offset)) {
@@ -125,7 +131,7 @@ absl::Status Connect(rendezvous::Store& store, const std::string& prefix, int32_
     }
   }
   for (const RoundSender& r : rounds.senders) {
-    mine[RoundsField(r.rank)] = absl::StrCat(r.offset, ":", r.quota, ":", r.total);
+    mine[RoundsField(r.rank)] = absl::StrCat(r.offset, ":", r.quota, ":", r.total, ":", r.slots);
   }
   RESHARD_RETURN_IF_ERROR(rendezvous::PublishRecord(store, prefix, "wireup", rank, mine));
   for (const std::unique_ptr<PeerLink>& link : links) {

@@ -51,7 +51,8 @@ namespace reshard::net {
                                                      uint64_t registered);
 
 // This rank's stream into `peer`'s landing rounds, from `peer`'s wire-up record (`rounds.<rank>`
-// = "OFFSET:QUOTA:TOTAL", src/net/landing_rounds.h); quota 0 when the record has none. DataLoss
+// = "OFFSET:QUOTA:TOTAL:SLOTS", src/net/landing_rounds.h; slots above the rounds read as the
+// rounds); quota 0 when the record has none. DataLoss
 // when the field is malformed or its rounds do not lie inside the `registered` bytes of the
 // peer's round area.
 [[nodiscard]] absl::StatusOr<RoundSender> RoundStreamOf(const rendezvous::Record& theirs,

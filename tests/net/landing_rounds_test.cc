@@ -1,7 +1,8 @@
 // Landing rounds (src/net/landing_rounds.h) on real plans, without UCX: the receiver's table and
 // every sender's stream agree piece by piece (the same world indices at the same stream
-// offsets, the same totals), quotas stay within the budget with two halves per sender, every
-// stream byte has one place in its sender's slice and consecutive rounds alternate halves,
+// offsets, the same totals), slices stay within the budget with at least two places per sender
+// (every round its own place when everything fits), rounds no larger than stage_round_bytes,
+// every stream byte has one place in its sender's slice and round r takes place r % slots,
 // pieces that cannot travel in rounds (delta, empty, relayed; packed into direct destinations,
 // contiguous into registered ones) are left out, and a
 // budget too small is refused with the rank named. The wire-up field is parsed strictly.
@@ -179,7 +180,9 @@ TEST(LandingRounds, ABudgetThatHoldsEverythingGivesOneRoundEach) {
   ASSERT_EQ(rounds->senders.size(), 2u);
   int64_t all = 0;
   for (const RoundSender& s : rounds->senders) {
+    EXPECT_LT(s.total, kDefaultRoundBytes);
     EXPECT_EQ(s.rounds, 1);
+    EXPECT_EQ(s.slots, 1);
     EXPECT_EQ(s.quota, s.total);
     EXPECT_EQ(s.offset, all);
     all += s.total;
@@ -187,29 +190,71 @@ TEST(LandingRounds, ABudgetThatHoldsEverythingGivesOneRoundEach) {
   EXPECT_EQ(rounds->area_bytes, all);
 }
 
-TEST(LandingRounds, ASmallBudgetCutsEveryStreamIntoAlternatingHalves) {
+// Streams longer than stage_round_bytes are cut into rounds of it even when the budget holds
+// everything: each round has its own place (the stream's bytes in order, all granted with the
+// epoch), so the receiver copies a round out while the next ones land.
+TEST(LandingRounds, ABudgetThatHoldsEverythingStillCutsLongStreamsIntoRounds) {
+  const plan::Plan plan = MakeRoundsPlan(kRoundsTwoSenders);
+  const SendProgram program = BuildSendProgram(plan, 2, RoundsOptions());
+  const int64_t round_bytes = (16 << 10) + 100;  // Rounds in whole 256-byte units: 16 KiB.
+  absl::StatusOr<LandingRounds> rounds =
+      PlanLandingRounds(plan, program, AllDirect(plan), 256 << 20, round_bytes);
+  ASSERT_TRUE(rounds.ok()) << rounds.status();
+  ASSERT_EQ(rounds->senders.size(), 2u);
+  int64_t all = 0;
+  for (const RoundSender& s : rounds->senders) {
+    EXPECT_EQ(s.quota, 16 << 10);
+    EXPECT_EQ(s.rounds, (s.total + s.quota - 1) / s.quota);
+    EXPECT_GE(s.rounds, 4);
+    EXPECT_EQ(s.slots, s.rounds);
+    EXPECT_EQ(s.offset, all);
+    EXPECT_EQ(s.SliceBytes(), s.total);
+    for (int64_t x : {int64_t{0}, s.quota - 1, s.quota, 3 * s.quota + 7, s.total - 1}) {
+      EXPECT_EQ(s.AreaOffset(x), s.offset + x);
+    }
+    all += s.total;
+  }
+  EXPECT_EQ(rounds->area_bytes, all);
+  // Below the least round: refused, naming the option.
+  rounds = PlanLandingRounds(plan, program, AllDirect(plan), 256 << 20, kMinRoundQuota - 1);
+  ASSERT_FALSE(rounds.ok());
+  EXPECT_EQ(rounds.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(rounds.status().message().find("stage_round_bytes"), std::string::npos);
+}
+
+// A budget below the streams: each sender's share holds at least two places (two halves when
+// the share is below twice stage_round_bytes, more places of stage_round_bytes otherwise),
+// reused in turn.
+TEST(LandingRounds, ASmallBudgetCutsEveryStreamIntoPlacesReusedInTurn) {
   const plan::Plan plan = MakeRoundsPlan(kRoundsTwoSenders);
   const SendProgram program = BuildSendProgram(plan, 3, RoundsOptions());
   const int64_t budget = 40 << 10;
-  absl::StatusOr<LandingRounds> rounds = PlanLandingRounds(plan, program, AllDirect(plan), budget);
-  ASSERT_TRUE(rounds.ok()) << rounds.status();
-  EXPECT_LE(rounds->area_bytes, budget);
-  int64_t end = 0;
-  for (const RoundSender& s : rounds->senders) {
-    EXPECT_GE(s.quota, kMinRoundQuota);
-    EXPECT_EQ(s.quota % 256, 0);
-    EXPECT_GT(s.rounds, 2) << "sender " << s.rank;
-    EXPECT_EQ(s.offset, end);  // Slices follow each other.
-    end = s.offset + 2 * s.quota;
-    for (int32_t r = 0; r < s.rounds; ++r) {
-      const int64_t first = s.AreaOffset(s.RoundBegin(r));
-      EXPECT_EQ(first, s.offset + (r % 2) * s.quota);
-      EXPECT_LE(s.AreaOffset(s.RoundEnd(r) - 1), first + s.quota - 1);
-      EXPECT_EQ(s.RoundOf(s.RoundEnd(r) - 1), r);
+  for (int64_t round_bytes : {kDefaultRoundBytes, int64_t{4096}}) {
+    absl::StatusOr<LandingRounds> rounds =
+        PlanLandingRounds(plan, program, AllDirect(plan), budget, round_bytes);
+    ASSERT_TRUE(rounds.ok()) << rounds.status();
+    EXPECT_LE(rounds->area_bytes, budget);
+    int64_t end = 0;
+    for (const RoundSender& s : rounds->senders) {
+      EXPECT_GE(s.quota, kMinRoundQuota);
+      EXPECT_LE(s.quota, round_bytes);
+      EXPECT_EQ(s.quota % 256, 0);
+      EXPECT_GT(s.rounds, s.slots) << "sender " << s.rank;
+      // Two halves of about a quarter of the budget each, or five places of 4 KiB.
+      EXPECT_EQ(s.slots, round_bytes == 4096 ? 5 : 2) << "sender " << s.rank;
+      EXPECT_EQ(s.offset, end);  // Slices follow each other.
+      EXPECT_EQ(s.SliceBytes(), s.slots * s.quota);
+      end = s.offset + s.SliceBytes();
+      for (int32_t r = 0; r < s.rounds; ++r) {
+        const int64_t first = s.AreaOffset(s.RoundBegin(r));
+        EXPECT_EQ(first, s.offset + (r % s.slots) * s.quota);
+        EXPECT_LE(s.AreaOffset(s.RoundEnd(r) - 1), first + s.quota - 1);
+        EXPECT_EQ(s.RoundOf(s.RoundEnd(r) - 1), r);
+      }
+      EXPECT_EQ(s.RoundEnd(s.rounds - 1), s.total);
     }
-    EXPECT_EQ(s.RoundEnd(s.rounds - 1), s.total);
+    EXPECT_EQ(end, rounds->area_bytes);
   }
-  EXPECT_EQ(end, rounds->area_bytes);
 }
 
 // The scatters of a device round area (PlanRoundScatters), run with the kernel's host twin:
@@ -239,45 +284,53 @@ TEST(LandingRounds, RoundScattersPutEveryByteWhereTheExecutorDoes) {
       byte = static_cast<uint8_t>(seed);
     }
   }
-  for (int32_t p = 2; p < plan.world_size(); ++p) {
-    // 16 KiB of round area for about 66 KiB from each sender: rounds of 4 KiB, pieces cut.
-    absl::StatusOr<LandingRounds> rounds = PlanLandingRounds(plan, programs[p], modes, 16 << 10);
-    ASSERT_TRUE(rounds.ok()) << rounds.status();
-    absl::StatusOr<RoundScatters> scatters =
-        PlanRoundScatters(plan, programs[p], *rounds, at[p], cuda::kMaxPackWidth);
-    ASSERT_TRUE(scatters.ok()) << scatters.status();
-    std::vector<uint8_t> ours(memory[p].size(), 0xA5), expected(memory[p].size(), 0xA5);
-    std::vector<uint8_t> area(static_cast<size_t>(rounds->area_bytes), 0);
-    int32_t batches = 0;
-    for (size_t i = 0; i < rounds->senders.size(); ++i) {
-      const RoundSender& s = rounds->senders[i];
-      // The sender's stream: its round pieces' runs in order, from its source buffers.
-      std::vector<uint8_t> stream;
-      for (uint32_t k = s.piece_begin; k < s.piece_end; ++k) {
-        const plan::Transfer& t = plan.transfers()[programs[p].received[rounds->pieces[k].slot]];
-        const plan::Region& region = plan.region(t.region);
-        const uint8_t* from =
-            memory[s.rank].data() + at[s.rank][plan.buffer_of(t.tensor, t.from_side)];
-        uint8_t* to = expected.data() + at[p][plan.buffer_of(t.tensor, t.to_side)];
-        plan::ForEachRun(region, plan.region_dims(region), [&](int64_t f, int64_t d, int64_t n) {
-          stream.insert(stream.end(), from + f, from + f + n);
-          std::memcpy(to + d, from + f, static_cast<size_t>(n));
-        });
+  // 16 KiB of round area for about 66 KiB from each sender (two places of 4 KiB, pieces cut),
+  // 64 KiB (rounds of 4 KiB in eight places) and 1 MiB (everything: rounds of 8 KiB, each in
+  // its own place).
+  struct Sizes {
+    int64_t budget, round_bytes;
+  };
+  for (const Sizes sizes :
+       {Sizes{16 << 10, kDefaultRoundBytes}, Sizes{64 << 10, 4 << 10}, Sizes{1 << 20, 8 << 10}})
+    for (int32_t p = 2; p < plan.world_size(); ++p) {
+      absl::StatusOr<LandingRounds> rounds =
+          PlanLandingRounds(plan, programs[p], modes, sizes.budget, sizes.round_bytes);
+      ASSERT_TRUE(rounds.ok()) << rounds.status();
+      absl::StatusOr<RoundScatters> scatters =
+          PlanRoundScatters(plan, programs[p], *rounds, at[p], cuda::kMaxPackWidth);
+      ASSERT_TRUE(scatters.ok()) << scatters.status();
+      std::vector<uint8_t> ours(memory[p].size(), 0xA5), expected(memory[p].size(), 0xA5);
+      std::vector<uint8_t> area(static_cast<size_t>(rounds->area_bytes), 0);
+      int32_t batches = 0;
+      for (size_t i = 0; i < rounds->senders.size(); ++i) {
+        const RoundSender& s = rounds->senders[i];
+        // The sender's stream: its round pieces' runs in order, from its source buffers.
+        std::vector<uint8_t> stream;
+        for (uint32_t k = s.piece_begin; k < s.piece_end; ++k) {
+          const plan::Transfer& t = plan.transfers()[programs[p].received[rounds->pieces[k].slot]];
+          const plan::Region& region = plan.region(t.region);
+          const uint8_t* from =
+              memory[s.rank].data() + at[s.rank][plan.buffer_of(t.tensor, t.from_side)];
+          uint8_t* to = expected.data() + at[p][plan.buffer_of(t.tensor, t.to_side)];
+          plan::ForEachRun(region, plan.region_dims(region), [&](int64_t f, int64_t d, int64_t n) {
+            stream.insert(stream.end(), from + f, from + f + n);
+            std::memcpy(to + d, from + f, static_cast<size_t>(n));
+          });
+        }
+        ASSERT_EQ(static_cast<int64_t>(stream.size()), s.total);
+        ASSERT_GT(s.rounds, 2);
+        ASSERT_EQ(scatters->first[i], batches);
+        for (int32_t r = 0; r < s.rounds; ++r) {
+          std::memcpy(area.data() + s.AreaOffset(s.RoundBegin(r)), stream.data() + s.RoundBegin(r),
+                      static_cast<size_t>(s.RoundEnd(r) - s.RoundBegin(r)));
+          cuda::UnpackOnHost(scatters->batches[static_cast<size_t>(scatters->first[i] + r)],
+                             area.data(), ours.data());
+        }
+        batches += s.rounds;
       }
-      ASSERT_EQ(static_cast<int64_t>(stream.size()), s.total);
-      ASSERT_GT(s.rounds, 2);
-      ASSERT_EQ(scatters->first[i], batches);
-      for (int32_t r = 0; r < s.rounds; ++r) {
-        std::memcpy(area.data() + s.AreaOffset(s.RoundBegin(r)), stream.data() + s.RoundBegin(r),
-                    static_cast<size_t>(s.RoundEnd(r) - s.RoundBegin(r)));
-        cuda::UnpackOnHost(scatters->batches[static_cast<size_t>(scatters->first[i] + r)],
-                           area.data(), ours.data());
-      }
-      batches += s.rounds;
+      EXPECT_EQ(static_cast<int32_t>(scatters->batches.size()), batches);
+      EXPECT_EQ(ours, expected) << "rank " << p;
     }
-    EXPECT_EQ(static_cast<int32_t>(scatters->batches.size()), batches);
-    EXPECT_EQ(ours, expected) << "rank " << p;
-  }
 }
 
 // Compacting the landing area: each receiver lays it out again without its round pieces'
@@ -391,44 +444,60 @@ TEST(LandingRounds, TheWireUpFieldIsParsedStrictly) {
   absl::StatusOr<RoundSender> s = RoundStreamOf(theirs, 1, 4, 1 << 20);
   ASSERT_TRUE(s.ok());
   EXPECT_EQ(s->quota, 0);  // None published: no rounds.
-  theirs["rounds.1"] = "4096:8192:40000";
+  theirs["rounds.1"] = "4096:8192:40000:2";
   s = RoundStreamOf(theirs, 1, 4, 1 << 20);
   ASSERT_TRUE(s.ok()) << s.status();
   EXPECT_EQ(s->offset, 4096);
   EXPECT_EQ(s->quota, 8192);
   EXPECT_EQ(s->total, 40000);
   EXPECT_EQ(s->rounds, 5);
-  for (const char* bad : {"4096:8192", "x:8192:40000", "4096:0:40000", "-1:8192:40000",
-                          "4096:8192:0", "4096:8192:40000:1"}) {
+  EXPECT_EQ(s->slots, 2);
+  // More places than rounds: every round its own (the slice is the stream).
+  theirs["rounds.1"] = "4096:8192:40000:2147483647";
+  s = RoundStreamOf(theirs, 1, 4, 1 << 20);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->slots, 5);
+  EXPECT_EQ(s->SliceBytes(), 40000);
+  for (const char* bad : {"4096:8192:40000", "x:8192:40000:2", "4096:0:40000:2", "-1:8192:40000:2",
+                          "4096:8192:0:2", "4096:8192:40000:0", "4096:8192:40000:-2",
+                          "4096:8192:40000:2:1", "4096:8192:40000:x", "0:1:4294967296:2"}) {
     theirs["rounds.1"] = bad;
     s = RoundStreamOf(theirs, 1, 4, 1 << 20);
     ASSERT_FALSE(s.ok()) << bad;
     EXPECT_EQ(s.status().code(), absl::StatusCode::kDataLoss) << bad;
     EXPECT_NE(s.status().message().find("rank 4"), std::string::npos) << s.status();
   }
-  // Two halves of 8192 at 4096 do not fit 16 KiB; one round of the whole stream does.
-  theirs["rounds.1"] = "4096:8192:40000";
+  // Two places of 8192 at 4096 do not fit 16 KiB; one round of the whole stream does.
+  theirs["rounds.1"] = "4096:8192:40000:2";
   s = RoundStreamOf(theirs, 1, 4, 16 << 10);
   ASSERT_FALSE(s.ok());
   EXPECT_EQ(s.status().code(), absl::StatusCode::kDataLoss);
-  theirs["rounds.1"] = "4096:12288:12288";
+  theirs["rounds.1"] = "4096:12288:12288:1";
   EXPECT_TRUE(RoundStreamOf(theirs, 1, 4, 16 << 10).ok());
-  // Hostile sizes in a record that also claims a huge area: twice the quota overflows int64 and
-  // the offset leaves no room; refused without wrapping.
-  theirs["rounds.1"] = "9223372036854775807:4611686018427387905:9223372036854775807";
+  // Hostile sizes in a record that also claims a huge area: the offset leaves no room for the
+  // slice (the stream); refused without wrapping.
+  theirs["rounds.1"] = "9223372036854775807:4611686018427387905:9223372036854775807:2";
   s = RoundStreamOf(theirs, 1, 4, UINT64_MAX);
   ASSERT_FALSE(s.ok());
   EXPECT_EQ(s.status().code(), absl::StatusCode::kDataLoss);
-  // Two halves of 2^62 + 1 bytes fit 2^64 - 1 registered bytes, but not int64 offsets.
-  theirs["rounds.1"] = "0:4611686018427387905:9223372036854775807";
+  // A slice of 2^63 - 1 bytes at offset 1 fits 2^64 - 1 registered bytes, but not int64 offsets.
+  theirs["rounds.1"] = "1:4611686018427387905:9223372036854775807:2";
   s = RoundStreamOf(theirs, 1, 4, UINT64_MAX);
   ASSERT_FALSE(s.ok());
   EXPECT_EQ(s.status().code(), absl::StatusCode::kDataLoss);
+  theirs["rounds.1"] = "0:4611686018427387905:9223372036854775807:1";  // One place: fits.
   EXPECT_FALSE(RoundStreamOf(theirs, 1, 4, uint64_t{1} << 62).ok());
-  theirs["rounds.1"] = "0:2305843009213693952:4611686018427387904";  // 2^61 halves: fit.
   s = RoundStreamOf(theirs, 1, 4, UINT64_MAX);
   ASSERT_TRUE(s.ok()) << s.status();
   EXPECT_EQ(s->rounds, 2);
+  EXPECT_EQ(s->SliceBytes(), 4611686018427387905);
+  // Many places of many bytes: slots * quota would overflow, but a slice is never above the
+  // stream.
+  theirs["rounds.1"] = "0:4611686018427387904:9223372036854775807:3";
+  s = RoundStreamOf(theirs, 1, 4, UINT64_MAX);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->slots, 2);
+  EXPECT_EQ(s->SliceBytes(), 9223372036854775807);
 }
 
 }  // namespace

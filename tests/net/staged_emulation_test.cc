@@ -65,6 +65,7 @@ struct World {
   // Landing rounds copied out by the copy engines, one 2-D copy per slab, instead of one
   // scatter-kernel launch each (RefitEngineOptions::scatter_rounds_by_kernel = false).
   bool slab_copies = false;
+  int64_t round_bytes = 0;  // RefitEngineOptions::stage_round_bytes (0: the default).
 };
 
 // A rank's plan of `spec_json` and its buffers: host memory marked CUDA (the devices emulated,
@@ -140,6 +141,7 @@ int Rank(int rank, const std::string& dir, const World& world) {
   options.delivery = world.delivery;
   options.delta = delta;
   if (world.landing_bytes > 0) options.stage_landing_bytes = world.landing_bytes;
+  if (world.round_bytes > 0) options.stage_round_bytes = world.round_bytes;
   options.scatter_rounds_by_kernel = !world.slab_copies;
   // A staging ring far smaller than the sources: many batches, every slot reused.
   options.stage_ring_bytes = kRingBytes;
@@ -199,7 +201,9 @@ int Rank(int rank, const std::string& dir, const World& world) {
     const bool rounds = !source && puts && !delta;
     const int64_t budget = world.landing_bytes > 0 ? world.landing_bytes : int64_t{256} << 20;
     const int64_t copies = ring ? 0 : source ? src_bytes : delta ? dst_bytes : 0;
-    const int64_t least_rounds = !rounds ? 0 : world.landing_bytes > 0 ? 16 : 2;
+    // Small rounds: a small area or small stage_round_bytes.
+    const bool small = world.landing_bytes > 0 || world.round_bytes > 0;
+    const int64_t least_rounds = !rounds ? 0 : small ? 16 : 2;
     if (world.registered) {
       // A CUDA-aware UCX: every buffer registered, nothing staged. The strided pieces, plain
       // ("v", runs of 8 KiB) and packed ("w", runs of 1 KiB), are packed into the device ring
@@ -210,10 +214,13 @@ int Rank(int rank, const std::string& dir, const World& world) {
       // rounds) carry them all as data messages.
       const int64_t v_bytes = bytes[plan->buffer_of(1, plan::Side::kSrc)];
       const int64_t w_bytes = bytes[plan->buffer_of(0, plan::Side::kSrc)];
-      // Every put but the one of "e" carries a whole ring part (32 KiB, a slot) or, through
-      // the small round area, a whole round (16 KiB): never one run of 8 or 1 KiB.
-      const int64_t put_bytes = world.landing_bytes > 0 ? 16 << 10 : 32 << 10;
-      const int64_t least_rounds = world.landing_bytes > 0 ? 16 : 2;
+      // Every put but the one of "e" carries a whole ring part (32 KiB, a slot) or, with small
+      // rounds, a whole round (16 KiB through the small round area, or stage_round_bytes):
+      // never one run of 8 or 1 KiB (unless the rounds are smaller).
+      const int64_t put_bytes =
+          std::min<int64_t>(world.landing_bytes > 0 ? 16 << 10 : 32 << 10,
+                            world.round_bytes > 0 ? world.round_bytes : int64_t{32} << 10);
+      const int64_t least_rounds = small ? 16 : 2;
       const bool ok =
           st.cuda_buffers_registered == (rank == 2 ? 2 : 3) && st.cuda_buffers_staged == 0 &&
           st.bytes_staged_to_host == 0 && st.bytes_staged_to_device == 0 &&
@@ -318,6 +325,26 @@ TEST(StagedEmulation, PutDeliveryThroughASmallLandingAreaBySlabCopiesByteExact) 
 
 TEST(StagedEmulation, AnEpochAbortedInTheMiddleOfItsRoundsIsFollowedByByteExactRefits) {
   RunWorld(World{kPut, false, 64 << 10, /*abort_epoch=*/2}, "staged-put-abort");
+  // With rounds of 4 KiB in eight places per sender, several rounds in flight.
+  World world{kPut, false, 64 << 10, /*abort_epoch=*/2};
+  world.round_bytes = 4 << 10;
+  RunWorld(world, "staged-put-abort-places");
+}
+
+// The default area holds everything, but rounds of at most 16 KiB (stage_round_bytes): 17
+// rounds per sender, each in its own place, all granted with the epoch and copied out one by
+// one as they land, signals possibly overtaking one another.
+TEST(StagedEmulation, PutDeliveryInSmallRoundsAllInFlightByteExact) {
+  World world{kPut, false, 0};
+  world.round_bytes = 16 << 10;
+  RunWorld(world, "staged-put-all-in-flight");
+}
+
+// 64 KiB of area with rounds of 4 KiB: eight places per sender, each reused eight times.
+TEST(StagedEmulation, PutDeliveryThroughManyPlacesReusedInTurnByteExact) {
+  World world{kPut, false, 64 << 10};
+  world.round_bytes = 4 << 10;
+  RunWorld(world, "staged-put-places");
 }
 
 TEST(StagedEmulation, ActiveMessagesCopyIntoDirectDestinationsByteExact) {
@@ -337,6 +364,14 @@ TEST(StagedEmulation, RegisteredDeviceMemoryThroughASmallRoundAreaByteExact) {
   World world{kPut, false, 64 << 10};
   world.registered = true;
   RunWorld(world, "registered-put-rounds");
+}
+
+// Rounds of 16 KiB (stage_round_bytes), all in flight: ring parts cut at round ends.
+TEST(StagedEmulation, RegisteredDeviceMemoryInSmallRoundsAllInFlightByteExact) {
+  World world{kPut, false, 0};
+  world.registered = true;
+  world.round_bytes = 16 << 10;
+  RunWorld(world, "registered-put-all-in-flight");
 }
 
 TEST(StagedEmulation, RegisteredDeviceMemoryThroughASmallRoundAreaBySlabCopiesByteExact) {
