@@ -123,7 +123,7 @@ def main():
         else:
             buffers["w"] = flat["w"].reshape(-1, 2)[:, 0]
     kwargs = {"sources": buffers} if side == reshard.Side.source else {"destinations": buffers}
-    if a.case == "small_ring":  # a staging ring budget below the library's minimum (512 bytes)
+    if a.case == "small_ring":  # a staging ring budget below the library's minimum (2048 bytes)
         kwargs["stage_ring_bytes"] = 100
     elif a.case == "refit":  # host buffers: the budgets pass through, no ring or round area
         kwargs["stage_ring_bytes"] = 1 << 20

@@ -67,11 +67,11 @@ def test_refused_buffers_name_buffer_side_and_rank():
 
 def test_a_staging_ring_below_the_minimum_fails_every_rank_naming_it():
     # RefitHandle(..., stage_ring_bytes=100): every rank's engine refuses the budget at set-up
-    # with the library's message (the minimum is two 256-byte slots).
+    # with the library's message (the minimum is eight 256-byte slots).
     results = run("small_ring", steps=1)
     for rank in range(4):
         code, out = results[rank]
         assert code == 3, out
-        assert ("rank %d: stage_ring_bytes is 100, below the staging ring's minimum of 512 bytes"
+        assert ("rank %d: stage_ring_bytes is 100, below the staging ring's minimum of 2048 bytes"
                 % rank) in out, out
 

@@ -53,9 +53,11 @@ inline constexpr int64_t kBatchAlign = 256;
 // The delta encode pipeline's pinned budget, all slots together, and its slot count.
 inline constexpr int64_t kDeltaBatchBudget = 64 << 20;
 inline constexpr int32_t kDeltaBatchSlots = 2;
-// The staging ring's default budget (RefitEngineOptions::stage_ring_bytes) and slot count.
+// The staging ring's default budget (RefitEngineOptions::stage_ring_bytes) and slot count:
+// eight slots (32 MiB each by default), so the first put waits for an eighth of the budget to
+// be packed, not half of it, and the GPU packs up to seven batches ahead of the wire.
 inline constexpr int64_t kStageRingBudget = int64_t{256} << 20;
-inline constexpr int32_t kStageRingSlots = 2;
+inline constexpr int32_t kStageRingSlots = 8;
 
 // The slot size for `budget_bytes` in `slots` slots (below 1 counts as 1): budget / slots,
 // rounded down to kBatchAlign (at least kBatchAlign).

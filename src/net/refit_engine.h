@@ -133,9 +133,10 @@ struct RefitEngineOptions {
   bool delta = false;
   // Pinned host memory per rank for the staging ring of CUDA sources UCX cannot register
   // (docs/data-plane.md, "The staging ring"): the GPU packs the pieces such a source sends into
-  // the ring's two slots, batch by batch in posting order, and puts read the slots; no
-  // full-size host copy of the source exists. Every run is cut at the slot size (half of this).
-  // At least 512 (two slots of 256 bytes): InvalidArgument otherwise.
+  // the ring's eight slots (cuda::kStageRingSlots), batch by batch in posting order, and puts
+  // read the slots; no full-size host copy of the source exists. Every run is cut at the slot
+  // size (an eighth of this). At least 2048 (eight slots of 256 bytes): InvalidArgument
+  // otherwise.
   int64_t stage_ring_bytes = int64_t{256} << 20;
   // Pinned host memory per rank for the landing rounds of CUDA destinations UCX cannot register
   // (docs/data-plane.md, "Destinations"; src/net/landing_rounds.h): with put delivery, the

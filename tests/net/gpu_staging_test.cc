@@ -146,7 +146,7 @@ TEST(GpuStaging, DeviceBuffersRefitByteExact) {
   RunOnGpu(4, "world", [](int32_t r, const std::string& dir) { return DeviceWorldRank(r, dir); });
 }
 
-// A staged refit whose staging ring (64 KiB: two slots of 32 KiB, runs cut at 32 KiB) is far
+// A staged refit whose staging ring (64 KiB: eight slots of 8 KiB, runs cut at 8 KiB) is far
 // smaller than the 512 KiB each source sends: many batches, every slot reused several times per
 // refit, packed streams and plain runs both read from the ring; byte-exact over three refits.
 TEST(GpuStaging, StagingRingRowsToColumnsInManyBatchesByteExact) {

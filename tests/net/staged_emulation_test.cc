@@ -21,6 +21,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "src/cuda/batch_plan.h"
 #include "src/cuda/runtime.h"
 #include "src/net/landing.h"
 #include "src/net/refit_engine.h"
@@ -214,12 +215,11 @@ int Rank(int rank, const std::string& dir, const World& world) {
       // rounds) carry them all as data messages.
       const int64_t v_bytes = bytes[plan->buffer_of(1, plan::Side::kSrc)];
       const int64_t w_bytes = bytes[plan->buffer_of(0, plan::Side::kSrc)];
-      // Every put but the one of "e" carries a whole ring part (32 KiB, a slot) or, with small
-      // rounds, a whole round (16 KiB through the small round area, or stage_round_bytes):
-      // never one run of 8 or 1 KiB (unless the rounds are smaller).
+      // Every put but the one of "e" carries a whole ring part (8 KiB, a slot) or a whole
+      // round when rounds are smaller: never one run of 1 KiB.
+      const int64_t slot = cuda::SlotBytes(kRingBytes, cuda::kStageRingSlots);
       const int64_t put_bytes =
-          std::min<int64_t>(world.landing_bytes > 0 ? 16 << 10 : 32 << 10,
-                            world.round_bytes > 0 ? world.round_bytes : int64_t{32} << 10);
+          std::min<int64_t>(slot, world.round_bytes > 0 ? world.round_bytes : slot);
       const int64_t least_rounds = small ? 16 : 2;
       const bool ok =
           st.cuda_buffers_registered == (rank == 2 ? 2 : 3) && st.cuda_buffers_staged == 0 &&

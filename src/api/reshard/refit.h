@@ -167,8 +167,9 @@ struct HandleOptions {
   bool delta = false;
   // Pinned host memory per rank for the staging ring of CUDA sources that UCX cannot register
   // (Debian's UCX): the GPU packs the pieces they send into it, batch by batch as they are
-  // posted, so no full-size host copy of a source exists (docs/data-plane.md). At least 512
-  // bytes (InvalidArgument otherwise); the ring is allocated only when such sources exist.
+  // posted, in eight slots, so no full-size host copy of a source exists (docs/data-plane.md).
+  // At least 2048 bytes (InvalidArgument otherwise); the ring is allocated only when such
+  // sources exist.
   int64_t stage_ring_bytes = int64_t{256} << 20;
   // Pinned host memory per rank for the landing rounds of CUDA destinations that UCX cannot
   // register: the pieces other ranks put into them land there, half of it per round, and move
