@@ -32,7 +32,10 @@
 // With --cuda and the emulations a third case, "rounds by slab copies", runs the first again
 // with its landing rounds copied out by the copy engines, one 2-D copy per slab, instead of one
 // scatter-kernel launch per round (RefitEngineOptions::scatter_rounds_by_kernel), so a GPU run
-// shows which of the two a round area should use (--cuda prints its ratio to cudaMemcpy too).
+// shows which of the two a round area should use, and a fourth, "one round per sender", with
+// each sender's stream in one round (stage_round_bytes unbounded: nothing is scattered before
+// the stream's last byte landed), so a GPU run shows what scattering round by round while the
+// next rounds land gains (--cuda prints both ratios to cudaMemcpy too).
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -40,6 +43,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <random>
 #include <string>
@@ -90,6 +94,8 @@ struct Case {
   // RefitEngineOptions::scatter_rounds_by_kernel = false: landing rounds copied out slab by
   // slab by the copy engines.
   bool slab_copies = false;
+  // RefitEngineOptions::stage_round_bytes (0: --round-bytes, else the default).
+  int64_t round_bytes = 0;
 };
 
 std::string StridedSpec(const Flags& f) {
@@ -216,6 +222,7 @@ int Child(int rank, const Flags& flags, const std::vector<Case>& cases, int port
     if (flags.outstanding > 0) options.max_outstanding_puts = flags.outstanding;
     if (flags.landing_bytes > 0) options.stage_landing_bytes = flags.landing_bytes;
     if (flags.round_bytes > 0) options.stage_round_bytes = flags.round_bytes;
+    if (c.round_bytes > 0) options.stage_round_bytes = c.round_bytes;
     options.scatter_rounds_by_kernel = !c.slab_copies;
     auto engine = RefitEngine::Create(h.plan, rank, **store, *runtime, buffers, options);
     if (!engine.ok()) {
@@ -401,6 +408,9 @@ int main(int argc, char** argv) {
     // The first case again, its landing rounds copied out by the copy engines instead of the
     // scatter kernel: which of the two a round area should use is measured here.
     cases.push_back({"same, rounds by slab copies", cases[0].spec, "bench/slabs", true});
+    // And with one round per sender: what scattering while the next rounds land gains.
+    cases.push_back({"same, one round per sender", cases[0].spec, "bench/oneround", false,
+                     std::numeric_limits<int64_t>::max()});
   }
   std::random_device rd;
   const std::string token = absl::StrCat("bench", rd());
@@ -484,6 +494,8 @@ int main(int argc, char** argv) {
                 copy > 0 ? medians[0] / copy : 0.0);
     std::printf("  %-30s rounds by slab copies / cudaMemcpy: %.2f\n", "",
                 copy > 0 ? medians[2] / copy : 0.0);
+    std::printf("  %-30s one round per sender / cudaMemcpy: %.2f\n", "",
+                copy > 0 ? medians[3] / copy : 0.0);
   }
   return 0;
 }

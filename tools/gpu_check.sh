@@ -18,7 +18,8 @@
 # Last, the staging ring at size: a 1 GiB bf16 rows -> columns refit of device buffers between
 # four processes sharing the GPU (bench/put_bench --cuda: staged sources packed into the ring,
 # staged destinations through 256 MiB of landing rounds, each round scattered by one kernel
-# launch and, in a second case, copied slab by slab by the copy engines), its GB/s beside a
+# launch, in a second case copied slab by slab by the copy engines, in a third case one round
+# per sender, scattered only once its stream landed), its GB/s beside a
 # device-to-device cudaMemcpy of the same bytes; then two 1 GiB refits of device buffers through the public API,
 # `reshard run --memory cuda` (bench/specs/gpu_rows_to_cols_1gib.json: rows -> columns across two
 # domains, every byte through the network engine; gpu_tp4_to_tp2x2_1gib.json: TP4 -> TP2 x DP2,

@@ -17,6 +17,7 @@ import sys
 PACK_ROW = re.compile(r"^\s*(\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+(\d+)%\s+(\d+)%")
 PUT_RATIO = re.compile(r"strided refit / cudaMemcpy: ([\d.]+)")
 PUT_SLABS = re.compile(r"rounds by slab copies / cudaMemcpy: ([\d.]+)")
+PUT_ONE_ROUND = re.compile(r"one round per sender / cudaMemcpy: ([\d.]+)")
 SPECS = [("gpu_rows_to_cols_1gib", "1 GiB rows -> columns, 2 -> 2 ranks"),
          ("gpu_tp4_to_tp2x2_1gib", "1 GiB TP4 -> TP2 x DP2, fan-out")]
 UCX = [("system", "system UCX (staged)"), ("cuda-aware", "CUDA-aware UCX")]
@@ -59,6 +60,9 @@ def put_rows(out):
         slabs = PUT_SLABS.search(text or "")
         if m and slabs:
             figure += " (landing rounds by slab copies instead of the kernel: %sx)" % slabs.group(1)
+        one_round = PUT_ONE_ROUND.search(text or "")
+        if m and one_round:
+            figure += " (one landing round per sender: %sx)" % one_round.group(1)
         rows.append(("put_bench --cuda, 1 GiB rows -> columns, %s" % what, figure, "-"))
     return rows
 
