@@ -917,6 +917,11 @@ absl::StatusOr<std::vector<bool>> RefitEngine::Impl::StagedRingDescs(
   return selected;
 }
 
+// The ring's batches take slots b % slots, at most kStageRingSlots (PlanBatches): the links
+// keep one completion per slot, the ring one event each.
+static_assert(cuda::kStageRingSlots <= PeerLink::kMaxRingSlots &&
+              cuda::kStageRingSlots <= cuda::StagingRing::kMaxSlots);
+
 absl::Status RefitEngine::Impl::InitRing(const std::vector<BufferView>& buffers,
                                          const std::vector<bool>& selected, bool device_memory,
                                          std::unique_ptr<cuda::StagingRing>* ring) {

@@ -8,9 +8,10 @@
 // messages (the receiver writes what data messages say), world 1 by puts (the receiver unpacks
 // what completion signals name). World 2 delivers by puts into CUDA buffers that UCX cannot
 // register, with devices emulated on the host (cuda::EmulateDevicesOnHost): sources through an
-// 8 KiB staging ring, every piece into a destination through 16 KiB of landing rounds (rounds
-// of 4 KiB, several per sender), each round drained when its landing round message (id 16)
-// arrives and granted back (id 17). World 3 delivers by active messages into such buffers: each
+// 8 KiB staging ring, every piece into a destination through 32 KiB of landing rounds (rounds
+// of 4 KiB, stage_round_bytes: five per sender in four places, so four in flight and one
+// granted back), each round drained when its landing round message (id 16) arrives and its
+// place granted back (id 17). World 3 delivers by active messages into such buffers: each
 // data message goes through the receiver's pinned bounce area onto its (emulated) copy queue,
 // whose copies run late, at the first poll of an event after them. Every rank has its own
 // net::Runtime (its own UCX worker, over shared memory: UCX_TLS=self,posix,sysv,cma and
@@ -302,7 +303,8 @@ void Init() {
     const bool device = w >= 2;
     if (device) {
       world.options.stage_ring_bytes = 8 << 10;
-      world.options.stage_landing_bytes = 16 << 10;
+      world.options.stage_landing_bytes = 32 << 10;
+      world.options.stage_round_bytes = 4 << 10;
     }
     for (int32_t r = 0; r < kWorld; ++r) {
       Rank& rank = world.ranks[r];
