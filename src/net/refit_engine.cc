@@ -414,7 +414,6 @@ absl::Status RefitEngine::Impl::Init(rendezvous::Store& store, std::vector<Buffe
         "rank %d: stage_landing_bytes is %d, below the landing rounds' minimum of %d bytes", rank_,
         options_.stage_landing_bytes, kMinRoundQuota));
   }
-  static_assert(RefitEngineOptions{}.stage_round_bytes == kDefaultRoundBytes);
   if (options_.stage_round_bytes < kMinRoundQuota) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "rank %d: stage_round_bytes is %d, below the landing rounds' minimum of %d bytes", rank_,

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "src/net/refit_engine.h"
 #include "src/net/wireup.h"
 #include "src/plan/region.h"
 #include "src/plan/spec_json.h"
@@ -169,6 +170,10 @@ TEST(LandingRounds, RegisteredDestinationsTakeOnlyStridedPiecesInRounds) {
     EXPECT_EQ(strided->senders[i].total, 64 * 1024 * 4 / 4 + 32 * 64);
     EXPECT_EQ(all->senders[i].total, 64 * 1024 * 4 / 4 + 32 * 64 + 8 * 40 * 4);
   }
+}
+
+TEST(LandingRounds, TheEngineDefaultsToTheDefaultRoundSize) {
+  EXPECT_EQ(RefitEngineOptions{}.stage_round_bytes, kDefaultRoundBytes);
 }
 
 TEST(LandingRounds, ABudgetThatHoldsEverythingGivesOneRoundEach) {
