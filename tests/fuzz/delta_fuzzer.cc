@@ -3,7 +3,7 @@
 // destination elements.
 //
 // Input: byte 0 picks the element size (bits 0-1: 1, 2, 4 or 8 bytes) and the mode (bit 2);
-// bytes 1-2 the piece's elements (u16, up to three chunks and a part); byte 3 the version the
+// bytes 1-2 the piece's elements (u16, 1 to three chunks and a part); byte 3 the version the
 // receiver holds (0-3); byte 4 how Apply is cut into runs (see Cuts). Then:
 //  - hostile mode (bit 2 clear): the rest is a stream, as a peer may send it. Decoder::Init
 //    must never read past it (it is copied to a buffer of exactly its length, so ASan sees an
@@ -182,6 +182,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static constexpr int kSizes[4] = {1, 2, 4, 8};
   const int es = kSizes[data[0] & 3];
   const int64_t elems = (data[1] | (data[2] << 8)) % (kMaxElems + 1);
+  // Empty pieces never travel as delta streams (DeltaElemBytes), so nothing encodes or decodes
+  // them (their buffers may be null).
+  if (elems == 0) return 0;
   const uint64_t held = data[3] & 3;
   const uint8_t cut = data[4];
   if ((data[0] & 4) != 0) {
