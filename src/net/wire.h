@@ -22,7 +22,8 @@ constexpr unsigned kHelloAm = 15;  // peer -> peer, once in Create: "my endpoint
 // Landing rounds (src/net/landing_rounds.h), each with an 8-byte payload, the round:
 // source -> destination: "my bytes of round R of epoch E are in your round area" (after a flush);
 constexpr unsigned kRoundAm = 16;
-// destination -> source: "you may write round R of epoch E" (rounds 0 and 1 come with the grant).
+// destination -> source: "you may write round R of epoch E" (rounds 0 to slots - 1 come with the
+// grant).
 constexpr unsigned kRoundGrantAm = 17;
 constexpr uint32_t kMagic = 0x52534844;  // "RSHD"
 

@@ -263,7 +263,7 @@ TEST(LandingRounds, ASmallBudgetCutsEveryStreamIntoPlacesReusedInTurn) {
 }
 
 // The scatters of a device round area (PlanRoundScatters), run with the kernel's host twin:
-// each sender's stream, written round by round into its alternating halves and scattered after
+// each sender's stream, written round by round into its places in turn and scattered after
 // each round, leaves every destination byte as the executor's copy from the senders' sources
 // does, packed streams and plain pieces alike, a piece cut at round ends included.
 TEST(LandingRounds, RoundScattersPutEveryByteWhereTheExecutorDoes) {
