@@ -58,6 +58,10 @@ class RefitHandle:
     ``stage_landing_bytes``: the landing rounds' budget for CUDA destinations that UCX cannot
     register (docs/data-plane.md, "Destinations"; None: the library's default, 256 MiB).
 
+    ``stage_round_bytes``: the largest landing round: each sender's stream is copied to the
+    device round by round while its next rounds land (None: the library's default, 8 MiB; at
+    least 4096).
+
     Every rank calls execute() (or start() + wait()) the same number of times. Blocking calls
     release the GIL. Errors are reshard.errors' classes with the library's message.
     """
@@ -65,7 +69,7 @@ class RefitHandle:
     def __init__(self, comm, spec, sources=None, destinations=None, *, name="",
                  schedule="domain_aware", fanout="auto", setup_timeout=60.0,
                  allow_larger_buffers=False, delta=False, stage_ring_bytes=None,
-                 stage_landing_bytes=None):
+                 stage_landing_bytes=None, stage_round_bytes=None):
         options = _reshard.HandleOptions()
         options.name = str(name)
         try:
@@ -78,6 +82,8 @@ class RefitHandle:
                 options.stage_ring_bytes = stage_ring_bytes
             if stage_landing_bytes is not None:
                 options.stage_landing_bytes = stage_landing_bytes
+            if stage_round_bytes is not None:
+                options.stage_round_bytes = stage_round_bytes
             args = buffer_args(spec, comm.rank, sources, destinations)
         except Exception as e:
             # Refused before the collective set-up: the other ranks would wait for this rank

@@ -605,7 +605,8 @@ NB_MODULE(_reshard, m) {
       .def_rw("allow_larger_buffers", &reshard::HandleOptions::allow_larger_buffers)
       .def_rw("delta", &reshard::HandleOptions::delta)
       .def_rw("stage_ring_bytes", &reshard::HandleOptions::stage_ring_bytes)
-      .def_rw("stage_landing_bytes", &reshard::HandleOptions::stage_landing_bytes);
+      .def_rw("stage_landing_bytes", &reshard::HandleOptions::stage_landing_bytes)
+      .def_rw("stage_round_bytes", &reshard::HandleOptions::stage_round_bytes);
 
   nb::class_<Handle>(m, "_Handle")
       .def_static("create", &CreateHandle, "comm"_a, "spec"_a, "buffers"_a, "options"_a)

@@ -125,9 +125,12 @@ def main():
     kwargs = {"sources": buffers} if side == reshard.Side.source else {"destinations": buffers}
     if a.case == "small_ring":  # a staging ring budget below the library's minimum (2048 bytes)
         kwargs["stage_ring_bytes"] = 100
+    elif a.case == "small_rounds":  # landing rounds below the library's minimum (4096 bytes)
+        kwargs["stage_round_bytes"] = 100
     elif a.case == "refit":  # host buffers: the budgets pass through, no ring or round area
         kwargs["stage_ring_bytes"] = 1 << 20
         kwargs["stage_landing_bytes"] = 1 << 20
+        kwargs["stage_round_bytes"] = 1 << 16
     try:
         handle = reshard.RefitHandle(comm, spec, setup_timeout=60, delta=delta, **kwargs)
     except reshard.errors.InvalidArgumentError as e:

@@ -75,3 +75,14 @@ def test_a_staging_ring_below_the_minimum_fails_every_rank_naming_it():
         assert ("rank %d: stage_ring_bytes is 100, below the staging ring's minimum of 2048 bytes"
                 % rank) in out, out
 
+
+def test_landing_rounds_below_the_minimum_fail_every_rank_naming_them():
+    # RefitHandle(..., stage_round_bytes=100): the option reaches every rank's engine, which
+    # refuses it at set-up with the library's message.
+    results = run("small_rounds", steps=1)
+    for rank in range(4):
+        code, out = results[rank]
+        assert code == 3, out
+        assert ("rank %d: stage_round_bytes is 100, below the landing rounds' minimum of 4096 "
+                "bytes" % rank) in out, out
+

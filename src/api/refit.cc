@@ -295,6 +295,7 @@ absl::StatusOr<RefitHandle> RefitHandle::Create(const Communicator& comm, const 
   config.engine.delta = options.delta;
   config.engine.stage_ring_bytes = options.stage_ring_bytes;
   config.engine.stage_landing_bytes = options.stage_landing_bytes;
+  config.engine.stage_round_bytes = options.stage_round_bytes;
   const bool in_spec = impl->rank < spec_world;
   // A rank of the spec that fails before the session's agreement step tells the others, which
   // would otherwise wait for its fingerprint until their set-up deadline.

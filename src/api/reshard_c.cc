@@ -446,6 +446,7 @@ reshard_status_t reshard_handle_create_with_options(reshard_comm_t* comm,
   options.delta = o.delta != 0;
   if (o.stage_ring_bytes > 0) options.stage_ring_bytes = o.stage_ring_bytes;
   if (o.stage_landing_bytes > 0) options.stage_landing_bytes = o.stage_landing_bytes;
+  if (o.stage_round_bytes > 0) options.stage_round_bytes = o.stage_round_bytes;
   // A call refused here still takes its part in the collective set-up: the other ranks learn
   // of the failure at once (RefitHandle::Abandon) instead of at their set-up deadline.
   auto refuse = [&](const char* message) {

@@ -323,6 +323,7 @@ static int RunRank(FileStore* store, int32_t rank) {
   memset(&options, 0, sizeof(options));
   options.schedule = RESHARD_SCHEDULE_DOMAIN_AWARE;
   options.delta = 1;
+  options.stage_round_bytes = 1 << 16; /* Host buffers: passes through, no round area. */
   st = reshard_handle_create_with_options(comm, spec, buffers, count, &options, sizeof(options),
                                           &handle);
   CHECK(st == RESHARD_OK, "reshard_handle_create_with_options: %s", reshard_last_error());

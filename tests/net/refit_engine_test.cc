@@ -191,6 +191,14 @@ TEST(RefitEngine, RejectsBuffersThatDoNotMatchThePlan) {
   EXPECT_NE(landing.status().message().find("rank 2: stage_landing_bytes is 4095"),
             absl::string_view::npos)
       << landing.status();
+  // Rounds below the least round.
+  RefitEngineOptions tiny_rounds;
+  tiny_rounds.stage_round_bytes = 4095;
+  auto rounds = RefitEngine::Create(rb.plan, 2, **store, *runtime, rb.buffers, tiny_rounds);
+  EXPECT_EQ(rounds.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(rounds.status().message().find("rank 2: stage_round_bytes is 4095"),
+            absl::string_view::npos)
+      << rounds.status();
 }
 
 // Heap bytes in use: glibc's count (every arena, mmapped chunks included), or, under ASan, whose

@@ -172,13 +172,20 @@ struct HandleOptions {
   // sources exist.
   int64_t stage_ring_bytes = int64_t{256} << 20;
   // Pinned host memory per rank for the landing rounds of CUDA destinations that UCX cannot
-  // register: the pieces other ranks put into them land there, half of it per round, and move
-  // to the device from there, so no full-size host copy of a destination exists
-  // (docs/data-plane.md, "Destinations"). Only a destination that delta streams land in, or that
-  // this rank sends from, keeps one (Stats::stage_copy_bytes). Ranks need not agree: each
-  // receiver sizes its own rounds. At least 4096 bytes (InvalidArgument otherwise);
-  // FailedPrecondition when it cannot hold two rounds of 4096 bytes for every sender.
+  // register: the pieces other ranks put into them land there, in rounds of at most
+  // stage_round_bytes, and move to the device from there round by round, so no full-size host
+  // copy of a destination exists (docs/data-plane.md, "Destinations"). Only a destination that
+  // delta streams land in, or that this rank sends from, keeps one (Stats::stage_copy_bytes).
+  // Ranks need not agree: each receiver sizes its own rounds. At least 4096 bytes
+  // (InvalidArgument otherwise); FailedPrecondition when it cannot hold two rounds of 4096 bytes
+  // for every sender.
   int64_t stage_landing_bytes = int64_t{256} << 20;
+  // The largest landing round, for CUDA destinations UCX cannot register and for the strided
+  // pieces of those a CUDA-aware UCX registers: each sender's stream is copied to the device
+  // round by round while its next rounds land, so only its last round's copy follows its last
+  // byte; smaller rounds overlap more and cost a flush, a message and a copy launch each. Only
+  // the receiver uses it. At least 4096 bytes (InvalidArgument otherwise).
+  int64_t stage_round_bytes = int64_t{8} << 20;
 };
 
 // Figures of the last refit on this rank.

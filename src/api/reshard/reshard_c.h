@@ -342,6 +342,7 @@ typedef struct reshard_handle_options {
   int64_t stage_ring_bytes; /* <= 0: 256 MiB (reshard::HandleOptions::stage_ring_bytes) */
   /* <= 0: 256 MiB (reshard::HandleOptions::stage_landing_bytes) */
   int64_t stage_landing_bytes;
+  int64_t stage_round_bytes; /* <= 0: 8 MiB (reshard::HandleOptions::stage_round_bytes) */
 } reshard_handle_options_t;
 /* reshard_handle_create with options; `options_size` is sizeof(reshard_handle_options_t) as
  * the caller compiled it (fields beyond it take their defaults). */
