@@ -65,24 +65,18 @@ def test_refused_buffers_name_buffer_side_and_rank():
         assert 'buffer "w" (source of rank %d): the tensor is not contiguous' % rank in out
 
 
-def test_a_staging_ring_below_the_minimum_fails_every_rank_naming_it():
-    # RefitHandle(..., stage_ring_bytes=100): every rank's engine refuses the budget at set-up
-    # with the library's message (the minimum is eight 256-byte slots).
-    results = run("small_ring", steps=1)
+@pytest.mark.parametrize("case, message", [
+    # RefitHandle(..., stage_ring_bytes=100): the minimum is eight 256-byte slots.
+    ("small_ring", "stage_ring_bytes is 100, below the staging ring's minimum of 2048 bytes"),
+    # RefitHandle(..., stage_round_bytes=100): the least landing round is 4096 bytes.
+    ("small_rounds", "stage_round_bytes is 100, below the landing rounds' minimum of 4096 bytes"),
+])
+def test_a_staging_budget_below_the_minimum_fails_every_rank_naming_it(case, message):
+    # The option reaches every rank's engine, which refuses it at set-up with the library's
+    # message.
+    results = run(case, steps=1)
     for rank in range(4):
         code, out = results[rank]
         assert code == 3, out
-        assert ("rank %d: stage_ring_bytes is 100, below the staging ring's minimum of 2048 bytes"
-                % rank) in out, out
-
-
-def test_landing_rounds_below_the_minimum_fail_every_rank_naming_them():
-    # RefitHandle(..., stage_round_bytes=100): the option reaches every rank's engine, which
-    # refuses it at set-up with the library's message.
-    results = run("small_rounds", steps=1)
-    for rank in range(4):
-        code, out = results[rank]
-        assert code == 3, out
-        assert ("rank %d: stage_round_bytes is 100, below the landing rounds' minimum of 4096 "
-                "bytes" % rank) in out, out
+        assert ("rank %d: %s" % (rank, message)) in out, out
 
