@@ -8,6 +8,7 @@
 
 #include "src/plan/executor.h"
 #include "src/plan/plan.h"
+#include "src/plan/spec.h"
 #include "src/plan/spec_json.h"
 
 namespace reshard::plan {
@@ -251,6 +252,26 @@ TEST(SpecLimitsTest, TotalBytesOfAllTilesAreBounded) {
             "the limit of a spec");
   const std::string fewer = "{\"mesh\":" + Ranks(8, 126) + ",\"placements\":[\"R\"]}";
   EXPECT_EQ(Refusal(OneTensor("[36028797018963968]", src, fewer)), "(accepted)");
+}
+
+// The pieces of a plan are bounded (kMaxPieces, 2^27 (destination rank, source tile) pairs over
+// all tensors): a spec at the bound validates, one pair more is refused naming the tensor that
+// crossed it. DeepSeek-V3 and Kimi-K2 with one tensor per expert matrix into 1,024 inference GPUs
+// stay below it (LayoutsTest.FullScaleSpecsValidate validates one into 512).
+TEST(SpecLimitsTest, PiecesOfAPlanAreBounded) {
+  // 8,192 source rows against 16,384 destination columns: every pair intersects, 2^27 in all.
+  const std::string rows = "{\"mesh\":" + Ranks(0, 8192) + ",\"placements\":[\"S(0)\"]}";
+  const std::string cols = "{\"mesh\":" + Ranks(8192, 16384) + ",\"placements\":[\"S(1)\"]}";
+  const std::string a = "{\"name\":\"a\",\"dtype\":\"u8\",\"shape\":[8192,16384],\"src\":" + rows +
+                        ",\"dst\":" + cols + "}";
+  static_assert(kMaxPieces == int64_t{8192} * 16384);
+  EXPECT_EQ(Refusal("{\"tensors\":[" + a + "]}"), "(accepted)");
+  // One element more on one destination rank, from one source tile: one pair over.
+  const std::string b =
+      R"js({"name":"b","dtype":"u8","shape":[1],"src":{"mesh":[0],"placements":["R"]},"dst":{"mesh":[8192],"placements":["R"]}})js";
+  EXPECT_EQ(Refusal("{\"tensors\":[" + a + "," + b + "]}"),
+            "tensor \"b\": src and dst intersect in more than 134217728 (destination rank, source "
+            "tile) pairs, counting the tensors before it: the limit of a plan");
 }
 
 TEST(SpecLimitsTest, ManyTensorsInOneInterleavedBufferValidateQuickly) {
