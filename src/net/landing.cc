@@ -378,7 +378,14 @@ absl::StatusOr<bool> Landing::Data(const wire::DataHeader& h, const void* data, 
                                             " (tensor \"", plan_.spec().tensors[t.tensor].name,
                                             "\")"));
   }
-  if (length > 0 && bounce_ != nullptr && memory_.device(to_buf)) {
+  if (length > 0 && memory_.device(to_buf)) {
+    // Device memory the engine writes: only through the bounce area, never by a synchronous copy.
+    if (bounce_ == nullptr) {
+      return absl::InternalError(absl::StrCat(
+          "rank ", program_.rank, ": a data message of transfer ", id, " (tensor \"",
+          plan_.spec().tensors[t.tensor].name, "\") from rank ", from,
+          " lands in device memory, but the rank has no bounce area (InitBounce was not called)"));
+    }
     // Every data message is at most one chunk (the sender cuts runs there).
     if (length > static_cast<size_t>(wire::kAmChunkBytes)) {
       return absl::DataLossError(absl::StrCat(
@@ -388,14 +395,13 @@ absl::StatusOr<bool> Landing::Data(const wire::DataHeader& h, const void* data, 
     }
     RESHARD_RETURN_IF_ERROR(BounceToDevice(slot, h, data, length, to_buf, packed));
   } else if (packed) {
-    // `data` is UCX's until this callback returns: copied before it does.
+    // Host memory (or a staged destination's pinned copy). `data` is UCX's until this callback
+    // returns: copied before it does.
     RESHARD_RETURN_IF_ERROR(Unpack(slot, static_cast<int64_t>(h.to_offset),
                                    static_cast<const uint8_t*>(data), static_cast<int64_t>(length),
                                    /*may_queue=*/false));
-  } else {
-    RESHARD_RETURN_IF_ERROR(Copy(memory_.data(to_buf) + h.to_offset, data,
-                                 static_cast<int64_t>(length), memory_.device(to_buf)));
-    if (memory_.direct(to_buf)) staged_to_device_ += static_cast<int64_t>(length);
+  } else if (length > 0) {
+    std::memcpy(memory_.data(to_buf) + h.to_offset, data, length);
   }
   landed_bytes_[slot] += static_cast<int64_t>(length);
   return static_cast<uint64_t>(landed_bytes_[slot]) == region_bytes;

@@ -2,8 +2,8 @@
 // both sides, element e of the piece lies where plan::ForEachRun's runs put it, for every region
 // of the example specs' plans (rows to columns, fused q/k/v views, uneven nested shards, a
 // domain schedule with fan-out), so the GPU encode reads and the GPU apply writes exactly the
-// bytes the host path gathers and applies. And the checks of delta segment data messages
-// (Landing::Data) against hostile headers.
+// bytes the host path gathers and applies. And the checks of data messages (Landing::Data)
+// against hostile headers: delta segments, and messages into device memory (bounce area).
 #include "src/net/landing.h"
 
 #include <gtest/gtest.h>
@@ -18,6 +18,7 @@
 
 #include "src/common/delta_codec.h"
 #include "src/cuda/delta_index.h"
+#include "src/cuda/runtime.h"
 #include "src/net/registered_memory.h"
 #include "src/net/runtime.h"
 #include "src/net/send_program.h"
@@ -177,6 +178,109 @@ TEST(LandingDelta, HostileSegmentMessagesAreRefusedAndNothingIsWritten) {
   }
   EXPECT_EQ(memory[dst], values);
   EXPECT_EQ(landing.wire_bytes(0), 600000 + 3 * 32);
+}
+
+// Data messages into device memory the engine writes (a direct destination, devices emulated on
+// the host) go through the pinned bounce area and the copy queue, one queued copy per message,
+// never a synchronous copy: three messages (two chunks and the rest) of a 600,000-byte piece land
+// it once the queue ran. A message longer than a chunk, which no sender cuts, is DataLoss naming
+// the tensor and writes nothing; so is a data message without the bounce area (Internal).
+TEST(LandingBounce, DataMessagesIntoDeviceMemoryGoThroughTheBounceAreaOnly) {
+  setenv("UCX_TLS", "self,sm", 1);
+  setenv("UCX_NET_DEVICES", "all", 1);
+  cuda::EmulateDevicesOnHost(true);
+  struct Restore {
+    ~Restore() { cuda::EmulateDevicesOnHost(false); }
+  } restore;
+  auto spec = plan::ParseSpecJson(R"json({"tensors": [{"name": "u", "dtype": "u8",
+      "shape": [600000], "src": {"mesh": [0], "placements": ["R"]},
+      "dst": {"mesh": [1], "placements": ["R"]}}]})json");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  auto plan = plan::BuildPlan(std::make_shared<const plan::RefitSpec>(*spec));
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  const SendProgram program =
+      BuildSendProgram(*plan, 1, SendProgramOptions{true, 0, wire::kAmChunkBytes});
+  ASSERT_EQ(program.received.size(), 1u);
+  auto runtime = Runtime::Create();
+  ASSERT_TRUE(runtime.ok()) << runtime.status();
+  const uint32_t dst = plan->buffer_of(0, plan::Side::kDst);
+  const std::vector<int64_t> bytes = plan->BufferBytes(1);
+  ASSERT_EQ(bytes[dst], 600000);
+  std::vector<uint8_t> device(600000, 0xA5);
+  std::vector<common::BufferView> views(bytes.size());
+  views[dst] = common::BufferView{device.data(), 600000, common::MemoryKind::kCuda};
+  std::vector<bool> direct(bytes.size(), false);
+  direct[dst] = true;
+  auto registered = RegisteredMemory::Create(*plan, 1, **runtime, views, 0, 0, {}, direct);
+  ASSERT_TRUE(registered.ok()) << registered.status();
+  ASSERT_TRUE((*registered)->device(dst));
+  auto queue = cuda::CopyQueue::Create();
+  ASSERT_TRUE(queue.ok()) << queue.status();
+  const std::vector<uint8_t> poisoned = device;
+
+  std::vector<uint8_t> values(600000);
+  for (size_t i = 0; i < values.size(); ++i) values[i] = static_cast<uint8_t>(i * 7 + 3);
+  uint64_t epoch = 0;
+  auto send = [&](Landing& landing, uint64_t offset, size_t n) {
+    const wire::DataHeader h{wire::AmHeader{wire::kMagic, 0, 0, epoch}, program.received_ids[0], 0,
+                             offset, 0};
+    uint32_t slot = 0;
+    return landing.Data(h, values.data() + offset, n, &slot);
+  };
+  constexpr auto kChunk = static_cast<size_t>(wire::kAmChunkBytes);
+  {
+    SCOPED_TRACE("no bounce area");
+    Landing landing(*plan, program, **registered, /*data_messages=*/true);
+    landing.StartEpoch(++epoch, 0);
+    auto got = send(landing, 0, 1000);
+    ASSERT_FALSE(got.ok());
+    EXPECT_EQ(got.status().code(), absl::StatusCode::kInternal) << got.status();
+    EXPECT_NE(got.status().message().find("tensor \"u\""), std::string::npos) << got.status();
+    EXPECT_EQ(device, poisoned);
+  }
+  Landing landing(*plan, program, **registered, /*data_messages=*/true);
+  landing.set_copy_queue(queue->get());
+  ASSERT_TRUE(landing.InitBounce().ok());
+  EXPECT_EQ(landing.bounce_bytes(), Landing::kBounceSlots * wire::kAmChunkBytes);
+  {
+    SCOPED_TRACE("a message one byte longer than a chunk");
+    landing.StartEpoch(++epoch, 0);
+    auto got = send(landing, 0, kChunk + 1);
+    ASSERT_FALSE(got.ok());
+    EXPECT_EQ(got.status().code(), absl::StatusCode::kDataLoss) << got.status();
+    EXPECT_NE(got.status().message().find("tensor \"u\""), std::string::npos) << got.status();
+    EXPECT_NE(got.status().message().find("more than the 262144 bytes"), std::string::npos)
+        << got.status();
+    EXPECT_EQ(landing.bounced_messages(), 0);
+    EXPECT_EQ(device, poisoned);
+  }
+  // The piece in three messages, the last first: complete with the third, and in the device
+  // buffer only once the queue ran the copies.
+  landing.StartEpoch(++epoch, 0);
+  auto got = send(landing, 2 * kChunk, 600000 - 2 * kChunk);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_FALSE(*got);
+  got = send(landing, 0, kChunk);
+  ASSERT_TRUE(got.ok() && !*got) << got.status();
+  got = send(landing, kChunk, kChunk);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_TRUE(*got);
+  EXPECT_EQ(landing.bounced_messages(), 3);
+  EXPECT_EQ(device, poisoned) << "copied before the queue ran";
+  auto landed = landing.Land(0);
+  ASSERT_TRUE(landed.ok()) << landed.status();
+  EXPECT_TRUE(*landed) << "the copies are queued: the engine waits for an event";
+  auto event = (*queue)->Record();
+  ASSERT_TRUE(event.ok()) << event.status();
+  bool done = false;
+  for (int poll = 0; poll < 3 && !done; ++poll) {
+    auto d = (*queue)->Done(*event);
+    ASSERT_TRUE(d.ok()) << d.status();
+    done = *d;
+  }
+  EXPECT_TRUE(done);
+  EXPECT_EQ(device, values);
+  EXPECT_EQ(landing.staged_to_device(), 600000);
 }
 
 }  // namespace
