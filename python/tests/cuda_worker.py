@@ -3,7 +3,8 @@ alone, rank 1 receives it column-sharded. Each step rank 0 writes new values on 
 behind a slow kernel and passes that stream to execute(), which must read them only after; rank
 1 poisons its destination on its side stream behind a slow kernel, starts the refit on that
 stream (which must write only after the poison), records the refit's completion on it and
-queues a copy of the destination there, which must see the new values."""
+queues a copy of the destination there, which must see the new values. --data-messages (tcp):
+rank 1 checks that every refit's data messages reached its tensor through the bounce area."""
 import argparse
 import sys
 
@@ -16,6 +17,7 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--rank", type=int, required=True)
     p.add_argument("--store", required=True)
+    p.add_argument("--data-messages", action="store_true")
     a = p.parse_args()
     torch.cuda.set_device(0)
     spec = reshard.RefitSpec()
@@ -48,6 +50,16 @@ def main():
             side.synchronize()
             if not torch.equal(seen.float(), want.float()):
                 print("rank 1 step %d: wrong values" % step)
+                return 1
+            stats = handle.stats
+            bounced = (stats.stage_bounce_bytes, stats.bounced_data_messages, stats.bounce_waits)
+            if a.data_messages and (stats.stage_bounce_bytes != 8 * 256 * 1024 or
+                                    stats.bounced_data_messages < 1):
+                print("rank 1 step %d: data messages not bounced (area, messages, waits) = %s"
+                      % (step, bounced))
+                return 1
+            if not a.data_messages and bounced != (0, 0, 0):
+                print("rank 1 step %d: puts went through a bounce area: %s" % (step, bounced))
                 return 1
     print("rank %d: 5 CUDA refits verified" % a.rank)
     return 0

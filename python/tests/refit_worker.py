@@ -195,6 +195,8 @@ def main():
         assert stats.stage_copy_bytes == 0, ("host buffers were staged", stats.stage_copy_bytes)
         assert stats.stage_landing_bytes == 0 and stats.stage_landing_rounds == 0, (
             "host buffers landed in rounds", stats.stage_landing_bytes)
+        assert stats.stage_bounce_bytes == 0 and stats.bounced_data_messages == 0, (
+            "data messages into host buffers were bounced", stats.bounced_data_messages)
         if step > 0:
             assert stats.registrations_this_refit == 0
         if delta and step > 0:  # every receiver holds the last refit: deltas, much smaller

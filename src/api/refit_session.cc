@@ -527,6 +527,9 @@ void RefitSession::FillStats(Stats& s) const {
   s.bytes_ring_packed = e.bytes_ring_packed;
   s.stage_round_scatters = e.stage_round_scatters;
   s.local_copy_launches = e.local_copy_launches;
+  s.stage_bounce_bytes = e.stage_bounce_bytes;
+  s.bounced_data_messages = e.bounced_data_messages;
+  s.bounce_waits = e.bounce_waits;
   s.transports = engine_->Transports();
   s.fanout = fanout_name_;
   s.quantize_seconds = absl::ToDoubleSeconds(quantize_time_);

@@ -559,6 +559,9 @@ reshard_status_t reshard_handle_stats(const reshard_handle_t* handle, reshard_st
   out->bytes_ring_packed = s.bytes_ring_packed;
   out->stage_round_scatters = s.stage_round_scatters;
   out->local_copy_launches = s.local_copy_launches;
+  out->stage_bounce_bytes = s.stage_bounce_bytes;
+  out->bounced_data_messages = s.bounced_data_messages;
+  out->bounce_waits = s.bounce_waits;
   return RESHARD_OK;
 }
 

@@ -461,6 +461,8 @@ TEST(CApiTest, ErrorsCodesAndARefit) {
   EXPECT_EQ(stats.stage_copy_bytes, 0);  // Host buffers: nothing staged.
   EXPECT_EQ(stats.stage_landing_bytes, 0);
   EXPECT_EQ(stats.stage_landing_rounds, 0);
+  EXPECT_EQ(stats.stage_bounce_bytes, 0);  // No data message lands in device memory.
+  EXPECT_EQ(stats.bounced_data_messages, 0);
   // Sized: a caller whose struct ends before stage_copy_bytes (an older header) gets its fields
   // and nothing past them; the full size gives what reshard_handle_stats gives.
   {

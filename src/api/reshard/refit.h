@@ -260,6 +260,14 @@ struct Stats {
   // between two device buffers by one launch each.
   int64_t stage_round_scatters = 0;
   int64_t local_copy_launches = 0;
+  // Data messages (active-message delivery, over tcp without RDMA) into CUDA memory this rank
+  // writes itself: the pinned bounce area they pass through to the device (0 without one), the
+  // messages moved through it in this refit (one queued copy each, never a synchronous one), and
+  // how many of them waited for a slot whose copy to the device was still running (the copies
+  // fell behind the network; docs/data-plane.md, "Destinations").
+  int64_t stage_bounce_bytes = 0;
+  int64_t bounced_data_messages = 0;
+  int64_t bounce_waits = 0;
   // Quantized destinations (docs/quantization.md): time this rank spent quantizing its sources
   // (partial amaxes, dequantizing FP8 sources, quantizing; host or GPU, copies to the host
   // included), time from starting the amax exchange to its end (0 without one), and the host

@@ -133,6 +133,11 @@ typedef struct reshard_stats {
    * of the same names). */
   int64_t stage_round_scatters;
   int64_t local_copy_launches;
+  /* Data messages into CUDA memory: the pinned bounce area, the messages moved through it and
+   * those that waited for a slot (reshard::Stats' fields of the same names). */
+  int64_t stage_bounce_bytes;
+  int64_t bounced_data_messages;
+  int64_t bounce_waits;
 } reshard_stats_t;
 
 /* The message of the last failing call on this thread ("" when none). Valid until the next
