@@ -28,6 +28,18 @@
 namespace reshard::net {
 namespace {
 
+// The plan of one u8 tensor "u" of 600,000 elements, whole on rank 0 and on rank 1. Also sets up
+// UCX for an in-process test: one context over loopback memory only (no peers: nothing is sent).
+absl::StatusOr<plan::Plan> WholeTensorPlan() {
+  setenv("UCX_TLS", "self,sm", 1);
+  setenv("UCX_NET_DEVICES", "all", 1);
+  auto spec = plan::ParseSpecJson(R"json({"tensors": [{"name": "u", "dtype": "u8",
+      "shape": [600000], "src": {"mesh": [0], "placements": ["R"]},
+      "dst": {"mesh": [1], "placements": ["R"]}}]})json");
+  if (!spec.ok()) return spec.status();
+  return plan::BuildPlan(std::make_shared<const plan::RefitSpec>(*std::move(spec)));
+}
+
 TEST(DeltaPieceOf, ElementsLieWhereTheRegionsRunsPutThem) {
   int64_t regions = 0, strided = 0;
   for (const char* name :
@@ -73,14 +85,7 @@ TEST(DeltaPieceOf, ElementsLieWhereTheRegionsRunsPutThem) {
 // the three segments' plain streams, cut into messages and sent last segment first, land the
 // piece exactly (true only with the last message).
 TEST(LandingDelta, HostileSegmentMessagesAreRefusedAndNothingIsWritten) {
-  // In-process, one UCX context over loopback memory only (no peers: nothing is sent).
-  setenv("UCX_TLS", "self,sm", 1);
-  setenv("UCX_NET_DEVICES", "all", 1);
-  auto spec = plan::ParseSpecJson(R"json({"tensors": [{"name": "u", "dtype": "u8",
-      "shape": [600000], "src": {"mesh": [0], "placements": ["R"]},
-      "dst": {"mesh": [1], "placements": ["R"]}}]})json");
-  ASSERT_TRUE(spec.ok()) << spec.status();
-  auto plan = plan::BuildPlan(std::make_shared<const plan::RefitSpec>(*spec));
+  auto plan = WholeTensorPlan();
   ASSERT_TRUE(plan.ok()) << plan.status();
   const SendProgram program =
       BuildSendProgram(*plan, 1, SendProgramOptions{true, 0, wire::kAmChunkBytes, true});
@@ -186,17 +191,11 @@ TEST(LandingDelta, HostileSegmentMessagesAreRefusedAndNothingIsWritten) {
 // it once the queue ran. A message longer than a chunk, which no sender cuts, is DataLoss naming
 // the tensor and writes nothing; so is a data message without the bounce area (Internal).
 TEST(LandingBounce, DataMessagesIntoDeviceMemoryGoThroughTheBounceAreaOnly) {
-  setenv("UCX_TLS", "self,sm", 1);
-  setenv("UCX_NET_DEVICES", "all", 1);
   cuda::EmulateDevicesOnHost(true);
   struct Restore {
     ~Restore() { cuda::EmulateDevicesOnHost(false); }
   } restore;
-  auto spec = plan::ParseSpecJson(R"json({"tensors": [{"name": "u", "dtype": "u8",
-      "shape": [600000], "src": {"mesh": [0], "placements": ["R"]},
-      "dst": {"mesh": [1], "placements": ["R"]}}]})json");
-  ASSERT_TRUE(spec.ok()) << spec.status();
-  auto plan = plan::BuildPlan(std::make_shared<const plan::RefitSpec>(*spec));
+  auto plan = WholeTensorPlan();
   ASSERT_TRUE(plan.ok()) << plan.status();
   const SendProgram program =
       BuildSendProgram(*plan, 1, SendProgramOptions{true, 0, wire::kAmChunkBytes});
