@@ -477,6 +477,38 @@ TEST_F(CliTest, PlanReadsBackWhatSpecWroteAndPerExpertAgreesInBytesWithStacked) 
   EXPECT_EQ(per_rank.begin()->first, 8);
 }
 
+// `reshard sim --no-baselines` simulates ours and the lower bound only: the same figures for
+// ours, no baseline rows, and null for the baselines in JSON.
+TEST_F(CliTest, SimWithoutBaselinesGivesTheSameOursAndNullBaselines) {
+  const std::string args =
+      "sim " + kTinyMoe + " --cluster " + Example("clusters/h100-nvl8.json") + " --json";
+  const Result all = Run(args);
+  const Result ours = Run(args + " --no-baselines");
+  ASSERT_EQ(all.status, 0) << all.err;
+  ASSERT_EQ(ours.status, 0) << ours.err;
+  auto a = json::Parse(all.out);
+  auto b = json::Parse(ours.out);
+  ASSERT_TRUE(a.ok() && b.ok()) << all.out << ours.out;
+  for (const char* key : {"seconds", "network_bytes", "max_nic_bytes"}) {
+    EXPECT_EQ(b->Find("ours")->Find(key)->as_double(), a->Find("ours")->Find(key)->as_double())
+        << key;
+  }
+  EXPECT_EQ(b->Find("lower_bound")->Find("seconds")->as_double(),
+            a->Find("lower_bound")->Find("seconds")->as_double());
+  for (const char* key : {"naive_p2p", "gather_broadcast", "gather_broadcast_serial"}) {
+    EXPECT_TRUE(b->Find(key)->is_null()) << key;
+    EXPECT_FALSE(a->Find(key)->is_null()) << key;
+  }
+  EXPECT_TRUE(b->Find("timings")->Find("naive_p2p")->is_null());
+  const Result text = Run("sim " + kTinyMoe + " --cluster " + Example("clusters/h100-nvl8.json") +
+                          " --no-baselines");
+  ASSERT_EQ(text.status, 0) << text.err;
+  EXPECT_NE(text.out.find("lower bound"), std::string::npos) << text.out;
+  EXPECT_EQ(text.out.find("gather-broadcast "), std::string::npos) << text.out;
+  EXPECT_EQ(text.out.find("naive P2P"), std::string::npos) << text.out;
+  EXPECT_NE(text.out.find("baselines not simulated"), std::string::npos) << text.out;
+}
+
 // `reshard sim --per-expert` simulates the same refit: the same bytes must cross the network.
 TEST_F(CliTest, SimPerExpertMovesTheSameBytesAsStacked) {
   const std::string args =

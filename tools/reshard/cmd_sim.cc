@@ -48,6 +48,9 @@ options:
 constexpr char kHelpTail[] = R"(  --spec S.json      simulate a refit spec instead of a model
   --no-relay         our schedule without relays between destination domains
   --no-staging       our schedule without staging receivers
+  --no-baselines     simulate ours and the lower bound only, not naive point-to-point and
+                     gather-broadcast (on large per-expert specs the gather-broadcast chains take
+                     most of the run: minutes); JSON gives null for them
   --batch-fraction F events closer than F x the current time are simulated together (default
                      0.01; 0 is exact but slow; batching errs on the slow side)
   --change-fraction F  also simulate ours with delta refits (docs/delta.md) when a random,
@@ -234,7 +237,7 @@ std::string Svg(const std::string& title, const std::vector<plan::Flow>& flows, 
 
 int SimCommand(int argc, char** argv) {
   std::set<std::string> flags = ModelFlags();
-  flags.insert({"json", "help", "no-relay", "no-staging"});
+  flags.insert({"json", "help", "no-relay", "no-staging", "no-baselines"});
   std::set<std::string> options = ModelOptions();
   options.insert({"spec", "svg", "batch-fraction", "change-fraction"});
   auto parsed = Args::Parse(argc, argv, flags, options);
@@ -341,34 +344,37 @@ int SimCommand(int argc, char** argv) {
   if (*change_fraction >= 0) delta = plan::Simulate(delta_flows, world, s.topology, sim_options);
   const double ours_sim_seconds = Seconds(t0);
 
-  t0 = std::chrono::steady_clock::now();
-  plan::PlanOptions p2p_options;
-  p2p_options.schedule = plan::PlanOptions::Schedule::kPointToPoint;
-  SimResult naive;
-  {
+  // The baselines (naive point-to-point, gather-broadcast concurrent and in turn), unless
+  // --no-baselines.
+  const bool baselines = !args.Has("no-baselines");
+  std::optional<SimResult> naive, gb, gb_serial;
+  double naive_seconds = 0, gb_seconds = 0;
+  if (baselines) {
+    t0 = std::chrono::steady_clock::now();
+    plan::PlanOptions p2p_options;
+    p2p_options.schedule = plan::PlanOptions::Schedule::kPointToPoint;
     auto p2p_plan = plan::BuildPlan(shared, p2p_options);
     if (!p2p_plan.ok()) {
       std::fprintf(stderr, "reshard sim: %s\n", std::string(p2p_plan.status().message()).c_str());
       return kExitFailed;
     }
     naive = plan::Simulate(plan::FlowsFromPlan(*p2p_plan), world, s.topology, sim_options);
+    p2p_plan = absl::UnknownError("released");
+    naive_seconds = Seconds(t0);
+    t0 = std::chrono::steady_clock::now();
+    gb = plan::Simulate(plan::GatherBroadcastFlows(s, domains), world, s.topology, sim_options);
+    gb_serial.emplace();
+    for (const auto& stage : plan::GatherBroadcastStages(s, domains)) {
+      const SimResult r = plan::Simulate(stage, world, s.topology, sim_options);
+      gb_serial->seconds += r.seconds;
+      gb_serial->network_bytes += r.network_bytes;
+      gb_serial->nvlink_bytes += r.nvlink_bytes;
+      gb_serial->flows += r.flows;
+      gb_serial->events += r.events;
+    }
+    gb_serial->max_nic_bytes = gb->max_nic_bytes;  // Same flows in all: same per-NIC totals.
+    gb_seconds = Seconds(t0);
   }
-  const double naive_seconds = Seconds(t0);
-  t0 = std::chrono::steady_clock::now();
-  const SimResult gb =
-      plan::Simulate(plan::GatherBroadcastFlows(s, domains), world, s.topology, sim_options);
-  SimResult gb_serial;
-  for (const auto& stage : plan::GatherBroadcastStages(s, domains)) {
-    const SimResult r = plan::Simulate(stage, world, s.topology, sim_options);
-    gb_serial.seconds += r.seconds;
-    gb_serial.network_bytes += r.network_bytes;
-    gb_serial.nvlink_bytes += r.nvlink_bytes;
-    gb_serial.flows += r.flows;
-    gb_serial.events += r.events;
-    gb_serial.max_nic_bytes = std::max(gb_serial.max_nic_bytes, r.max_nic_bytes);
-  }
-  gb_serial.max_nic_bytes = gb.max_nic_bytes;  // Same flows in all: same per-NIC totals.
-  const double gb_seconds = Seconds(t0);
   const double total_seconds = Seconds(total_start);
   const double cpu_seconds = static_cast<double>(std::clock() - cpu_start) / CLOCKS_PER_SEC;
 
@@ -393,6 +399,9 @@ int SimCommand(int argc, char** argv) {
           r.seconds, r.network_bytes, r.nvlink_bytes, r.max_nic_bytes, ratio(r.seconds), r.flows,
           r.events);
     };
+    auto optional_json = [&](const std::optional<SimResult>& r) {
+      return r ? result_json(*r) : std::string("null");
+    };
     absl::PrintF(
         "{\"title\": %s, \"world_size\": %d, \"tensors\": %d, \"ours\": %s, "
         "\"ours_plan\": {\"bytes_network\": %d, \"bytes_relay\": %d, \"bytes_fanout\": %d, "
@@ -403,18 +412,20 @@ int SimCommand(int argc, char** argv) {
         "\"nvlink_bytes\": %d},\n \"delta\": %s,\n \"nic_load_factor\": %.4f, "
         "\"time_factor\": %.4f,\n"
         " \"timings\": {\"lower_bound\": %.3f, \"ours_plan\": %.3f, \"ours_sim\": %.3f, "
-        "\"naive_p2p\": %.3f, \"gather_broadcast\": %.3f, \"total\": %.3f, \"cpu_total\": %.3f}}\n",
+        "\"naive_p2p\": %s, \"gather_broadcast\": %s, \"total\": %.3f, \"cpu_total\": %.3f}}\n",
         json::Quote(title), world, s.tensors.size(), result_json(ours), ours_stats.bytes_network,
         ours_stats.bytes_relay, ours_stats.bytes_fanout, ours_stats.bytes_staged, ours_stats.pieces,
-        result_json(gb), result_json(gb_serial), result_json(naive), lb.seconds, lb.max_nic_bytes,
-        lb.network_bytes, lb.domain_ingest_bytes, lb.source_egress_bytes, lb.average_bytes,
-        lb.nvlink_bytes,
+        optional_json(gb), optional_json(gb_serial), optional_json(naive), lb.seconds,
+        lb.max_nic_bytes, lb.network_bytes, lb.domain_ingest_bytes, lb.source_egress_bytes,
+        lb.average_bytes, lb.nvlink_bytes,
         delta ? absl::StrCat("{\"change_fraction\": ", *change_fraction,
                              ", \"bytes_ratio\": ", plan::DeltaBytesRatio(*change_fraction, 2),
                              ", \"result\": ", result_json(*delta), "}")
               : std::string("null"),
         nic_factor, ratio(ours.seconds), lb_seconds, ours_plan_seconds, ours_sim_seconds,
-        naive_seconds, gb_seconds, total_seconds, cpu_seconds);
+        baselines ? absl::StrFormat("%.3f", naive_seconds) : std::string("null"),
+        baselines ? absl::StrFormat("%.3f", gb_seconds) : std::string("null"), total_seconds,
+        cpu_seconds);
     return kExitOk;
   }
   absl::PrintF(
@@ -423,9 +434,13 @@ int SimCommand(int argc, char** argv) {
       s.topology.nvlink_gbytes_per_s);
   Table table(
       {"schedule", "seconds", "network bytes", "NVLink bytes", "max NIC bytes", "x lower bound"});
-  for (const Row& row :
-       {Row{"ours", ours}, Row{"gather-broadcast", gb},
-        Row{"gather-broadcast, stages in turn", gb_serial}, Row{"naive P2P", naive}}) {
+  std::vector<Row> rows = {Row{"ours", ours}};
+  if (baselines) {
+    rows.insert(rows.end(),
+                {Row{"gather-broadcast", *gb}, Row{"gather-broadcast, stages in turn", *gb_serial},
+                 Row{"naive P2P", *naive}});
+  }
+  for (const Row& row : rows) {
     const SimResult& r = row.result;
     table.AddRow({row.name, SecondsCell(r.seconds), FormatBytes(r.network_bytes),
                   FormatBytes(r.nvlink_bytes), FormatBytes(r.max_nic_bytes),
@@ -447,9 +462,11 @@ int SimCommand(int argc, char** argv) {
                FormatBytes(ours_stats.bytes_staged).c_str());
   std::printf(
       "runtime %.2f s wall, %.2f s CPU on one thread (wall: lower bound %.2f, ours plan "
-      "%.2f + sim %.2f, naive %.2f, gather-broadcast %.2f)\n",
-      total_seconds, cpu_seconds, lb_seconds, ours_plan_seconds, ours_sim_seconds, naive_seconds,
-      gb_seconds);
+      "%.2f + sim %.2f, %s)\n",
+      total_seconds, cpu_seconds, lb_seconds, ours_plan_seconds, ours_sim_seconds,
+      baselines
+          ? absl::StrFormat("naive %.2f, gather-broadcast %.2f", naive_seconds, gb_seconds).c_str()
+          : "baselines not simulated (--no-baselines)");
   return kExitOk;
 }
 
