@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "src/common/json.h"
 
 namespace reshard {
@@ -41,6 +43,9 @@ class CliTest : public ::testing::Test {
     fs::create_directories(dir_);
   }
   void TearDown() override { fs::remove_all(dir_); }
+
+  // `reshard sim` of kTinyMoe on h100-nvl8 as JSON, with `extra` flags (defined below).
+  absl::StatusOr<json::Value> SimTinyMoeJson(const std::string& extra);
 
   // Runs `reshard <args>` (arguments are trusted test strings) and captures both streams.
   Result Run(const std::string& args) {
@@ -327,6 +332,18 @@ std::string Example(const std::string& rel) {
 const std::string kTinyMoe = "--model " + Example("models/tiny-moe.json") +
                              " --train tp=2,ep=2,pp=2,gpus=8 --infer tp=2,dp=2";
 
+// The parsed output, or why there is none (the exit status and standard error, or the parse
+// error).
+absl::StatusOr<json::Value> CliTest::SimTinyMoeJson(const std::string& extra) {
+  const Result r = Run("sim " + kTinyMoe + " --cluster " + Example("clusters/h100-nvl8.json") +
+                       " --json" + extra);
+  if (r.status != 0) {
+    return absl::InternalError(
+        absl::StrCat("reshard sim", extra, " exited ", r.status, ": ", r.err));
+  }
+  return json::Parse(r.out);
+}
+
 // Elements of destination tiles per rank, from `reshard plan --tiles --json`.
 std::map<int64_t, int64_t> DstElementsPerRank(const json::Value& plan_json) {
   std::map<int64_t, int64_t> out;
@@ -480,15 +497,9 @@ TEST_F(CliTest, PlanReadsBackWhatSpecWroteAndPerExpertAgreesInBytesWithStacked) 
 // `reshard sim --no-baselines` simulates ours and the lower bound only: the same figures for
 // ours, no baseline rows, and null for the baselines in JSON.
 TEST_F(CliTest, SimWithoutBaselinesGivesTheSameOursAndNullBaselines) {
-  const std::string args =
-      "sim " + kTinyMoe + " --cluster " + Example("clusters/h100-nvl8.json") + " --json";
-  const Result all = Run(args);
-  const Result ours = Run(args + " --no-baselines");
-  ASSERT_EQ(all.status, 0) << all.err;
-  ASSERT_EQ(ours.status, 0) << ours.err;
-  auto a = json::Parse(all.out);
-  auto b = json::Parse(ours.out);
-  ASSERT_TRUE(a.ok() && b.ok()) << all.out << ours.out;
+  auto a = SimTinyMoeJson("");
+  auto b = SimTinyMoeJson(" --no-baselines");
+  ASSERT_TRUE(a.ok() && b.ok()) << a.status() << b.status();
   for (const char* key : {"seconds", "network_bytes", "max_nic_bytes"}) {
     EXPECT_EQ(b->Find("ours")->Find(key)->as_double(), a->Find("ours")->Find(key)->as_double())
         << key;
@@ -511,15 +522,9 @@ TEST_F(CliTest, SimWithoutBaselinesGivesTheSameOursAndNullBaselines) {
 
 // `reshard sim --per-expert` simulates the same refit: the same bytes must cross the network.
 TEST_F(CliTest, SimPerExpertMovesTheSameBytesAsStacked) {
-  const std::string args =
-      "sim " + kTinyMoe + " --cluster " + Example("clusters/h100-nvl8.json") + " --json";
-  const Result a = Run(args);
-  const Result b = Run(args + " --per-expert");
-  ASSERT_EQ(a.status, 0) << a.err;
-  ASSERT_EQ(b.status, 0) << b.err;
-  auto sim_a = json::Parse(a.out);
-  auto sim_b = json::Parse(b.out);
-  ASSERT_TRUE(sim_a.ok() && sim_b.ok()) << a.out << b.out;
+  auto sim_a = SimTinyMoeJson("");
+  auto sim_b = SimTinyMoeJson(" --per-expert");
+  ASSERT_TRUE(sim_a.ok() && sim_b.ok()) << sim_a.status() << sim_b.status();
   EXPECT_EQ(sim_a->Find("tensors")->as_int(), 62);
   EXPECT_EQ(sim_b->Find("tensors")->as_int(), 146);
   EXPECT_EQ(sim_b->Find("lower_bound")->Find("network_bytes")->as_int(),
