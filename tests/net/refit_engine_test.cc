@@ -175,30 +175,22 @@ TEST(RefitEngine, RejectsBuffersThatDoNotMatchThePlan) {
   EXPECT_EQ(from_share.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(from_share.status().message().find("rank 3's share"), absl::string_view::npos)
       << from_share.status();
-  // A staging ring budget below two minimal slots.
-  RefitEngineOptions tiny_ring;
+  // Staging budgets below their least size: a ring below two minimal slots, a landing rounds'
+  // budget below one least round (refused whether or not rounds are needed), rounds below the
+  // least round.
+  RefitEngineOptions tiny_ring, tiny_landing, tiny_rounds;
   tiny_ring.stage_ring_bytes = 511;
-  auto ring = RefitEngine::Create(rb.plan, 2, **store, *runtime, rb.buffers, tiny_ring);
-  EXPECT_EQ(ring.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(ring.status().message().find("rank 2: stage_ring_bytes is 511"),
-            absl::string_view::npos)
-      << ring.status();
-  // A landing rounds' budget below one least round (refused whether or not rounds are needed).
-  RefitEngineOptions tiny_landing;
   tiny_landing.stage_landing_bytes = 4095;
-  auto landing = RefitEngine::Create(rb.plan, 2, **store, *runtime, rb.buffers, tiny_landing);
-  EXPECT_EQ(landing.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(landing.status().message().find("rank 2: stage_landing_bytes is 4095"),
-            absl::string_view::npos)
-      << landing.status();
-  // Rounds below the least round.
-  RefitEngineOptions tiny_rounds;
   tiny_rounds.stage_round_bytes = 4095;
-  auto rounds = RefitEngine::Create(rb.plan, 2, **store, *runtime, rb.buffers, tiny_rounds);
-  EXPECT_EQ(rounds.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(rounds.status().message().find("rank 2: stage_round_bytes is 4095"),
-            absl::string_view::npos)
-      << rounds.status();
+  for (const auto& [options, message] :
+       {std::pair{tiny_ring, "rank 2: stage_ring_bytes is 511"},
+        std::pair{tiny_landing, "rank 2: stage_landing_bytes is 4095"},
+        std::pair{tiny_rounds, "rank 2: stage_round_bytes is 4095"}}) {
+    auto refused = RefitEngine::Create(rb.plan, 2, **store, *runtime, rb.buffers, options);
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << message;
+    EXPECT_NE(refused.status().message().find(message), absl::string_view::npos)
+        << refused.status();
+  }
 }
 
 // Heap bytes in use: glibc's count (every arena, mmapped chunks included), or, under ASan, whose
