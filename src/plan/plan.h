@@ -35,6 +35,11 @@ const char* TransferKindName(TransferKind k);
 // relays from a domain that already received the data (from_side kDst or kStage, after set);
 // kFanout inside a domain, either from the rank that took the data off the network (after set)
 // or from a source holder in the destination domain (from_side kSrc, after -1); kLocal copies.
+//
+// `feeds_relay` marks a kNetwork transfer that some kNetwork relay waits on (its `after`): the
+// relay's domain gets the data only once this transfer landed, so senders post these first
+// (docs/data-plane.md, "Relay-feeding puts first"). It is derived from the transfers (a function
+// of what schedule_hash() covers), set in every plan that keeps the transfer, shares included.
 struct Transfer {
   uint32_t tensor = 0;
   uint32_t region = 0;
@@ -44,6 +49,7 @@ struct Transfer {
   TransferKind kind = TransferKind::kNetwork;
   Side from_side = Side::kSrc;
   Side to_side = Side::kDst;
+  bool feeds_relay = false;
 };
 
 // A per-rank buffer: every rank holding a tile of a tensor on `side` has one buffer of this name.

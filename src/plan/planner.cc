@@ -180,6 +180,18 @@ class PlanBuilder : public ScheduleSink {
       plan_.transfer_ids_.push_back(static_cast<uint32_t>(world_id));
     }
   }
+  void MarkFeedsRelay(int32_t world_id) override {
+    if (rank_ < 0) {
+      plan_.transfers_[world_id].feeds_relay = true;
+      return;
+    }
+    // Kept transfers ascend by world index; the relay follows its parent within one part.
+    const std::vector<uint32_t>& ids = plan_.transfer_ids_;
+    const auto it = std::lower_bound(ids.begin(), ids.end(), static_cast<uint32_t>(world_id));
+    if (it != ids.end() && *it == static_cast<uint32_t>(world_id)) {
+      plan_.transfers_[it - ids.begin()].feeds_relay = true;
+    }
+  }
   int64_t AllocateStage(int32_t rank, int64_t bytes) override {
     if (stage_bytes_.empty()) stage_bytes_.assign(plan_.world_size_, 0);
     const int64_t offset = stage_bytes_[rank];

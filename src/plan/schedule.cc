@@ -565,6 +565,7 @@ void DomainScheduler::SchedulePart(uint32_t tensor, int elem, const Box& part,
     ExpectedChanged(receiver.rank, d, receiver_before);
     const int depth = after < 0 ? 1 : sender.depth + 1;
     const int32_t transfer = emit(sender, receiver, TransferKind::kNetwork, after);
+    if (after >= 0) sink.MarkFeedsRelay(after);
     // Built from values in registers: storing them into `receiver` and copying it read them
     // back as one 8-byte load right after two 4-byte stores, which the CPU cannot forward.
     received.push_back(

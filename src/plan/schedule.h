@@ -129,6 +129,9 @@ class ScheduleSink {
   virtual uint32_t AddRegion(const Box& box, const TileAddress& from, const TileAddress& to) = 0;
   // A kept transfer (`tr.region` set), counted as world transfer `world_id`.
   virtual void AddTransfer(const Transfer& tr, int32_t world_id) = 0;
+  // World transfer `world_id`, counted before, is a network transfer a network relay waits on:
+  // sets its feeds_relay where the plan keeps it.
+  virtual void MarkFeedsRelay(int32_t world_id) = 0;
   // Reserves `bytes` of `rank`'s staging buffer; returns the byte offset (aligned to 64).
   virtual int64_t AllocateStage(int32_t rank, int64_t bytes) = 0;
 

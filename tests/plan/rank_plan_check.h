@@ -1,6 +1,6 @@
 // Shared by the plan tests: a rank's share (BuildRankPlan) must equal the world plan restricted
-// to that rank: the transfers it sends or receives, and the fan-out transfers between two ranks of
-// its domain. Returns "" when it does, else what differs.
+// to that rank: the transfers it sends or receives (relay feeds marked alike), and the fan-out
+// transfers between two ranks of its domain. Returns "" when it does, else what differs.
 #pragma once
 
 #include <cstring>
@@ -27,6 +27,28 @@ inline bool SameRegion(const Plan& a, const Region& ra, const Plan& b, const Reg
     }
   }
   return true;
+}
+
+// "" when exactly the network transfers that some network relay waits on are marked
+// feeds_relay in the world plan `world`, else the first that is not.
+inline std::string CheckRelayFeeds(const Plan& world) {
+  const std::vector<Transfer>& transfers = world.transfers();
+  std::vector<char> fed(transfers.size(), 0);
+  for (const Transfer& t : transfers) {
+    if (t.kind == TransferKind::kNetwork && t.after >= 0) {
+      if (transfers[t.after].kind != TransferKind::kNetwork)
+        return "a relay waits on no network transfer";
+      fed[t.after] = 1;
+    }
+  }
+  for (size_t i = 0; i < transfers.size(); ++i) {
+    if (transfers[i].feeds_relay != (fed[i] != 0)) {
+      return absl::StrCat(
+          "transfer ", i,
+          (fed[i] ? " feeds a relay but is not marked" : " is marked but feeds no relay"));
+    }
+  }
+  return "";
 }
 
 inline std::string CompareRankPlan(const Plan& world, const Plan& share, int32_t rank) {
@@ -81,7 +103,7 @@ inline std::string CompareRankPlan(const Plan& world, const Plan& share, int32_t
     if (share.transfer_id(i) != expected[i]) return absl::StrCat(who, "transfer ", i, ": id differs");
     if (a.tensor != b.tensor || a.from_rank != b.from_rank || a.to_rank != b.to_rank ||
         a.after != b.after || a.kind != b.kind || a.from_side != b.from_side ||
-        a.to_side != b.to_side) {
+        a.to_side != b.to_side || a.feeds_relay != b.feeds_relay) {
       return absl::StrCat(who, "transfer ", expected[i], " differs");
     }
     if (b.region >= share.num_regions() ||

@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -349,6 +350,11 @@ TEST(ScheduleTest, RelaysSpreadOverEveryHolderWhenPiecesPerTensorMatchTheDomains
   EXPECT_EQ(relaying, 64);
   EXPECT_LE(most, plan.stats().bytes_relay / 64 * 3 / 2);
   CheckOncePerDomain(plan);
+  // The source's sends are what the relays forward: each one a relay feed.
+  EXPECT_EQ(CheckRelayFeeds(plan), "");
+  for (const Transfer& t : plan.transfers()) {
+    if (t.kind == TransferKind::kNetwork && t.from_rank == 0) EXPECT_TRUE(t.feeds_relay);
+  }
 }
 
 // A domain with more NICs than holders of a cell: staging receivers spread the ingress.
@@ -426,6 +432,7 @@ TEST(ScheduleTest, ModelLayoutsVerifyInProcess) {
 TEST(ScheduleTest, RankPlansEqualTheWorldPlanRestricted) {
   std::mt19937_64 rng(2026);
   int compared = 0;
+  int64_t relay_feeds = 0;
   for (int iter = 0; iter < 120; ++iter) {
     const int world = std::uniform_int_distribution<int>(2, 12)(rng);
     RefitSpec spec = RandomSpec(rng, world);
@@ -435,6 +442,9 @@ TEST(ScheduleTest, RankPlansEqualTheWorldPlanRestricted) {
       SCOPED_TRACE(absl::StrCat("iteration ", iter, " variant ", variant, "\n", SpecToJson(spec)));
       const PlanOptions o = VariantOptions(variant);
       const Plan plan = MustPlan(shared, o);
+      ASSERT_EQ(CheckRelayFeeds(plan), "");
+      relay_feeds += std::count_if(plan.transfers().begin(), plan.transfers().end(),
+                                   [](const Transfer& t) { return t.feeds_relay; });
       for (int32_t rank = 0; rank < plan.world_size(); ++rank) {
         auto share = BuildRankPlan(shared, rank, o);
         ASSERT_TRUE(share.ok()) << share.status();
@@ -444,6 +454,7 @@ TEST(ScheduleTest, RankPlansEqualTheWorldPlanRestricted) {
     }
   }
   EXPECT_GT(compared, 1000);
+  EXPECT_GT(relay_feeds, 0);  // Shares mark them as the world plan does.
   // A rank outside the world is refused.
   auto shared = LoadExample("fig3-tp4-to-tp2dp2.json");
   EXPECT_EQ(BuildRankPlan(shared, shared->WorldSize()).status().code(),
