@@ -20,17 +20,13 @@ absl::StatusOr<LandingRounds> PlanLandingRounds(const plan::Plan& plan, const Se
   LandingRounds out;
   out.sender_of_slot.assign(program.received.size(), -1);
   out.modes = modes;
-  // Each sender's pieces in the order it posts them: the relay feeds first, then the others,
-  // each in plan order (ascending world index).
+  // Slots are in plan order (ascending world index), the order each sender posts its pieces.
   std::vector<std::vector<uint32_t>> by_sender(static_cast<size_t>(plan.world_size()));
-  for (const bool first : {true, false}) {
-    for (uint32_t slot = 0; slot < program.received.size(); ++slot) {
-      const plan::Transfer& t = plan.transfers()[program.received[slot]];
-      const uint32_t to = plan.buffer_of(t.tensor, t.to_side);
-      if (PostsFirst(t) == first &&
-          IsRoundPiece(plan, t, program.delta_elem_bytes[slot] != 0, ModeOf(modes, to))) {
-        by_sender[static_cast<size_t>(t.from_rank)].push_back(slot);
-      }
+  for (uint32_t slot = 0; slot < program.received.size(); ++slot) {
+    const plan::Transfer& t = plan.transfers()[program.received[slot]];
+    const uint32_t to = plan.buffer_of(t.tensor, t.to_side);
+    if (IsRoundPiece(plan, t, program.delta_elem_bytes[slot] != 0, ModeOf(modes, to))) {
+      by_sender[static_cast<size_t>(t.from_rank)].push_back(slot);
     }
   }
   int64_t all = 0;
@@ -216,16 +212,12 @@ std::vector<int64_t> RoundStreamBases(const plan::Plan& plan, const SendProgram&
                                       int64_t* total) {
   std::vector<int64_t> bases(program.descs.size(), -1);
   *total = 0;
-  // In posting order: the relay feeds first (PostsFirst), then the others.
-  for (const bool first : {true, false}) {
-    for (uint32_t i = program.peer_begin[peer]; i < program.peer_begin[peer + 1]; ++i) {
-      const SendDesc& d = program.descs[i];
-      const plan::Transfer& t = plan.transfers()[d.transfer];
-      if (d.relay_feed == first &&
-          IsRoundPiece(plan, t, d.delta_elem_bytes > 0, ModeOf(peer_modes, d.to_buffer))) {
-        bases[i] = *total;
-        *total += d.bytes;
-      }
+  for (uint32_t i = program.peer_begin[peer]; i < program.peer_begin[peer + 1]; ++i) {
+    const SendDesc& d = program.descs[i];
+    const plan::Transfer& t = plan.transfers()[d.transfer];
+    if (IsRoundPiece(plan, t, d.delta_elem_bytes > 0, ModeOf(peer_modes, d.to_buffer))) {
+      bases[i] = *total;
+      *total += d.bytes;
     }
   }
   return bases;

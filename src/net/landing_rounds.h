@@ -10,8 +10,7 @@
 // memory, its strided pieces, packed streams included (RoundMode). The landing area then holds
 // only the packed streams that do not travel in rounds (CompactLandingArea,
 // CompactLandingBlock). Each sender's round pieces to
-// a receiver, in the order the sender posts them (the relay feeds first, then the others, each
-// in plan order: PostsFirst), form one stream of `total`
+// a receiver, in plan order (the order the sender posts them), form one stream of `total`
 // bytes, cut into rounds of `quota` bytes: stream bytes [r * quota, (r + 1) * quota) are round
 // r. The receiver gives the sender a slice of its round area of `slots` places of `quota` bytes
 // (the whole stream when every round has its own place), and round r is written into place
@@ -93,7 +92,7 @@ struct RoundPiece {
 
 struct LandingRounds {
   std::vector<RoundSender> senders;  // Ascending rank.
-  std::vector<RoundPiece> pieces;    // By sender, in its posting order within one.
+  std::vector<RoundPiece> pieces;    // By sender, plan order within one.
   int64_t area_bytes = 0;
   // By slot: the index in `senders` of a round piece's sender, -1 for other slots.
   std::vector<int32_t> sender_of_slot;

@@ -195,7 +195,7 @@ class PeerLink {
   int64_t packed_bytes_to = 0;
   std::string peer_landing_field;
   bool has_peer_landing_field = false;
-  std::vector<uint32_t> initial;  // Descs without dependencies: relay feeds first, plan order.
+  std::vector<uint32_t> initial;  // Descs without dependencies, in plan order.
   // Grants and aborts received.
   uint64_t granted = 0;  // Latest epoch the peer granted this rank.
   uint64_t granted_version = 0;  // The peer's version in that grant (docs/delta.md).

@@ -6,9 +6,7 @@
 // The engine (RefitEngine::Impl::PostSends) posts round-robin over its peer links, one
 // descriptor per link per round; the links are program.peers rotated left by rank % their
 // number (ranks sending to the same receivers start at different ones), and each link posts its
-// initial descriptors (DependencyIndex::initial(), those without `after`) in that order, relay
-// feeds first. While the rank has relay feeds left to post, a link whose next descriptor is
-// not one skips its turn. The
+// initial descriptors (DependencyIndex::initial(), those without `after`) in that order. The
 // pipelines select only descriptors without `after`, so this order is their posting order once
 // every destination has granted (a destination that grants late only delays its own link: the
 // others go on). Local copies (peer == rank) run in their own queue, in initial() order.

@@ -133,9 +133,6 @@ class RefitEngine::Impl final : public MessageSink, public LinkOwner {
   std::vector<std::unique_ptr<PeerLink>> links_;  // By rank; null for ranks that are not peers.
   std::vector<PeerLink*> peers_;                  // The non-null links.
   std::vector<uint32_t> local_initial_;           // Local copies without dependencies.
-  // Relay feeds among the network descriptors (SendDesc::relay_feed), and those of this epoch
-  // not yet posted (PostSends posts them first).
-  int64_t relay_feeds_ = 0, relay_feeds_left_ = 0;
   // Per tensor: its source is held (HoldSource); sized at Init.
   std::vector<uint8_t> held_;
   bool Held(const SendDesc& d) const {
@@ -583,7 +580,6 @@ absl::Status RefitEngine::Impl::Init(rendezvous::Store& store, std::vector<Buffe
       local_initial_.push_back(di);
     } else {
       links_[d.peer]->initial.push_back(di);
-      relay_feeds_ += d.relay_feed ? 1 : 0;
     }
   }
   RESHARD_RETURN_IF_ERROR(
@@ -1184,7 +1180,6 @@ absl::Status RefitEngine::Impl::Start(uint64_t epoch) {
   base_ = version_;
   landing_->StartEpoch(epoch, base_);
   local_ready_.assign(local_initial_.begin(), local_initial_.end());
-  relay_feeds_left_ = relay_feeds_;
   landed_out_.clear();
   for (PeerLink* link : peers_) {
     const int32_t r = link->peer();
@@ -1335,12 +1330,6 @@ bool RefitEngine::Impl::PumpOnce() {
 }
 
 void RefitEngine::Impl::PostSends() {
-  // Relay feeds first (docs/data-plane.md, "Relay feeds first"): while this rank has relay
-  // feeds left to post, a link whose next descriptor is not one waits. Posting order alone is
-  // no priority (the NIC shares its egress among the queue pairs that have work), so the others
-  // are held back, unless a whole sweep could post no relay feed (each waits for a grant, a
-  // source hold, the ring or an encode): nothing waits on a link that waits.
-  bool feeds_only = relay_feeds_left_ > 0;
   bool any = true;
   while (any && status_.ok()) {
     any = false;
@@ -1353,7 +1342,6 @@ void RefitEngine::Impl::PostSends() {
           if (!drained.ok()) return Fail(drained);
           continue;
         }
-        if (feeds_only && !program_.descs[link->ready.front()].relay_feed) continue;
         if (Held(program_.descs[link->ready.front()])) continue;  // Not yet written.
         link->cursor_desc = link->ready.front();
         link->ready.pop_front();
@@ -1412,8 +1400,8 @@ void RefitEngine::Impl::PostSends() {
         int32_t round = -1;
         if (round_base >= 0) {
           // A round piece (src/net/landing_rounds.h): its runs go in chunks cut at round ends,
-          // each once the receiver granted its round. The link posts its round pieces in the
-          // order of the receiver's table (relay feeds first, then plan order: PostsFirst).
+          // each once the receiver granted its round. The link posts its round pieces in plan
+          // order, the order of the receiver's table.
           const RoundSender& to = link->round_to;
           if (link->cursor_run == d.run_begin && link->run_posted == 0 &&
               link->round_pos != round_base) {
@@ -1503,13 +1491,8 @@ void RefitEngine::Impl::PostSends() {
       if (waiting) continue;
       if (!delta) stats_.bytes_network_sent += d.bytes;  // Delta: as each segment is encoded.
       link->cursor_desc = -1;
-      if (d.relay_feed && --relay_feeds_left_ == 0) feeds_only = false;
       absl::Status done = delivery_->DescPosted(*link, d);
       if (!done.ok()) return Fail(done);
-      any = true;
-    }
-    if (!any && feeds_only) {
-      feeds_only = false;  // No relay feed could go: the others may.
       any = true;
     }
   }

@@ -107,7 +107,6 @@ SendProgram BuildSendProgram(const plan::Plan& plan, int32_t rank,
       d.to_buffer = plan.buffer_of(t.tensor, t.to_side);
       d.bytes = region.bytes;
       d.run_begin = static_cast<uint32_t>(p.runs.size());
-      d.relay_feed = PostsFirst(t);
       if (t.to_rank == rank) {
         const int64_t slot = p.Slot(d.id);
         RESHARD_CHECK(slot >= 0);  // A local copy both leaves and lands here.
@@ -163,7 +162,6 @@ SendProgram BuildSendProgram(const plan::Plan& plan, int32_t rank,
     if (packed_bytes > 0) p.packed_to.push_back({static_cast<int32_t>(r), 0, packed_bytes});
   }
   p.peer_begin[world] = static_cast<uint32_t>(p.descs.size());
-  p.dependencies.PutFirst([&p](uint32_t di) { return p.descs[di].relay_feed; });
   p.dependencies.Finish();
   for (size_t r = 0; r < world; ++r) {
     if (is_peer[r] && static_cast<int32_t>(r) != rank) p.peers.push_back(static_cast<int32_t>(r));

@@ -83,9 +83,6 @@ struct SendDesc {
   // set-up found that it travels in the receiver's landing rounds: CompactLandingBlock).
   int64_t landing_offset = 0;
   uint32_t slot = 0;  // Local copies: the transfer's slot on the receiving side (received[slot]).
-  // A network transfer without `after` that a relay waits on (PostsFirst): it comes before the
-  // others in dependencies.initial(), and the engine posts it before any that is not.
-  bool relay_feed = false;
   // Delta streams: the element size compared (1, 2, 4 or 8), the piece's offset in the
   // sender's shadow; 0 and -1 otherwise.
   uint8_t delta_elem_bytes = 0;
@@ -104,13 +101,6 @@ struct LandingBlock {
   int64_t bytes = 0;
 };
 
-// Whether a sender posts `t` before its other sends without `after` (a relay waits on it; docs/
-// data-plane.md, "Relay feeds first"). Each sender's pieces to one receiver go in this order, and
-// the receiver's tables that follow the sender's posting order (landing rounds) use it too.
-inline bool PostsFirst(const plan::Transfer& t) {
-  return t.feeds_relay && t.after < 0 && t.kind == plan::TransferKind::kNetwork;
-}
-
 struct SendProgram {
   int32_t rank = 0;
   // Grouped by peer (ascending), plan order within a peer.
@@ -118,8 +108,7 @@ struct SendProgram {
   std::vector<SendRun> runs;
   // By rank: descs [peer_begin[r], peer_begin[r + 1]) go to rank r (r == rank: local copies).
   std::vector<uint32_t> peer_begin;
-  // Items are indices into descs (the plan's `after`, read once for net and fan-out). Its
-  // initial() lists the relay feeds first (plan order among them), then the others (plan order).
+  // Items are indices into descs (the plan's `after`, read once for net and fan-out).
   plan::DependencyIndex dependencies;
   int64_t send_scratch_bytes = 0;
   int64_t shadow_bytes = 0;  // Delta: one copy of every delta piece this rank sends.

@@ -37,15 +37,7 @@ class DependencyIndex {
     finished_ = true;
   }
 
-  // Moves the initial items for which first(item) holds before the others, each group keeping
-  // its order (the network engine's relay-feeding sends: docs/data-plane.md).
-  template <typename First>
-  void PutFirst(First&& first) {
-    std::stable_partition(initial_.begin(), initial_.end(), first);
-  }
-
-  // Items that may start when the epoch starts, in Add order (after PutFirst: its first items,
-  // then the others).
+  // Items that may start when the epoch starts, in Add order.
   absl::Span<const uint32_t> initial() const { return initial_; }
   // Items that may start once `transfer` landed, in Add order.
   absl::Span<const uint32_t> WaitingOn(uint32_t transfer) const {

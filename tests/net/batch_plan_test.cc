@@ -2,12 +2,11 @@
 // (and one of many small pieces), as the engine uses them: segments of delta pieces
 // (docs/delta.md, "The GPU encode pipeline"): PostingOrder lists every selected delta piece
 // once, in the order the engine's PostSends posts them (round-robin over the links, rotated by
-// rank, each link's initial descriptors in order, relay feeds before the rest), and PlanBatches
-// cuts that order into consecutive batches whose streams fit their pinned slot, each at an aligned
-// offset, without overlap, within the budget (a piece larger than a slot alone in its batch). The
-// staging ring's plan (RingBatches.*): the same planner over whole descriptors, split at their
-// runs; and the ring's pack batches run on the CPU (RingPlan.*): each slot holds exactly the bytes
-// of its parts.
+// rank, each link's initial descriptors in order), and PlanBatches cuts that order into
+// consecutive batches whose streams fit their pinned slot, each at an aligned offset, without
+// overlap, within the budget (a piece larger than a slot alone in its batch). The staging ring's
+// plan (RingBatches.*): the same planner over whole descriptors, split at their runs; and the
+// ring's pack batches run on the CPU (RingPlan.*): each slot holds exactly the bytes of its parts.
 #include "src/cuda/batch_plan.h"
 
 #include <gtest/gtest.h>
@@ -28,7 +27,6 @@
 #include "src/plan/region.h"
 #include "src/plan/spec_json.h"
 #include "tests/cuda/pack_test_util.h"
-#include "tests/net/relay_spec.h"
 
 namespace reshard::net {
 namespace {
@@ -46,16 +44,14 @@ constexpr char kManyPieces[] = R"json({"tensors": [
   {"name": "d", "dtype": "bf16", "shape": [8192],
    "src": {"mesh": [0, 1, 2, 3], "placements": ["S(0)"]}, "dst": {"mesh": [4, 5, 6, 7], "placements": ["R"]}}]})json";
 
-// The specs every test here plans: four example specs, kManyPieces and kRelayFeedsSpec.
+// The specs every test here plans: four example specs and kManyPieces.
 constexpr const char* kExamples[] = {"fig1-rows-to-cols", "fig3-tp4-to-tp2dp2", "fused-qkv",
-                                     "uneven-nested",     "many-pieces",        "relay-feeds"};
+                                     "uneven-nested", "many-pieces"};
 
 plan::Plan LoadExample(const std::string& name) {
   std::stringstream text;
   if (name == "many-pieces") {
     text << kManyPieces;
-  } else if (name == "relay-feeds") {
-    text << kRelayFeedsSpec;
   } else {
     std::ifstream in(std::string(RESHARD_SOURCE_DIR) + "/examples/specs/" + name + ".json");
     text << in.rdbuf();
@@ -67,13 +63,9 @@ plan::Plan LoadExample(const std::string& name) {
   return *std::move(plan);
 }
 
-// Checks `order` against the engine's posting rule for program `p` (posting_order.h): every
-// selected descriptor once, in sweeps over the links (program.peers rotated by the rank), one
-// descriptor per link per sweep, each link's initial list in order. Relay feeds come first: the
-// j-th feed of a link goes in sweep j. Once the last feed went (in sweep S, on link L), the
-// others follow: a link's k-th other descriptor goes in sweep S + k, or S + k + 1 when the link
-// comes at or before L in the rotation (its turn in sweep S passed). Within a sweep, links go in
-// rotation order.
+// Checks `order` against the engine's posting rule for program `p`: every selected descriptor
+// once; descriptor x before y when x's place in its link's initial list is smaller, or the
+// places are equal and x's link comes first in program.peers rotated by the rank.
 void ExpectPostingOrder(const SendProgram& p, const std::vector<bool>& selected,
                         const std::vector<uint32_t>& order) {
   const size_t n = p.peers.size();
@@ -81,33 +73,13 @@ void ExpectPostingOrder(const SendProgram& p, const std::vector<bool>& selected,
   for (size_t i = 0; i < n; ++i) {
     link[p.peers[i]] = static_cast<int64_t>((i + n - static_cast<size_t>(p.rank) % n) % n);
   }
-  std::vector<int64_t> place(p.descs.size(), -1), feeds(p.peer_begin.size(), 0),
-      others(p.peer_begin.size(), 0);
+  std::vector<int64_t> place(p.descs.size(), -1), seen(p.peer_begin.size(), 0);
   size_t expected = 0;
-  int64_t last_sweep = 0, last_link = -1;  // Of the last feed.
   for (uint32_t di : p.dependencies.initial()) {
-    const SendDesc& d = p.descs[di];
-    if (d.peer == p.rank) continue;
-    if (d.relay_feed) {
-      EXPECT_EQ(others[d.peer], 0) << "descriptor " << di << ": a feed after another descriptor";
-      place[di] = feeds[d.peer]++;
-      if (std::make_pair(place[di], link[d.peer]) > std::make_pair(last_sweep, last_link)) {
-        last_sweep = place[di];
-        last_link = link[d.peer];
-      }
-    } else {
-      place[di] = others[d.peer]++;
-    }
+    if (p.descs[di].peer == p.rank) continue;
+    place[di] = seen[p.descs[di].peer]++;
     expected += selected[di] ? 1 : 0;
   }
-  // (sweep, link) of every initial network descriptor.
-  const auto key = [&](uint32_t di) {
-    const SendDesc& d = p.descs[di];
-    if (d.relay_feed) return std::make_pair(place[di], link[d.peer]);
-    const int64_t sweep =
-        last_link < 0 ? place[di] : last_sweep + place[di] + (link[d.peer] <= last_link);
-    return std::make_pair(sweep, link[d.peer]);
-  };
   ASSERT_EQ(order.size(), expected);
   std::vector<int> count(p.descs.size(), 0);
   for (size_t k = 0; k < order.size(); ++k) {
@@ -118,6 +90,7 @@ void ExpectPostingOrder(const SendProgram& p, const std::vector<bool>& selected,
     ASSERT_GE(place[di], 0) << "descriptor " << di << " is not an initial network descriptor";
     if (k == 0) continue;
     const uint32_t prev = order[k - 1];
+    const auto key = [&](uint32_t d) { return std::make_pair(place[d], link[p.descs[d].peer]); };
     EXPECT_LT(key(prev), key(di)) << "descriptors " << prev << " and " << di;
   }
 }
@@ -335,34 +308,6 @@ void ExpectRingPlan(const SendProgram& p, const std::vector<uint32_t>& order, in
   }
   EXPECT_EQ(piece, pieces.size());
   *batches += plan.batches();
-}
-
-// Each source of kRelayFeedsSpec sends relay feeds and other pieces over the same links, the
-// two kinds interleaved in plan order: its posting order lists every feed before any other.
-TEST(PostingOrder, RelayFeedsGoBeforeEveryOtherSend) {
-  const plan::Plan plan = LoadExample("relay-feeds");
-  for (int32_t r = 0; r < 2; ++r) {
-    SCOPED_TRACE(testing::Message() << "rank " << r);
-    const SendProgram p = BuildSendProgram(plan, r, {});
-    int64_t feeds = 0, interleaved = 0;
-    for (size_t peer = 0; peer + 1 < p.peer_begin.size(); ++peer) {
-      bool other_before = false;
-      for (uint32_t i = p.peer_begin[peer]; i < p.peer_begin[peer + 1]; ++i) {
-        feeds += p.descs[i].relay_feed ? 1 : 0;
-        interleaved += p.descs[i].relay_feed && other_before ? 1 : 0;
-        other_before = other_before || !p.descs[i].relay_feed;
-      }
-    }
-    EXPECT_GT(feeds, 0);
-    EXPECT_GT(interleaved, 0);  // Plan order puts some feed after another piece on its link.
-    const std::vector<bool> all(p.descs.size(), true);
-    const std::vector<uint32_t> order = PostingOrder(p, all);
-    ExpectPostingOrder(p, all, order);
-    ASSERT_GT(order.size(), static_cast<size_t>(feeds));
-    for (size_t k = 0; k < order.size(); ++k) {
-      EXPECT_EQ(p.descs[order[k]].relay_feed, k < static_cast<size_t>(feeds)) << k;
-    }
-  }
 }
 
 TEST(RingBatches, EveryPieceOnceInPostingOrderWithinTheBudget) {

@@ -20,7 +20,6 @@
 #include "src/net/wireup.h"
 #include "src/plan/region.h"
 #include "src/plan/spec_json.h"
-#include "tests/net/relay_spec.h"
 
 namespace reshard::net {
 namespace {
@@ -67,14 +66,13 @@ std::vector<RoundMode> AllDirect(const plan::Plan& plan, RoundMode mode = RoundM
   return modes;
 }
 
-// `mixed`: some sender's round pieces to some receiver are relay feeds and others.
-void ExpectRoundTablesAgree(const char* spec, RoundMode mode, bool mixed = false) {
+void ExpectRoundTablesAgree(const char* spec, RoundMode mode) {
   const plan::Plan plan = MakeRoundsPlan(spec);
   const std::vector<RoundMode> direct = AllDirect(plan, mode);
   std::vector<SendProgram> programs;
   for (int32_t r = 0; r < plan.world_size(); ++r)
     programs.push_back(BuildSendProgram(plan, r, RoundsOptions()));
-  int64_t round_pieces = 0, packed_round_pieces = 0, mixed_links = 0;
+  int64_t round_pieces = 0, packed_round_pieces = 0;
   for (int32_t p = 0; p < plan.world_size(); ++p) {
     absl::StatusOr<LandingRounds> rounds = PlanLandingRounds(plan, programs[p], direct, 1 << 20);
     ASSERT_TRUE(rounds.ok()) << rounds.status();
@@ -86,19 +84,10 @@ void ExpectRoundTablesAgree(const char* spec, RoundMode mode, bool mixed = false
       auto it = by_rank.find(s);
       ASSERT_EQ(total, it == by_rank.end() ? 0 : it->second->total) << s << " -> " << p;
       if (it == by_rank.end()) continue;
-      // The sender's round descriptors, in its posting order (relay feeds first, then the
-      // others, each in plan order), are the receiver's pieces, in its order.
-      std::vector<uint32_t> posting;
-      for (const bool first : {true, false}) {
-        for (uint32_t i = programs[s].peer_begin[p]; i < programs[s].peer_begin[p + 1]; ++i) {
-          if (programs[s].descs[i].relay_feed == first) posting.push_back(i);
-        }
-      }
-      bool feeds = false, others = false;
+      // The sender's round descriptors, in its order, are the receiver's pieces, in its order.
       uint32_t k = it->second->piece_begin;
-      for (uint32_t i : posting) {
+      for (uint32_t i = programs[s].peer_begin[p]; i < programs[s].peer_begin[p + 1]; ++i) {
         if (bases[i] < 0) continue;
-        (programs[s].descs[i].relay_feed ? feeds : others) = true;
         ASSERT_LT(k, it->second->piece_end);
         const RoundPiece& piece = rounds->pieces[k++];
         EXPECT_EQ(programs[p].received_ids[piece.slot], programs[s].descs[i].id);
@@ -108,7 +97,6 @@ void ExpectRoundTablesAgree(const char* spec, RoundMode mode, bool mixed = false
         round_pieces++;
       }
       EXPECT_EQ(k, it->second->piece_end);
-      mixed_links += feeds && others ? 1 : 0;
     }
     // Network pieces only, never relayed or local ones, packed streams included; kStrided: only
     // those of more than one run.
@@ -129,19 +117,11 @@ void ExpectRoundTablesAgree(const char* spec, RoundMode mode, bool mixed = false
   }
   EXPECT_GT(round_pieces, 0);
   EXPECT_GT(packed_round_pieces, 0);
-  if (mixed) EXPECT_GT(mixed_links, 0);
 }
 
 TEST(LandingRounds, ReceiverAndSendersAgreePieceByPiece) {
   ExpectRoundTablesAgree(kRoundsTwoSenders, RoundMode::kAll);
   ExpectRoundTablesAgree(kRoundsInDomains, RoundMode::kAll);
-}
-
-// A sender posts its relay feeds first (send_program.h, PostsFirst): its stream to a receiver
-// lists them first, and the receiver's table agrees, where a link carries both kinds.
-TEST(LandingRounds, RelayFeedsComeFirstInBothTables) {
-  ExpectRoundTablesAgree(kRelayFeedsSpec, RoundMode::kAll, /*mixed=*/true);
-  ExpectRoundTablesAgree(kRelayFeedsSpec, RoundMode::kStrided, /*mixed=*/true);
 }
 
 // A receiver's record that its plan does not explain: a total off by one byte, or modes it did

@@ -30,7 +30,6 @@
 #include "src/plan/spec_json.h"
 #include "src/rendezvous/file_store.h"
 #include "tests/net/device_world.h"
-#include "tests/net/relay_spec.h"
 #include "tests/testing/multiprocess.h"
 
 namespace reshard::net {
@@ -421,75 +420,6 @@ TEST(StagedEmulation, LocalPiecesWithHostMemoryOnOneSideCopySlabBySlabByteExact)
 
 TEST(StagedEmulation, StagedLocalPiecesCopyInOneLaunchByteExact) {
   RunLocalWorld(/*registered=*/false, "staged-local");
-}
-
-// Relays between emulated devices (tests/net/relay_spec.h): each source posts its relay feeds
-// before its other pieces, so its stream of landing rounds to a receiver lists them first; the
-// receiver's table must agree (a sender checks every piece's place as it posts it), and the
-// relays read the landed destinations back from the device. Three refits, each byte-exact on
-// every rank, staged and registered, with the default budget and a landing area small enough
-// for many rounds per sender.
-int RelayRank(int rank, const std::string& dir, bool registered, int64_t landing_bytes) {
-  EmulatedRank e;
-  if (int failed = SetUpEmulatedRank(rank, dir, kRelayFeedsSpec, registered, &e); failed != 0) {
-    return failed;
-  }
-  const plan::RefitSpec& s = e.plan->spec();
-  RefitEngineOptions options;
-  options.delivery = RefitEngineOptions::Delivery::kPut;
-  options.stage_ring_bytes = kRingBytes;
-  if (landing_bytes > 0) options.stage_landing_bytes = landing_bytes;
-  auto engine = RefitEngine::Create(*e.plan, rank, *e.store, e.runtime, e.buffers, options);
-  if (!engine.ok()) {
-    Say(rank, std::string(engine.status().message()));
-    return 13;
-  }
-  const auto tensors = static_cast<uint32_t>(s.tensors.size());
-  for (uint64_t epoch = 1; epoch <= 3; ++epoch) {
-    for (uint32_t t = 0; t < tensors; ++t) {
-      const uint32_t b = e.plan->buffer_of(t, plan::Side::kSrc);
-      if (e.bytes[b] == 0) continue;
-      plan::ForEachTile(s, t, plan::Side::kSrc, [&](int32_t r, const plan::Box& box) {
-        if (r == rank) plan::FillTile(s, t, plan::Side::kSrc, box, epoch, e.memory[b].data());
-      });
-    }
-    absl::Status done = (*engine)->Execute(absl::Now() + absl::Seconds(30));
-    if (!done.ok()) {
-      Say(rank, absl::StrCat("epoch ", epoch, ": ", done.message()));
-      return 15;
-    }
-    // Pieces straight from a source land in rounds (relayed ones are put into place).
-    bool from_sources = false;
-    for (auto [it, end] = e.plan->receives(rank); it != end; ++it) {
-      const plan::Transfer& t = e.plan->transfers()[*it];
-      from_sources = from_sources || (t.kind == plan::TransferKind::kNetwork && t.after < 0);
-    }
-    if (from_sources && (*engine)->last_stats().stage_landing_rounds == 0) {
-      Say(rank, absl::StrCat("epoch ", epoch, ": no landing round"));
-      return 18;
-    }
-    for (uint32_t t = 0; t < tensors; ++t) {
-      if (int failed = VerifyAndPoison(e, rank, t, epoch, epoch); failed != 0) return failed;
-    }
-  }
-  (void)(*engine)->Shutdown(absl::Now() + absl::Seconds(10));
-  return 0;
-}
-
-TEST(StagedEmulation, RelayFeedsGoFirstInTheLandingRoundsByteExact) {
-  for (const bool registered : {false, true}) {
-    for (const int64_t landing_bytes : {int64_t{0}, int64_t{32} << 10}) {
-      SCOPED_TRACE(::testing::Message()
-                   << (registered ? "registered" : "staged") << ", landing " << landing_bytes);
-      const std::string dir = testing::ScratchDir(
-          absl::StrCat("staged-relays-", registered ? "reg-" : "", landing_bytes));
-      std::map<int32_t, int> codes = testing::ForkRanks(
-          testing::Ranks(8),
-          [&](int32_t r) { return RelayRank(r, dir, registered, landing_bytes); },
-          testing::SharedMemoryUcx(absl::Seconds(90)));
-      for (int r = 0; r < 8; ++r) EXPECT_EQ(codes[r], 0) << "rank " << r;
-    }
-  }
 }
 
 // GpuStaging's world (tests/net/device_world.h) with devices emulated, staged and registered:
