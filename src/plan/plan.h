@@ -37,9 +37,10 @@ const char* TransferKindName(TransferKind k);
 // or from a source holder in the destination domain (from_side kSrc, after -1); kLocal copies.
 //
 // `feeds_relay` marks a kNetwork transfer that some kNetwork relay waits on (its `after`): the
-// relay's domain gets the data only once this transfer landed, so senders post these first
-// (docs/data-plane.md, "Relay-feeding puts first"). It is derived from the transfers (a function
-// of what schedule_hash() covers), set in every plan that keeps the transfer, shares included.
+// relay's domain gets the data only once this transfer landed, so these bytes are on the
+// critical path of relay chains (the simulator's --relay-priority what-if reads it;
+// docs/simulator.md, "Relay priority"). It is derived from the transfers (a function of what
+// schedule_hash() covers), set in every plan that keeps the transfer, shares included.
 struct Transfer {
   uint32_t tensor = 0;
   uint32_t region = 0;

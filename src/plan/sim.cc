@@ -20,16 +20,19 @@ uint64_t FlowKey(int32_t from, int32_t to, int32_t stage, bool nvlink) {
 
 class FlowAggregator {
  public:
-  void Add(int32_t from, int32_t to, int32_t stage, bool nvlink, int64_t bytes) {
+  void Add(int32_t from, int32_t to, int32_t stage, bool nvlink, int64_t bytes,
+           bool feeds_relay = false, bool after_feed = false) {
     if (bytes <= 0 || from == to) return;
-    auto [it, inserted] = index_.try_emplace(FlowKey(from, to, stage, nvlink), flows_.size());
-    if (inserted) flows_.push_back({from, to, stage, nvlink, 0});
+    const uint8_t kind = (feeds_relay ? 2 : 0) | (after_feed ? 1 : 0);
+    auto [it, inserted] =
+        index_.try_emplace(std::make_pair(FlowKey(from, to, stage, nvlink), kind), flows_.size());
+    if (inserted) flows_.push_back({from, to, stage, nvlink, 0, feeds_relay, after_feed});
     flows_[it->second].bytes += bytes;
   }
   std::vector<Flow> Take() { return std::move(flows_); }
 
  private:
-  absl::flat_hash_map<uint64_t, size_t> index_;
+  absl::flat_hash_map<std::pair<uint64_t, uint8_t>, size_t> index_;
   std::vector<Flow> flows_;
 };
 
@@ -40,7 +43,7 @@ namespace {
 // The world plan's transfers as flows, each carrying bytes_of(transfer) bytes; a transfer's
 // stage is one after the one it waits for.
 template <typename BytesOf>
-std::vector<Flow> FlowsOf(const Plan& plan, BytesOf&& bytes_of) {
+std::vector<Flow> FlowsOf(const Plan& plan, bool by_relay_feed, BytesOf&& bytes_of) {
   RESHARD_CHECK(plan.rank() < 0);  // Flows of the whole world: a rank's share lacks the rest.
   FlowAggregator agg;
   const auto& transfers = plan.transfers();
@@ -49,15 +52,18 @@ std::vector<Flow> FlowsOf(const Plan& plan, BytesOf&& bytes_of) {
     const Transfer& tr = transfers[i];
     stage[i] = tr.after < 0 ? 0 : stage[tr.after] + 1;
     if (tr.kind == TransferKind::kLocal) continue;
-    agg.Add(tr.from_rank, tr.to_rank, stage[i], tr.kind == TransferKind::kFanout, bytes_of(tr));
+    agg.Add(tr.from_rank, tr.to_rank, stage[i], tr.kind == TransferKind::kFanout, bytes_of(tr),
+            by_relay_feed && tr.feeds_relay,
+            by_relay_feed && tr.after >= 0 && transfers[tr.after].feeds_relay);
   }
   return agg.Take();
 }
 
 }  // namespace
 
-std::vector<Flow> FlowsFromPlan(const Plan& plan) {
-  return FlowsOf(plan, [&](const Transfer& tr) { return plan.region(tr.region).bytes; });
+std::vector<Flow> FlowsFromPlan(const Plan& plan, bool by_relay_feed) {
+  return FlowsOf(plan, by_relay_feed,
+                 [&](const Transfer& tr) { return plan.region(tr.region).bytes; });
 }
 
 double DeltaBytesRatio(double fraction, int elem_bytes) {
@@ -73,8 +79,8 @@ double DeltaBytesRatio(double fraction, int elem_bytes) {
   return std::min(1.0, std::min(bitmap, runs) + table) + header;
 }
 
-std::vector<Flow> DeltaFlowsFromPlan(const Plan& plan, double fraction) {
-  return FlowsOf(plan, [&](const Transfer& tr) {
+std::vector<Flow> DeltaFlowsFromPlan(const Plan& plan, double fraction, bool by_relay_feed) {
+  return FlowsOf(plan, by_relay_feed, [&](const Transfer& tr) {
     int64_t bytes = plan.region(tr.region).bytes;
     if (tr.kind == TransferKind::kNetwork && tr.from_side == Side::kSrc && tr.after < 0) {
       const int es = plan.buffers()[plan.buffer_of(tr.tensor, tr.to_side)].elem_bytes;
@@ -175,26 +181,32 @@ class Simulator {
     for (size_t i = 0; i < n; ++i) order_[i] = static_cast<uint32_t>(i);
     std::stable_sort(order_.begin(), order_.end(),
                      [&](uint32_t a, uint32_t b) { return flows[a].stage < flows[b].stage; });
-    // Groups: arrivals at (rank, stage).
+    // Groups: arrivals at (rank, stage, relay feed or not).
     absl::flat_hash_map<uint64_t, int32_t> group_ids;
-    auto group = [&](int32_t rank, int32_t stage) {
-      const uint64_t key =
-          (static_cast<uint64_t>(static_cast<uint32_t>(rank)) << 32) | static_cast<uint32_t>(stage);
-      auto [it, inserted] = group_ids.try_emplace(key, static_cast<int32_t>(group_total_.size()));
-      if (inserted) group_total_.push_back(0);
-      return it->second;
+    auto key = [](int32_t rank, int32_t stage, bool feed) {
+      return (static_cast<uint64_t>(static_cast<uint32_t>(rank)) << 32) |
+             (static_cast<uint64_t>(static_cast<uint32_t>(stage)) << 1) | (feed ? 1u : 0u);
     };
     own_group_.resize(n);
     for (size_t i = 0; i < n; ++i) {
-      own_group_[i] = group(flows[i].to, flows[i].stage);
+      auto [it, inserted] =
+          group_ids.try_emplace(key(flows[i].to, flows[i].stage, flows[i].feeds_relay),
+                                static_cast<int32_t>(group_total_.size()));
+      if (inserted) group_total_.push_back(0);
+      own_group_[i] = it->second;
       group_total_[own_group_[i]] += static_cast<double>(flows[i].bytes);
     }
     parent_group_.assign(n, -1);
     for (size_t i = 0; i < n; ++i) {
       if (flows[i].stage == 0) continue;
-      auto it = group_ids.find((static_cast<uint64_t>(static_cast<uint32_t>(flows[i].from)) << 32) |
-                               static_cast<uint32_t>(flows[i].stage - 1));
+      auto it = group_ids.find(key(flows[i].from, flows[i].stage - 1, flows[i].after_feed));
       if (it != group_ids.end()) parent_group_[i] = it->second;
+    }
+    // Relay priority (a what-if: the engine shares fairly): relay feeds weigh more on both of
+    // their links.
+    weight_.assign(n, 1.0);
+    for (size_t i = 0; i < n; ++i) {
+      if (flows[i].feeds_relay && !flows[i].nvlink) weight_[i] = options.relay_feed_weight;
     }
     group_sent_.assign(group_total_.size(), 0);
     int32_t max_stage = 0;
@@ -238,6 +250,7 @@ class Simulator {
   SimResult Run() {
     SimResult result;
     result.flows = static_cast<int64_t>(flows_.size());
+    result.finished.assign(flows_.size(), 0.0);
     const size_t n = flows_.size();
     double now = 0;
     size_t active = 0;
@@ -314,6 +327,7 @@ class Simulator {
           done_[i] = 1;
           rate_[i] = 0;
           --active;
+          result.finished[i] = now + step;
         }
       }
       now += step;
@@ -392,7 +406,8 @@ class Simulator {
     const size_t n = flows_.size();
     const size_t links = capacity_.size();
     remaining_.assign(capacity_.begin(), capacity_.end());
-    count_.assign(links, 0);
+    count_.assign(links, 0.0);
+    live_.assign(links, 0);
     share_.assign(links, kInf);
     heap_pos_.assign(links, -1);
     heap_.clear();
@@ -404,13 +419,15 @@ class Simulator {
         fixed_[i] = 1;
         continue;
       }
-      ++count_[link_of_[2 * i]];
-      ++count_[link_of_[2 * i + 1]];
-      if (cap_[i] < kInf) capped_.push_back({cap_[i], static_cast<uint32_t>(i)});
+      count_[link_of_[2 * i]] += weight_[i];
+      count_[link_of_[2 * i + 1]] += weight_[i];
+      live_[link_of_[2 * i]]++;
+      live_[link_of_[2 * i + 1]]++;
+      if (cap_[i] < kInf) capped_.push_back({cap_[i] / weight_[i], static_cast<uint32_t>(i)});
     }
     std::sort(capped_.begin(), capped_.end());
     for (size_t l = 0; l < links; ++l) {
-      if (count_[l] == 0) continue;
+      if (live_[l] == 0) continue;
       share_[l] = remaining_[l] / count_[l];
       heap_pos_[l] = static_cast<int32_t>(heap_.size());
       heap_.push_back(static_cast<uint32_t>(l));
@@ -423,11 +440,12 @@ class Simulator {
         const uint32_t l = link_of_[2 * i + k];
         if (l == skip) continue;
         remaining_[l] = std::max(0.0, remaining_[l] - rate_[i]);
-        if (--count_[l] == 0) {
+        count_[l] -= weight_[i];
+        if (--live_[l] == 0) {
           HeapRemove(l);
           continue;
         }
-        share_[l] = remaining_[l] / count_[l];
+        share_[l] = remaining_[l] / std::max(count_[l], 1e-12);
         if (heap_pos_[l] >= 0) {
           SiftDown(heap_pos_[l]);
           SiftUp(heap_pos_[l]);
@@ -441,7 +459,8 @@ class Simulator {
       const bool have_cap = next_cap < capped_.size();
       if (!have_link && !have_cap) break;
       if (have_cap && (!have_link || capped_[next_cap].first <= share_[heap_[0]])) {
-        fix(capped_[next_cap].second, capped_[next_cap].first, UINT32_MAX);
+        fix(capped_[next_cap].second, capped_[next_cap].first * weight_[capped_[next_cap].second],
+            UINT32_MAX);
         ++next_cap;
         continue;
       }
@@ -450,22 +469,25 @@ class Simulator {
       HeapRemove(l);
       for (uint32_t k = link_begin_[l]; k < link_begin_[l + 1]; ++k) {
         const uint32_t i = link_flows_[k];
-        if (!fixed_[i]) fix(i, share, l);
+        if (!fixed_[i]) fix(i, share * weight_[i], l);
       }
       count_[l] = 0;
+      live_[l] = 0;
     }
   }
 
   const std::vector<Flow>& flows_;
   SimOptions options_;
   std::vector<double> capacity_, remaining_;
-  std::vector<int64_t> count_;
+  std::vector<double> count_, weight_;
+  std::vector<int64_t> live_;
   std::vector<uint32_t> order_;
   std::vector<int32_t> own_group_, parent_group_;
   std::vector<double> group_total_, group_sent_, inflow_;
   std::vector<uint32_t> link_of_, link_begin_, link_flows_;
   std::vector<double> sent_, rate_, cap_;
   std::vector<uint8_t> done_, fixed_;
+
   std::vector<double> share_;
   std::vector<uint32_t> heap_;
   std::vector<int32_t> heap_pos_;

@@ -6,8 +6,9 @@
 // source buffer, k+1 for data forwarded after a stage-k arrival) are aggregated into one flow.
 // Rates are max-min fair (progressive filling). A dependent flow streams behind the data it
 // forwards: at any time it may have sent at most the fraction of its bytes equal to the fraction
-// of its sender's stage-(k-1) arrivals, so fan-out and relays start as soon as data arrives
-// (chunk-level pipelining). Local copies (same rank) are free.
+// of its sender's stage-(k-1) arrivals of its kind (relay feeds or not), so fan-out and relays
+// start as soon as data arrives (chunk-level pipelining). Local copies (same rank) are free.
+// Rates are weighted max-min when SimOptions::relay_feed_weight is not 1 (a what-if).
 //
 // Events are batched: every flow that would finish or catch up within `batch_fraction` of the
 // current time of the earliest such event completes together. That only lets links idle or
@@ -30,11 +31,19 @@ struct Flow {
   int32_t stage = 0;
   bool nvlink = false;  // Inside a domain; otherwise over the NICs.
   int64_t bytes = 0;
+  // Transfers a network relay waits on (Transfer::feeds_relay), and transfers that wait on
+  // such (relays and fan-out of what a relay feed landed), when the flows were split by them
+  // (FlowsFromPlan's by_relay_feed): a relay then streams behind the arrivals it forwards.
+  bool feeds_relay = false;
+  bool after_feed = false;
 };
 
 // Aggregated flows of a plan: network transfers over NICs, fan-out over NVLink, local copies
-// dropped.
-[[nodiscard]] std::vector<Flow> FlowsFromPlan(const Plan& plan);
+// dropped. One flow per (sender, receiver, link kind, stage): one queue pair's worth of fair
+// share, as a NIC serves them. With `by_relay_feed`, relay feeds and the transfers that wait on
+// them are flows of their own (Flow::feeds_relay, after_feed): a pair then shares as two, which
+// is what a second, prioritised endpoint per pair would do (the --relay-priority what-if).
+[[nodiscard]] std::vector<Flow> FlowsFromPlan(const Plan& plan, bool by_relay_feed = false);
 
 // Delta refits (docs/delta.md): the expected stream bytes, relative to the plain piece, of a
 // piece of `elem_bytes`-byte elements of which a random, scattered fraction `fraction` changed:
@@ -44,7 +53,8 @@ struct Flow {
 // FlowsFromPlan for delta refits at change fraction `fraction`: network pieces read from source
 // buffers carry DeltaBytesRatio of their bytes; relays and fan-out forward the applied, plain
 // bytes.
-[[nodiscard]] std::vector<Flow> DeltaFlowsFromPlan(const Plan& plan, double fraction);
+[[nodiscard]] std::vector<Flow> DeltaFlowsFromPlan(const Plan& plan, double fraction,
+                                                   bool by_relay_feed = false);
 
 // The gather-broadcast baseline: for every tensor the first holder of each source cell sends
 // its tile to a gather rank (the smallest rank of the tensor's source mesh, one per pipeline
@@ -63,6 +73,11 @@ struct Flow {
 
 struct SimOptions {
   double batch_fraction = 0.01;
+  // A what-if, with flows split by_relay_feed: network flows of relay feeds (Flow::feeds_relay)
+  // weigh this much in the max-min sharing of both their links, so they get that many times
+  // the rate of the others where they share a bottleneck. 1 (fair) is what the engine does:
+  // NICs serve the queue pairs that have work in turn (docs/simulator.md, "Relay priority").
+  double relay_feed_weight = 1;
 };
 
 struct SimResult {
@@ -73,6 +88,7 @@ struct SimResult {
   std::vector<int64_t> nic_in, nic_out;  // Per rank.
   int64_t flows = 0;
   int64_t events = 0;
+  std::vector<double> finished;  // Per flow: when it finished (0 for an empty one).
 };
 
 // Simulates `flows` among `world_size` ranks with the topology's bandwidths.

@@ -520,6 +520,41 @@ TEST_F(CliTest, SimWithoutBaselinesGivesTheSameOursAndNullBaselines) {
   EXPECT_NE(text.out.find("baselines not simulated"), std::string::npos) << text.out;
 }
 
+// `reshard sim --relay-priority W` (a what-if): the same plan, so the same bytes on the same NICs
+// and the same bound, only shared differently; W below 1 or not a number is refused. Two
+// trainers in one domain feed three inference domains of two ranks, so relays carry most of it.
+TEST_F(CliTest, SimRelayPriorityIsAWhatIfOverTheSamePlan) {
+  const fs::path spec = Write(
+      "relays.json", R"json({"topology": {"domains": [[0, 1], [2, 3], [4, 5], [6, 7]]}, "tensors": [
+  {"name": "a", "dtype": "fp32", "shape": [512, 2048], "src": {"mesh": [0, 1], "placements": ["S(0)"]},
+   "dst": {"mesh": [[2, 3], [4, 5], [6, 7]], "placements": ["R", "S(1)"]}},
+  {"name": "b", "dtype": "fp32", "shape": [512, 2048], "src": {"mesh": [0, 1], "placements": ["S(0)"]},
+   "dst": {"mesh": [2, 3], "placements": ["S(1)"]}}]})json");
+  const auto sim = [&](const std::string& extra) -> absl::StatusOr<json::Value> {
+    const Result r = Run("sim --spec " + spec.string() + " --json --no-baselines" + extra);
+    if (r.status != 0) return absl::InternalError(absl::StrCat("exited ", r.status, ": ", r.err));
+    return json::Parse(r.out);
+  };
+  auto fair = sim("");
+  auto weighted = sim(" --relay-priority 10");
+  ASSERT_TRUE(fair.ok() && weighted.ok()) << fair.status() << weighted.status();
+  EXPECT_GT(fair->Find("ours_plan")->Find("bytes_relay")->as_int(), 0);
+  for (const char* key : {"network_bytes", "max_nic_bytes"}) {
+    EXPECT_EQ(weighted->Find("ours")->Find(key)->as_int(), fair->Find("ours")->Find(key)->as_int())
+        << key;
+  }
+  EXPECT_EQ(weighted->Find("lower_bound")->Find("seconds")->as_double(),
+            fair->Find("lower_bound")->Find("seconds")->as_double());
+  EXPECT_GE(weighted->Find("ours")->Find("seconds")->as_double(),
+            fair->Find("lower_bound")->Find("seconds")->as_double());
+  for (const char* bad : {" --relay-priority 0.5", " --relay-priority x"}) {
+    const Result r = Run("sim --spec " + spec.string() + bad);
+    EXPECT_EQ(r.status, 2) << bad;
+    EXPECT_EQ(Lines(r.err), 1) << r.err;
+    EXPECT_NE(r.err.find("--relay-priority"), std::string::npos) << r.err;
+  }
+}
+
 // `reshard sim --per-expert` simulates the same refit: the same bytes must cross the network.
 TEST_F(CliTest, SimPerExpertMovesTheSameBytesAsStacked) {
   auto sim_a = SimTinyMoeJson("");

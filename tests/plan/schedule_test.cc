@@ -353,7 +353,9 @@ TEST(ScheduleTest, RelaysSpreadOverEveryHolderWhenPiecesPerTensorMatchTheDomains
   // The source's sends are what the relays forward: each one a relay feed.
   EXPECT_EQ(CheckRelayFeeds(plan), "");
   for (const Transfer& t : plan.transfers()) {
-    if (t.kind == TransferKind::kNetwork && t.from_rank == 0) EXPECT_TRUE(t.feeds_relay);
+    if (t.kind == TransferKind::kNetwork && t.from_rank == 0) {
+      EXPECT_TRUE(t.feeds_relay);
+    }
   }
 }
 

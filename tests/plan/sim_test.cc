@@ -90,6 +90,40 @@ TEST(SimTest, FanOutStreamsBehindArrivals) {
   EXPECT_LT(relay.seconds, 0.2 * 1.02);
 }
 
+// Relay priority (a what-if, SimOptions::relay_feed_weight): a relay feed weighs W where it
+// shares a link. Rank 0 sends a feed A to rank 1 and another piece B to rank 2, 1 GB each;
+// rank 1 relays A to rank 3 as it arrives (R, stage 1). Fair: A and B share 0's egress at 25
+// GB/s, all three finish at 0.04 s. W = 3: A takes 37.5 GB/s and finishes at 1/37.5 s, R streams
+// behind it and finishes with it, and B, at 12.5 GB/s until then and alone after, still at
+// 0.04 s (the link never idles). Weight 1 is fair sharing exactly.
+TEST(SimTest, RelayPriorityWeightsTheSharingOfRelayFeeds) {
+  std::vector<Flow> flows = {{0, 1, 0, false, 1'000'000'000},
+                             {0, 2, 0, false, 1'000'000'000},
+                             {1, 3, 1, false, 1'000'000'000}};
+  flows[0].feeds_relay = true;
+  flows[2].after_feed = true;
+  const SimResult fair = Simulate(flows, 4, Topo(), Exact());
+  for (int i = 0; i < 3; ++i) EXPECT_NEAR(fair.finished[i], 0.04, 1e-9) << i;
+  SimOptions weighted = Exact();
+  weighted.relay_feed_weight = 3;
+  const SimResult w = Simulate(flows, 4, Topo(), weighted);
+  EXPECT_NEAR(w.finished[0], 1 / 37.5, 1e-9);
+  EXPECT_NEAR(w.finished[2], 1 / 37.5, 1e-6);
+  EXPECT_NEAR(w.finished[1], 0.04, 1e-9);
+  EXPECT_NEAR(w.seconds, 0.04, 1e-9);
+  // The relay streams behind the feed's arrivals at its rank, not behind all of them: another
+  // 1 GB that lands on rank 1 slowly (from rank 4, sharing 4's egress with a 3 GB piece to
+  // rank 5) does not hold it back.
+  std::vector<Flow> mixed = flows;
+  mixed.push_back({4, 1, 0, false, 1'000'000'000});
+  mixed.push_back({4, 5, 0, false, 3'000'000'000});
+  const SimResult m = Simulate(mixed, 6, Topo(), weighted);
+  EXPECT_NEAR(m.finished[2], 1 / 37.5, 1e-6);
+  // Without the split (the relay waits on every arrival at rank 1) it would end with the slow
+  // piece, at 0.04 s.
+  EXPECT_GT(m.finished[3], 0.039);
+}
+
 // Batching never makes a refit look faster; here it stays within 1% of exact.
 TEST(SimTest, BatchingErrsOnTheSlowSide) {
   std::vector<Flow> flows;

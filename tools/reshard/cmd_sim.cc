@@ -48,6 +48,10 @@ options:
 constexpr char kHelpTail[] = R"(  --spec S.json      simulate a refit spec instead of a model
   --no-relay         our schedule without relays between destination domains
   --no-staging       our schedule without staging receivers
+  --relay-priority W a what-if: network transfers that some relay forwards travel as flows
+                     of their own that weigh W (1 to 1e6) in the sharing of their NICs (default:
+                     not simulated; every pair shares fairly, as the engine and NICs do today;
+                     docs/simulator.md, "Relay priority")
   --no-baselines     simulate ours and the lower bound only, not naive point-to-point and
                      gather-broadcast (on large per-expert specs the gather-broadcast chains take
                      most of the run: minutes); JSON gives null for them
@@ -239,7 +243,7 @@ int SimCommand(int argc, char** argv) {
   std::set<std::string> flags = ModelFlags();
   flags.insert({"json", "help", "no-relay", "no-staging", "no-baselines"});
   std::set<std::string> options = ModelOptions();
-  options.insert({"spec", "svg", "batch-fraction", "change-fraction"});
+  options.insert({"spec", "svg", "batch-fraction", "change-fraction", "relay-priority"});
   auto parsed = Args::Parse(argc, argv, flags, options);
   if (!parsed.ok()) return UsageError("sim", std::string(parsed.status().message()));
   const Args& args = *parsed;
@@ -307,6 +311,11 @@ int SimCommand(int argc, char** argv) {
     return UsageError("sim", "--batch-fraction must be a number in [0, 1)");
   }
   sim_options.batch_fraction = *batch;
+  auto weight = args.GetDouble("relay-priority", sim_options.relay_feed_weight);
+  if (!weight.ok() || !(*weight >= 1 && *weight <= 1e6)) {
+    return UsageError("sim", "--relay-priority must be a number between 1 and 1e6");
+  }
+  sim_options.relay_feed_weight = *weight;
   auto shared = std::make_shared<const RefitSpec>(std::move(spec));
   const RefitSpec& s = *shared;
   const int32_t world = s.WorldSize();
@@ -333,10 +342,12 @@ int SimCommand(int argc, char** argv) {
   }
   const double ours_plan_seconds = Seconds(t0);
   t0 = std::chrono::steady_clock::now();
-  const std::vector<plan::Flow> ours_flows = plan::FlowsFromPlan(*ours_plan);
+  // The what-if of relay priority splits each pair's flows by relay feed (sim.h).
+  const bool by_feed = args.Get("relay-priority").has_value();
+  const std::vector<plan::Flow> ours_flows = plan::FlowsFromPlan(*ours_plan, by_feed);
   const plan::PlanStats ours_stats = ours_plan->stats();
   const std::vector<plan::Flow> delta_flows =
-      *change_fraction >= 0 ? plan::DeltaFlowsFromPlan(*ours_plan, *change_fraction)
+      *change_fraction >= 0 ? plan::DeltaFlowsFromPlan(*ours_plan, *change_fraction, by_feed)
                             : std::vector<plan::Flow>{};
   ours_plan = absl::UnknownError("released");  // Free the plan before the baselines.
   const SimResult ours = plan::Simulate(ours_flows, world, s.topology, sim_options);
