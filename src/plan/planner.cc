@@ -18,7 +18,8 @@ namespace {
 // The version of the schedule, hashed into every plan's fingerprint: ranks whose planners would
 // schedule the same spec differently must not agree. Bump it whenever a change alters any world
 // plan (ScheduleTest.ScheduleHashesArePinned fails until then).
-constexpr uint64_t kScheduleVersion = 2;  // 2: domains served from a hashed start (schedule.cc).
+// 2: domains served from a hashed start; 3: relays also feed heavy receivers (schedule.cc).
+constexpr uint64_t kScheduleVersion = 3;
 
 }  // namespace
 
