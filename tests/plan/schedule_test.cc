@@ -22,6 +22,7 @@
 #include "src/plan/plan.h"
 #include "src/plan/spec_json.h"
 #include "tests/plan/rank_plan_check.h"
+#include "tests/plan/spec_text.h"
 
 namespace reshard::plan {
 namespace {
@@ -281,14 +282,12 @@ TEST(ScheduleTest, DomainsHoldingASourceReplicaCopyInsideTheDomain) {
 // relays the sources send little more than the lower bound and the receivers pass the data on.
 // (Deliberately tight: 18 NICs must emit 8 x 16 KiB against a bound of 8 KiB each.)
 TEST(ScheduleTest, RelaysRelieveASingleSourceNic) {
-  std::string dst_mesh;
-  for (int d = 0; d < 8; ++d)
-    absl::StrAppend(&dst_mesh, d ? ", " : "", "[", 2 + 2 * d, ", ", 3 + 2 * d, "]");
-  auto spec = ParseSpecJson(absl::StrCat(R"js({"topology": {"ranks_per_domain": 2}, "tensors": [
+  auto spec =
+      ParseSpecJson(absl::StrCat(R"js({"topology": {"ranks_per_domain": 2}, "tensors": [
     {"name": "expert", "dtype": "i64", "shape": [32, 64],
      "src": {"mesh": [0, 1], "placements": ["S(0)"]},
-     "dst": {"mesh": [)js",
-                                         dst_mesh, R"js(], "placements": ["R", "S(1)"]}}]})js"));
+     "dst": {"mesh": )js",
+                                 ReplicaMesh(8, 2, 2), R"js(, "placements": ["R", "S(1)"]}}]})js"));
   ASSERT_TRUE(spec.ok()) << spec.status();
   auto shared = std::make_shared<const RefitSpec>(*std::move(spec));
   PlanOptions no_relay;
@@ -323,17 +322,13 @@ TEST(ScheduleTest, RelaysRelieveASingleSourceNic) {
 // tensor was served first to domain j, and the 8 ranks holding piece j's slice there did nearly
 // all the relaying (docs/simulator.md, "The per-expert gap was aliasing").
 TEST(ScheduleTest, RelaysSpreadOverEveryHolderWhenPiecesPerTensorMatchTheDomains) {
-  std::string dst_mesh, tensors;
-  for (int d = 0; d < 8; ++d) {
-    absl::StrAppend(&dst_mesh, d ? ", " : "", "[");
-    for (int t = 0; t < 8; ++t) absl::StrAppend(&dst_mesh, t ? ", " : "", 8 + 8 * d + t);
-    absl::StrAppend(&dst_mesh, "]");
-  }
+  const std::string dst_mesh = ReplicaMesh(8, 8, 8);
+  std::string tensors;
   for (int i = 0; i < 64; ++i) {
     absl::StrAppend(&tensors, i ? ", " : "", R"js({"name": "w)js", i,
                     R"js(", "dtype": "i64", "shape": [8, 64], "src": {"mesh": [0],
-                    "placements": ["R"]}, "dst": {"mesh": [)js",
-                    dst_mesh, R"js(], "placements": ["R", "S(0)"]}})js");
+                    "placements": ["R"]}, "dst": {"mesh": )js",
+                    dst_mesh, R"js(, "placements": ["R", "S(0)"]}})js");
   }
   auto spec = ParseSpecJson(
       absl::StrCat(R"js({"topology": {"ranks_per_domain": 8}, "tensors": [)js", tensors, "]}"));

@@ -15,6 +15,7 @@
 #include "src/plan/plan.h"
 #include "src/plan/schedule.h"
 #include "src/plan/spec_json.h"
+#include "tests/plan/spec_text.h"
 
 namespace reshard::plan {
 namespace {
@@ -134,17 +135,13 @@ TEST(SimTest, RelayPriorityWeightsTheSharingOfRelayFeeds) {
 // NICs send nothing else, feed them: within 1% of the bound, nothing relayed elsewhere, no NIC
 // past the bound.
 TEST(SimTest, HeavyReceiversTakeRelaysFromLightDomains) {
-  std::string mesh, tensors;
-  for (int r = 0; r < 5; ++r) {
-    absl::StrAppend(&mesh, r ? ", " : "", "[");
-    for (int t = 0; t < 4; ++t) absl::StrAppend(&mesh, t ? ", " : "", 16 + 4 * r + t);
-    absl::StrAppend(&mesh, "]");
-  }
+  const std::string mesh = ReplicaMesh(5, 4, 16);
+  std::string tensors;
   for (int i = 0; i < 16; ++i) {
     absl::StrAppend(&tensors, i ? ", " : "", R"js({"name": "w)js", i,
                     R"js(", "dtype": "fp32", "shape": [1024, 1024], "src": {"mesh": [0, 1, 2, 3,
-                    4, 5, 6, 7, 8, 9, 10, 11, 12, 13], "placements": ["S(0)"]}, "dst": {"mesh": [)js",
-                    mesh, R"js(], "placements": ["R", "S(1)"]}})js");
+                    4, 5, 6, 7, 8, 9, 10, 11, 12, 13], "placements": ["S(0)"]}, "dst": {"mesh": )js",
+                    mesh, R"js(, "placements": ["R", "S(1)"]}})js");
   }
   auto parsed = ParseSpecJson(
       absl::StrCat(R"js({"topology": {"ranks_per_domain": 8}, "tensors": [)js", tensors, "]}"));

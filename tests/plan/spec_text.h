@@ -1,0 +1,22 @@
+// Shared by the plan tests that write specs as JSON text.
+#pragma once
+
+#include <string>
+
+#include "absl/strings/str_cat.h"
+
+namespace reshard::plan {
+
+// A 2-D mesh as JSON: `replicas` rows of `size` consecutive ranks, the first row from `first`
+// ("[[8, 9], [10, 11]]" for 2, 2, 8).
+inline std::string ReplicaMesh(int replicas, int size, int first) {
+  std::string mesh;
+  for (int r = 0; r < replicas; ++r) {
+    absl::StrAppend(&mesh, r ? ", " : "", "[");
+    for (int t = 0; t < size; ++t) absl::StrAppend(&mesh, t ? ", " : "", first + size * r + t);
+    absl::StrAppend(&mesh, "]");
+  }
+  return absl::StrCat("[", mesh, "]");
+}
+
+}  // namespace reshard::plan
