@@ -141,20 +141,25 @@ std::vector<std::vector<Flow>> GatherBroadcastStages(const RefitSpec& spec,
   std::vector<std::vector<Flow>> out;
   for (size_t i = 0; i < by_rank.size(); ++i) {
     const auto [g, bytes] = gathered[by_rank[i]];
-    FlowAggregator& agg = aggs[by_rank[i]];
+    // The chain: one flow through every hop (it streams behind the gathering at g, stage 1).
+    Flow chain{g, g, 1, false, bytes};
     int32_t prev = g;
-    int32_t stage = 1;
     const size_t nd = dst_domains.size();
     for (size_t k = 0; k < nd; ++k) {
       const auto& ranks = dst_domains[(i + k) % nd];
       for (size_t j = 0; j < ranks.size(); ++j) {
         const int32_t r = ranks[(i + j) % ranks.size()];
         if (r == prev) continue;
-        agg.Add(prev, r, stage++, domains.domain_of(prev) == domains.domain_of(r), bytes);
+        chain.via.push_back({r, domains.domain_of(prev) == domains.domain_of(r)});
         prev = r;
       }
     }
-    out.push_back(agg.Take());
+    std::vector<Flow> flows = aggs[by_rank[i]].Take();
+    if (!chain.via.empty() && bytes > 0) {
+      chain.to = prev;
+      flows.push_back(std::move(chain));
+    }
+    out.push_back(std::move(flows));
   }
   return out;
 }
@@ -213,11 +218,27 @@ class Simulator {
     for (const Flow& f : flows) max_stage = std::max(max_stage, f.stage);
     max_iterations_ = std::min(max_stage + 2, 400);
     inflow_.assign(group_total_.size(), 0);
-    link_of_.resize(2 * n);
+    // Each flow's links: its sender's egress and receiver's ingress, NIC or NVLink; a chain's
+    // those of every hop.
+    flow_link_begin_.assign(n + 1, 0);
+    flow_links_.clear();
+    flow_links_.reserve(2 * n);
     for (size_t i = 0; i < n; ++i) {
-      const int base = flows[i].nvlink ? 2 : 0;
-      link_of_[2 * i] = 4 * flows[i].from + base;
-      link_of_[2 * i + 1] = 4 * flows[i].to + base + 1;
+      const Flow& f = flows[i];
+      if (f.via.empty()) {
+        const uint32_t base = f.nvlink ? 2 : 0;
+        flow_links_.push_back(4 * static_cast<uint32_t>(f.from) + base);
+        flow_links_.push_back(4 * static_cast<uint32_t>(f.to) + base + 1);
+      } else {
+        int32_t prev = f.from;
+        for (const auto& [rank, nvlink] : f.via) {
+          const uint32_t base = nvlink ? 2 : 0;
+          flow_links_.push_back(4 * static_cast<uint32_t>(prev) + base);
+          flow_links_.push_back(4 * static_cast<uint32_t>(rank) + base + 1);
+          prev = rank;
+        }
+      }
+      flow_link_begin_[i + 1] = static_cast<uint32_t>(flow_links_.size());
     }
     sent_.assign(n, 0);
     rate_.assign(n, 0);
@@ -233,8 +254,9 @@ class Simulator {
     listed_ = 0;
     for (size_t i = 0; i < flows_.size(); ++i) {
       if (done_[i]) continue;
-      ++link_begin_[link_of_[2 * i] + 1];
-      ++link_begin_[link_of_[2 * i + 1] + 1];
+      for (uint32_t k = flow_link_begin_[i]; k < flow_link_begin_[i + 1]; ++k) {
+        ++link_begin_[flow_links_[k] + 1];
+      }
       ++listed_;
     }
     for (size_t l = 0; l < capacity_.size(); ++l) link_begin_[l + 1] += link_begin_[l];
@@ -242,8 +264,9 @@ class Simulator {
     std::vector<uint32_t> next(link_begin_.begin(), link_begin_.end() - 1);
     for (size_t i = 0; i < flows_.size(); ++i) {
       if (done_[i]) continue;
-      link_flows_[next[link_of_[2 * i]]++] = static_cast<uint32_t>(i);
-      link_flows_[next[link_of_[2 * i + 1]]++] = static_cast<uint32_t>(i);
+      for (uint32_t k = flow_link_begin_[i]; k < flow_link_begin_[i + 1]; ++k) {
+        link_flows_[next[flow_links_[k]]++] = static_cast<uint32_t>(i);
+      }
     }
   }
 
@@ -336,12 +359,23 @@ class Simulator {
     result.nic_in.assign(capacity_.size() / 4, 0);
     result.nic_out.assign(capacity_.size() / 4, 0);
     for (const Flow& f : flows_) {
-      if (f.nvlink) {
-        result.nvlink_bytes += f.bytes;
-      } else {
-        result.network_bytes += f.bytes;
-        result.nic_out[f.from] += f.bytes;
-        result.nic_in[f.to] += f.bytes;
+      auto hop = [&](int32_t from, int32_t to, bool nvlink) {
+        if (nvlink) {
+          result.nvlink_bytes += f.bytes;
+        } else {
+          result.network_bytes += f.bytes;
+          result.nic_out[from] += f.bytes;
+          result.nic_in[to] += f.bytes;
+        }
+      };
+      if (f.via.empty()) {
+        hop(f.from, f.to, f.nvlink);
+        continue;
+      }
+      int32_t prev = f.from;
+      for (const auto& [rank, nvlink] : f.via) {
+        hop(prev, rank, nvlink);
+        prev = rank;
       }
     }
     for (size_t r = 0; r < result.nic_in.size(); ++r) {
@@ -419,10 +453,10 @@ class Simulator {
         fixed_[i] = 1;
         continue;
       }
-      count_[link_of_[2 * i]] += weight_[i];
-      count_[link_of_[2 * i + 1]] += weight_[i];
-      live_[link_of_[2 * i]]++;
-      live_[link_of_[2 * i + 1]]++;
+      for (uint32_t k = flow_link_begin_[i]; k < flow_link_begin_[i + 1]; ++k) {
+        count_[flow_links_[k]] += weight_[i];
+        live_[flow_links_[k]]++;
+      }
       if (cap_[i] < kInf) capped_.push_back({cap_[i] / weight_[i], static_cast<uint32_t>(i)});
     }
     std::sort(capped_.begin(), capped_.end());
@@ -436,8 +470,8 @@ class Simulator {
     auto fix = [&](size_t i, double rate, uint32_t skip) {
       rate_[i] = std::max(0.0, rate);
       fixed_[i] = 1;
-      for (int k = 0; k < 2; ++k) {
-        const uint32_t l = link_of_[2 * i + k];
+      for (uint32_t k = flow_link_begin_[i]; k < flow_link_begin_[i + 1]; ++k) {
+        const uint32_t l = flow_links_[k];
         if (l == skip) continue;
         remaining_[l] = std::max(0.0, remaining_[l] - rate_[i]);
         count_[l] -= weight_[i];
@@ -484,7 +518,8 @@ class Simulator {
   std::vector<uint32_t> order_;
   std::vector<int32_t> own_group_, parent_group_;
   std::vector<double> group_total_, group_sent_, inflow_;
-  std::vector<uint32_t> link_of_, link_begin_, link_flows_;
+  std::vector<uint32_t> flow_link_begin_, flow_links_;  // Each flow's links (CSR).
+  std::vector<uint32_t> link_begin_, link_flows_;       // Each link's flows not done (CSR).
   std::vector<double> sent_, rate_, cap_;
   std::vector<uint8_t> done_, fixed_;
 

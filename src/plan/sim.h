@@ -17,6 +17,7 @@
 #pragma once
 
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "src/plan/plan.h"
@@ -36,6 +37,10 @@ struct Flow {
   // (FlowsFromPlan's by_relay_feed): a relay then streams behind the arrivals it forwards.
   bool feeds_relay = false;
   bool after_feed = false;
+  // A pipelined chain (the gather-broadcast baseline): the hops after `from`, each (rank, over
+  // NVLink), the last one `to`. It moves at one rate through every hop's links, as a chain
+  // streaming chunk after chunk does; `nvlink` is unused. Empty for a flow of one hop.
+  std::vector<std::pair<int32_t, bool>> via = {};
 };
 
 // Aggregated flows of a plan: network transfers over NICs, fan-out over NVLink, local copies
@@ -62,8 +67,9 @@ struct Flow {
 // through every destination rank (NCCL ring style): the chain enters each destination domain
 // once over a NIC, visits the domain's ranks over NVLink and leaves for the next domain. Chains
 // of different gather ranks enter and leave domains at different ranks. Every destination rank
-// receives whole tensors and keeps its slice. All gather ranks run concurrently (a bandwidth-only
-// model, favourable to the baseline).
+// receives whole tensors and keeps its slice. Each chain is one flow through every hop's links
+// (Flow::via), streaming behind its gathering. All gather ranks run concurrently (a
+// bandwidth-only model, favourable to the baseline).
 [[nodiscard]] std::vector<Flow> GatherBroadcastFlows(const RefitSpec& spec,
                                                      const DomainMap& domains);
 // The same flows, one list per gather rank (ascending), for a model where pipeline stages take

@@ -165,6 +165,34 @@ TEST(SimTest, HeavyReceiversTakeRelaysFromLightDomains) {
   EXPECT_LE(r.seconds, lb.seconds * 1.01) << r.seconds / lb.seconds << "x the bound";
 }
 
+// A chain (Flow::via, the gather-broadcast baseline) moves at its slowest hop's rate: 1 GB from
+// rank 0 over a NIC to rank 1, then over NVLink to 2 and 3, takes 1 GB at 50 GB/s, and counts
+// its bytes on every hop. Two chains entering the same NIC share it; a chain that leaves a rank's
+// NIC twice (through it and back) uses that link twice, so it runs at half its rate.
+TEST(SimTest, ChainsMoveAtTheirSlowestHop) {
+  Flow chain{0, 3, 0, false, 1'000'000'000};
+  chain.via = {{1, false}, {2, true}, {3, true}};
+  const SimResult one = Simulate({chain}, 4, Topo(), Exact());
+  EXPECT_NEAR(one.seconds, 0.02, 1e-12);
+  EXPECT_EQ(one.network_bytes, 1'000'000'000);
+  EXPECT_EQ(one.nvlink_bytes, 2'000'000'000);
+  EXPECT_EQ(one.nic_out[0], 1'000'000'000);
+  EXPECT_EQ(one.nic_in[1], 1'000'000'000);
+  EXPECT_EQ(one.nic_in[3], 0);
+  // The same over a slower NVLink: the NVLink hops set the pace.
+  EXPECT_NEAR(Simulate({chain}, 4, Topo(50, 10), Exact()).seconds, 0.1, 1e-12);
+  // A second chain from rank 4 into rank 1's NIC: both at 25 GB/s.
+  Flow other{4, 1, 0, false, 1'000'000'000};
+  other.via = {{1, false}};
+  EXPECT_NEAR(Simulate({chain, other}, 5, Topo(), Exact()).seconds, 0.04, 1e-12);
+  // 0 -> 1 -> 0 -> 2 over NICs: rank 0's egress carries it twice.
+  Flow back{0, 2, 0, false, 1'000'000'000};
+  back.via = {{1, false}, {0, false}, {2, false}};
+  const SimResult twice = Simulate({back}, 3, Topo(), Exact());
+  EXPECT_NEAR(twice.seconds, 0.04, 1e-12);
+  EXPECT_EQ(twice.nic_out[0], 2'000'000'000);
+}
+
 // Batching never makes a refit look faster; here it stays within 1% of exact.
 TEST(SimTest, BatchingErrsOnTheSlowSide) {
   std::vector<Flow> flows;

@@ -53,8 +53,7 @@ constexpr char kHelpTail[] = R"(  --spec S.json      simulate a refit spec inste
                      not simulated; every pair shares fairly, as the engine and NICs do today;
                      docs/simulator.md, "Relay priority")
   --no-baselines     simulate ours and the lower bound only, not naive point-to-point and
-                     gather-broadcast (on large per-expert specs the gather-broadcast chains take
-                     most of the run: minutes); JSON gives null for them
+                     gather-broadcast; JSON gives null for them
   --batch-fraction F events closer than F x the current time are simulated together (default
                      0.01; 0 is exact but slow; batching errs on the slow side)
   --change-fraction F  also simulate ours with delta refits (docs/delta.md) when a random,
