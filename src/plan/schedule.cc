@@ -543,7 +543,6 @@ void DomainScheduler::SchedulePart(uint32_t tensor, int elem, const Box& part,
     }
     Endpoint sender{source, Side::kSrc};
     int32_t after = -1;
-    // A source keeps room for one send of each piece it still owes.
     // Relays also feed a receiver that must ingest near the bound (kHeavyReceiver), from a
     // domain that ingests well below it (kLightRelay). Such a receiver needs its NIC busy for
     // the whole refit, but a source NIC serves every receiver of the refit at once, so under
@@ -551,6 +550,7 @@ void DomainScheduler::SchedulePart(uint32_t tensor, int elem, const Box& part,
     // sends nothing else. On GB200 NVL72 the last, partial inference domain is such: DeepSeek-V3
     // into tp=32,dp=16 went from 1.30x to 1.02x the bound (docs/simulator.md).
     const double target = static_cast<double>(target_);
+    // A source keeps room for one send of each piece it still owes.
     const bool source_full = static_cast<double>(out_[source] + bytes) + owed_[source] > target;
     const bool heavy = static_cast<double>(Expected(receiver.rank)) >= kHeavyReceiver * target;
     if (options_.relay && !received.empty() && (source_full || heavy)) {
