@@ -206,10 +206,11 @@ TEST_F(CliTest, EveryExampleSpecVerifiesWithJsonOutput) {
     }
     const json::Value* bytes = doc->Find("bytes");
     ASSERT_NE(bytes, nullptr);
-    for (const char* key : {"dst_total", "network", "local"}) {
+    for (const char* key : {"dst_total", "network", "relay", "staged", "local", "fanout"}) {
       ASSERT_NE(bytes->Find(key), nullptr) << key;
       EXPECT_TRUE(bytes->Find(key)->is_integer()) << key;
     }
+    EXPECT_LE(bytes->Find("relay")->as_int(), bytes->Find("network")->as_int());
     EXPECT_GT(bytes->Find("dst_total")->as_int(), 0);
     ASSERT_NE(doc->Find("plan_seconds"), nullptr);
     EXPECT_TRUE(doc->Find("plan_seconds")->is_number());
@@ -520,16 +521,42 @@ TEST_F(CliTest, SimWithoutBaselinesGivesTheSameOursAndNullBaselines) {
   EXPECT_NE(text.out.find("baselines not simulated"), std::string::npos) << text.out;
 }
 
-// `reshard sim --relay-priority W` (a what-if): the same plan, so the same bytes on the same NICs
-// and the same bound, only shared differently; W below 1 or not a number is refused. Two
-// trainers in one domain feed three inference domains of two ranks, so relays carry most of it.
-TEST_F(CliTest, SimRelayPriorityIsAWhatIfOverTheSamePlan) {
-  const fs::path spec = Write(
-      "relays.json", R"json({"topology": {"domains": [[0, 1], [2, 3], [4, 5], [6, 7]]}, "tensors": [
+// Two trainers in one domain feed three inference domains of two ranks: relays carry most of
+// "a"; "b" goes to one domain only.
+constexpr char kRelaySpec[] =
+    R"json({"topology": {"domains": [[0, 1], [2, 3], [4, 5], [6, 7]]}, "tensors": [
   {"name": "a", "dtype": "fp32", "shape": [512, 2048], "src": {"mesh": [0, 1], "placements": ["S(0)"]},
    "dst": {"mesh": [[2, 3], [4, 5], [6, 7]], "placements": ["R", "S(1)"]}},
   {"name": "b", "dtype": "fp32", "shape": [512, 2048], "src": {"mesh": [0, 1], "placements": ["S(0)"]},
-   "dst": {"mesh": [2, 3], "placements": ["S(1)"]}}]})json");
+   "dst": {"mesh": [2, 3], "placements": ["S(1)"]}}]})json";
+
+// `reshard plan` reports the relayed bytes, part of the network's, in JSON and in its text.
+TEST_F(CliTest, PlanReportsRelayedBytes) {
+  const fs::path spec = Write("relays.json", kRelaySpec);
+  const Result r = Run("plan " + spec.string() + " --json");
+  ASSERT_EQ(r.status, 0) << r.err;
+  auto doc = json::Parse(r.out);
+  ASSERT_TRUE(doc.ok()) << doc.status();
+  const json::Value* bytes = doc->Find("bytes");
+  ASSERT_NE(bytes, nullptr);
+  ASSERT_NE(bytes->Find("relay"), nullptr);
+  const int64_t relay = bytes->Find("relay")->as_int();
+  EXPECT_GT(relay, 0);
+  EXPECT_LT(relay, bytes->Find("network")->as_int());
+  const Result text = Run("plan " + spec.string());
+  ASSERT_EQ(text.status, 0) << text.err;
+  EXPECT_NE(text.out.find("over the network ("), std::string::npos) << text.out;
+  EXPECT_NE(text.out.find("of it relayed between domains"), std::string::npos) << text.out;
+  // Without relays or staging the line says nothing of them.
+  const Result plain = Run("plan " + Example("specs/fig1-rows-to-cols.json"));
+  ASSERT_EQ(plain.status, 0) << plain.err;
+  EXPECT_EQ(plain.out.find("relayed"), std::string::npos) << plain.out;
+}
+
+// `reshard sim --relay-priority W` (a what-if): the same plan, so the same bytes on the same NICs
+// and the same bound, only shared differently; W below 1 or not a number is refused.
+TEST_F(CliTest, SimRelayPriorityIsAWhatIfOverTheSamePlan) {
+  const fs::path spec = Write("relays.json", kRelaySpec);
   const auto sim = [&](const std::string& extra) -> absl::StatusOr<json::Value> {
     const Result r = Run("sim --spec " + spec.string() + " --json --no-baselines" + extra);
     if (r.status != 0) return absl::InternalError(absl::StrCat("exited ", r.status, ": ", r.err));

@@ -44,7 +44,8 @@ options:
   --tiles              every rank's tile per tensor and side as JSON (rank, global offset,
                        local shape), to check a layout against what a framework holds
   --json               one JSON object: ok, verify (passed|failed|skipped), tensors, pieces,
-                       regions, runs, bytes {dst_total, network, local, fanout}, plan_seconds,
+                       regions, runs, bytes {dst_total, network, relay, staged, local, fanout},
+                       plan_seconds,
                        fingerprint, world_size, schedule_hash (without --rank: a hash of every
                        region and transfer of the whole plan); with --explain or --tiles also "explain"/"tiles";
                        with --rank also "rank" {rank, transfers, regions, sends, receives,
@@ -234,11 +235,11 @@ int PlanCommand(int argc, char** argv) {
     std::string out = absl::StrFormat(
         "{\"ok\": %s, \"spec\": %s, \"verify\": \"%s\", \"tensors\": %d, \"pieces\": %d, "
         "\"regions\": %d, \"runs\": %d, \"world_size\": %d, "
-        "\"bytes\": {\"dst_total\": %d, \"network\": %d, \"local\": %d, \"fanout\": %d}, "
-        "\"plan_seconds\": %.6f, \"fingerprint\": \"%s\"",
+        "\"bytes\": {\"dst_total\": %d, \"network\": %d, \"relay\": %d, \"staged\": %d, "
+        "\"local\": %d, \"fanout\": %d}, \"plan_seconds\": %.6f, \"fingerprint\": \"%s\"",
         ok ? "true" : "false", json::Quote(path), verify, s.tensors, s.pieces, s.regions, s.runs,
-        p.world_size(), s.bytes_dst_total, s.bytes_network, s.bytes_local, s.bytes_fanout,
-        plan_seconds, FormatFingerprint(p.fingerprint()));
+        p.world_size(), s.bytes_dst_total, s.bytes_network, s.bytes_relay, s.bytes_staged,
+        s.bytes_local, s.bytes_fanout, plan_seconds, FormatFingerprint(p.fingerprint()));
     if (!one_rank) {
       absl::StrAppend(&out, ", \"schedule_hash\": \"", FormatFingerprint(p.schedule_hash()), "\"");
     }
@@ -269,9 +270,15 @@ int PlanCommand(int argc, char** argv) {
     std::printf("plan        %lld pieces, %lld regions, %lld contiguous runs, planned in %s\n",
                 static_cast<long long>(s.pieces), static_cast<long long>(s.regions),
                 static_cast<long long>(s.runs), FormatSeconds(plan_seconds).c_str());
-    std::printf("bytes       %s land in destinations: %s over the network, %s local copies, "
-                "%s fan-out\n",
-                FormatBytes(s.bytes_dst_total).c_str(), FormatBytes(s.bytes_network).c_str(),
+    // Relayed bytes (sent on by a domain that received them) are part of the network's.
+    std::string network = absl::StrCat(FormatBytes(s.bytes_network), " over the network");
+    if (s.bytes_relay > 0 || s.bytes_staged > 0) {
+      absl::StrAppend(&network, " (", FormatBytes(s.bytes_relay),
+                      " of it relayed between domains, ", FormatBytes(s.bytes_staged),
+                      " into staging buffers)");
+    }
+    std::printf("bytes       %s land in destinations: %s, %s local copies, %s fan-out\n",
+                FormatBytes(s.bytes_dst_total).c_str(), network.c_str(),
                 FormatBytes(s.bytes_local).c_str(), FormatBytes(s.bytes_fanout).c_str());
     std::printf("fingerprint %s", FormatFingerprint(p.fingerprint()).c_str());
     if (!one_rank) std::printf(" (schedule hash %s)", FormatFingerprint(p.schedule_hash()).c_str());
