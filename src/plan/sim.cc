@@ -168,6 +168,20 @@ namespace {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
+// Calls fn(from, to, nvlink) for each hop of `f`: one, or a chain's (Flow::via).
+template <typename Fn>
+void ForEachHop(const Flow& f, Fn&& fn) {
+  if (f.via.empty()) {
+    fn(f.from, f.to, f.nvlink);
+    return;
+  }
+  int32_t prev = f.from;
+  for (const auto& [rank, nvlink] : f.via) {
+    fn(prev, rank, nvlink);
+    prev = rank;
+  }
+}
+
 class Simulator {
  public:
   Simulator(const std::vector<Flow>& flows, int32_t world, const Topology& topo,
@@ -224,20 +238,11 @@ class Simulator {
     flow_links_.clear();
     flow_links_.reserve(2 * n);
     for (size_t i = 0; i < n; ++i) {
-      const Flow& f = flows[i];
-      if (f.via.empty()) {
-        const uint32_t base = f.nvlink ? 2 : 0;
-        flow_links_.push_back(4 * static_cast<uint32_t>(f.from) + base);
-        flow_links_.push_back(4 * static_cast<uint32_t>(f.to) + base + 1);
-      } else {
-        int32_t prev = f.from;
-        for (const auto& [rank, nvlink] : f.via) {
-          const uint32_t base = nvlink ? 2 : 0;
-          flow_links_.push_back(4 * static_cast<uint32_t>(prev) + base);
-          flow_links_.push_back(4 * static_cast<uint32_t>(rank) + base + 1);
-          prev = rank;
-        }
-      }
+      ForEachHop(flows[i], [&](int32_t from, int32_t to, bool nvlink) {
+        const uint32_t base = nvlink ? 2 : 0;
+        flow_links_.push_back(4 * static_cast<uint32_t>(from) + base);
+        flow_links_.push_back(4 * static_cast<uint32_t>(to) + base + 1);
+      });
       flow_link_begin_[i + 1] = static_cast<uint32_t>(flow_links_.size());
     }
     sent_.assign(n, 0);
@@ -359,7 +364,7 @@ class Simulator {
     result.nic_in.assign(capacity_.size() / 4, 0);
     result.nic_out.assign(capacity_.size() / 4, 0);
     for (const Flow& f : flows_) {
-      auto hop = [&](int32_t from, int32_t to, bool nvlink) {
+      ForEachHop(f, [&](int32_t from, int32_t to, bool nvlink) {
         if (nvlink) {
           result.nvlink_bytes += f.bytes;
         } else {
@@ -367,16 +372,7 @@ class Simulator {
           result.nic_out[from] += f.bytes;
           result.nic_in[to] += f.bytes;
         }
-      };
-      if (f.via.empty()) {
-        hop(f.from, f.to, f.nvlink);
-        continue;
-      }
-      int32_t prev = f.from;
-      for (const auto& [rank, nvlink] : f.via) {
-        hop(prev, rank, nvlink);
-        prev = rank;
-      }
+      });
     }
     for (size_t r = 0; r < result.nic_in.size(); ++r) {
       result.max_nic_bytes = std::max({result.max_nic_bytes, result.nic_in[r], result.nic_out[r]});
@@ -522,7 +518,6 @@ class Simulator {
   std::vector<uint32_t> link_begin_, link_flows_;       // Each link's flows not done (CSR).
   std::vector<double> sent_, rate_, cap_;
   std::vector<uint8_t> done_, fixed_;
-
   std::vector<double> share_;
   std::vector<uint32_t> heap_;
   std::vector<int32_t> heap_pos_;

@@ -6,9 +6,10 @@
 // source buffer, k+1 for data forwarded after a stage-k arrival) are aggregated into one flow.
 // Rates are max-min fair (progressive filling). A dependent flow streams behind the data it
 // forwards: at any time it may have sent at most the fraction of its bytes equal to the fraction
-// of its sender's stage-(k-1) arrivals of its kind (relay feeds or not), so fan-out and relays
-// start as soon as data arrives (chunk-level pipelining). Local copies (same rank) are free.
-// Rates are weighted max-min when SimOptions::relay_feed_weight is not 1 (a what-if).
+// of its sender's stage-(k-1) arrivals (of its kind, relay feeds or not, when the flows were split
+// by them), so fan-out and relays start as soon as data arrives (chunk-level pipelining). Local
+// copies (same rank) are free. Rates are weighted max-min when SimOptions::relay_feed_weight is
+// not 1 (a what-if).
 //
 // Events are batched: every flow that would finish or catch up within `batch_fraction` of the
 // current time of the earliest such event completes together. That only lets links idle or

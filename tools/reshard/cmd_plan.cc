@@ -45,12 +45,12 @@ options:
                        local shape), to check a layout against what a framework holds
   --json               one JSON object: ok, verify (passed|failed|skipped), tensors, pieces,
                        regions, runs, bytes {dst_total, network, relay, staged, local, fanout},
-                       plan_seconds,
-                       fingerprint, world_size, schedule_hash (without --rank: a hash of every
-                       region and transfer of the whole plan); with --explain or --tiles also "explain"/"tiles";
-                       with --rank also "rank" {rank, transfers, regions, sends, receives,
-                       bytes {network_out, network_in, relay_out, fanout_out, fanout_in, local,
-                       staged_in}, stage_bytes, peak_rss_bytes}
+                       plan_seconds, fingerprint, world_size, schedule_hash (without --rank: a
+                       hash of every region and transfer of the whole plan); with --explain or
+                       --tiles also "explain"/"tiles"; with --rank also "rank" {rank,
+                       transfers, regions, sends, receives, bytes {network_out, network_in,
+                       relay_out, fanout_out, fanout_in, local, staged_in}, stage_bytes,
+                       peak_rss_bytes}
   --help               this text
 
 --verify executes the whole plan, so it cannot be combined with --rank.
