@@ -327,15 +327,28 @@ absl::StatusOr<bool> Landing::Data(const wire::DataHeader& h, const void* data, 
     if (k >= segments || h.stream_bytes < sizeof(delta::StreamHeader) ||
         h.stream_bytes >
             static_cast<uint64_t>(delta::StreamCapacity(delta::SegmentLength(elems, es, k), es)) ||
-        (segment_landed_[seg] > 0 &&
-         h.stream_bytes != static_cast<uint64_t>(segment_stream_[seg])) ||
-        !wire::InBounds(within, length, h.stream_bytes) ||
-        !wire::InBounds(static_cast<uint64_t>(segment_landed_[seg]), length, h.stream_bytes)) {
+        !wire::InBounds(within, length, h.stream_bytes)) {
       return absl::DataLossError(absl::StrCat("rank ", program_.rank, ": rank ", from, " sent ",
                                               length, " delta stream bytes at offset ", h.to_offset,
                                               " of a stream of ", h.stream_bytes,
                                               " bytes outside transfer ", id, " (tensor \"",
                                               plan_.spec().tensors[t.tensor].name, "\")"));
+    }
+    auto segment_name = [&] {  // Only on the error paths: no allocation per message.
+      return absl::StrCat("transfer ", id, " (tensor \"", plan_.spec().tensors[t.tensor].name,
+                          "\", segment ", k, ")");
+    };
+    if (segment_landed_[seg] > 0 && h.stream_bytes != static_cast<uint64_t>(segment_stream_[seg])) {
+      return absl::DataLossError(absl::StrCat(
+          "rank ", program_.rank, ": rank ", from, " sent delta stream bytes of ", segment_name(),
+          " for a stream of ", h.stream_bytes, " bytes, but earlier messages of that segment said ",
+          segment_stream_[seg], " bytes"));
+    }
+    if (!wire::InBounds(static_cast<uint64_t>(segment_landed_[seg]), length, h.stream_bytes)) {
+      return absl::DataLossError(absl::StrCat(
+          "rank ", program_.rank, ": rank ", from, " sent ", length, " delta stream bytes of ",
+          segment_name(), " after ", segment_landed_[seg], " of its ", h.stream_bytes,
+          " bytes had arrived: more than the stream holds"));
     }
     segment_stream_[seg] = static_cast<int64_t>(h.stream_bytes);
     uint8_t* stream = am_streams_.data() + program_.landing_offset[slot] + k * stride;

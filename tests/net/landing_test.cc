@@ -81,7 +81,8 @@ TEST(DeltaPieceOf, ElementsLieWhereTheRegionsRunsPutThem) {
 // Data messages of a delta piece of three segments (u8, 600,000 elements: 262,144 + 262,144 +
 // 75,712) arriving at rank 1 by active messages, as a peer on its own endpoint could send them:
 // every header that points outside the piece's segments or its stream, wraps, changes a
-// segment's length midway, or completes a malformed stream is DataLoss and writes nothing; then
+// segment's length midway (the error names both lengths), brings more bytes than the stream
+// holds, or completes a malformed stream is DataLoss and writes nothing; then
 // the three segments' plain streams, cut into messages and sent last segment first, land the
 // piece exactly (true only with the last message).
 TEST(LandingDelta, HostileSegmentMessagesAreRefusedAndNothingIsWritten) {
@@ -150,6 +151,23 @@ TEST(LandingDelta, HostileSegmentMessagesAreRefusedAndNothingIsWritten) {
     auto got = send(8, 200, junk.data(), 8);
     ASSERT_FALSE(got.ok());
     EXPECT_EQ(got.status().code(), absl::StatusCode::kDataLoss);
+    EXPECT_NE(got.status().message().find(
+                  "tensor \"u\", segment 0) for a stream of 200 bytes, but earlier messages of "
+                  "that segment said 100 bytes"),
+              std::string::npos)
+        << got.status();
+    EXPECT_TRUE(untouched());
+  }
+  {
+    SCOPED_TRACE("more messages of a segment than its stream holds (a repeated message)");
+    landing.StartEpoch(++epoch, 0);
+    ASSERT_TRUE(send(0, 100, junk.data(), 64).ok());
+    auto got = send(0, 100, junk.data(), 64);
+    ASSERT_FALSE(got.ok());
+    EXPECT_EQ(got.status().code(), absl::StatusCode::kDataLoss);
+    EXPECT_NE(got.status().message().find("after 64 of its 100 bytes had arrived"),
+              std::string::npos)
+        << got.status();
     EXPECT_TRUE(untouched());
   }
   {
