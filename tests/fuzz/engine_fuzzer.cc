@@ -2,7 +2,7 @@
 // decoder of incoming active messages, and the RefitEngine handlers behind it: grant, hello,
 // completion, data, abort) with messages injected into a live refit.
 //
-// Set-up (LLVMFuzzerInitialize, once): four worlds of 4 ranks over one small plan (fp32 [64, 48]
+// Set-up (LLVMFuzzerInitialize, once): eight worlds of 4 ranks over one small plan (fp32 [64, 48]
 // rows -> columns and bf16 [16, 32] back, both travelling packed, the second into a destination
 // view with holes; fp32 [64, 128] rows -> replicated, unpacked). World 0 delivers by active
 // messages (the receiver writes what data messages say), world 1 by puts (the receiver unpacks
@@ -13,14 +13,18 @@
 // granted back), each round drained when its landing round message (id 16) arrives and its
 // place granted back (id 17). World 3 delivers by active messages into such buffers: each
 // data message goes through the receiver's pinned bounce area onto its (emulated) copy queue,
-// whose copies run late, at the first poll of an event after them. Every rank has its own
-// net::Runtime (its own UCX worker, over shared memory: UCX_TLS=self,posix,sysv,cma and
-// UCX_NET_DEVICES=all, set here) and is created on its own thread over a FileStore in a fresh
-// private temporary directory (removed once the engines are wired up); then this thread drives all
-// of them. Every buffer lies between guard zones.
+// whose copies run late, at the first poll of an event after them. Worlds 4-7 are worlds 0-3
+// with delta refits (docs/delta.md): every network piece travels as a delta stream, sources
+// change a fraction of their elements per epoch (none, some or all, by the epoch), destinations
+// keep what the last refit wrote, and the epochs after a clean one send deltas (set-up checks
+// it); worlds 6 and 7 stage their sources whole (emulated devices have no delta kernels). Every
+// rank has its own net::Runtime (its own UCX worker, over shared memory:
+// UCX_TLS=self,posix,sysv,cma and UCX_NET_DEVICES=all, set here) and is created on its own
+// thread over a FileStore in a fresh private temporary directory (removed once the engines are
+// wired up); then this thread drives all of them. Every buffer lies between guard zones.
 //
-// Input: byte 0 picks the world (bit 0; bit 3 set: worlds 2 and 3) and the victim rank
-// (bits 1-2);
+// Input: byte 0 picks the world (bit 0; bit 3 set: worlds 2 and 3; bit 7 set: their delta
+// twins, 4 more) and the victim rank (bits 1-2);
 // then up to 16 messages to the victim, each:
 //   control byte c: id c & 7 (grant, completion, abort, data, hello, a raw id byte follows,
 //     data, completion); origin (c >> 3) & 3: the named rank's own endpoint (a legitimate,
@@ -32,21 +36,26 @@
 //     handle byte (the victim's handle, another rank's, raw u64; bit 4: raw magic; bits 5-7 can
 //     cut or extend the header length), epoch byte (current epoch + int8, 0x7f: raw u64); data
 //     messages add transfer (a transfer of the plan, or raw u32), packed (bit 0, or raw u32)
-//     and to_offset (u16, 2^64 - u16, raw u64, or the transfer's region offset).
+//     and to_offset (u16, 2^64 - u16, raw u64, or the transfer's region offset); in delta
+//     worlds then stream_bytes (a byte: 0 the payload's length, 0xff a raw u64, else x 8).
 //   payload: a length byte (x 8 bytes, or >= 0xe0: u16 follows; 0xff: the data pointer is
 //     null), then the bytes: completion indices (each a byte naming a transfer of the plan, or
 //     raw u32), an abort reason from the input, a landing round's number when the message is
 //     one (ids 16 and 17) of 8 bytes (a byte: round byte % 8, or >= 0xf0: raw u64), or a fill
-//     byte.
+//     byte. A data message in a delta world reads a form byte first: bit 0 clear, the fill
+//     byte; set, a delta stream header for the named transfer's piece (bit 1: raw magic; bit 2:
+//     kDelta, else kFull; bit 3: raw element size byte; bit 4: raw element count; bit 5: base
+//     epoch the victim's version + int8, else its version; bit 6: raw stream length, else the
+//     payload's length) followed by input bytes (the chunk table and payloads).
 // Missing input bytes read as 0. Each input: every rank fills its sources and poisons its
-// destinations, Starts a new epoch, the messages are dispatched to the victim through
-// victim_runtime->Dispatch while all ranks progress round robin, until every rank is out of the
-// epoch or 2 s passed (then Wait with a past deadline must end the epoch promptly). When an
-// epoch failed or a legitimate peer's messages were injected, every rank Resets and a clean
-// epoch follows; when that fails after a legitimate peer granted a future epoch, the world's
-// engines are rebuilt. So every input starts from engines that just refitted cleanly. An input
-// takes milliseconds; one that fails an epoch about 50 ms more per failing rank (a failed epoch
-// pushes its abort out for 50 ms).
+// destinations (delta worlds: destinations keep the last refit's values), Starts a new epoch, the
+// messages are dispatched to the victim through victim_runtime->Dispatch while all ranks progress
+// round robin, until every rank is out of the epoch or 2 s passed (then Wait with a past deadline
+// must end the epoch promptly). When an epoch failed or a legitimate peer's messages were injected,
+// every rank Resets and a clean epoch follows; when that fails after a legitimate peer granted a
+// future epoch, the world's engines are rebuilt. So every input starts from engines that just
+// refitted cleanly. An input takes milliseconds; one that fails an epoch about 50 ms more per
+// failing rank (a failed epoch pushes its abort out for 50 ms).
 //
 // Properties (a violation aborts, which is a finding):
 // - guard zones before and after every buffer are intact after every input, and destination
@@ -60,7 +69,10 @@
 // - with only forged messages, every rank's refit is OK and byte-exact (Verify) within 2 s;
 // - an epoch never outlives its deadline: Wait returns within 1 s of a past deadline;
 // - after Reset, a clean epoch refits byte-exact (unless a legitimate peer granted a future
-//   epoch, which a source rightly remembers).
+//   epoch, which a source rightly remembers); in a delta world it sends no delta (the epoch
+//   rule: no rank holds a base).
+// Byte-exact in a delta world means equal to the world's model of the tensors (every epoch's
+// changes applied in turn), which the sources were filled from.
 #include <stdlib.h>
 #include <unistd.h>
 
@@ -74,6 +86,7 @@
 #include <cstring>
 #include <filesystem>
 #include <memory>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -82,6 +95,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "src/common/delta_codec.h"
 #include "src/cuda/runtime.h"
 #include "src/net/refit_engine.h"
 #include "src/net/runtime.h"
@@ -162,6 +176,8 @@ struct World {
   std::array<Rank, kWorld> ranks;
   uint64_t epoch = 0;
   int generation = 0;
+  // Delta worlds: the global tensors (row-major, by tensor) as the sources hold them at `epoch`.
+  std::vector<std::vector<uint8_t>> model;
 };
 
 // What the plan lets each peer write on each rank: writes[rank][peer][buffer] is a byte mask of
@@ -175,7 +191,7 @@ struct Harness {
   plan::Plan plan;
   std::vector<std::vector<int64_t>> bytes;  // By rank, by buffer.
   Masks masks;
-  std::array<World, 4> worlds;
+  std::array<World, 8> worlds;
 };
 
 Harness* harness = nullptr;
@@ -259,8 +275,44 @@ void BuildWorld(World& world) {
   }
 }
 
-// Worlds 2 and 3 must stage what they should (one clean epoch each; defined after RunEpoch).
-void CheckDeviceWorlds();
+// Worlds 2, 3, 6 and 7 must stage what they should (one clean epoch each), and the delta
+// worlds send deltas once they have a base (a second one). Defined after RunEpoch.
+void CheckStagingWorlds();
+void CheckDeltaWorlds();
+
+// Delta worlds' model: random tensors, then per epoch a share of the elements changed.
+void InitModel(World& world, size_t w) {
+  const plan::RefitSpec& s = harness->plan.spec();
+  std::mt19937_64 rng(w);
+  world.model.clear();
+  for (const plan::TensorSpec& t : s.tensors) {
+    int64_t n = plan::DTypeSize(t.dtype);
+    for (int64_t d : t.shape) n *= d;
+    std::vector<uint8_t>& v = world.model.emplace_back(static_cast<size_t>(n));
+    for (uint8_t& b : v) b = static_cast<uint8_t>(rng());
+  }
+}
+
+// The share of the elements that epoch `epoch` changes: by turns many, all, some, none, few (the
+// first epoch of a world, epoch 1, sends everything anyway).
+double ChangedShare(uint64_t epoch) {
+  constexpr double kShares[5] = {0.3, 1.0, 0.02, 0.0, 0.005};
+  return kShares[epoch % 5];
+}
+
+// The model at `epoch`: each changed element's lowest byte flipped by 1-15 (a few ulp, as an
+// optimizer step leaves a weight), the same elements on every rank.
+void AdvanceModel(World& world, uint64_t epoch) {
+  const plan::RefitSpec& s = harness->plan.spec();
+  std::mt19937_64 rng(epoch * 7919);
+  std::bernoulli_distribution changed(ChangedShare(epoch));
+  for (size_t t = 0; t < world.model.size(); ++t) {
+    const size_t es = static_cast<size_t>(plan::DTypeSize(s.tensors[t].dtype));
+    for (size_t e = 0; e < world.model[t].size(); e += es) {
+      if (changed(rng)) world.model[t][e] ^= static_cast<uint8_t>(1 + rng() % 15);
+    }
+  }
+}
 
 void Init() {
   // Shared memory between the workers of this process (DESIGN §5: name the transports).
@@ -291,16 +343,19 @@ void Init() {
                    static_cast<long long>(region.run_bytes));
     }
   }
-  // Worlds 2 and 3's "device" buffers are host memory (worlds 0 and 1 use host buffers, which
-  // the emulation leaves alone).
+  // Worlds 2, 3, 6 and 7's "device" buffers are host memory (the others use host buffers,
+  // which the emulation leaves alone).
   cuda::EmulateDevicesOnHost(true, /*ucx_registers_them=*/false);
   for (size_t w = 0; w < h.worlds.size(); ++w) {
     World& world = h.worlds[w];
-    const bool am = w == 0 || w == 3;
+    const size_t base = w % 4;  // Worlds 4-7 are worlds 0-3 with delta refits.
+    const bool am = base == 0 || base == 3;
     world.options.delivery =
         am ? RefitEngineOptions::Delivery::kActiveMessage : RefitEngineOptions::Delivery::kPut;
     world.options.setup_timeout = absl::Seconds(30);
-    const bool device = w >= 2;
+    world.options.delta = w >= 4;
+    if (world.options.delta) InitModel(world, w);
+    const bool device = base >= 2;
     if (device) {
       world.options.stage_ring_bytes = 8 << 10;
       world.options.stage_landing_bytes = 32 << 10;
@@ -308,8 +363,13 @@ void Init() {
     }
     for (int32_t r = 0; r < kWorld; ++r) {
       Rank& rank = world.ranks[r];
-      for (int64_t n : h.bytes[r]) {
+      for (size_t b = 0; b < h.bytes[r].size(); ++b) {
+        const int64_t n = h.bytes[r][b];
         std::vector<uint8_t>& m = rank.memory.emplace_back(kGuard + n + kGuard, kGuardByte);
+        // Destinations start poisoned (delta worlds never poison them again).
+        if (h.plan.buffers()[b].side != plan::Side::kSrc) {
+          std::memset(m.data() + kGuard, kPoison, static_cast<size_t>(n));
+        }
         rank.views.push_back(BufferView{n > 0 ? m.data() + kGuard : nullptr, n,
                                         device ? MemoryKind::kCuda : MemoryKind::kHost});
       }
@@ -318,24 +378,37 @@ void Init() {
     const std::string expected = am ? "am" : "put";
     if (world.ranks[0].engine->delivery() != expected) SetupFailed("delivery not honoured");
   }
-  CheckDeviceWorlds();
+  CheckStagingWorlds();
+  CheckDeltaWorlds();
 }
 
-// Source tiles hold `epoch`'s fill; destination buffers are poisoned.
+// Source tiles hold `epoch`'s fill and destination buffers are poisoned; in a delta world the
+// sources hold the model at `epoch` and destinations what the last refit wrote.
 void Prepare(World& world, uint64_t epoch) {
   Harness& h = *harness;
   const plan::RefitSpec& s = h.plan.spec();
+  const bool delta = world.options.delta;
+  if (delta) AdvanceModel(world, epoch);
   for (int32_t r = 0; r < kWorld; ++r) {
     Rank& rank = world.ranks[r];
     for (size_t b = 0; b < h.plan.buffers().size(); ++b) {
-      if (h.plan.buffers()[b].side != plan::Side::kSrc) {
+      if (!delta && h.plan.buffers()[b].side != plan::Side::kSrc) {
         std::memset(rank.data(b), kPoison, static_cast<size_t>(h.bytes[r][b]));
       }
     }
     for (size_t t = 0; t < s.tensors.size(); ++t) {
       uint8_t* src = rank.data(h.plan.buffer_of(t, plan::Side::kSrc));
+      const size_t es = static_cast<size_t>(plan::DTypeSize(s.tensors[t].dtype));
       plan::ForEachTile(s, t, plan::Side::kSrc, [&](int32_t holder, const plan::Box& box) {
-        if (holder == r) plan::FillTile(s, t, plan::Side::kSrc, box, epoch, src);
+        if (holder != r) return;
+        if (!delta) {
+          plan::FillTile(s, t, plan::Side::kSrc, box, epoch, src);
+          return;
+        }
+        plan::ForEachElement(s.tensors[t].src, s.tensors[t].shape, box,
+                             [&](int64_t offset, int64_t global) {
+                               std::memcpy(src + offset * es, &world.model[t][global * es], es);
+                             });
       });
     }
   }
@@ -347,7 +420,10 @@ absl::Status Verify(World& world, int32_t r, uint64_t epoch) {
   for (size_t t = 0; t < s.tensors.size(); ++t) {
     const uint8_t* dst = world.ranks[r].data(harness->plan.buffer_of(t, plan::Side::kDst));
     plan::ForEachTile(s, t, plan::Side::kDst, [&](int32_t holder, const plan::Box& box) {
-      if (holder == r && status.ok()) status = plan::VerifyTile(s, t, box, epoch, r, dst);
+      if (holder != r || !status.ok()) return;
+      status = world.options.delta
+                   ? plan::VerifyTileAgainst(s, t, box, r, dst, world.model[t].data())
+                   : plan::VerifyTile(s, t, box, epoch, r, dst);
     });
   }
   return status;
@@ -400,8 +476,35 @@ uint32_t PickTransfer(Reader& in) {
   return t % static_cast<uint32_t>(harness->plan.transfers().size() + 1);
 }
 
+// A data message's payload in a delta world that begins with a stream header for transfer
+// `transfer`'s piece (see the input format above), `length` bytes at least.
+std::vector<uint8_t> DeltaPayload(Reader& in, uint8_t form, size_t length, uint32_t transfer,
+                                  uint64_t version) {
+  const plan::Plan& p = harness->plan;
+  const plan::Transfer& t = p.transfers()[transfer % p.transfers().size()];
+  const int64_t bytes = p.region(t.region).bytes;
+  // The element size the engine compares at (net::DeltaElemBytes).
+  const int es = p.buffers()[p.buffer_of(t.tensor, t.to_side)].elem_bytes;
+  delta::StreamHeader header;
+  if ((form & 2) != 0) header.magic = in.Raw<uint32_t>();
+  header.mode = (form & 4) != 0 ? delta::kDelta : delta::kFull;
+  header.elem_size = (form & 8) != 0 ? in.Byte() : static_cast<uint8_t>(es);
+  header.elems = (form & 0x10) != 0
+                     ? in.Raw<uint64_t>()
+                     : static_cast<uint64_t>(delta::SegmentLength(bytes / es, es, 0));
+  header.base_epoch =
+      version + ((form & 0x20) != 0 ? static_cast<uint64_t>(static_cast<int8_t>(in.Byte())) : 0);
+  std::vector<uint8_t> payload(std::max(length, sizeof(header)));
+  header.bytes = (form & 0x40) != 0 ? in.Raw<uint64_t>() : payload.size();
+  std::memcpy(payload.data(), &header, sizeof(header));
+  for (size_t i = sizeof(header); i < payload.size(); ++i) payload[i] = in.Byte();
+  return payload;
+}
+
 Message Decode(Reader& in, const World& world, int32_t victim) {
   Message m;
+  uint32_t transfer = 0;           // The transfer a data message names (delta payloads).
+  bool stream_is_payload = false;  // Delta worlds: stream_bytes is the payload's length.
   const uint8_t c = in.Byte();
   m.id = kIds[c & 7];
   if ((c & 7) == 5) m.id = in.Byte();
@@ -455,6 +558,12 @@ Message Decode(Reader& in, const World& world, int32_t victim) {
           h.to_offset += static_cast<uint64_t>(o >> 2) * 8;
         }
       }
+      transfer = h.transfer;
+      if (world.options.delta) {
+        const uint8_t sb = in.Byte();
+        stream_is_payload = sb == 0;
+        h.stream_bytes = sb == 0xff ? in.Raw<uint64_t>() : uint64_t{sb} * 8;
+      }
     }
     size_t length = data ? sizeof(wire::DataHeader) : sizeof(wire::AmHeader);
     switch (hb >> 5) {
@@ -491,11 +600,23 @@ Message Decode(Reader& in, const World& world, int32_t victim) {
     length = std::min<size_t>(length, 2 * wire::kMaxAbortReasonBytes);
     m.payload.resize(length);
     for (uint8_t& b : m.payload) b = in.empty() ? 'x' : in.Byte();
+  } else if (data && world.options.delta) {
+    const uint8_t form = in.Byte();
+    if ((form & 1) != 0) {
+      m.payload = DeltaPayload(in, form, length, transfer, world.epoch);
+    } else {
+      m.payload.assign(length, in.Byte());
+    }
   } else {
     m.payload.assign(length, in.Byte());
   }
+  if (stream_is_payload && m.header.size() >= sizeof(wire::DataHeader)) {
+    const uint64_t stream_bytes = m.payload.size();
+    std::memcpy(m.header.data() + offsetof(wire::DataHeader, stream_bytes), &stream_bytes,
+                sizeof(stream_bytes));
+  }
   // A payload without its data (UCX never does this; the decoder must not read it).
-  m.null_data = length > 0 && l == 0xff;
+  m.null_data = !m.payload.empty() && l == 0xff;
   return m;
 }
 
@@ -702,12 +823,13 @@ bool RunEpoch(World& world, int32_t victim, const std::vector<Message>& messages
   for (int32_t r = 0; r < kWorld; ++r) ok = ok && world.ranks[r].engine->last_status().ok();
   if (verbose) {
     std::fprintf(stderr,
-                 "%s, world %d (%s, %s buffers) generation %d, epoch %llu, victim %d, %zu "
+                 "%s, world %d (%s, %s buffers%s) generation %d, epoch %llu, victim %d, %zu "
                  "message(s)%s:\n",
                  what, static_cast<int>(&world - harness->worlds.data()),
                  world.ranks[0].engine->delivery(),
                  world.ranks[0].views[0].kind == MemoryKind::kCuda ? "device" : "host",
-                 world.generation, static_cast<unsigned long long>(epoch), victim, messages.size(),
+                 world.options.delta ? ", delta" : "", world.generation,
+                 static_cast<unsigned long long>(epoch), victim, messages.size(),
                  injection->legit ? " (legitimate ones among them)" : "");
     for (int32_t r = 0; r < kWorld; ++r) {
       const RefitEngine& e = *world.ranks[r].engine;
@@ -734,8 +856,8 @@ bool RunEpoch(World& world, int32_t victim, const std::vector<Message>& messages
   return true;
 }
 
-void CheckDeviceWorlds() {
-  for (size_t w : {size_t{2}, size_t{3}}) {
+void CheckStagingWorlds() {
+  for (size_t w : {size_t{2}, size_t{3}, size_t{6}, size_t{7}}) {
     World& world = harness->worlds[w];
     Injection clean;
     const std::string what = absl::StrCat("world ", w, "'s first epoch");
@@ -744,8 +866,10 @@ void CheckDeviceWorlds() {
     for (int32_t r = 0; r < kWorld; ++r) {
       const RefitStats& st = world.ranks[r].engine->last_stats();
       // World 2: rounds and the ring. World 3: every data message through the bounce area.
-      const bool staged = w == 2 ? st.stage_landing_rounds >= 2 && st.stage_ring_batches >= 1
-                                 : st.bounced_data_messages == st.data_messages_received;
+      // Worlds 6 and 7 (delta): sources staged whole, streams applied to host copies.
+      const bool staged = w == 2   ? st.stage_landing_rounds >= 2 && st.stage_ring_batches >= 1
+                          : w == 3 ? st.bounced_data_messages == st.data_messages_received
+                                   : true;
       if (st.cuda_buffers_staged == 0 || !staged) {
         SetupFailed(absl::StrCat("world ", w, ", rank ", r, ": ", st.cuda_buffers_staged,
                                  " CUDA buffers staged, ", st.stage_landing_rounds,
@@ -759,10 +883,35 @@ void CheckDeviceWorlds() {
   }
 }
 
+// The delta worlds' second clean epoch (every rank then holds a base, and the epoch changes few
+// elements): every rank sends deltas and applies them.
+void CheckDeltaWorlds() {
+  if (ChangedShare(2) > 0.1) SetupFailed("epoch 2 changes too many elements to send deltas");
+  for (size_t w = 4; w < harness->worlds.size(); ++w) {
+    World& world = harness->worlds[w];
+    // Worlds 6 and 7 ran their first epoch in CheckStagingWorlds.
+    while (world.epoch < 2) {
+      Injection clean;
+      const std::string what = absl::StrCat("world ", w, "'s epoch ", world.epoch + 1);
+      if (!RunEpoch(world, 0, {}, &clean, what.c_str())) SetupFailed(what + " failed");
+    }
+    for (int32_t r = 0; r < kWorld; ++r) {
+      const RefitStats& st = world.ranks[r].engine->last_stats();
+      if (st.delta_pieces == 0 || st.deltas_applied == 0 || st.delta_full_no_base != 0) {
+        SetupFailed(absl::StrCat(
+            "world ", w, ", rank ", r, ", epoch 2: ", st.delta_pieces, " pieces sent as deltas, ",
+            st.deltas_applied, " applied, ", st.delta_full_no_base,
+            " sent plain for want of a base: not the delta world it should be"));
+      }
+    }
+  }
+}
+
 void RunInput(const uint8_t* data, size_t size) {
   Reader in(data, size);
   const uint8_t setup = in.Byte();
-  World& world = harness->worlds[((setup & 8) != 0 ? 2 : 0) + (setup & 1)];
+  World& world =
+      harness->worlds[((setup & 0x80) != 0 ? 4 : 0) + ((setup & 8) != 0 ? 2 : 0) + (setup & 1)];
   const int32_t victim = (setup >> 1) & 3;
   std::vector<Message> messages;
   while (!in.empty() && messages.size() < kMaxMessages) {
@@ -781,7 +930,17 @@ void RunInput(const uint8_t* data, size_t size) {
   for (Rank& rank : world.ranks) rank.engine->Reset();
   Injection clean;
   clean.legit = injection.future_grant;
-  if (RunEpoch(world, victim, {}, &clean, "clean epoch after Reset")) return;
+  if (RunEpoch(world, victim, {}, &clean, "clean epoch after Reset")) {
+    // The epoch rule: after Reset no rank holds a base, so no piece goes as a delta.
+    for (int32_t r = 0; r < kWorld; ++r) {
+      const RefitStats& st = world.ranks[r].engine->last_stats();
+      if (st.delta_pieces != 0 || st.deltas_applied != 0) {
+        Finding("clean epoch after Reset: rank %d sent %lld pieces as deltas and applied %lld", r,
+                static_cast<long long>(st.delta_pieces), static_cast<long long>(st.deltas_applied));
+      }
+    }
+    return;
+  }
   // A source that was granted a future epoch can't be trusted any more: new engines.
   for (Rank& rank : world.ranks) rank.engine->Reset();
   for (Rank& rank : world.ranks) rank.engine.reset();
