@@ -15,15 +15,7 @@ bool Executes(const Transfer& t, const SendProgramOptions& options) {
 }
 
 int DeltaElemBytes(const plan::Plan& plan, const Transfer& t, const SendProgramOptions& options) {
-  if (!options.delta || t.kind != TransferKind::kNetwork || t.from_rank == t.to_rank ||
-      t.from_side != plan::Side::kSrc || t.to_side != plan::Side::kDst || t.after >= 0) {
-    return 0;
-  }
-  const plan::Region& r = plan.region(t.region);
-  if (r.bytes <= 0) return 0;
-  // Elements compare at the destination dtype's size; other sizes compare byte by byte.
-  const int es = plan.buffers()[plan.buffer_of(t.tensor, t.to_side)].elem_bytes;
-  return (es == 2 || es == 4 || es == 8) && r.bytes % es == 0 ? es : 1;
+  return options.delta ? plan::DeltaElemBytes(plan, t) : 0;
 }
 
 int64_t PackedBytes(const plan::Plan& plan, const Transfer& t, const SendProgramOptions& options) {

@@ -140,8 +140,8 @@ struct SendProgram {
 
 // Whether the engine executes `t` at all.
 bool Executes(const plan::Transfer& t, const SendProgramOptions& options);
-// Whether `t` travels as a delta stream (options.delta, a network piece from a source tile into
-// a destination tile, not empty); then its element size, else 0.
+// Whether `t` travels as a delta stream (options.delta, and plan::DeltaElemBytes: a network
+// piece from a source tile into a destination tile, not empty); then its element size, else 0.
 int DeltaElemBytes(const plan::Plan& plan, const plan::Transfer& t,
                    const SendProgramOptions& options);
 // The bytes `t` occupies in the send scratch and the landing area when packed.

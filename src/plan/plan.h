@@ -235,6 +235,22 @@ struct PlanOptions {
 [[nodiscard]] absl::StatusOr<Plan> BuildRankPlan(std::shared_ptr<const RefitSpec> spec,
                                                  int32_t rank, const PlanOptions& options = {});
 
+// Delta refits (docs/delta.md): the element size at which the engine compares and encodes `t`
+// as a delta stream (the destination dtype's 2, 4 or 8 bytes when the piece is whole elements of
+// it, else 1: byte by byte), or 0 when `t` travels plain whatever the refit: only a network piece
+// read from a source tile into a destination tile (not into staging, not a relay), non-empty, is
+// encoded. net::DeltaElemBytes applies it to delta refits; the simulator to its delta flows.
+inline int DeltaElemBytes(const Plan& plan, const Transfer& t) {
+  if (t.kind != TransferKind::kNetwork || t.from_rank == t.to_rank || t.from_side != Side::kSrc ||
+      t.to_side != Side::kDst || t.after >= 0) {
+    return 0;
+  }
+  const int64_t bytes = plan.region(t.region).bytes;
+  if (bytes <= 0) return 0;
+  const int es = plan.buffers()[plan.buffer_of(t.tensor, t.to_side)].elem_bytes;
+  return (es == 2 || es == 4 || es == 8) && bytes % es == 0 ? es : 1;
+}
+
 // Calls fn(rank, box) for every rank holding a tile of `tensor` on `side`, empty tiles included.
 template <typename Fn>
 void ForEachTile(const RefitSpec& spec, size_t tensor, Side side, Fn&& fn);

@@ -79,14 +79,32 @@ double DeltaBytesRatio(double fraction, int elem_bytes) {
   return std::min(1.0, std::min(bitmap, runs) + table) + header;
 }
 
-std::vector<Flow> DeltaFlowsFromPlan(const Plan& plan, double fraction, bool by_relay_feed) {
-  return FlowsOf(plan, by_relay_feed, [&](const Transfer& tr) {
-    int64_t bytes = plan.region(tr.region).bytes;
-    if (tr.kind == TransferKind::kNetwork && tr.from_side == Side::kSrc && tr.after < 0) {
-      const int es = plan.buffers()[plan.buffer_of(tr.tensor, tr.to_side)].elem_bytes;
-      bytes = static_cast<int64_t>(static_cast<double>(bytes) * DeltaBytesRatio(fraction, es));
+std::vector<Flow> DeltaFlowsFromPlan(const Plan& plan, double fraction,
+                                     const DeltaFlowOptions& options) {
+  const auto& transfers = plan.transfers();
+  // The element size a transfer's stream is encoded at, or 0 when it carries plain bytes.
+  auto encoded = [&](const Transfer& tr) {
+    if (!options.relays_forward_deltas || tr.kind != TransferKind::kNetwork || tr.after < 0) {
+      return DeltaElemBytes(plan, tr);
     }
-    return bytes;
+    // A relay: its feeds, back to the encoded piece, all land in destination tiles (a relay
+    // reading staging forwards what a plain piece put there).
+    const Transfer* feed = &tr;
+    while (feed->after >= 0) {
+      if (feed->kind != TransferKind::kNetwork || feed->from_side != Side::kDst ||
+          feed->to_side != Side::kDst) {
+        return 0;
+      }
+      feed = &transfers[feed->after];
+    }
+    return DeltaElemBytes(plan, *feed);
+  };
+  return FlowsOf(plan, options.by_relay_feed, [&](const Transfer& tr) {
+    const int64_t bytes = plan.region(tr.region).bytes;
+    const int es = encoded(tr);
+    return es == 0
+               ? bytes
+               : static_cast<int64_t>(static_cast<double>(bytes) * DeltaBytesRatio(fraction, es));
   });
 }
 

@@ -56,11 +56,19 @@ struct Flow {
 // per chunk the smaller of bitmap + values and runs + values, plus the chunk table, at most the
 // plain piece; plus each segment's header (delta::kSegmentBytes).
 [[nodiscard]] double DeltaBytesRatio(double fraction, int elem_bytes);
-// FlowsFromPlan for delta refits at change fraction `fraction`: network pieces read from source
-// buffers carry DeltaBytesRatio of their bytes; relays and fan-out forward the applied, plain
-// bytes.
+// FlowsFromPlan for delta refits at change fraction `fraction`: the pieces the engine encodes
+// (DeltaElemBytes: network pieces read from a source into a destination tile) carry
+// DeltaBytesRatio of their bytes; pieces into staging, relays and fan-out the plain bytes, as the
+// engine moves them.
+struct DeltaFlowOptions {
+  bool by_relay_feed = false;  // As FlowsFromPlan's.
+  // A what-if (`reshard sim --relay-deltas`): a relay whose chain of feeds starts at an encoded
+  // piece and lands in destination tiles throughout forwards the delta stream it received, as a
+  // relay that kept the stream would, instead of the applied plain bytes (the engine today).
+  bool relays_forward_deltas = false;
+};
 [[nodiscard]] std::vector<Flow> DeltaFlowsFromPlan(const Plan& plan, double fraction,
-                                                   bool by_relay_feed = false);
+                                                   const DeltaFlowOptions& options = {});
 
 // The gather-broadcast baseline: for every tensor the first holder of each source cell sends
 // its tile to a gather rank (the smallest rank of the tensor's source mesh, one per pipeline

@@ -15,6 +15,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "src/common/json.h"
+#include "tests/plan/spec_text.h"
 
 namespace reshard {
 namespace {
@@ -523,16 +524,9 @@ TEST_F(CliTest, SimWithoutBaselinesGivesTheSameOursAndNullBaselines) {
 
 // Two trainers in one domain feed three inference domains of two ranks: relays carry most of
 // "a"; "b" goes to one domain only.
-constexpr char kRelaySpec[] =
-    R"json({"topology": {"domains": [[0, 1], [2, 3], [4, 5], [6, 7]]}, "tensors": [
-  {"name": "a", "dtype": "fp32", "shape": [512, 2048], "src": {"mesh": [0, 1], "placements": ["S(0)"]},
-   "dst": {"mesh": [[2, 3], [4, 5], [6, 7]], "placements": ["R", "S(1)"]}},
-  {"name": "b", "dtype": "fp32", "shape": [512, 2048], "src": {"mesh": [0, 1], "placements": ["S(0)"]},
-   "dst": {"mesh": [2, 3], "placements": ["S(1)"]}}]})json";
-
 // `reshard plan` reports the relayed bytes, part of the network's, in JSON and in its text.
 TEST_F(CliTest, PlanReportsRelayedBytes) {
-  const fs::path spec = Write("relays.json", kRelaySpec);
+  const fs::path spec = Write("relays.json", plan::kRelaySpec);
   const Result r = Run("plan " + spec.string() + " --json");
   ASSERT_EQ(r.status, 0) << r.err;
   auto doc = json::Parse(r.out);
@@ -556,7 +550,7 @@ TEST_F(CliTest, PlanReportsRelayedBytes) {
 // `reshard sim --relay-priority W` (a what-if): the same plan, so the same bytes on the same NICs
 // and the same bound, only shared differently; W below 1 or not a number is refused.
 TEST_F(CliTest, SimRelayPriorityIsAWhatIfOverTheSamePlan) {
-  const fs::path spec = Write("relays.json", kRelaySpec);
+  const fs::path spec = Write("relays.json", plan::kRelaySpec);
   const auto sim = [&](const std::string& extra) -> absl::StatusOr<json::Value> {
     const Result r = Run("sim --spec " + spec.string() + " --json --no-baselines" + extra);
     if (r.status != 0) return absl::InternalError(absl::StrCat("exited ", r.status, ": ", r.err));
@@ -580,6 +574,38 @@ TEST_F(CliTest, SimRelayPriorityIsAWhatIfOverTheSamePlan) {
     EXPECT_EQ(Lines(r.err), 1) << r.err;
     EXPECT_NE(r.err.find("--relay-priority"), std::string::npos) << r.err;
   }
+}
+
+// `reshard sim --change-fraction F --relay-deltas` (a what-if): relays forward the delta streams,
+// so fewer bytes cross the network than when they forward plain bytes, and the refit is faster;
+// the flag without --change-fraction is refused in one line naming both.
+TEST_F(CliTest, SimRelayDeltasIsAWhatIfOfDeltaRefits) {
+  const fs::path spec = Write("relays.json", plan::kRelaySpec);
+  const auto delta = [&](const std::string& extra) -> absl::StatusOr<json::Value> {
+    const Result r = Run("sim --spec " + spec.string() +
+                         " --json --no-baselines --change-fraction 0.05" + extra);
+    if (r.status != 0) return absl::InternalError(absl::StrCat("exited ", r.status, ": ", r.err));
+    auto doc = json::Parse(r.out);
+    if (!doc.ok()) return doc.status();
+    return *doc->Find("delta");
+  };
+  auto plain = delta("");
+  auto forwarded = delta(" --relay-deltas");
+  ASSERT_TRUE(plain.ok() && forwarded.ok()) << plain.status() << forwarded.status();
+  EXPECT_EQ(plain->Find("relays")->as_string(), "plain");
+  EXPECT_EQ(forwarded->Find("relays")->as_string(), "delta");
+  const json::Value* a = plain->Find("result");
+  const json::Value* b = forwarded->Find("result");
+  EXPECT_LT(b->Find("network_bytes")->as_int(), a->Find("network_bytes")->as_int());
+  EXPECT_LT(b->Find("seconds")->as_double(), a->Find("seconds")->as_double());
+  const Result text = Run("sim --spec " + spec.string() + " --change-fraction 0.05 --relay-deltas");
+  ASSERT_EQ(text.status, 0) << text.err;
+  EXPECT_NE(text.out.find("relays forward deltas"), std::string::npos) << text.out;
+  const Result refused = Run("sim --spec " + spec.string() + " --relay-deltas");
+  EXPECT_EQ(refused.status, 2);
+  EXPECT_EQ(Lines(refused.err), 1) << refused.err;
+  EXPECT_NE(refused.err.find("--relay-deltas"), std::string::npos) << refused.err;
+  EXPECT_NE(refused.err.find("--change-fraction"), std::string::npos) << refused.err;
 }
 
 // `reshard sim --per-expert` simulates the same refit: the same bytes must cross the network.

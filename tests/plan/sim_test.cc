@@ -281,6 +281,83 @@ TEST(SimTest, DeltaFlowsShrinkOnlySourceNetworkPieces) {
   EXPECT_LT(delta.seconds, 0.5 * full.seconds);
 }
 
+// Delta flows follow the engine (plan::DeltaElemBytes): relays forward plain bytes, and so do
+// pieces into staging. The what-if `relays_forward_deltas` shrinks the relays whose feeds land in
+// destination tiles throughout, by the same ratio as their encoded root.
+TEST(SimTest, DeltaFlowsShrinkRelaysOnlyInTheWhatIf) {
+  auto parsed = ParseSpecJson(kRelaySpec);
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  auto spec = std::make_shared<const RefitSpec>(*std::move(parsed));
+  auto plan = BuildPlan(spec);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  const double ratio = DeltaBytesRatio(0.05, 4);
+  // Expected network bytes, transfer by transfer, truncated as the flows truncate them.
+  int64_t encoded = 0, relays = 0, forwarded = 0, other = 0, relay_count = 0;
+  for (const Transfer& t : plan->transfers()) {
+    if (t.kind != TransferKind::kNetwork) continue;
+    const int64_t bytes = plan->region(t.region).bytes;
+    const auto shrunk = static_cast<int64_t>(static_cast<double>(bytes) * ratio);
+    if (DeltaElemBytes(*plan, t) == 4) {
+      encoded += shrunk;
+    } else if (t.after >= 0) {
+      ++relay_count;
+      relays += bytes;
+      // The kRelaySpec relays read destination tiles fed by encoded pieces or by such relays.
+      ASSERT_EQ(t.from_side, Side::kDst);
+      ASSERT_EQ(t.to_side, Side::kDst);
+      forwarded += shrunk;
+    } else {
+      EXPECT_EQ(DeltaElemBytes(*plan, t), 0);
+      other += bytes;
+    }
+  }
+  EXPECT_GT(relay_count, 0);
+  EXPECT_GT(encoded, 0);
+  auto network = [](const std::vector<Flow>& flows) {
+    int64_t n = 0;
+    for (const Flow& f : flows) n += f.nvlink ? 0 : f.bytes;
+    return n;
+  };
+  EXPECT_EQ(network(DeltaFlowsFromPlan(*plan, 0.05)), encoded + relays + other);
+  EXPECT_EQ(network(DeltaFlowsFromPlan(*plan, 0.05, {.relays_forward_deltas = true})),
+            encoded + forwarded + other);
+  // Relays forwarding deltas leave less on the NICs: faster.
+  const SimResult plain =
+      Simulate(DeltaFlowsFromPlan(*plan, 0.05), spec->WorldSize(), spec->topology);
+  const SimResult forwarding =
+      Simulate(DeltaFlowsFromPlan(*plan, 0.05, {.relays_forward_deltas = true}), spec->WorldSize(),
+               spec->topology);
+  EXPECT_LT(forwarding.seconds, plain.seconds);
+}
+
+// Only network pieces read from a source tile into a destination tile are encoded, at the
+// destination dtype's size: not a piece into staging, a relay, a fan-out or a local copy
+// (fp8-quantized.json has staging and relays, kRelaySpec fp32 relays).
+TEST(SimTest, DeltaElemBytesFollowsTheEngine) {
+  auto parsed = ParseSpecJson(kRelaySpec);
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  int staged = 0, relays = 0, encoded = 0;
+  for (auto spec :
+       {std::make_shared<const RefitSpec>(*std::move(parsed)), Example("fp8-quantized.json")}) {
+    auto plan = BuildPlan(spec);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    for (const Transfer& t : plan->transfers()) {
+      const bool encodable = t.kind == TransferKind::kNetwork && t.from_side == Side::kSrc &&
+                             t.to_side == Side::kDst && t.after < 0 &&
+                             plan->region(t.region).bytes > 0;
+      const int es = DeltaElemBytes(*plan, t);
+      EXPECT_EQ(es > 0, encodable);
+      if (encodable && plan->spec().tensors[t.tensor].dtype == DType::kFp32) EXPECT_EQ(es, 4);
+      staged += t.kind == TransferKind::kNetwork && t.to_side == Side::kStage;
+      relays += t.kind == TransferKind::kNetwork && t.after >= 0;
+      encoded += es > 0;
+    }
+  }
+  EXPECT_GT(staged, 0);
+  EXPECT_GT(relays, 0);
+  EXPECT_GT(encoded, 0);
+}
+
 // A real model layout end to end: Qwen3-30B-A3B, Megatron TP2 x PP2 x EP4 on 16 trainers to vLLM
 // TP4 x DP4 on two H100 NVL8 nodes (two replicas per domain). Ours must sit within the targets
 // of the reference rows (NIC load within 10% of the bound, time within 15%) and beat both

@@ -19,4 +19,13 @@ inline std::string ReplicaMesh(int replicas, int size, int first) {
   return absl::StrCat("[", mesh, "]");
 }
 
+// Two trainers, three destination domains of two ranks: "a" goes to every domain (the later ones
+// by relays between destination domains), "b" to the first only.
+constexpr char kRelaySpec[] =
+    R"json({"topology": {"domains": [[0, 1], [2, 3], [4, 5], [6, 7]]}, "tensors": [
+  {"name": "a", "dtype": "fp32", "shape": [512, 2048], "src": {"mesh": [0, 1], "placements": ["S(0)"]},
+   "dst": {"mesh": [[2, 3], [4, 5], [6, 7]], "placements": ["R", "S(1)"]}},
+  {"name": "b", "dtype": "fp32", "shape": [512, 2048], "src": {"mesh": [0, 1], "placements": ["S(0)"]},
+   "dst": {"mesh": [2, 3], "placements": ["S(1)"]}}]})json";
+
 }  // namespace reshard::plan
