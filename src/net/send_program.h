@@ -27,12 +27,12 @@
 // its wire-up record), and the sender adds it at set-up (src/net/wireup.h).
 //
 // Delta mode (docs/delta.md): every network transfer from a source tile into a destination
-// tile travels packed, as delta streams, one per segment of the piece (delta::NumSegments),
-// with delta::PieceCapacity bytes reserved in the send scratch and the landing area; segment
-// k's stream starts at k * delta::SegmentStride of the piece's area and its runs are its own
-// (the sender sends only each stream's actual length). The sender keeps a shadow of the piece
-// (shadow_offset into its shadow_bytes) and gathers one segment at a time into a scratch of
-// gather_bytes before encoding it.
+// tile or a staging slot travels packed, as delta streams, one per segment of the piece
+// (delta::NumSegments), with delta::PieceCapacity bytes reserved in the send scratch and the
+// landing area; segment k's stream starts at k * delta::SegmentStride of the piece's area and its
+// runs are its own (the sender sends only each stream's actual length). The sender keeps a shadow
+// of the piece (shadow_offset into its shadow_bytes) and gathers one segment at a time into a
+// scratch of gather_bytes before encoding it.
 //
 // Thread-compatible; immutable once built.
 #pragma once
@@ -141,7 +141,8 @@ struct SendProgram {
 // Whether the engine executes `t` at all.
 bool Executes(const plan::Transfer& t, const SendProgramOptions& options);
 // Whether `t` travels as a delta stream (options.delta, and plan::DeltaElemBytes: a network
-// piece from a source tile into a destination tile, not empty); then its element size, else 0.
+// piece from a source tile into a destination tile or a staging slot, not empty); then its
+// element size, else 0.
 int DeltaElemBytes(const plan::Plan& plan, const plan::Transfer& t,
                    const SendProgramOptions& options);
 // The bytes `t` occupies in the send scratch and the landing area when packed.

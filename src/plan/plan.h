@@ -238,16 +238,17 @@ struct PlanOptions {
 // Delta refits (docs/delta.md): the element size at which the engine compares and encodes `t`
 // as a delta stream (the destination dtype's 2, 4 or 8 bytes when the piece is whole elements of
 // it, else 1: byte by byte), or 0 when `t` travels plain whatever the refit: only a network piece
-// read from a source tile into a destination tile (not into staging, not a relay), non-empty, is
+// read from a source tile into a destination tile or a staging slot (each piece has its own,
+// which keeps what the last refit wrote, as a destination does), not a relay, non-empty, is
 // encoded. net::DeltaElemBytes applies it to delta refits; the simulator to its delta flows.
 inline int DeltaElemBytes(const Plan& plan, const Transfer& t) {
   if (t.kind != TransferKind::kNetwork || t.from_rank == t.to_rank || t.from_side != Side::kSrc ||
-      t.to_side != Side::kDst || t.after >= 0) {
+      (t.to_side != Side::kDst && t.to_side != Side::kStage) || t.after >= 0) {
     return 0;
   }
   const int64_t bytes = plan.region(t.region).bytes;
   if (bytes <= 0) return 0;
-  const int es = plan.buffers()[plan.buffer_of(t.tensor, t.to_side)].elem_bytes;
+  const int es = plan.buffers()[plan.buffer_of(t.tensor, Side::kDst)].elem_bytes;
   return (es == 2 || es == 4 || es == 8) && bytes % es == 0 ? es : 1;
 }
 

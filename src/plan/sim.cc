@@ -87,16 +87,9 @@ std::vector<Flow> DeltaFlowsFromPlan(const Plan& plan, double fraction,
     if (!options.relays_forward_deltas || tr.kind != TransferKind::kNetwork || tr.after < 0) {
       return DeltaElemBytes(plan, tr);
     }
-    // A relay: its feeds, back to the encoded piece, all land in destination tiles (a relay
-    // reading staging forwards what a plain piece put there).
-    const Transfer* feed = &tr;
-    while (feed->after >= 0) {
-      if (feed->kind != TransferKind::kNetwork || feed->from_side != Side::kDst ||
-          feed->to_side != Side::kDst) {
-        return 0;
-      }
-      feed = &transfers[feed->after];
-    }
+    // A relay: its feeds, relays back to the piece that came from a source.
+    const Transfer* feed = &transfers[tr.after];
+    while (feed->after >= 0 && feed->kind == TransferKind::kNetwork) feed = &transfers[feed->after];
     return DeltaElemBytes(plan, *feed);
   };
   return FlowsOf(plan, options.by_relay_feed, [&](const Transfer& tr) {

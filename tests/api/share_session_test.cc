@@ -207,13 +207,30 @@ INSTANTIATE_TEST_SUITE_P(Transports, ShareSessionTest,
 // changing a random fraction (0 and 1 included) of every source tensor's elements by 1-15 ulp,
 // three refits failed by source rank 0 or destination rank 1 giving up at once, each followed by
 // Reset() on every rank. Every rank keeps the global tensors' values and checks every destination
-// element after every successful refit; deltas must have been sent and applied, and the first refit
-// and the one after each Reset sent no delta.
+// element after every successful refit; deltas must have been sent and applied (after a refit that
+// changed nothing, every piece each rank receives from a source, into staging too), and the first
+// refit and the one after each Reset sent no delta.
 class ShareSessionDeltaTest : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(ShareSessionDeltaTest, HundredRefitsWithRandomChangesFailuresAndResetsStayByteExact) {
   const std::string transport = GetParam();
   const std::string dir = StoreDir("delta");
+  // Per rank, the pieces it receives as delta streams (plan::DeltaElemBytes), pieces into
+  // staging included: a refit that changed nothing applies every one of them as a delta.
+  std::vector<int64_t> encoded_in(kWorld, 0);
+  int64_t staged = 0;
+  {
+    auto parsed = plan::ParseSpecJson(kSpec);
+    ASSERT_TRUE(parsed.ok()) << parsed.status();
+    auto world = plan::BuildPlan(std::make_shared<const plan::RefitSpec>(*std::move(parsed)));
+    ASSERT_TRUE(world.ok()) << world.status();
+    for (const plan::Transfer& t : world->transfers()) {
+      if (plan::DeltaElemBytes(*world, t) == 0) continue;
+      encoded_in[t.to_rank]++;
+      staged += t.to_side == plan::Side::kStage;
+    }
+  }
+  ASSERT_GT(staged, 0);
   std::map<int32_t, int> codes = testing::ForkRanks(
       testing::Ranks(kWorld),
       [&](int32_t rank) {
@@ -313,6 +330,9 @@ TEST_P(ShareSessionDeltaTest, HundredRefitsWithRandomChangesFailuresAndResetsSta
                 s.delta_full_no_base + s.delta_full_receiver_version + s.delta_full_not_smaller ==
                     0,
                 absl::StrCat("refit ", step));
+            CHILD_EXPECT(s.deltas_applied == encoded_in[rank],
+                         absl::StrCat("refit ", step, ": ", s.deltas_applied, " deltas applied of ",
+                                      encoded_in[rank]));
           }
           CHILD_EXPECT(s.bytes_network_sent >= s.delta_stream_bytes);
           deltas += s.delta_pieces;

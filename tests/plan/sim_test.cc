@@ -281,9 +281,8 @@ TEST(SimTest, DeltaFlowsShrinkOnlySourceNetworkPieces) {
   EXPECT_LT(delta.seconds, 0.5 * full.seconds);
 }
 
-// Delta flows follow the engine (plan::DeltaElemBytes): relays forward plain bytes, and so do
-// pieces into staging. The what-if `relays_forward_deltas` shrinks the relays whose feeds land in
-// destination tiles throughout, by the same ratio as their encoded root.
+// Delta flows follow the engine (plan::DeltaElemBytes): relays forward plain bytes. The what-if
+// `relays_forward_deltas` shrinks them by the ratio of the piece their chain of feeds starts at.
 TEST(SimTest, DeltaFlowsShrinkRelaysOnlyInTheWhatIf) {
   auto parsed = ParseSpecJson(kRelaySpec);
   ASSERT_TRUE(parsed.ok()) << parsed.status();
@@ -330,8 +329,8 @@ TEST(SimTest, DeltaFlowsShrinkRelaysOnlyInTheWhatIf) {
   EXPECT_LT(forwarding.seconds, plain.seconds);
 }
 
-// Only network pieces read from a source tile into a destination tile are encoded, at the
-// destination dtype's size: not a piece into staging, a relay, a fan-out or a local copy
+// Only network pieces read from a source tile into a destination tile or a staging slot are
+// encoded, at the destination dtype's size: not a relay, a fan-out or a local copy
 // (fp8-quantized.json has staging and relays, kRelaySpec fp32 relays).
 TEST(SimTest, DeltaElemBytesFollowsTheEngine) {
   auto parsed = ParseSpecJson(kRelaySpec);
@@ -343,12 +342,15 @@ TEST(SimTest, DeltaElemBytesFollowsTheEngine) {
     ASSERT_TRUE(plan.ok()) << plan.status();
     for (const Transfer& t : plan->transfers()) {
       const bool encodable = t.kind == TransferKind::kNetwork && t.from_side == Side::kSrc &&
-                             t.to_side == Side::kDst && t.after < 0 &&
-                             plan->region(t.region).bytes > 0;
+                             (t.to_side == Side::kDst || t.to_side == Side::kStage) &&
+                             t.after < 0 && plan->region(t.region).bytes > 0;
       const int es = DeltaElemBytes(*plan, t);
       EXPECT_EQ(es > 0, encodable);
       if (encodable && plan->spec().tensors[t.tensor].dtype == DType::kFp32) EXPECT_EQ(es, 4);
-      staged += t.kind == TransferKind::kNetwork && t.to_side == Side::kStage;
+      if (t.kind == TransferKind::kNetwork && t.to_side == Side::kStage) {
+        ++staged;
+        EXPECT_GT(es, 0) << "a piece into staging travels plain";
+      }
       relays += t.kind == TransferKind::kNetwork && t.after >= 0;
       encoded += es > 0;
     }
