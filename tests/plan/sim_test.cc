@@ -346,7 +346,9 @@ TEST(SimTest, DeltaElemBytesFollowsTheEngine) {
                              t.after < 0 && plan->region(t.region).bytes > 0;
       const int es = DeltaElemBytes(*plan, t);
       EXPECT_EQ(es > 0, encodable);
-      if (encodable && plan->spec().tensors[t.tensor].dtype == DType::kFp32) EXPECT_EQ(es, 4);
+      if (encodable && plan->spec().tensors[t.tensor].dtype == DType::kFp32) {
+        EXPECT_EQ(es, 4);
+      }
       if (t.kind == TransferKind::kNetwork && t.to_side == Side::kStage) {
         ++staged;
         EXPECT_GT(es, 0) << "a piece into staging travels plain";
