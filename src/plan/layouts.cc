@@ -479,6 +479,19 @@ absl::StatusOr<RefitSpec> MakeModelSpec(const ModelConfig& cfg, const TrainParal
     return FieldError("experts", absl::StrCat("per-expert tensors need routed experts, and this ",
                                               cfg.model_type, " model has none"));
   }
+  if (opts.experts == ExpertTensors::kPerExpert) {
+    // Refused before expanding: millions of tensors take minutes and gigabytes to list.
+    int64_t moe_layers = 0;
+    for (int64_t l = 0; l < cfg.num_hidden_layers; ++l) moe_layers += cfg.IsMoeLayer(l) ? 1 : 0;
+    const int64_t expert_tensors = 3 * cfg.num_experts * moe_layers;
+    if (expert_tensors > static_cast<int64_t>(kMaxTensors)) {
+      return FieldError("experts",
+                        absl::StrCat("one tensor per expert matrix makes ", expert_tensors,
+                                     " tensors (", cfg.num_experts, " experts x 3 x ", moe_layers,
+                                     " MoE layers); a spec holds at most ", kMaxTensors,
+                                     " (use stacked experts)"));
+    }
+  }
   const std::vector<ModelParam> params = ExpandModel(cfg, opts.experts);
   RefitSpec spec;
   spec.comment = absl::StrCat(

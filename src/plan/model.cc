@@ -36,7 +36,22 @@ class ConfigReader {
           v, key,
           absl::StrCat("must be ", positive ? "positive" : "non-negative", ", not ", v->as_int()));
     }
+    if (v->as_int() > kMaxConfigInt) {
+      return Error(v, key,
+                   absl::StrCat("is ", v->as_int(), "; at most ", kMaxConfigInt, " is supported"));
+    }
     out = v->as_int();
+    return absl::OkStatus();
+  }
+
+  // Int, at most `max` (`what` names the bound in the error).
+  absl::Status IntAtMost(const std::string& key, int64_t& out, int64_t max, const char* what,
+                         bool required = false, bool positive = false) const {
+    RESHARD_RETURN_IF_ERROR(Int(key, out, required, positive));
+    if (out > max) {
+      return Error(doc_.Find(key), key,
+                   absl::StrCat("is ", out, "; at most ", max, " ", what, " are supported"));
+    }
     return absl::OkStatus();
   }
 
@@ -253,7 +268,8 @@ absl::StatusOr<ModelConfig> ParseModelConfig(std::string_view text, const std::s
                                 "qwen3_moe, deepseek_v3, kimi_k2)"));
   }
   RESHARD_RETURN_IF_ERROR(r.Int("hidden_size", c.hidden_size, true, true));
-  RESHARD_RETURN_IF_ERROR(r.Int("num_hidden_layers", c.num_hidden_layers, true, true));
+  RESHARD_RETURN_IF_ERROR(r.IntAtMost("num_hidden_layers", c.num_hidden_layers, kMaxModelLayers,
+                                      "decoder layers", true, true));
   RESHARD_RETURN_IF_ERROR(r.Int("num_attention_heads", c.num_attention_heads, true, true));
   RESHARD_RETURN_IF_ERROR(r.Int("vocab_size", c.vocab_size, true, true));
   c.num_key_value_heads = c.num_attention_heads;
@@ -286,12 +302,14 @@ absl::StatusOr<ModelConfig> ParseModelConfig(std::string_view text, const std::s
     c.qk_norm = t == "qwen3" || t == "qwen3_moe";
   }
   if (qwen_moe) {
-    RESHARD_RETURN_IF_ERROR(r.Int("num_experts", c.num_experts, true));
+    RESHARD_RETURN_IF_ERROR(
+        r.IntAtMost("num_experts", c.num_experts, kMaxModelExperts, "routed experts", true));
     RESHARD_RETURN_IF_ERROR(r.Int("decoder_sparse_step", c.decoder_sparse_step, false, true));
     RESHARD_RETURN_IF_ERROR(r.IntList("mlp_only_layers", c.mlp_only_layers));
   }
   if (c.mla) {
-    RESHARD_RETURN_IF_ERROR(r.Int("n_routed_experts", c.num_experts));
+    RESHARD_RETURN_IF_ERROR(
+        r.IntAtMost("n_routed_experts", c.num_experts, kMaxModelExperts, "routed experts"));
     RESHARD_RETURN_IF_ERROR(r.Int("n_shared_experts", c.n_shared_experts));
     RESHARD_RETURN_IF_ERROR(r.Int("first_k_dense_replace", c.first_k_dense_replace));
     RESHARD_RETURN_IF_ERROR(r.Int("moe_layer_freq", c.moe_layer_freq, false, true));

@@ -109,8 +109,19 @@ struct ModelConfig {
   bool IsMoeLayer(int64_t layer) const;
 };
 
+// Bounds on a config's integers, far above any model today, so that a mistyped or hostile
+// config is refused with one sentence instead of expanding for minutes or overflowing: every
+// integer field at most kMaxConfigInt (2^30: a product of two fields, or of one and a sum of two,
+// fits in 64 bits), at most kMaxModelLayers decoder layers and kMaxModelExperts routed experts
+// per layer. One tensor per expert (--per-expert) is further bounded by the spec's tensor limit
+// (MakeModelSpec).
+inline constexpr int64_t kMaxConfigInt = int64_t{1} << 30;
+inline constexpr int64_t kMaxModelLayers = 1024;
+inline constexpr int64_t kMaxModelExperts = 8192;
+
 // Parses a config.json text; `origin` (a path) is named in errors. InvalidArgument for an
-// unsupported model_type, missing required fields or fields of the wrong type.
+// unsupported model_type, missing required fields, fields of the wrong type or beyond the bounds
+// above.
 [[nodiscard]] absl::StatusOr<ModelConfig> ParseModelConfig(std::string_view text,
                                                            const std::string& origin = "config");
 // Reads and parses a file; NotFound when it cannot be read.

@@ -251,6 +251,29 @@ TEST(LayoutsTest, MlaFusesReplicatedDownProjections) {
             "layers.2.mlp.shared_experts.gate_up_proj");
 }
 
+// One tensor per expert matrix of a config at the bounds (8,192 experts in 1,024 MoE layers) would
+// be 25 M tensors: refused before expanding, in one sentence that names the count and the way
+// out.
+TEST(LayoutsTest, PerExpertTensorsBeyondTheSpecLimitAreRefusedBeforeExpanding) {
+  ModelConfig cfg = Model("tiny-moe.json");
+  cfg.num_experts = kMaxModelExperts;
+  cfg.num_hidden_layers = kMaxModelLayers;
+  cfg.mlp_only_layers.clear();
+  cfg.decoder_sparse_step = 1;
+  auto t = ParseTrainParallelism("tp=2,ep=2,pp=2,gpus=8");
+  auto i = ParseInferParallelism("tp=2,dp=2");
+  ASSERT_TRUE(t.ok() && i.ok());
+  ModelSpecOptions opts;
+  opts.experts = ExpertTensors::kPerExpert;
+  auto spec = MakeModelSpec(cfg, *t, *i, SmallDomains(4), opts);
+  ASSERT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument) << spec.status();
+  const std::string message(spec.status().message());
+  EXPECT_NE(message.find("25165824 tensors (8192 experts x 3 x 1024 MoE layers)"),
+            std::string::npos)
+      << message;
+  EXPECT_NE(message.find("use stacked experts"), std::string::npos) << message;
+}
+
 // Per-expert tensors sit where the stack's slice K sits on both sides: the trainer ranks of the
 // owning expert-parallel rank (I over expert TP), and the inference ranks holding K, as views
 // into the same w13_weight / down_proj buffers the stacks fill.

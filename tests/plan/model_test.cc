@@ -222,6 +222,43 @@ TEST(ModelTest, ConfigErrorsNameTheField) {
             absl::StatusCode::kNotFound);
 }
 
+// A mistyped or hostile config is refused in one sentence naming the field and the bound, before
+// anything is expanded (a billion layers used to expand until memory ran out).
+TEST(ModelTest, ConfigIntegersAreBounded) {
+  const std::string base = R"({"model_type": "qwen3_moe", "hidden_size": 64,
+      "num_attention_heads": 4, "vocab_size": 100, "intermediate_size": 128,
+      "moe_intermediate_size": 32, "num_experts_per_tok": 2, )";
+  struct Case {
+    std::string fields, field, bound;
+  };
+  const Case cases[] = {
+      {R"("num_hidden_layers": 1000000000, "num_experts": 8)", "num_hidden_layers", "1024"},
+      {R"("num_hidden_layers": 2, "num_experts": 100000)", "num_experts", "8192"},
+      {R"("num_hidden_layers": 2, "num_experts": 8, "head_dim": 1099511627776)", "head_dim",
+       "1073741824"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.field);
+    auto cfg = ParseModelConfig(base + c.fields + "}");
+    ASSERT_EQ(cfg.status().code(), absl::StatusCode::kInvalidArgument) << cfg.status();
+    const std::string message(cfg.status().message());
+    EXPECT_NE(message.find("\"" + c.field + "\""), std::string::npos) << message;
+    EXPECT_NE(message.find("at most " + c.bound), std::string::npos) << message;
+    EXPECT_EQ(message.find('\n'), std::string::npos) << message;
+  }
+  auto mla = ParseModelConfig(R"({"model_type": "deepseek_v3", "hidden_size": 64,
+      "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 100,
+      "intermediate_size": 128, "moe_intermediate_size": 32, "n_routed_experts": 9000,
+      "kv_lora_rank": 16, "qk_nope_head_dim": 8, "qk_rope_head_dim": 8, "v_head_dim": 8})");
+  ASSERT_EQ(mla.status().code(), absl::StatusCode::kInvalidArgument) << mla.status();
+  EXPECT_NE(mla.status().message().find("\"n_routed_experts\" is 9000; at most 8192"),
+            std::string::npos)
+      << mla.status();
+  // At the bounds a config parses.
+  auto edge = ParseModelConfig(base + R"("num_hidden_layers": 1024, "num_experts": 8192})");
+  EXPECT_TRUE(edge.ok()) << edge.status();
+}
+
 TEST(ClusterTest, LoadsBothExampleClusters) {
   auto h100 = LoadClusterFile(ExamplePath("clusters/h100-nvl8.json"));
   ASSERT_TRUE(h100.ok()) << h100.status();
