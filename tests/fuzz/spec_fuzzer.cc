@@ -12,9 +12,9 @@
 // Budget: planning and verifying are linear in ranks x tensors x bytes, so a valid spec of a
 // few hundred bytes may name 65,536 ranks or a 2^56-byte buffer (both within the documented
 // limits). The harness plans only specs that cost milliseconds, decided from the spec alone
-// before planning: at most kMaxWorld ranks and kMaxTensors tensors, and at most kMaxBytes of
-// buffers over all ranks, bounded from above as if every rank held the whole tensor (the largest
-// extent a view can reach). Larger specs are still parsed, validated and round-tripped.
+// before planning: at most 64 ranks and 16 tensors, and at most 1 MiB of buffers over all ranks,
+// bounded from above as if every rank held the whole tensor (the largest extent a view can
+// reach; tests/fuzz/spec_budget.h). Larger specs are still parsed, validated and round-tripped.
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -31,13 +31,12 @@
 #include "src/plan/plan.h"
 #include "src/plan/spec.h"
 #include "src/plan/spec_json.h"
+#include "tests/fuzz/spec_budget.h"
 
 namespace reshard::plan {
 namespace {
 
-constexpr int32_t kMaxWorld = 64;
-constexpr size_t kMaxTensors = 16;
-constexpr int64_t kMaxBytes = int64_t{1} << 20;
+constexpr SpecBudget kBudget{64, 16, int64_t{1} << 20};
 // Error sentences quote at most a few user strings, each cut at 64 characters (escaped, at most
 // 6 bytes each: \u0000), around a position and a short sentence.
 constexpr size_t kMaxErrorBytes = 2048;
@@ -48,33 +47,6 @@ void Check(bool ok, std::string_view what, std::string_view detail) {
             static_cast<int>(detail.size()), detail.data());
     std::abort();
   }
-}
-
-// An upper bound of the bytes of `layout`'s buffers over all its ranks: every rank's buffer is
-// at most the extent its view reaches for the whole tensor.
-int64_t LayoutBytesBound(const TensorSpec& t, const Layout& layout) {
-  const int64_t elem = DTypeSize(t.dtype);
-  int64_t extent = 1;
-  if (layout.view.strides.empty()) {
-    for (int64_t d : t.shape) extent = SaturatingMul(extent, d);
-  } else {
-    for (size_t d = 0; d < t.shape.size(); ++d) {
-      if (t.shape[d] == 0) return 0;
-      extent = SaturatingAdd(extent, SaturatingMul(t.shape[d] - 1, layout.view.strides[d]));
-    }
-  }
-  extent = SaturatingAdd(extent, layout.view.offset);
-  return SaturatingMul(SaturatingMul(extent, elem), layout.mesh.size());
-}
-
-bool WithinBudget(const RefitSpec& spec) {
-  if (spec.WorldSize() > kMaxWorld || spec.tensors.size() > kMaxTensors) return false;
-  int64_t bytes = 0;
-  for (const TensorSpec& t : spec.tensors) {
-    bytes = SaturatingAdd(bytes, LayoutBytesBound(t, t.src));
-    bytes = SaturatingAdd(bytes, LayoutBytesBound(t, t.dst));
-  }
-  return bytes <= kMaxBytes;
 }
 
 // Plan options vary with the input (deterministically), so every schedule and its splitting of
@@ -115,7 +87,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string rewritten = SpecToJson(*reparsed);
   Check(rewritten == written, "SpecToJson does not round-trip", written + "\n" + rewritten);
 
-  if (!WithinBudget(*parsed)) return 0;
+  if (!WithinBudget(*parsed, kBudget)) return 0;
   auto spec = std::make_shared<const RefitSpec>(*std::move(parsed));
   absl::StatusOr<Plan> plan = BuildPlan(spec, OptionsFor(text));
   Check(plan.ok(), "a valid spec does not plan", plan.status().ToString() + "\n" + written);
