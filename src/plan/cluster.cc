@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "src/common/json.h"
+#include "src/plan/spec.h"
 
 namespace reshard::plan {
 namespace {
@@ -16,9 +17,15 @@ absl::Status Error(const Value& at, const std::string& key, const std::string& m
       absl::StrCat(at.Where(), ": cluster key \"", key, "\" ", message));
 }
 
+// GPUs per node or domain: at most the largest refit world (spec.h).
 absl::Status ReadCount(const Value& v, const std::string& key, int64_t& out) {
   if (!v.is_integer()) return Error(v, key, "must be an integer");
   if (v.as_int() < 1) return Error(v, key, absl::StrCat("must be positive, not ", v.as_int()));
+  if (v.as_int() > kMaxWorldSize) {
+    return Error(v, key,
+                 absl::StrCat("is ", v.as_int(), "; at most ", kMaxWorldSize,
+                              " GPUs (the largest refit world) are supported"));
+  }
   out = v.as_int();
   return absl::OkStatus();
 }
@@ -26,6 +33,11 @@ absl::Status ReadCount(const Value& v, const std::string& key, int64_t& out) {
 absl::Status ReadBandwidth(const Value& v, const std::string& key, double& out) {
   if (!v.is_number()) return Error(v, key, "must be a number");
   if (!(v.as_double() > 0)) return Error(v, key, "must be positive");
+  if (!BandwidthInRange(v.as_double())) {
+    return Error(v, key,
+                 absl::StrCat("is ", v.as_double(), "; it must lie in [", kMinGbytesPerS, ", ",
+                              kMaxGbytesPerS, "] GB/s"));
+  }
   out = v.as_double();
   return absl::OkStatus();
 }

@@ -598,9 +598,13 @@ absl::Status ValidateTopology(const Topology& topo) {
     return absl::InvalidArgumentError(
         "topology gives both domains and ranks_per_domain; give one of them");
   }
-  if (!(topo.nic_gbytes_per_s > 0) || !(topo.nvlink_gbytes_per_s > 0) ||
-      !std::isfinite(topo.nic_gbytes_per_s) || !std::isfinite(topo.nvlink_gbytes_per_s)) {
-    return absl::InvalidArgumentError("topology bandwidths must be positive and finite");
+  for (auto [key, value] : {std::pair{"nic_gbytes_per_s", topo.nic_gbytes_per_s},
+                            std::pair{"nvlink_gbytes_per_s", topo.nvlink_gbytes_per_s}}) {
+    if (!BandwidthInRange(value)) {
+      return absl::InvalidArgumentError(absl::StrCat("topology.", key, " is ", value,
+                                                     "; it must lie in [", kMinGbytesPerS, ", ",
+                                                     kMaxGbytesPerS, "] GB/s"));
+    }
   }
   absl::flat_hash_map<int32_t, size_t> seen;
   for (size_t i = 0; i < topo.domains.size(); ++i) {

@@ -50,6 +50,15 @@ inline constexpr int64_t kMaxPieces = int64_t{1} << 27;
 inline constexpr int64_t kMaxSplitFactor = kMaxSpecBytes - 1;
 // Tensor and buffer names, in bytes (valid UTF-8).
 inline constexpr size_t kMaxNameBytes = 1024;
+// NIC and NVLink bandwidths (GB/s per rank and direction, the spec's topology and cluster files):
+// 1 MB/s to 1 PB/s, far around any link, so a typo (1e308, 1e-308) is refused instead of giving
+// a lower bound and simulated times of 1e300 seconds.
+inline constexpr double kMinGbytesPerS = 1e-3;
+inline constexpr double kMaxGbytesPerS = 1e6;
+// Whether `gbytes_per_s` is a bandwidth within those bounds (NaN is not).
+inline bool BandwidthInRange(double gbytes_per_s) {
+  return gbytes_per_s >= kMinGbytesPerS && gbytes_per_s <= kMaxGbytesPerS;
+}
 
 // kStage is a per-rank staging buffer of the plan (a receiver that does not hold the destination
 // tile lands the piece there and forwards it); specs only ever name kSrc and kDst.

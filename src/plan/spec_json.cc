@@ -324,6 +324,11 @@ absl::Status ParseTopology(const Context& ctx, const Value& v, Topology& topo) {
       if (!bw->is_number() || !(bw->as_double() > 0)) {
         return ctx.Error(*bw, field, "must be a positive number");
       }
+      if (!BandwidthInRange(bw->as_double())) {
+        return ctx.Error(*bw, field,
+                         absl::StrCat("is ", bw->as_double(), "; it must lie in [", kMinGbytesPerS,
+                                      ", ", kMaxGbytesPerS, "] GB/s"));
+      }
       *out = bw->as_double();
     }
   }

@@ -282,6 +282,24 @@ TEST(ClusterTest, UnknownKeysAndBadValuesAreErrors) {
   EXPECT_FALSE(ParseClusterJson(R"({"gpus_per_node": 2.5})").ok());
   EXPECT_FALSE(ParseClusterJson("[]").ok());
   EXPECT_TRUE(ParseClusterJson(R"({"notes": "only defaults"})").ok());
+  // Typos far outside any cluster are refused naming the key and the bound.
+  struct Case {
+    const char* json;
+    const char* says;
+  };
+  for (const Case& c : {
+           Case{R"({"gpus_per_domain": 1099511627776})",
+                "\"gpus_per_domain\" is 1099511627776; at most 65536 GPUs"},
+           Case{R"({"nic_gbytes_per_s": 1e308})",
+                "\"nic_gbytes_per_s\" is 1e+308; it must lie in [0.001, 1e+06] GB/s"},
+           Case{R"({"nvlink_gbytes_per_s": 1e-308})",
+                "\"nvlink_gbytes_per_s\" is 1e-308; it must lie in [0.001, 1e+06] GB/s"},
+       }) {
+    auto parsed = ParseClusterJson(c.json);
+    ASSERT_EQ(parsed.status().code(), absl::StatusCode::kInvalidArgument) << c.json;
+    EXPECT_NE(parsed.status().message().find(c.says), std::string::npos) << parsed.status();
+  }
+  EXPECT_TRUE(ParseClusterJson(R"({"nic_gbytes_per_s": 0.001, "nvlink_gbytes_per_s": 1e6})").ok());
 }
 
 }  // namespace

@@ -142,6 +142,10 @@ TEST(SpecLimitsTest, NonFiniteAndNonIntegerNumbersAreRefused) {
             "line 1, column 47: tensor \"w\": shape[0] must be an integer");
   EXPECT_REFUSED_WITH(R"js({"topology": {"nic_gbytes_per_s": 1e400}, "tensors": []})js",
                       "line 1, column 35: number \"1e400\" is out of range");
+  EXPECT_REFUSED_WITH(R"js({"topology": {"nic_gbytes_per_s": 1e300}, "tensors": []})js",
+                      "topology.nic_gbytes_per_s is 1e+300; it must lie in [0.001, 1e+06] GB/s");
+  EXPECT_REFUSED_WITH(R"js({"topology": {"nvlink_gbytes_per_s": 1e-9}, "tensors": []})js",
+                      "topology.nvlink_gbytes_per_s is 1e-09; it must lie in [0.001, 1e+06] GB/s");
   EXPECT_REFUSED_WITH(
       OneTensor("[8]", kSrc, R"js({"mesh":[2,3],"placements":["S(0)"],"view":{"offset":1.5}})js"),
       "tensor \"w\": dst.view.offset must be an integer");
