@@ -1,14 +1,15 @@
 // Fuzzes what turns a Hugging Face config.json into a refit spec (`reshard spec|sim|bench
-// --model`): the config reader, the parallelism parsers, ExpandModel and MakeModelSpec
-// (docs/layouts.md), then plans and verifies the specs small enough.
+// --model`): the config and cluster readers, the parallelism parsers, ExpandModel and
+// MakeModelSpec (docs/layouts.md), then plans and verifies the specs small enough.
 //
-// Input: a line of trainer parallelism ("tp=2,pp=2,ep=2,gpus=8"), a line of inference
-// parallelism ("tp=2,dp=2"), then the config's JSON text. A hash of the input picks stacked or
-// per-expert tensors and the plan options. The cluster has domains of 4 GPUs.
+// Input: a line with a cluster file's JSON (empty: domains of 4 GPUs, the default bandwidths), a
+// line of trainer parallelism ("tp=2,pp=2,ep=2,gpus=8"), a line of inference parallelism
+// ("tp=2,dp=2"), then the config's JSON text. A hash of the input picks stacked or per-expert
+// tensors and the plan options.
 // Properties checked (a violation aborts, which is a finding):
-// - every refusal (config, parallelism, MakeModelSpec, Validate) is InvalidArgument in one line
-//   of at most 2 KiB, and nothing crashes (UBSan: no overflow on any field within the bounds
-//   of model.h);
+// - every refusal (config, cluster, parallelism, MakeModelSpec, Validate) is InvalidArgument in
+//   one line of at most 2 KiB, and nothing crashes (UBSan: no overflow on any field within the
+//   bounds of model.h);
 // - ExpandModel names every parameter once;
 // - a spec MakeModelSpec returns round-trips through SpecToJson, and one that validates and is
 //   within the budget (64 ranks, 256 tensors, 32 MiB bounded as tests/fuzz/spec_budget.h does)
@@ -96,11 +97,18 @@ void Say(const char* what, const std::string& detail = "") {
 
 void Run(std::string_view text) {
   size_t at = 0;
+  const std::string_view cluster_text = Line(text, at);
   const std::string train_text(Line(text, at));
   const std::string infer_text(Line(text, at));
   const std::string_view config = text.substr(at);
   const uint64_t h = HashBytes(text.data(), text.size(), 0);
 
+  absl::StatusOr<ClusterDesc> cluster = FuzzCluster();
+  if (!cluster_text.empty()) cluster = ParseClusterJson(cluster_text);
+  if (!cluster.ok()) {
+    Say("refused by ParseClusterJson", cluster.status().ToString());
+    return CheckRefusal(cluster.status(), "ParseClusterJson");
+  }
   absl::StatusOr<ModelConfig> cfg = ParseModelConfig(config, "config");
   if (!cfg.ok()) {
     Say("refused by ParseModelConfig", cfg.status().ToString());
@@ -132,7 +140,7 @@ void Run(std::string_view text) {
   }
   ModelSpecOptions opts;
   opts.experts = experts;
-  absl::StatusOr<RefitSpec> made = MakeModelSpec(*cfg, *train, *infer, FuzzCluster(), opts);
+  absl::StatusOr<RefitSpec> made = MakeModelSpec(*cfg, *train, *infer, *cluster, opts);
   if (!made.ok()) {
     Say("refused by MakeModelSpec", made.status().ToString());
     return CheckRefusal(made.status(), "MakeModelSpec");
