@@ -53,7 +53,8 @@ absl::Status ParseKeyValues(const std::string& text, const char* what,
     int64_t n = 0;
     if (!absl::SimpleAtoi(value, &n) || n < 1 || n > kMaxWorld) {
       return absl::InvalidArgumentError(absl::StrCat(what, " parallelism \"", text, "\": ", key,
-                                                     "=", value, " is not a positive integer"));
+                                                     "=", value, " is not an integer in [1, ",
+                                                     kMaxWorld, "]"));
     }
     *target = n;
   }

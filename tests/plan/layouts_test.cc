@@ -95,6 +95,11 @@ TEST(ParseParallelismTest, ParsesAndRejects) {
     EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << bad;
   }
   EXPECT_FALSE(ParseInferParallelism("tp=8,pp=2").ok());
+  // A degree too large says so (it is a positive integer).
+  auto huge = ParseTrainParallelism("tp=9999999999999999,gpus=8");
+  EXPECT_NE(huge.status().message().find("tp=9999999999999999 is not an integer in [1, 1048576]"),
+            std::string::npos)
+      << huge.status();
 }
 
 TEST(LayoutsTest, DerivesDpAndStartsInferenceOnAFreshDomain) {
