@@ -97,7 +97,7 @@ TEST_P(FanoutConformance, EveryPieceArrivesOnceByteExactMappedOnce) {
   const Backend& backend = std::get<0>(GetParam());
   const Spec& spec = std::get<1>(GetParam());
   testing::MemoryOps memory;
-  int devices = 0;
+  [[maybe_unused]] int devices = 0;  // Read only where the build has CUDA.
   if (backend.memory == Memory::kCuda) {
 #if RESHARD_HAVE_CUDA
     std::string why;
