@@ -33,11 +33,7 @@ absl::Status ReadCount(const Value& v, const std::string& key, int64_t& out) {
 absl::Status ReadBandwidth(const Value& v, const std::string& key, double& out) {
   if (!v.is_number()) return Error(v, key, "must be a number");
   if (!(v.as_double() > 0)) return Error(v, key, "must be positive");
-  if (!BandwidthInRange(v.as_double())) {
-    return Error(v, key,
-                 absl::StrCat("is ", v.as_double(), "; it must lie in [", kMinGbytesPerS, ", ",
-                              kMaxGbytesPerS, "] GB/s"));
-  }
+  if (!BandwidthInRange(v.as_double())) return Error(v, key, BandwidthRangeError(v.as_double()));
   out = v.as_double();
   return absl::OkStatus();
 }

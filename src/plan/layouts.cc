@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "src/common/checked.h"
 #include "src/common/status.h"
 #include "src/plan/quant_spec.h"
 #include "src/plan/tiling.h"
@@ -484,7 +485,8 @@ absl::StatusOr<RefitSpec> MakeModelSpec(const ModelConfig& cfg, const TrainParal
     // Refused before expanding: millions of tensors take minutes and gigabytes to list.
     int64_t moe_layers = 0;
     for (int64_t l = 0; l < cfg.num_hidden_layers; ++l) moe_layers += cfg.IsMoeLayer(l) ? 1 : 0;
-    const int64_t expert_tensors = 3 * cfg.num_experts * moe_layers;
+    // Saturating: a config built in code is not held to the parser's bounds (model.h).
+    const int64_t expert_tensors = SaturatingMul(SaturatingMul(3, cfg.num_experts), moe_layers);
     if (expert_tensors > static_cast<int64_t>(kMaxTensors)) {
       return FieldError("experts",
                         absl::StrCat("one tensor per expert matrix makes ", expert_tensors,

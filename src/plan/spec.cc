@@ -601,9 +601,8 @@ absl::Status ValidateTopology(const Topology& topo) {
   for (auto [key, value] : {std::pair{"nic_gbytes_per_s", topo.nic_gbytes_per_s},
                             std::pair{"nvlink_gbytes_per_s", topo.nvlink_gbytes_per_s}}) {
     if (!BandwidthInRange(value)) {
-      return absl::InvalidArgumentError(absl::StrCat("topology.", key, " is ", value,
-                                                     "; it must lie in [", kMinGbytesPerS, ", ",
-                                                     kMaxGbytesPerS, "] GB/s"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("topology.", key, " ", BandwidthRangeError(value)));
     }
   }
   absl::flat_hash_map<int32_t, size_t> seen;
@@ -746,6 +745,11 @@ absl::Status Validate(const RefitSpec& spec) { return ValidateImpl(spec, -1); }
 
 absl::Status ValidateForRank(const RefitSpec& spec, int32_t rank) {
   return ValidateImpl(spec, rank);
+}
+
+std::string BandwidthRangeError(double gbytes_per_s) {
+  return absl::StrCat("is ", gbytes_per_s, "; it must lie in [", kMinGbytesPerS, ", ",
+                      kMaxGbytesPerS, "] GB/s");
 }
 
 }  // namespace reshard::plan

@@ -59,6 +59,9 @@ inline constexpr double kMaxGbytesPerS = 1e6;
 inline bool BandwidthInRange(double gbytes_per_s) {
   return gbytes_per_s >= kMinGbytesPerS && gbytes_per_s <= kMaxGbytesPerS;
 }
+// What an error says of a bandwidth outside them, after the field's name ("is 1e+308; it must
+// lie in [0.001, 1e+06] GB/s"): spec topologies and cluster files say the same.
+std::string BandwidthRangeError(double gbytes_per_s);
 
 // kStage is a per-rank staging buffer of the plan (a receiver that does not hold the destination
 // tile lands the piece there and forwards it); specs only ever name kSrc and kDst.

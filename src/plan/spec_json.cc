@@ -325,9 +325,7 @@ absl::Status ParseTopology(const Context& ctx, const Value& v, Topology& topo) {
         return ctx.Error(*bw, field, "must be a positive number");
       }
       if (!BandwidthInRange(bw->as_double())) {
-        return ctx.Error(*bw, field,
-                         absl::StrCat("is ", bw->as_double(), "; it must lie in [", kMinGbytesPerS,
-                                      ", ", kMaxGbytesPerS, "] GB/s"));
+        return ctx.Error(*bw, field, BandwidthRangeError(bw->as_double()));
       }
       *out = bw->as_double();
     }

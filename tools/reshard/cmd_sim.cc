@@ -58,9 +58,10 @@ constexpr char kHelpTail[] = R"(  --spec S.json      simulate a refit spec inste
                      0.01; 0 is exact but slow; batching errs on the slow side)
   --change-fraction F  also simulate ours with delta refits (docs/delta.md) when a random,
                      scattered fraction F (0..1) of the elements changed: network pieces from
-                     sources carry the expected delta stream bytes (smaller of bitmap and runs
-                     per chunk, at most the piece), pieces into staging, relays and fan-out the
-                     plain bytes; printed next to the full-copy lower bound (JSON: "delta")
+                     sources (into destinations or staging) carry the expected delta stream
+                     bytes (smaller of bitmap and runs per chunk, at most the piece), relays and
+                     fan-out the plain bytes; printed next to the full-copy lower bound (JSON:
+                     "delta")
   --relay-deltas     with --change-fraction, a what-if: relays forward the delta streams they
                      received instead of the plain bytes (the engine forwards plain bytes today;
                      docs/simulator.md, "Delta refits")
