@@ -44,13 +44,19 @@ constexpr int64_t kChunkElems = 4096;    // A u16 holds every start and length.
 constexpr int64_t kWordsPerChunk = kChunkElems / 64;
 
 enum Mode : uint8_t { kFull = 0, kDelta = 1 };
+// Why a kFull stream went plain, as its sender says (StreamHeader::why_full; statistics only,
+// the decoder ignores it): the kDelta stream was not smaller (what the codec writes), the
+// sender had no base version, or the receiver held another version than the sender's. A relay
+// forwards the reason with the stream.
+enum WhyFull : uint8_t { kNotSmaller = 0, kNoBase = 1, kReceiverVersion = 2 };
 enum ChunkTag : uint32_t { kSame = 0, kBitmap = 1, kRuns = 2, kRaw = 3 };
 
 struct StreamHeader {
   uint32_t magic = kMagic;
   uint8_t mode = kFull;
   uint8_t elem_size = 0;
-  uint16_t reserved = 0;
+  uint8_t why_full = kNotSmaller;  // kFull: a WhyFull.
+  uint8_t reserved = 0;
   uint64_t elems = 0;       // Elements of the piece.
   uint64_t bytes = 0;       // The whole stream, header included.
   uint64_t base_epoch = 0;  // kDelta: the version of the values it applies to.
@@ -256,6 +262,23 @@ struct EncodeResult {
   int64_t chunks[4] = {0, 0, 0, 0};  // By ChunkTag (kDelta).
 };
 
+// Writes the header of a kFull stream of `elems` elements of `elem_size` bytes at `out`, whose
+// plain elements follow it (the caller writes them at out + sizeof(StreamHeader)), and returns
+// what EncodePiece returns for such a stream.
+RESHARD_HD inline EncodeResult FullHeader(int64_t elems, int elem_size, uint8_t* out) {
+  StreamHeader h;
+  h.mode = kFull;
+  h.elem_size = static_cast<uint8_t>(elem_size);
+  h.elems = static_cast<uint64_t>(elems);
+  h.bytes = sizeof(StreamHeader) + static_cast<uint64_t>(elems * elem_size);
+  memcpy(out, &h, sizeof(h));
+  EncodeResult r;
+  r.bytes = static_cast<int64_t>(h.bytes);
+  r.mode = kFull;
+  r.changed = elems;
+  return r;
+}
+
 template <typename T>
 RESHARD_HD inline EncodeResult EncodePieceT(const uint8_t* now, uint8_t* shadow, int64_t elems,
                                             uint64_t base_epoch, bool delta, uint8_t* out) {
@@ -295,16 +318,9 @@ RESHARD_HD inline EncodeResult EncodePieceT(const uint8_t* now, uint8_t* shadow,
       return r;
     }
   }
-  h.mode = kFull;
-  h.bytes = static_cast<uint64_t>(full_bytes);
-  memcpy(out, &h, sizeof(h));
   memcpy(out + sizeof(h), now, static_cast<size_t>(raw));
   memcpy(shadow, now, static_cast<size_t>(raw));
-  r = EncodeResult{};
-  r.bytes = full_bytes;
-  r.mode = kFull;
-  r.changed = elems;
-  return r;
+  return FullHeader(elems, es, out);
 }
 
 // Encodes the piece `now` (elems elements of elem_size bytes, contiguous) against `shadow`

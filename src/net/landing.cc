@@ -46,6 +46,7 @@ Landing::Landing(const plan::Plan& plan, const SendProgram& program, RegisteredM
     segment_begin_[slot + 1] = segment_begin_[slot] + (es != 0 ? delta::NumSegments(bytes / es, es) : 0);
   }
   segments_done_.assign(program.received.size(), 0);
+  applied_bytes_.assign(static_cast<size_t>(segment_begin_.back()), 0);
   any_delta_.assign(program.received.size(), 0);
   unpack_queued_.assign(program.received.size(), 0);
   if (!data_messages) return;
@@ -199,6 +200,7 @@ absl::Status Landing::ApplyDelta(uint32_t slot, int64_t k, const uint8_t* stream
         version_, ")"));
   }
   stream_bytes_[slot] += decoder.bytes();
+  applied_bytes_[static_cast<size_t>(segment_begin_[slot] + k)] = decoder.bytes();
   any_delta_[slot] |= decoder.mode() == delta::kDelta ? 1 : 0;
   if (++segments_done_[slot] == segment_begin_[slot + 1] - segment_begin_[slot]) {
     deltas_applied_ += any_delta_[slot];
@@ -228,6 +230,14 @@ absl::Status Landing::ApplyDelta(uint32_t slot, int64_t k, const uint8_t* stream
   plan::ForEachRunIn(region, plan_.region_dims(region), first * es, (first + elems) * es,
                      [&](int64_t, int64_t to_off, int64_t n) { decoder.Apply(to + to_off, n / es); });
   return absl::OkStatus();
+}
+
+const uint8_t* Landing::AppliedStream(uint32_t slot, int64_t k, int64_t* bytes) const {
+  const int es = program_.delta_elem_bytes[slot];
+  RESHARD_CHECK(es != 0 && landed(slot));
+  *bytes = applied_bytes_[static_cast<size_t>(segment_begin_[slot] + k)];
+  const uint8_t* area = data_messages_ ? am_streams_.data() : memory_.landing();
+  return area + program_.landing_offset[slot] + k * delta::SegmentStride(es);
 }
 
 cuda::DeltaPiece DeltaPieceOf(const plan::Plan& plan, const plan::Region& region, bool source,

@@ -118,6 +118,11 @@ class Landing {
   void CountStagedToDevice(int64_t bytes) { staged_to_device_ += bytes; }
   // Delta pieces applied with at least one segment as a delta (not all plain) in this epoch.
   int64_t deltas_applied() const { return deltas_applied_; }
+  // The delta stream that segment `k` of the delta piece in `slot` brought in this epoch, as
+  // validated and applied (host memory: the landing area, or where data messages assembled
+  // it), and its length; it stays there until this rank grants its next epoch. For a relay
+  // (SendDesc::relay_feed), once the piece landed.
+  const uint8_t* AppliedStream(uint32_t slot, int64_t k, int64_t* bytes) const;
   // The codec that applies delta streams to device buffers the engine writes directly (not
   // staged); it must outlive the Landing. Without one, such streams are refused (Internal):
   // the engine checks at set-up that it has one when any delta piece lands in device memory.
@@ -172,6 +177,7 @@ class Landing {
   // whether any of them as a delta.
   std::vector<int64_t> segment_begin_;
   std::vector<int64_t> segments_done_;
+  std::vector<int64_t> applied_bytes_;  // By segment: the length of the stream applied.
   std::vector<uint8_t> any_delta_;
   // Active-message delivery: delta streams are assembled here (at their landing offsets), and
   // by segment, its bytes here so far and its stream's length.

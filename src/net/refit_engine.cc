@@ -5,6 +5,7 @@
 #include "src/net/refit_engine.h"
 
 #include <algorithm>
+#include <cstddef>
 #include <cstring>
 #include <deque>
 #include <mutex>
@@ -718,7 +719,8 @@ absl::Status RefitEngine::Impl::InitDelta(const std::vector<BufferView>& buffers
   };
   for (uint32_t i = 0; i < program_.descs.size(); ++i) {
     const SendDesc& d = program_.descs[i];
-    if (d.delta_elem_bytes == 0) continue;
+    // A relay forwards the streams it received: no shadow, nothing to encode.
+    if (d.delta_elem_bytes == 0 || d.relay_feed >= 0) continue;
     if (buffers[d.from_buffer].kind != MemoryKind::kCuda) continue;
     if (device_buffer.empty()) {
       device_buffer = name(d.from_buffer, plan_.transfers()[d.transfer].tensor);
@@ -774,7 +776,7 @@ absl::Status RefitEngine::Impl::InitDelta(const std::vector<BufferView>& buffers
     }
   }
   // Host shadows for the host-encoded pieces only (a GPU-encoded piece's shadow is in device
-  // memory).
+  // memory, a relay has none).
   host_shadow_offset_.assign(program_.descs.size(), -1);
   int64_t host_shadow = 0, host_segment = 0;
   std::vector<bool> on_device(program_.descs.size(), false);
@@ -785,6 +787,7 @@ absl::Status RefitEngine::Impl::InitDelta(const std::vector<BufferView>& buffers
       on_device[i] = true;
       continue;
     }
+    if (d.relay_feed >= 0) continue;
     host_shadow_offset_[i] = host_shadow;
     host_shadow += d.bytes;
     host_segment = std::max(host_segment, std::min(d.bytes, delta::kSegmentBytes));
@@ -1498,8 +1501,10 @@ void RefitEngine::Impl::PostSends() {
   }
 }
 
-// PeerLink::piece_streams: what a delta piece's segments were so far.
-enum : uint8_t { kSegmentDelta = 1, kSegmentNoBase = 2 };
+// PeerLink::piece_streams: what a delta piece's segments were so far, kSegmentDelta or, for
+// plain ones, PlainSegment(why).
+constexpr uint8_t kSegmentDelta = 1;
+constexpr uint8_t PlainSegment(delta::WhyFull why) { return static_cast<uint8_t>(2u << why); }
 
 absl::Status RefitEngine::Impl::EncodeSegment(PeerLink& link, const SendDesc& d, uint32_t desc,
                                               int64_t k, bool* ready) {
@@ -1511,6 +1516,7 @@ absl::Status RefitEngine::Impl::EncodeSegment(PeerLink& link, const SendDesc& d,
   const size_t segment = d.segment_begin + static_cast<size_t>(k);
   const bool receiver_at_base = link.granted_version == base_;
   bool base = base_ != 0 && shadow_epoch_[segment] == base_;
+  bool forwarded_receiver_version = false;  // A relay forwards a stream plain for that reason.
   const int64_t stream_begin = k * delta::SegmentStride(es);
   uint8_t* out = memory_->send_scratch() + d.send_offset + stream_begin;
   delta::EncodeResult r;
@@ -1547,6 +1553,26 @@ absl::Status RefitEngine::Impl::EncodeSegment(PeerLink& link, const SendDesc& d,
     std::memcpy(out, stream, static_cast<size_t>(r.bytes));
     *ready = true;
     if (--gpu_left_[b] == 0) RESHARD_RETURN_IF_ERROR(EnqueueDeltaBatches());
+  } else if (d.relay_feed >= 0) {
+    // A relay forwards the stream its feed brought, as this rank validated and applied it: a
+    // kDelta stream builds on this rank's version (base_), which the receiver must hold too;
+    // otherwise the segment goes plain, read from where the feed was applied. A plain stream
+    // goes on with its sender's reason (why_full), unless this rank had no base itself.
+    int64_t bytes = 0;
+    const uint8_t* stream = landing_->AppliedStream(static_cast<uint32_t>(d.relay_feed), k, &bytes);
+    delta::StreamHeader h;
+    std::memcpy(&h, stream, sizeof(h));
+    base = base_ != 0 && (h.mode == delta::kDelta || h.why_full != delta::kNoBase);
+    if (h.mode == delta::kFull || receiver_at_base) {
+      std::memcpy(out, stream, static_cast<size_t>(bytes));
+      r.bytes = bytes;
+      r.mode = static_cast<delta::Mode>(h.mode);
+      forwarded_receiver_version = h.mode == delta::kFull && h.why_full == delta::kReceiverVersion;
+    } else {
+      RESHARD_RETURN_IF_ERROR(
+          landing_->Gather(d, first * es, (first + elems) * es, out + sizeof(delta::StreamHeader)));
+      r = delta::FullHeader(elems, es, out);
+    }
   } else {
     RESHARD_RETURN_IF_ERROR(landing_->Gather(d, first * es, (first + elems) * es, gather_.data()));
     r = delta::EncodePiece(gather_.data(), shadow_.data() + host_shadow_offset_[desc] + first * es,
@@ -1557,16 +1583,26 @@ absl::Status RefitEngine::Impl::EncodeSegment(PeerLink& link, const SendDesc& d,
   link.stream_end = stream_begin + r.bytes;
   stats_.delta_stream_bytes += r.bytes;
   stats_.bytes_network_sent += r.bytes;
+  // A plain segment says why, in its header for a relay that forwards it.
+  uint8_t seen = kSegmentDelta;
+  if (r.mode == delta::kFull) {
+    const delta::WhyFull why = !base ? delta::kNoBase
+                               : !receiver_at_base || forwarded_receiver_version
+                                   ? delta::kReceiverVersion
+                                   : delta::kNotSmaller;
+    out[offsetof(delta::StreamHeader, why_full)] = why;
+    seen = PlainSegment(why);
+  }
   // A piece counts once: as a delta when any of its segments went as one, else by why not.
   if (k == 0) link.piece_streams = 0;
-  link.piece_streams |= (r.mode == delta::kDelta ? kSegmentDelta : 0) | (base ? 0 : kSegmentNoBase);
+  link.piece_streams |= seen;
   if (k + 1 < d.segments) return absl::OkStatus();
   stats_.delta_plain_bytes += d.bytes;
   if (link.piece_streams & kSegmentDelta) {
     stats_.delta_pieces++;
-  } else if (link.piece_streams & kSegmentNoBase) {
+  } else if (link.piece_streams & PlainSegment(delta::kNoBase)) {
     stats_.delta_full_no_base++;
-  } else if (!receiver_at_base) {
+  } else if (link.piece_streams & PlainSegment(delta::kReceiverVersion)) {
     stats_.delta_full_receiver_version++;
   } else {
     stats_.delta_full_not_smaller++;

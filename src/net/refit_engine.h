@@ -126,9 +126,10 @@ struct RefitEngineOptions {
   // Delta refits (docs/delta.md): network pieces from source tiles travel as encodings of the
   // elements that changed since this rank last sent them, against a shadow of each piece (in
   // device memory, encoded by the CUDA kernels, for CUDA sources), whenever the receiver holds
-  // exactly that version (otherwise, and when the encoding is not smaller, the plain piece).
-  // Streams into device memory are applied by the CUDA kernels, or into a staged buffer's host
-  // copy. Destination elements must keep the last refit's values between refits. Every rank of
+  // exactly that version (otherwise, and when the encoding is not smaller, the plain piece);
+  // relays forward the streams they received (to a receiver at another version, the plain
+  // piece). Streams into device memory are applied by the CUDA kernels, or into a staged buffer's
+  // host copy. Destination elements must keep the last refit's values between refits. Every rank of
   // a handle must agree (the landing areas differ).
   bool delta = false;
   // Pinned host memory per rank for the staging ring of CUDA sources UCX cannot register
@@ -176,7 +177,8 @@ struct RefitStats {
   double seconds = 0;                  // Start to the end of Wait.
   // Delta refits (RefitEngineOptions::delta), sending side: pieces sent as deltas and as plain
   // pieces, the latter by reason (no base: first refit, or after a failure or Reset; the
-  // receiver holds another version; the delta was not smaller), the bytes of their streams
+  // receiver holds another version; the delta was not smaller; a relay forwarding a plain
+  // stream counts its sender's reason), the bytes of their streams
   // (in bytes_network_sent) against the pieces' own bytes, and the shadow this rank keeps (host
   // and device memory together; the device part, and the pinned host memory of the GPU encode
   // pipeline, separately: docs/delta.md).

@@ -126,8 +126,13 @@ SendProgram BuildSendProgram(const plan::Plan& plan, int32_t rank,
         if (!in_ring) p.send_scratch_bytes += stream;
         if (es > 0) {
           d.delta_elem_bytes = static_cast<uint8_t>(es);
-          d.shadow_offset = p.shadow_bytes;
-          p.shadow_bytes += region.bytes;
+          if (plan::IsRelay(t)) {
+            d.relay_feed = p.Slot(static_cast<uint32_t>(t.after));
+            RESHARD_CHECK(d.relay_feed >= 0);  // A relay forwards what landed here.
+          } else {
+            d.shadow_offset = p.shadow_bytes;
+            p.shadow_bytes += region.bytes;
+          }
           const int64_t elems = region.bytes / es;
           d.segment_begin = p.segments;
           d.segments = static_cast<uint32_t>(delta::NumSegments(elems, es));

@@ -32,7 +32,9 @@
 // landing area; segment k's stream starts at k * delta::SegmentStride of the piece's area and its
 // runs are its own (the sender sends only each stream's actual length). The sender keeps a shadow
 // of the piece (shadow_offset into its shadow_bytes) and gathers one segment at a time into a
-// scratch of gather_bytes before encoding it.
+// scratch of gather_bytes before encoding it. A relay (plan::IsRelay) travels the same way but
+// has no shadow: it forwards the streams of the piece it received (relay_feed), or gathers a
+// segment to send it plain.
 //
 // Thread-compatible; immutable once built.
 #pragma once
@@ -87,6 +89,10 @@ struct SendDesc {
   // sender's shadow; 0 and -1 otherwise.
   uint8_t delta_elem_bytes = 0;
   int64_t shadow_offset = -1;
+  // Delta relays (plan::IsRelay): the receiving slot (SendProgram::received) of the piece whose
+  // stream this relay forwards, which landed here first; such a piece has no shadow. -1
+  // otherwise.
+  int64_t relay_feed = -1;
   // Delta streams: the piece's segments, numbered [segment_begin, segment_begin + segments)
   // among this rank's (SendProgram::segments).
   uint32_t segment_begin = 0;
@@ -111,7 +117,7 @@ struct SendProgram {
   // Items are indices into descs (the plan's `after`, read once for net and fan-out).
   plan::DependencyIndex dependencies;
   int64_t send_scratch_bytes = 0;
-  int64_t shadow_bytes = 0;  // Delta: one copy of every delta piece this rank sends.
+  int64_t shadow_bytes = 0;  // Delta: one copy of every delta piece this rank encodes (no relay).
   int64_t gather_bytes = 0;  // Delta: the largest segment of a delta piece this rank sends.
   uint32_t segments = 0;     // Delta: the segments of every delta piece this rank sends.
 
@@ -141,8 +147,8 @@ struct SendProgram {
 // Whether the engine executes `t` at all.
 bool Executes(const plan::Transfer& t, const SendProgramOptions& options);
 // Whether `t` travels as a delta stream (options.delta, and plan::DeltaElemBytes: a network
-// piece from a source tile into a destination tile or a staging slot, not empty); then its
-// element size, else 0.
+// piece from a source tile, or a relay, into a destination tile or a staging slot, not empty);
+// then its element size, else 0.
 int DeltaElemBytes(const plan::Plan& plan, const plan::Transfer& t,
                    const SendProgramOptions& options);
 // The bytes `t` occupies in the send scratch and the landing area when packed.

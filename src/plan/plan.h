@@ -237,13 +237,21 @@ struct PlanOptions {
 
 // Delta refits (docs/delta.md): the element size at which the engine compares and encodes `t`
 // as a delta stream (the destination dtype's 2, 4 or 8 bytes when the piece is whole elements of
-// it, else 1: byte by byte), or 0 when `t` travels plain whatever the refit: only a network piece
-// read from a source tile into a destination tile or a staging slot (each piece has its own,
-// which keeps what the last refit wrote, as a destination does), not a relay, non-empty, is
-// encoded. net::DeltaElemBytes applies it to delta refits; the simulator to its delta flows.
+// it, else 1: byte by byte), or 0 when `t` travels plain whatever the refit. Encoded: a
+// non-empty network piece into a destination tile or a staging slot (each piece has its own,
+// which keeps what the last refit wrote, as a destination does) that is read from a source tile
+// (the source encodes it against its shadow), or a relay (read from the destination tile or
+// staging slot its feed landed in, after it: the relay forwards the stream it received; every
+// relay chain of the domain-aware schedule starts at a piece read from a source, of the same
+// part, so the rule needs no transfer but `t`, which a downstream rank's share of the plan
+// lacks). net::DeltaElemBytes applies it to delta refits; the simulator to its delta flows.
+inline bool IsRelay(const Transfer& t) {
+  return t.kind == TransferKind::kNetwork && t.after >= 0 && t.from_side != Side::kSrc;
+}
 inline int DeltaElemBytes(const Plan& plan, const Transfer& t) {
-  if (t.kind != TransferKind::kNetwork || t.from_rank == t.to_rank || t.from_side != Side::kSrc ||
-      (t.to_side != Side::kDst && t.to_side != Side::kStage) || t.after >= 0) {
+  if (t.kind != TransferKind::kNetwork || t.from_rank == t.to_rank ||
+      (t.to_side != Side::kDst && t.to_side != Side::kStage) ||
+      !((t.from_side == Side::kSrc && t.after < 0) || IsRelay(t))) {
     return 0;
   }
   const int64_t bytes = plan.region(t.region).bytes;

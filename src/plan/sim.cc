@@ -81,20 +81,9 @@ double DeltaBytesRatio(double fraction, int elem_bytes) {
 
 std::vector<Flow> DeltaFlowsFromPlan(const Plan& plan, double fraction,
                                      const DeltaFlowOptions& options) {
-  const auto& transfers = plan.transfers();
-  // The element size a transfer's stream is encoded at, or 0 when it carries plain bytes.
-  auto encoded = [&](const Transfer& tr) {
-    if (!options.relays_forward_deltas || tr.kind != TransferKind::kNetwork || tr.after < 0) {
-      return DeltaElemBytes(plan, tr);
-    }
-    // A relay: its feeds, relays back to the piece that came from a source.
-    const Transfer* feed = &transfers[tr.after];
-    while (feed->after >= 0 && feed->kind == TransferKind::kNetwork) feed = &transfers[feed->after];
-    return DeltaElemBytes(plan, *feed);
-  };
   return FlowsOf(plan, options.by_relay_feed, [&](const Transfer& tr) {
     const int64_t bytes = plan.region(tr.region).bytes;
-    const int es = encoded(tr);
+    const int es = DeltaElemBytes(plan, tr);
     return es == 0
                ? bytes
                : static_cast<int64_t>(static_cast<double>(bytes) * DeltaBytesRatio(fraction, es));

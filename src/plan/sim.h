@@ -56,16 +56,12 @@ struct Flow {
 // per chunk the smaller of bitmap + values and runs + values, plus the chunk table, at most the
 // plain piece; plus each segment's header (delta::kSegmentBytes).
 [[nodiscard]] double DeltaBytesRatio(double fraction, int elem_bytes);
-// FlowsFromPlan for delta refits at change fraction `fraction`: the pieces the engine encodes
-// (DeltaElemBytes: network pieces read from a source into a destination tile or a staging slot)
-// carry DeltaBytesRatio of their bytes; relays and fan-out the plain bytes, as the engine moves
-// them.
+// FlowsFromPlan for delta refits at change fraction `fraction`: the pieces the engine sends as
+// delta streams (DeltaElemBytes: network pieces read from a source into a destination tile or a
+// staging slot, and the relays that forward their streams) carry DeltaBytesRatio of their
+// bytes; fan-out the plain bytes, as the engine moves them.
 struct DeltaFlowOptions {
   bool by_relay_feed = false;  // As FlowsFromPlan's.
-  // A what-if (`reshard sim --relay-deltas`): a relay whose chain of feeds starts at an encoded
-  // piece forwards the delta stream it received, as a relay that kept the stream would, instead
-  // of the applied plain bytes (the engine today).
-  bool relays_forward_deltas = false;
 };
 [[nodiscard]] std::vector<Flow> DeltaFlowsFromPlan(const Plan& plan, double fraction,
                                                    const DeltaFlowOptions& options = {});

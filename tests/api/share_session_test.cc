@@ -208,17 +208,18 @@ INSTANTIATE_TEST_SUITE_P(Transports, ShareSessionTest,
 // three refits failed by source rank 0 or destination rank 1 giving up at once, each followed by
 // Reset() on every rank. Every rank keeps the global tensors' values and checks every destination
 // element after every successful refit; deltas must have been sent and applied (after a refit that
-// changed nothing, every piece each rank receives from a source, into staging too), and the first
-// refit and the one after each Reset sent no delta.
+// changed nothing, every delta piece each rank receives, into staging and relays too), and the
+// first refit and the one after each Reset sent no delta.
 class ShareSessionDeltaTest : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(ShareSessionDeltaTest, HundredRefitsWithRandomChangesFailuresAndResetsStayByteExact) {
   const std::string transport = GetParam();
   const std::string dir = StoreDir("delta");
   // Per rank, the pieces it receives as delta streams (plan::DeltaElemBytes), pieces into
-  // staging included: a refit that changed nothing applies every one of them as a delta.
+  // staging and relays included: a refit that changed nothing applies every one of them as a
+  // delta.
   std::vector<int64_t> encoded_in(kWorld, 0);
-  int64_t staged = 0;
+  int64_t staged = 0, relayed = 0;
   {
     auto parsed = plan::ParseSpecJson(kSpec);
     ASSERT_TRUE(parsed.ok()) << parsed.status();
@@ -228,9 +229,11 @@ TEST_P(ShareSessionDeltaTest, HundredRefitsWithRandomChangesFailuresAndResetsSta
       if (plan::DeltaElemBytes(*world, t) == 0) continue;
       encoded_in[t.to_rank]++;
       staged += t.to_side == plan::Side::kStage;
+      relayed += plan::IsRelay(t);
     }
   }
   ASSERT_GT(staged, 0);
+  ASSERT_GT(relayed, 0);
   std::map<int32_t, int> codes = testing::ForkRanks(
       testing::Ranks(kWorld),
       [&](int32_t rank) {

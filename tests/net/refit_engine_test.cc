@@ -43,6 +43,7 @@
 #include "src/plan/spec_json.h"
 #include "src/rendezvous/file_store.h"
 #include "src/rendezvous/record.h"
+#include "tests/plan/spec_text.h"
 #include "tests/testing/multiprocess.h"
 
 namespace reshard::net {
@@ -841,6 +842,123 @@ TEST_P(RefitEngineDeltaSegments, PiecesOfManySegmentsAreByteExactSegmentBySegmen
 }
 
 INSTANTIATE_TEST_SUITE_P(Delivery, RefitEngineDeltaSegments,
+                         ::testing::Values(Path::kUcxPut, Path::kActiveMessage),
+                         [](const auto& info) {
+                           return std::string(info.param == Path::kUcxPut ? "Put" : "Am");
+                         });
+
+// Relays forward delta streams (docs/delta.md, "Relays"): on kRelaySpec (trainers 0-1, three
+// destination domains fed partly by relays between them) a relay sends on the stream its feed
+// brought when its receiver holds the relay's version, and the plain segment, read from where
+// the feed was applied, when the receiver holds another one. From the world plan: R, the first
+// relay's sender, and T, its receiver. Epoch 1 is full; 2 changes 2% (every piece a delta);
+// after it T resets alone, so in 3 everything into T goes plain ("receiver version" at R) while
+// R's other relays stay deltas; after 3, R resets alone, so in 4 its feeds arrive plain and it
+// forwards them plain ("no base"); 5 changes nothing (only deltas, the relays' bytes a few
+// headers); 6 changes everything (plain, "not smaller"). Byte-exact on every rank after each.
+class RefitEngineDeltaRelays : public ::testing::TestWithParam<Path> {};
+
+TEST_P(RefitEngineDeltaRelays, RelaysForwardStreamsAndSendPlainToAReceiverAtAnotherVersion) {
+  auto parsed = plan::ParseSpecJson(plan::kRelaySpec);
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  auto world = plan::BuildPlan(std::make_shared<const plan::RefitSpec>(*std::move(parsed)));
+  ASSERT_TRUE(world.ok()) << world.status();
+  constexpr int kRanks = 8;
+  // Delta pieces each rank sends and receives, relays among them; R's pieces to T.
+  std::vector<int64_t> sends(kRanks, 0), receives(kRanks, 0), relays(kRanks, 0);
+  // R: a rank that relays to two ranks or more, T the first of them.
+  int32_t relay_from = -1, relay_to = -1;
+  std::string listed;
+  std::map<int32_t, std::set<int32_t>> relay_targets;
+  for (const plan::Transfer& t : world->transfers()) {
+    if (!plan::IsRelay(t)) continue;
+    absl::StrAppend(&listed, " ", t.from_rank, "->", t.to_rank);
+    relay_targets[t.from_rank].insert(t.to_rank);
+  }
+  for (const auto& [from, to] : relay_targets) {
+    if (to.size() < 2) continue;
+    relay_from = from;
+    relay_to = *to.begin();
+    break;
+  }
+  ASSERT_GE(relay_from, 0) << "no rank of kRelaySpec relays to two ranks:" << listed;
+  int64_t r_to_t = 0, two_hops = 0;
+  for (const plan::Transfer& t : world->transfers()) {
+    if (plan::DeltaElemBytes(*world, t) == 0) continue;
+    sends[t.from_rank]++;
+    receives[t.to_rank]++;
+    relays[t.from_rank] += plan::IsRelay(t);
+    r_to_t += t.from_rank == relay_from && t.to_rank == relay_to;
+    two_hops += plan::IsRelay(t) && plan::IsRelay(world->transfers()[t.after]);
+  }
+  ASSERT_EQ(relays[relay_from], sends[relay_from]);  // An inference rank sends only relays.
+  ASSERT_LT(r_to_t, sends[relay_from]) << "R relays to T only: nothing to compare with";
+  ASSERT_GT(two_hops, 0) << "kRelaySpec has no relay of a relay";
+  const std::string dir = StoreDir(GetParam() == Path::kUcxPut ? "relays-put" : "relays-am");
+  const Path path = GetParam();
+  std::map<int32_t, int> codes = testing::ForkRanks(
+      testing::Ranks(kRanks),
+      [&](int32_t rank) {
+        const RefitEngineOptions options = PathOptions(path, /*delta=*/true);
+        absl::StatusOr<ChildEngine> child =
+            OpenEngine(plan::kRelaySpec, rank, dir, options, /*share=*/true);
+        CHILD_EXPECT(child.ok(), child.status().ToString());
+        RankBuffers& rb = child->rb;
+        RefitEngine& e = *child->engine;
+        DeltaModel model(rb.plan.spec());
+        const double fractions[] = {1.0, 0.02, 0.02, 0.02, 0.0, 1.0};
+        for (uint64_t epoch = 1; epoch <= 6; ++epoch) {
+          model.Advance(rb.plan.spec(), epoch, fractions[epoch - 1]);
+          model.FillSources(rb, rank);
+          absl::Status st = e.Start(epoch);
+          if (st.ok()) st = e.Wait(absl::Now() + absl::Seconds(20));
+          CHILD_EXPECT(st.ok(), absl::StrCat("epoch ", epoch, ": ", st.ToString()));
+          CHILD_EXPECT(model.Mismatches(rb, rank) == 0, absl::StrCat("epoch ", epoch));
+          const RefitStats& s = e.last_stats();
+          const std::string what = absl::StrCat(
+              "rank ", rank, " epoch ", epoch, ": ", s.delta_pieces, " delta, ",
+              s.delta_full_no_base, " no base, ", s.delta_full_receiver_version,
+              " receiver version, ", s.delta_full_not_smaller, " not smaller, ", s.deltas_applied,
+              " applied, ", s.delta_stream_bytes, " of ", s.delta_plain_bytes, " bytes");
+          if (epoch == 1) CHILD_EXPECT(s.delta_full_no_base == sends[rank], what);
+          if (epoch == 2 || epoch == 5) {
+            CHILD_EXPECT(s.delta_pieces == sends[rank] && s.deltas_applied == receives[rank], what);
+          }
+          if (epoch == 3) {
+            if (rank == relay_from) {
+              CHILD_EXPECT(
+                  s.delta_full_receiver_version == r_to_t && s.delta_pieces == sends[rank] - r_to_t,
+                  what);
+            }
+            if (rank == relay_to) CHILD_EXPECT(s.deltas_applied == 0, what);
+            // What T relays on goes plain for want of a base, also where relayed further.
+            CHILD_EXPECT(s.delta_full_not_smaller == 0, what);
+          }
+          if (epoch == 4 && rank == relay_from) {
+            CHILD_EXPECT(
+                s.delta_pieces == 0 && s.delta_full_no_base == sends[rank] && s.deltas_applied == 0,
+                what);
+          }
+          if (epoch == 5 && relays[rank] > 0) {
+            // Nothing changed: a relay's streams are headers and chunk tables.
+            CHILD_EXPECT(s.bytes_network_sent == s.delta_stream_bytes &&
+                             s.delta_stream_bytes * 100 < s.delta_plain_bytes,
+                         what);
+          }
+          if (epoch == 6) {
+            CHILD_EXPECT(s.delta_pieces == 0 && s.delta_full_not_smaller == sends[rank], what);
+          }
+          // T resets alone after epoch 2, R after epoch 3.
+          if ((epoch == 2 && rank == relay_to) || (epoch == 3 && rank == relay_from)) e.Reset();
+        }
+        CHILD_EXPECT(e.Shutdown(absl::Now() + absl::Seconds(10)).ok());
+        return 0;
+      },
+      testing::SharedMemoryUcx());
+  for (int r = 0; r < kRanks; ++r) EXPECT_EQ(codes[r], 0) << "rank " << r;
+}
+
+INSTANTIATE_TEST_SUITE_P(Delivery, RefitEngineDeltaRelays,
                          ::testing::Values(Path::kUcxPut, Path::kActiveMessage),
                          [](const auto& info) {
                            return std::string(info.param == Path::kUcxPut ? "Put" : "Am");

@@ -281,9 +281,9 @@ TEST(SimTest, DeltaFlowsShrinkOnlySourceNetworkPieces) {
   EXPECT_LT(delta.seconds, 0.5 * full.seconds);
 }
 
-// Delta flows follow the engine (plan::DeltaElemBytes): relays forward plain bytes. The what-if
-// `relays_forward_deltas` shrinks them by the ratio of the piece their chain of feeds starts at.
-TEST(SimTest, DeltaFlowsShrinkRelaysOnlyInTheWhatIf) {
+// Delta flows follow the engine (plan::DeltaElemBytes): pieces read from a source and the relays
+// that forward their streams carry DeltaBytesRatio of their bytes, everything else its bytes.
+TEST(SimTest, DeltaFlowsShrinkEncodedPiecesAndRelays) {
   auto parsed = ParseSpecJson(kRelaySpec);
   ASSERT_TRUE(parsed.ok()) << parsed.status();
   auto spec = std::make_shared<const RefitSpec>(*std::move(parsed));
@@ -291,69 +291,80 @@ TEST(SimTest, DeltaFlowsShrinkRelaysOnlyInTheWhatIf) {
   ASSERT_TRUE(plan.ok()) << plan.status();
   const double ratio = DeltaBytesRatio(0.05, 4);
   // Expected network bytes, transfer by transfer, truncated as the flows truncate them.
-  int64_t encoded = 0, relays = 0, forwarded = 0, other = 0, relay_count = 0;
+  int64_t shrunk = 0, other = 0, relays = 0;
   for (const Transfer& t : plan->transfers()) {
     if (t.kind != TransferKind::kNetwork) continue;
     const int64_t bytes = plan->region(t.region).bytes;
-    const auto shrunk = static_cast<int64_t>(static_cast<double>(bytes) * ratio);
     if (DeltaElemBytes(*plan, t) == 4) {
-      encoded += shrunk;
-    } else if (t.after >= 0) {
-      ++relay_count;
-      relays += bytes;
-      // The kRelaySpec relays read destination tiles fed by encoded pieces or by such relays.
-      ASSERT_EQ(t.from_side, Side::kDst);
-      ASSERT_EQ(t.to_side, Side::kDst);
-      forwarded += shrunk;
+      shrunk += static_cast<int64_t>(static_cast<double>(bytes) * ratio);
+      relays += IsRelay(t);
     } else {
       EXPECT_EQ(DeltaElemBytes(*plan, t), 0);
       other += bytes;
     }
   }
-  EXPECT_GT(relay_count, 0);
-  EXPECT_GT(encoded, 0);
+  EXPECT_GT(relays, 0);
   auto network = [](const std::vector<Flow>& flows) {
     int64_t n = 0;
     for (const Flow& f : flows) n += f.nvlink ? 0 : f.bytes;
     return n;
   };
-  EXPECT_EQ(network(DeltaFlowsFromPlan(*plan, 0.05)), encoded + relays + other);
-  EXPECT_EQ(network(DeltaFlowsFromPlan(*plan, 0.05, {.relays_forward_deltas = true})),
-            encoded + forwarded + other);
-  // Relays forwarding deltas leave less on the NICs: faster.
-  const SimResult plain =
-      Simulate(DeltaFlowsFromPlan(*plan, 0.05), spec->WorldSize(), spec->topology);
-  const SimResult forwarding =
-      Simulate(DeltaFlowsFromPlan(*plan, 0.05, {.relays_forward_deltas = true}), spec->WorldSize(),
-               spec->topology);
-  EXPECT_LT(forwarding.seconds, plain.seconds);
+  EXPECT_EQ(network(DeltaFlowsFromPlan(*plan, 0.05)), shrunk + other);
+  // Split by relay feed (the --relay-priority what-if), the same bytes.
+  EXPECT_EQ(network(DeltaFlowsFromPlan(*plan, 0.05, {.by_relay_feed = true})), shrunk + other);
 }
 
-// Only network pieces read from a source tile into a destination tile or a staging slot are
-// encoded, at the destination dtype's size: not a relay, a fan-out or a local copy
-// (fp8-quantized.json has staging and relays, kRelaySpec fp32 relays).
+// The engine's rule: network pieces read from a source tile into a destination tile or a staging
+// slot are encoded at the destination dtype's size, and every relay forwards the stream of the
+// chain it belongs to, which starts at such a piece of the same part (the rule admits relays
+// without looking at their feeds, which a downstream rank's share lacks); not a fan-out or a
+// local copy (fp8-quantized.json has staging and relays, kRelaySpec fp32 relays, the example
+// specs the rest).
 TEST(SimTest, DeltaElemBytesFollowsTheEngine) {
   auto parsed = ParseSpecJson(kRelaySpec);
   ASSERT_TRUE(parsed.ok()) << parsed.status();
   int staged = 0, relays = 0, encoded = 0;
-  for (auto spec :
-       {std::make_shared<const RefitSpec>(*std::move(parsed)), Example("fp8-quantized.json")}) {
+  std::vector<std::shared_ptr<const RefitSpec>> specs = {
+      std::make_shared<const RefitSpec>(*std::move(parsed))};
+  for (const char* name : {"fp8-quantized.json", "fig1-rows-to-cols.json",
+                           "fig3-tp4-to-tp2dp2.json", "fused-qkv.json", "uneven-nested.json"}) {
+    specs.push_back(Example(name));
+  }
+  for (const auto& spec : specs) {
     auto plan = BuildPlan(spec);
     ASSERT_TRUE(plan.ok()) << plan.status();
-    for (const Transfer& t : plan->transfers()) {
-      const bool encodable = t.kind == TransferKind::kNetwork && t.from_side == Side::kSrc &&
-                             (t.to_side == Side::kDst || t.to_side == Side::kStage) &&
-                             t.after < 0 && plan->region(t.region).bytes > 0;
+    const auto& transfers = plan->transfers();
+    for (const Transfer& t : transfers) {
+      const bool from_source = t.kind == TransferKind::kNetwork && t.from_side == Side::kSrc &&
+                               (t.to_side == Side::kDst || t.to_side == Side::kStage) &&
+                               t.after < 0 && plan->region(t.region).bytes > 0;
       const int es = DeltaElemBytes(*plan, t);
-      EXPECT_EQ(es > 0, encodable);
-      if (encodable && plan->spec().tensors[t.tensor].dtype == DType::kFp32) {
+      if (IsRelay(t)) {
+        ++relays;
+        // The chain back to its root, each link the same part.
+        const Transfer* root = &t;
+        while (IsRelay(*root)) {
+          const Transfer& feed = transfers[root->after];
+          ASSERT_EQ(feed.kind, TransferKind::kNetwork);
+          ASSERT_EQ(feed.to_rank, root->from_rank);
+          ASSERT_EQ(feed.to_side, root->from_side);
+          ASSERT_EQ(feed.tensor, root->tensor);
+          ASSERT_EQ(plan->region(feed.region).bytes, plan->region(root->region).bytes);
+          root = &feed;
+        }
+        EXPECT_EQ(root->from_side, Side::kSrc);
+        EXPECT_EQ(root->after, -1);
+        EXPECT_EQ(es, DeltaElemBytes(*plan, *root));
+      } else {
+        EXPECT_EQ(es > 0, from_source);
+      }
+      if (from_source && plan->spec().tensors[t.tensor].dtype == DType::kFp32) {
         EXPECT_EQ(es, 4);
       }
       if (t.kind == TransferKind::kNetwork && t.to_side == Side::kStage) {
         ++staged;
         EXPECT_GT(es, 0) << "a piece into staging travels plain";
       }
-      relays += t.kind == TransferKind::kNetwork && t.after >= 0;
       encoded += es > 0;
     }
   }

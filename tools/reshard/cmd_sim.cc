@@ -59,12 +59,9 @@ constexpr char kHelpTail[] = R"(  --spec S.json      simulate a refit spec inste
   --change-fraction F  also simulate ours with delta refits (docs/delta.md) when a random,
                      scattered fraction F (0..1) of the elements changed: network pieces from
                      sources (into destinations or staging) carry the expected delta stream
-                     bytes (smaller of bitmap and runs per chunk, at most the piece), relays and
-                     fan-out the plain bytes; printed next to the full-copy lower bound (JSON:
-                     "delta")
-  --relay-deltas     with --change-fraction, a what-if: relays forward the delta streams they
-                     received instead of the plain bytes (the engine forwards plain bytes today;
-                     docs/simulator.md, "Delta refits")
+                     bytes (smaller of bitmap and runs per chunk, at most the piece), and so do
+                     the relays that forward them; fan-out the plain bytes; printed next to the
+                     full-copy lower bound (JSON: "delta")
   --json             one JSON object: ours, gather_broadcast (pipeline stages concurrent),
                      gather_broadcast_serial (stages in turn), naive_p2p, lower_bound,
                      nic_load_factor, time_factor, timings
@@ -244,7 +241,7 @@ std::string Svg(const std::string& title, const std::vector<plan::Flow>& flows, 
 
 int SimCommand(int argc, char** argv) {
   std::set<std::string> flags = ModelFlags();
-  flags.insert({"json", "help", "no-relay", "no-staging", "no-baselines", "relay-deltas"});
+  flags.insert({"json", "help", "no-relay", "no-staging", "no-baselines"});
   std::set<std::string> options = ModelOptions();
   options.insert({"spec", "svg", "batch-fraction", "change-fraction", "relay-priority"});
   auto parsed = Args::Parse(argc, argv, flags, options);
@@ -309,10 +306,6 @@ int SimCommand(int argc, char** argv) {
       (args.Get("change-fraction") && !(*change_fraction >= 0 && *change_fraction <= 1))) {
     return UsageError("sim", "--change-fraction must be a number between 0 and 1");
   }
-  if (args.Has("relay-deltas") && *change_fraction < 0) {
-    return UsageError("sim",
-                      "--relay-deltas is a what-if of delta refits: it needs --change-fraction");
-  }
   auto batch = args.GetDouble("batch-fraction", sim_options.batch_fraction);
   if (!batch.ok() || !(*batch >= 0 && *batch < 1)) {
     return UsageError("sim", "--batch-fraction must be a number in [0, 1)");
@@ -355,9 +348,7 @@ int SimCommand(int argc, char** argv) {
   const plan::PlanStats ours_stats = ours_plan->stats();
   const std::vector<plan::Flow> delta_flows =
       *change_fraction >= 0
-          ? plan::DeltaFlowsFromPlan(
-                *ours_plan, *change_fraction,
-                {.by_relay_feed = by_feed, .relays_forward_deltas = args.Has("relay-deltas")})
+          ? plan::DeltaFlowsFromPlan(*ours_plan, *change_fraction, {.by_relay_feed = by_feed})
           : std::vector<plan::Flow>{};
   ours_plan = absl::UnknownError("released");  // Free the plan before the baselines.
   const SimResult ours = plan::Simulate(ours_flows, world, s.topology, sim_options);
@@ -441,7 +432,6 @@ int SimCommand(int argc, char** argv) {
         lb.average_bytes, lb.nvlink_bytes,
         delta ? absl::StrCat("{\"change_fraction\": ", *change_fraction,
                              ", \"bytes_ratio\": ", plan::DeltaBytesRatio(*change_fraction, 2),
-                             ", \"relays\": \"", args.Has("relay-deltas") ? "delta" : "plain", "\"",
                              ", \"result\": ", result_json(*delta), "}")
               : std::string("null"),
         nic_factor, ratio(ours.seconds), lb_seconds, ours_plan_seconds, ours_sim_seconds,
@@ -471,8 +461,7 @@ int SimCommand(int argc, char** argv) {
   table.AddRow({"lower bound", SecondsCell(lb.seconds), FormatBytes(lb.network_bytes), "-",
                 FormatBytes(lb.max_nic_bytes), "1.00"});
   if (delta) {
-    table.AddRow({absl::StrFormat("ours, delta refits (%.3g changed%s)", *change_fraction,
-                                  args.Has("relay-deltas") ? ", relays forward deltas" : ""),
+    table.AddRow({absl::StrFormat("ours, delta refits (%.3g changed)", *change_fraction),
                   SecondsCell(delta->seconds), FormatBytes(delta->network_bytes),
                   FormatBytes(delta->nvlink_bytes), FormatBytes(delta->max_nic_bytes),
                   absl::StrFormat("%.2f", ratio(delta->seconds))});

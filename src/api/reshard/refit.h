@@ -278,7 +278,8 @@ struct Stats {
   int64_t quantize_buffer_bytes = 0;
   // Delta refits (HandleOptions::delta), as sender: network pieces sent as deltas, and as plain
   // pieces by reason (no base version: first refit, or after a failure or Reset(); the receiver
-  // holds another version; the delta was not smaller); the bytes of what was sent (part of
+  // holds another version; the delta was not smaller; a relay counts a plain piece it forwards
+  // for the reason its sender gave); the bytes of what was sent (part of
   // bytes_network_sent) against the plain pieces' bytes; the shadow this rank keeps (host and
   // device memory together), its part in device memory (pieces encoded on the GPU), and the
   // pinned host memory of the GPU encode pipeline (docs/delta.md).
