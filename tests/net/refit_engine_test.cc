@@ -552,6 +552,17 @@ struct DeltaModel {
       });
     }
   }
+  // Fills this rank's sources, refits `epoch` (20 s deadline) and compares every destination.
+  absl::Status Refit(RefitEngine& e, RankBuffers& rb, int32_t rank, uint64_t epoch) const {
+    FillSources(rb, rank);
+    absl::Status st = e.Start(epoch);
+    if (st.ok()) st = e.Wait(absl::Now() + absl::Seconds(20));
+    if (!st.ok()) return st;
+    if (const int64_t bad = Mismatches(rb, rank); bad != 0) {
+      return absl::DataLossError(absl::StrCat(bad, " destination elements differ from the model"));
+    }
+    return absl::OkStatus();
+  }
   int64_t Mismatches(const RankBuffers& rb, int32_t rank) const {
     const plan::RefitSpec& s = rb.plan.spec();
     int64_t bad = 0;
@@ -804,11 +815,8 @@ TEST_P(RefitEngineDeltaSegments, PiecesOfManySegmentsAreByteExactSegmentBySegmen
               change(1, g);
             }
           }
-          model.FillSources(rb, rank);
-          absl::Status st = e.Start(epoch);
-          if (st.ok()) st = e.Wait(absl::Now() + absl::Seconds(20));
+          const absl::Status st = model.Refit(e, rb, rank, epoch);
           CHILD_EXPECT(st.ok(), absl::StrCat("epoch ", epoch, ": ", st.ToString()));
-          CHILD_EXPECT(model.Mismatches(rb, rank) == 0, absl::StrCat("epoch ", epoch));
           const RefitStats& s = e.last_stats();
           const int64_t pieces = rank == 0 ? 3 : rank == 1 ? 2 : 1;
           const std::string what =
@@ -909,11 +917,8 @@ TEST_P(RefitEngineDeltaRelays, RelaysForwardStreamsAndSendPlainToAReceiverAtAnot
         const double fractions[] = {1.0, 0.02, 0.02, 0.02, 0.0, 1.0};
         for (uint64_t epoch = 1; epoch <= 6; ++epoch) {
           model.Advance(rb.plan.spec(), epoch, fractions[epoch - 1]);
-          model.FillSources(rb, rank);
-          absl::Status st = e.Start(epoch);
-          if (st.ok()) st = e.Wait(absl::Now() + absl::Seconds(20));
+          const absl::Status st = model.Refit(e, rb, rank, epoch);
           CHILD_EXPECT(st.ok(), absl::StrCat("epoch ", epoch, ": ", st.ToString()));
-          CHILD_EXPECT(model.Mismatches(rb, rank) == 0, absl::StrCat("epoch ", epoch));
           const RefitStats& s = e.last_stats();
           const std::string what = absl::StrCat(
               "rank ", rank, " epoch ", epoch, ": ", s.delta_pieces, " delta, ",
