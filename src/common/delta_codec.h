@@ -66,6 +66,10 @@ static_assert(sizeof(StreamHeader) == 32);
 RESHARD_HD inline int64_t NumChunks(int64_t elems) {
   return (elems + kChunkElems - 1) / kChunkElems;
 }
+// The shortest stream: a kDelta header and one chunk word (nothing changed in a piece of one
+// chunk). A piece of at most this many bytes never gains from a stream (plan::DeltaElemBytes
+// sends it plain).
+constexpr int64_t kShortestStream = sizeof(StreamHeader) + 4;
 // The largest stream of a piece of `elems` elements of `elem_size` bytes (what a landing area
 // reserves for it).
 RESHARD_HD inline int64_t StreamCapacity(int64_t elems, int elem_size) {

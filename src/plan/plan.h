@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "src/common/delta_codec.h"
 #include "src/plan/region.h"
 #include "src/plan/spec.h"
 
@@ -237,8 +238,9 @@ struct PlanOptions {
 
 // Delta refits (docs/delta.md): the element size at which the engine compares and encodes `t`
 // as a delta stream (the destination dtype's 2, 4 or 8 bytes when the piece is whole elements of
-// it, else 1: byte by byte), or 0 when `t` travels plain whatever the refit. Encoded: a
-// non-empty network piece into a destination tile or a staging slot (each piece has its own,
+// it, else 1: byte by byte), or 0 when `t` travels plain whatever the refit. Encoded: a network
+// piece of more than delta::kShortestStream bytes (no stream of a smaller piece is smaller than
+// it) into a destination tile or a staging slot (each piece has its own,
 // which keeps what the last refit wrote, as a destination does) that is read from a source tile
 // (the source encodes it against its shadow), or a relay (read from the destination tile or
 // staging slot its feed landed in, after it: the relay forwards the stream it received; every
@@ -255,7 +257,7 @@ inline int DeltaElemBytes(const Plan& plan, const Transfer& t) {
     return 0;
   }
   const int64_t bytes = plan.region(t.region).bytes;
-  if (bytes <= 0) return 0;
+  if (bytes <= delta::kShortestStream) return 0;
   const int es = plan.buffers()[plan.buffer_of(t.tensor, Side::kDst)].elem_bytes;
   return (es == 2 || es == 4 || es == 8) && bytes % es == 0 ? es : 1;
 }

@@ -314,30 +314,44 @@ TEST(SimTest, DeltaFlowsShrinkEncodedPiecesAndRelays) {
   EXPECT_EQ(network(DeltaFlowsFromPlan(*plan, 0.05, {.by_relay_feed = true})), shrunk + other);
 }
 
-// The engine's rule: network pieces read from a source tile into a destination tile or a staging
-// slot are encoded at the destination dtype's size, and every relay forwards the stream of the
-// chain it belongs to, which starts at such a piece of the same part (the rule admits relays
-// without looking at their feeds, which a downstream rank's share lacks); not a fan-out or a
-// local copy (fp8-quantized.json has staging and relays, kRelaySpec fp32 relays, the example
-// specs the rest).
+// The engine's rule: network pieces of more than the shortest stream read from a source tile into
+// a destination tile or a staging slot are encoded at the destination dtype's size, and every relay
+// forwards the stream of the chain it belongs to, which starts at such a piece of the same part
+// (the rule admits relays without looking at their feeds, which a downstream rank's share lacks);
+// not a fan-out or a local copy (Qwen3-30B-A3B on H100 NVL8 has staging and relays,
+// fp8-quantized.json tiny staged pieces, kRelaySpec fp32 relays, fig1 pieces too small to encode).
 TEST(SimTest, DeltaElemBytesFollowsTheEngine) {
   auto parsed = ParseSpecJson(kRelaySpec);
   ASSERT_TRUE(parsed.ok()) << parsed.status();
-  int staged = 0, relays = 0, encoded = 0;
+  int staged = 0, relays = 0, encoded = 0, tiny = 0;
   std::vector<std::shared_ptr<const RefitSpec>> specs = {
       std::make_shared<const RefitSpec>(*std::move(parsed))};
   for (const char* name : {"fp8-quantized.json", "fig1-rows-to-cols.json",
                            "fig3-tp4-to-tp2dp2.json", "fused-qkv.json", "uneven-nested.json"}) {
     specs.push_back(Example(name));
   }
+  {  // Qwen3-30B-A3B into tp=4,dp=4 on H100 NVL8: 3 MiB into staging, 170 MiB of relays.
+    const std::string root = std::string(RESHARD_SOURCE_DIR) + "/examples/";
+    auto cfg = LoadModelConfig(root + "models/qwen3-30b-a3b.json");
+    auto cluster = LoadClusterFile(root + "clusters/h100-nvl8.json");
+    auto train = ParseTrainParallelism("tp=2,pp=2,ep=4,gpus=16");
+    auto infer = ParseInferParallelism("tp=4,dp=4");
+    ASSERT_TRUE(cfg.ok() && cluster.ok() && train.ok() && infer.ok());
+    auto made = MakeModelSpec(*cfg, *train, *infer, *cluster);
+    ASSERT_TRUE(made.ok()) << made.status();
+    specs.push_back(std::make_shared<const RefitSpec>(*std::move(made)));
+  }
   for (const auto& spec : specs) {
     auto plan = BuildPlan(spec);
     ASSERT_TRUE(plan.ok()) << plan.status();
     const auto& transfers = plan->transfers();
     for (const Transfer& t : transfers) {
+      const int64_t bytes = plan->region(t.region).bytes;
       const bool from_source = t.kind == TransferKind::kNetwork && t.from_side == Side::kSrc &&
                                (t.to_side == Side::kDst || t.to_side == Side::kStage) &&
-                               t.after < 0 && plan->region(t.region).bytes > 0;
+                               t.after < 0 && bytes > delta::kShortestStream;
+      // Pieces no stream can shrink (fig1's 32 bytes) travel plain.
+      tiny += t.kind == TransferKind::kNetwork && bytes > 0 && bytes <= delta::kShortestStream;
       const int es = DeltaElemBytes(*plan, t);
       if (IsRelay(t)) {
         ++relays;
@@ -361,7 +375,8 @@ TEST(SimTest, DeltaElemBytesFollowsTheEngine) {
       if (from_source && plan->spec().tensors[t.tensor].dtype == DType::kFp32) {
         EXPECT_EQ(es, 4);
       }
-      if (t.kind == TransferKind::kNetwork && t.to_side == Side::kStage) {
+      if (t.kind == TransferKind::kNetwork && t.to_side == Side::kStage &&
+          bytes > delta::kShortestStream) {
         ++staged;
         EXPECT_GT(es, 0) << "a piece into staging travels plain";
       }
@@ -371,6 +386,7 @@ TEST(SimTest, DeltaElemBytesFollowsTheEngine) {
   EXPECT_GT(staged, 0);
   EXPECT_GT(relays, 0);
   EXPECT_GT(encoded, 0);
+  EXPECT_GT(tiny, 0);
 }
 
 // A real model layout end to end: Qwen3-30B-A3B, Megatron TP2 x PP2 x EP4 on 16 trainers to vLLM
