@@ -4,7 +4,8 @@
 // world runs with devices emulated in every build, StagedEmulation.TheGpuWorld*); and
 // delta refits of CUDA sources (encoded by the CUDA kernels against a device shadow) into CUDA
 // destinations (applied by the kernels, or to a staged buffer's host copy), byte-exact over refits
-// that change 5% of the elements, all of them, or none. Skips without a usable GPU
+// that change 5% of the elements, all of them, or none, and through relays that forward the
+// streams (or send the plain piece from device memory). Skips without a usable GPU
 // (cudaGetDeviceCount error or 0 devices). Ranks are forked processes over UCX shared memory.
 #include <cuda_runtime_api.h>
 #include <sys/wait.h>
@@ -13,7 +14,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
+#include <map>
 #include <random>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -26,6 +29,7 @@
 #include "src/plan/spec_json.h"
 #include "src/rendezvous/file_store.h"
 #include "tests/net/device_world.h"
+#include "tests/plan/spec_text.h"
 #include "tests/testing/multiprocess.h"
 
 namespace reshard::net {
@@ -184,6 +188,142 @@ TEST(GpuStaging, ActiveMessagesIntoDeviceBuffersByteExact) {
 }
 
 TEST(GpuStaging, DeltaRefitsOfDeviceBuffersByteExact) { RunOnGpu(4, "delta", DeltaRank); }
+
+// Delta refits through relays (docs/delta.md, "Relays forward the stream") between CUDA buffers:
+// the 8 ranks of kRelaySpec (fp32 a and b, 512 x 2048, relays between three destination domains,
+// relays of relays among them). Element k of tensor t in epoch e: a hash of (t, k) and of the
+// number of epochs up to e that changed it (1 and 6 change all, 5 none, the others about 2%).
+// After epoch 2 one of the relays' receivers (T) resets alone and after epoch 3 its relay (R),
+// so in epoch 3 R sends T its pieces plain, read from its device buffer (with a CUDA-aware UCX;
+// from the staged host copy otherwise), and in epoch 4 forwards plain streams. Byte-exact on
+// every rank after every epoch; deltas sent and applied by every rank in epochs 2 and 5.
+uint32_t RelayValue(size_t tensor, int64_t k, uint64_t epoch) {
+  uint64_t version = 0;
+  for (uint64_t e = 1; e <= epoch; ++e) {
+    const uint64_t h = (static_cast<uint64_t>(k) * 0x9E3779B97F4A7C15ull) ^
+                       (e * 0xC2B2AE3D27D4EB4Full) ^ (tensor * 0x165667B19E3779F9ull);
+    version += e == 1 || e == 6 || (e != 5 && (h >> 40) % 50 == 0);
+  }
+  return static_cast<uint32_t>((static_cast<uint64_t>(k) * 2654435761ull) ^ (version * 40503u) ^
+                               (tensor << 28));
+}
+
+int DeltaRelayRank(int rank, const std::string& dir) {
+  auto spec = plan::ParseSpecJson(plan::kRelaySpec);
+  if (!spec.ok()) return 10;
+  auto plan = plan::BuildPlan(std::make_shared<const plan::RefitSpec>(*spec));
+  if (!plan.ok()) return 10;
+  const plan::RefitSpec& s = plan->spec();
+  // R: the first rank that relays to two ranks or more, T the first of them; what every rank
+  // sends and receives as delta streams.
+  std::map<int32_t, std::set<int32_t>> targets;
+  int64_t sends = 0, receives = 0, r_to_t = 0;
+  for (const plan::Transfer& t : plan->transfers()) {
+    if (plan::IsRelay(t)) targets[t.from_rank].insert(t.to_rank);
+  }
+  int32_t relay_from = -1, relay_to = -1;
+  for (const auto& [from, to] : targets) {
+    if (to.size() >= 2 && relay_from < 0) {
+      relay_from = from;
+      relay_to = *to.begin();
+    }
+  }
+  if (relay_from < 0) return 10;
+  for (const plan::Transfer& t : plan->transfers()) {
+    if (plan::DeltaElemBytes(*plan, t) == 0) continue;
+    sends += t.from_rank == rank;
+    receives += t.to_rank == rank;
+    r_to_t += t.from_rank == relay_from && t.to_rank == relay_to;
+  }
+  const std::vector<int64_t> bytes = plan->BufferBytes(rank);
+  std::vector<BufferView> buffers;
+  for (size_t b = 0; b < bytes.size(); ++b) {
+    void* device = nullptr;
+    if (bytes[b] > 0 && cudaMalloc(&device, bytes[b]) != cudaSuccess) return 11;
+    buffers.push_back(BufferView{device, bytes[b], MemoryKind::kCuda});
+  }
+  auto store = FileStore::Open(dir);
+  if (!store.ok()) return 12;
+  auto runtime = Runtime::Create();
+  if (!runtime.ok()) return 12;
+  RefitEngineOptions options;
+  options.delta = true;
+  auto engine = RefitEngine::Create(*plan, rank, **store, *runtime, buffers, options);
+  if (!engine.ok()) {
+    std::fprintf(stderr, "rank %d: %s\n", rank, std::string(engine.status().message()).c_str());
+    return 13;
+  }
+  for (uint64_t epoch = 1; epoch <= 6; ++epoch) {
+    for (size_t t = 0; t < s.tensors.size(); ++t) {
+      const uint32_t src = plan->buffer_of(t, plan::Side::kSrc);
+      if (bytes[src] == 0) continue;
+      std::vector<uint32_t> image(static_cast<size_t>(bytes[src] / 4), 0);
+      plan::ForEachTile(s, t, plan::Side::kSrc, [&](int32_t holder, const plan::Box& box) {
+        if (holder != rank) return;
+        plan::ForEachElement(s.tensors[t].src, s.tensors[t].shape, box,
+                             [&](int64_t offset, int64_t global) {
+                               image[static_cast<size_t>(offset)] = RelayValue(t, global, epoch);
+                             });
+      });
+      if (!cuda::CudaCopy(buffers[src].data, image.data(), image.size() * 4).ok()) return 14;
+    }
+    const absl::Status refit = (*engine)->Execute(absl::Now() + absl::Seconds(20));
+    if (!refit.ok()) {
+      std::fprintf(stderr, "rank %d epoch %d: %s\n", rank, static_cast<int>(epoch),
+                   refit.ToString().c_str());
+      return 15;
+    }
+    for (size_t t = 0; t < s.tensors.size(); ++t) {
+      const uint32_t dst = plan->buffer_of(t, plan::Side::kDst);
+      if (bytes[dst] == 0) continue;
+      std::vector<uint32_t> got(static_cast<size_t>(bytes[dst] / 4));
+      if (!cuda::CudaCopy(got.data(), buffers[dst].data, got.size() * 4).ok()) return 16;
+      int64_t wrong = 0;
+      plan::ForEachTile(s, t, plan::Side::kDst, [&](int32_t holder, const plan::Box& box) {
+        if (holder != rank) return;
+        plan::ForEachElement(
+            s.tensors[t].dst, s.tensors[t].shape, box, [&](int64_t offset, int64_t global) {
+              wrong += got[static_cast<size_t>(offset)] != RelayValue(t, global, epoch);
+            });
+      });
+      if (wrong != 0) {
+        std::fprintf(stderr, "rank %d epoch %d: %lld wrong elements of tensor %zu\n", rank,
+                     static_cast<int>(epoch), static_cast<long long>(wrong), t);
+        return 17;
+      }
+    }
+    const RefitStats& st = (*engine)->last_stats();
+    bool expected = true;
+    if (epoch == 2 || epoch == 5) {
+      expected = st.delta_pieces == sends && st.deltas_applied == receives;
+    }
+    if (epoch == 3 && rank == relay_from) {
+      expected = st.delta_full_receiver_version == r_to_t && st.delta_pieces == sends - r_to_t;
+    }
+    if (epoch == 4 && rank == relay_from) {
+      expected = st.delta_pieces == 0 && st.delta_full_no_base == sends;
+    }
+    if (!expected) {
+      std::fprintf(stderr,
+                   "rank %d epoch %d: %lld delta, %lld no base, %lld receiver version, %lld not "
+                   "smaller, %lld applied (sends %lld, receives %lld)\n",
+                   rank, static_cast<int>(epoch), static_cast<long long>(st.delta_pieces),
+                   static_cast<long long>(st.delta_full_no_base),
+                   static_cast<long long>(st.delta_full_receiver_version),
+                   static_cast<long long>(st.delta_full_not_smaller),
+                   static_cast<long long>(st.deltas_applied), static_cast<long long>(sends),
+                   static_cast<long long>(receives));
+      return 18;
+    }
+    if ((epoch == 2 && rank == relay_to) || (epoch == 3 && rank == relay_from)) {
+      (*engine)->Reset();
+    }
+  }
+  (void)(*engine)->Shutdown(absl::Now() + absl::Seconds(10));
+  return 0;
+}
+
+TEST(GpuStaging, DeltaRelaysOfDeviceBuffersByteExact) { RunOnGpu(8, "relays", DeltaRelayRank); }
 
 }  // namespace
 }  // namespace reshard::net

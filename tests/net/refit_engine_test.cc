@@ -33,6 +33,7 @@
 
 #include "src/common/shared_memory.h"
 #include "src/common/status.h"
+#include "src/cuda/runtime.h"
 #include "src/net/runtime.h"
 #include "src/net/ucx/context.h"
 #include "src/net/ucx/endpoint.h"
@@ -128,10 +129,14 @@ struct ChildEngine {
   std::unique_ptr<RefitEngine> engine;
 };
 
+// `kind` kCuda marks every buffer CUDA memory (the caller emulates devices on the host first:
+// cuda::EmulateDevicesOnHost).
 absl::StatusOr<ChildEngine> OpenEngine(const std::string& spec, int32_t rank,
                                        const std::string& dir, const RefitEngineOptions& options,
-                                       bool share = false, bool shared_destinations = false) {
+                                       bool share = false, bool shared_destinations = false,
+                                       MemoryKind kind = MemoryKind::kHost) {
   ChildEngine c{MakeBuffers(spec, rank, share, shared_destinations), nullptr, nullptr, nullptr};
+  for (BufferView& b : c.rb.buffers) b.kind = kind;
   RESHARD_ASSIGN_OR_RETURN(c.store, FileStore::Open(dir));
   RESHARD_ASSIGN_OR_RETURN(c.runtime, Runtime::Create());
   RESHARD_ASSIGN_OR_RETURN(
@@ -864,7 +869,9 @@ INSTANTIATE_TEST_SUITE_P(Delivery, RefitEngineDeltaSegments,
 // R's other relays stay deltas; after 3, R resets alone, so in 4 its feeds arrive plain and it
 // forwards them plain ("no base"); 5 changes nothing (only deltas, the relays' bytes a few
 // headers); 6 changes everything (plain, "not smaller"). Byte-exact on every rank after each.
-class RefitEngineDeltaRelays : public ::testing::TestWithParam<Path> {};
+// Over puts and active messages, into host memory and into CUDA buffers UCX cannot register
+// (devices emulated on the host: relays then read the host copies the streams were applied to).
+class RefitEngineDeltaRelays : public ::testing::TestWithParam<std::tuple<Path, bool>> {};
 
 TEST_P(RefitEngineDeltaRelays, RelaysForwardStreamsAndSendPlainToAReceiverAtAnotherVersion) {
   auto parsed = plan::ParseSpecJson(plan::kRelaySpec);
@@ -902,14 +909,17 @@ TEST_P(RefitEngineDeltaRelays, RelaysForwardStreamsAndSendPlainToAReceiverAtAnot
   ASSERT_EQ(relays[relay_from], sends[relay_from]);  // An inference rank sends only relays.
   ASSERT_LT(r_to_t, sends[relay_from]) << "R relays to T only: nothing to compare with";
   ASSERT_GT(two_hops, 0) << "kRelaySpec has no relay of a relay";
-  const std::string dir = StoreDir(GetParam() == Path::kUcxPut ? "relays-put" : "relays-am");
-  const Path path = GetParam();
+  const auto [path, device] = GetParam();
+  const std::string dir = StoreDir(
+      absl::StrCat("relays-", path == Path::kUcxPut ? "put" : "am", device ? "-device" : ""));
   std::map<int32_t, int> codes = testing::ForkRanks(
       testing::Ranks(kRanks),
       [&](int32_t rank) {
         const RefitEngineOptions options = PathOptions(path, /*delta=*/true);
-        absl::StatusOr<ChildEngine> child =
-            OpenEngine(plan::kRelaySpec, rank, dir, options, /*share=*/true);
+        if (device) cuda::EmulateDevicesOnHost(true, /*ucx_registers_them=*/false);
+        absl::StatusOr<ChildEngine> child = OpenEngine(
+            plan::kRelaySpec, rank, dir, options, /*share=*/true,
+            /*shared_destinations=*/false, device ? MemoryKind::kCuda : MemoryKind::kHost);
         CHILD_EXPECT(child.ok(), child.status().ToString());
         RankBuffers& rb = child->rb;
         RefitEngine& e = *child->engine;
@@ -956,6 +966,10 @@ TEST_P(RefitEngineDeltaRelays, RelaysForwardStreamsAndSendPlainToAReceiverAtAnot
           // T resets alone after epoch 2, R after epoch 3.
           if ((epoch == 2 && rank == relay_to) || (epoch == 3 && rank == relay_from)) e.Reset();
         }
+        if (device) {
+          // The relays' pieces came through staged host copies.
+          CHILD_EXPECT(e.last_stats().cuda_buffers_staged > 0);
+        }
         CHILD_EXPECT(e.Shutdown(absl::Now() + absl::Seconds(10)).ok());
         return 0;
       },
@@ -964,9 +978,12 @@ TEST_P(RefitEngineDeltaRelays, RelaysForwardStreamsAndSendPlainToAReceiverAtAnot
 }
 
 INSTANTIATE_TEST_SUITE_P(Delivery, RefitEngineDeltaRelays,
-                         ::testing::Values(Path::kUcxPut, Path::kActiveMessage),
+                         ::testing::Combine(::testing::Values(Path::kUcxPut, Path::kActiveMessage),
+                                            ::testing::Bool()),
                          [](const auto& info) {
-                           return std::string(info.param == Path::kUcxPut ? "Put" : "Am");
+                           return absl::StrCat(
+                               std::get<0>(info.param) == Path::kUcxPut ? "Put" : "Am",
+                               std::get<1>(info.param) ? "Device" : "");
                          });
 
 // Issue 10: a process that holds the store token reads a rank's UCX address from the store and
