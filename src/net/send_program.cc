@@ -127,8 +127,12 @@ SendProgram BuildSendProgram(const plan::Plan& plan, int32_t rank,
         if (es > 0) {
           d.delta_elem_bytes = static_cast<uint8_t>(es);
           if (plan::IsRelay(t)) {
+            // A relay forwards the streams of a delta piece that landed here, of the same part
+            // (plan::DeltaElemBytes: the schedule's relay chains start at a source piece).
             d.relay_feed = p.Slot(static_cast<uint32_t>(t.after));
-            RESHARD_CHECK(d.relay_feed >= 0);  // A relay forwards what landed here.
+            RESHARD_CHECK(d.relay_feed >= 0 && p.delta_elem_bytes[d.relay_feed] == es &&
+                          plan.region(transfers[p.received[d.relay_feed]].region).bytes ==
+                              region.bytes);
           } else {
             d.shadow_offset = p.shadow_bytes;
             p.shadow_bytes += region.bytes;
