@@ -27,7 +27,8 @@
 // its wire-up record), and the sender adds it at set-up (src/net/wireup.h).
 //
 // Delta mode (docs/delta.md): every network transfer from a source tile into a destination
-// tile or a staging slot travels packed, as delta streams, one per segment of the piece
+// tile or a staging slot, and every relay, of more than delta::kShortestStream bytes, travels
+// packed, as delta streams, one per segment of the piece
 // (delta::NumSegments), with delta::PieceCapacity bytes reserved in the send scratch and the
 // landing area; segment k's stream starts at k * delta::SegmentStride of the piece's area and its
 // runs are its own (the sender sends only each stream's actual length). The sender keeps a shadow
@@ -147,8 +148,8 @@ struct SendProgram {
 // Whether the engine executes `t` at all.
 bool Executes(const plan::Transfer& t, const SendProgramOptions& options);
 // Whether `t` travels as a delta stream (options.delta, and plan::DeltaElemBytes: a network
-// piece from a source tile, or a relay, into a destination tile or a staging slot, not empty);
-// then its element size, else 0.
+// piece from a source tile, or a relay, into a destination tile or a staging slot, of more than
+// delta::kShortestStream bytes); then its element size, else 0.
 int DeltaElemBytes(const plan::Plan& plan, const plan::Transfer& t,
                    const SendProgramOptions& options);
 // The bytes `t` occupies in the send scratch and the landing area when packed.

@@ -236,6 +236,12 @@ struct PlanOptions {
 [[nodiscard]] absl::StatusOr<Plan> BuildRankPlan(std::shared_ptr<const RefitSpec> spec,
                                                  int32_t rank, const PlanOptions& options = {});
 
+// A relay: a network piece from a domain that already received the part (its destination tile
+// or staging slot) to another domain, once its feed (`after`) landed there.
+inline bool IsRelay(const Transfer& t) {
+  return t.kind == TransferKind::kNetwork && t.after >= 0 && t.from_side != Side::kSrc;
+}
+
 // Delta refits (docs/delta.md): the element size at which the engine compares and encodes `t`
 // as a delta stream (the destination dtype's 2, 4 or 8 bytes when the piece is whole elements of
 // it, else 1: byte by byte), or 0 when `t` travels plain whatever the refit. Encoded: a network
@@ -247,9 +253,6 @@ struct PlanOptions {
 // relay chain of the domain-aware schedule starts at a piece read from a source, of the same
 // part, so the rule needs no transfer but `t`, which a downstream rank's share of the plan
 // lacks). net::DeltaElemBytes applies it to delta refits; the simulator to its delta flows.
-inline bool IsRelay(const Transfer& t) {
-  return t.kind == TransferKind::kNetwork && t.after >= 0 && t.from_side != Side::kSrc;
-}
 inline int DeltaElemBytes(const Plan& plan, const Transfer& t) {
   if (t.kind != TransferKind::kNetwork || t.from_rank == t.to_rank ||
       (t.to_side != Side::kDst && t.to_side != Side::kStage) ||
