@@ -909,7 +909,9 @@ TEST_P(RefitEngineDeltaRelays, RelaysForwardStreamsAndSendPlainToAReceiverAtAnot
   ASSERT_EQ(relays[relay_from], sends[relay_from]);  // An inference rank sends only relays.
   ASSERT_LT(r_to_t, sends[relay_from]) << "R relays to T only: nothing to compare with";
   ASSERT_GT(two_hops, 0) << "kRelaySpec has no relay of a relay";
-  const auto [path, device] = GetParam();
+  // Not a structured binding: clang's lambdas cannot capture those.
+  const Path path = std::get<0>(GetParam());
+  const bool device = std::get<1>(GetParam());
   const std::string dir = StoreDir(
       absl::StrCat("relays-", path == Path::kUcxPut ? "put" : "am", device ? "-device" : ""));
   std::map<int32_t, int> codes = testing::ForkRanks(
