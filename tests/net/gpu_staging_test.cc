@@ -55,28 +55,49 @@ uint16_t DeltaValue(int64_t k, uint64_t epoch) {
   return static_cast<uint16_t>((static_cast<uint64_t>(k) * 2654435761ull) ^ (version * 40503u));
 }
 
-int DeltaRank(int rank, const std::string& dir) {
-  auto spec = plan::ParseSpecJson(kDeviceSpec);
-  auto plan = plan::BuildPlan(std::make_shared<const plan::RefitSpec>(*spec));
-  if (!plan.ok()) return 10;
-  const std::vector<int64_t> bytes = plan->BufferBytes(rank);
+// One rank of `plan` for delta refits over cudaMalloc'd buffers (not freed: the rank exits),
+// with its store in `dir` and its runtime.
+struct DeltaGpuRank {
+  std::vector<int64_t> bytes;
   std::vector<BufferView> buffers;
-  for (size_t b = 0; b < bytes.size(); ++b) {
+  std::unique_ptr<FileStore> store;
+  std::shared_ptr<Runtime> runtime;
+  std::unique_ptr<RefitEngine> engine;
+};
+
+// 0, or the exit code of the failing step (11 cudaMalloc, 12 store or runtime, 13 the engine).
+int OpenDeltaGpuRank(const plan::Plan& plan, int rank, const std::string& dir, DeltaGpuRank* out) {
+  out->bytes = plan.BufferBytes(rank);
+  for (size_t b = 0; b < out->bytes.size(); ++b) {
     void* device = nullptr;
-    if (bytes[b] > 0 && cudaMalloc(&device, bytes[b]) != cudaSuccess) return 11;
-    buffers.push_back(BufferView{device, bytes[b], MemoryKind::kCuda});
+    if (out->bytes[b] > 0 && cudaMalloc(&device, out->bytes[b]) != cudaSuccess) return 11;
+    out->buffers.push_back(BufferView{device, out->bytes[b], MemoryKind::kCuda});
   }
   auto store = FileStore::Open(dir);
   if (!store.ok()) return 12;
   auto runtime = Runtime::Create();
   if (!runtime.ok()) return 12;
+  out->store = *std::move(store);
+  out->runtime = *std::move(runtime);
   RefitEngineOptions options;
   options.delta = true;
-  auto engine = RefitEngine::Create(*plan, rank, **store, *runtime, buffers, options);
+  auto engine = RefitEngine::Create(plan, rank, *out->store, out->runtime, out->buffers, options);
   if (!engine.ok()) {
     std::fprintf(stderr, "rank %d: %s\n", rank, std::string(engine.status().message()).c_str());
     return 13;
   }
+  out->engine = *std::move(engine);
+  return 0;
+}
+
+int DeltaRank(int rank, const std::string& dir) {
+  auto spec = plan::ParseSpecJson(kDeviceSpec);
+  auto plan = plan::BuildPlan(std::make_shared<const plan::RefitSpec>(*spec));
+  if (!plan.ok()) return 10;
+  DeltaGpuRank g;
+  if (const int failed = OpenDeltaGpuRank(*plan, rank, dir, &g); failed != 0) return failed;
+  const std::vector<BufferView>& buffers = g.buffers;
+  RefitEngine* engine = g.engine.get();
   // kDeviceSpec: sources 0 and 1 hold rows [128r, 128r + 128) of the 256 x 384 tensor, destinations
   // 2 and 3 columns [192(r - 2), 192(r - 2) + 192), row-major.
   const uint32_t src = plan->buffer_of(0, plan::Side::kSrc);
@@ -91,8 +112,8 @@ int DeltaRank(int rank, const std::string& dir) {
       }
       if (!cuda::CudaCopy(buffers[src].data, tile.data(), tile.size() * 2).ok()) return 14;
     }
-    if (!(*engine)->Execute(absl::Now() + absl::Seconds(20)).ok()) return 15;
-    const RefitStats& stats = (*engine)->last_stats();
+    if (!engine->Execute(absl::Now() + absl::Seconds(20)).ok()) return 15;
+    const RefitStats& stats = engine->last_stats();
     deltas += rank < 2 ? stats.delta_pieces : stats.deltas_applied;
     // Pieces encoded on the GPU (a build with the kernels) keep no host shadow, and go through
     // the pipeline's pinned slots.
@@ -121,7 +142,7 @@ int DeltaRank(int rank, const std::string& dir) {
       }
     }
   }
-  (void)(*engine)->Shutdown(absl::Now() + absl::Seconds(10));
+  (void)engine->Shutdown(absl::Now() + absl::Seconds(10));
   // Epochs 2, 4, 5 and 6 send and apply deltas (epoch 1 has no base; epoch 3 changed all).
   if (deltas == 0) {
     std::fprintf(stderr, "rank %d: no delta was %s\n", rank, rank < 2 ? "sent" : "applied");
@@ -235,24 +256,11 @@ int DeltaRelayRank(int rank, const std::string& dir) {
     receives += t.to_rank == rank;
     r_to_t += t.from_rank == relay_from && t.to_rank == relay_to;
   }
-  const std::vector<int64_t> bytes = plan->BufferBytes(rank);
-  std::vector<BufferView> buffers;
-  for (size_t b = 0; b < bytes.size(); ++b) {
-    void* device = nullptr;
-    if (bytes[b] > 0 && cudaMalloc(&device, bytes[b]) != cudaSuccess) return 11;
-    buffers.push_back(BufferView{device, bytes[b], MemoryKind::kCuda});
-  }
-  auto store = FileStore::Open(dir);
-  if (!store.ok()) return 12;
-  auto runtime = Runtime::Create();
-  if (!runtime.ok()) return 12;
-  RefitEngineOptions options;
-  options.delta = true;
-  auto engine = RefitEngine::Create(*plan, rank, **store, *runtime, buffers, options);
-  if (!engine.ok()) {
-    std::fprintf(stderr, "rank %d: %s\n", rank, std::string(engine.status().message()).c_str());
-    return 13;
-  }
+  DeltaGpuRank g;
+  if (const int failed = OpenDeltaGpuRank(*plan, rank, dir, &g); failed != 0) return failed;
+  const std::vector<int64_t>& bytes = g.bytes;
+  const std::vector<BufferView>& buffers = g.buffers;
+  RefitEngine* engine = g.engine.get();
   for (uint64_t epoch = 1; epoch <= 6; ++epoch) {
     for (size_t t = 0; t < s.tensors.size(); ++t) {
       const uint32_t src = plan->buffer_of(t, plan::Side::kSrc);
@@ -267,7 +275,7 @@ int DeltaRelayRank(int rank, const std::string& dir) {
       });
       if (!cuda::CudaCopy(buffers[src].data, image.data(), image.size() * 4).ok()) return 14;
     }
-    const absl::Status refit = (*engine)->Execute(absl::Now() + absl::Seconds(20));
+    const absl::Status refit = engine->Execute(absl::Now() + absl::Seconds(20));
     if (!refit.ok()) {
       std::fprintf(stderr, "rank %d epoch %d: %s\n", rank, static_cast<int>(epoch),
                    refit.ToString().c_str());
@@ -292,7 +300,7 @@ int DeltaRelayRank(int rank, const std::string& dir) {
         return 17;
       }
     }
-    const RefitStats& st = (*engine)->last_stats();
+    const RefitStats& st = engine->last_stats();
     bool expected = true;
     if (epoch == 2 || epoch == 5) {
       expected = st.delta_pieces == sends && st.deltas_applied == receives;
@@ -316,10 +324,10 @@ int DeltaRelayRank(int rank, const std::string& dir) {
       return 18;
     }
     if ((epoch == 2 && rank == relay_to) || (epoch == 3 && rank == relay_from)) {
-      (*engine)->Reset();
+      engine->Reset();
     }
   }
-  (void)(*engine)->Shutdown(absl::Now() + absl::Seconds(10));
+  (void)engine->Shutdown(absl::Now() + absl::Seconds(10));
   return 0;
 }
 
