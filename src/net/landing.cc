@@ -517,7 +517,13 @@ absl::Status Landing::Gather(const SendDesc& d, int64_t begin, int64_t end, uint
                       }
                       to += width * rows;
                     });
-  return status;
+  if (status.ok()) return status;
+  return absl::Status(
+      status.code(),
+      absl::StrCat("rank ", program_.rank, ": gathering bytes [", begin, ", ", end,
+                   ") of transfer ", d.id, " (tensor \"", plan_.spec().tensors[t.tensor].name,
+                   "\") from buffer \"", plan_.buffers()[d.from_buffer].name,
+                   "\" to send them: ", status.message()));
 }
 
 absl::StatusOr<bool> Landing::CopyLocal(const SendDesc& d) {

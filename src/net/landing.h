@@ -129,7 +129,8 @@ class Landing {
   void set_device_delta(cuda::DeviceDeltaCodec* codec) { device_delta_ = codec; }
 
   // Sender side: gathers the runs of packed `desc` into the send scratch, or bytes
-  // [begin, end) of its packed stream into `to`.
+  // [begin, end) of its packed stream into `to`. A failed device copy's error names the rank,
+  // transfer, tensor and buffer.
   [[nodiscard]] absl::Status Gather(const SendDesc& desc);
   [[nodiscard]] absl::Status Gather(const SendDesc& desc, int64_t begin, int64_t end, uint8_t* to);
   // A local copy (desc.peer == this rank), one 2-D copy per slab (plan::ForEachSlab), not one
