@@ -239,9 +239,6 @@ int main(int argc, char** argv) {
   std::vector<std::string> modes = {"ours", "naive", "gather_broadcast"};
   if (quantized) modes.push_back("unquantized");
   if (delta) modes.push_back("delta");
-  if (change_fraction >= 0 && quantized) {
-    return Fail(rank, "--change-fraction does not support quantized destinations", 2);
-  }
   const reshard::RefitSpec unquantized = quantized ? Unquantized(*spec) : reshard::RefitSpec();
   reshard::RefitSpec barrier;
   barrier.AddTensor("barrier", reshard::DType::kU8, {world},

@@ -235,9 +235,6 @@ int BenchCommand(int argc, char** argv) {
   }
   bool quantized = false;
   for (const plan::TensorSpec& t : spec.tensors) quantized = quantized || t.quantized();
-  if (quantized && *change_fraction >= 0) {
-    return UsageError("bench", "--change-fraction does not support quantized destinations");
-  }
   auto shared = std::make_shared<const plan::RefitSpec>(spec);
   auto planned = plan::BuildPlan(shared);
   if (!planned.ok()) return UsageError("bench", std::string(planned.status().message()));

@@ -191,17 +191,6 @@ RankReport RunRank(const RankOptions& options, const Communicator& comm) {
   if (!destinations.ok()) return fail(destinations.status(), true);
   const TilePatterns patterns(*spec);
   const bool sparse_changes = options.change_fraction >= 0 || options.random_fraction;
-  if (sparse_changes) {
-    for (const TensorDesc& t : spec->tensors()) {
-      if (t.dst.quant_scheme != QuantScheme::kNone) {
-        return fail(absl::InvalidArgumentError(absl::StrCat(
-                        "--change-fraction does not support quantized destinations (tensor \"",
-                        t.name, "\")")),
-                    true);
-      }
-    }
-  }
-
   for (const BufferRequirement& r : *requirements) {
     if (r.side == Side::kDestination) report.destination_bytes += r.bytes;
   }

@@ -52,36 +52,10 @@ uint64_t PatternValue(uint64_t epoch, uint64_t tensor, int64_t index) {
   return x ^ (x >> 31);
 }
 
-void FillTile(const LocalTile& tile, uint64_t tensor, uint64_t epoch, void* base) {
-  auto* bytes = static_cast<uint8_t*>(base);
-  const int eb = DTypeSize(tile.dtype);
-  ForEachElement(tile, [&](int64_t off, int64_t g) {
-    const uint64_t v = PatternValue(epoch, tensor, g);
-    std::memcpy(bytes + off * eb, &v, static_cast<size_t>(eb));
-  });
-}
-
 void PoisonTile(const LocalTile& tile, void* base) {
   auto* bytes = static_cast<uint8_t*>(base);
   const int eb = DTypeSize(tile.dtype);
   ForEachElement(tile, [&](int64_t off, int64_t) { std::memset(bytes + off * eb, 0xA5, eb); });
-}
-
-absl::Status VerifyTile(const LocalTile& tile, uint64_t tensor, uint64_t epoch, int rank,
-                        const void* base) {
-  const auto* bytes = static_cast<const uint8_t*>(base);
-  const int eb = DTypeSize(tile.dtype);
-  int64_t bad = -1;
-  ForEachElement(tile, [&](int64_t off, int64_t g) {
-    if (bad >= 0) return;
-    const uint64_t v = PatternValue(epoch, tensor, g);
-    if (std::memcmp(bytes + off * eb, &v, static_cast<size_t>(eb)) != 0) bad = g;
-  });
-  if (bad < 0) return absl::OkStatus();
-  return absl::DataLossError(absl::StrCat("tensor \"", tile.tensor, "\" on rank ", rank,
-                                          ": element ", bad, " (flat index) does not hold epoch ",
-                                          epoch, "'s value (tile [", absl::StrJoin(tile.lo, ","),
-                                          "] to [", absl::StrJoin(tile.hi, ","), "))"));
 }
 
 namespace {
@@ -141,7 +115,7 @@ TilePatterns::TilePatterns(const RefitSpec& spec, const RefitSpec* values_of)
                     QuantBlockShape(d.shape, d.src.quant_scheme, d.src.quant_block) ==
                         QuantBlockShape(d.shape, d.dst.quant_scheme, d.dst.quant_block);
     t.quantized = d.dst.quant_scheme != QuantScheme::kNone && !t.fp8_matched;
-    // FP8 sources hold bit patterns (FillTile), in `values_of` too.
+    // FP8 sources hold bit patterns (PatternValue), in `values_of` too.
     const bool values_fp8 = i < values.size() && values[i].src.quant_scheme != QuantScheme::kNone;
     t.real = i < values.size() && values[i].dst.quant_scheme != QuantScheme::kNone && !values_fp8;
     t.scale_number = tensors_.size() + i;
@@ -157,6 +131,7 @@ uint8_t ChangeXor(uint64_t epoch, uint64_t tensor, int64_t index, double fractio
 
 void TilePatterns::Change(const LocalTile& tile, uint64_t epoch, double fraction,
                           void* base) const {
+  if (!tile.scales_of.empty()) return;  // An FP8 source's scales keep their values.
   const uint64_t tensor = Of(tile.tensor).number;
   auto* bytes = static_cast<uint8_t*>(base);
   const int eb = DTypeSize(tile.dtype);
@@ -167,35 +142,48 @@ void TilePatterns::Change(const LocalTile& tile, uint64_t epoch, double fraction
 
 absl::Status TilePatterns::VerifyChanged(const LocalTile& tile, uint64_t epoch, double fraction,
                                          int rank, const void* base) const {
-  const uint64_t tensor = Of(tile.tensor).number;
-  const auto* bytes = static_cast<const uint8_t*>(base);
-  const int eb = DTypeSize(tile.dtype);
-  int64_t bad = -1;
-  ForEachElement(tile, [&](int64_t off, int64_t g) {
-    if (bad >= 0) return;
-    uint64_t v = PatternValue(1, tensor, g);
-    uint8_t low = static_cast<uint8_t>(v);
-    for (uint64_t e = 2; e <= epoch; ++e) low ^= ChangeXor(e, tensor, g, fraction);
-    v = (v & ~uint64_t{0xff}) | low;
-    if (std::memcmp(bytes + off * eb, &v, static_cast<size_t>(eb)) != 0) bad = g;
-  });
-  if (bad < 0) return absl::OkStatus();
-  return absl::DataLossError(absl::StrCat(
-      "tensor \"", tile.tensor, "\" on rank ", rank, ": element ", bad,
-      " (flat index) does not hold epoch ", epoch, "'s value under changes of fraction ", fraction,
-      " (tile [", absl::StrJoin(tile.lo, ","), "] to [", absl::StrJoin(tile.hi, ","), "))"));
+  std::vector<uint8_t> low;
+  for (uint64_t e = 1; e <= epoch; ++e) AdvanceChanged(tile, e, fraction, &low);
+  return VerifyChangedLow(tile, epoch, low, rank, base);
 }
 
 void TilePatterns::AdvanceChanged(const LocalTile& tile, uint64_t epoch, double fraction,
                                   std::vector<uint8_t>* low) const {
-  const uint64_t tensor = Of(tile.tensor).number;
+  const Tensor& t = Of(tile);
+  if (t.quantized) {
+    // The changes to the source elements of the blocks the tile covers, row-major.
+    std::vector<int64_t> lo, extents, blocks_lo;
+    if (!QuantizedRegion(tile, t, &lo, &extents, &blocks_lo)) return;
+    int64_t n = 1;
+    for (int64_t e : extents) n *= e;
+    if (epoch <= 1) {
+      low->assign(static_cast<size_t>(n), 0);
+      return;
+    }
+    LocalTile region = tile;  // Over the tensor's elements (a scale tile's are its blocks).
+    region.global_shape = t.desc->shape;
+    region.lo = lo;
+    region.offset = 0;
+    for (size_t d = 0; d < lo.size(); ++d) region.hi[d] = lo[d] + extents[d];
+    for (size_t d = lo.size(); d-- > 0;) {
+      region.strides[d] = d + 1 == lo.size() ? 1 : region.strides[d + 1] * extents[d + 1];
+    }
+    ForEachElement(region, [&](int64_t i, int64_t g) {
+      (*low)[static_cast<size_t>(i)] ^= ChangeXor(epoch, t.number, g, fraction);
+    });
+    return;
+  }
+  const bool scales = !tile.scales_of.empty();
   size_t i = 0;
   if (epoch <= 1) low->clear();
+  if (epoch > 1 && scales) return;  // Scales keep their values.
+  uint8_t value[8];
   ForEachElement(tile, [&](int64_t, int64_t g) {
     if (epoch <= 1) {
-      low->push_back(static_cast<uint8_t>(PatternValue(1, tensor, g)));
+      Element(t, scales, tile.dtype, 1, g, value);
+      low->push_back(value[0]);
     } else {
-      (*low)[i++] ^= ChangeXor(epoch, tensor, g, fraction);
+      (*low)[i++] ^= ChangeXor(epoch, t.number, g, fraction);
     }
   });
 }
@@ -203,18 +191,22 @@ void TilePatterns::AdvanceChanged(const LocalTile& tile, uint64_t epoch, double 
 absl::Status TilePatterns::VerifyChangedLow(const LocalTile& tile, uint64_t epoch,
                                             const std::vector<uint8_t>& low, int rank,
                                             const void* base) const {
-  const uint64_t tensor = Of(tile.tensor).number;
+  const Tensor& t = Of(tile);
+  if (t.quantized) return VerifyQuantized(tile, t, epoch, rank, base, &low);
+  const bool scales = !tile.scales_of.empty();
   const auto* bytes = static_cast<const uint8_t*>(base);
   const int eb = DTypeSize(tile.dtype);
   int64_t bad = -1;
   size_t i = 0;
+  uint8_t want[8];
   ForEachElement(tile, [&](int64_t off, int64_t g) {
-    const uint64_t v = (PatternValue(1, tensor, g) & ~uint64_t{0xff}) | low[i++];
-    if (bad < 0 && std::memcmp(bytes + off * eb, &v, static_cast<size_t>(eb)) != 0) bad = g;
+    Element(t, scales, tile.dtype, 1, g, want);
+    want[0] = low[i++];
+    if (bad < 0 && std::memcmp(bytes + off * eb, want, static_cast<size_t>(eb)) != 0) bad = g;
   });
   if (bad < 0) return absl::OkStatus();
   return absl::DataLossError(absl::StrCat(
-      "tensor \"", tile.tensor, "\" on rank ", rank, ": element ", bad,
+      "tensor \"", tile.tensor, "\" on rank ", rank, ": ", scales ? "scale " : "element ", bad,
       " (flat index) does not hold refit ", epoch, "'s value (tile [", absl::StrJoin(tile.lo, ","),
       "] to [", absl::StrJoin(tile.hi, ","), "))"));
 }
@@ -235,78 +227,96 @@ void TilePatterns::SourceScale(const Tensor& t, uint64_t epoch, int64_t block,
   std::memcpy(out, &bits, 4);
 }
 
+void TilePatterns::Element(const Tensor& t, bool scales, DType dtype, uint64_t epoch, int64_t g,
+                           uint8_t* out) const {
+  if (scales && !t.fp8_matched) {
+    SourceScale(t, epoch, g, out);
+    return;
+  }
+  const uint64_t v = PatternValue(epoch, scales ? t.scale_number : t.number, g);
+  if (t.real && !scales) {
+    StoreReal(dtype, v, out);
+  } else {
+    std::memcpy(out, &v, static_cast<size_t>(DTypeSize(dtype)));
+  }
+}
+
 void TilePatterns::Fill(const LocalTile& tile, uint64_t epoch, void* base) const {
-  if (!tile.scales_of.empty()) {
-    // The scales of an FP8 source.
-    const Tensor& t = Of(tile.scales_of);
-    if (t.fp8_matched) {
-      FillTile(tile, t.scale_number, epoch, base);
-      return;
-    }
-    auto* bytes = static_cast<uint8_t*>(base);
-    const int eb = DTypeSize(tile.dtype);
-    ForEachElement(tile, [&](int64_t off, int64_t g) { SourceScale(t, epoch, g, bytes + off * eb); });
-    return;
-  }
-  const Tensor& t = Of(tile.tensor);
-  if (!t.real) {
-    FillTile(tile, t.number, epoch, base);
-    return;
-  }
+  const Tensor& t = Of(tile);
+  const bool scales = !tile.scales_of.empty();
   auto* bytes = static_cast<uint8_t*>(base);
   const int eb = DTypeSize(tile.dtype);
   ForEachElement(tile, [&](int64_t off, int64_t g) {
-    StoreReal(tile.dtype, PatternValue(epoch, t.number, g), bytes + off * eb);
+    Element(t, scales, tile.dtype, epoch, g, bytes + off * eb);
   });
 }
 
 absl::Status TilePatterns::Verify(const LocalTile& tile, uint64_t epoch, int rank,
                                   const void* base) const {
-  const Tensor& t = Of(tile.scales_of.empty() ? tile.tensor : tile.scales_of);
-  if (t.fp8_matched) {
-    // FP8 bytes and scales as the source holds them.
-    return VerifyTile(tile, tile.scales_of.empty() ? t.number : t.scale_number, epoch, rank, base);
-  }
+  const Tensor& t = Of(tile);
   if (t.quantized) return VerifyQuantized(tile, t, epoch, rank, base);
-  if (!t.real) return VerifyTile(tile, t.number, epoch, rank, base);
-  // The real numbers themselves (an unquantized destination of quantized-style sources).
+  // Bit patterns, real numbers (an unquantized destination of quantized-style sources), or FP8
+  // bytes and scales as the source holds them.
+  const bool scales = !tile.scales_of.empty();
   const auto* bytes = static_cast<const uint8_t*>(base);
   const int eb = DTypeSize(tile.dtype);
   int64_t bad = -1;
   uint8_t want[8];
   ForEachElement(tile, [&](int64_t off, int64_t g) {
     if (bad >= 0) return;
-    StoreReal(tile.dtype, PatternValue(epoch, t.number, g), want);
+    Element(t, scales, tile.dtype, epoch, g, want);
     if (std::memcmp(bytes + off * eb, want, static_cast<size_t>(eb)) != 0) bad = g;
   });
   if (bad < 0) return absl::OkStatus();
-  return absl::DataLossError(absl::StrCat("tensor \"", tile.tensor, "\" on rank ", rank,
-                                          ": element ", bad, " (flat index) does not hold epoch ",
-                                          epoch, "'s value"));
+  return absl::DataLossError(absl::StrCat(
+      "tensor \"", tile.tensor, "\" on rank ", rank, ": ", scales ? "scale " : "element ", bad,
+      " (flat index) does not hold epoch ", epoch, "'s value (tile [", absl::StrJoin(tile.lo, ","),
+      "] to [", absl::StrJoin(tile.hi, ","), "))"));
 }
 
-absl::Status TilePatterns::VerifyQuantized(const LocalTile& tile, const Tensor& t, uint64_t epoch,
-                                           int rank, const void* base) const {
+bool TilePatterns::QuantizedRegion(const LocalTile& tile, const Tensor& t, std::vector<int64_t>* lo,
+                                   std::vector<int64_t>* extents,
+                                   std::vector<int64_t>* blocks_lo) const {
   const TensorDesc& desc = *t.desc;
   const bool scales = !tile.scales_of.empty();
   const size_t nd = tile.lo.size();
   for (size_t d = 0; d < nd; ++d) {
-    if (tile.hi[d] <= tile.lo[d]) return absl::OkStatus();
+    if (tile.hi[d] <= tile.lo[d]) return false;
   }
   const std::vector<int64_t> block =
       QuantBlockShape(desc.shape, desc.dst.quant_scheme, desc.dst.quant_block);
-  // The elements whose blocks the tile covers: [lo, hi) aligned outwards to blocks, or for a
-  // scale tile its blocks' elements. Their values, quantized as the source does.
-  std::vector<int64_t> lo(nd), extents(nd), blocks_lo(nd);
-  int64_t n = 1;
+  lo->resize(nd);
+  extents->resize(nd);
+  blocks_lo->resize(nd);
   for (size_t d = 0; d < nd; ++d) {
     const int64_t b = block[d];
-    blocks_lo[d] = scales ? tile.lo[d] : tile.lo[d] / b;
+    (*blocks_lo)[d] = scales ? tile.lo[d] : tile.lo[d] / b;
     const int64_t blocks_hi = scales ? tile.hi[d] : (tile.hi[d] + b - 1) / b;
-    lo[d] = blocks_lo[d] * b;
-    extents[d] = std::min(blocks_hi * b, desc.shape[d]) - lo[d];
-    n *= extents[d];
+    (*lo)[d] = (*blocks_lo)[d] * b;
+    (*extents)[d] = std::min(blocks_hi * b, desc.shape[d]) - (*lo)[d];
   }
+  return true;
+}
+
+absl::Status TilePatterns::VerifyQuantized(const LocalTile& tile, const Tensor& t, uint64_t epoch,
+                                           int rank, const void* base,
+                                           const std::vector<uint8_t>* changes) const {
+  const TensorDesc& desc = *t.desc;
+  const bool scales = !tile.scales_of.empty();
+  const size_t nd = tile.lo.size();
+  // The elements whose blocks the tile covers, their values quantized as the source does.
+  std::vector<int64_t> lo, extents, blocks_lo;
+  if (!QuantizedRegion(tile, t, &lo, &extents, &blocks_lo)) return absl::OkStatus();
+  const std::vector<int64_t> block =
+      QuantBlockShape(desc.shape, desc.dst.quant_scheme, desc.dst.quant_block);
+  int64_t n = 1;
+  for (int64_t e : extents) n *= e;
+  if (changes != nullptr && static_cast<int64_t>(changes->size()) != n) {
+    return absl::InternalError(absl::StrCat("tensor \"", tile.tensor, "\" on rank ", rank, ": ",
+                                            changes->size(), " changes kept for ", n,
+                                            " source elements"));
+  }
+  const uint64_t values_epoch = changes != nullptr ? 1 : epoch;
   // An FP8 source's values: its bytes times its blocks' scales, as fp32.
   const DType src_dtype = t.fp8_source ? DType::kFp32 : desc.dtype;
   const int src_bytes = DTypeSize(src_dtype);
@@ -326,13 +336,16 @@ absl::Status TilePatterns::VerifyQuantized(const LocalTile& tile, const Tensor& 
     }
     if (t.fp8_source) {
       uint8_t scale[4];
-      SourceScale(t, epoch, src_block_flat, scale);
-      const float value =
-          DequantizeReference(*desc.src.dtype, static_cast<uint8_t>(PatternValue(epoch, t.number, global)),
-                              desc.src.quant_scheme, scale);
+      SourceScale(t, values_epoch, src_block_flat, scale);
+      uint8_t byte = static_cast<uint8_t>(PatternValue(values_epoch, t.number, global));
+      if (changes != nullptr) byte ^= (*changes)[static_cast<size_t>(i)];
+      const float value = DequantizeReference(*desc.src.dtype, byte, desc.src.quant_scheme, scale);
       std::memcpy(source.data() + i * src_bytes, &value, 4);
     } else {
-      StoreReal(desc.dtype, PatternValue(epoch, t.number, global), source.data() + i * src_bytes);
+      StoreReal(desc.dtype, PatternValue(values_epoch, t.number, global),
+                source.data() + i * src_bytes);
+      if (changes != nullptr)
+        source[static_cast<size_t>(i * src_bytes)] ^= (*changes)[static_cast<size_t>(i)];
     }
     for (size_t d = nd; d-- > 0;) {
       if (++idx[d] < extents[d]) break;
@@ -373,9 +386,9 @@ absl::Status TilePatterns::VerifyQuantized(const LocalTile& tile, const Tensor& 
       std::vector<int64_t> where(nd);
       for (size_t d = 0; d < nd; ++d) where[d] = tile.lo[d] + idx[d];
       return absl::DataLossError(absl::StrCat(
-          "tensor \"", tile.tensor, "\" on rank ", rank, ": ", scales ? "scale" : "element",
-          " [", absl::StrJoin(where, ", "), "] is not the quantized value of epoch ", epoch,
-          "'s source"));
+          "tensor \"", tile.tensor, "\" on rank ", rank, ": ", scales ? "scale" : "element", " [",
+          absl::StrJoin(where, ", "), "] is not the quantized value of ",
+          changes != nullptr ? "refit " : "epoch ", epoch, "'s source"));
     }
     for (size_t d = nd; d-- > 0;) {
       if (++idx[d] < tile.hi[d] - tile.lo[d]) break;

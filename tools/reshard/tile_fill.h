@@ -1,7 +1,7 @@
 // Test patterns for the per-rank programs (reshard-rank, reshard-bench-rank), on the public API
 // only: every source element gets a value derived from (epoch, tensor, global flat index) by a
 // strong 64-bit mix (DESIGN §9: never index % 256), so a piece put in the wrong place, a stale
-// epoch or a missing piece shows up in VerifyTile.
+// epoch or a missing piece shows up in TilePatterns::Verify.
 #pragma once
 
 #include <cstdint>
@@ -18,27 +18,22 @@ namespace reshard::cli {
 // `tensor` in epoch `epoch`; the low DTypeSize bytes are stored.
 uint64_t PatternValue(uint64_t epoch, uint64_t tensor, int64_t index);
 
-// Writes epoch `epoch`'s pattern into every element of `tile` (elements at `base` + offsets).
-void FillTile(const LocalTile& tile, uint64_t tensor, uint64_t epoch, void* base);
 // Overwrites every element of `tile` with 0xA5 bytes.
 void PoisonTile(const LocalTile& tile, void* base);
-// DataLoss naming the tensor, the rank and the first wrong element when `tile` does not hold
-// epoch `epoch`'s pattern.
-[[nodiscard]] absl::Status VerifyTile(const LocalTile& tile, uint64_t tensor, uint64_t epoch,
-                                      int rank, const void* base);
 
 // Sparse changes (`--change-fraction F`, docs/delta.md): epoch 1 holds PatternValue(1, ...);
 // each later epoch e changes element `index` with probability F (a hash of e, tensor and index,
 // so changes scatter over every tensor) by XOR-ing 1..15 into its lowest byte: 1 to 15 ulp of a
-// little-endian float's mantissa, never a no-op. ChangeXor is 0 for an element e leaves alone.
+// little-endian float's mantissa (of an FP8 source, its byte: another code), never a no-op.
+// ChangeXor is 0 for an element e leaves alone.
 uint8_t ChangeXor(uint64_t epoch, uint64_t tensor, int64_t index, double fraction);
 
 // Fill and check for every tile of a spec, quantized destinations included
 // (docs/quantization.md): the sources of a tensor whose destination is quantized get real numbers
 // of their dtype (mostly 2^-6 to 2^6, with rare zeros, subnormals, NaN, Inf and huge values)
 // instead of bit patterns, and its destination tiles, FP8 elements and scales, are checked
-// against QuantizeReference of those numbers; every other tile as FillTile and VerifyTile do.
-// FP8 sources (src.quant) hold FillTile's bytes (every FP8 code); their source scales are bit
+// against QuantizeReference of those numbers; every other tile with PatternValue's bytes.
+// FP8 sources (src.quant) hold PatternValue's bytes (every FP8 code); their source scales are bit
 // patterns when the destination has the same format, scheme and block (both then arrive as they
 // are), else real scales (fp32 of 2^-12 to 2^12, E8M0 bytes 107 to 147), and the destination is
 // checked against QuantizeReference of the dequantized source (DequantizeReference).
@@ -54,16 +49,21 @@ class TilePatterns {
   // (a tensor's, or its scales') does not hold what epoch `epoch`'s sources give.
   [[nodiscard]] absl::Status Verify(const LocalTile& tile, uint64_t epoch, int rank,
                                     const void* base) const;
-  // Sparse changes (ChangeXor): applies epoch `epoch`'s changes (>= 2) to source tile `tile`,
-  // which holds epoch - 1's values; and checks a destination tile against epoch `epoch`'s
-  // values (recomputing the changes of every epoch 2..epoch). Not for quantized tensors.
+  // Sparse changes (ChangeXor), for every kind of tile: applies epoch `epoch`'s changes (>= 2)
+  // to source tile `tile`, which holds epoch - 1's values (the elements of a tensor, real
+  // numbers and FP8 bytes included; an FP8 source's scales never change); and checks a
+  // destination tile against epoch `epoch`'s values (recomputing the changes of every epoch
+  // 2..epoch). A quantized destination (elements or scales) is checked against
+  // QuantizeReference of the changed source values of every block it covers, so a change that
+  // moves a block's amax shows up in all of the block's bytes.
   void Change(const LocalTile& tile, uint64_t epoch, double fraction, void* base) const;
   [[nodiscard]] absl::Status VerifyChanged(const LocalTile& tile, uint64_t epoch, double fraction,
                                            int rank, const void* base) const;
-  // The same over many refits, each with its own fraction: `low` holds what destination tile
-  // `tile` holds after epoch `epoch` in the lowest byte of each element (ForEachElement's
-  // order), advanced one epoch at a time (epoch 1 sets it), so checking N refits costs N passes
-  // over the tile instead of VerifyChanged's N^2 / 2.
+  // The same over many refits, each with its own fraction: `low` holds, for destination tile
+  // `tile` after epoch `epoch`, the lowest byte of each element (ForEachElement's order), or
+  // for a quantized tile the XOR of every change so far to each source element of the blocks
+  // it covers (row-major), advanced one epoch at a time (epoch 1 sets it), so checking N
+  // refits costs N passes over the tile instead of VerifyChanged's N^2 / 2.
   void AdvanceChanged(const LocalTile& tile, uint64_t epoch, double fraction,
                       std::vector<uint8_t>* low) const;
   [[nodiscard]] absl::Status VerifyChangedLow(const LocalTile& tile, uint64_t epoch,
@@ -84,8 +84,24 @@ class TilePatterns {
   // The bytes of the source scale of block `block` (flat over the source's blocked shape) of an
   // FP8 source whose scales are real (not fp8_matched): 4 (fp32) or 1 (E8M0) bytes at `out`.
   void SourceScale(const Tensor& t, uint64_t epoch, int64_t block, uint8_t* out) const;
+  const Tensor& Of(const LocalTile& tile) const {
+    return Of(tile.scales_of.empty() ? tile.tensor : tile.scales_of);
+  }
+  // What Fill writes into element `g` of a tile of `dtype` holding `t` (or, `scales`, its
+  // source scales) in epoch `epoch`: DTypeSize(dtype) bytes at `out`.
+  void Element(const Tensor& t, bool scales, DType dtype, uint64_t epoch, int64_t g,
+               uint8_t* out) const;
+  // The source elements a quantized destination tile's values come from: the tile's box
+  // aligned outwards to the destination's blocks (for a scale tile, its blocks' elements),
+  // `lo` and `extents` per dim in elements; `blocks_lo` the first block per dim. False when the
+  // tile is empty.
+  bool QuantizedRegion(const LocalTile& tile, const Tensor& t, std::vector<int64_t>* lo,
+                       std::vector<int64_t>* extents, std::vector<int64_t>* blocks_lo) const;
+  // `changes` (null: none): the XOR to each region element's lowest byte (AdvanceChanged's
+  // order), applied to epoch 1's values, `epoch` then only naming the refit in errors.
   absl::Status VerifyQuantized(const LocalTile& tile, const Tensor& t, uint64_t epoch, int rank,
-                               const void* base) const;
+                               const void* base,
+                               const std::vector<uint8_t>* changes = nullptr) const;
   std::vector<TensorDesc> tensors_;
   std::map<std::string, Tensor> by_name_;
 };
