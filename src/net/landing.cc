@@ -49,18 +49,30 @@ Landing::Landing(const plan::Plan& plan, const SendProgram& program, RegisteredM
   applied_bytes_.assign(static_cast<size_t>(segment_begin_.back()), 0);
   any_delta_.assign(program.received.size(), 0);
   unpack_queued_.assign(program.received.size(), 0);
-  if (!data_messages) return;
-  segment_landed_.assign(static_cast<size_t>(segment_begin_.back()), 0);
-  segment_stream_.assign(static_cast<size_t>(segment_begin_.back()), 0);
-  for (uint8_t es : program.delta_elem_bytes) {
-    if (es == 0) continue;
-    am_streams_.resize(static_cast<size_t>(program.landing_bytes));
-    break;
+  segment_applied_.assign(static_cast<size_t>(segment_begin_.back()), 0);
+  // The relays that forward each delta piece landing here: where their streams go in the send
+  // scratch (by slot, [relay_begin_[slot], relay_begin_[slot + 1]) of relay_scratch_).
+  relay_begin_.assign(program.received.size() + 1, 0);
+  for (const SendDesc& d : program.descs) {
+    if (d.relay_feed >= 0) relay_begin_[static_cast<size_t>(d.relay_feed) + 1]++;
   }
+  for (size_t slot = 0; slot < program.received.size(); ++slot) {
+    relay_begin_[slot + 1] += relay_begin_[slot];
+  }
+  relay_scratch_.resize(static_cast<size_t>(relay_begin_.back()));
+  std::vector<int64_t> next(relay_begin_.begin(), relay_begin_.end() - 1);
+  for (const SendDesc& d : program.descs) {
+    if (d.relay_feed >= 0) {
+      relay_scratch_[static_cast<size_t>(next[static_cast<size_t>(d.relay_feed)]++)] =
+          d.send_offset;
+    }
+  }
+  if (!data_messages) return;
   for (uint32_t slot = 0; slot < program.received.size(); ++slot) {
     const plan::Transfer& t = plan.transfers()[program.received[slot]];
     const plan::Region& region = plan.region(t.region);
-    if (t.from_rank == program.rank || program.landing_offset[slot] >= 0 || region.ndims == 0) {
+    if (t.from_rank == program.rank || program.landing_offset[slot] >= 0 ||
+        program.delta_elem_bytes[slot] != 0 || region.ndims == 0) {
       continue;
     }
     std::vector<int64_t>& starts = run_starts_[slot];
@@ -174,7 +186,7 @@ void Landing::StartEpoch(uint64_t epoch, uint64_t version) {
   std::fill(stream_bytes_.begin(), stream_bytes_.end(), 0);
   std::fill(segments_done_.begin(), segments_done_.end(), 0);
   std::fill(any_delta_.begin(), any_delta_.end(), 0);
-  std::fill(segment_landed_.begin(), segment_landed_.end(), 0);
+  std::fill(segment_applied_.begin(), segment_applied_.end(), 0);
   std::fill(unpack_queued_.begin(), unpack_queued_.end(), 0);
 }
 
@@ -201,6 +213,13 @@ absl::Status Landing::ApplyDelta(uint32_t slot, int64_t k, const uint8_t* stream
   }
   stream_bytes_[slot] += decoder.bytes();
   applied_bytes_[static_cast<size_t>(segment_begin_[slot] + k)] = decoder.bytes();
+  // The relays of this piece forward the stream as validated (docs/delta.md): each gets its own
+  // copy in its send scratch, where it may replace it by the plain segment for its receiver.
+  for (int64_t r = relay_begin_[slot]; r < relay_begin_[slot + 1]; ++r) {
+    std::memcpy(memory_.send_scratch() + relay_scratch_[static_cast<size_t>(r)] +
+                    k * delta::SegmentStride(es),
+                stream, static_cast<size_t>(decoder.bytes()));
+  }
   any_delta_[slot] |= decoder.mode() == delta::kDelta ? 1 : 0;
   if (++segments_done_[slot] == segment_begin_[slot + 1] - segment_begin_[slot]) {
     deltas_applied_ += any_delta_[slot];
@@ -232,12 +251,9 @@ absl::Status Landing::ApplyDelta(uint32_t slot, int64_t k, const uint8_t* stream
   return absl::OkStatus();
 }
 
-const uint8_t* Landing::AppliedStream(uint32_t slot, int64_t k, int64_t* bytes) const {
-  const int es = program_.delta_elem_bytes[slot];
-  RESHARD_CHECK(es != 0 && landed(slot));
-  *bytes = applied_bytes_[static_cast<size_t>(segment_begin_[slot] + k)];
-  const uint8_t* area = data_messages_ ? am_streams_.data() : memory_.landing();
-  return area + program_.landing_offset[slot] + k * delta::SegmentStride(es);
+int64_t Landing::AppliedBytes(uint32_t slot, int64_t k) const {
+  RESHARD_CHECK(program_.delta_elem_bytes[slot] != 0 && landed(slot));
+  return applied_bytes_[static_cast<size_t>(segment_begin_[slot] + k)];
 }
 
 cuda::DeltaPiece DeltaPieceOf(const plan::Plan& plan, const plan::Region& region, bool source,
@@ -284,21 +300,17 @@ absl::StatusOr<uint32_t> Landing::CheckSender(int32_t from_rank, uint32_t id,
 
 absl::StatusOr<bool> Landing::Signalled(int32_t from_rank, uint32_t id, uint32_t* slot) {
   RESHARD_ASSIGN_OR_RETURN(*slot, CheckSender(from_rank, id, "signalled"));
+  if (program_.delta_elem_bytes[*slot] != 0) {
+    return absl::DataLossError(absl::StrCat(
+        "rank ", program_.rank, ": rank ", from_rank, " signalled transfer ", id, " (tensor \"",
+        plan_.spec().tensors[plan_.transfers()[program_.received[*slot]].tensor].name,
+        "\"), a delta piece, whose streams come as data messages (protocol error)"));
+  }
   if (landed(*slot)) return false;
   // A round piece lands with its last round (the engine), not with its signal.
   if (rounds_ != nullptr && rounds_->sender_of_slot[*slot] >= 0) return false;
   const int64_t offset = program_.landing_offset[*slot];
-  if (offset >= 0 && program_.delta_elem_bytes[*slot] != 0) {
-    // Every segment's stream is in place (the batch's signal follows the piece's puts).
-    const auto& t = plan_.transfers()[program_.received[*slot]];
-    const int es = program_.delta_elem_bytes[*slot];
-    const int64_t elems = plan_.region(t.region).bytes / es;
-    for (int64_t k = 0; k < segment_begin_[*slot + 1] - segment_begin_[*slot]; ++k) {
-      RESHARD_RETURN_IF_ERROR(
-          ApplyDelta(*slot, k, memory_.landing() + offset + k * delta::SegmentStride(es),
-                     delta::StreamCapacity(delta::SegmentLength(elems, es, k), es)));
-    }
-  } else if (offset >= 0) {
+  if (offset >= 0) {
     const int64_t bytes = plan_.region(plan_.transfers()[program_.received[*slot]].region).bytes;
     // The landing area holds the stream until the next epoch's grant: device copies may queue.
     RESHARD_RETURN_IF_ERROR(
@@ -316,57 +328,51 @@ absl::StatusOr<bool> Landing::Data(const wire::DataHeader& h, const void* data, 
   const plan::Transfer& t = plan_.transfers()[program_.received[slot]];
   const auto region_bytes = static_cast<uint64_t>(plan_.region(t.region).bytes);
   const uint64_t landed = static_cast<uint64_t>(landed_bytes_[slot]);
-  const bool packed = program_.landing_offset[slot] >= 0;
+  const int es = program_.delta_elem_bytes[slot];
+  const bool packed = program_.landing_offset[slot] >= 0 || es != 0;
   if (h.packed != (packed ? 1u : 0u)) {
     return absl::DataLossError(absl::StrCat("rank ", program_.rank, ": rank ", from,
                                             " sent data for transfer ", id, " with packed flag ",
                                             h.packed, ", but the transfer travels ",
                                             (packed ? "packed" : "unpacked")));
   }
-  if (const int es = program_.delta_elem_bytes[slot]; es != 0) {
-    // A delta stream, one per segment of the piece at its fixed offset: every message of a
-    // segment names the same length, inside the segment's capacity; each segment is applied
-    // once all of it is here, and the piece has landed when every segment has.
+  if (es != 0) {
+    // A delta stream: one message per segment of the piece (the sender never cuts one), its
+    // whole stream, applied before this returns (`data` is UCX's until then); the piece has
+    // landed when every segment has. Nothing is reserved for it here.
     const int64_t elems = static_cast<int64_t>(region_bytes) / es;
-    const int64_t stride = delta::SegmentStride(es);
-    const int64_t k = static_cast<int64_t>(h.to_offset / static_cast<uint64_t>(stride));
+    const auto stride = static_cast<uint64_t>(delta::SegmentStride(es));
     const int64_t segments = segment_begin_[slot + 1] - segment_begin_[slot];
-    const auto seg = static_cast<size_t>(segment_begin_[slot] + k);
     // Unsigned: k * stride of a hostile offset would overflow int64.
-    const uint64_t within = h.to_offset % static_cast<uint64_t>(stride);
-    if (k >= segments || h.stream_bytes < sizeof(delta::StreamHeader) ||
-        h.stream_bytes >
-            static_cast<uint64_t>(delta::StreamCapacity(delta::SegmentLength(elems, es, k), es)) ||
-        !wire::InBounds(within, length, h.stream_bytes)) {
-      return absl::DataLossError(absl::StrCat("rank ", program_.rank, ": rank ", from, " sent ",
-                                              length, " delta stream bytes at offset ", h.to_offset,
-                                              " of a stream of ", h.stream_bytes,
-                                              " bytes outside transfer ", id, " (tensor \"",
-                                              plan_.spec().tensors[t.tensor].name, "\")"));
-    }
-    auto segment_name = [&] {  // Only on the error paths: no allocation per message.
-      return absl::StrCat("transfer ", id, " (tensor \"", plan_.spec().tensors[t.tensor].name,
-                          "\", segment ", k, ")");
-    };
-    if (segment_landed_[seg] > 0 && h.stream_bytes != static_cast<uint64_t>(segment_stream_[seg])) {
+    const uint64_t k = h.to_offset / stride;
+    if (h.to_offset % stride != 0 || k >= static_cast<uint64_t>(segments) ||
+        h.stream_bytes != length || length < sizeof(delta::StreamHeader) ||
+        length > static_cast<uint64_t>(delta::StreamCapacity(
+                     delta::SegmentLength(elems, es, static_cast<int64_t>(k)), es))) {
       return absl::DataLossError(absl::StrCat(
-          "rank ", program_.rank, ": rank ", from, " sent delta stream bytes of ", segment_name(),
-          " for a stream of ", h.stream_bytes, " bytes, but earlier messages of that segment said ",
-          segment_stream_[seg], " bytes"));
+          "rank ", program_.rank, ": rank ", from, " sent ", length,
+          " delta stream bytes at offset ", h.to_offset, " of a stream of ", h.stream_bytes,
+          " bytes, which is not one whole segment's stream of transfer ", id, " (tensor \"",
+          plan_.spec().tensors[t.tensor].name, "\")"));
     }
-    if (!wire::InBounds(static_cast<uint64_t>(segment_landed_[seg]), length, h.stream_bytes)) {
+    uint8_t& applied = segment_applied_[static_cast<size_t>(segment_begin_[slot]) + k];
+    if (applied != 0) {
       return absl::DataLossError(absl::StrCat(
-          "rank ", program_.rank, ": rank ", from, " sent ", length, " delta stream bytes of ",
-          segment_name(), " after ", segment_landed_[seg], " of its ", h.stream_bytes,
-          " bytes had arrived: more than the stream holds"));
+          "rank ", program_.rank, ": rank ", from, " sent segment ", k, " of transfer ", id,
+          " (tensor \"", plan_.spec().tensors[t.tensor].name, "\") twice in epoch ", epoch_));
     }
-    segment_stream_[seg] = static_cast<int64_t>(h.stream_bytes);
-    uint8_t* stream = am_streams_.data() + program_.landing_offset[slot] + k * stride;
-    if (length > 0) std::memcpy(stream + within, data, length);
-    segment_landed_[seg] += static_cast<int64_t>(length);
-    if (static_cast<uint64_t>(segment_landed_[seg]) != h.stream_bytes) return false;
-    RESHARD_RETURN_IF_ERROR(ApplyDelta(slot, k, stream, static_cast<int64_t>(h.stream_bytes)));
+    applied = 1;
+    RESHARD_RETURN_IF_ERROR(ApplyDelta(slot, static_cast<int64_t>(k),
+                                       static_cast<const uint8_t*>(data),
+                                       static_cast<int64_t>(length)));
     return segments_done_[slot] == segments;
+  }
+  if (!data_messages_) {
+    return absl::DataLossError(absl::StrCat(
+        "rank ", program_.rank, ": rank ", from, " sent a data message for transfer ", id,
+        " (tensor \"", plan_.spec().tensors[t.tensor].name,
+        "\"), but this rank receives it by puts (protocol error: do both ranks use the same "
+        "delivery?)"));
   }
   if (h.stream_bytes != 0) {
     return absl::DataLossError(absl::StrCat("rank ", program_.rank, ": rank ", from,

@@ -12,11 +12,12 @@
 //    copy queue, from the landing area without waiting, the piece landing once the queue's event
 //    completed) and moves staged destination pieces host -> device; data messages into such
 //    memory pass through a pinned bounce area onto the copy queue (InitBounce);
-//  - applies delta streams (docs/delta.md) in place, one per segment of the piece, each once
-//    all of it is here, after validating all of it against its segment and this rank's version
-//    (DataLoss otherwise, the segment's destination elements untouched; the refit then fails
-//    and the next one is full); with active messages the streams are assembled in host memory
-//    first, and the piece lands with its last segment.
+//  - applies delta streams (docs/delta.md), which arrive as data messages whatever the delivery,
+//    one per segment of the piece, each whole: straight from the message, after validating all
+//    of it against its segment and this rank's version (DataLoss otherwise, the segment's
+//    destination elements untouched; the refit then fails and the next one is full), so no
+//    memory is reserved for them; the piece lands with its last segment. Each relay of the piece
+//    gets a copy of the validated stream in its send scratch (SendDesc::relay_feed).
 //    Host code applies them to host memory and to the pinned staging copy of a staged device
 //    buffer (which Land then moves to the device, as any piece); the CUDA kernels
 //    (set_device_delta) apply them to device memory the engine writes directly;
@@ -62,9 +63,11 @@ class Landing {
 
   // Put delivery: `from_rank` signalled that the bytes of the transfer with world index `id`
   // are in place. Unpacks its packed stream from the landing area. True when the transfer is new
-  // in this epoch (then Land its `*slot`).
+  // in this epoch (then Land its `*slot`). DataLoss for a delta piece (its streams are data
+  // messages).
   [[nodiscard]] absl::StatusOr<bool> Signalled(int32_t from_rank, uint32_t id, uint32_t* slot);
-  // Active-message delivery: one run or chunk. True when the transfer (`*slot`) is now complete.
+  // A data message: one run or chunk (active-message delivery), or one segment's delta stream
+  // (either delivery). True when the transfer (`*slot`) is now complete.
   [[nodiscard]] absl::StatusOr<bool> Data(const wire::DataHeader& h, const void* data,
                                           size_t length, uint32_t* slot);
   // Marks the transfer in `slot` (not yet landed) landed in this epoch and moves a staged
@@ -118,11 +121,10 @@ class Landing {
   void CountStagedToDevice(int64_t bytes) { staged_to_device_ += bytes; }
   // Delta pieces applied with at least one segment as a delta (not all plain) in this epoch.
   int64_t deltas_applied() const { return deltas_applied_; }
-  // The delta stream that segment `k` of the delta piece in `slot` brought in this epoch, as
-  // validated and applied (host memory: the landing area, or where data messages assembled
-  // it), and its length; it stays there until this rank grants its next epoch. For a relay
-  // (SendDesc::relay_feed), once the piece landed.
-  const uint8_t* AppliedStream(uint32_t slot, int64_t k, int64_t* bytes) const;
+  // The length of the delta stream that segment `k` of the delta piece in `slot` brought in
+  // this epoch, as validated and applied. For a relay (SendDesc::relay_feed), once the piece
+  // landed: the stream itself is then in the relay's send scratch, at the segment's place.
+  int64_t AppliedBytes(uint32_t slot, int64_t k) const;
   // The codec that applies delta streams to device buffers the engine writes directly (not
   // staged); it must outlive the Landing. Without one, such streams are refused (Internal):
   // the engine checks at set-up that it has one when any delta piece lands in device memory.
@@ -179,12 +181,12 @@ class Landing {
   std::vector<int64_t> segment_begin_;
   std::vector<int64_t> segments_done_;
   std::vector<int64_t> applied_bytes_;  // By segment: the length of the stream applied.
+  std::vector<uint8_t> segment_applied_;  // By segment: its stream came in this epoch.
   std::vector<uint8_t> any_delta_;
-  // Active-message delivery: delta streams are assembled here (at their landing offsets), and
-  // by segment, its bytes here so far and its stream's length.
-  std::vector<uint8_t> am_streams_;
-  std::vector<int64_t> segment_landed_;
-  std::vector<int64_t> segment_stream_;
+  // The relays of each delta piece landing here: by slot, [relay_begin_[slot],
+  // relay_begin_[slot + 1]) of relay_scratch_, their pieces' offsets in the send scratch.
+  std::vector<int64_t> relay_begin_;
+  std::vector<int64_t> relay_scratch_;
   cuda::DeviceDeltaCodec* device_delta_ = nullptr;
   cuda::CopyQueue* copy_queue_ = nullptr;
   const LandingRounds* rounds_ = nullptr;

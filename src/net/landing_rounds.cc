@@ -182,10 +182,11 @@ void CompactLandingBlock(int32_t peer, const std::vector<int64_t>& round_base, S
   auto entry = std::lower_bound(p->packed_to.begin(), p->packed_to.end(), peer,
                                 [](const LandingBlock& b, int32_t r) { return b.rank < r; });
   if (entry == p->packed_to.end() || entry->rank != peer) return;
-  // The packed descriptors to `peer`, in order (their offsets ascend), and the bytes each took.
+  // The packed descriptors to `peer` in its landing area (delta streams are not), in order
+  // (their offsets ascend), and the bytes each took.
   std::vector<uint32_t> packed;
   for (uint32_t i = p->peer_begin[peer]; i < p->peer_begin[peer + 1]; ++i) {
-    if (p->descs[i].packed) packed.push_back(i);
+    if (p->descs[i].packed && p->descs[i].landing_offset >= 0) packed.push_back(i);
   }
   int64_t kept = 0;
   for (size_t k = 0; k < packed.size(); ++k) {

@@ -563,7 +563,8 @@ absl::Status RefitEngine::Impl::Init(rendezvous::Store& store, std::vector<Buffe
       }
     }
     const uint32_t first = program_.peer_begin[r], last = program_.peer_begin[r + 1];
-    if (am && first < last) {
+    // Data messages: every piece with active messages, delta streams with puts too.
+    if ((am || options_.delta) && first < last) {
       link->ReserveDataHeaders(program_.descs[first].run_begin, program_.descs[last - 1].run_end);
     }
     peers_.push_back(link.get());
@@ -1041,7 +1042,7 @@ absl::Status RefitEngine::Impl::ChooseSingleCopy() {
   std::vector<bool> into_device(links_.size(), false);
   for (uint32_t slot = 0; slot < program_.received.size(); ++slot) {
     const plan::Transfer& t = plan_.transfers()[program_.received[slot]];
-    if (program_.landing_offset[slot] < 0 &&
+    if (program_.landing_offset[slot] < 0 && program_.delta_elem_bytes[slot] == 0 &&
         memory_->device(plan_.buffer_of(t.tensor, t.to_side))) {
       into_device[static_cast<size_t>(t.from_rank)] = true;
     }
@@ -1090,7 +1091,8 @@ absl::Status RefitEngine::Impl::CheckRemoteKeys() const {
   const bool puts = !delivery_->counts_bytes();
   for (uint32_t di = 0; di < program_.descs.size(); ++di) {
     const SendDesc& d = program_.descs[di];
-    if (d.peer == rank_) continue;
+    // Local copies; delta streams, which go as data messages (Landing::Data checks them).
+    if (d.peer == rank_ || d.delta_elem_bytes > 0) continue;
     const PeerLink& link = *links_[d.peer];
     const std::string& tensor = plan_.spec().tensors[plan_.transfers()[d.transfer].tensor].name;
     // A direct destination of the peer (CUDA memory it writes itself) has no key: its plain
@@ -1554,17 +1556,16 @@ absl::Status RefitEngine::Impl::EncodeSegment(PeerLink& link, const SendDesc& d,
     *ready = true;
     if (--gpu_left_[b] == 0) RESHARD_RETURN_IF_ERROR(EnqueueDeltaBatches());
   } else if (d.relay_feed >= 0) {
-    // A relay forwards the stream its feed brought, as this rank validated and applied it: a
-    // kDelta stream builds on this rank's version (base_), which the receiver must hold too;
-    // otherwise the segment goes plain, read from where the feed was applied. A plain stream
-    // goes on with its sender's reason (why_full), unless this rank had no base itself.
-    int64_t bytes = 0;
-    const uint8_t* stream = landing_->AppliedStream(static_cast<uint32_t>(d.relay_feed), k, &bytes);
+    // A relay forwards the stream its feed brought, as this rank validated and applied it (the
+    // landing copied it to `out`): a kDelta stream builds on this rank's version (base_), which
+    // the receiver must hold too; otherwise the segment goes plain, read from where the feed was
+    // applied. A plain stream goes on with its sender's reason (why_full), unless this rank had
+    // no base itself.
+    const int64_t bytes = landing_->AppliedBytes(static_cast<uint32_t>(d.relay_feed), k);
     delta::StreamHeader h;
-    std::memcpy(&h, stream, sizeof(h));
+    std::memcpy(&h, out, sizeof(h));
     base = base_ != 0 && (h.mode == delta::kDelta || h.why_full != delta::kNoBase);
     if (h.mode == delta::kFull || receiver_at_base) {
-      std::memcpy(out, stream, static_cast<size_t>(bytes));
       r.bytes = bytes;
       r.mode = static_cast<delta::Mode>(h.mode);
       forwarded_receiver_version = h.mode == delta::kFull && h.why_full == delta::kReceiverVersion;
@@ -2040,12 +2041,7 @@ void RefitEngine::Impl::OnData(const wire::DataHeader& h, const void* data, size
                                ucp_ep_h from) {
   if (Origin(h.base, from, "data") == nullptr) return;
   if (!in_epoch_ || h.base.epoch != epoch_) return;  // A failed or abandoned epoch's data.
-  if (!delivery_->counts_bytes()) {
-    return Fail(absl::DataLossError(
-        absl::StrCat("rank ", rank_, ": rank ", h.base.from_rank,
-                     " sent a data message, but this rank receives by puts (protocol error: do "
-                     "both ranks use the same delivery?)")));
-  }
+  // With puts, only delta streams come as data messages (Landing::Data refuses the others).
   if (length > 0 && data == nullptr) {
     return Fail(absl::DataLossError(absl::StrCat("rank ", rank_, ": rank ", h.base.from_rank,
                                                  " sent a data message without its data")));

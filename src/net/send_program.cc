@@ -54,8 +54,10 @@ SendProgram BuildSendProgram(const plan::Plan& plan, int32_t rank,
     if (!Executes(t, options)) continue;
     p.received.push_back(*it);
     p.received_ids.push_back(plan.transfer_id(*it));
-    p.delta_elem_bytes.push_back(static_cast<uint8_t>(DeltaElemBytes(plan, t, options)));
-    if (IsPacked(plan, t, options)) {
+    const int es = DeltaElemBytes(plan, t, options);
+    p.delta_elem_bytes.push_back(static_cast<uint8_t>(es));
+    // Delta streams arrive as data messages, one per segment, and take no landing space.
+    if (IsPacked(plan, t, options) && es == 0) {
       p.landing_offset.push_back(block[t.from_rank]);
       block[t.from_rank] += PackedBytes(plan, t, options);
     } else {
@@ -104,11 +106,11 @@ SendProgram BuildSendProgram(const plan::Plan& plan, int32_t rank,
         RESHARD_CHECK(slot >= 0);  // A local copy both leaves and lands here.
         d.slot = static_cast<uint32_t>(slot);
       }
+      // A delta stream's segment is one data message (its run), whatever the delivery.
+      const bool delta = DeltaElemBytes(plan, t, options) > 0;
       int64_t chunk =
-          options.chunk_bytes > 0 && t.to_rank != rank ? options.chunk_bytes : INT64_MAX;
-      if (options.max_run_bytes > 0 && DeltaElemBytes(plan, t, options) == 0) {
-        chunk = std::min(chunk, options.max_run_bytes);
-      }
+          options.chunk_bytes > 0 && t.to_rank != rank && !delta ? options.chunk_bytes : INT64_MAX;
+      if (options.max_run_bytes > 0 && !delta) chunk = std::min(chunk, options.max_run_bytes);
       auto add = [&](int64_t local, int64_t remote, int64_t bytes) {
         for (int64_t done = 0; done < bytes; done += chunk) {
           p.runs.push_back(SendRun{local + done, remote + done, std::min(chunk, bytes - done)});
@@ -121,9 +123,13 @@ SendProgram BuildSendProgram(const plan::Plan& plan, int32_t rank,
                              options.ring_sources[d.from_buffer];
         d.packed = true;
         d.send_offset = in_ring ? 0 : p.send_scratch_bytes;
-        d.landing_offset = packed_bytes;
-        packed_bytes += stream;
         if (!in_ring) p.send_scratch_bytes += stream;
+        if (es == 0) {
+          d.landing_offset = packed_bytes;
+          packed_bytes += stream;
+        } else {
+          d.landing_offset = -1;
+        }
         if (es > 0) {
           d.delta_elem_bytes = static_cast<uint8_t>(es);
           if (plan::IsRelay(t)) {

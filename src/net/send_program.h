@@ -28,10 +28,12 @@
 //
 // Delta mode (docs/delta.md): every network transfer from a source tile into a destination
 // tile or a staging slot, and every relay, of more than delta::kShortestStream bytes, travels
-// packed, as delta streams, one per segment of the piece
-// (delta::NumSegments), with delta::PieceCapacity bytes reserved in the send scratch and the
-// landing area; segment k's stream starts at k * delta::SegmentStride of the piece's area and its
-// runs are its own (the sender sends only each stream's actual length). The sender keeps a shadow
+// packed, as delta streams, one per segment of the piece (delta::NumSegments), with
+// delta::PieceCapacity bytes reserved in the send scratch; segment k's stream starts at
+// k * delta::SegmentStride of the piece's area and is one run, never cut (the sender sends only
+// each stream's actual length, as one data message, whatever the delivery). Delta streams take
+// no room in the receiver's landing area: it applies each as its message arrives
+// (docs/delta.md, "Streams arrive as messages"). The sender keeps a shadow
 // of the piece (shadow_offset into its shadow_bytes) and gathers one segment at a time into a
 // scratch of gather_bytes before encoding it. A relay (plan::IsRelay) travels the same way but
 // has no shadow: it forwards the streams of the piece it received (relay_feed), or gathers a
@@ -82,8 +84,9 @@ struct SendDesc {
   uint32_t run_begin = 0, run_end = 0;  // Into SendProgram::runs.
   bool packed = false;
   int64_t send_offset = 0;     // Packed: the stream's offset in this rank's send scratch.
-  // Packed: the stream's offset in this rank's block of the receiver's landing area (-1 once
-  // set-up found that it travels in the receiver's landing rounds: CompactLandingBlock).
+  // Packed: the stream's offset in this rank's block of the receiver's landing area (-1 for a
+  // delta stream, or once set-up found that it travels in the receiver's landing rounds:
+  // CompactLandingBlock).
   int64_t landing_offset = 0;
   uint32_t slot = 0;  // Local copies: the transfer's slot on the receiving side (received[slot]).
   // Delta streams: the element size compared (1, 2, 4 or 8), the piece's offset in the
@@ -122,15 +125,15 @@ struct SendProgram {
   int64_t gather_bytes = 0;  // Delta: the largest segment of a delta piece this rank sends.
   uint32_t segments = 0;     // Delta: the segments of every delta piece this rank sends.
 
-  // Sending side: the bytes of packed streams to each receiver (ascending; offset unused: the
-  // receiver places the block).
+  // Sending side: the bytes of packed streams (not delta streams) to each receiver (ascending;
+  // offset unused: the receiver places the block).
   std::vector<LandingBlock> packed_to;
 
   // Receiving side, by slot: the executed transfers landing here, in plan order.
   std::vector<uint32_t> received;            // Index in plan.transfers().
   std::vector<uint32_t> received_ids;        // World index, ascending (plan order).
-  // Offset in the landing area, or -1: not packed, or (after set-up's CompactLandingArea) a
-  // packed stream that travels in the landing rounds.
+  // Offset in the landing area, or -1: not packed, a delta stream, or (after set-up's
+  // CompactLandingArea) a packed stream that travels in the landing rounds.
   std::vector<int64_t> landing_offset;
   std::vector<uint8_t> delta_elem_bytes;     // Delta streams: their element size; 0 otherwise.
   std::vector<int64_t> expected_from;        // By rank: pieces per epoch (other ranks only).

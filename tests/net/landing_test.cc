@@ -79,128 +79,128 @@ TEST(DeltaPieceOf, ElementsLieWhereTheRegionsRunsPutThem) {
 }
 
 // Data messages of a delta piece of three segments (u8, 600,000 elements: 262,144 + 262,144 +
-// 75,712) arriving at rank 1 by active messages, as a peer on its own endpoint could send them:
-// every header that points outside the piece's segments or its stream, wraps, changes a
-// segment's length midway (the error names both lengths), brings more bytes than the stream
-// holds, or completes a malformed stream is DataLoss and writes nothing; then
-// the three segments' plain streams, cut into messages and sent last segment first, land the
-// piece exactly (true only with the last message).
+// 75,712) arriving at rank 1, as a peer on its own endpoint could send them: every header that
+// points outside the piece's segments, wraps, names another length than the message carries
+// (a part of a stream: senders never cut one), brings more than the segment's capacity, repeats
+// a segment, or carries a malformed stream is DataLoss and writes nothing; then the three
+// segments' plain streams, one message each, sent last segment first, land the piece exactly
+// (true only with the last). The same with put delivery, where delta streams are the only data
+// messages (any other is refused, and so is a completion signal naming the delta piece).
 TEST(LandingDelta, HostileSegmentMessagesAreRefusedAndNothingIsWritten) {
   auto plan = WholeTensorPlan();
   ASSERT_TRUE(plan.ok()) << plan.status();
-  const SendProgram program =
-      BuildSendProgram(*plan, 1, SendProgramOptions{true, 0, wire::kAmChunkBytes, true});
-  ASSERT_EQ(program.received.size(), 1u);
-  ASSERT_EQ(program.delta_elem_bytes[0], 1);
-  auto runtime = Runtime::Create();
-  ASSERT_TRUE(runtime.ok()) << runtime.status();
-  const std::vector<int64_t> bytes = plan->BufferBytes(1);
-  std::vector<std::vector<uint8_t>> memory;
-  std::vector<common::BufferView> views;
-  memory.reserve(bytes.size());
-  for (int64_t b : bytes) {
-    memory.emplace_back(static_cast<size_t>(b), 0xA5);
-    views.push_back(common::BufferView{memory.back().data(), b, common::MemoryKind::kHost});
-  }
-  auto registered = RegisteredMemory::Create(*plan, 1, **runtime, views, 0, 0);
-  ASSERT_TRUE(registered.ok()) << registered.status();
-  Landing landing(*plan, program, **registered, /*data_messages=*/true);
-  const uint32_t dst = plan->buffer_of(0, plan::Side::kDst);
-  const std::vector<uint8_t> poisoned(600000, 0xA5);
-  auto untouched = [&] { return memory[dst] == poisoned; };
-
-  const int64_t stride = delta::SegmentStride(1);
-  const int64_t last = delta::StreamCapacity(75712, 1);  // The third segment's plain stream.
-  std::vector<uint8_t> junk(1024, 0x33);
-  uint64_t epoch = 0;
-  auto send = [&](uint64_t offset, uint64_t stream, const uint8_t* data, size_t n) {
-    const wire::DataHeader h{wire::AmHeader{wire::kMagic, 0, 0, epoch}, program.received_ids[0],
-                             1, offset, stream};
-    uint32_t slot = 0;
-    return landing.Data(h, data, n, &slot);
-  };
-  struct Case {
-    const char* what;
-    uint64_t offset, stream;
-    size_t n;
-  };
-  const Case cases[] = {
-      {"an offset that wraps", UINT64_MAX - 3, 64, 8},
-      {"a fourth segment", static_cast<uint64_t>(3 * stride), 64, 8},
-      {"far past the piece", static_cast<uint64_t>(1) << 62, 64, 8},
-      {"a stream longer than its segment", 0, static_cast<uint64_t>(stride + 1), 8},
-      {"a stream longer than the last segment", static_cast<uint64_t>(2 * stride),
-       static_cast<uint64_t>(last + 1), 8},
-      {"a stream shorter than its header", 0, 8, 8},
-      {"bytes past the stream's end", static_cast<uint64_t>(stride + 60), 64, 8},
-      {"a stream length of 2^64 - 1", 0, UINT64_MAX, 8},
-  };
-  for (const Case& c : cases) {
-    SCOPED_TRACE(c.what);
-    landing.StartEpoch(++epoch, 0);
-    auto got = send(c.offset, c.stream, junk.data(), c.n);
-    ASSERT_FALSE(got.ok());
-    EXPECT_EQ(got.status().code(), absl::StatusCode::kDataLoss) << got.status();
-    EXPECT_NE(got.status().message().find("tensor \"u\""), std::string::npos) << got.status();
-    EXPECT_TRUE(untouched());
-  }
-  {
-    SCOPED_TRACE("a segment whose messages name two lengths");
-    landing.StartEpoch(++epoch, 0);
-    ASSERT_TRUE(send(0, 100, junk.data(), 8).ok());
-    auto got = send(8, 200, junk.data(), 8);
-    ASSERT_FALSE(got.ok());
-    EXPECT_EQ(got.status().code(), absl::StatusCode::kDataLoss);
-    EXPECT_NE(got.status().message().find(
-                  "tensor \"u\", segment 0) for a stream of 200 bytes, but earlier messages of "
-                  "that segment said 100 bytes"),
-              std::string::npos)
-        << got.status();
-    EXPECT_TRUE(untouched());
-  }
-  {
-    SCOPED_TRACE("more messages of a segment than its stream holds (a repeated message)");
-    landing.StartEpoch(++epoch, 0);
-    ASSERT_TRUE(send(0, 100, junk.data(), 64).ok());
-    auto got = send(0, 100, junk.data(), 64);
-    ASSERT_FALSE(got.ok());
-    EXPECT_EQ(got.status().code(), absl::StatusCode::kDataLoss);
-    EXPECT_NE(got.status().message().find("after 64 of its 100 bytes had arrived"),
-              std::string::npos)
-        << got.status();
-    EXPECT_TRUE(untouched());
-  }
-  {
-    SCOPED_TRACE("a complete segment that is not a delta stream");
-    landing.StartEpoch(++epoch, 0);
-    auto got = send(0, 64, junk.data(), 64);
-    ASSERT_FALSE(got.ok());
-    EXPECT_EQ(got.status().code(), absl::StatusCode::kDataLoss);
-    EXPECT_NE(got.status().message().find("segment 0"), std::string::npos) << got.status();
-    EXPECT_TRUE(untouched());
-  }
-
-  // The real thing: plain streams of the three segments, each cut into 100,000-byte messages,
-  // the last segment first.
-  std::vector<uint8_t> values(600000), shadow(600000);
-  for (size_t i = 0; i < values.size(); ++i) values[i] = static_cast<uint8_t>(i * 7 + 3);
-  landing.StartEpoch(++epoch, 0);
-  std::vector<uint8_t> stream(static_cast<size_t>(stride));
-  for (int64_t k = 2; k >= 0; --k) {
-    const int64_t first = delta::SegmentFirst(k, 1), n = delta::SegmentLength(600000, 1, k);
-    const delta::EncodeResult r = delta::EncodePiece(values.data() + first, shadow.data() + first,
-                                                     n, 1, 0, /*delta=*/false, stream.data());
-    ASSERT_EQ(r.mode, delta::kFull);
-    for (int64_t at = 0; at < r.bytes; at += 100000) {
-      const int64_t len = std::min<int64_t>(100000, r.bytes - at);
-      auto got = send(static_cast<uint64_t>(k * stride + at), static_cast<uint64_t>(r.bytes),
-                      stream.data() + at, static_cast<size_t>(len));
-      ASSERT_TRUE(got.ok()) << got.status();
-      EXPECT_EQ(*got, k == 0 && at + len == r.bytes) << "segment " << k << " at " << at;
+  for (const bool am : {true, false}) {
+    SCOPED_TRACE(am ? "active messages" : "puts");
+    const SendProgram program =
+        BuildSendProgram(*plan, 1, SendProgramOptions{true, 0, am ? wire::kAmChunkBytes : 0, true});
+    ASSERT_EQ(program.received.size(), 1u);
+    ASSERT_EQ(program.delta_elem_bytes[0], 1);
+    EXPECT_EQ(program.landing_bytes, 0);  // Delta streams reserve no landing area.
+    auto runtime = Runtime::Create();
+    ASSERT_TRUE(runtime.ok()) << runtime.status();
+    const std::vector<int64_t> bytes = plan->BufferBytes(1);
+    std::vector<std::vector<uint8_t>> memory;
+    std::vector<common::BufferView> views;
+    memory.reserve(bytes.size());
+    for (int64_t b : bytes) {
+      memory.emplace_back(static_cast<size_t>(b), 0xA5);
+      views.push_back(common::BufferView{memory.back().data(), b, common::MemoryKind::kHost});
     }
+    auto registered = RegisteredMemory::Create(*plan, 1, **runtime, views, 0, 0);
+    ASSERT_TRUE(registered.ok()) << registered.status();
+    Landing landing(*plan, program, **registered, /*data_messages=*/am);
+    const uint32_t dst = plan->buffer_of(0, plan::Side::kDst);
+    const std::vector<uint8_t> poisoned(600000, 0xA5);
+    auto untouched = [&] { return memory[dst] == poisoned; };
+
+    const int64_t stride = delta::SegmentStride(1);
+    const int64_t last = delta::StreamCapacity(75712, 1);  // The third segment's plain stream.
+    std::vector<uint8_t> junk(static_cast<size_t>(stride + 8), 0x33);
+    uint64_t epoch = 0;
+    auto send = [&](uint64_t offset, uint64_t stream, const uint8_t* data, size_t n,
+                    uint32_t packed = 1) {
+      const wire::DataHeader h{wire::AmHeader{wire::kMagic, 0, 0, epoch}, program.received_ids[0],
+                               packed, offset, stream};
+      uint32_t slot = 0;
+      return landing.Data(h, data, n, &slot);
+    };
+    struct Case {
+      const char* what;
+      uint64_t offset, stream;
+      size_t n;
+      const char* says;
+    };
+    const Case cases[] = {
+        {"an offset that wraps", UINT64_MAX - 3, 64, 64, "not one whole segment"},
+        {"a fourth segment", static_cast<uint64_t>(3 * stride), 64, 64, "not one whole segment"},
+        {"far past the piece", static_cast<uint64_t>(1) << 62, 64, 64, "not one whole segment"},
+        {"a stream longer than its segment", 0, static_cast<uint64_t>(stride + 1),
+         static_cast<size_t>(stride + 1), "not one whole segment"},
+        {"a stream longer than the last segment", static_cast<uint64_t>(2 * stride),
+         static_cast<uint64_t>(last + 1), static_cast<size_t>(last + 1), "not one whole segment"},
+        {"a stream shorter than its header", 0, 8, 8, "not one whole segment"},
+        {"a part of a stream", 0, 100, 64, "not one whole segment"},
+        {"a stream's end at its segment's offset", static_cast<uint64_t>(stride + 60), 64, 64,
+         "not one whole segment"},
+        {"a stream length of 2^64 - 1", 0, UINT64_MAX, 64, "not one whole segment"},
+        {"a whole segment that is not a delta stream", 0, 64, 64, "segment 0"},
+    };
+    for (const Case& c : cases) {
+      SCOPED_TRACE(c.what);
+      landing.StartEpoch(++epoch, 0);
+      auto got = send(c.offset, c.stream, junk.data(), c.n);
+      ASSERT_FALSE(got.ok());
+      EXPECT_EQ(got.status().code(), absl::StatusCode::kDataLoss) << got.status();
+      EXPECT_NE(got.status().message().find("tensor \"u\""), std::string::npos) << got.status();
+      EXPECT_NE(got.status().message().find(c.says), std::string::npos) << got.status();
+      EXPECT_TRUE(untouched());
+    }
+    {
+      SCOPED_TRACE("a data message without the packed flag");
+      landing.StartEpoch(++epoch, 0);
+      auto got = send(0, 64, junk.data(), 64, /*packed=*/0);
+      ASSERT_FALSE(got.ok());
+      EXPECT_EQ(got.status().code(), absl::StatusCode::kDataLoss) << got.status();
+    }
+    if (!am) {
+      SCOPED_TRACE("a completion signal for the delta piece");
+      landing.StartEpoch(++epoch, 0);
+      uint32_t slot = 0;
+      auto got = landing.Signalled(0, program.received_ids[0], &slot);
+      ASSERT_FALSE(got.ok());
+      EXPECT_EQ(got.status().code(), absl::StatusCode::kDataLoss) << got.status();
+      EXPECT_NE(got.status().message().find("whose streams come as data messages"),
+                std::string::npos)
+          << got.status();
+    }
+
+    // The real thing: plain streams of the three segments, one message each, the last segment
+    // first; then the last segment again.
+    std::vector<uint8_t> values(600000), shadow(600000);
+    for (size_t i = 0; i < values.size(); ++i) values[i] = static_cast<uint8_t>(i * 7 + 3);
+    landing.StartEpoch(++epoch, 0);
+    std::vector<uint8_t> stream(static_cast<size_t>(stride));
+    int64_t bytes_last = 0;
+    for (int64_t k = 2; k >= 0; --k) {
+      const int64_t first = delta::SegmentFirst(k, 1), n = delta::SegmentLength(600000, 1, k);
+      const delta::EncodeResult r = delta::EncodePiece(values.data() + first, shadow.data() + first,
+                                                       n, 1, 0, /*delta=*/false, stream.data());
+      ASSERT_EQ(r.mode, delta::kFull);
+      auto got = send(static_cast<uint64_t>(k * stride), static_cast<uint64_t>(r.bytes),
+                      stream.data(), static_cast<size_t>(r.bytes));
+      ASSERT_TRUE(got.ok()) << got.status();
+      EXPECT_EQ(*got, k == 0) << "segment " << k;
+      if (k == 0) bytes_last = r.bytes;
+    }
+    EXPECT_EQ(memory[dst], values);
+    EXPECT_EQ(landing.wire_bytes(0), 600000 + 3 * 32);
+    auto again =
+        send(0, static_cast<uint64_t>(bytes_last), stream.data(), static_cast<size_t>(bytes_last));
+    ASSERT_FALSE(again.ok());
+    EXPECT_NE(again.status().message().find("segment 0 of transfer"), std::string::npos)
+        << again.status();
+    EXPECT_NE(again.status().message().find("twice"), std::string::npos) << again.status();
   }
-  EXPECT_EQ(memory[dst], values);
-  EXPECT_EQ(landing.wire_bytes(0), 600000 + 3 * 32);
 }
 
 // Data messages into device memory the engine writes (a direct destination, devices emulated on
