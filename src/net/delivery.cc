@@ -55,24 +55,6 @@ class DeliveryBase : public Delivery {
     if (link.ring_source != nullptr) return memory_.ring_memh();
     return d.packed ? memory_.send_scratch_memh() : memory_.memh(d.from_buffer);
   }
-  // One data message: run `run_index` of `d` (its bytes at the receiver's offset, in the packed
-  // stream or in the receiving buffer). A delta stream's run is its segment's whole stream
-  // (never cut: SendProgramOptions), and names the stream's length.
-  absl::Status SendMessage(PeerLink& link, const SendDesc& d, uint32_t run_index, uint64_t epoch,
-                           bool* in_flight) {
-    const SendRun run = Cut(link, d, program_.runs[run_index]);
-    const bool delta = d.delta_elem_bytes > 0;
-    const wire::DataHeader h{
-        wire::AmHeader{wire::kMagic, rank_, 0, epoch}, d.id, d.packed ? 1u : 0u,
-        static_cast<uint64_t>(run.remote_offset),
-        delta ? static_cast<uint64_t>(link.stream_end - link.stream_begin) : 0};
-    stats_.data_messages++;
-    absl::Status posted =
-        link.SendData(run_index, h, Source(link, d, run), static_cast<size_t>(run.bytes),
-                      SourceMemh(link, d), in_flight, link.ring_slot);
-    common::FaultPoint(common::FaultStage::kPuts, rank_, epoch);
-    return posted;
-  }
 
   const int32_t rank_;
   const SendProgram& program_;
@@ -91,9 +73,6 @@ class PutDelivery final : public DeliveryBase {
 
   absl::Status PostRun(PeerLink& link, const SendDesc& d, uint32_t run_index, uint64_t epoch,
                        bool* in_flight) override {
-    // Delta streams go as data messages: their length is known only once encoded, and the
-    // receiver applies each as it arrives instead of reserving its capacity (docs/delta.md).
-    if (d.delta_elem_bytes > 0) return SendMessage(link, d, run_index, epoch, in_flight);
     const SendRun run = Cut(link, d, program_.runs[run_index]);
     if (link.round_bytes > 0) {
       // A chunk of a landing round (src/net/landing_rounds.h): into the receiver's round area,
@@ -139,11 +118,6 @@ class PutDelivery final : public DeliveryBase {
   absl::Status RingPartPosted(PeerLink& link) override { return WriteQueued(link); }
 
   absl::Status DescPosted(PeerLink& link, const SendDesc& d) override {
-    if (d.delta_elem_bytes > 0) {
-      // Data messages: the receiver counts the piece landed with its last segment's.
-      link.unsignalled--;
-      return absl::OkStatus();
-    }
     // The piece's single-copy writes complete before it joins a batch (whose signal says
     // that it landed).
     RESHARD_RETURN_IF_ERROR(WriteQueued(link));
@@ -188,12 +162,24 @@ class AmDelivery final : public DeliveryBase {
 
   absl::Status PostRun(PeerLink& link, const SendDesc& d, uint32_t run_index, uint64_t epoch,
                        bool* in_flight) override {
-    absl::Status posted = SendMessage(link, d, run_index, epoch, in_flight);
+    const SendRun run = Cut(link, d, program_.runs[run_index]);
+    const bool delta = d.delta_elem_bytes > 0;
+    // The receiver's offset: in the packed stream, or in the receiving buffer. A delta run is
+    // its segment's whole stream (never cut: SendProgramOptions), and names the stream's
+    // length.
+    const wire::DataHeader h{
+        wire::AmHeader{wire::kMagic, rank_, 0, epoch}, d.id, d.packed ? 1u : 0u,
+        static_cast<uint64_t>(run.remote_offset),
+        delta ? static_cast<uint64_t>(link.stream_end - link.stream_begin) : 0};
+    stats_.data_messages++;
+    absl::Status posted =
+        link.SendData(run_index, h, Source(link, d, run), static_cast<size_t>(run.bytes),
+                      SourceMemh(link, d), in_flight, link.ring_slot);
+    common::FaultPoint(common::FaultStage::kPuts, rank_, epoch);
     // No completion signals here: the last data message to the peer stands for them.
     const bool last =
         run_index + 1 == d.run_end ||
-        (d.delta_elem_bytes > 0 &&
-         link.stream_begin == (d.segments - 1) * delta::SegmentStride(d.delta_elem_bytes));
+        (delta && link.stream_begin == (d.segments - 1) * delta::SegmentStride(d.delta_elem_bytes));
     if (link.unsignalled == 1 && last) {
       common::FaultPoint(common::FaultStage::kSignals, rank_, epoch);
     }

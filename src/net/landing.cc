@@ -300,17 +300,21 @@ absl::StatusOr<uint32_t> Landing::CheckSender(int32_t from_rank, uint32_t id,
 
 absl::StatusOr<bool> Landing::Signalled(int32_t from_rank, uint32_t id, uint32_t* slot) {
   RESHARD_ASSIGN_OR_RETURN(*slot, CheckSender(from_rank, id, "signalled"));
-  if (program_.delta_elem_bytes[*slot] != 0) {
-    return absl::DataLossError(absl::StrCat(
-        "rank ", program_.rank, ": rank ", from_rank, " signalled transfer ", id, " (tensor \"",
-        plan_.spec().tensors[plan_.transfers()[program_.received[*slot]].tensor].name,
-        "\"), a delta piece, whose streams come as data messages (protocol error)"));
-  }
   if (landed(*slot)) return false;
   // A round piece lands with its last round (the engine), not with its signal.
   if (rounds_ != nullptr && rounds_->sender_of_slot[*slot] >= 0) return false;
   const int64_t offset = program_.landing_offset[*slot];
-  if (offset >= 0) {
+  if (offset >= 0 && program_.delta_elem_bytes[*slot] != 0) {
+    // Every segment's stream is in place (the batch's signal follows the piece's puts).
+    const auto& t = plan_.transfers()[program_.received[*slot]];
+    const int es = program_.delta_elem_bytes[*slot];
+    const int64_t elems = plan_.region(t.region).bytes / es;
+    for (int64_t k = 0; k < segment_begin_[*slot + 1] - segment_begin_[*slot]; ++k) {
+      RESHARD_RETURN_IF_ERROR(
+          ApplyDelta(*slot, k, memory_.landing() + offset + k * delta::SegmentStride(es),
+                     delta::StreamCapacity(delta::SegmentLength(elems, es, k), es)));
+    }
+  } else if (offset >= 0) {
     const int64_t bytes = plan_.region(plan_.transfers()[program_.received[*slot]].region).bytes;
     // The landing area holds the stream until the next epoch's grant: device copies may queue.
     RESHARD_RETURN_IF_ERROR(
@@ -339,7 +343,7 @@ absl::StatusOr<bool> Landing::Data(const wire::DataHeader& h, const void* data, 
   if (es != 0) {
     // A delta stream: one message per segment of the piece (the sender never cuts one), its
     // whole stream, applied before this returns (`data` is UCX's until then); the piece has
-    // landed when every segment has. Nothing is reserved for it here.
+    // landed when every segment has. Nothing is reserved for it here (no landing offset).
     const int64_t elems = static_cast<int64_t>(region_bytes) / es;
     const auto stride = static_cast<uint64_t>(delta::SegmentStride(es));
     const int64_t segments = segment_begin_[slot + 1] - segment_begin_[slot];
@@ -366,13 +370,6 @@ absl::StatusOr<bool> Landing::Data(const wire::DataHeader& h, const void* data, 
                                        static_cast<const uint8_t*>(data),
                                        static_cast<int64_t>(length)));
     return segments_done_[slot] == segments;
-  }
-  if (!data_messages_) {
-    return absl::DataLossError(absl::StrCat(
-        "rank ", program_.rank, ": rank ", from, " sent a data message for transfer ", id,
-        " (tensor \"", plan_.spec().tensors[t.tensor].name,
-        "\"), but this rank receives it by puts (protocol error: do both ranks use the same "
-        "delivery?)"));
   }
   if (h.stream_bytes != 0) {
     return absl::DataLossError(absl::StrCat("rank ", program_.rank, ": rank ", from,

@@ -12,12 +12,13 @@
 //    copy queue, from the landing area without waiting, the piece landing once the queue's event
 //    completed) and moves staged destination pieces host -> device; data messages into such
 //    memory pass through a pinned bounce area onto the copy queue (InitBounce);
-//  - applies delta streams (docs/delta.md), which arrive as data messages whatever the delivery,
-//    one per segment of the piece, each whole: straight from the message, after validating all
-//    of it against its segment and this rank's version (DataLoss otherwise, the segment's
-//    destination elements untouched; the refit then fails and the next one is full), so no
-//    memory is reserved for them; the piece lands with its last segment. Each relay of the piece
-//    gets a copy of the validated stream in its send scratch (SendDesc::relay_feed).
+//  - applies delta streams (docs/delta.md) in place, one per segment of the piece, after
+//    validating all of it against its segment and this rank's version (DataLoss otherwise, the
+//    segment's destination elements untouched; the refit then fails and the next one is full):
+//    with puts, from the landing area at the piece's signal; with active messages, one message
+//    per segment, each whole, straight from the message (nothing reserved for them). The piece
+//    lands with its last segment. Each relay of the piece gets a copy of the validated stream in
+//    its send scratch (SendDesc::relay_feed).
 //    Host code applies them to host memory and to the pinned staging copy of a staged device
 //    buffer (which Land then moves to the device, as any piece); the CUDA kernels
 //    (set_device_delta) apply them to device memory the engine writes directly;
@@ -63,11 +64,10 @@ class Landing {
 
   // Put delivery: `from_rank` signalled that the bytes of the transfer with world index `id`
   // are in place. Unpacks its packed stream from the landing area. True when the transfer is new
-  // in this epoch (then Land its `*slot`). DataLoss for a delta piece (its streams are data
-  // messages).
+  // in this epoch (then Land its `*slot`).
   [[nodiscard]] absl::StatusOr<bool> Signalled(int32_t from_rank, uint32_t id, uint32_t* slot);
-  // A data message: one run or chunk (active-message delivery), or one segment's delta stream
-  // (either delivery). True when the transfer (`*slot`) is now complete.
+  // Active-message delivery: one run or chunk, or one segment's whole delta stream. True when
+  // the transfer (`*slot`) is now complete.
   [[nodiscard]] absl::StatusOr<bool> Data(const wire::DataHeader& h, const void* data,
                                           size_t length, uint32_t* slot);
   // Marks the transfer in `slot` (not yet landed) landed in this epoch and moves a staged

@@ -563,8 +563,7 @@ absl::Status RefitEngine::Impl::Init(rendezvous::Store& store, std::vector<Buffe
       }
     }
     const uint32_t first = program_.peer_begin[r], last = program_.peer_begin[r + 1];
-    // Data messages: every piece with active messages, delta streams with puts too.
-    if ((am || options_.delta) && first < last) {
+    if (am && first < last) {
       link->ReserveDataHeaders(program_.descs[first].run_begin, program_.descs[last - 1].run_end);
     }
     peers_.push_back(link.get());
@@ -1042,7 +1041,7 @@ absl::Status RefitEngine::Impl::ChooseSingleCopy() {
   std::vector<bool> into_device(links_.size(), false);
   for (uint32_t slot = 0; slot < program_.received.size(); ++slot) {
     const plan::Transfer& t = plan_.transfers()[program_.received[slot]];
-    if (program_.landing_offset[slot] < 0 && program_.delta_elem_bytes[slot] == 0 &&
+    if (program_.landing_offset[slot] < 0 &&
         memory_->device(plan_.buffer_of(t.tensor, t.to_side))) {
       into_device[static_cast<size_t>(t.from_rank)] = true;
     }
@@ -1091,8 +1090,7 @@ absl::Status RefitEngine::Impl::CheckRemoteKeys() const {
   const bool puts = !delivery_->counts_bytes();
   for (uint32_t di = 0; di < program_.descs.size(); ++di) {
     const SendDesc& d = program_.descs[di];
-    // Local copies; delta streams, which go as data messages (Landing::Data checks them).
-    if (d.peer == rank_ || d.delta_elem_bytes > 0) continue;
+    if (d.peer == rank_) continue;
     const PeerLink& link = *links_[d.peer];
     const std::string& tensor = plan_.spec().tensors[plan_.transfers()[d.transfer].tensor].name;
     // A direct destination of the peer (CUDA memory it writes itself) has no key: its plain
@@ -2041,7 +2039,12 @@ void RefitEngine::Impl::OnData(const wire::DataHeader& h, const void* data, size
                                ucp_ep_h from) {
   if (Origin(h.base, from, "data") == nullptr) return;
   if (!in_epoch_ || h.base.epoch != epoch_) return;  // A failed or abandoned epoch's data.
-  // With puts, only delta streams come as data messages (Landing::Data refuses the others).
+  if (!delivery_->counts_bytes()) {
+    return Fail(absl::DataLossError(
+        absl::StrCat("rank ", rank_, ": rank ", h.base.from_rank,
+                     " sent a data message, but this rank receives by puts (protocol error: do "
+                     "both ranks use the same delivery?)")));
+  }
   if (length > 0 && data == nullptr) {
     return Fail(absl::DataLossError(absl::StrCat("rank ", rank_, ": rank ", h.base.from_rank,
                                                  " sent a data message without its data")));

@@ -46,8 +46,7 @@
 // staging ring (RefitEngineOptions::stage_ring_bytes) as the engine posts them; a destination
 // is written by the engine's copies from its landing areas: with put delivery, its plain pieces
 // land in bounded landing rounds (RefitEngineOptions::stage_landing_bytes), packed streams in
-// the landing area, and with active messages each message is copied in as it arrives (delta
-// streams come as data messages with either delivery, and are applied from them). (With
+// the landing area, and with active messages each message is copied in as it arrives. (With
 // a CUDA-aware UCX, strided plain pieces between registered CUDA buffers also go through a
 // staging ring and landing rounds, both in device memory: docs/data-plane.md, "Registered
 // device memory".) Only a
@@ -172,7 +171,7 @@ struct RefitStats {
   int64_t puts = 0;                    // ucp_put_nbx calls.
   int64_t single_copy_writes = 0;      // process_vm_writev calls (same-host peers).
   int64_t mapped_copies = 0;           // Runs copied into a mapped same-host HostBuffer.
-  int64_t data_messages = 0;  // Data active messages posted (kActiveMessage; delta streams).
+  int64_t data_messages = 0;           // Data active messages posted (delivery kActiveMessage).
   int64_t data_messages_received = 0;  // Data active messages that landed here.
   int64_t signals = 0;                 // Completion signals sent.
   double seconds = 0;                  // Start to the end of Wait.

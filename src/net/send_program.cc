@@ -56,8 +56,8 @@ SendProgram BuildSendProgram(const plan::Plan& plan, int32_t rank,
     p.received_ids.push_back(plan.transfer_id(*it));
     const int es = DeltaElemBytes(plan, t, options);
     p.delta_elem_bytes.push_back(static_cast<uint8_t>(es));
-    // Delta streams arrive as data messages, one per segment, and take no landing space.
-    if (IsPacked(plan, t, options) && es == 0) {
+    // With active messages a delta stream is applied from its message: no landing space.
+    if (IsPacked(plan, t, options) && (es == 0 || options.chunk_bytes == 0)) {
       p.landing_offset.push_back(block[t.from_rank]);
       block[t.from_rank] += PackedBytes(plan, t, options);
     } else {
@@ -106,7 +106,7 @@ SendProgram BuildSendProgram(const plan::Plan& plan, int32_t rank,
         RESHARD_CHECK(slot >= 0);  // A local copy both leaves and lands here.
         d.slot = static_cast<uint32_t>(slot);
       }
-      // A delta stream's segment is one data message (its run), whatever the delivery.
+      // A delta stream's segment is one run, never cut: one put, or one data message.
       const bool delta = DeltaElemBytes(plan, t, options) > 0;
       int64_t chunk =
           options.chunk_bytes > 0 && t.to_rank != rank && !delta ? options.chunk_bytes : INT64_MAX;
@@ -124,7 +124,7 @@ SendProgram BuildSendProgram(const plan::Plan& plan, int32_t rank,
         d.packed = true;
         d.send_offset = in_ring ? 0 : p.send_scratch_bytes;
         if (!in_ring) p.send_scratch_bytes += stream;
-        if (es == 0) {
+        if (es == 0 || options.chunk_bytes == 0) {
           d.landing_offset = packed_bytes;
           packed_bytes += stream;
         } else {

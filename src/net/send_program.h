@@ -31,13 +31,13 @@
 // packed, as delta streams, one per segment of the piece (delta::NumSegments), with
 // delta::PieceCapacity bytes reserved in the send scratch; segment k's stream starts at
 // k * delta::SegmentStride of the piece's area and is one run, never cut (the sender sends only
-// each stream's actual length, as one data message, whatever the delivery). Delta streams take
-// no room in the receiver's landing area: it applies each as its message arrives
-// (docs/delta.md, "Streams arrive as messages"). The sender keeps a shadow
-// of the piece (shadow_offset into its shadow_bytes) and gathers one segment at a time into a
-// scratch of gather_bytes before encoding it. A relay (plan::IsRelay) travels the same way but
-// has no shadow: it forwards the streams of the piece it received (relay_feed), or gathers a
-// segment to send it plain.
+// each stream's actual length: one put, or one data message). With puts the receiver's landing
+// area reserves the same capacity; with active messages (chunk_bytes > 0) it reserves nothing,
+// each stream being applied from its message (docs/delta.md, "Receivers, fan-out and relays"). The
+// sender keeps a shadow of the piece (shadow_offset into its shadow_bytes) and gathers one segment
+// at a time into a scratch of gather_bytes before encoding it. A relay (plan::IsRelay) travels the
+// same way but has no shadow: it forwards the streams of the piece it received (relay_feed), or
+// gathers a segment to send it plain.
 //
 // Thread-compatible; immutable once built.
 #pragma once
@@ -85,8 +85,8 @@ struct SendDesc {
   bool packed = false;
   int64_t send_offset = 0;     // Packed: the stream's offset in this rank's send scratch.
   // Packed: the stream's offset in this rank's block of the receiver's landing area (-1 for a
-  // delta stream, or once set-up found that it travels in the receiver's landing rounds:
-  // CompactLandingBlock).
+  // delta stream to an active-message receiver, or once set-up found that it travels in the
+  // receiver's landing rounds: CompactLandingBlock).
   int64_t landing_offset = 0;
   uint32_t slot = 0;  // Local copies: the transfer's slot on the receiving side (received[slot]).
   // Delta streams: the element size compared (1, 2, 4 or 8), the piece's offset in the
@@ -125,15 +125,15 @@ struct SendProgram {
   int64_t gather_bytes = 0;  // Delta: the largest segment of a delta piece this rank sends.
   uint32_t segments = 0;     // Delta: the segments of every delta piece this rank sends.
 
-  // Sending side: the bytes of packed streams (not delta streams) to each receiver (ascending;
+  // Sending side: the bytes of packed streams in each receiver's landing area (ascending;
   // offset unused: the receiver places the block).
   std::vector<LandingBlock> packed_to;
 
   // Receiving side, by slot: the executed transfers landing here, in plan order.
   std::vector<uint32_t> received;            // Index in plan.transfers().
   std::vector<uint32_t> received_ids;        // World index, ascending (plan order).
-  // Offset in the landing area, or -1: not packed, a delta stream, or (after set-up's
-  // CompactLandingArea) a packed stream that travels in the landing rounds.
+  // Offset in the landing area, or -1: not packed, a delta stream by active messages, or (after
+  // set-up's CompactLandingArea) a packed stream that travels in the landing rounds.
   std::vector<int64_t> landing_offset;
   std::vector<uint8_t> delta_elem_bytes;     // Delta streams: their element size; 0 otherwise.
   std::vector<int64_t> expected_from;        // By rank: pieces per epoch (other ranks only).

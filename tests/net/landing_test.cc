@@ -84,18 +84,23 @@ TEST(DeltaPieceOf, ElementsLieWhereTheRegionsRunsPutThem) {
 // (a part of a stream: senders never cut one), brings more than the segment's capacity, repeats
 // a segment, or carries a malformed stream is DataLoss and writes nothing; then the three
 // segments' plain streams, one message each, sent last segment first, land the piece exactly
-// (true only with the last). The same with put delivery, where delta streams are the only data
-// messages (any other is refused, and so is a completion signal naming the delta piece).
+// (true only with the last). With active messages nothing is reserved for the streams; with
+// puts the landing area holds their capacity.
 TEST(LandingDelta, HostileSegmentMessagesAreRefusedAndNothingIsWritten) {
   auto plan = WholeTensorPlan();
   ASSERT_TRUE(plan.ok()) << plan.status();
-  for (const bool am : {true, false}) {
-    SCOPED_TRACE(am ? "active messages" : "puts");
+  {
+    const SendProgram puts = BuildSendProgram(*plan, 1, SendProgramOptions{true, 0, 0, true});
+    EXPECT_EQ(puts.landing_bytes, delta::PieceCapacity(600000, 1));
+    EXPECT_EQ(puts.landing_offset[0], 0);
+  }
+  {
     const SendProgram program =
-        BuildSendProgram(*plan, 1, SendProgramOptions{true, 0, am ? wire::kAmChunkBytes : 0, true});
+        BuildSendProgram(*plan, 1, SendProgramOptions{true, 0, wire::kAmChunkBytes, true});
     ASSERT_EQ(program.received.size(), 1u);
     ASSERT_EQ(program.delta_elem_bytes[0], 1);
-    EXPECT_EQ(program.landing_bytes, 0);  // Delta streams reserve no landing area.
+    EXPECT_EQ(program.landing_bytes, 0);  // Nothing reserved for delta streams.
+    EXPECT_EQ(program.landing_offset[0], -1);
     auto runtime = Runtime::Create();
     ASSERT_TRUE(runtime.ok()) << runtime.status();
     const std::vector<int64_t> bytes = plan->BufferBytes(1);
@@ -108,7 +113,7 @@ TEST(LandingDelta, HostileSegmentMessagesAreRefusedAndNothingIsWritten) {
     }
     auto registered = RegisteredMemory::Create(*plan, 1, **runtime, views, 0, 0);
     ASSERT_TRUE(registered.ok()) << registered.status();
-    Landing landing(*plan, program, **registered, /*data_messages=*/am);
+    Landing landing(*plan, program, **registered, /*data_messages=*/true);
     const uint32_t dst = plan->buffer_of(0, plan::Side::kDst);
     const std::vector<uint8_t> poisoned(600000, 0xA5);
     auto untouched = [&] { return memory[dst] == poisoned; };
@@ -161,17 +166,6 @@ TEST(LandingDelta, HostileSegmentMessagesAreRefusedAndNothingIsWritten) {
       auto got = send(0, 64, junk.data(), 64, /*packed=*/0);
       ASSERT_FALSE(got.ok());
       EXPECT_EQ(got.status().code(), absl::StatusCode::kDataLoss) << got.status();
-    }
-    if (!am) {
-      SCOPED_TRACE("a completion signal for the delta piece");
-      landing.StartEpoch(++epoch, 0);
-      uint32_t slot = 0;
-      auto got = landing.Signalled(0, program.received_ids[0], &slot);
-      ASSERT_FALSE(got.ok());
-      EXPECT_EQ(got.status().code(), absl::StatusCode::kDataLoss) << got.status();
-      EXPECT_NE(got.status().message().find("whose streams come as data messages"),
-                std::string::npos)
-          << got.status();
     }
 
     // The real thing: plain streams of the three segments, one message each, the last segment

@@ -204,7 +204,7 @@ struct Stats {
   int64_t pieces_received = 0;  // Pieces landed here (network, fan-out and local copies).
   int64_t pieces_expected = 0;  // Pieces the plan promises this rank.
   int64_t puts = 0;             // One-sided puts posted (ucp_put_nbx).
-  int64_t data_messages = 0;    // Data active messages posted (tcp; delta streams always).
+  int64_t data_messages = 0;    // Data active messages posted (the delivery used over tcp).
   // process_vm_writev calls: pieces to peers on this host in host memory, many runs per call,
   // one copy (docs/data-plane.md, "Single copy on one host").
   int64_t single_copy_writes = 0;

@@ -94,7 +94,7 @@ typedef struct reshard_stats {
   double start_seconds;
   double wait_seconds;
   double total_seconds;
-  int64_t data_messages;      /* data active messages posted (tcp; delta streams always) */
+  int64_t data_messages;      /* data active messages posted (the delivery used over tcp) */
   int64_t single_copy_writes; /* process_vm_writev calls (same-host peers, one copy) */
   int64_t mapped_copies;      /* runs memcpy'd into a same-host peer's mapped HostBuffer */
   /* Quantized destinations: reshard::Stats' fields of the same names. */
