@@ -154,12 +154,19 @@ TEST(RunTest, NaivePlanAlsoVerifies) {
 
 // --delta with --change-fraction (docs/delta.md): every destination verified against exactly the
 // changed values, and the last refit sends deltas, far fewer bytes than the plain pieces.
-TEST(RunTest, DeltaRefitsVerifyAndSendOnlyTheChanges) {
-  Output o = Reshard(absl::StrCat("run ", kSpecs, "fig3-tp4-to-tp2dp2.json --iters 3 --delta ",
-                                  "--change-fraction 0.05 --timeout-ms 20000 --json"));
+// `reshard run SPEC --iters N --delta --change-fraction 0.05 --json` of an example spec, every
+// refit verified; its report.
+json::Value VerifiedDeltaRun(const std::string& spec, int iters, const char* what) {
+  Output o = Reshard(absl::StrCat("run ", kSpecs, spec, " --iters ", iters,
+                                  " --delta --change-fraction 0.05 --timeout-ms 20000 --json"));
   EXPECT_EQ(o.exit_code, 0) << o.out;
   json::Value v = ParseJson(o.out);
-  ExpectVerifiedRun(v, 3, "delta");
+  ExpectVerifiedRun(v, iters, what);
+  return v;
+}
+
+TEST(RunTest, DeltaRefitsVerifyAndSendOnlyTheChanges) {
+  json::Value v = VerifiedDeltaRun("fig3-tp4-to-tp2dp2.json", 3, "delta");
   EXPECT_TRUE(v.Find("delta")->as_bool());
   EXPECT_EQ(v.Find("delta_pieces")->as_int(), 4);  // fig3's four network pieces.
   EXPECT_EQ(v.Find("delta_full_pieces")->as_int(), 0);
@@ -177,11 +184,7 @@ TEST(RunTest, DeltaRefitsVerifyAndSendOnlyTheChanges) {
 // changed values, and far fewer FP8 bytes change than the plain pieces hold. `reshard bench`
 // verifies the same in every iteration of every mode, unquantized included.
 TEST(RunTest, DeltaRefitsOfQuantizedDestinationsVerifyTheChangedFp8) {
-  Output o = Reshard(absl::StrCat("run ", kSpecs, "fp8-quantized.json --iters 4 --delta ",
-                                  "--change-fraction 0.05 --timeout-ms 20000 --json"));
-  EXPECT_EQ(o.exit_code, 0) << o.out;
-  json::Value v = ParseJson(o.out);
-  ExpectVerifiedRun(v, 4, "quantized delta");
+  json::Value v = VerifiedDeltaRun("fp8-quantized.json", 4, "quantized delta");
   EXPECT_GT(v.Find("delta_pieces")->as_int(), 0);
   EXPECT_LT(v.Find("delta_stream_bytes")->as_int(), v.Find("delta_plain_bytes")->as_int() / 5);
   Output bench = Reshard(absl::StrCat("bench ", kSpecs, "fp8-quantized.json --iters 3 --delta ",
