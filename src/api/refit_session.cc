@@ -530,6 +530,8 @@ void RefitSession::FillStats(Stats& s) const {
   s.stage_bounce_bytes = e.stage_bounce_bytes;
   s.bounced_data_messages = e.bounced_data_messages;
   s.bounce_waits = e.bounce_waits;
+  s.landing_area_bytes = e.landing_area_bytes;
+  s.send_scratch_bytes = e.send_scratch_bytes;
   s.transports = engine_->Transports();
   s.fanout = fanout_name_;
   s.quantize_seconds = absl::ToDoubleSeconds(quantize_time_);

@@ -562,6 +562,8 @@ reshard_status_t reshard_handle_stats(const reshard_handle_t* handle, reshard_st
   out->stage_bounce_bytes = s.stage_bounce_bytes;
   out->bounced_data_messages = s.bounced_data_messages;
   out->bounce_waits = s.bounce_waits;
+  out->landing_area_bytes = s.landing_area_bytes;
+  out->send_scratch_bytes = s.send_scratch_bytes;
   return RESHARD_OK;
 }
 

@@ -1255,6 +1255,8 @@ absl::Status RefitEngine::Impl::Start(uint64_t epoch) {
   stats_.stage_copy_bytes = memory_->staged_copy_bytes();
   stats_.stage_landing_bytes = memory_->round_bytes();
   stats_.stage_bounce_bytes = landing_->bounce_bytes();
+  stats_.landing_area_bytes = delivery_->counts_bytes() ? 0 : program_.landing_bytes;
+  stats_.send_scratch_bytes = program_.send_scratch_bytes;
   std::fill(round_next_.begin(), round_next_.end(), 0);
   for (std::vector<uint8_t>& early : round_early_) std::fill(early.begin(), early.end(), 0);
   for (size_t i = 0; i < rounds_.senders.size(); ++i) {

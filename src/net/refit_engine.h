@@ -231,6 +231,11 @@ struct RefitStats {
   int64_t stage_bounce_bytes = 0;
   int64_t bounced_data_messages = 0;
   int64_t bounce_waits = 0;
+  // Host memory the handle holds for streams, sized at set-up: the landing area that packed
+  // streams, and with puts delta streams, land in (0 with active messages), and the send
+  // scratch packed and delta streams leave from (docs/delta.md, "What it costs").
+  int64_t landing_area_bytes = 0;
+  int64_t send_scratch_bytes = 0;
 };
 
 class RefitEngine {

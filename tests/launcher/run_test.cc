@@ -172,6 +172,9 @@ TEST(RunTest, DeltaRefitsVerifyAndSendOnlyTheChanges) {
   EXPECT_EQ(v.Find("delta_full_pieces")->as_int(), 0);
   EXPECT_EQ(v.Find("delta_plain_bytes")->as_int(), int64_t{8} << 20);
   EXPECT_LT(v.Find("delta_stream_bytes")->as_int(), (int64_t{8} << 20) * 15 / 100);
+  // With puts the streams' capacity waits at both ends: send scratch and landing areas.
+  EXPECT_GT(v.Find("send_scratch_bytes")->as_int(), int64_t{8} << 20);
+  EXPECT_GT(v.Find("landing_area_bytes")->as_int(), int64_t{8} << 20);
   EXPECT_EQ(Reshard(absl::StrCat("run ", kSpecs, kExamples[0],
                                  " --delta --change-fraction 2 2>/dev/null"))
                 .exit_code,
@@ -223,9 +226,8 @@ TEST(RunTest, RandomFractionsWithFailedAndResetRefitsStayByteExact) {
 TEST(RunTest, HumanReportNamesTimesBytesRegistrationsAndTransports) {
   Output o = Reshard(absl::StrCat("run ", kSpecs, kExamples[0], " --iters 2 --timeout-ms 20000"));
   EXPECT_EQ(o.exit_code, 0) << o.out;
-  for (const char* needle :
-       {"refit time", "median", "p90", "bytes per refit", "registrations", "transports",
-        "verified byte-exact"}) {
+  for (const char* needle : {"refit time", "median", "p90", "bytes per refit", "registrations",
+                             "transports", "stream memory", "verified byte-exact"}) {
     EXPECT_TRUE(absl::StrContains(o.out, needle)) << needle << " missing from:\n" << o.out;
   }
 }

@@ -142,6 +142,7 @@ struct RankLine {
   int64_t quantize_buffer_bytes = 0;
   int64_t delta_pieces = 0, delta_full_pieces = 0, delta_stream_bytes = 0, delta_plain_bytes = 0,
           delta_shadow_bytes = 0;
+  int64_t landing_area_bytes = 0, send_scratch_bytes = 0;
   std::string memory, gpu;
   CudaFigures cuda;
 };
@@ -177,6 +178,8 @@ RankLine ParseRankLine(const std::string& line) {
   r.delta_stream_bytes = num("delta_stream_bytes");
   r.delta_plain_bytes = num("delta_plain_bytes");
   r.delta_shadow_bytes = num("delta_shadow_bytes");
+  r.landing_area_bytes = num("landing_area_bytes");
+  r.send_scratch_bytes = num("send_scratch_bytes");
   if (const json::Value* f = v->Find("fanout_busy_ms"); f && f->is_number()) {
     r.fanout_busy_ms = f->as_double();
   }
@@ -434,6 +437,9 @@ int RunCommand(int argc, char** argv) {
   int64_t quantize_buffer_bytes = 0;
   int64_t delta_pieces = 0, delta_full_pieces = 0, delta_stream_bytes = 0, delta_plain_bytes = 0,
           delta_shadow_bytes = 0;  // All ranks, the last refit.
+  // Host memory held for streams: all ranks' landing areas and send scratch, the largest rank.
+  int64_t landing_area_bytes = 0, send_scratch_bytes = 0, max_stream_memory = 0;
+  int max_stream_memory_rank = 0;
   std::map<std::string, std::vector<int>> transports;
   // --memory cuda: all ranks' CUDA buffers and last-refit staging copies, the GPUs they used.
   CudaFigures cuda_all;
@@ -458,6 +464,12 @@ int RunCommand(int argc, char** argv) {
     delta_stream_bytes += l.delta_stream_bytes;
     delta_plain_bytes += l.delta_plain_bytes;
     delta_shadow_bytes += l.delta_shadow_bytes;
+    landing_area_bytes += l.landing_area_bytes;
+    send_scratch_bytes += l.send_scratch_bytes;
+    if (l.landing_area_bytes + l.send_scratch_bytes > max_stream_memory) {
+      max_stream_memory = l.landing_area_bytes + l.send_scratch_bytes;
+      max_stream_memory_rank = r;
+    }
     if (!l.fanout.empty()) fanout_backend = l.fanout;
     fanout_busy_ms += l.fanout_busy_ms;
     fanout_hidden_ms += l.fanout_busy_ms * l.fanout_hidden;
@@ -506,9 +518,10 @@ int RunCommand(int argc, char** argv) {
     for (double v : refit_ms) ms.push_back(Ms(v));
     for (const auto& e : errors) quoted_errors.push_back(Quote(e));
     std::string out = absl::StrCat(
-        "{\"ok\":", ok ? "true" : "false", ",\"iters\":", *iters, ",\"completed_iters\":",
-        completed, ",\"failed_on_purpose\":", failed_refits,
-        ",\"rank_failures_on_purpose\":", rank_failures, ",\"world_size\":", world, ",\"mode\":", Quote(mode_name),
+        "{\"ok\":", ok ? "true" : "false", ",\"iters\":", *iters,
+        ",\"completed_iters\":", completed, ",\"failed_on_purpose\":", failed_refits,
+        ",\"rank_failures_on_purpose\":", rank_failures, ",\"world_size\":", world,
+        ",\"mode\":", Quote(mode_name),
         ",\"transport\":", Quote(result.mode == launcher::Mode::kNetns ? "tcp" : transport),
         ",\"ucx_tls\":", Quote(result.ucx_tls), ",\"plan_mode\":", Quote(plan_mode),
         ",\"iter_ms\":[", absl::StrJoin(ms, ","), "],\"first_ms\":", Ms(first_ms),
@@ -516,14 +529,16 @@ int RunCommand(int argc, char** argv) {
         ",\"median_landing_ms\":", Ms(median_landing_ms),
         ",\"p90_landing_ms\":", Ms(p90_landing_ms), ",\"bytes_network\":", bytes_network,
         ",\"max_rank_network_bytes\":", max_rank_bytes, ",\"pieces_received\":", pieces,
-        ",\"registrations_first\":", reg_first,
-        ",\"registrations_after_first\":", reg_after, ",\"transports\":",
-        Quote(transports_text), ",\"fanout\":", Quote(fanout_backend),
+        ",\"registrations_first\":", reg_first, ",\"registrations_after_first\":", reg_after,
+        ",\"transports\":", Quote(transports_text), ",\"fanout\":", Quote(fanout_backend),
         ",\"bytes_fanout\":", bytes_fanout, ",\"fanout_busy_ms\":", Ms(fanout_busy_ms),
         ",\"fanout_hidden_fraction\":", absl::StrFormat("%.3f", fanout_hidden),
         ",\"fanout_domain_hidden_fraction\":", absl::StrFormat("%.3f", fanout_domain_hidden),
         ",\"quantize_ms\":", Ms(quantize_ms), ",\"amax_exchange_ms\":", Ms(amax_exchange_ms),
-        ",\"quantize_buffer_bytes\":", quantize_buffer_bytes);
+        ",\"quantize_buffer_bytes\":", quantize_buffer_bytes,
+        ",\"landing_area_bytes\":", landing_area_bytes,
+        ",\"send_scratch_bytes\":", send_scratch_bytes,
+        ",\"max_rank_stream_memory_bytes\":", max_stream_memory);
     if (delta || *change_fraction >= 0 || random_fraction) {
       absl::StrAppend(
           &out, ",\"delta\":", delta ? "true" : "false", ",\"change_fraction\":",
@@ -604,6 +619,14 @@ int RunCommand(int argc, char** argv) {
                   fanout_backend.c_str(), FormatBytes(static_cast<double>(bytes_fanout)).c_str(),
                   FormatSeconds(fanout_busy_ms / 1e3).c_str(), fanout_domain_hidden * 100,
                   fanout_hidden * 100);
+    }
+    if (landing_area_bytes + send_scratch_bytes > 0) {
+      std::printf(
+          "stream memory   %s of landing areas, %s of send scratch (host, all ranks); "
+          "rank %d holds the most: %s\n",
+          FormatBytes(static_cast<double>(landing_area_bytes)).c_str(),
+          FormatBytes(static_cast<double>(send_scratch_bytes)).c_str(), max_stream_memory_rank,
+          FormatBytes(static_cast<double>(max_stream_memory)).c_str());
     }
     if (quantize_buffer_bytes > 0) {
       std::printf("quantization    last refit: %s on the slowest rank, amax exchange %s; %s of "

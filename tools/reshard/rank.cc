@@ -277,6 +277,8 @@ RankReport RunRank(const RankOptions& options, const Communicator& comm) {
     report.quantize_ms = s.quantize_seconds * 1e3;
     report.amax_exchange_ms = s.amax_exchange_seconds * 1e3;
     report.quantize_buffer_bytes = s.quantize_buffer_bytes;
+    report.landing_area_bytes = s.landing_area_bytes;
+    report.send_scratch_bytes = s.send_scratch_bytes;
     report.fanout_hidden_fraction = s.fanout_hidden_fraction;
     report.fanout_domain_hidden_fraction = s.fanout_domain_hidden_fraction;
     report.delta_pieces = s.delta_pieces;
@@ -356,7 +358,9 @@ std::string RankReportJson(const RankReport& r) {
       ",\"delta_full_pieces\":", r.delta_full_pieces,
       ",\"delta_stream_bytes\":", r.delta_stream_bytes,
       ",\"delta_plain_bytes\":", r.delta_plain_bytes,
-      ",\"delta_shadow_bytes\":", r.delta_shadow_bytes, ",\"memory\":", JsonQuote(r.memory),
+      ",\"delta_shadow_bytes\":", r.delta_shadow_bytes,
+      ",\"landing_area_bytes\":", r.landing_area_bytes,
+      ",\"send_scratch_bytes\":", r.send_scratch_bytes, ",\"memory\":", JsonQuote(r.memory),
       ",\"gpu\":", JsonQuote(r.gpu), ",\"destination_bytes\":", r.destination_bytes,
       ",\"cuda_buffers_registered\":", r.cuda_buffers_registered,
       ",\"cuda_buffers_staged\":", r.cuda_buffers_staged,

@@ -268,6 +268,12 @@ struct Stats {
   int64_t stage_bounce_bytes = 0;
   int64_t bounced_data_messages = 0;
   int64_t bounce_waits = 0;
+  // Host memory this rank holds for streams, sized at Create: the landing area that packed
+  // streams, and with puts delta streams, land in (0 with active messages: they are applied from
+  // the messages), and the send scratch packed and delta streams leave from (docs/delta.md,
+  // "What it costs").
+  int64_t landing_area_bytes = 0;
+  int64_t send_scratch_bytes = 0;
   // Quantized destinations (docs/quantization.md): time this rank spent quantizing its sources
   // (partial amaxes, dequantizing FP8 sources, quantizing; host or GPU, copies to the host
   // included), time from starting the amax exchange to its end (0 without one), and the host

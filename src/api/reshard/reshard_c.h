@@ -138,6 +138,10 @@ typedef struct reshard_stats {
   int64_t stage_bounce_bytes;
   int64_t bounced_data_messages;
   int64_t bounce_waits;
+  /* Host memory held for streams: the landing area and the send scratch (reshard::Stats' fields
+   * of the same names). */
+  int64_t landing_area_bytes;
+  int64_t send_scratch_bytes;
 } reshard_stats_t;
 
 /* The message of the last failing call on this thread ("" when none). Valid until the next
