@@ -1517,8 +1517,14 @@ absl::Status RefitEngine::Impl::EncodeSegment(PeerLink& link, const SendDesc& d,
   const int64_t elems = delta::SegmentLength(d.bytes / es, es, k);
   const size_t segment = d.segment_begin + static_cast<size_t>(k);
   const bool receiver_at_base = link.granted_version == base_;
-  bool base = base_ != 0 && shadow_epoch_[segment] == base_;
-  bool forwarded_receiver_version = false;  // A relay forwards a stream plain for that reason.
+  // Why the segment goes plain, if it does (StreamHeader::why_full), for an encoder that had a
+  // base (the segment's last values were sent to this receiver's version) or not.
+  auto why_plain = [&](bool based) {
+    return !based              ? delta::kNoBase
+           : !receiver_at_base ? delta::kReceiverVersion
+                               : delta::kNotSmaller;
+  };
+  delta::WhyFull why = delta::kNotSmaller;
   const int64_t stream_begin = k * delta::SegmentStride(es);
   uint8_t* out = memory_->send_scratch() + d.send_offset + stream_begin;
   delta::EncodeResult r;
@@ -1536,7 +1542,7 @@ absl::Status RefitEngine::Impl::EncodeSegment(PeerLink& link, const SendDesc& d,
       gpu_done_[b] = 1;
     }
     uint8_t* stream = device_delta_->pinned_slot(slot) + gpu_plan_.entries[e].offset;
-    base = gpu_based_[e] != 0;
+    why = why_plain(gpu_based_[e] != 0);
     r = device_delta_->pinned_result(e);
     if (r.mode == delta::kDelta && !receiver_at_base) {
       // The receiver holds another version: the plain segment, from the device shadow (which
@@ -1560,25 +1566,31 @@ absl::Status RefitEngine::Impl::EncodeSegment(PeerLink& link, const SendDesc& d,
     // landing copied it to `out`): a kDelta stream builds on this rank's version (base_), which
     // the receiver must hold too; otherwise the segment goes plain, read from where the feed was
     // applied. A plain stream goes on with its sender's reason (why_full), unless this rank had
-    // no base itself.
+    // no base itself; a "not smaller" one as "receiver version" when this receiver could not
+    // have taken a delta either.
     const int64_t bytes = landing_->AppliedBytes(static_cast<uint32_t>(d.relay_feed), k);
     delta::StreamHeader h;
     std::memcpy(&h, out, sizeof(h));
-    base = base_ != 0 && (h.mode == delta::kDelta || h.why_full != delta::kNoBase);
     if (h.mode == delta::kFull || receiver_at_base) {
       r.bytes = bytes;
       r.mode = static_cast<delta::Mode>(h.mode);
-      forwarded_receiver_version = h.mode == delta::kFull && h.why_full == delta::kReceiverVersion;
+      const bool based = base_ != 0 && h.why_full != delta::kNoBase;
+      why = based && h.why_full == delta::kReceiverVersion ? delta::kReceiverVersion
+                                                           : why_plain(based);
     } else {
+      // A kDelta stream this rank applied: it had a base; the receiver holds another version.
       RESHARD_RETURN_IF_ERROR(
           landing_->Gather(d, first * es, (first + elems) * es, out + sizeof(delta::StreamHeader)));
       r = delta::FullHeader(elems, es, out);
+      why = delta::kReceiverVersion;
     }
   } else {
+    const bool base = base_ != 0 && shadow_epoch_[segment] == base_;
     RESHARD_RETURN_IF_ERROR(landing_->Gather(d, first * es, (first + elems) * es, gather_.data()));
     r = delta::EncodePiece(gather_.data(), shadow_.data() + host_shadow_offset_[desc] + first * es,
                            elems, es, base_, base && receiver_at_base, out);
     shadow_epoch_[segment] = epoch_;
+    why = why_plain(base);
   }
   link.stream_begin = stream_begin;
   link.stream_end = stream_begin + r.bytes;
@@ -1587,10 +1599,6 @@ absl::Status RefitEngine::Impl::EncodeSegment(PeerLink& link, const SendDesc& d,
   // A plain segment says why, in its header for a relay that forwards it.
   uint8_t seen = kSegmentDelta;
   if (r.mode == delta::kFull) {
-    const delta::WhyFull why = !base ? delta::kNoBase
-                               : !receiver_at_base || forwarded_receiver_version
-                                   ? delta::kReceiverVersion
-                                   : delta::kNotSmaller;
     out[offsetof(delta::StreamHeader, why_full)] = why;
     seen = PlainSegment(why);
   }
