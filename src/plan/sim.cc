@@ -90,6 +90,34 @@ std::vector<Flow> DeltaFlowsFromPlan(const Plan& plan, double fraction,
   });
 }
 
+DeltaMemory DeltaMemoryOf(const Plan& plan) {
+  const auto world = static_cast<size_t>(plan.world_size());
+  std::vector<int64_t> shadow(world, 0), scratch(world, 0), landing(world, 0);
+  DeltaMemory m;
+  for (const Transfer& t : plan.transfers()) {
+    const int es = DeltaElemBytes(plan, t);
+    if (es == 0) continue;
+    const int64_t bytes = plan.region(t.region).bytes;
+    const int64_t capacity = delta::PieceCapacity(bytes / es, es);
+    if (!IsRelay(t)) shadow[static_cast<size_t>(t.from_rank)] += bytes;
+    scratch[static_cast<size_t>(t.from_rank)] += capacity;
+    landing[static_cast<size_t>(t.to_rank)] += capacity;
+  }
+  auto largest = [](const std::vector<int64_t>& v, int64_t* max, int32_t* rank, int64_t* total) {
+    for (size_t r = 0; r < v.size(); ++r) {
+      *total += v[r];
+      if (v[r] > *max) {
+        *max = v[r];
+        *rank = static_cast<int32_t>(r);
+      }
+    }
+  };
+  largest(shadow, &m.max_shadow_bytes, &m.max_shadow_rank, &m.shadow_bytes);
+  largest(scratch, &m.max_send_scratch_bytes, &m.max_send_scratch_rank, &m.send_scratch_bytes);
+  largest(landing, &m.max_landing_bytes, &m.max_landing_rank, &m.landing_bytes);
+  return m;
+}
+
 std::vector<Flow> GatherBroadcastFlows(const RefitSpec& spec, const DomainMap& domains) {
   std::vector<Flow> all;
   for (std::vector<Flow>& stage : GatherBroadcastStages(spec, domains)) {

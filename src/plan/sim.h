@@ -66,6 +66,19 @@ struct DeltaFlowOptions {
 [[nodiscard]] std::vector<Flow> DeltaFlowsFromPlan(const Plan& plan, double fraction,
                                                    const DeltaFlowOptions& options = {});
 
+// The memory a delta refit of `plan` holds per rank, as the engine sizes it (docs/delta.md,
+// "What it costs"): a shadow of every delta piece a rank encodes (relays keep none; device
+// memory for CUDA sources), the send scratch of every delta piece it sends (the stream's
+// capacity, relays included), and with put delivery the landing area of every delta piece it
+// receives (the same capacity; nothing with active messages). The largest of each over ranks,
+// with its rank (-1: none), and the totals.
+struct DeltaMemory {
+  int64_t max_shadow_bytes = 0, max_send_scratch_bytes = 0, max_landing_bytes = 0;
+  int32_t max_shadow_rank = -1, max_send_scratch_rank = -1, max_landing_rank = -1;
+  int64_t shadow_bytes = 0, send_scratch_bytes = 0, landing_bytes = 0;
+};
+[[nodiscard]] DeltaMemory DeltaMemoryOf(const Plan& plan);
+
 // The gather-broadcast baseline: for every tensor the first holder of each source cell sends
 // its tile to a gather rank (the smallest rank of the tensor's source mesh, one per pipeline
 // stage); each gather rank then broadcasts everything it gathered along a pipelined chain

@@ -8,6 +8,8 @@
 
 #include <algorithm>
 #include <cstring>
+#include <fstream>
+#include <iterator>
 #include <memory>
 #include <string>
 #include <vector>
@@ -16,6 +18,7 @@
 #include "gtest/gtest.h"
 #include "src/net/wire.h"
 #include "src/plan/fill.h"
+#include "src/plan/sim.h"
 #include "src/plan/spec_json.h"
 
 namespace reshard::net {
@@ -163,6 +166,56 @@ TEST(SendProgram, EveryReceivedByteIsCoveredOnceAndPackedOffsetsAgree) {
       std::sort(want.begin(), want.end());
       EXPECT_EQ(received, want) << "rank " << r;
       EXPECT_EQ(from, programs[r].expected_from) << "rank " << r;
+    }
+  }
+}
+
+// What `reshard sim` reports of a delta refit's memory (plan::DeltaMemoryOf, from the plan
+// alone) is what every rank's send program reserves: its shadows, its send scratch (the delta
+// streams' capacity; nothing else is packed here) and, with puts, its landing area; with active
+// messages no landing area at all.
+TEST(SendProgram, DeltaMemoryOfIsWhatTheProgramsReserve) {
+  // And the example whose relays forward delta streams (a scratch without a shadow).
+  std::ifstream file(std::string(RESHARD_SOURCE_DIR) +
+                     "/examples/specs/relays-three-replicas.json");
+  const std::string relays((std::istreambuf_iterator<char>(file)),
+                           std::istreambuf_iterator<char>());
+  ASSERT_FALSE(relays.empty());
+  for (const std::string& spec :
+       {std::string(kRowsToCols), std::string(kMixed), std::string(kDomains), relays}) {
+    const Plan plan = MakePlan(spec);
+    const plan::DeltaMemory m = plan::DeltaMemoryOf(plan);
+    EXPECT_GT(m.shadow_bytes, 0);
+    if (spec == relays) {
+      EXPECT_GT(plan.stats().bytes_relay, 0);
+      EXPECT_GT(m.send_scratch_bytes, m.shadow_bytes + plan.stats().bytes_relay);
+    }
+    for (const bool am : {false, true}) {
+      SCOPED_TRACE(am ? "active messages" : "puts");
+      const std::vector<SendProgram> programs =
+          Programs(plan, SendProgramOptions{true, 0, am ? wire::kAmChunkBytes : 0, true});
+      plan::DeltaMemory want;
+      for (const SendProgram& p : programs) {
+        want.shadow_bytes += p.shadow_bytes;
+        want.send_scratch_bytes += p.send_scratch_bytes;
+        want.landing_bytes += p.landing_bytes;
+        want.max_shadow_bytes = std::max(want.max_shadow_bytes, p.shadow_bytes);
+        want.max_send_scratch_bytes = std::max(want.max_send_scratch_bytes, p.send_scratch_bytes);
+        want.max_landing_bytes = std::max(want.max_landing_bytes, p.landing_bytes);
+      }
+      EXPECT_EQ(m.shadow_bytes, want.shadow_bytes);
+      EXPECT_EQ(m.max_shadow_bytes, want.max_shadow_bytes);
+      EXPECT_EQ(programs[static_cast<size_t>(m.max_shadow_rank)].shadow_bytes, m.max_shadow_bytes);
+      EXPECT_EQ(m.send_scratch_bytes, want.send_scratch_bytes);
+      EXPECT_EQ(m.max_send_scratch_bytes, want.max_send_scratch_bytes);
+      if (am) {
+        EXPECT_EQ(want.landing_bytes, 0);
+      } else {
+        EXPECT_EQ(m.landing_bytes, want.landing_bytes);
+        EXPECT_EQ(m.max_landing_bytes, want.max_landing_bytes);
+        EXPECT_EQ(programs[static_cast<size_t>(m.max_landing_rank)].landing_bytes,
+                  m.max_landing_bytes);
+      }
     }
   }
 }

@@ -593,6 +593,17 @@ TEST_F(CliTest, SimDeltaRefitsShrinkRelaysToo) {
   EXPECT_LE(static_cast<double>(delta->Find("network_bytes")->as_int()),
             ratio * static_cast<double>(ours->Find("network_bytes")->as_int()));
   EXPECT_LT(delta->Find("seconds")->as_double(), ours->Find("seconds")->as_double());
+  // The memory the delta refit holds (plan::DeltaMemoryOf, checked against the engine's send
+  // programs in net_send_program_test): every piece's capacity lands somewhere.
+  const json::Value* memory = doc->Find("delta")->Find("memory");
+  ASSERT_NE(memory, nullptr) << r.out;
+  EXPECT_GT(memory->Find("max_shadow_bytes")->as_int(), 0);
+  EXPECT_GE(memory->Find("max_landing_rank")->as_int(), 0);
+  EXPECT_EQ(memory->Find("send_scratch_bytes")->as_int(), memory->Find("landing_bytes")->as_int());
+  const Result human =
+      Run("sim --spec " + spec.string() + " --no-baselines --change-fraction 0.05");
+  EXPECT_NE(human.out.find("delta memory per rank, at most: shadows"), std::string::npos)
+      << human.out;
   const Result refused =
       Run("sim --spec " + spec.string() + " --change-fraction 0.05 --relay-deltas");
   EXPECT_EQ(refused.status, 2);

@@ -350,6 +350,8 @@ int SimCommand(int argc, char** argv) {
       *change_fraction >= 0
           ? plan::DeltaFlowsFromPlan(*ours_plan, *change_fraction, {.by_relay_feed = by_feed})
           : std::vector<plan::Flow>{};
+  const plan::DeltaMemory delta_memory =
+      *change_fraction >= 0 ? plan::DeltaMemoryOf(*ours_plan) : plan::DeltaMemory{};
   ours_plan = absl::UnknownError("released");  // Free the plan before the baselines.
   const SimResult ours = plan::Simulate(ours_flows, world, s.topology, sim_options);
   std::optional<SimResult> delta;
@@ -432,7 +434,19 @@ int SimCommand(int argc, char** argv) {
         lb.average_bytes, lb.nvlink_bytes,
         delta ? absl::StrCat("{\"change_fraction\": ", *change_fraction,
                              ", \"bytes_ratio\": ", plan::DeltaBytesRatio(*change_fraction, 2),
-                             ", \"result\": ", result_json(*delta), "}")
+                             ", \"result\": ", result_json(*delta), ", \"memory\": ",
+                             absl::StrFormat(
+                                 "{\"max_shadow_bytes\": %d, \"max_shadow_rank\": %d, "
+                                 "\"max_send_scratch_bytes\": %d, \"max_send_scratch_rank\": %d, "
+                                 "\"max_landing_bytes\": %d, \"max_landing_rank\": %d, "
+                                 "\"shadow_bytes\": %d, \"send_scratch_bytes\": %d, "
+                                 "\"landing_bytes\": %d}",
+                                 delta_memory.max_shadow_bytes, delta_memory.max_shadow_rank,
+                                 delta_memory.max_send_scratch_bytes,
+                                 delta_memory.max_send_scratch_rank, delta_memory.max_landing_bytes,
+                                 delta_memory.max_landing_rank, delta_memory.shadow_bytes,
+                                 delta_memory.send_scratch_bytes, delta_memory.landing_bytes),
+                             "}")
               : std::string("null"),
         nic_factor, ratio(ours.seconds), lb_seconds, ours_plan_seconds, ours_sim_seconds,
         baselines ? absl::StrFormat("%.3f", naive_seconds) : std::string("null"),
@@ -468,6 +482,15 @@ int SimCommand(int argc, char** argv) {
   }
   std::printf("%s\n", table.Render().c_str());
   std::printf("nic_load_factor %.3f (ours max NIC bytes / lower bound)\n", nic_factor);
+  if (delta) {
+    absl::PrintF(
+        "delta memory per rank, at most: shadows %s (rank %d; device memory for CUDA sources), "
+        "send scratch %s (rank %d), landing area %s with puts (rank %d; none with active "
+        "messages)\n",
+        FormatBytes(delta_memory.max_shadow_bytes), delta_memory.max_shadow_rank,
+        FormatBytes(delta_memory.max_send_scratch_bytes), delta_memory.max_send_scratch_rank,
+        FormatBytes(delta_memory.max_landing_bytes), delta_memory.max_landing_rank);
+  }
   absl::PrintF("ours: %s relayed between domains, %s fan-out, %s staged\n",
                FormatBytes(ours_stats.bytes_relay).c_str(),
                FormatBytes(ours_stats.bytes_fanout).c_str(),
