@@ -532,6 +532,7 @@ void RefitSession::FillStats(Stats& s) const {
   s.bounce_waits = e.bounce_waits;
   s.landing_area_bytes = e.landing_area_bytes;
   s.send_scratch_bytes = e.send_scratch_bytes;
+  s.delta_relay_early_segments = e.delta_relay_early_segments;
   s.transports = engine_->Transports();
   s.fanout = fanout_name_;
   s.quantize_seconds = absl::ToDoubleSeconds(quantize_time_);

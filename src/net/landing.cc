@@ -213,6 +213,7 @@ absl::Status Landing::ApplyDelta(uint32_t slot, int64_t k, const uint8_t* stream
   }
   stream_bytes_[slot] += decoder.bytes();
   applied_bytes_[static_cast<size_t>(segment_begin_[slot] + k)] = decoder.bytes();
+  segment_applied_[static_cast<size_t>(segment_begin_[slot] + k)] = 1;
   // The relays of this piece forward the stream as validated (docs/delta.md): each gets its own
   // copy in its send scratch, where it may replace it by the plain segment for its receiver.
   for (int64_t r = relay_begin_[slot]; r < relay_begin_[slot + 1]; ++r) {
@@ -252,7 +253,7 @@ absl::Status Landing::ApplyDelta(uint32_t slot, int64_t k, const uint8_t* stream
 }
 
 int64_t Landing::AppliedBytes(uint32_t slot, int64_t k) const {
-  RESHARD_CHECK(program_.delta_elem_bytes[slot] != 0 && landed(slot));
+  RESHARD_CHECK(program_.delta_elem_bytes[slot] != 0 && SegmentApplied(slot, k));
   return applied_bytes_[static_cast<size_t>(segment_begin_[slot] + k)];
 }
 
@@ -359,13 +360,12 @@ absl::StatusOr<bool> Landing::Data(const wire::DataHeader& h, const void* data, 
           " bytes, which is not one whole segment's stream of transfer ", id, " (tensor \"",
           plan_.spec().tensors[t.tensor].name, "\")"));
     }
-    uint8_t& applied = segment_applied_[static_cast<size_t>(segment_begin_[slot]) + k];
-    if (applied != 0) {
+    // Marked applied by ApplyDelta, once the stream passed validation.
+    if (SegmentApplied(slot, static_cast<int64_t>(k))) {
       return absl::DataLossError(absl::StrCat(
           "rank ", program_.rank, ": rank ", from, " sent segment ", k, " of transfer ", id,
           " (tensor \"", plan_.spec().tensors[t.tensor].name, "\") twice in epoch ", epoch_));
     }
-    applied = 1;
     RESHARD_RETURN_IF_ERROR(ApplyDelta(slot, static_cast<int64_t>(k),
                                        static_cast<const uint8_t*>(data),
                                        static_cast<int64_t>(length)));

@@ -122,9 +122,16 @@ class Landing {
   // Delta pieces applied with at least one segment as a delta (not all plain) in this epoch.
   int64_t deltas_applied() const { return deltas_applied_; }
   // The length of the delta stream that segment `k` of the delta piece in `slot` brought in
-  // this epoch, as validated and applied. For a relay (SendDesc::relay_feed), once the piece
-  // landed: the stream itself is then in the relay's send scratch, at the segment's place.
+  // this epoch, as validated and applied. For a relay (SendDesc::relay_feed), once the segment
+  // was applied: the stream itself is then in the relay's send scratch, at the segment's place.
   int64_t AppliedBytes(uint32_t slot, int64_t k) const;
+  // Whether segment `k` of the delta piece in `slot` was applied in this epoch, and how many of
+  // its segments were (active messages apply them as they arrive, so a relay can forward each
+  // before the piece has landed).
+  bool SegmentApplied(uint32_t slot, int64_t k) const {
+    return segment_applied_[static_cast<size_t>(segment_begin_[slot] + k)] != 0;
+  }
+  int64_t SegmentsApplied(uint32_t slot) const { return segments_done_[slot]; }
   // The codec that applies delta streams to device buffers the engine writes directly (not
   // staged); it must outlive the Landing. Without one, such streams are refused (Internal):
   // the engine checks at set-up that it has one when any delta piece lands in device memory.

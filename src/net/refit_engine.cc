@@ -207,6 +207,11 @@ class RefitEngine::Impl final : public MessageSink, public LinkOwner {
   std::vector<uint8_t> gpu_done_;       // By batch: its event completed this epoch.
   std::vector<uint8_t> gpu_based_;      // By entry: encoded against a base (a delta allowed).
   std::vector<uint8_t> gpu_plain_;      // By entry: its plain stream was enqueued.
+  // Active messages: by descriptor, the epoch in which a delta relay was queued when its feed's
+  // first segment was applied (StartRelaysEarly), before the feed landed; it then forwards each
+  // segment as it is applied, and the feed's landing does not queue it again.
+  std::vector<uint64_t> relay_queued_;
+  void StartRelaysEarly(uint32_t slot);
   int32_t gpu_enqueued_ = 0;            // Batches enqueued this epoch (they start in order).
   // Enqueues the next batches while their slots are free (the batch `slots` before has been
   // posted).
@@ -467,6 +472,7 @@ absl::Status RefitEngine::Impl::Init(rendezvous::Store& store, std::vector<Buffe
                              : 0,
                          any_ring_source ? ring_sources : std::vector<bool>{}});
   RESHARD_RETURN_IF_ERROR(CheckDependencies());
+  relay_queued_.assign(program_.descs.size(), 0);
   if (options_.delta) RESHARD_RETURN_IF_ERROR(InitDelta(buffers));
   // CUDA destinations UCX cannot register: written by the engine itself, the pieces other
   // ranks put into them through the landing rounds' bounded area, local pieces from staged
@@ -1568,7 +1574,13 @@ absl::Status RefitEngine::Impl::EncodeSegment(PeerLink& link, const SendDesc& d,
     // applied. A plain stream goes on with its sender's reason (why_full), unless this rank had
     // no base itself; a "not smaller" one as "receiver version" when this receiver could not
     // have taken a delta either.
-    const int64_t bytes = landing_->AppliedBytes(static_cast<uint32_t>(d.relay_feed), k);
+    const auto feed = static_cast<uint32_t>(d.relay_feed);
+    if (!landing_->SegmentApplied(feed, k)) {
+      *ready = false;  // Started before its feed landed: this segment is still on its way.
+      return absl::OkStatus();
+    }
+    if (!landing_->landed(feed)) stats_.delta_relay_early_segments++;
+    const int64_t bytes = landing_->AppliedBytes(feed, k);
     delta::StreamHeader h;
     std::memcpy(&h, out, sizeof(h));
     if (h.mode == delta::kFull || receiver_at_base) {
@@ -1824,6 +1836,15 @@ void RefitEngine::Impl::RoundDrained(int32_t i, int32_t r) {
   }
 }
 
+void RefitEngine::Impl::StartRelaysEarly(uint32_t slot) {
+  for (uint32_t di : program_.dependencies.WaitingOn(program_.received_ids[slot])) {
+    const SendDesc& d = program_.descs[di];
+    if (d.relay_feed != static_cast<int64_t>(slot) || relay_queued_[di] == epoch_) continue;
+    relay_queued_[di] = epoch_;
+    links_[d.peer]->ready.push_back(di);
+  }
+}
+
 void RefitEngine::Impl::FinishLanded(uint32_t slot) {
   const plan::Transfer& t = plan_.transfers()[program_.received[slot]];
   const uint32_t id = program_.received_ids[slot];
@@ -1835,6 +1856,7 @@ void RefitEngine::Impl::FinishLanded(uint32_t slot) {
   }
   landed_out_.push_back(id);
   for (uint32_t di : program_.dependencies.WaitingOn(id)) {
+    if (relay_queued_[di] == epoch_) continue;  // Queued at its feed's first segment.
     const SendDesc& d = program_.descs[di];
     if (d.peer == rank_) {
       local_ready_.push_back(di);
@@ -2063,7 +2085,11 @@ void RefitEngine::Impl::OnData(const wire::DataHeader& h, const void* data, size
   absl::StatusOr<bool> complete = landing_->Data(h, data, length, &slot);
   if (!complete.ok()) return Fail(complete.status());
   stats_.data_messages_received++;
-  if (*complete) MarkLanded(slot);
+  if (*complete) return MarkLanded(slot);
+  // A delta piece's first segment: its relays start forwarding, segment by segment.
+  if (program_.delta_elem_bytes[slot] != 0 && landing_->SegmentsApplied(slot) == 1) {
+    StartRelaysEarly(slot);
+  }
 }
 
 void RefitEngine::Impl::OnRound(const wire::AmHeader& h, uint64_t round, bool grant,

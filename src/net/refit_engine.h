@@ -236,6 +236,9 @@ struct RefitStats {
   // scratch packed and delta streams leave from (docs/delta.md, "What it costs").
   int64_t landing_area_bytes = 0;
   int64_t send_scratch_bytes = 0;
+  // Active messages: segments this rank's delta relays forwarded before their feed had landed
+  // (a relay starts with its feed's first segment; docs/delta.md).
+  int64_t delta_relay_early_segments = 0;
 };
 
 class RefitEngine {

@@ -142,7 +142,7 @@ struct RankLine {
   int64_t quantize_buffer_bytes = 0;
   int64_t delta_pieces = 0, delta_full_pieces = 0, delta_stream_bytes = 0, delta_plain_bytes = 0,
           delta_shadow_bytes = 0;
-  int64_t landing_area_bytes = 0, send_scratch_bytes = 0;
+  int64_t landing_area_bytes = 0, send_scratch_bytes = 0, delta_relay_early_segments = 0;
   std::string memory, gpu;
   CudaFigures cuda;
 };
@@ -180,6 +180,7 @@ RankLine ParseRankLine(const std::string& line) {
   r.delta_shadow_bytes = num("delta_shadow_bytes");
   r.landing_area_bytes = num("landing_area_bytes");
   r.send_scratch_bytes = num("send_scratch_bytes");
+  r.delta_relay_early_segments = num("delta_relay_early_segments");
   if (const json::Value* f = v->Find("fanout_busy_ms"); f && f->is_number()) {
     r.fanout_busy_ms = f->as_double();
   }
@@ -436,7 +437,7 @@ int RunCommand(int argc, char** argv) {
   double quantize_ms = 0, amax_exchange_ms = 0;
   int64_t quantize_buffer_bytes = 0;
   int64_t delta_pieces = 0, delta_full_pieces = 0, delta_stream_bytes = 0, delta_plain_bytes = 0,
-          delta_shadow_bytes = 0;  // All ranks, the last refit.
+          delta_shadow_bytes = 0, delta_relay_early_segments = 0;  // All ranks, the last refit.
   // Host memory held for streams: all ranks' landing areas and send scratch, the largest rank.
   int64_t landing_area_bytes = 0, send_scratch_bytes = 0, max_stream_memory = 0;
   int max_stream_memory_rank = 0;
@@ -464,6 +465,7 @@ int RunCommand(int argc, char** argv) {
     delta_stream_bytes += l.delta_stream_bytes;
     delta_plain_bytes += l.delta_plain_bytes;
     delta_shadow_bytes += l.delta_shadow_bytes;
+    delta_relay_early_segments += l.delta_relay_early_segments;
     landing_area_bytes += l.landing_area_bytes;
     send_scratch_bytes += l.send_scratch_bytes;
     if (l.landing_area_bytes + l.send_scratch_bytes > max_stream_memory) {
@@ -540,15 +542,16 @@ int RunCommand(int argc, char** argv) {
         ",\"send_scratch_bytes\":", send_scratch_bytes,
         ",\"max_rank_stream_memory_bytes\":", max_stream_memory);
     if (delta || *change_fraction >= 0 || random_fraction) {
-      absl::StrAppend(
-          &out, ",\"delta\":", delta ? "true" : "false", ",\"change_fraction\":",
-          random_fraction          ? std::string("\"random\"")
-          : *change_fraction >= 0 ? absl::StrCat(*change_fraction)
-                                  : std::string("null"),
-          ",\"delta_pieces\":", delta_pieces, ",\"delta_full_pieces\":", delta_full_pieces,
-          ",\"delta_stream_bytes\":", delta_stream_bytes,
-          ",\"delta_plain_bytes\":", delta_plain_bytes,
-          ",\"delta_shadow_bytes\":", delta_shadow_bytes);
+      absl::StrAppend(&out, ",\"delta\":", delta ? "true" : "false", ",\"change_fraction\":",
+                      random_fraction         ? std::string("\"random\"")
+                      : *change_fraction >= 0 ? absl::StrCat(*change_fraction)
+                                              : std::string("null"),
+                      ",\"delta_pieces\":", delta_pieces,
+                      ",\"delta_full_pieces\":", delta_full_pieces,
+                      ",\"delta_stream_bytes\":", delta_stream_bytes,
+                      ",\"delta_plain_bytes\":", delta_plain_bytes,
+                      ",\"delta_shadow_bytes\":", delta_shadow_bytes,
+                      ",\"delta_relay_early_segments\":", delta_relay_early_segments);
     }
     if (rate_bits > 0) {
       absl::StrAppend(&out, ",\"rate\":", Quote(rate), ",\"mtu\":", *mtu,
@@ -649,6 +652,12 @@ int RunCommand(int argc, char** argv) {
           random_fraction         ? ", change fraction random per refit"
           : *change_fraction >= 0 ? absl::StrCat(", change fraction ", *change_fraction).c_str()
                                   : ", every element changes (--change-fraction not given)");
+      if (delta_relay_early_segments > 0) {
+        std::printf(
+            "                relays forwarded %lld segment(s) before their piece had "
+            "landed (all ranks, last refit)\n",
+            static_cast<long long>(delta_relay_early_segments));
+      }
     }
     if (rate_bits > 0 && random_fraction) {
       // Each refit moves its own fraction's bytes: the last refit's bound says nothing about

@@ -279,6 +279,7 @@ RankReport RunRank(const RankOptions& options, const Communicator& comm) {
     report.quantize_buffer_bytes = s.quantize_buffer_bytes;
     report.landing_area_bytes = s.landing_area_bytes;
     report.send_scratch_bytes = s.send_scratch_bytes;
+    report.delta_relay_early_segments = s.delta_relay_early_segments;
     report.fanout_hidden_fraction = s.fanout_hidden_fraction;
     report.fanout_domain_hidden_fraction = s.fanout_domain_hidden_fraction;
     report.delta_pieces = s.delta_pieces;
@@ -359,6 +360,7 @@ std::string RankReportJson(const RankReport& r) {
       ",\"delta_stream_bytes\":", r.delta_stream_bytes,
       ",\"delta_plain_bytes\":", r.delta_plain_bytes,
       ",\"delta_shadow_bytes\":", r.delta_shadow_bytes,
+      ",\"delta_relay_early_segments\":", r.delta_relay_early_segments,
       ",\"landing_area_bytes\":", r.landing_area_bytes,
       ",\"send_scratch_bytes\":", r.send_scratch_bytes, ",\"memory\":", JsonQuote(r.memory),
       ",\"gpu\":", JsonQuote(r.gpu), ",\"destination_bytes\":", r.destination_bytes,

@@ -81,6 +81,7 @@ struct RankReport {
   int64_t delta_stream_bytes = 0, delta_plain_bytes = 0, delta_shadow_bytes = 0;
   // Host memory the handle holds for streams (Stats::landing_area_bytes, send_scratch_bytes).
   int64_t landing_area_bytes = 0, send_scratch_bytes = 0;
+  int64_t delta_relay_early_segments = 0;  // Last refit (Stats::delta_relay_early_segments).
   // --memory: "host" or "cuda", the GPU's PCI bus id, this rank's destination bytes (what a
   // refit writes here), and the Stats of CUDA buffers (registered by UCX or staged) and of the
   // last refit's staging copies.
@@ -108,7 +109,8 @@ RankReport RunRank(const RankOptions& options, const Communicator& comm);
 //  "fanout_busy_ms":T,"fanout_hidden_fraction":F,"fanout_domain_hidden_fraction":F,
 //  "quantize_ms":T,"amax_exchange_ms":T,"quantize_buffer_bytes":B,
 //  "delta_pieces":N,"delta_full_pieces":N,"delta_stream_bytes":B,"delta_plain_bytes":B,
-//  "delta_shadow_bytes":B,"landing_area_bytes":B,"send_scratch_bytes":B,
+//  "delta_shadow_bytes":B,"delta_relay_early_segments":N,"landing_area_bytes":B,
+//  "send_scratch_bytes":B,
 //  "memory":"host","gpu":"","destination_bytes":B,
 //  "cuda_buffers_registered":N,"cuda_buffers_staged":N,"bytes_staged_to_host":B,
 //  "bytes_staged_to_device":B,"stage_ring_bytes":B,"stage_copy_bytes":B,

@@ -274,6 +274,9 @@ struct Stats {
   // "What it costs").
   int64_t landing_area_bytes = 0;
   int64_t send_scratch_bytes = 0;
+  // Delta refits with active messages (tcp): segments this rank's relays forwarded before the
+  // piece they forward had landed here (a relay starts with its piece's first segment).
+  int64_t delta_relay_early_segments = 0;
   // Quantized destinations (docs/quantization.md): time this rank spent quantizing its sources
   // (partial amaxes, dequantizing FP8 sources, quantizing; host or GPU, copies to the host
   // included), time from starting the amax exchange to its end (0 without one), and the host

@@ -142,6 +142,8 @@ typedef struct reshard_stats {
    * of the same names). */
   int64_t landing_area_bytes;
   int64_t send_scratch_bytes;
+  /* Delta relays' segments forwarded before their piece landed (reshard::Stats'). */
+  int64_t delta_relay_early_segments;
 } reshard_stats_t;
 
 /* The message of the last failing call on this thread ("" when none). Valid until the next
