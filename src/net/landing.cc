@@ -50,23 +50,6 @@ Landing::Landing(const plan::Plan& plan, const SendProgram& program, RegisteredM
   any_delta_.assign(program.received.size(), 0);
   unpack_queued_.assign(program.received.size(), 0);
   segment_applied_.assign(static_cast<size_t>(segment_begin_.back()), 0);
-  // The relays that forward each delta piece landing here: where their streams go in the send
-  // scratch (by slot, [relay_begin_[slot], relay_begin_[slot + 1]) of relay_scratch_).
-  relay_begin_.assign(program.received.size() + 1, 0);
-  for (const SendDesc& d : program.descs) {
-    if (d.relay_feed >= 0) relay_begin_[static_cast<size_t>(d.relay_feed) + 1]++;
-  }
-  for (size_t slot = 0; slot < program.received.size(); ++slot) {
-    relay_begin_[slot + 1] += relay_begin_[slot];
-  }
-  relay_scratch_.resize(static_cast<size_t>(relay_begin_.back()));
-  std::vector<int64_t> next(relay_begin_.begin(), relay_begin_.end() - 1);
-  for (const SendDesc& d : program.descs) {
-    if (d.relay_feed >= 0) {
-      relay_scratch_[static_cast<size_t>(next[static_cast<size_t>(d.relay_feed)]++)] =
-          d.send_offset;
-    }
-  }
   if (!data_messages) return;
   for (uint32_t slot = 0; slot < program.received.size(); ++slot) {
     const plan::Transfer& t = plan.transfers()[program.received[slot]];
@@ -214,12 +197,14 @@ absl::Status Landing::ApplyDelta(uint32_t slot, int64_t k, const uint8_t* stream
   stream_bytes_[slot] += decoder.bytes();
   applied_bytes_[static_cast<size_t>(segment_begin_[slot] + k)] = decoder.bytes();
   segment_applied_[static_cast<size_t>(segment_begin_[slot] + k)] = 1;
-  // The relays of this piece forward the stream as validated (docs/delta.md): each gets its own
-  // copy in its send scratch, where it may replace it by the plain segment for its receiver.
-  for (int64_t r = relay_begin_[slot]; r < relay_begin_[slot + 1]; ++r) {
-    std::memcpy(memory_.send_scratch() + relay_scratch_[static_cast<size_t>(r)] +
-                    k * delta::SegmentStride(es),
-                stream, static_cast<size_t>(decoder.bytes()));
+  // The relays of this piece (the descriptors waiting on it that forward it) send the stream as
+  // validated (docs/delta.md): each gets its own copy in its send scratch, where it may replace
+  // it by the plain segment for its receiver.
+  for (uint32_t di : program_.dependencies.WaitingOn(program_.received_ids[slot])) {
+    const SendDesc& d = program_.descs[di];
+    if (d.relay_feed != static_cast<int64_t>(slot)) continue;
+    std::memcpy(memory_.send_scratch() + d.send_offset + k * delta::SegmentStride(es), stream,
+                static_cast<size_t>(decoder.bytes()));
   }
   any_delta_[slot] |= decoder.mode() == delta::kDelta ? 1 : 0;
   if (++segments_done_[slot] == segment_begin_[slot + 1] - segment_begin_[slot]) {

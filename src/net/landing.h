@@ -190,10 +190,6 @@ class Landing {
   std::vector<int64_t> applied_bytes_;  // By segment: the length of the stream applied.
   std::vector<uint8_t> segment_applied_;  // By segment: its stream came in this epoch.
   std::vector<uint8_t> any_delta_;
-  // The relays of each delta piece landing here: by slot, [relay_begin_[slot],
-  // relay_begin_[slot + 1]) of relay_scratch_, their pieces' offsets in the send scratch.
-  std::vector<int64_t> relay_begin_;
-  std::vector<int64_t> relay_scratch_;
   cuda::DeviceDeltaCodec* device_delta_ = nullptr;
   cuda::CopyQueue* copy_queue_ = nullptr;
   const LandingRounds* rounds_ = nullptr;

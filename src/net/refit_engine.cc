@@ -207,11 +207,6 @@ class RefitEngine::Impl final : public MessageSink, public LinkOwner {
   std::vector<uint8_t> gpu_done_;       // By batch: its event completed this epoch.
   std::vector<uint8_t> gpu_based_;      // By entry: encoded against a base (a delta allowed).
   std::vector<uint8_t> gpu_plain_;      // By entry: its plain stream was enqueued.
-  // Active messages: by descriptor, the epoch in which a delta relay was queued when its feed's
-  // first segment was applied (StartRelaysEarly), before the feed landed; it then forwards each
-  // segment as it is applied, and the feed's landing does not queue it again.
-  std::vector<uint64_t> relay_queued_;
-  void StartRelaysEarly(uint32_t slot);
   int32_t gpu_enqueued_ = 0;            // Batches enqueued this epoch (they start in order).
   // Enqueues the next batches while their slots are free (the batch `slots` before has been
   // posted).
@@ -355,6 +350,11 @@ class RefitEngine::Impl final : public MessageSink, public LinkOwner {
   // once the queue's event after it completed (PollToDevice, every round).
   void MarkLanded(uint32_t slot, bool queued = false);
   void FinishLanded(uint32_t slot);
+  // Active messages: by descriptor, the epoch in which a delta relay was queued when its feed's
+  // first segment was applied (StartRelaysEarly), before the feed landed; it then forwards each
+  // segment as it is applied, and the feed's landing does not queue it again.
+  std::vector<uint64_t> relay_queued_;
+  void StartRelaysEarly(uint32_t slot);
   void PollToDevice();
   void PostSends();
   // Delta mode's set-up: shadows (host, and device for CUDA sources), the CUDA codec.
