@@ -59,7 +59,8 @@ class Stats(ctypes.Structure):
                 ("stage_bounce_bytes", ctypes.c_int64), ("bounced_data_messages", ctypes.c_int64),
                 ("bounce_waits", ctypes.c_int64), ("landing_area_bytes", ctypes.c_int64),
                 ("send_scratch_bytes", ctypes.c_int64),
-                ("delta_relay_early_segments", ctypes.c_int64)]
+                ("delta_relay_early_segments", ctypes.c_int64),
+                ("relay_early_bytes", ctypes.c_int64)]
 
 
 class Reshard:

@@ -565,6 +565,7 @@ NB_MODULE(_reshard, m) {
       .def_ro("landing_area_bytes", &reshard::Stats::landing_area_bytes)
       .def_ro("send_scratch_bytes", &reshard::Stats::send_scratch_bytes)
       .def_ro("delta_relay_early_segments", &reshard::Stats::delta_relay_early_segments)
+      .def_ro("relay_early_bytes", &reshard::Stats::relay_early_bytes)
       .def_ro("delta_pieces", &reshard::Stats::delta_pieces)
       .def_ro("delta_full_no_base", &reshard::Stats::delta_full_no_base)
       .def_ro("delta_full_receiver_version", &reshard::Stats::delta_full_receiver_version)

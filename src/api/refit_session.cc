@@ -533,6 +533,7 @@ void RefitSession::FillStats(Stats& s) const {
   s.landing_area_bytes = e.landing_area_bytes;
   s.send_scratch_bytes = e.send_scratch_bytes;
   s.delta_relay_early_segments = e.delta_relay_early_segments;
+  s.relay_early_bytes = e.relay_early_bytes;
   s.transports = engine_->Transports();
   s.fanout = fanout_name_;
   s.quantize_seconds = absl::ToDoubleSeconds(quantize_time_);

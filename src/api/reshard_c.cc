@@ -565,6 +565,7 @@ reshard_status_t reshard_handle_stats(const reshard_handle_t* handle, reshard_st
   out->landing_area_bytes = s.landing_area_bytes;
   out->send_scratch_bytes = s.send_scratch_bytes;
   out->delta_relay_early_segments = s.delta_relay_early_segments;
+  out->relay_early_bytes = s.relay_early_bytes;
   return RESHARD_OK;
 }
 

@@ -50,6 +50,8 @@ Landing::Landing(const plan::Plan& plan, const SendProgram& program, RegisteredM
   any_delta_.assign(program.received.size(), 0);
   unpack_queued_.assign(program.received.size(), 0);
   segment_applied_.assign(static_cast<size_t>(segment_begin_.back()), 0);
+  tracks_prefix_.assign(program.received.size(), 0);
+  prefix_.assign(program.received.size(), 0);
   if (!data_messages) return;
   for (uint32_t slot = 0; slot < program.received.size(); ++slot) {
     const plan::Transfer& t = plan.transfers()[program.received[slot]];
@@ -58,11 +60,13 @@ Landing::Landing(const plan::Plan& plan, const SendProgram& program, RegisteredM
         program.delta_elem_bytes[slot] != 0 || region.ndims == 0) {
       continue;
     }
-    std::vector<int64_t>& starts = run_starts_[slot];
+    std::vector<RunStart>& starts = run_starts_[slot];
     starts.reserve(static_cast<size_t>(region.num_runs()));
-    plan::ForEachRun(region, plan.region_dims(region),
-                     [&](int64_t, int64_t to, int64_t) { starts.push_back(to); });
-    std::sort(starts.begin(), starts.end());
+    plan::ForEachRun(region, plan.region_dims(region), [&](int64_t, int64_t to, int64_t) {
+      starts.push_back({to, static_cast<int64_t>(starts.size())});
+    });
+    std::sort(starts.begin(), starts.end(),
+              [](const RunStart& a, const RunStart& b) { return a.to < b.to; });
   }
 }
 
@@ -171,6 +175,42 @@ void Landing::StartEpoch(uint64_t epoch, uint64_t version) {
   std::fill(any_delta_.begin(), any_delta_.end(), 0);
   std::fill(segment_applied_.begin(), segment_applied_.end(), 0);
   std::fill(unpack_queued_.begin(), unpack_queued_.end(), 0);
+  std::fill(prefix_.begin(), prefix_.end(), 0);
+  ahead_.clear();
+}
+
+bool Landing::TrackPrefix(uint32_t slot) {
+  const plan::Transfer& t = plan_.transfers()[program_.received[slot]];
+  const uint32_t to_buf = plan_.buffer_of(t.tensor, t.to_side);
+  if (!data_messages_ || t.from_rank == program_.rank || program_.delta_elem_bytes[slot] != 0 ||
+      memory_.device(to_buf) || memory_.staged(to_buf)) {
+    return false;
+  }
+  tracks_prefix_[slot] = 1;
+  return true;
+}
+
+int64_t Landing::LandedPrefix(uint32_t slot) const {
+  if (landed(slot)) return plan_.region(plan_.transfers()[program_.received[slot]].region).bytes;
+  return prefix_[slot];
+}
+
+void Landing::AdvancePrefix(uint32_t slot, int64_t at, int64_t length) {
+  int64_t& prefix = prefix_[slot];
+  if (at > prefix) {
+    // Beyond a gap: kept until the bytes before it are here (a repeat is ignored).
+    ahead_[slot].emplace(at, length);
+    return;
+  }
+  prefix = std::max(prefix, at + length);
+  auto it = ahead_.find(slot);
+  if (it == ahead_.end()) return;
+  std::map<int64_t, int64_t>& ahead = it->second;
+  while (!ahead.empty() && ahead.begin()->first <= prefix) {
+    prefix = std::max(prefix, ahead.begin()->first + ahead.begin()->second);
+    ahead.erase(ahead.begin());
+  }
+  if (ahead.empty()) ahead_.erase(it);
 }
 
 int64_t Landing::wire_bytes(uint32_t slot) const {
@@ -365,18 +405,22 @@ absl::StatusOr<bool> Landing::Data(const wire::DataHeader& h, const void* data, 
   const uint32_t to_buf = plan_.buffer_of(t.tensor, t.to_side);
   // Packed: inside the transfer's stream. Unpacked: inside one run of its region (so inside
   // the buffer too), never in bytes that other transfers, peers or nobody write.
+  // `start` and `run`: where the run (or the packed stream) holding the data starts, and its
+  // index in region order.
   uint64_t start = 0, limit = region_bytes;
+  int64_t run = 0;
   if (!packed) {
     const plan::Region& region = plan_.region(t.region);
     start = static_cast<uint64_t>(region.to_offset);
     limit = static_cast<uint64_t>(region.run_bytes);
     auto runs = run_starts_.find(slot);
     if (runs != run_starts_.end()) {
-      const std::vector<int64_t>& starts = runs->second;
+      const std::vector<RunStart>& starts = runs->second;
       auto next = std::upper_bound(
           starts.begin(), starts.end(), h.to_offset,
-          [](uint64_t offset, int64_t s) { return offset < static_cast<uint64_t>(s); });
-      start = next == starts.begin() ? UINT64_MAX : static_cast<uint64_t>(*(next - 1));
+          [](uint64_t offset, const RunStart& s) { return offset < static_cast<uint64_t>(s.to); });
+      start = next == starts.begin() ? UINT64_MAX : static_cast<uint64_t>((next - 1)->to);
+      run = next == starts.begin() ? 0 : (next - 1)->index;
     }
   }
   if (h.to_offset < start || !wire::InBounds(h.to_offset - start, length, limit) ||
@@ -413,6 +457,12 @@ absl::StatusOr<bool> Landing::Data(const wire::DataHeader& h, const void* data, 
                                    /*may_queue=*/false));
   } else if (length > 0) {
     std::memcpy(memory_.data(to_buf) + h.to_offset, data, length);
+  }
+  if (tracks_prefix_[slot] != 0) {
+    // In place now (host memory, copied above): where the data starts in region order.
+    const int64_t within = static_cast<int64_t>(h.to_offset - start);
+    AdvancePrefix(slot, packed ? within : run * plan_.region(t.region).run_bytes + within,
+                  static_cast<int64_t>(length));
   }
   landed_bytes_[slot] += static_cast<int64_t>(length);
   return static_cast<uint64_t>(landed_bytes_[slot]) == region_bytes;

@@ -29,6 +29,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -61,6 +62,17 @@ class Landing {
   void StartEpoch(uint64_t epoch, uint64_t version);
   // Whether the transfer in `slot` (SendProgram::received) landed in this epoch.
   bool landed(uint32_t slot) const { return landed_epoch_[slot] == epoch_; }
+
+  // Active messages: keep, for the plain transfer in `slot`, how much of its region has landed
+  // in this epoch as a prefix in the region's order (plan::ForEachRun's, which every region of
+  // the same box follows), so that a relay reading it (SendDesc::relay_feed) can forward each
+  // run as soon as its bytes are here. False, and nothing kept, where that cannot be known
+  // before the piece lands: put delivery (one signal for the piece), delta streams (their
+  // segments say it), device or staged destinations (data reaches them on a copy queue).
+  bool TrackPrefix(uint32_t slot);
+  // The bytes of `slot`'s region, from its start in region order, that have landed in this
+  // epoch: all of them once it landed, else (TrackPrefix) as data messages brought them.
+  int64_t LandedPrefix(uint32_t slot) const;
 
   // Put delivery: `from_rank` signalled that the bytes of the transfer with world index `id`
   // are in place. Unpacks its packed stream from the landing area. True when the transfer is new
@@ -176,8 +188,20 @@ class Landing {
   std::vector<uint64_t> landed_epoch_;  // By slot.
   std::vector<int64_t> landed_bytes_;   // By slot (active-message delivery).
   // Active-message delivery: for each unpacked transfer landing here in several runs (by slot),
-  // the sorted offsets of its runs in the receiving buffer (each the region's run_bytes long).
-  absl::flat_hash_map<uint32_t, std::vector<int64_t>> run_starts_;
+  // its runs (each the region's run_bytes long) sorted by their offset in the receiving buffer,
+  // with their index in region order.
+  struct RunStart {
+    int64_t to = 0;
+    int64_t index = 0;
+  };
+  absl::flat_hash_map<uint32_t, std::vector<RunStart>> run_starts_;
+  // TrackPrefix: by slot, whether it is kept, and the landed prefix; data that landed beyond a
+  // gap (messages overtaking each other) waits in `ahead_` as (region position, bytes).
+  std::vector<uint8_t> tracks_prefix_;
+  std::vector<int64_t> prefix_;
+  absl::flat_hash_map<uint32_t, std::map<int64_t, int64_t>> ahead_;
+  // Data of `length` bytes landed at region position `at` of tracked `slot`.
+  void AdvancePrefix(uint32_t slot, int64_t at, int64_t length);
   uint64_t version_ = 0;
   int64_t deltas_applied_ = 0;
   int64_t staged_to_device_ = 0;

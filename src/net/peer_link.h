@@ -211,6 +211,10 @@ class PeerLink {
   // A packed desc's stream is in the send scratch (gathered once, however many passes its
   // posting takes while it waits for round grants).
   bool gathered = false;
+  // Where the next run starts in the region's order (the runs of an unpacked piece follow it):
+  // a relay started before its feed landed posts a run once the feed's bytes up to its end are
+  // here (Landing::LandedPrefix).
+  int64_t region_pos = 0;
   // Delta pieces (docs/delta.md): the run whose segment was encoded last (-1: none in this
   // epoch), that segment's stream as [stream_begin, stream_end) of the piece's area, and what
   // the piece's segments were so far (RefitEngine's flags).

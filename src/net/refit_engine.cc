@@ -350,10 +350,17 @@ class RefitEngine::Impl final : public MessageSink, public LinkOwner {
   // once the queue's event after it completed (PollToDevice, every round).
   void MarkLanded(uint32_t slot, bool queued = false);
   void FinishLanded(uint32_t slot);
-  // Active messages: by descriptor, the epoch in which a delta relay was queued when its feed's
-  // first segment was applied (StartRelaysEarly), before the feed landed; it then forwards each
-  // segment as it is applied, and the feed's landing does not queue it again.
+  // Active messages: relays start with their feed's first data message, before the feed
+  // landed; a delta relay then forwards each segment as it is applied, a plain one each run
+  // once its bytes are here (Landing::TrackPrefix). By descriptor, whether it is such a relay
+  // (early_relay_) and the epoch in which it was queued (StartRelaysEarly; the feed's landing
+  // does not queue it again); by receiving slot, whether one of its relays is, and the epoch
+  // they were started in.
+  std::vector<uint8_t> early_relay_;
   std::vector<uint64_t> relay_queued_;
+  std::vector<uint8_t> feeds_early_relay_;
+  std::vector<uint64_t> relays_started_;
+  void InitEarlyRelays(bool am);
   void StartRelaysEarly(uint32_t slot);
   void PollToDevice();
   void PostSends();
@@ -545,6 +552,7 @@ absl::Status RefitEngine::Impl::Init(rendezvous::Store& store, std::vector<Buffe
     break;
   }
   RESHARD_RETURN_IF_ERROR(landing_->InitBounce());
+  InitEarlyRelays(am);
   RESHARD_RETURN_IF_ERROR(InitQueuedKernels());
   delivery_ = MakeDelivery(am, rank_, program_, *memory_, options_.signal_batch_bytes, stats_);
   single_copy_enabled_ = options_.single_copy && !am;
@@ -1357,6 +1365,7 @@ void RefitEngine::Impl::PostSends() {
         link->cursor_desc = link->ready.front();
         link->ready.pop_front();
         link->cursor_run = program_.descs[link->cursor_desc].run_begin;
+        link->region_pos = 0;
         link->gathered = false;
         link->ring_part = OnRing(static_cast<uint32_t>(link->cursor_desc))
                               ? ring_.first_part[link->cursor_desc]
@@ -1405,6 +1414,17 @@ void RefitEngine::Impl::PostSends() {
           if (at >= link->stream_end) {  // The segment's stream ended before this run.
             link->cursor_run++;
             continue;
+          }
+        } else if (relay_queued_[link->cursor_desc] == epoch_) {
+          // A plain relay started before its feed landed: each run once its bytes are here.
+          const auto feed = static_cast<uint32_t>(d.relay_feed);
+          const int64_t end = link->region_pos + program_.runs[link->cursor_run].bytes;
+          if (!landing_->landed(feed)) {
+            if (end > landing_->LandedPrefix(feed)) {
+              waiting = true;  // The other links go on.
+              break;
+            }
+            stats_.relay_early_bytes += program_.runs[link->cursor_run].bytes;
           }
         }
         const int64_t round_base = round_base_.empty() ? -1 : round_base_[link->cursor_desc];
@@ -1497,6 +1517,7 @@ void RefitEngine::Impl::PostSends() {
                                   : -1;
           }
         }
+        link->region_pos += program_.runs[link->cursor_run].bytes;
         link->cursor_run++;
       }
       if (waiting) continue;
@@ -1836,10 +1857,33 @@ void RefitEngine::Impl::RoundDrained(int32_t i, int32_t r) {
   }
 }
 
+void RefitEngine::Impl::InitEarlyRelays(bool am) {
+  early_relay_.assign(program_.descs.size(), 0);
+  feeds_early_relay_.assign(program_.received.size(), 0);
+  relays_started_.assign(program_.received.size(), 0);
+  if (!am) return;  // With puts, one signal says that the whole piece landed.
+  for (uint32_t di = 0; di < program_.descs.size(); ++di) {
+    const SendDesc& d = program_.descs[di];
+    if (d.relay_feed < 0) continue;
+    const auto feed = static_cast<uint32_t>(d.relay_feed);
+    // A delta relay forwards the streams as they are applied; a plain one reads the feed's
+    // bytes in place, run by run: not through a gather of the whole piece (packed) or the
+    // staging ring, and only where the landing knows which bytes are in place.
+    const bool early =
+        d.delta_elem_bytes != 0 || (!d.packed && !OnRing(di) && landing_->TrackPrefix(feed));
+    early_relay_[di] = early ? 1 : 0;
+    feeds_early_relay_[feed] |= early_relay_[di];
+  }
+}
+
 void RefitEngine::Impl::StartRelaysEarly(uint32_t slot) {
+  relays_started_[slot] = epoch_;
   for (uint32_t di : program_.dependencies.WaitingOn(program_.received_ids[slot])) {
     const SendDesc& d = program_.descs[di];
-    if (d.relay_feed != static_cast<int64_t>(slot) || relay_queued_[di] == epoch_) continue;
+    if (d.relay_feed != static_cast<int64_t>(slot) || early_relay_[di] == 0 ||
+        relay_queued_[di] == epoch_) {
+      continue;
+    }
     relay_queued_[di] = epoch_;
     links_[d.peer]->ready.push_back(di);
   }
@@ -1856,7 +1900,7 @@ void RefitEngine::Impl::FinishLanded(uint32_t slot) {
   }
   landed_out_.push_back(id);
   for (uint32_t di : program_.dependencies.WaitingOn(id)) {
-    if (relay_queued_[di] == epoch_) continue;  // Queued at its feed's first segment.
+    if (relay_queued_[di] == epoch_) continue;  // Queued at its feed's first data.
     const SendDesc& d = program_.descs[di];
     if (d.peer == rank_) {
       local_ready_.push_back(di);
@@ -2086,10 +2130,8 @@ void RefitEngine::Impl::OnData(const wire::DataHeader& h, const void* data, size
   if (!complete.ok()) return Fail(complete.status());
   stats_.data_messages_received++;
   if (*complete) return MarkLanded(slot);
-  // A delta piece's first segment: its relays start forwarding, segment by segment.
-  if (program_.delta_elem_bytes[slot] != 0 && landing_->SegmentsApplied(slot) == 1) {
-    StartRelaysEarly(slot);
-  }
+  // A piece's first data: its relays start forwarding, segment by segment or run by run.
+  if (feeds_early_relay_[slot] != 0 && relays_started_[slot] != epoch_) StartRelaysEarly(slot);
 }
 
 void RefitEngine::Impl::OnRound(const wire::AmHeader& h, uint64_t round, bool grant,

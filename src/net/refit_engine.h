@@ -239,6 +239,10 @@ struct RefitStats {
   // Active messages: segments this rank's delta relays forwarded before their feed had landed
   // (a relay starts with its feed's first segment; docs/delta.md).
   int64_t delta_relay_early_segments = 0;
+  // Active messages: bytes this rank's plain relays forwarded before their feed had landed (a
+  // relay starts with its feed's first data message and forwards each run once its bytes are
+  // here; docs/data-plane.md, "Relays").
+  int64_t relay_early_bytes = 0;
 };
 
 class RefitEngine {

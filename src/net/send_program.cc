@@ -106,6 +106,14 @@ SendProgram BuildSendProgram(const plan::Plan& plan, int32_t rank,
         RESHARD_CHECK(slot >= 0);  // A local copy both leaves and lands here.
         d.slot = static_cast<uint32_t>(slot);
       }
+      if (plan::IsRelay(t)) {
+        // A relay reads what its feed brought here: of the same part (the schedule's relay
+        // chains), so the same region, whose order both pieces' runs follow.
+        d.relay_feed = p.Slot(static_cast<uint32_t>(t.after));
+        RESHARD_CHECK(d.relay_feed >= 0 &&
+                      plan.region(transfers[p.received[d.relay_feed]].region).bytes ==
+                          region.bytes);
+      }
       // A delta stream's segment is one run, never cut: one put, or one data message.
       const bool delta = DeltaElemBytes(plan, t, options) > 0;
       int64_t chunk =
@@ -132,13 +140,10 @@ SendProgram BuildSendProgram(const plan::Plan& plan, int32_t rank,
         }
         if (es > 0) {
           d.delta_elem_bytes = static_cast<uint8_t>(es);
-          if (plan::IsRelay(t)) {
-            // A relay forwards the streams of a delta piece that landed here, of the same part
+          if (d.relay_feed >= 0) {
+            // A relay forwards the streams of a delta piece that landed here
             // (plan::DeltaElemBytes: the schedule's relay chains start at a source piece).
-            d.relay_feed = p.Slot(static_cast<uint32_t>(t.after));
-            RESHARD_CHECK(d.relay_feed >= 0 && p.delta_elem_bytes[d.relay_feed] == es &&
-                          plan.region(transfers[p.received[d.relay_feed]].region).bytes ==
-                              region.bytes);
+            RESHARD_CHECK(p.delta_elem_bytes[d.relay_feed] == es);
           } else {
             d.shadow_offset = p.shadow_bytes;
             p.shadow_bytes += region.bytes;

@@ -93,9 +93,9 @@ struct SendDesc {
   // sender's shadow; 0 and -1 otherwise.
   uint8_t delta_elem_bytes = 0;
   int64_t shadow_offset = -1;
-  // Delta relays (plan::IsRelay): the receiving slot (SendProgram::received) of the piece whose
-  // stream this relay forwards, which landed here first; such a piece has no shadow. -1
-  // otherwise.
+  // Relays (plan::IsRelay): the receiving slot (SendProgram::received) of the piece this relay
+  // forwards, which lands here first, in the same region (so its runs follow the same order); a
+  // delta relay forwards its streams and has no shadow. -1 for every other transfer.
   int64_t relay_feed = -1;
   // Delta streams: the piece's segments, numbered [segment_begin, segment_begin + segments)
   // among this rank's (SendProgram::segments).

@@ -344,6 +344,34 @@ TEST(RunNetnsTest, DeltaRelaysForwardSegmentsBeforeTheirPieceLanded) {
   EXPECT_GT(v.Find("delta_relay_early_segments")->as_int(), 0) << o.out;
 }
 
+// Plain relays over active messages forward each run once its bytes are here, not once the whole
+// piece landed (docs/data-plane.md, "Relays"): a 1 MiB fp32 tensor, replicated into three
+// domains, relayed between them, into destinations whose view swaps the two outer dims, so the
+// runs land far from region order in the buffer (Landing::LandedPrefix maps them back). On
+// 100 Mbit/s NICs the relays forward most of their pieces before those landed, and every refit
+// is byte-exact; on relays-three-replicas.json too.
+TEST(RunNetnsTest, RelaysForwardRunsBeforeTheirPieceLanded) {
+  if (!launcher::CanUseNetns()) GTEST_SKIP() << "network namespaces need root";
+  const std::string spec = ::testing::TempDir() + "/relays-swapped-view.json";
+  std::ofstream(spec) << R"json({"topology": {"domains": [[0, 1], [2, 3], [4, 5], [6, 7]]},
+    "tensors": [{"name": "p", "dtype": "fp32", "shape": [8, 16, 2048],
+      "src": {"mesh": [0, 1], "placements": ["S(0)"]},
+      "dst": {"mesh": [[2, 3], [4, 5], [6, 7]], "placements": ["R", "S(0)"],
+              "view": {"strides": [2048, 8192, 1]}}}]})json";
+  const std::vector<std::string> before = launcher::ListNamespaces();
+  for (const std::string& path : {spec, kSpecs + "relays-three-replicas.json"}) {
+    SCOPED_TRACE(path);
+    Output o = Reshard(
+        absl::StrCat("run ", path, " --emulate-nic 100mbit --iters 2 --timeout-ms 20000 --json"));
+    EXPECT_EQ(o.exit_code, 0) << o.out;
+    json::Value v = ParseJson(o.out);
+    ExpectVerifiedRun(v, 2, "plain relays");
+    EXPECT_GT(v.Find("relay_early_bytes")->as_int(), 0) << o.out;
+  }
+  ExpectNoLeakedNamespaces(before);
+  std::filesystem::remove(spec);
+}
+
 TEST(RunTest, InfoDescribesThisMachine) {
   Output o = Reshard("info --json");
   EXPECT_EQ(o.exit_code, 0);

@@ -294,5 +294,119 @@ TEST(LandingBounce, DataMessagesIntoDeviceMemoryGoThroughTheBounceAreaOnly) {
   EXPECT_EQ(landing.staged_to_device(), 600000);
 }
 
+// What a plain relay may forward before its feed landed (Landing::TrackPrefix, active messages):
+// the prefix of the feed's region, in region order, whose bytes are in place. A 64 x 64 fp32
+// matrix lands whole in a column-major destination, one 4-byte run per element: data messages in
+// buffer order (column by column) arrive far out of region order (row by row), and after each the
+// prefix is what a bitmap of the landed elements says; a packed stream's messages, the second
+// half first, likewise. Puts and delta streams keep no prefix.
+TEST(LandingPrefix, DataMessagesAdvanceTheRegionOrderPrefixRelaysForward) {
+  setenv("UCX_TLS", "self,sm", 1);
+  setenv("UCX_NET_DEVICES", "all", 1);
+  auto spec = plan::ParseSpecJson(R"json({"tensors": [{"name": "m", "dtype": "fp32",
+      "shape": [64, 64], "src": {"mesh": [0], "placements": ["R"]},
+      "dst": {"mesh": [1], "placements": ["R"], "view": {"strides": [1, 64]}}}]})json");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  auto plan = plan::BuildPlan(std::make_shared<const plan::RefitSpec>(*std::move(spec)));
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  auto runtime = Runtime::Create();
+  ASSERT_TRUE(runtime.ok()) << runtime.status();
+  const uint32_t dst = plan->buffer_of(0, plan::Side::kDst);
+  const std::vector<int64_t> bytes = plan->BufferBytes(1);
+  std::vector<std::vector<uint8_t>> memory;
+  std::vector<common::BufferView> views;
+  memory.reserve(bytes.size());
+  for (int64_t b : bytes) {
+    memory.emplace_back(static_cast<size_t>(b), 0);
+    views.push_back(common::BufferView{memory.back().data(), b, common::MemoryKind::kHost});
+  }
+  auto registered = RegisteredMemory::Create(*plan, 1, **runtime, views, 0, 0);
+  ASSERT_TRUE(registered.ok()) << registered.status();
+  std::vector<uint8_t> values(64 * 64 * 4);
+  for (size_t i = 0; i < values.size(); ++i) values[i] = static_cast<uint8_t>(i * 13 + 5);
+  constexpr int64_t kRegion = 64 * 64 * 4;
+
+  {
+    SCOPED_TRACE("unpacked, column by column");
+    const SendProgram program =
+        BuildSendProgram(*plan, 1, SendProgramOptions{true, 0, wire::kAmChunkBytes});
+    ASSERT_EQ(program.received.size(), 1u);
+    ASSERT_LT(program.landing_offset[0], 0);  // Not packed.
+    Landing landing(*plan, program, **registered, /*data_messages=*/true);
+    ASSERT_TRUE(landing.TrackPrefix(0));
+    for (uint64_t epoch = 1; epoch <= 2; ++epoch) {  // A second epoch starts from nothing.
+      landing.StartEpoch(epoch, 0);
+      EXPECT_EQ(landing.LandedPrefix(0), 0);
+      std::vector<bool> here(64 * 64, false);
+      size_t prefix = 0;
+      for (int64_t j = 0; j < 64; ++j) {
+        for (int64_t i = 0; i < 64; ++i) {
+          // Element (i, j): region position (i * 64 + j) * 4, buffer offset (i + j * 64) * 4.
+          const uint64_t to = static_cast<uint64_t>((i + j * 64) * 4);
+          const wire::DataHeader h{wire::AmHeader{wire::kMagic, 0, 0, epoch},
+                                   program.received_ids[0], 0, to, 0};
+          uint32_t slot = 0;
+          auto got = landing.Data(h, values.data() + (i * 64 + j) * 4, 4, &slot);
+          ASSERT_TRUE(got.ok()) << got.status();
+          EXPECT_EQ(*got, i == 63 && j == 63);
+          here[static_cast<size_t>(i * 64 + j)] = true;
+          while (prefix < here.size() && here[prefix]) prefix++;
+          ASSERT_EQ(landing.LandedPrefix(0), static_cast<int64_t>(prefix * 4))
+              << "after element (" << i << ", " << j << ")";
+        }
+      }
+      auto landed = landing.Land(0);
+      ASSERT_TRUE(landed.ok()) << landed.status();
+      EXPECT_EQ(landing.LandedPrefix(0), kRegion);
+    }
+    for (int64_t i = 0; i < 64; ++i) {
+      for (int64_t j = 0; j < 64; ++j) {
+        ASSERT_EQ(
+            std::memcmp(memory[dst].data() + (i + j * 64) * 4, values.data() + (i * 64 + j) * 4, 4),
+            0);
+      }
+    }
+  }
+  {
+    SCOPED_TRACE("packed, the second half first");
+    const SendProgram program =
+        BuildSendProgram(*plan, 1, SendProgramOptions{true, 1 << 20, wire::kAmChunkBytes});
+    ASSERT_GE(program.landing_offset[0], 0);  // Packed.
+    Landing landing(*plan, program, **registered, /*data_messages=*/true);
+    ASSERT_TRUE(landing.TrackPrefix(0));
+    landing.StartEpoch(1, 0);
+    auto send = [&](uint64_t at, size_t n) {
+      const wire::DataHeader h{wire::AmHeader{wire::kMagic, 0, 0, 1}, program.received_ids[0], 1,
+                               at, 0};
+      uint32_t slot = 0;
+      return landing.Data(h, values.data() + at, n, &slot);
+    };
+    auto got = send(kRegion / 2, kRegion / 4);
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_EQ(landing.LandedPrefix(0), 0);
+    got = send(3 * kRegion / 4, kRegion / 4);
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_EQ(landing.LandedPrefix(0), 0);
+    got = send(0, kRegion / 4);
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_EQ(landing.LandedPrefix(0), kRegion / 4);
+    got = send(kRegion / 4, kRegion / 4);
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_TRUE(*got);
+    EXPECT_EQ(landing.LandedPrefix(0), kRegion);
+  }
+  {
+    SCOPED_TRACE("puts and delta streams");
+    const SendProgram puts = BuildSendProgram(*plan, 1, SendProgramOptions{true, 0, 0});
+    Landing by_puts(*plan, puts, **registered, /*data_messages=*/false);
+    EXPECT_FALSE(by_puts.TrackPrefix(0));
+    const SendProgram delta =
+        BuildSendProgram(*plan, 1, SendProgramOptions{true, 0, wire::kAmChunkBytes, true});
+    ASSERT_NE(delta.delta_elem_bytes[0], 0);
+    Landing deltas(*plan, delta, **registered, /*data_messages=*/true);
+    EXPECT_FALSE(deltas.TrackPrefix(0));
+  }
+}
+
 }  // namespace
 }  // namespace reshard::net

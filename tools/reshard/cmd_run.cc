@@ -143,6 +143,7 @@ struct RankLine {
   int64_t delta_pieces = 0, delta_full_pieces = 0, delta_stream_bytes = 0, delta_plain_bytes = 0,
           delta_shadow_bytes = 0;
   int64_t landing_area_bytes = 0, send_scratch_bytes = 0, delta_relay_early_segments = 0;
+  int64_t relay_early_bytes = 0;
   std::string memory, gpu;
   CudaFigures cuda;
 };
@@ -181,6 +182,7 @@ RankLine ParseRankLine(const std::string& line) {
   r.landing_area_bytes = num("landing_area_bytes");
   r.send_scratch_bytes = num("send_scratch_bytes");
   r.delta_relay_early_segments = num("delta_relay_early_segments");
+  r.relay_early_bytes = num("relay_early_bytes");
   if (const json::Value* f = v->Find("fanout_busy_ms"); f && f->is_number()) {
     r.fanout_busy_ms = f->as_double();
   }
@@ -441,6 +443,7 @@ int RunCommand(int argc, char** argv) {
   // Host memory held for streams: all ranks' landing areas and send scratch, the largest rank.
   int64_t landing_area_bytes = 0, send_scratch_bytes = 0, max_stream_memory = 0;
   int max_stream_memory_rank = 0;
+  int64_t relay_early_bytes = 0;  // All ranks, the last refit.
   std::map<std::string, std::vector<int>> transports;
   // --memory cuda: all ranks' CUDA buffers and last-refit staging copies, the GPUs they used.
   CudaFigures cuda_all;
@@ -466,6 +469,7 @@ int RunCommand(int argc, char** argv) {
     delta_plain_bytes += l.delta_plain_bytes;
     delta_shadow_bytes += l.delta_shadow_bytes;
     delta_relay_early_segments += l.delta_relay_early_segments;
+    relay_early_bytes += l.relay_early_bytes;
     landing_area_bytes += l.landing_area_bytes;
     send_scratch_bytes += l.send_scratch_bytes;
     if (l.landing_area_bytes + l.send_scratch_bytes > max_stream_memory) {
@@ -540,7 +544,8 @@ int RunCommand(int argc, char** argv) {
         ",\"quantize_buffer_bytes\":", quantize_buffer_bytes,
         ",\"landing_area_bytes\":", landing_area_bytes,
         ",\"send_scratch_bytes\":", send_scratch_bytes,
-        ",\"max_rank_stream_memory_bytes\":", max_stream_memory);
+        ",\"max_rank_stream_memory_bytes\":", max_stream_memory,
+        ",\"relay_early_bytes\":", relay_early_bytes);
     if (delta || *change_fraction >= 0 || random_fraction) {
       absl::StrAppend(&out, ",\"delta\":", delta ? "true" : "false", ",\"change_fraction\":",
                       random_fraction         ? std::string("\"random\"")
@@ -612,6 +617,12 @@ int RunCommand(int argc, char** argv) {
                 FormatBytes(static_cast<double>(bytes_network)).c_str(), max_rank,
                 FormatBytes(static_cast<double>(max_rank_bytes)).c_str(),
                 static_cast<long long>(pieces));
+    if (relay_early_bytes > 0) {
+      std::printf(
+          "relays          forwarded %s before the piece they forward had landed (all "
+          "ranks, last refit)\n",
+          FormatBytes(static_cast<double>(relay_early_bytes)).c_str());
+    }
     std::printf("registrations   %lld in the first refit, %lld after it\n",
                 static_cast<long long>(reg_first), static_cast<long long>(reg_after));
     std::printf("transports      %s\n", transports_text.c_str());

@@ -280,6 +280,7 @@ RankReport RunRank(const RankOptions& options, const Communicator& comm) {
     report.landing_area_bytes = s.landing_area_bytes;
     report.send_scratch_bytes = s.send_scratch_bytes;
     report.delta_relay_early_segments = s.delta_relay_early_segments;
+    report.relay_early_bytes = s.relay_early_bytes;
     report.fanout_hidden_fraction = s.fanout_hidden_fraction;
     report.fanout_domain_hidden_fraction = s.fanout_domain_hidden_fraction;
     report.delta_pieces = s.delta_pieces;
@@ -361,6 +362,7 @@ std::string RankReportJson(const RankReport& r) {
       ",\"delta_plain_bytes\":", r.delta_plain_bytes,
       ",\"delta_shadow_bytes\":", r.delta_shadow_bytes,
       ",\"delta_relay_early_segments\":", r.delta_relay_early_segments,
+      ",\"relay_early_bytes\":", r.relay_early_bytes,
       ",\"landing_area_bytes\":", r.landing_area_bytes,
       ",\"send_scratch_bytes\":", r.send_scratch_bytes, ",\"memory\":", JsonQuote(r.memory),
       ",\"gpu\":", JsonQuote(r.gpu), ",\"destination_bytes\":", r.destination_bytes,

@@ -82,6 +82,7 @@ struct RankReport {
   // Host memory the handle holds for streams (Stats::landing_area_bytes, send_scratch_bytes).
   int64_t landing_area_bytes = 0, send_scratch_bytes = 0;
   int64_t delta_relay_early_segments = 0;  // Last refit (Stats::delta_relay_early_segments).
+  int64_t relay_early_bytes = 0;           // Last refit (Stats::relay_early_bytes).
   // --memory: "host" or "cuda", the GPU's PCI bus id, this rank's destination bytes (what a
   // refit writes here), and the Stats of CUDA buffers (registered by UCX or staged) and of the
   // last refit's staging copies.
@@ -109,7 +110,8 @@ RankReport RunRank(const RankOptions& options, const Communicator& comm);
 //  "fanout_busy_ms":T,"fanout_hidden_fraction":F,"fanout_domain_hidden_fraction":F,
 //  "quantize_ms":T,"amax_exchange_ms":T,"quantize_buffer_bytes":B,
 //  "delta_pieces":N,"delta_full_pieces":N,"delta_stream_bytes":B,"delta_plain_bytes":B,
-//  "delta_shadow_bytes":B,"delta_relay_early_segments":N,"landing_area_bytes":B,
+//  "delta_shadow_bytes":B,"delta_relay_early_segments":N,"relay_early_bytes":B,
+//  "landing_area_bytes":B,
 //  "send_scratch_bytes":B,
 //  "memory":"host","gpu":"","destination_bytes":B,
 //  "cuda_buffers_registered":N,"cuda_buffers_staged":N,"bytes_staged_to_host":B,

@@ -144,6 +144,8 @@ typedef struct reshard_stats {
   int64_t send_scratch_bytes;
   /* Delta relays' segments forwarded before their piece landed (reshard::Stats'). */
   int64_t delta_relay_early_segments;
+  /* Plain relays' bytes forwarded before their piece landed (reshard::Stats'). */
+  int64_t relay_early_bytes;
 } reshard_stats_t;
 
 /* The message of the last failing call on this thread ("" when none). Valid until the next
