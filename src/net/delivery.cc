@@ -129,6 +129,14 @@ class PutDelivery final : public DeliveryBase {
     return absl::OkStatus();
   }
 
+  absl::Status Progressed(PeerLink& link, const SendDesc& d, int64_t bytes) override {
+    // As for a whole piece (DescPosted): written, ordered, then flushed before the message.
+    RESHARD_RETURN_IF_ERROR(WriteQueued(link));
+    if (link.has_mapped()) std::atomic_thread_fence(std::memory_order_release);
+    link.AddProgressToBatch(d.id, bytes);
+    return link.CloseBatch();
+  }
+
   absl::Status Drained(PeerLink& link) override { return link.CloseBatch(); }
 
   absl::Status Advance(PeerLink& link, uint64_t epoch) override {
@@ -193,6 +201,8 @@ class AmDelivery final : public DeliveryBase {
     link.unsignalled--;
     return absl::OkStatus();
   }
+  // Every data message says where its bytes landed.
+  absl::Status Progressed(PeerLink&, const SendDesc&, int64_t) override { return absl::OkStatus(); }
   absl::Status Drained(PeerLink&) override { return absl::OkStatus(); }
   absl::Status Advance(PeerLink&, uint64_t) override { return absl::OkStatus(); }
 };

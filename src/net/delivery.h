@@ -46,6 +46,12 @@ class Delivery {
   [[nodiscard]] virtual absl::Status RingPartPosted(PeerLink& link) = 0;
   // Every run of `desc` is posted.
   [[nodiscard]] virtual absl::Status DescPosted(PeerLink& link, const SendDesc& desc) = 0;
+  // The runs of `desc` covering the first `bytes` of its region (in region order) are posted,
+  // and a relay at the receiver forwards them (plan::Transfer::feeds_relay): put delivery tells
+  // the receiver once they are in place (wire::kProgressAm after a flush); active messages say
+  // it with every data message already.
+  [[nodiscard]] virtual absl::Status Progressed(PeerLink& link, const SendDesc& desc,
+                                                int64_t bytes) = 0;
   // `link` has nothing ready to post.
   [[nodiscard]] virtual absl::Status Drained(PeerLink& link) = 0;
   // Sends what became due (completion signals) and retires finished sends from

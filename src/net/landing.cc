@@ -182,11 +182,36 @@ void Landing::StartEpoch(uint64_t epoch, uint64_t version) {
 bool Landing::TrackPrefix(uint32_t slot) {
   const plan::Transfer& t = plan_.transfers()[program_.received[slot]];
   const uint32_t to_buf = plan_.buffer_of(t.tensor, t.to_side);
-  if (!data_messages_ || t.from_rank == program_.rank || program_.delta_elem_bytes[slot] != 0 ||
+  if (t.from_rank == program_.rank || program_.delta_elem_bytes[slot] != 0 ||
       memory_.device(to_buf) || memory_.staged(to_buf)) {
     return false;
   }
   tracks_prefix_[slot] = 1;
+  return true;
+}
+
+absl::StatusOr<bool> Landing::Progressed(int32_t from_rank, uint32_t id, uint64_t bytes,
+                                         uint32_t* slot) {
+  RESHARD_ASSIGN_OR_RETURN(*slot, CheckSender(from_rank, id, "sent progress for"));
+  const plan::Transfer& t = plan_.transfers()[program_.received[*slot]];
+  const auto region_bytes = static_cast<uint64_t>(plan_.region(t.region).bytes);
+  if (bytes > region_bytes) {
+    return absl::DataLossError(absl::StrCat("rank ", program_.rank, ": rank ", from_rank,
+                                            " said that ", bytes, " bytes of transfer ", id,
+                                            " (tensor \"", plan_.spec().tensors[t.tensor].name,
+                                            "\") are in place, but it has ", region_bytes));
+  }
+  int64_t& prefix = prefix_[*slot];
+  if (tracks_prefix_[*slot] == 0 || landed(*slot) || static_cast<int64_t>(bytes) <= prefix) {
+    return false;
+  }
+  if (const int64_t offset = program_.landing_offset[*slot]; offset >= 0) {
+    // A packed stream: the new part is in the landing area, unpacked into place now (host
+    // memory, TrackPrefix); the piece's signal unpacks the rest.
+    RESHARD_RETURN_IF_ERROR(Unpack(*slot, prefix, memory_.landing() + offset + prefix,
+                                   static_cast<int64_t>(bytes) - prefix, /*may_queue=*/false));
+  }
+  prefix = static_cast<int64_t>(bytes);
   return true;
 }
 
@@ -343,8 +368,10 @@ absl::StatusOr<bool> Landing::Signalled(int32_t from_rank, uint32_t id, uint32_t
   } else if (offset >= 0) {
     const int64_t bytes = plan_.region(plan_.transfers()[program_.received[*slot]].region).bytes;
     // The landing area holds the stream until the next epoch's grant: device copies may queue.
-    RESHARD_RETURN_IF_ERROR(
-        Unpack(*slot, 0, memory_.landing() + offset, bytes, /*may_queue=*/true));
+    // Progress messages unpacked its first prefix_ bytes already (host memory).
+    const int64_t done = tracks_prefix_[*slot] != 0 ? prefix_[*slot] : 0;
+    RESHARD_RETURN_IF_ERROR(Unpack(*slot, done, memory_.landing() + offset + done, bytes - done,
+                                   /*may_queue=*/true));
   }
   return true;
 }

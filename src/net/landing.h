@@ -63,13 +63,20 @@ class Landing {
   // Whether the transfer in `slot` (SendProgram::received) landed in this epoch.
   bool landed(uint32_t slot) const { return landed_epoch_[slot] == epoch_; }
 
-  // Active messages: keep, for the plain transfer in `slot`, how much of its region has landed
-  // in this epoch as a prefix in the region's order (plan::ForEachRun's, which every region of
-  // the same box follows), so that a relay reading it (SendDesc::relay_feed) can forward each
-  // run as soon as its bytes are here. False, and nothing kept, where that cannot be known
-  // before the piece lands: put delivery (one signal for the piece), delta streams (their
-  // segments say it), device or staged destinations (data reaches them on a copy queue).
+  // Keep, for the plain transfer in `slot`, how much of its region has landed in this epoch as
+  // a prefix in the region's order (plan::ForEachRun's, which every region of the same box
+  // follows), so that a relay reading it (SendDesc::relay_feed) can forward each run as soon as
+  // its bytes are here: with active messages from the data messages, with puts from the
+  // sender's progress messages (Progressed). False, and nothing kept, where that cannot be
+  // known before the piece lands: delta streams (their segments say it), device or staged
+  // destinations (data reaches them on a copy queue), packed streams by puts (unpacked at the
+  // piece's signal).
   bool TrackPrefix(uint32_t slot);
+  // Put delivery: `from_rank` says that the first `bytes` of transfer `id`'s region (region
+  // order) are in place (wire::kProgressAm). DataLoss for a transfer it does not send here or
+  // more bytes than the region's. True when the prefix of its `*slot` is kept (TrackPrefix)
+  // and grew; a sender may say it of any piece a relay forwards (the receiver decides).
+  absl::StatusOr<bool> Progressed(int32_t from_rank, uint32_t id, uint64_t bytes, uint32_t* slot);
   // The bytes of `slot`'s region, from its start in region order, that have landed in this
   // epoch: all of them once it landed, else (TrackPrefix) as data messages brought them.
   int64_t LandedPrefix(uint32_t slot) const;

@@ -55,6 +55,7 @@ struct PeerLink::Batch {
   Batch(PeerLink* link) : flush_done(link, kFlush, this), signal_done(link, kSignal, this) {}
   Done flush_done, signal_done;
   std::vector<uint32_t> transfers;
+  std::vector<wire::ProgressRecord> progress;
   int64_t bytes = 0;
   wire::AmHeader header;
   bool flushed = false;
@@ -253,6 +254,15 @@ void PeerLink::AddToBatch(uint32_t id, int64_t bytes) {
   open_->bytes += bytes;
 }
 
+void PeerLink::AddProgressToBatch(uint32_t id, int64_t bytes) {
+  if (open_ == nullptr) {
+    batches_.push_back(std::make_unique<Batch>(this));
+    open_ = batches_.back().get();
+  }
+  open_->progress.push_back({id, 0, static_cast<uint64_t>(bytes)});
+  progress_added_++;
+}
+
 // Completion signals follow ucp_ep_flush_nbx, not ucp_worker_fence: a fence only orders RMA
 // against later RMA, while the signal is an active message that may travel on another lane (and
 // puts themselves are active messages on these transports). A flush completes when every earlier
@@ -305,6 +315,18 @@ absl::Status PeerLink::SignalBatches(uint64_t epoch, int64_t* signals, int64_t* 
                    "ucp_am_send_nbx (completion signal)", &in_flight));
         if (in_flight) batch.pending_signals++;
       }
+      for (size_t i = 0; i < batch.progress.size(); i += wire::kMaxProgressPerSignal) {
+        const size_t n = std::min(wire::kMaxProgressPerSignal, batch.progress.size() - i);
+        bool in_flight = false;
+        (*signals)++;
+        RESHARD_RETURN_IF_ERROR(
+            Posted(ucx::SendAm(endpoint_->get(), wire::kProgressAm, &batch.header,
+                               sizeof(batch.header), batch.progress.data() + i,
+                               n * sizeof(wire::ProgressRecord), nullptr, &batch.signal_done),
+                   "ucp_am_send_nbx (progress)", &in_flight));
+        if (in_flight) batch.pending_signals++;
+      }
+      progress_signalled_ += static_cast<int64_t>(batch.progress.size());
       if (batch.round >= 0) {
         batch.round_payload = static_cast<uint64_t>(batch.round);
         bool in_flight = false;
@@ -331,6 +353,7 @@ absl::Status PeerLink::SignalBatches(uint64_t epoch, int64_t* signals, int64_t* 
 void PeerLink::AbandonBatches() {
   if (single_copy_ != nullptr) single_copy_->Discard();
   open_ = nullptr;
+  progress_signalled_ = progress_added_;  // A failed epoch's are never signalled.
   // Batches whose flush or signal is still in flight keep their memory until they finish.
   for (auto it = batches_.begin(); it != batches_.end();) {
     Batch& b = **it;

@@ -165,6 +165,13 @@ class PeerLink {
   // subtracted from `unsignalled`.
   // Pieces are named by world transfer index (src/net/send_program.h).
   void AddToBatch(uint32_t id, int64_t bytes);
+  // The open batch's signal also says that the first `bytes` of piece `id` (in its region's
+  // order) are in place (wire::kProgressAm, after the same flush).
+  void AddProgressToBatch(uint32_t id, int64_t bytes);
+  // Progress added to batches whose signals are not posted yet (a signal posted after its
+  // flush leaves behind every put posted before it, so the engine posts a progress piece at most
+  // one step past its last unsignalled progress: docs/data-plane.md, "Relays").
+  int64_t progress_unsignalled() const { return progress_added_ - progress_signalled_; }
   bool batch_open() const { return open_ != nullptr; }
   int64_t open_batch_bytes() const;
   [[nodiscard]] absl::Status CloseBatch();
@@ -215,6 +222,8 @@ class PeerLink {
   // a relay started before its feed landed posts a run once the feed's bytes up to its end are
   // here (Landing::LandedPrefix).
   int64_t region_pos = 0;
+  // Put delivery (RefitEngine's sends_progress_): where the piece next says how far it got.
+  int64_t progress_next = 0;
   // Delta pieces (docs/delta.md): the run whose segment was encoded last (-1: none in this
   // epoch), that segment's stream as [stream_begin, stream_end) of the piece's area, and what
   // the piece's segments were so far (RefitEngine's flags).
@@ -274,6 +283,7 @@ class PeerLink {
   bool peer_single_copy_ = false;
   uint64_t probe_address_ = 0, probe_token_ = 0;
   int64_t puts_since_flush_ = 0;  // UCX puts posted since the last CloseBatch flushed.
+  int64_t progress_added_ = 0, progress_signalled_ = 0;  // Progress records.
   int in_flight_ = 0;
   ucp_ep_h early_hello_from_ = nullptr;
 

@@ -96,6 +96,8 @@ class RefitEngine::Impl final : public MessageSink, public LinkOwner {
   void OnDone(const wire::AmHeader& h, const uint32_t* indices, size_t count,
               ucp_ep_h from) override;
   void OnData(const wire::DataHeader& h, const void* data, size_t length, ucp_ep_h from) override;
+  void OnProgress(const wire::AmHeader& h, const wire::ProgressRecord* records, size_t count,
+                  ucp_ep_h from) override;
   void OnAbort(const wire::AmHeader& h, absl::string_view reason, ucp_ep_h from) override;
   void OnRound(const wire::AmHeader& h, uint64_t round, bool grant, ucp_ep_h from) override;
   // The link of the peer a message names, when the message arrived on that peer's endpoint;
@@ -361,6 +363,11 @@ class RefitEngine::Impl final : public MessageSink, public LinkOwner {
   std::vector<uint8_t> feeds_early_relay_;
   std::vector<uint64_t> relays_started_;
   void InitEarlyRelays(bool am);
+  // Put delivery, by descriptor: a plain piece that a relay at its receiver forwards, whose
+  // sender says how far it landed every wire::kProgressStepBytes (Delivery::Progressed), so the
+  // relay starts early as with active messages. Set once the peers' records are known.
+  std::vector<uint8_t> sends_progress_;
+  void InitProgress(bool am);
   void StartRelaysEarly(uint32_t slot);
   void PollToDevice();
   void PostSends();
@@ -477,7 +484,8 @@ absl::Status RefitEngine::Impl::Init(rendezvous::Store& store, std::vector<Buffe
                          any_ring_source || device_ring
                              ? cuda::SlotBytes(options_.stage_ring_bytes, cuda::kStageRingSlots)
                              : 0,
-                         any_ring_source ? ring_sources : std::vector<bool>{}});
+                         any_ring_source ? ring_sources : std::vector<bool>{},
+                         am ? 0 : wire::kProgressStepBytes});
   RESHARD_RETURN_IF_ERROR(CheckDependencies());
   relay_queued_.assign(program_.descs.size(), 0);
   if (options_.delta) RESHARD_RETURN_IF_ERROR(InitDelta(buffers));
@@ -652,6 +660,7 @@ absl::Status RefitEngine::Impl::Init(rendezvous::Store& store, std::vector<Buffe
     }
   }
   RESHARD_RETURN_IF_ERROR(CheckRemoteKeys());
+  InitProgress(am);
   RESHARD_RETURN_IF_ERROR(Handshake(store, options_.key_prefix, rank_, *runtime_, links_, deadline));
   return ChooseSingleCopy();
 }
@@ -1366,6 +1375,7 @@ void RefitEngine::Impl::PostSends() {
         link->ready.pop_front();
         link->cursor_run = program_.descs[link->cursor_desc].run_begin;
         link->region_pos = 0;
+        link->progress_next = wire::kProgressStepBytes;
         link->gathered = false;
         link->ring_part = OnRing(static_cast<uint32_t>(link->cursor_desc))
                               ? ring_.first_part[link->cursor_desc]
@@ -1415,6 +1425,11 @@ void RefitEngine::Impl::PostSends() {
             link->cursor_run++;
             continue;
           }
+        } else if (sends_progress_[link->cursor_desc] != 0 && link->progress_unsignalled() > 1) {
+          // Its last progress but one is not signalled yet: posting on would put the signal
+          // behind this piece's later puts.
+          waiting = true;  // The other links go on.
+          break;
         } else if (relay_queued_[link->cursor_desc] == epoch_) {
           // A plain relay started before its feed landed: each run once its bytes are here.
           const auto feed = static_cast<uint32_t>(d.relay_feed);
@@ -1519,6 +1534,13 @@ void RefitEngine::Impl::PostSends() {
         }
         link->region_pos += program_.runs[link->cursor_run].bytes;
         link->cursor_run++;
+        if (sends_progress_[link->cursor_desc] != 0 && link->region_pos >= link->progress_next &&
+            link->region_pos < d.bytes) {
+          // A relay at the receiver forwards what is in place: say how far the piece got.
+          absl::Status told = delivery_->Progressed(*link, d, link->region_pos);
+          if (!told.ok()) return Fail(told);
+          link->progress_next = link->region_pos + wire::kProgressStepBytes;
+        }
       }
       if (waiting) continue;
       if (!delta) stats_.bytes_network_sent += d.bytes;  // Delta: as each segment is encoded.
@@ -1861,18 +1883,33 @@ void RefitEngine::Impl::InitEarlyRelays(bool am) {
   early_relay_.assign(program_.descs.size(), 0);
   feeds_early_relay_.assign(program_.received.size(), 0);
   relays_started_.assign(program_.received.size(), 0);
-  if (!am) return;  // With puts, one signal says that the whole piece landed.
   for (uint32_t di = 0; di < program_.descs.size(); ++di) {
     const SendDesc& d = program_.descs[di];
     if (d.relay_feed < 0) continue;
     const auto feed = static_cast<uint32_t>(d.relay_feed);
-    // A delta relay forwards the streams as they are applied; a plain one reads the feed's
+    // A delta relay forwards the streams as they are applied (active messages; with puts the
+    // piece's segments are applied together at its signal); a plain one reads the feed's
     // bytes in place, run by run: not through a gather of the whole piece (packed) or the
     // staging ring, and only where the landing knows which bytes are in place.
     const bool early =
-        d.delta_elem_bytes != 0 || (!d.packed && !OnRing(di) && landing_->TrackPrefix(feed));
+        d.delta_elem_bytes != 0 ? am : !d.packed && !OnRing(di) && landing_->TrackPrefix(feed);
     early_relay_[di] = early ? 1 : 0;
     feeds_early_relay_[feed] |= early_relay_[di];
+  }
+}
+
+void RefitEngine::Impl::InitProgress(bool am) {
+  sends_progress_.assign(program_.descs.size(), 0);
+  if (am) return;  // Every data message says where its bytes landed.
+  for (uint32_t di = 0; di < program_.descs.size(); ++di) {
+    const SendDesc& d = program_.descs[di];
+    if (d.peer == rank_ || d.delta_elem_bytes != 0 || OnRing(di) || round_base_[di] >= 0 ||
+        d.bytes <= wire::kProgressStepBytes || !plan_.transfers()[d.transfer].feeds_relay) {
+      continue;
+    }
+    // Where the receiver can use it (Landing::TrackPrefix decides): its landing area, or a
+    // destination in host memory.
+    sends_progress_[di] = d.packed || links_[d.peer]->remote_host(d.to_buffer) ? 1 : 0;
   }
 }
 
@@ -2108,6 +2145,28 @@ void RefitEngine::Impl::OnDone(const wire::AmHeader& h, const uint32_t* indices,
     if (!fresh.ok()) return Fail(fresh.status());
     if (*fresh) MarkLanded(slot);
     if (!status_.ok()) return;
+  }
+}
+
+void RefitEngine::Impl::OnProgress(const wire::AmHeader& h, const wire::ProgressRecord* records,
+                                   size_t count, ucp_ep_h from) {
+  if (Origin(h, from, "progress") == nullptr) return;
+  if (!in_epoch_ || h.epoch != epoch_) return;  // A failed or abandoned epoch's message.
+  if (delivery_->counts_bytes()) {
+    return Fail(absl::DataLossError(absl::StrCat(
+        "rank ", rank_, ": rank ", h.from_rank,
+        " sent a progress message, but this rank receives by active messages (protocol error: "
+        "do both ranks use the same delivery?)")));
+  }
+  for (size_t i = 0; i < count; ++i) {
+    uint32_t slot = 0;
+    absl::StatusOr<bool> grew =
+        landing_->Progressed(h.from_rank, records[i].transfer, records[i].bytes, &slot);
+    if (!grew.ok()) return Fail(grew.status());
+    // Its relays start forwarding what is in place.
+    if (*grew && feeds_early_relay_[slot] != 0 && relays_started_[slot] != epoch_) {
+      StartRelaysEarly(slot);
+    }
   }
 }
 

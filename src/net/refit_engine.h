@@ -239,9 +239,9 @@ struct RefitStats {
   // Active messages: segments this rank's delta relays forwarded before their feed had landed
   // (a relay starts with its feed's first segment; docs/delta.md).
   int64_t delta_relay_early_segments = 0;
-  // Active messages: bytes this rank's plain relays forwarded before their feed had landed (a
-  // relay starts with its feed's first data message and forwards each run once its bytes are
-  // here; docs/data-plane.md, "Relays").
+  // Bytes this rank's plain relays forwarded before their feed had landed (a relay starts with
+  // its feed's first data message, or with puts its first progress message, and forwards each
+  // run once its bytes are here; docs/data-plane.md, "Relays").
   int64_t relay_early_bytes = 0;
 };
 

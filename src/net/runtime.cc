@@ -31,6 +31,8 @@ absl::StatusOr<std::shared_ptr<Runtime>> Runtime::Create() {
       worker.SetAmHandler(wire::kRoundAm, &Runtime::OnMessage<wire::kRoundAm>, self));
   RESHARD_RETURN_IF_ERROR(
       worker.SetAmHandler(wire::kRoundGrantAm, &Runtime::OnMessage<wire::kRoundGrantAm>, self));
+  RESHARD_RETURN_IF_ERROR(
+      worker.SetAmHandler(wire::kProgressAm, &Runtime::OnMessage<wire::kProgressAm>, self));
   return runtime;
 }
 
@@ -84,7 +86,8 @@ void Runtime::Dispatch(unsigned id, const void* header, size_t header_length, co
   // Unknown ids are dropped before anything else (a rendezvous one is no protocol error of a
   // sink's peer: it names no message of ours).
   if (id != wire::kGrantAm && id != wire::kDoneAm && id != wire::kAbortAm && id != wire::kDataAm &&
-      id != wire::kHelloAm && id != wire::kRoundAm && id != wire::kRoundGrantAm) {
+      id != wire::kHelloAm && id != wire::kRoundAm && id != wire::kRoundGrantAm &&
+      id != wire::kProgressAm) {
     return;
   }
   if (id == wire::kDataAm) {
@@ -144,6 +147,19 @@ void Runtime::Dispatch(unsigned id, const void* header, size_t header_length, co
       }
       if (count > 0) std::memcpy(indices.data(), data, count * sizeof(uint32_t));
       sink->OnDone(h, indices.data(), count, from);
+      return;
+    }
+    case wire::kProgressAm: {
+      // No allocation: a message carries at most kMaxProgressPerSignal records.
+      std::array<wire::ProgressRecord, wire::kMaxProgressPerSignal> records;
+      const size_t count = length / sizeof(wire::ProgressRecord);
+      if (count == 0 || count > records.size() || length % sizeof(wire::ProgressRecord) != 0 ||
+          data == nullptr) {
+        sink->OnAbort(h, Malformed(h, "a malformed progress message"), from);
+        return;
+      }
+      std::memcpy(records.data(), data, count * sizeof(wire::ProgressRecord));
+      sink->OnProgress(h, records.data(), count, from);
       return;
     }
     case wire::kAbortAm:

@@ -44,6 +44,9 @@ class MessageSink {
   virtual void OnAbort(const wire::AmHeader& h, absl::string_view reason, ucp_ep_h from) = 0;
   // Landing rounds: wire::kRoundAm (`grant` false) and wire::kRoundGrantAm (true).
   virtual void OnRound(const wire::AmHeader& h, uint64_t round, bool grant, ucp_ep_h from) = 0;
+  // wire::kProgressAm: 1 to kMaxProgressPerSignal records.
+  virtual void OnProgress(const wire::AmHeader& h, const wire::ProgressRecord* records,
+                          size_t count, ucp_ep_h from) = 0;
 
  protected:
   ~MessageSink() = default;

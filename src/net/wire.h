@@ -25,10 +25,18 @@ constexpr unsigned kRoundAm = 16;
 // destination -> source: "you may write round R of epoch E" (rounds 0 to slots - 1 come with the
 // grant).
 constexpr unsigned kRoundGrantAm = 17;
+// source -> destination (put delivery): "bytes [0, B) of piece P of epoch E, in its region's
+// order, are in place" (after a flush), so that a relay of P may forward them before P landed;
+// the payload is up to kMaxProgressPerSignal ProgressRecords.
+constexpr unsigned kProgressAm = 18;
 constexpr uint32_t kMagic = 0x52534844;  // "RSHD"
 
 // Piece indices per completion message, small enough to stay eager on every transport.
 constexpr size_t kMaxIndicesPerSignal = 256;
+// Put delivery: a piece that some relay forwards (plan::Transfer::feeds_relay) says how far it
+// landed every this many bytes (kProgressAm), as active messages carry it in data messages of
+// kAmChunkBytes.
+constexpr int64_t kProgressStepBytes = int64_t{256} << 10;
 // Largest active message carrying data (AM delivery): long runs are cut into chunks so the
 // receiver copies one while the next is on the wire.
 constexpr int64_t kAmChunkBytes = int64_t{256} << 10;
@@ -41,6 +49,14 @@ struct AmHeader {
   uint64_t handle = 0;
   uint64_t epoch = 0;
 };
+
+// One entry of a progress message (kProgressAm).
+struct ProgressRecord {
+  uint32_t transfer = 0;  // World index of the piece.
+  uint32_t reserved = 0;
+  uint64_t bytes = 0;  // Its region's first `bytes`, in region order, are in place.
+};
+constexpr size_t kMaxProgressPerSignal = 128;
 
 struct DataHeader {
   AmHeader base;
@@ -62,7 +78,9 @@ struct DataHeader {
 // sender to this rank, a message kind of this rank's delivery (completion signals for puts, data
 // messages for active messages), offsets and lengths inside the transfer (InBounds: its packed
 // stream, with the packed flag the plan gives it, or one run of its region in the registered
-// buffer), at most kMaxIndicesPerSignal indices per signal. A message failing the origin
+// buffer), at most kMaxIndicesPerSignal indices per signal, 1 to kMaxProgressPerSignal records per
+// progress message, each for a transfer the plan sends from that sender to this rank and at
+// most its region's bytes. A message failing the origin
 // check is dropped (and logged once); one from the right peer that fails a later check fails
 // the epoch as a protocol error (DataLoss).
 

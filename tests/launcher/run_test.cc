@@ -344,30 +344,36 @@ TEST(RunNetnsTest, DeltaRelaysForwardSegmentsBeforeTheirPieceLanded) {
   EXPECT_GT(v.Find("delta_relay_early_segments")->as_int(), 0) << o.out;
 }
 
-// Plain relays over active messages forward each run once its bytes are here, not once the whole
-// piece landed (docs/data-plane.md, "Relays"): a 1 MiB fp32 tensor, replicated into three
-// domains, relayed between them, into destinations whose view swaps the two outer dims, so the
-// runs land far from region order in the buffer (Landing::LandedPrefix maps them back). On
-// 100 Mbit/s NICs the relays forward most of their pieces before those landed, and every refit
-// is byte-exact; on relays-three-replicas.json too.
+// Plain relays forward each run once its bytes are here, not once the whole piece landed
+// (docs/data-plane.md, "Relays"): a 4 MiB fp32 tensor, replicated into three domains, relayed
+// between them in pieces of 2 MiB, into destinations whose view swaps the two outer dims, so the
+// runs land far from region order in the buffer (Landing::LandedPrefix maps them back); and
+// relays-three-replicas.json, whose relayed pieces travel packed. With active messages (the
+// data messages say what landed) and with puts (RESHARD_DELIVERY=put: the senders' progress
+// messages say it), on 100 Mbit/s NICs, the relays forward bytes before their piece landed,
+// and every refit is byte-exact.
 TEST(RunNetnsTest, RelaysForwardRunsBeforeTheirPieceLanded) {
   if (!launcher::CanUseNetns()) GTEST_SKIP() << "network namespaces need root";
   const std::string spec = ::testing::TempDir() + "/relays-swapped-view.json";
   std::ofstream(spec) << R"json({"topology": {"domains": [[0, 1], [2, 3], [4, 5], [6, 7]]},
-    "tensors": [{"name": "p", "dtype": "fp32", "shape": [8, 16, 2048],
+    "tensors": [{"name": "p", "dtype": "fp32", "shape": [32, 16, 2048],
       "src": {"mesh": [0, 1], "placements": ["S(0)"]},
       "dst": {"mesh": [[2, 3], [4, 5], [6, 7]], "placements": ["R", "S(0)"],
-              "view": {"strides": [2048, 8192, 1]}}}]})json";
+              "view": {"strides": [2048, 32768, 1]}}}]})json";
   const std::vector<std::string> before = launcher::ListNamespaces();
-  for (const std::string& path : {spec, kSpecs + "relays-three-replicas.json"}) {
-    SCOPED_TRACE(path);
-    Output o = Reshard(
-        absl::StrCat("run ", path, " --emulate-nic 100mbit --iters 2 --timeout-ms 20000 --json"));
-    EXPECT_EQ(o.exit_code, 0) << o.out;
-    json::Value v = ParseJson(o.out);
-    ExpectVerifiedRun(v, 2, "plain relays");
-    EXPECT_GT(v.Find("relay_early_bytes")->as_int(), 0) << o.out;
+  for (const char* delivery : {"am", "put"}) {
+    setenv("RESHARD_DELIVERY", delivery, 1);
+    for (const std::string& path : {spec, kSpecs + "relays-three-replicas.json"}) {
+      SCOPED_TRACE(absl::StrCat(path, " by ", delivery));
+      Output o = Reshard(
+          absl::StrCat("run ", path, " --emulate-nic 100mbit --iters 2 --timeout-ms 20000 --json"));
+      EXPECT_EQ(o.exit_code, 0) << o.out;
+      json::Value v = ParseJson(o.out);
+      ExpectVerifiedRun(v, 2, "plain relays");
+      EXPECT_GT(v.Find("relay_early_bytes")->as_int(), 0) << o.out;
+    }
   }
+  unsetenv("RESHARD_DELIVERY");
   ExpectNoLeakedNamespaces(before);
   std::filesystem::remove(spec);
 }

@@ -299,7 +299,9 @@ TEST(LandingBounce, DataMessagesIntoDeviceMemoryGoThroughTheBounceAreaOnly) {
 // matrix lands whole in a column-major destination, one 4-byte run per element: data messages in
 // buffer order (column by column) arrive far out of region order (row by row), and after each the
 // prefix is what a bitmap of the landed elements says; a packed stream's messages, the second
-// half first, likewise. Puts and delta streams keep no prefix.
+// half first, likewise. With puts the sender's progress messages set it (Progressed): a packed
+// stream is unpacked as far as they say, the rest at the signal; more bytes than the region's,
+// or a transfer the sender does not send, is DataLoss. Delta streams keep no prefix.
 TEST(LandingPrefix, DataMessagesAdvanceTheRegionOrderPrefixRelaysForward) {
   setenv("UCX_TLS", "self,sm", 1);
   setenv("UCX_NET_DEVICES", "all", 1);
@@ -396,10 +398,59 @@ TEST(LandingPrefix, DataMessagesAdvanceTheRegionOrderPrefixRelaysForward) {
     EXPECT_EQ(landing.LandedPrefix(0), kRegion);
   }
   {
-    SCOPED_TRACE("puts and delta streams");
+    SCOPED_TRACE("puts, unpacked");
     const SendProgram puts = BuildSendProgram(*plan, 1, SendProgramOptions{true, 0, 0});
-    Landing by_puts(*plan, puts, **registered, /*data_messages=*/false);
-    EXPECT_FALSE(by_puts.TrackPrefix(0));
+    Landing landing(*plan, puts, **registered, /*data_messages=*/false);
+    ASSERT_TRUE(landing.TrackPrefix(0));
+    landing.StartEpoch(1, 0);
+    uint32_t slot = 7;
+    auto grew = landing.Progressed(0, puts.received_ids[0], kRegion / 4, &slot);
+    ASSERT_TRUE(grew.ok()) << grew.status();
+    EXPECT_TRUE(*grew);
+    EXPECT_EQ(slot, 0u);
+    EXPECT_EQ(landing.LandedPrefix(0), kRegion / 4);
+    grew = landing.Progressed(0, puts.received_ids[0], kRegion / 8, &slot);  // Never shrinks.
+    ASSERT_TRUE(grew.ok()) << grew.status();
+    EXPECT_FALSE(*grew);
+    EXPECT_EQ(landing.LandedPrefix(0), kRegion / 4);
+    auto hostile = landing.Progressed(0, puts.received_ids[0], kRegion + 1, &slot);
+    ASSERT_FALSE(hostile.ok());
+    EXPECT_EQ(hostile.status().code(), absl::StatusCode::kDataLoss) << hostile.status();
+    EXPECT_NE(hostile.status().message().find("tensor \"m\""), std::string::npos)
+        << hostile.status();
+    hostile = landing.Progressed(1, puts.received_ids[0], 4, &slot);  // Not its sender.
+    EXPECT_EQ(hostile.status().code(), absl::StatusCode::kDataLoss) << hostile.status();
+  }
+  {
+    SCOPED_TRACE("puts, packed");
+    const SendProgram puts = BuildSendProgram(*plan, 1, SendProgramOptions{true, 1 << 20, 0});
+    ASSERT_GE(puts.landing_offset[0], 0);
+    auto with_area = RegisteredMemory::Create(*plan, 1, **runtime, views, 0, puts.landing_bytes);
+    ASSERT_TRUE(with_area.ok()) << with_area.status();
+    // The stream is the region in region order: element (i, j) at (i * 64 + j) * 4.
+    std::memcpy((*with_area)->landing() + puts.landing_offset[0], values.data(), kRegion);
+    std::fill(memory[dst].begin(), memory[dst].end(), 0);
+    Landing landing(*plan, puts, **with_area, /*data_messages=*/false);
+    ASSERT_TRUE(landing.TrackPrefix(0));
+    landing.StartEpoch(1, 0);
+    uint32_t slot = 0;
+    auto grew = landing.Progressed(0, puts.received_ids[0], kRegion / 2, &slot);
+    ASSERT_TRUE(grew.ok()) << grew.status();
+    auto element_here = [&](int64_t i, int64_t j) {
+      return std::memcmp(memory[dst].data() + (i + j * 64) * 4, values.data() + (i * 64 + j) * 4,
+                         4) == 0;
+    };
+    EXPECT_TRUE(element_here(31, 63));  // The first half of the rows: unpacked.
+    EXPECT_FALSE(element_here(32, 0));  // The rest: not yet.
+    auto fresh = landing.Signalled(0, puts.received_ids[0], &slot);
+    ASSERT_TRUE(fresh.ok()) << fresh.status();
+    EXPECT_TRUE(*fresh);
+    for (int64_t i = 0; i < 64; ++i) {
+      for (int64_t j = 0; j < 64; ++j) ASSERT_TRUE(element_here(i, j)) << i << ", " << j;
+    }
+  }
+  {
+    SCOPED_TRACE("delta streams");
     const SendProgram delta =
         BuildSendProgram(*plan, 1, SendProgramOptions{true, 0, wire::kAmChunkBytes, true});
     ASSERT_NE(delta.delta_elem_bytes[0], 0);

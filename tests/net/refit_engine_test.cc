@@ -290,12 +290,15 @@ TEST(Runtime, DispatchDropsUnknownIds) {
     void OnData(const wire::DataHeader&, const void*, size_t, ucp_ep_h) override { calls++; }
     void OnAbort(const wire::AmHeader&, absl::string_view, ucp_ep_h) override { calls++; }
     void OnRound(const wire::AmHeader&, uint64_t, bool, ucp_ep_h) override { calls++; }
+    void OnProgress(const wire::AmHeader&, const wire::ProgressRecord*, size_t, ucp_ep_h) override {
+      calls++;
+    }
   } sink;
   auto runtime = Runtime::Create();
   ASSERT_TRUE(runtime.ok()) << runtime.status();
   ASSERT_TRUE((*runtime)->Register(7, &sink).ok());
   const wire::AmHeader h{wire::kMagic, 0, 7, 1};
-  for (unsigned id : {0u, 10u, 18u, 255u}) {
+  for (unsigned id : {0u, 10u, 19u, 255u}) {
     for (bool rendezvous : {false, true}) {
       (*runtime)->Dispatch(id, &h, sizeof(h), nullptr, 0, rendezvous, nullptr);
     }

@@ -277,9 +277,9 @@ struct Stats {
   // Delta refits with active messages (tcp): segments this rank's relays forwarded before the
   // piece they forward had landed here (a relay starts with its piece's first segment).
   int64_t delta_relay_early_segments = 0;
-  // Active messages (tcp): bytes this rank's plain relays forwarded before the piece they
-  // forward had landed here (a relay starts with its piece's first data message and forwards
-  // each run once its bytes are here; docs/data-plane.md, "Relays").
+  // Bytes this rank's plain relays forwarded before the piece they forward had landed here (a
+  // relay starts as the first bytes of its piece are here, and forwards each run once its bytes
+  // are; docs/data-plane.md, "Relays").
   int64_t relay_early_bytes = 0;
   // Quantized destinations (docs/quantization.md): time this rank spent quantizing its sources
   // (partial amaxes, dequantizing FP8 sources, quantizing; host or GPU, copies to the host
