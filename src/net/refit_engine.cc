@@ -98,6 +98,9 @@ class RefitEngine::Impl final : public MessageSink, public LinkOwner {
   void OnData(const wire::DataHeader& h, const void* data, size_t length, ucp_ep_h from) override;
   void OnProgress(const wire::AmHeader& h, const wire::ProgressRecord* records, size_t count,
                   ucp_ep_h from) override;
+  // Whether a put delivery's message (`what`: "completion", "progress") is for this epoch from
+  // the peer it names; one to a rank that receives by active messages fails the epoch.
+  bool PutSignal(const wire::AmHeader& h, ucp_ep_h from, const char* what);
   void OnAbort(const wire::AmHeader& h, absl::string_view reason, ucp_ep_h from) override;
   void OnRound(const wire::AmHeader& h, uint64_t round, bool grant, ucp_ep_h from) override;
   // The link of the peer a message names, when the message arrived on that peer's endpoint;
@@ -2128,17 +2131,23 @@ void RefitEngine::Impl::OnHello(const wire::AmHeader& h, ucp_ep_h from) {
   if (link != nullptr) link->hello_received = true;
 }
 
-void RefitEngine::Impl::OnDone(const wire::AmHeader& h, const uint32_t* indices, size_t count,
-                               ucp_ep_h from) {
-  if (Origin(h, from, "completion") == nullptr) return;
-  if (!in_epoch_ || h.epoch != epoch_) return;  // A failed or abandoned epoch's signal.
+bool RefitEngine::Impl::PutSignal(const wire::AmHeader& h, ucp_ep_h from, const char* what) {
+  if (Origin(h, from, what) == nullptr) return false;
+  if (!in_epoch_ || h.epoch != epoch_) return false;  // A failed or abandoned epoch's message.
   if (delivery_->counts_bytes()) {
     // Active messages land byte by byte and have no landing area to unpack from.
-    return Fail(absl::DataLossError(absl::StrCat(
-        "rank ", rank_, ": rank ", h.from_rank,
-        " sent a completion signal, but this rank receives by active messages (protocol error: "
-        "do both ranks use the same delivery?)")));
+    Fail(absl::DataLossError(absl::StrCat(
+        "rank ", rank_, ": rank ", h.from_rank, " sent a ", what,
+        " message, but this rank receives by active messages (protocol error: do both ranks "
+        "use the same delivery?)")));
+    return false;
   }
+  return true;
+}
+
+void RefitEngine::Impl::OnDone(const wire::AmHeader& h, const uint32_t* indices, size_t count,
+                               ucp_ep_h from) {
+  if (!PutSignal(h, from, "completion")) return;
   for (size_t i = 0; i < count; ++i) {
     uint32_t slot = 0;
     absl::StatusOr<bool> fresh = landing_->Signalled(h.from_rank, indices[i], &slot);
@@ -2150,14 +2159,7 @@ void RefitEngine::Impl::OnDone(const wire::AmHeader& h, const uint32_t* indices,
 
 void RefitEngine::Impl::OnProgress(const wire::AmHeader& h, const wire::ProgressRecord* records,
                                    size_t count, ucp_ep_h from) {
-  if (Origin(h, from, "progress") == nullptr) return;
-  if (!in_epoch_ || h.epoch != epoch_) return;  // A failed or abandoned epoch's message.
-  if (delivery_->counts_bytes()) {
-    return Fail(absl::DataLossError(absl::StrCat(
-        "rank ", rank_, ": rank ", h.from_rank,
-        " sent a progress message, but this rank receives by active messages (protocol error: "
-        "do both ranks use the same delivery?)")));
-  }
+  if (!PutSignal(h, from, "progress")) return;
   for (size_t i = 0; i < count; ++i) {
     uint32_t slot = 0;
     absl::StatusOr<bool> grew =

@@ -86,6 +86,20 @@ TEST(DeltaPieceOf, ElementsLieWhereTheRegionsRunsPutThem) {
 // segments' plain streams, one message each, sent last segment first, land the piece exactly
 // (true only with the last). With active messages nothing is reserved for the streams; with
 // puts the landing area holds their capacity.
+// Host memory for each of `rank`'s plan buffers, filled with `fill`, and views of it.
+struct HostBuffers {
+  HostBuffers(const plan::Plan& plan, int32_t rank, uint8_t fill) {
+    const std::vector<int64_t> bytes = plan.BufferBytes(rank);
+    memory.reserve(bytes.size());
+    for (int64_t b : bytes) {
+      memory.emplace_back(static_cast<size_t>(b), fill);
+      views.push_back(common::BufferView{memory.back().data(), b, common::MemoryKind::kHost});
+    }
+  }
+  std::vector<std::vector<uint8_t>> memory;
+  std::vector<common::BufferView> views;
+};
+
 TEST(LandingDelta, HostileSegmentMessagesAreRefusedAndNothingIsWritten) {
   auto plan = WholeTensorPlan();
   ASSERT_TRUE(plan.ok()) << plan.status();
@@ -103,15 +117,9 @@ TEST(LandingDelta, HostileSegmentMessagesAreRefusedAndNothingIsWritten) {
     EXPECT_EQ(program.landing_offset[0], -1);
     auto runtime = Runtime::Create();
     ASSERT_TRUE(runtime.ok()) << runtime.status();
-    const std::vector<int64_t> bytes = plan->BufferBytes(1);
-    std::vector<std::vector<uint8_t>> memory;
-    std::vector<common::BufferView> views;
-    memory.reserve(bytes.size());
-    for (int64_t b : bytes) {
-      memory.emplace_back(static_cast<size_t>(b), 0xA5);
-      views.push_back(common::BufferView{memory.back().data(), b, common::MemoryKind::kHost});
-    }
-    auto registered = RegisteredMemory::Create(*plan, 1, **runtime, views, 0, 0);
+    HostBuffers host(*plan, 1, 0xA5);
+    std::vector<std::vector<uint8_t>>& memory = host.memory;
+    auto registered = RegisteredMemory::Create(*plan, 1, **runtime, host.views, 0, 0);
     ASSERT_TRUE(registered.ok()) << registered.status();
     Landing landing(*plan, program, **registered, /*data_messages=*/true);
     const uint32_t dst = plan->buffer_of(0, plan::Side::kDst);
@@ -314,19 +322,18 @@ TEST(LandingPrefix, DataMessagesAdvanceTheRegionOrderPrefixRelaysForward) {
   auto runtime = Runtime::Create();
   ASSERT_TRUE(runtime.ok()) << runtime.status();
   const uint32_t dst = plan->buffer_of(0, plan::Side::kDst);
-  const std::vector<int64_t> bytes = plan->BufferBytes(1);
-  std::vector<std::vector<uint8_t>> memory;
-  std::vector<common::BufferView> views;
-  memory.reserve(bytes.size());
-  for (int64_t b : bytes) {
-    memory.emplace_back(static_cast<size_t>(b), 0);
-    views.push_back(common::BufferView{memory.back().data(), b, common::MemoryKind::kHost});
-  }
-  auto registered = RegisteredMemory::Create(*plan, 1, **runtime, views, 0, 0);
+  HostBuffers host(*plan, 1, 0);
+  std::vector<std::vector<uint8_t>>& memory = host.memory;
+  auto registered = RegisteredMemory::Create(*plan, 1, **runtime, host.views, 0, 0);
   ASSERT_TRUE(registered.ok()) << registered.status();
   std::vector<uint8_t> values(64 * 64 * 4);
   for (size_t i = 0; i < values.size(); ++i) values[i] = static_cast<uint8_t>(i * 13 + 5);
   constexpr int64_t kRegion = 64 * 64 * 4;
+  // Element (i, j): region position (i * 64 + j) * 4, buffer offset (i + j * 64) * 4.
+  auto element_here = [&](int64_t i, int64_t j) {
+    return std::memcmp(memory[dst].data() + (i + j * 64) * 4, values.data() + (i * 64 + j) * 4,
+                       4) == 0;
+  };
 
   {
     SCOPED_TRACE("unpacked, column by column");
@@ -362,11 +369,7 @@ TEST(LandingPrefix, DataMessagesAdvanceTheRegionOrderPrefixRelaysForward) {
       EXPECT_EQ(landing.LandedPrefix(0), kRegion);
     }
     for (int64_t i = 0; i < 64; ++i) {
-      for (int64_t j = 0; j < 64; ++j) {
-        ASSERT_EQ(
-            std::memcmp(memory[dst].data() + (i + j * 64) * 4, values.data() + (i * 64 + j) * 4, 4),
-            0);
-      }
+      for (int64_t j = 0; j < 64; ++j) ASSERT_TRUE(element_here(i, j)) << i << ", " << j;
     }
   }
   {
@@ -425,7 +428,8 @@ TEST(LandingPrefix, DataMessagesAdvanceTheRegionOrderPrefixRelaysForward) {
     SCOPED_TRACE("puts, packed");
     const SendProgram puts = BuildSendProgram(*plan, 1, SendProgramOptions{true, 1 << 20, 0});
     ASSERT_GE(puts.landing_offset[0], 0);
-    auto with_area = RegisteredMemory::Create(*plan, 1, **runtime, views, 0, puts.landing_bytes);
+    auto with_area =
+        RegisteredMemory::Create(*plan, 1, **runtime, host.views, 0, puts.landing_bytes);
     ASSERT_TRUE(with_area.ok()) << with_area.status();
     // The stream is the region in region order: element (i, j) at (i * 64 + j) * 4.
     std::memcpy((*with_area)->landing() + puts.landing_offset[0], values.data(), kRegion);
@@ -436,10 +440,6 @@ TEST(LandingPrefix, DataMessagesAdvanceTheRegionOrderPrefixRelaysForward) {
     uint32_t slot = 0;
     auto grew = landing.Progressed(0, puts.received_ids[0], kRegion / 2, &slot);
     ASSERT_TRUE(grew.ok()) << grew.status();
-    auto element_here = [&](int64_t i, int64_t j) {
-      return std::memcmp(memory[dst].data() + (i + j * 64) * 4, values.data() + (i * 64 + j) * 4,
-                         4) == 0;
-    };
     EXPECT_TRUE(element_here(31, 63));  // The first half of the rows: unpacked.
     EXPECT_FALSE(element_here(32, 0));  // The rest: not yet.
     auto fresh = landing.Signalled(0, puts.received_ids[0], &slot);
