@@ -98,9 +98,10 @@ class RefitEngine::Impl final : public MessageSink, public LinkOwner {
   void OnData(const wire::DataHeader& h, const void* data, size_t length, ucp_ep_h from) override;
   void OnProgress(const wire::AmHeader& h, const wire::ProgressRecord* records, size_t count,
                   ucp_ep_h from) override;
-  // Whether a put delivery's message (`what`: "completion", "progress") is for this epoch from
-  // the peer it names; one to a rank that receives by active messages fails the epoch.
-  bool PutSignal(const wire::AmHeader& h, ucp_ep_h from, const char* what);
+  // Whether a put delivery's message (`what` `noun`: "completion" "signal", "progress"
+  // "message") is for this epoch from the peer it names; one to a rank that receives by active
+  // messages fails the epoch.
+  bool PutSignal(const wire::AmHeader& h, ucp_ep_h from, const char* what, const char* noun);
   void OnAbort(const wire::AmHeader& h, absl::string_view reason, ucp_ep_h from) override;
   void OnRound(const wire::AmHeader& h, uint64_t round, bool grant, ucp_ep_h from) override;
   // The link of the peer a message names, when the message arrived on that peer's endpoint;
@@ -2131,15 +2132,16 @@ void RefitEngine::Impl::OnHello(const wire::AmHeader& h, ucp_ep_h from) {
   if (link != nullptr) link->hello_received = true;
 }
 
-bool RefitEngine::Impl::PutSignal(const wire::AmHeader& h, ucp_ep_h from, const char* what) {
+bool RefitEngine::Impl::PutSignal(const wire::AmHeader& h, ucp_ep_h from, const char* what,
+                                  const char* noun) {
   if (Origin(h, from, what) == nullptr) return false;
   if (!in_epoch_ || h.epoch != epoch_) return false;  // A failed or abandoned epoch's message.
   if (delivery_->counts_bytes()) {
     // Active messages land byte by byte and have no landing area to unpack from.
-    Fail(absl::DataLossError(absl::StrCat(
-        "rank ", rank_, ": rank ", h.from_rank, " sent a ", what,
-        " message, but this rank receives by active messages (protocol error: do both ranks "
-        "use the same delivery?)")));
+    Fail(absl::DataLossError(
+        absl::StrCat("rank ", rank_, ": rank ", h.from_rank, " sent a ", what, " ", noun,
+                     ", but this rank receives by active messages (protocol error: do both ranks "
+                     "use the same delivery?)")));
     return false;
   }
   return true;
@@ -2147,7 +2149,7 @@ bool RefitEngine::Impl::PutSignal(const wire::AmHeader& h, ucp_ep_h from, const 
 
 void RefitEngine::Impl::OnDone(const wire::AmHeader& h, const uint32_t* indices, size_t count,
                                ucp_ep_h from) {
-  if (!PutSignal(h, from, "completion")) return;
+  if (!PutSignal(h, from, "completion", "signal")) return;
   for (size_t i = 0; i < count; ++i) {
     uint32_t slot = 0;
     absl::StatusOr<bool> fresh = landing_->Signalled(h.from_rank, indices[i], &slot);
@@ -2159,7 +2161,7 @@ void RefitEngine::Impl::OnDone(const wire::AmHeader& h, const uint32_t* indices,
 
 void RefitEngine::Impl::OnProgress(const wire::AmHeader& h, const wire::ProgressRecord* records,
                                    size_t count, ucp_ep_h from) {
-  if (!PutSignal(h, from, "progress")) return;
+  if (!PutSignal(h, from, "progress", "message")) return;
   for (size_t i = 0; i < count; ++i) {
     uint32_t slot = 0;
     absl::StatusOr<bool> grew =
