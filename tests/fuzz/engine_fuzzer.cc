@@ -2,7 +2,7 @@
 // decoder of incoming active messages, and the RefitEngine handlers behind it: grant, hello,
 // completion, data, abort) with messages injected into a live refit.
 //
-// Set-up (LLVMFuzzerInitialize, once): twelve worlds of 4 ranks; the first eight over one small
+// Set-up (LLVMFuzzerInitialize, once): sixteen worlds of 4 ranks; the first eight over one small
 // plan (fp32 [64, 48]
 // rows -> columns and bf16 [16, 32] back, both travelling packed, the second into a destination
 // view with holes; fp32 [64, 128] rows -> replicated, unpacked). World 0 delivers by active
@@ -21,14 +21,19 @@
 // it); worlds 6 and 7 stage their sources whole (emulated devices have no delta kernels). Worlds
 // 8-11 are worlds 4-7 on another plan, kRelaySpec: rank 0 sends each piece once and the
 // destination domains (one rank each) relay it on, relays of relays among them, so relays
-// forward the delta streams they received (docs/delta.md, "Relays forward the stream"). Every
+// forward the delta streams they received (docs/delta.md, "Relays forward the stream"). Worlds
+// 12-15 are worlds 0-3 on kStreamRelaySpec, kRelaySpec's relays of relays plus a 320 KiB tensor
+// relayed in two data messages (or two progress steps: wire::kProgressAm) into destinations
+// whose view swaps its outer dims, so plain relays forward runs as their feed's bytes land
+// (docs/data-plane.md, "Relays"). Every
 // rank has its own net::Runtime (its own UCX worker, over shared memory:
 // UCX_TLS=self,posix,sysv,cma and UCX_NET_DEVICES=all, set here) and is created on its own
 // thread over a FileStore in a fresh private temporary directory (removed once the engines are
 // wired up); then this thread drives all of them. Every buffer lies between guard zones.
 //
 // Input: byte 0 picks the world (bit 0; bit 3 set: worlds 2 and 3; bit 7 set: their delta
-// twins, 4 more; bits 7 and 4 set: the relay worlds, 8 more) and the victim rank (bits 1-2);
+// twins, 4 more; bits 7 and 4 set: the delta relay worlds, 8 more; bit 4 alone: the plain relay
+// worlds, 12 more) and the victim rank (bits 1-2);
 // then up to 16 messages to the victim, each:
 //   control byte c: id c & 7 (grant, completion, abort, data, hello, a raw id byte follows,
 //     data, completion); origin (c >> 3) & 3: the named rank's own endpoint (a legitimate,
@@ -139,6 +144,16 @@ constexpr char kRelaySpec[] = R"json({"topology": {"domains": [[0], [1], [2], [3
   {"name": "v", "dtype": "u8", "shape": [300], "src": {"mesh": [0], "placements": ["R"]},
    "dst": {"mesh": [2, 3], "placements": ["R"]}}]})json";
 
+// The plain relay worlds' plan: kRelaySpec's a, and s (fp32 [4, 10, 2048], 320 KiB: two data
+// messages) relayed on with runs of 8 KiB (unpacked) into destinations whose view swaps dims 0
+// and 1, so its runs land out of region order in the buffer.
+constexpr char kStreamRelaySpec[] = R"json({"topology": {"domains": [[0], [1], [2], [3]]},
+  "tensors": [
+  {"name": "a", "dtype": "fp32", "shape": [64, 48], "src": {"mesh": [0], "placements": ["R"]},
+   "dst": {"mesh": [1, 2, 3], "placements": ["R"], "view": {"offset": 4, "strides": [56, 1]}}},
+  {"name": "s", "dtype": "fp32", "shape": [4, 10, 2048], "src": {"mesh": [0], "placements": ["R"]},
+   "dst": {"mesh": [1, 2, 3], "placements": ["R"], "view": {"strides": [2048, 8192, 1]}}}]})json";
+
 [[noreturn]] __attribute__((format(printf, 1, 2))) void Finding(const char* format, ...) {
   std::fprintf(stderr, "fuzz_engine: ");
   va_list args;
@@ -214,7 +229,7 @@ struct Setting {
 
 struct Harness {
   std::vector<Setting> settings;  // kSpec's, then kRelaySpec's.
-  std::array<World, 12> worlds;
+  std::array<World, 16> worlds;
 };
 
 Harness* harness = nullptr;
@@ -346,7 +361,7 @@ void Init() {
   setenv("RESHARD_LOG_LEVEL", "error", 0);
   verbose = std::getenv("FUZZ_ENGINE_VERBOSE") != nullptr;
   harness = new Harness{};  // Never destroyed: UCX may outlive exit.
-  for (const char* text : {kSpec, kRelaySpec}) {
+  for (const char* text : {kSpec, kRelaySpec, kStreamRelaySpec}) {
     absl::StatusOr<plan::RefitSpec> spec = plan::ParseSpecJson(text);
     if (!spec.ok()) SetupFailed(spec.status().ToString());
     absl::StatusOr<plan::Plan> plan =
@@ -371,25 +386,28 @@ void Init() {
       }
     }
   }
-  int relays = 0;
-  for (const plan::Transfer& t : harness->settings[1].plan.transfers()) {
-    relays += plan::IsRelay(t) && plan::IsRelay(harness->settings[1].plan.transfers()[t.after]);
+  for (size_t s : {size_t{1}, size_t{2}}) {
+    int relays = 0;
+    for (const plan::Transfer& t : harness->settings[s].plan.transfers()) {
+      relays += plan::IsRelay(t) && plan::IsRelay(harness->settings[s].plan.transfers()[t.after]);
+    }
+    if (relays == 0) SetupFailed(absl::StrCat("relay plan ", s, " has no relay of a relay"));
   }
-  if (relays == 0) SetupFailed("the relay worlds' plan has no relay of a relay");
   // Worlds 2, 3, 6 and 7's "device" buffers are host memory (the others use host buffers,
   // which the emulation leaves alone).
   cuda::EmulateDevicesOnHost(true, /*ucx_registers_them=*/false);
   for (size_t w = 0; w < harness->worlds.size(); ++w) {
     World& world = harness->worlds[w];
-    // Worlds 4-7 are worlds 0-3 with delta refits, and worlds 8-11 worlds 4-7 on kRelaySpec.
-    world.setting = &harness->settings[w >= 8 ? 1 : 0];
+    // Worlds 4-7 are worlds 0-3 with delta refits, worlds 8-11 worlds 4-7 on kRelaySpec, and
+    // worlds 12-15 worlds 0-3 on kStreamRelaySpec.
+    world.setting = &harness->settings[w >= 12 ? 2 : w >= 8 ? 1 : 0];
     const Setting& h = *world.setting;
     const size_t base = w % 4;
     const bool am = base == 0 || base == 3;
     world.options.delivery =
         am ? RefitEngineOptions::Delivery::kActiveMessage : RefitEngineOptions::Delivery::kPut;
     world.options.setup_timeout = absl::Seconds(30);
-    world.options.delta = w >= 4;
+    world.options.delta = w >= 4 && w < 12;
     if (world.options.delta) InitModel(world, w);
     const bool device = base >= 2;
     if (device) {
@@ -924,7 +942,7 @@ void CheckStagingWorlds() {
 // every rank that receives them applies deltas, and nothing goes plain for want of a base.
 void CheckDeltaWorlds() {
   if (ChangedShare(2) > 0.1) SetupFailed("epoch 2 changes too many elements to send deltas");
-  for (size_t w = 4; w < harness->worlds.size(); ++w) {
+  for (size_t w = 4; w < 12; ++w) {
     World& world = harness->worlds[w];
     // Worlds 6, 7, 10 and 11 ran their first epoch in CheckStagingWorlds.
     while (world.epoch < 2) {
@@ -956,8 +974,10 @@ void CheckDeltaWorlds() {
 void RunInput(const uint8_t* data, size_t size) {
   Reader in(data, size);
   const uint8_t setup = in.Byte();
-  // Bit 7: a delta world; with bit 4 too, a relay world.
-  const size_t kind = (setup & 0x80) == 0 ? 0 : (setup & 0x10) == 0 ? 4 : 8;
+  // Bit 7: a delta world; with bit 4 too, a delta relay world; bit 4 alone, a plain relay world.
+  const size_t kind = (setup & 0x80) != 0   ? ((setup & 0x10) == 0 ? 4 : 8)
+                      : (setup & 0x10) != 0 ? 12
+                                            : 0;
   World& world = harness->worlds[kind + ((setup & 8) != 0 ? 2 : 0) + (setup & 1)];
   const int32_t victim = (setup >> 1) & 3;
   std::vector<Message> messages;
