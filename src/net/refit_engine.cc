@@ -368,7 +368,7 @@ class RefitEngine::Impl final : public MessageSink, public LinkOwner {
   std::vector<uint64_t> relays_started_;
   void InitEarlyRelays(bool am);
   // Put delivery, by descriptor: a plain piece that a relay at its receiver forwards, whose
-  // sender says how far it landed every wire::kProgressStepBytes (Delivery::Progressed), so the
+  // sender says how far it landed every wire::ProgressStep (Delivery::Progressed), so the
   // relay starts early as with active messages. Set once the peers' records are known.
   std::vector<uint8_t> sends_progress_;
   void InitProgress(bool am);
@@ -489,7 +489,7 @@ absl::Status RefitEngine::Impl::Init(rendezvous::Store& store, std::vector<Buffe
                              ? cuda::SlotBytes(options_.stage_ring_bytes, cuda::kStageRingSlots)
                              : 0,
                          any_ring_source ? ring_sources : std::vector<bool>{},
-                         am ? 0 : wire::kProgressStepBytes});
+                         /*progress_steps=*/!am});
   RESHARD_RETURN_IF_ERROR(CheckDependencies());
   relay_queued_.assign(program_.descs.size(), 0);
   if (options_.delta) RESHARD_RETURN_IF_ERROR(InitDelta(buffers));
@@ -1379,7 +1379,7 @@ void RefitEngine::Impl::PostSends() {
         link->ready.pop_front();
         link->cursor_run = program_.descs[link->cursor_desc].run_begin;
         link->region_pos = 0;
-        link->progress_next = wire::kProgressStepBytes;
+        link->progress_next = wire::ProgressStep(program_.descs[link->cursor_desc].bytes);
         link->gathered = false;
         link->ring_part = OnRing(static_cast<uint32_t>(link->cursor_desc))
                               ? ring_.first_part[link->cursor_desc]
@@ -1543,7 +1543,7 @@ void RefitEngine::Impl::PostSends() {
           // A relay at the receiver forwards what is in place: say how far the piece got.
           absl::Status told = delivery_->Progressed(*link, d, link->region_pos);
           if (!told.ok()) return Fail(told);
-          link->progress_next = link->region_pos + wire::kProgressStepBytes;
+          link->progress_next = link->region_pos + wire::ProgressStep(d.bytes);
         }
       }
       if (waiting) continue;

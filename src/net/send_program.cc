@@ -4,6 +4,7 @@
 
 #include "src/common/delta_codec.h"
 #include "src/common/status.h"
+#include "src/net/wire.h"
 
 namespace reshard::net {
 
@@ -119,8 +120,8 @@ SendProgram BuildSendProgram(const plan::Plan& plan, int32_t rank,
       int64_t chunk =
           options.chunk_bytes > 0 && t.to_rank != rank && !delta ? options.chunk_bytes : INT64_MAX;
       if (options.max_run_bytes > 0 && !delta) chunk = std::min(chunk, options.max_run_bytes);
-      if (options.progress_step_bytes > 0 && t.feeds_relay && !delta && t.to_rank != rank) {
-        chunk = std::min(chunk, options.progress_step_bytes);
+      if (options.progress_steps && t.feeds_relay && !delta && t.to_rank != rank) {
+        chunk = std::min(chunk, wire::ProgressStep(region.bytes));
       }
       auto add = [&](int64_t local, int64_t remote, int64_t bytes) {
         for (int64_t done = 0; done < bytes; done += chunk) {

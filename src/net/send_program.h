@@ -66,10 +66,10 @@ struct SendProgramOptions {
   // packed streams (not delta streams) take no room in the send scratch: the ring holds them,
   // so such a descriptor's send_offset is 0 and its runs' local offsets are stream offsets.
   std::vector<bool> ring_sources = {};
-  // 0, or (put delivery) where the runs of plain pieces that a relay forwards
-  // (plan::Transfer::feeds_relay) are cut, so that the sender can say how far such a piece
-  // landed as it goes (wire::kProgressAm) and the relay forwards it meanwhile.
-  int64_t progress_step_bytes = 0;
+  // Put delivery: the runs of plain pieces that a relay forwards (plan::Transfer::feeds_relay)
+  // are cut every wire::ProgressStep(piece bytes), so that the sender can say how far such a
+  // piece landed as it goes (wire::kProgressAm) and the relay forwards it meanwhile.
+  bool progress_steps = false;
 };
 
 struct SendRun {

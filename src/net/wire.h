@@ -34,9 +34,16 @@ constexpr uint32_t kMagic = 0x52534844;  // "RSHD"
 // Piece indices per completion message, small enough to stay eager on every transport.
 constexpr size_t kMaxIndicesPerSignal = 256;
 // Put delivery: a piece that some relay forwards (plan::Transfer::feeds_relay) says how far it
-// landed every this many bytes (kProgressAm), as active messages carry it in data messages of
-// kAmChunkBytes.
+// landed (kProgressAm) every ProgressStep(its bytes): this many bytes, as active messages carry
+// it in data messages of kAmChunkBytes, or a kProgressSteps-th of a larger piece, so that a
+// piece costs at most that many flushes and messages however large it is, and the relay trails
+// its feed by a fixed share of it.
 constexpr int64_t kProgressStepBytes = int64_t{256} << 10;
+constexpr int64_t kProgressSteps = 16;
+constexpr int64_t ProgressStep(int64_t piece_bytes) {
+  return piece_bytes / kProgressSteps > kProgressStepBytes ? piece_bytes / kProgressSteps
+                                                           : kProgressStepBytes;
+}
 // Largest active message carrying data (AM delivery): long runs are cut into chunks so the
 // receiver copies one while the next is on the wire.
 constexpr int64_t kAmChunkBytes = int64_t{256} << 10;
