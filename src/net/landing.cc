@@ -460,6 +460,19 @@ absl::StatusOr<bool> Landing::Data(const wire::DataHeader& h, const void* data, 
                                             " (tensor \"", plan_.spec().tensors[t.tensor].name,
                                             "\")"));
   }
+  // Tracked (TrackPrefix): where the data starts in region order. Data beyond a gap waits in
+  // `ahead_`, bounded: a sender's messages arrive nearly in order.
+  const int64_t region_at = static_cast<int64_t>(h.to_offset - start) +
+                            (packed ? 0 : run * plan_.region(t.region).run_bytes);
+  if (tracks_prefix_[slot] != 0 && region_at > prefix_[slot]) {
+    auto ahead = ahead_.find(slot);
+    if (ahead != ahead_.end() && ahead->second.size() >= kMaxAhead) {
+      return absl::DataLossError(
+          absl::StrCat("rank ", program_.rank, ": rank ", from, " sent more than ", kMaxAhead,
+                       " data messages of transfer ", id, " (tensor \"",
+                       plan_.spec().tensors[t.tensor].name, "\") ahead of a gap in its region"));
+    }
+  }
   if (length > 0 && memory_.device(to_buf)) {
     // Device memory the engine writes: only through the bounce area, never by a synchronous copy.
     if (bounce_ == nullptr) {
@@ -485,11 +498,8 @@ absl::StatusOr<bool> Landing::Data(const wire::DataHeader& h, const void* data, 
   } else if (length > 0) {
     std::memcpy(memory_.data(to_buf) + h.to_offset, data, length);
   }
-  if (tracks_prefix_[slot] != 0) {
-    // In place now (host memory, copied above): where the data starts in region order.
-    const int64_t within = static_cast<int64_t>(h.to_offset - start);
-    AdvancePrefix(slot, packed ? within : run * plan_.region(t.region).run_bytes + within,
-                  static_cast<int64_t>(length));
+  if (tracks_prefix_[slot] != 0 && length > 0) {
+    AdvancePrefix(slot, region_at, static_cast<int64_t>(length));  // In place now (host memory).
   }
   landed_bytes_[slot] += static_cast<int64_t>(length);
   return static_cast<uint64_t>(landed_bytes_[slot]) == region_bytes;

@@ -207,6 +207,7 @@ class Landing {
   std::vector<uint8_t> tracks_prefix_;
   std::vector<int64_t> prefix_;
   absl::flat_hash_map<uint32_t, std::map<int64_t, int64_t>> ahead_;
+  static constexpr size_t kMaxAhead = 65536;  // Per slot: DataLoss past this.
   // Data of `length` bytes landed at region position `at` of tracked `slot`.
   void AdvancePrefix(uint32_t slot, int64_t at, int64_t length);
   uint64_t version_ = 0;

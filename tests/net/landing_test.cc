@@ -459,5 +459,50 @@ TEST(LandingPrefix, DataMessagesAdvanceTheRegionOrderPrefixRelaysForward) {
   }
 }
 
+// Data ahead of a gap waits in a map bounded per piece (Landing::kMaxAhead, 65,536 messages): a
+// 512 x 256 u8 matrix into a column-major destination, one byte per run, sent column by column,
+// leaves about 510 messages ahead per column; past the bound the next such message is DataLoss
+// naming the tensor, before its byte is written.
+TEST(LandingPrefix, DataFarAheadOfAGapIsBounded) {
+  setenv("UCX_TLS", "self,sm", 1);
+  setenv("UCX_NET_DEVICES", "all", 1);
+  auto spec = plan::ParseSpecJson(R"json({"tensors": [{"name": "b", "dtype": "u8",
+      "shape": [512, 256], "src": {"mesh": [0], "placements": ["R"]},
+      "dst": {"mesh": [1], "placements": ["R"], "view": {"strides": [1, 512]}}}]})json");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  auto plan = plan::BuildPlan(std::make_shared<const plan::RefitSpec>(*std::move(spec)));
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  auto runtime = Runtime::Create();
+  ASSERT_TRUE(runtime.ok()) << runtime.status();
+  HostBuffers host(*plan, 1, 0);
+  auto registered = RegisteredMemory::Create(*plan, 1, **runtime, host.views, 0, 0);
+  ASSERT_TRUE(registered.ok()) << registered.status();
+  const SendProgram program =
+      BuildSendProgram(*plan, 1, SendProgramOptions{true, 0, wire::kAmChunkBytes});
+  ASSERT_LT(program.landing_offset[0], 0);
+  Landing landing(*plan, program, **registered, /*data_messages=*/true);
+  ASSERT_TRUE(landing.TrackPrefix(0));
+  landing.StartEpoch(1, 0);
+  const uint32_t dst = plan->buffer_of(0, plan::Side::kDst);
+  const uint8_t one = 1;
+  int64_t sent = 0;
+  absl::Status refused;
+  for (uint64_t to = 0; to < 512 * 256 && refused.ok(); ++to, ++sent) {
+    const wire::DataHeader h{wire::AmHeader{wire::kMagic, 0, 0, 1}, program.received_ids[0], 0, to,
+                             0};
+    uint32_t slot = 0;
+    auto got = landing.Data(h, &one, 1, &slot);
+    if (!got.ok()) {
+      refused = got.status();
+      EXPECT_EQ(host.memory[dst][to], 0) << "written before it was refused";
+    }
+  }
+  ASSERT_FALSE(refused.ok()) << "all " << sent << " messages accepted";
+  EXPECT_EQ(refused.code(), absl::StatusCode::kDataLoss) << refused;
+  EXPECT_NE(refused.message().find("tensor \"b\""), std::string::npos) << refused;
+  EXPECT_NE(refused.message().find("ahead of a gap"), std::string::npos) << refused;
+  EXPECT_GT(sent, 65536);
+}
+
 }  // namespace
 }  // namespace reshard::net
