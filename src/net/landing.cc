@@ -190,10 +190,42 @@ bool Landing::TrackPrefix(uint32_t slot) {
   return true;
 }
 
+absl::Status Landing::ApplyLandedSegments(uint32_t slot, int64_t count) {
+  const auto& t = plan_.transfers()[program_.received[slot]];
+  const int es = program_.delta_elem_bytes[slot];
+  const int64_t elems = plan_.region(t.region).bytes / es;
+  const uint8_t* area = memory_.landing() + program_.landing_offset[slot];
+  for (int64_t k = 0; k < count; ++k) {
+    if (SegmentApplied(slot, k)) continue;
+    RESHARD_RETURN_IF_ERROR(
+        ApplyDelta(slot, k, area + k * delta::SegmentStride(es),
+                   delta::StreamCapacity(delta::SegmentLength(elems, es, k), es)));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<bool> Landing::Progressed(int32_t from_rank, uint32_t id, uint64_t bytes,
                                          uint32_t* slot) {
   RESHARD_ASSIGN_OR_RETURN(*slot, CheckSender(from_rank, id, "sent progress for"));
   const plan::Transfer& t = plan_.transfers()[program_.received[*slot]];
+  if (const int es = program_.delta_elem_bytes[*slot]; es != 0) {
+    // A delta piece: its first `bytes` / SegmentStride segments' streams are in its landing
+    // area, applied now (validated as at the signal), so its relays forward them.
+    const auto stride = static_cast<uint64_t>(delta::SegmentStride(es));
+    const int64_t segments = segment_begin_[*slot + 1] - segment_begin_[*slot];
+    if (program_.landing_offset[*slot] < 0 || bytes % stride != 0 ||
+        bytes / stride > static_cast<uint64_t>(segments)) {
+      return absl::DataLossError(absl::StrCat(
+          "rank ", program_.rank, ": rank ", from_rank, " said that ", bytes,
+          " bytes of the delta streams of transfer ", id, " (tensor \"",
+          plan_.spec().tensors[t.tensor].name, "\") are in place, which is not a whole number of ",
+          "its ", segments, " segments' places"));
+    }
+    if (landed(*slot)) return false;
+    const int64_t before = segments_done_[*slot];
+    RESHARD_RETURN_IF_ERROR(ApplyLandedSegments(*slot, static_cast<int64_t>(bytes / stride)));
+    return segments_done_[*slot] > before;
+  }
   const auto region_bytes = static_cast<uint64_t>(plan_.region(t.region).bytes);
   if (bytes > region_bytes) {
     return absl::DataLossError(absl::StrCat("rank ", program_.rank, ": rank ", from_rank,
@@ -356,15 +388,10 @@ absl::StatusOr<bool> Landing::Signalled(int32_t from_rank, uint32_t id, uint32_t
   if (rounds_ != nullptr && rounds_->sender_of_slot[*slot] >= 0) return false;
   const int64_t offset = program_.landing_offset[*slot];
   if (offset >= 0 && program_.delta_elem_bytes[*slot] != 0) {
-    // Every segment's stream is in place (the batch's signal follows the piece's puts).
-    const auto& t = plan_.transfers()[program_.received[*slot]];
-    const int es = program_.delta_elem_bytes[*slot];
-    const int64_t elems = plan_.region(t.region).bytes / es;
-    for (int64_t k = 0; k < segment_begin_[*slot + 1] - segment_begin_[*slot]; ++k) {
-      RESHARD_RETURN_IF_ERROR(
-          ApplyDelta(*slot, k, memory_.landing() + offset + k * delta::SegmentStride(es),
-                     delta::StreamCapacity(delta::SegmentLength(elems, es, k), es)));
-    }
+    // Every segment's stream is in place (the batch's signal follows the piece's puts); those
+    // a progress message announced were applied then.
+    RESHARD_RETURN_IF_ERROR(
+        ApplyLandedSegments(*slot, segment_begin_[*slot + 1] - segment_begin_[*slot]));
   } else if (offset >= 0) {
     const int64_t bytes = plan_.region(plan_.transfers()[program_.received[*slot]].region).bytes;
     // The landing area holds the stream until the next epoch's grant: device copies may queue.

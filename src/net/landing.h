@@ -73,9 +73,12 @@ class Landing {
   // piece's signal).
   bool TrackPrefix(uint32_t slot);
   // Put delivery: `from_rank` says that the first `bytes` of transfer `id`'s region (region
-  // order) are in place (wire::kProgressAm). DataLoss for a transfer it does not send here or
-  // more bytes than the region's. True when the prefix of its `*slot` is kept (TrackPrefix)
-  // and grew; a sender may say it of any piece a relay forwards (the receiver decides).
+  // order) are in place (wire::kProgressAm), or, for a delta piece, the streams of its first
+  // bytes / delta::SegmentStride segments (then applied here, as at the signal). DataLoss for a
+  // transfer it does not send here, more bytes than the region's, or a delta piece's bytes that
+  // are not whole segments' places. True when the prefix of its `*slot` is kept (TrackPrefix)
+  // and grew, or segments were applied; a sender may say it of any piece a relay forwards (the
+  // receiver decides).
   absl::StatusOr<bool> Progressed(int32_t from_rank, uint32_t id, uint64_t bytes, uint32_t* slot);
   // The bytes of `slot`'s region, from its start in region order, that have landed in this
   // epoch: all of them once it landed, else (TrackPrefix) as data messages brought them.
@@ -187,6 +190,9 @@ class Landing {
   // Applies the delta stream of segment `k` of `slot` (`length` bytes at `stream`) to its
   // destination elements.
   absl::Status ApplyDelta(uint32_t slot, int64_t k, const uint8_t* stream, int64_t length);
+  // Put delivery: applies segments [0, count) of delta piece `slot` from its landing area,
+  // those not applied yet.
+  absl::Status ApplyLandedSegments(uint32_t slot, int64_t count);
 
   const plan::Plan& plan_;
   const SendProgram& program_;

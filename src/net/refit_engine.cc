@@ -366,7 +366,7 @@ class RefitEngine::Impl final : public MessageSink, public LinkOwner {
   std::vector<uint64_t> relay_queued_;
   std::vector<uint8_t> feeds_early_relay_;
   std::vector<uint64_t> relays_started_;
-  void InitEarlyRelays(bool am);
+  void InitEarlyRelays();
   // Put delivery, by descriptor: a plain piece that a relay at its receiver forwards, whose
   // sender says how far it landed every wire::ProgressStep (Delivery::Progressed), so the
   // relay starts early as with active messages. Set once the peers' records are known.
@@ -564,7 +564,7 @@ absl::Status RefitEngine::Impl::Init(rendezvous::Store& store, std::vector<Buffe
     break;
   }
   RESHARD_RETURN_IF_ERROR(landing_->InitBounce());
-  InitEarlyRelays(am);
+  InitEarlyRelays();
   RESHARD_RETURN_IF_ERROR(InitQueuedKernels());
   delivery_ = MakeDelivery(am, rank_, program_, *memory_, options_.signal_batch_bytes, stats_);
   single_copy_enabled_ = options_.single_copy && !am;
@@ -1409,12 +1409,20 @@ void RefitEngine::Impl::PostSends() {
           link->ring_source = memory_->ring()->slot(slot) + part.offset;
           link->ring_slot = slot;
         }
+        // A piece that tells its progress: its last progress but one is not signalled yet, and
+        // posting on would put the signal behind this piece's later puts.
+        const bool behind =
+            sends_progress_[link->cursor_desc] != 0 && link->progress_unsignalled() > 1;
         if (delta) {
           // Delta pieces leave segment by segment: each is encoded when its first run is due,
           // while the segments before it are on the wire, and only its stream's length goes.
           const int64_t at = program_.runs[link->cursor_run].remote_offset;
           const int64_t stride = delta::SegmentStride(d.delta_elem_bytes);
           if (at % stride == 0 && link->encoded_run != link->cursor_run) {
+            if (behind) {
+              waiting = true;  // The other links go on.
+              break;
+            }
             bool ready = true;
             absl::Status encoded = EncodeSegment(*link, d, static_cast<uint32_t>(link->cursor_desc),
                                                  at / stride, &ready);
@@ -1429,9 +1437,7 @@ void RefitEngine::Impl::PostSends() {
             link->cursor_run++;
             continue;
           }
-        } else if (sends_progress_[link->cursor_desc] != 0 && link->progress_unsignalled() > 1) {
-          // Its last progress but one is not signalled yet: posting on would put the signal
-          // behind this piece's later puts.
+        } else if (behind) {
           waiting = true;  // The other links go on.
           break;
         } else if (relay_queued_[link->cursor_desc] == epoch_) {
@@ -1538,12 +1544,23 @@ void RefitEngine::Impl::PostSends() {
         }
         link->region_pos += program_.runs[link->cursor_run].bytes;
         link->cursor_run++;
-        if (sends_progress_[link->cursor_desc] != 0 && link->region_pos >= link->progress_next &&
-            link->region_pos < d.bytes) {
-          // A relay at the receiver forwards what is in place: say how far the piece got.
-          absl::Status told = delivery_->Progressed(*link, d, link->region_pos);
-          if (!told.ok()) return Fail(told);
-          link->progress_next = link->region_pos + wire::ProgressStep(d.bytes);
+        if (sends_progress_[link->cursor_desc] != 0) {
+          // A relay at the receiver forwards what is in place: say how far the piece got (a
+          // delta piece: after each segment's stream but the last, the places of those
+          // streams).
+          int64_t told = -1;
+          if (delta) {
+            const int64_t stride = delta::SegmentStride(d.delta_elem_bytes);
+            const int64_t next = program_.runs[link->cursor_run - 1].remote_offset / stride + 1;
+            if (next < d.segments) told = next * stride;
+          } else if (link->region_pos >= link->progress_next && link->region_pos < d.bytes) {
+            told = link->region_pos;
+            link->progress_next = link->region_pos + wire::ProgressStep(d.bytes);
+          }
+          if (told >= 0) {
+            absl::Status sent = delivery_->Progressed(*link, d, told);
+            if (!sent.ok()) return Fail(sent);
+          }
         }
       }
       if (waiting) continue;
@@ -1883,7 +1900,7 @@ void RefitEngine::Impl::RoundDrained(int32_t i, int32_t r) {
   }
 }
 
-void RefitEngine::Impl::InitEarlyRelays(bool am) {
+void RefitEngine::Impl::InitEarlyRelays() {
   early_relay_.assign(program_.descs.size(), 0);
   feeds_early_relay_.assign(program_.received.size(), 0);
   relays_started_.assign(program_.received.size(), 0);
@@ -1891,12 +1908,12 @@ void RefitEngine::Impl::InitEarlyRelays(bool am) {
     const SendDesc& d = program_.descs[di];
     if (d.relay_feed < 0) continue;
     const auto feed = static_cast<uint32_t>(d.relay_feed);
-    // A delta relay forwards the streams as they are applied (active messages; with puts the
-    // piece's segments are applied together at its signal); a plain one reads the feed's
-    // bytes in place, run by run: not through a gather of the whole piece (packed) or the
-    // staging ring, and only where the landing knows which bytes are in place.
+    // A delta relay forwards the streams as they are applied (each data message, or with puts
+    // each progress message); a plain one reads the feed's bytes in place, run by run: not
+    // through a gather of the whole piece (packed) or the staging ring, and only where the
+    // landing knows which bytes are in place.
     const bool early =
-        d.delta_elem_bytes != 0 ? am : !d.packed && !OnRing(di) && landing_->TrackPrefix(feed);
+        d.delta_elem_bytes != 0 || (!d.packed && !OnRing(di) && landing_->TrackPrefix(feed));
     early_relay_[di] = early ? 1 : 0;
     feeds_early_relay_[feed] |= early_relay_[di];
   }
@@ -1907,10 +1924,16 @@ void RefitEngine::Impl::InitProgress(bool am) {
   if (am) return;  // Every data message says where its bytes landed.
   for (uint32_t di = 0; di < program_.descs.size(); ++di) {
     const SendDesc& d = program_.descs[di];
-    if (d.peer == rank_ || d.delta_elem_bytes != 0 || OnRing(di) || round_base_[di] >= 0 ||
-        d.bytes <= wire::kProgressStepBytes || !plan_.transfers()[d.transfer].feeds_relay) {
+    if (d.peer == rank_ || OnRing(di) || round_base_[di] >= 0 ||
+        !plan_.transfers()[d.transfer].feeds_relay) {
       continue;
     }
+    if (d.delta_elem_bytes != 0) {
+      // After each segment's stream (always in the receiver's landing area).
+      sends_progress_[di] = d.segments > 1 ? 1 : 0;
+      continue;
+    }
+    if (d.bytes <= wire::kProgressStepBytes) continue;
     // Where the receiver can use it (Landing::TrackPrefix decides): its landing area, or a
     // destination in host memory.
     sends_progress_[di] = d.packed || links_[d.peer]->remote_host(d.to_buffer) ? 1 : 0;

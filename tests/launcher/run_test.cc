@@ -327,21 +327,28 @@ TEST(RunNetnsTest, EmulatedNicReportsTheLowerBound) {
   EXPECT_GT(v.Find("ratio")->as_double(), 0);
 }
 
-// Delta relays over active messages forward each segment as it is applied, not once the whole
-// piece landed: on 100 Mbit/s NICs a 2 MiB relayed piece takes 168 ms to arrive, its segments
-// one every 21 ms, and the relays of relays-three-replicas.json forward segments before their
-// piece has landed (docs/delta.md, "Relays forward the stream"); every refit still byte-exact.
+// Delta relays forward each segment as it is applied, not once the whole piece landed: on
+// 100 Mbit/s NICs a 2 MiB relayed piece takes 168 ms to arrive, its segments one every 21 ms, and
+// the relays of relays-three-replicas.json forward segments before their piece has landed
+// (docs/delta.md, "Relays forward the stream"), with active messages (each segment's message)
+// and with puts (RESHARD_DELIVERY=put: the sender's progress after each segment); every refit
+// still byte-exact.
 TEST(RunNetnsTest, DeltaRelaysForwardSegmentsBeforeTheirPieceLanded) {
   if (!launcher::CanUseNetns()) GTEST_SKIP() << "network namespaces need root";
   const std::vector<std::string> before = launcher::ListNamespaces();
-  Output o = Reshard(absl::StrCat("run ", kSpecs, "relays-three-replicas.json --emulate-nic ",
-                                  "100mbit --delta --change-fraction 1.0 --iters 2 ",
-                                  "--timeout-ms 20000 --json"));
+  for (const char* delivery : {"am", "put"}) {
+    SCOPED_TRACE(delivery);
+    setenv("RESHARD_DELIVERY", delivery, 1);
+    Output o = Reshard(absl::StrCat("run ", kSpecs, "relays-three-replicas.json --emulate-nic ",
+                                    "100mbit --delta --change-fraction 1.0 --iters 2 ",
+                                    "--timeout-ms 20000 --json"));
+    EXPECT_EQ(o.exit_code, 0) << o.out;
+    json::Value v = ParseJson(o.out);
+    ExpectVerifiedRun(v, 2, "delta relays");
+    EXPECT_GT(v.Find("delta_relay_early_segments")->as_int(), 0) << o.out;
+  }
+  unsetenv("RESHARD_DELIVERY");
   ExpectNoLeakedNamespaces(before);
-  EXPECT_EQ(o.exit_code, 0) << o.out;
-  json::Value v = ParseJson(o.out);
-  ExpectVerifiedRun(v, 2, "delta relays");
-  EXPECT_GT(v.Find("delta_relay_early_segments")->as_int(), 0) << o.out;
 }
 
 // Plain relays forward each run once its bytes are here, not once the whole piece landed

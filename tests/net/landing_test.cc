@@ -205,6 +205,66 @@ TEST(LandingDelta, HostileSegmentMessagesAreRefusedAndNothingIsWritten) {
   }
 }
 
+// With puts, a delta piece's sender says after each segment's stream but the last how many
+// segments' places are filled (wire::kProgressAm): they are applied then, as at the signal, so a
+// relay forwards them early; the signal applies the rest. Progress that is not whole segments'
+// places, or more of them than the piece has, is DataLoss naming the tensor.
+TEST(LandingDelta, ProgressAppliesSegmentsBeforeTheSignal) {
+  auto plan = WholeTensorPlan();
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  const SendProgram program = BuildSendProgram(*plan, 1, SendProgramOptions{true, 0, 0, true});
+  ASSERT_EQ(program.delta_elem_bytes[0], 1);
+  ASSERT_EQ(program.landing_offset[0], 0);
+  auto runtime = Runtime::Create();
+  ASSERT_TRUE(runtime.ok()) << runtime.status();
+  HostBuffers host(*plan, 1, 0xA5);
+  auto registered =
+      RegisteredMemory::Create(*plan, 1, **runtime, host.views, 0, program.landing_bytes);
+  ASSERT_TRUE(registered.ok()) << registered.status();
+  Landing landing(*plan, program, **registered, /*data_messages=*/false);
+  EXPECT_FALSE(landing.TrackPrefix(0));  // Delta pieces: their segments say it.
+  const uint32_t dst = plan->buffer_of(0, plan::Side::kDst);
+  const int64_t stride = delta::SegmentStride(1);
+  // Plain streams of the three segments, each at its place in the landing area.
+  std::vector<uint8_t> values(600000), shadow(600000);
+  for (size_t i = 0; i < values.size(); ++i) values[i] = static_cast<uint8_t>(i * 5 + 1);
+  for (int64_t k = 0; k < 3; ++k) {
+    const int64_t first = delta::SegmentFirst(k, 1), n = delta::SegmentLength(600000, 1, k);
+    const delta::EncodeResult r =
+        delta::EncodePiece(values.data() + first, shadow.data() + first, n, 1, 0,
+                           /*delta=*/false, (*registered)->landing() + k * stride);
+    ASSERT_EQ(r.mode, delta::kFull);
+  }
+  landing.StartEpoch(1, 0);
+  const uint32_t id = program.received_ids[0];
+  uint32_t slot = 7;
+  for (uint64_t bad : {uint64_t(stride + 1), uint64_t(4 * stride), uint64_t{1} << 63}) {
+    auto got = landing.Progressed(0, id, bad, &slot);
+    ASSERT_FALSE(got.ok()) << bad;
+    EXPECT_EQ(got.status().code(), absl::StatusCode::kDataLoss) << got.status();
+    EXPECT_NE(got.status().message().find("tensor \"u\""), std::string::npos) << got.status();
+  }
+  EXPECT_EQ(landing.SegmentsApplied(0), 0);
+  auto got = landing.Progressed(0, id, static_cast<uint64_t>(stride), &slot);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_TRUE(*got);
+  EXPECT_EQ(slot, 0u);
+  EXPECT_TRUE(landing.SegmentApplied(0, 0));
+  EXPECT_FALSE(landing.SegmentApplied(0, 1));
+  const int64_t first1 = delta::SegmentFirst(1, 1);
+  EXPECT_TRUE(std::equal(values.begin(), values.begin() + first1, host.memory[dst].begin()));
+  EXPECT_EQ(host.memory[dst][first1], 0xA5);                              // Segment 1: not yet.
+  got = landing.Progressed(0, id, static_cast<uint64_t>(stride), &slot);  // Again: nothing new.
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_FALSE(*got);
+  auto fresh = landing.Signalled(0, id, &slot);
+  ASSERT_TRUE(fresh.ok()) << fresh.status();
+  EXPECT_TRUE(*fresh);
+  EXPECT_EQ(landing.SegmentsApplied(0), 3);
+  EXPECT_EQ(host.memory[dst], values);
+  EXPECT_EQ(landing.wire_bytes(0), 600000 + 3 * 32);
+}
+
 // Data messages into device memory the engine writes (a direct destination, devices emulated on
 // the host) go through the pinned bounce area and the copy queue, one queued copy per message,
 // never a synchronous copy: three messages (two chunks and the rest) of a 600,000-byte piece land
