@@ -356,9 +356,10 @@ class RefitEngine::Impl final : public MessageSink, public LinkOwner {
   // once the queue's event after it completed (PollToDevice, every round).
   void MarkLanded(uint32_t slot, bool queued = false);
   void FinishLanded(uint32_t slot);
-  // Active messages: relays start with their feed's first data message, before the feed
-  // landed; a delta relay then forwards each segment as it is applied, a plain one each run
-  // once its bytes are here (Landing::TrackPrefix). By descriptor, whether it is such a relay
+  // Relays start with their feed's first data message (active messages) or progress message
+  // (puts), before the feed landed; a delta relay then forwards each segment as it is applied,
+  // a plain one each run once its bytes are here (Landing::TrackPrefix, docs/data-plane.md,
+  // "Relays"). By descriptor, whether it is such a relay
   // (early_relay_) and the epoch in which it was queued (StartRelaysEarly; the feed's landing
   // does not queue it again); by receiving slot, whether one of its relays is, and the epoch
   // they were started in.
@@ -367,9 +368,11 @@ class RefitEngine::Impl final : public MessageSink, public LinkOwner {
   std::vector<uint8_t> feeds_early_relay_;
   std::vector<uint64_t> relays_started_;
   void InitEarlyRelays();
-  // Put delivery, by descriptor: a plain piece that a relay at its receiver forwards, whose
-  // sender says how far it landed every wire::ProgressStep (Delivery::Progressed), so the
-  // relay starts early as with active messages. Set once the peers' records are known.
+  // Put delivery, by descriptor: a piece that a relay at its receiver forwards, whose sender
+  // says how far it landed (Delivery::Progressed) every wire::ProgressStep, or after each
+  // segment's stream but the last of a delta piece, so the relay starts early as with active
+  // messages; the sender then posts at most one step past its last unsignalled progress. Set
+  // once the peers' records are known.
   std::vector<uint8_t> sends_progress_;
   void InitProgress(bool am);
   void StartRelaysEarly(uint32_t slot);
