@@ -36,7 +36,7 @@
 // worlds, 12 more) and the victim rank (bits 1-2);
 // then up to 16 messages to the victim, each:
 //   control byte c: id c & 7 (grant, completion, abort, data, hello, a raw id byte follows,
-//     data, completion); origin (c >> 3) & 3: the named rank's own endpoint (a legitimate,
+//     data, progress); origin (c >> 3) & 3: the named rank's own endpoint (a legitimate,
 //     possibly buggy peer), the victim's endpoint to another peer, null, or an endpoint of
 //     another worker (forgers); bit 5: arrived by UCX's rendezvous protocol; bit 6: the header
 //     is raw bytes (a length byte, then the bytes) instead of a well-formed one; bit 7: a byte
@@ -49,12 +49,13 @@
 //     worlds then stream_bytes (a byte: 0 the payload's length, 0xff a raw u64, else x 8).
 //   payload: a length byte (x 8 bytes, or >= 0xe0: u16 follows; 0xff: the data pointer is
 //     null), then the bytes: completion indices (each a byte naming a transfer of the plan, or
-//     raw u32), an abort reason from the input, a landing round's number when the message is
-//     one (ids 16 and 17) of 8 bytes (a byte: round byte % 8, or >= 0xf0: raw u64), or a fill
-//     byte. A data message in a delta world reads a form byte first: bit 0 clear, the fill
-//     byte; set, a delta stream header for the named transfer's piece (bit 1: raw magic; bit 2:
-//     kDelta, else kFull; bit 3: raw element size byte; bit 4: raw element count; bit 5: base
-//     epoch the victim's version + int8, else its version; bit 6: raw stream length, else the
+//     raw u32), progress records of 16 bytes (a transfer as for completions, then bytes: a
+//     byte x 64 KiB, or >= 0xf0: raw u64), an abort reason from the input, a landing round's number
+//     when the message is one (ids 16 and 17) of 8 bytes (a byte: round byte % 8, or >= 0xf0: raw
+//     u64), or a fill byte. A data message in a delta world reads a form byte first: bit 0 clear,
+//     the fill byte; set, a delta stream header for the named transfer's piece (bit 1: raw magic;
+//     bit 2: kDelta, else kFull; bit 3: raw element size byte; bit 4: raw element count; bit 5:
+//     base epoch the victim's version + int8, else its version; bit 6: raw stream length, else the
 //     payload's length) followed by input bytes (the chunk table and payloads).
 // Missing input bytes read as 0. Each input: every rank fills its sources and poisons its
 // destinations (delta worlds: destinations keep the last refit's values), Starts a new epoch, the
@@ -521,9 +522,9 @@ struct Message {
   bool null_data = false;
 };
 
-constexpr unsigned kIds[8] = {wire::kGrantAm, wire::kDoneAm,  wire::kAbortAm,
-                              wire::kDataAm,  wire::kHelloAm, 0,
-                              wire::kDataAm,  wire::kDoneAm};
+constexpr unsigned kIds[8] = {wire::kGrantAm, wire::kDoneAm,    wire::kAbortAm,
+                              wire::kDataAm,  wire::kHelloAm,   0,
+                              wire::kDataAm,  wire::kProgressAm};
 
 uint32_t PickTransfer(Reader& in, const plan::Plan& p) {
   const uint8_t t = in.Byte();
@@ -645,6 +646,18 @@ Message Decode(Reader& in, const World& world, int32_t victim) {
       const uint32_t index = PickTransfer(in, world.setting->plan);
       std::memcpy(m.payload.data() + i, &index, sizeof(index));
     }
+  } else if (m.id == wire::kProgressAm) {
+    length =
+        std::min<size_t>(length, (wire::kMaxProgressPerSignal + 2) * sizeof(wire::ProgressRecord));
+    m.payload.resize(length);
+    for (size_t i = 0; i + sizeof(wire::ProgressRecord) <= length;
+         i += sizeof(wire::ProgressRecord)) {
+      wire::ProgressRecord r;
+      r.transfer = PickTransfer(in, world.setting->plan);
+      const uint8_t b = in.Byte();
+      r.bytes = b >= 0xf0 ? in.Raw<uint64_t>() : uint64_t{b} << 16;
+      std::memcpy(m.payload.data() + i, &r, sizeof(r));
+    }
   } else if ((m.id == wire::kRoundAm || m.id == wire::kRoundGrantAm) && length == 8) {
     const uint8_t r = in.Byte();
     const uint64_t round = r >= 0xf0 ? in.Raw<uint64_t>() : r % 8;
@@ -687,7 +700,7 @@ Addressing Address(const Message& m, uint64_t victim_handle) {
   Addressing a;
   const bool known = m.id == wire::kGrantAm || m.id == wire::kDoneAm || m.id == wire::kAbortAm ||
                      m.id == wire::kDataAm || m.id == wire::kHelloAm || m.id == wire::kRoundAm ||
-                     m.id == wire::kRoundGrantAm;
+                     m.id == wire::kRoundGrantAm || m.id == wire::kProgressAm;
   const size_t want = m.id == wire::kDataAm ? sizeof(wire::DataHeader) : sizeof(wire::AmHeader);
   if (m.header.size() >= sizeof(wire::AmHeader)) {
     wire::AmHeader h;
@@ -754,6 +767,8 @@ const char* IdName(unsigned id) {
       return "landing round";
     case wire::kRoundGrantAm:
       return "landing round grant";
+    case wire::kProgressAm:
+      return "progress";
     default:
       return "unknown";
   }
