@@ -327,6 +327,23 @@ TEST(RunNetnsTest, EmulatedNicReportsTheLowerBound) {
   EXPECT_GT(v.Find("ratio")->as_double(), 0);
 }
 
+// `reshard run ARGS` on 100 Mbit/s NICs with active messages and with puts (RESHARD_DELIVERY):
+// two refits byte-exact each, and the statistic `stat` (what relays forwarded before their piece
+// landed) above 0.
+void ExpectRelaysForwardEarly(const std::string& args, const char* stat) {
+  for (const char* delivery : {"am", "put"}) {
+    SCOPED_TRACE(absl::StrCat(args, " by ", delivery));
+    setenv("RESHARD_DELIVERY", delivery, 1);
+    Output o = Reshard(
+        absl::StrCat("run ", args, " --emulate-nic 100mbit --iters 2 --timeout-ms 20000 --json"));
+    unsetenv("RESHARD_DELIVERY");
+    EXPECT_EQ(o.exit_code, 0) << o.out;
+    json::Value v = ParseJson(o.out);
+    ExpectVerifiedRun(v, 2, stat);
+    EXPECT_GT(v.Find(stat)->as_int(), 0) << o.out;
+  }
+}
+
 // Delta relays forward each segment as it is applied, not once the whole piece landed: on
 // 100 Mbit/s NICs a 2 MiB relayed piece takes 168 ms to arrive, its segments one every 21 ms, and
 // the relays of relays-three-replicas.json forward segments before their piece has landed
@@ -336,18 +353,9 @@ TEST(RunNetnsTest, EmulatedNicReportsTheLowerBound) {
 TEST(RunNetnsTest, DeltaRelaysForwardSegmentsBeforeTheirPieceLanded) {
   if (!launcher::CanUseNetns()) GTEST_SKIP() << "network namespaces need root";
   const std::vector<std::string> before = launcher::ListNamespaces();
-  for (const char* delivery : {"am", "put"}) {
-    SCOPED_TRACE(delivery);
-    setenv("RESHARD_DELIVERY", delivery, 1);
-    Output o = Reshard(absl::StrCat("run ", kSpecs, "relays-three-replicas.json --emulate-nic ",
-                                    "100mbit --delta --change-fraction 1.0 --iters 2 ",
-                                    "--timeout-ms 20000 --json"));
-    EXPECT_EQ(o.exit_code, 0) << o.out;
-    json::Value v = ParseJson(o.out);
-    ExpectVerifiedRun(v, 2, "delta relays");
-    EXPECT_GT(v.Find("delta_relay_early_segments")->as_int(), 0) << o.out;
-  }
-  unsetenv("RESHARD_DELIVERY");
+  ExpectRelaysForwardEarly(
+      absl::StrCat(kSpecs, "relays-three-replicas.json --delta --change-fraction 1.0"),
+      "delta_relay_early_segments");
   ExpectNoLeakedNamespaces(before);
 }
 
@@ -368,19 +376,8 @@ TEST(RunNetnsTest, RelaysForwardRunsBeforeTheirPieceLanded) {
       "dst": {"mesh": [[2, 3], [4, 5], [6, 7]], "placements": ["R", "S(0)"],
               "view": {"strides": [2048, 32768, 1]}}}]})json";
   const std::vector<std::string> before = launcher::ListNamespaces();
-  for (const char* delivery : {"am", "put"}) {
-    setenv("RESHARD_DELIVERY", delivery, 1);
-    for (const std::string& path : {spec, kSpecs + "relays-three-replicas.json"}) {
-      SCOPED_TRACE(absl::StrCat(path, " by ", delivery));
-      Output o = Reshard(
-          absl::StrCat("run ", path, " --emulate-nic 100mbit --iters 2 --timeout-ms 20000 --json"));
-      EXPECT_EQ(o.exit_code, 0) << o.out;
-      json::Value v = ParseJson(o.out);
-      ExpectVerifiedRun(v, 2, "plain relays");
-      EXPECT_GT(v.Find("relay_early_bytes")->as_int(), 0) << o.out;
-    }
-  }
-  unsetenv("RESHARD_DELIVERY");
+  ExpectRelaysForwardEarly(spec, "relay_early_bytes");
+  ExpectRelaysForwardEarly(kSpecs + "relays-three-replicas.json", "relay_early_bytes");
   ExpectNoLeakedNamespaces(before);
   std::filesystem::remove(spec);
 }
