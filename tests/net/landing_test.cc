@@ -28,16 +28,21 @@
 namespace reshard::net {
 namespace {
 
-// The plan of one u8 tensor "u" of 600,000 elements, whole on rank 0 and on rank 1. Also sets up
-// UCX for an in-process test: one context over loopback memory only (no peers: nothing is sent).
-absl::StatusOr<plan::Plan> WholeTensorPlan() {
+// The plan of a spec. Also sets up UCX for an in-process test: one context over loopback memory
+// only (no peers: nothing is sent).
+absl::StatusOr<plan::Plan> PlanOf(const char* spec_json) {
   setenv("UCX_TLS", "self,sm", 1);
   setenv("UCX_NET_DEVICES", "all", 1);
-  auto spec = plan::ParseSpecJson(R"json({"tensors": [{"name": "u", "dtype": "u8",
-      "shape": [600000], "src": {"mesh": [0], "placements": ["R"]},
-      "dst": {"mesh": [1], "placements": ["R"]}}]})json");
+  auto spec = plan::ParseSpecJson(spec_json);
   if (!spec.ok()) return spec.status();
   return plan::BuildPlan(std::make_shared<const plan::RefitSpec>(*std::move(spec)));
+}
+
+// One u8 tensor "u" of 600,000 elements, whole on rank 0 and on rank 1.
+absl::StatusOr<plan::Plan> WholeTensorPlan() {
+  return PlanOf(R"json({"tensors": [{"name": "u", "dtype": "u8",
+      "shape": [600000], "src": {"mesh": [0], "placements": ["R"]},
+      "dst": {"mesh": [1], "placements": ["R"]}}]})json");
 }
 
 TEST(DeltaPieceOf, ElementsLieWhereTheRegionsRunsPutThem) {
@@ -371,13 +376,9 @@ TEST(LandingBounce, DataMessagesIntoDeviceMemoryGoThroughTheBounceAreaOnly) {
 // stream is unpacked as far as they say, the rest at the signal; more bytes than the region's,
 // or a transfer the sender does not send, is DataLoss. Delta streams keep no prefix.
 TEST(LandingPrefix, DataMessagesAdvanceTheRegionOrderPrefixRelaysForward) {
-  setenv("UCX_TLS", "self,sm", 1);
-  setenv("UCX_NET_DEVICES", "all", 1);
-  auto spec = plan::ParseSpecJson(R"json({"tensors": [{"name": "m", "dtype": "fp32",
+  auto plan = PlanOf(R"json({"tensors": [{"name": "m", "dtype": "fp32",
       "shape": [64, 64], "src": {"mesh": [0], "placements": ["R"]},
       "dst": {"mesh": [1], "placements": ["R"], "view": {"strides": [1, 64]}}}]})json");
-  ASSERT_TRUE(spec.ok()) << spec.status();
-  auto plan = plan::BuildPlan(std::make_shared<const plan::RefitSpec>(*std::move(spec)));
   ASSERT_TRUE(plan.ok()) << plan.status();
   auto runtime = Runtime::Create();
   ASSERT_TRUE(runtime.ok()) << runtime.status();
@@ -524,13 +525,9 @@ TEST(LandingPrefix, DataMessagesAdvanceTheRegionOrderPrefixRelaysForward) {
 // leaves about 510 messages ahead per column; past the bound the next such message is DataLoss
 // naming the tensor, before its byte is written.
 TEST(LandingPrefix, DataFarAheadOfAGapIsBounded) {
-  setenv("UCX_TLS", "self,sm", 1);
-  setenv("UCX_NET_DEVICES", "all", 1);
-  auto spec = plan::ParseSpecJson(R"json({"tensors": [{"name": "b", "dtype": "u8",
+  auto plan = PlanOf(R"json({"tensors": [{"name": "b", "dtype": "u8",
       "shape": [512, 256], "src": {"mesh": [0], "placements": ["R"]},
       "dst": {"mesh": [1], "placements": ["R"], "view": {"strides": [1, 512]}}}]})json");
-  ASSERT_TRUE(spec.ok()) << spec.status();
-  auto plan = plan::BuildPlan(std::make_shared<const plan::RefitSpec>(*std::move(spec)));
   ASSERT_TRUE(plan.ok()) << plan.status();
   auto runtime = Runtime::Create();
   ASSERT_TRUE(runtime.ok()) << runtime.status();
