@@ -120,7 +120,9 @@ SendProgram BuildSendProgram(const plan::Plan& plan, int32_t rank,
       int64_t chunk =
           options.chunk_bytes > 0 && t.to_rank != rank && !delta ? options.chunk_bytes : INT64_MAX;
       if (options.max_run_bytes > 0 && !delta) chunk = std::min(chunk, options.max_run_bytes);
-      if (options.progress_steps && t.feeds_relay && !delta && t.to_rank != rank) {
+      // A relay's own runs too: it posts each once its feed's bytes are in place.
+      if (options.progress_steps && (t.feeds_relay || plan::IsRelay(t)) && !delta &&
+          t.to_rank != rank) {
         chunk = std::min(chunk, wire::ProgressStep(region.bytes));
       }
       auto add = [&](int64_t local, int64_t remote, int64_t bytes) {

@@ -66,9 +66,10 @@ struct SendProgramOptions {
   // packed streams (not delta streams) take no room in the send scratch: the ring holds them,
   // so such a descriptor's send_offset is 0 and its runs' local offsets are stream offsets.
   std::vector<bool> ring_sources = {};
-  // Put delivery: the runs of plain pieces that a relay forwards (plan::Transfer::feeds_relay)
-  // are cut every wire::ProgressStep(piece bytes), so that the sender can say how far such a
-  // piece landed as it goes (wire::kProgressAm) and the relay forwards it meanwhile.
+  // Put delivery: the runs of plain pieces that a relay forwards (plan::Transfer::feeds_relay),
+  // and of relays, are cut every wire::ProgressStep(piece bytes), so that the sender can say
+  // how far such a piece landed as it goes (wire::kProgressAm) and the relay forwards it
+  // meanwhile, one run after another as the bytes arrive.
   bool progress_steps = false;
 };
 
