@@ -1390,8 +1390,10 @@ void RefitEngine::Impl::PostSends() {
       }
       const SendDesc& d = program_.descs[link->cursor_desc];
       const bool delta = d.delta_elem_bytes > 0;
-      if (d.packed && !delta && !link->gathered && link->ring_part < 0) {
-        // Gather the short runs (the source holds this epoch's data since Start).
+      if (d.packed && !delta && !link->gathered && link->ring_part < 0 &&
+          relay_queued_[link->cursor_desc] != epoch_) {
+        // Gather the short runs (the source holds this epoch's data since Start; a relay
+        // started early gathers each run's part as its feed's bytes arrive, below).
         absl::Status gathered = landing_->Gather(d);
         if (!gathered.ok()) return Fail(gathered);
         link->gathered = true;
@@ -1453,6 +1455,13 @@ void RefitEngine::Impl::PostSends() {
               break;
             }
             stats_.relay_early_bytes += program_.runs[link->cursor_run].bytes;
+          }
+          if (d.packed && link->run_posted == 0) {
+            // Its stream's runs follow the region's order: gather this one's part.
+            absl::Status gathered =
+                landing_->Gather(d, link->region_pos, end,
+                                 memory_->send_scratch() + d.send_offset + link->region_pos);
+            if (!gathered.ok()) return Fail(gathered);
           }
         }
         const int64_t round_base = round_base_.empty() ? -1 : round_base_[link->cursor_desc];
@@ -1912,11 +1921,10 @@ void RefitEngine::Impl::InitEarlyRelays() {
     if (d.relay_feed < 0) continue;
     const auto feed = static_cast<uint32_t>(d.relay_feed);
     // A delta relay forwards the streams as they are applied (each data message, or with puts
-    // each progress message); a plain one reads the feed's bytes in place, run by run: not
-    // through a gather of the whole piece (packed) or the staging ring, and only where the
-    // landing knows which bytes are in place.
-    const bool early =
-        d.delta_elem_bytes != 0 || (!d.packed && !OnRing(di) && landing_->TrackPrefix(feed));
+    // each progress message); a plain one reads the feed's bytes in place, run by run (a packed
+    // one gathers each run's part of its stream then): not through the staging ring, and only
+    // where the landing knows which bytes are in place.
+    const bool early = d.delta_elem_bytes != 0 || (!OnRing(di) && landing_->TrackPrefix(feed));
     early_relay_[di] = early ? 1 : 0;
     feeds_early_relay_[feed] |= early_relay_[di];
   }

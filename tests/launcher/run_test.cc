@@ -362,11 +362,13 @@ TEST(RunNetnsTest, DeltaRelaysForwardSegmentsBeforeTheirPieceLanded) {
 // Plain relays forward each run once its bytes are here, not once the whole piece landed
 // (docs/data-plane.md, "Relays"): a 4 MiB fp32 tensor, replicated into three domains, relayed
 // between them in pieces of 2 MiB, into destinations whose view swaps the two outer dims, so the
-// runs land far from region order in the buffer (Landing::LandedPrefix maps them back); and
-// relays-three-replicas.json, whose relayed pieces travel packed. With active messages (the
-// data messages say what landed) and with puts (RESHARD_DELIVERY=put: the senders' progress
-// messages say it), on 100 Mbit/s NICs, the relays forward bytes before their piece landed,
-// and every refit is byte-exact.
+// runs land far from region order in the buffer (Landing::LandedPrefix maps them back); a
+// tensor into column-major destinations, whose relays travel packed (each run's part of the
+// stream gathered as the feed's bytes arrive; pieces of 1 MiB: with puts a piece of two
+// progress steps may tell its progress only with its last bytes); and relays-three-replicas.json,
+// whose feeds travel packed. With active messages (the data messages say what landed) and with puts
+// (RESHARD_DELIVERY=put: the senders' progress messages say it), on 100 Mbit/s NICs, the relays
+// forward bytes before their piece landed, and every refit is byte-exact.
 TEST(RunNetnsTest, RelaysForwardRunsBeforeTheirPieceLanded) {
   if (!launcher::CanUseNetns()) GTEST_SKIP() << "network namespaces need root";
   const std::string spec = ::testing::TempDir() + "/relays-swapped-view.json";
@@ -375,11 +377,19 @@ TEST(RunNetnsTest, RelaysForwardRunsBeforeTheirPieceLanded) {
       "src": {"mesh": [0, 1], "placements": ["S(0)"]},
       "dst": {"mesh": [[2, 3], [4, 5], [6, 7]], "placements": ["R", "S(0)"],
               "view": {"strides": [2048, 32768, 1]}}}]})json";
+  const std::string packed = ::testing::TempDir() + "/relays-column-major.json";
+  std::ofstream(packed) << R"json({"topology": {"domains": [[0, 1], [2, 3], [4, 5], [6, 7]]},
+    "tensors": [{"name": "c", "dtype": "fp32", "shape": [64, 16384],
+      "src": {"mesh": [0, 1], "placements": ["S(0)"]},
+      "dst": {"mesh": [[2, 3], [4, 5], [6, 7]], "placements": ["R", "S(1)"],
+              "view": {"strides": [1, 64]}}}]})json";
   const std::vector<std::string> before = launcher::ListNamespaces();
   ExpectRelaysForwardEarly(spec, "relay_early_bytes");
+  ExpectRelaysForwardEarly(packed, "relay_early_bytes");
   ExpectRelaysForwardEarly(kSpecs + "relays-three-replicas.json", "relay_early_bytes");
   ExpectNoLeakedNamespaces(before);
   std::filesystem::remove(spec);
+  std::filesystem::remove(packed);
 }
 
 TEST(RunTest, InfoDescribesThisMachine) {
