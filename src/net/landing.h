@@ -15,13 +15,17 @@
 //  - applies delta streams (docs/delta.md) in place, one per segment of the piece, after
 //    validating all of it against its segment and this rank's version (DataLoss otherwise, the
 //    segment's destination elements untouched; the refit then fails and the next one is full):
-//    with puts, from the landing area at the piece's signal; with active messages, one message
+//    with puts, from the landing area at the piece's signal (or earlier, those its sender's
+//    progress message announced); with active messages, one message
 //    per segment, each whole, straight from the message (nothing reserved for them). The piece
 //    lands with its last segment. Each relay of the piece gets a copy of the validated stream in
 //    its send scratch (SendDesc::relay_feed).
 //    Host code applies them to host memory and to the pinned staging copy of a staged device
 //    buffer (which Land then moves to the device, as any piece); the CUDA kernels
 //    (set_device_delta) apply them to device memory the engine writes directly;
+//  - keeps, for a plain piece that a relay forwards, how much of its region (in region order)
+//    is in place, from its data messages or its sender's progress messages (TrackPrefix), so
+//    the relay forwards each run before the piece has landed (docs/data-plane.md, "Relays");
 //  - on the sending side, gathers packed streams and runs local copies.
 // Device memory is copied through src/cuda/runtime.h, host memory with memcpy.
 //
@@ -67,10 +71,10 @@ class Landing {
   // a prefix in the region's order (plan::ForEachRun's, which every region of the same box
   // follows), so that a relay reading it (SendDesc::relay_feed) can forward each run as soon as
   // its bytes are here: with active messages from the data messages, with puts from the
-  // sender's progress messages (Progressed). False, and nothing kept, where that cannot be
-  // known before the piece lands: delta streams (their segments say it), device or staged
-  // destinations (data reaches them on a copy queue), packed streams by puts (unpacked at the
-  // piece's signal).
+  // sender's progress messages (Progressed; a packed stream is unpacked from the landing area
+  // as far as they say). False, and nothing kept, where that cannot be known before the piece
+  // lands: delta streams (their segments say it), device or staged destinations (data reaches
+  // them on a copy queue).
   bool TrackPrefix(uint32_t slot);
   // Put delivery: `from_rank` says that the first `bytes` of transfer `id`'s region (region
   // order) are in place (wire::kProgressAm), or, for a delta piece, the streams of its first

@@ -110,10 +110,13 @@ SendProgram BuildSendProgram(const plan::Plan& plan, int32_t rank,
       if (plan::IsRelay(t)) {
         // A relay reads what its feed brought here: of the same part (the schedule's relay
         // chains), so the same region, whose order both pieces' runs follow.
+        // A delta relay forwards the streams of a delta piece, a plain one a plain piece
+        // (plan::DeltaElemBytes: the schedule's relay chains start at a source piece).
         d.relay_feed = p.Slot(static_cast<uint32_t>(t.after));
         RESHARD_CHECK(d.relay_feed >= 0 &&
                       plan.region(transfers[p.received[d.relay_feed]].region).bytes ==
-                          region.bytes);
+                          region.bytes &&
+                      p.delta_elem_bytes[d.relay_feed] == DeltaElemBytes(plan, t, options));
       }
       // A delta stream's segment is one run, never cut: one put, or one data message.
       const bool delta = DeltaElemBytes(plan, t, options) > 0;
@@ -146,11 +149,7 @@ SendProgram BuildSendProgram(const plan::Plan& plan, int32_t rank,
         }
         if (es > 0) {
           d.delta_elem_bytes = static_cast<uint8_t>(es);
-          if (d.relay_feed >= 0) {
-            // A relay forwards the streams of a delta piece that landed here
-            // (plan::DeltaElemBytes: the schedule's relay chains start at a source piece).
-            RESHARD_CHECK(p.delta_elem_bytes[d.relay_feed] == es);
-          } else {
+          if (d.relay_feed < 0) {  // A relay has no shadow: it forwards the streams it got.
             d.shadow_offset = p.shadow_bytes;
             p.shadow_bytes += region.bytes;
           }
