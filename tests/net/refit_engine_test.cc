@@ -309,6 +309,56 @@ TEST(Runtime, DispatchDropsUnknownIds) {
   (*runtime)->Unregister(7, &sink);
 }
 
+// Progress messages (wire::kProgressAm, put delivery) reach the sink only as 1 to
+// kMaxProgressPerSignal whole records; an empty one, a cut record, one record too many or a
+// payload without its data is a protocol error naming the peer (OnAbort), never read past its
+// end.
+TEST(Runtime, DispatchRefusesMalformedProgressMessages) {
+  struct Sink final : MessageSink {
+    std::vector<std::string> aborts;
+    std::vector<wire::ProgressRecord> records;
+    void OnGrant(const wire::AmHeader&, uint64_t, ucp_ep_h) override {}
+    void OnHello(const wire::AmHeader&, ucp_ep_h) override {}
+    void OnDone(const wire::AmHeader&, const uint32_t*, size_t, ucp_ep_h) override {}
+    void OnData(const wire::DataHeader&, const void*, size_t, ucp_ep_h) override {}
+    void OnAbort(const wire::AmHeader&, absl::string_view reason, ucp_ep_h) override {
+      aborts.emplace_back(reason);
+    }
+    void OnRound(const wire::AmHeader&, uint64_t, bool, ucp_ep_h) override {}
+    void OnProgress(const wire::AmHeader&, const wire::ProgressRecord* r, size_t count,
+                    ucp_ep_h) override {
+      records.insert(records.end(), r, r + count);
+    }
+  } sink;
+  auto runtime = Runtime::Create();
+  ASSERT_TRUE(runtime.ok()) << runtime.status();
+  ASSERT_TRUE((*runtime)->Register(7, &sink).ok());
+  const wire::AmHeader h{wire::kMagic, 3, 7, 1};
+  std::vector<wire::ProgressRecord> many(wire::kMaxProgressPerSignal + 1);
+  for (size_t i = 0; i < many.size(); ++i) many[i] = {static_cast<uint32_t>(i), 0, i * 4096};
+  const size_t record = sizeof(wire::ProgressRecord);
+  struct Case {
+    const void* data;
+    size_t length;
+  };
+  for (const Case& c :
+       {Case{many.data(), 0}, Case{many.data(), record - 1}, Case{many.data(), record + 8},
+        Case{many.data(), many.size() * record}, Case{nullptr, record}}) {
+    (*runtime)->Dispatch(wire::kProgressAm, &h, sizeof(h), c.data, c.length, false, nullptr);
+  }
+  ASSERT_EQ(sink.aborts.size(), 5u);
+  for (const std::string& reason : sink.aborts) {
+    EXPECT_EQ(reason, "rank 3 sent a malformed progress message (protocol error)");
+  }
+  EXPECT_TRUE(sink.records.empty());
+  (*runtime)->Dispatch(wire::kProgressAm, &h, sizeof(h), many.data(),
+                       wire::kMaxProgressPerSignal * record, false, nullptr);
+  ASSERT_EQ(sink.records.size(), wire::kMaxProgressPerSignal);
+  EXPECT_EQ(sink.records.back().transfer, wire::kMaxProgressPerSignal - 1);
+  EXPECT_EQ(sink.records.back().bytes, (wire::kMaxProgressPerSignal - 1) * 4096);
+  (*runtime)->Unregister(7, &sink);
+}
+
 TEST(RefitEngine, FailedEpochIsRememberedUntilReset) {
   const std::string dir = StoreDir("reset");
   std::map<int32_t, int> codes = testing::ForkRanks(
