@@ -182,11 +182,25 @@ void Landing::StartEpoch(uint64_t epoch, uint64_t version) {
 bool Landing::TrackPrefix(uint32_t slot) {
   const plan::Transfer& t = plan_.transfers()[program_.received[slot]];
   const uint32_t to_buf = plan_.buffer_of(t.tensor, t.to_side);
-  if (t.from_rank == program_.rank || program_.delta_elem_bytes[slot] != 0 ||
-      memory_.device(to_buf) || memory_.staged(to_buf)) {
-    return false;
+  if (t.from_rank == program_.rank || program_.delta_elem_bytes[slot] != 0) return false;
+  if (memory_.device(to_buf)) {
+    // Device memory the engine does not write by host code. A landing round's bytes are in
+    // place once its scatter completed (RoundDrained); a plain piece's puts, once its sender's
+    // progress message came (the flush before it completed them). Not data messages (they
+    // reach the device on the copy queue) nor a packed stream from the landing area (unpacked
+    // there on the copy queue too).
+    if (!InRounds(slot) && (data_messages_ || program_.landing_offset[slot] >= 0)) return false;
   }
+  // Host memory, or a staged destination's pinned copy (what a relay reads): written by this
+  // rank's host code (data messages, unpacking) or by the sender's puts.
   tracks_prefix_[slot] = 1;
+  return true;
+}
+
+bool Landing::RoundDrained(uint32_t slot, int64_t bytes) {
+  int64_t& prefix = prefix_[slot];
+  if (tracks_prefix_[slot] == 0 || landed(slot) || bytes <= prefix) return false;
+  prefix = bytes;
   return true;
 }
 
@@ -225,6 +239,13 @@ absl::StatusOr<bool> Landing::Progressed(int32_t from_rank, uint32_t id, uint64_
     const int64_t before = segments_done_[*slot];
     RESHARD_RETURN_IF_ERROR(ApplyLandedSegments(*slot, static_cast<int64_t>(bytes / stride)));
     return segments_done_[*slot] > before;
+  }
+  if (InRounds(*slot)) {
+    // Its bytes reach the destination from the round area (RoundDrained), not with puts.
+    return absl::DataLossError(
+        absl::StrCat("rank ", program_.rank, ": rank ", from_rank, " sent progress for transfer ",
+                     id, " (tensor \"", plan_.spec().tensors[t.tensor].name,
+                     "\"), which travels in landing rounds (protocol error)"));
   }
   const auto region_bytes = static_cast<uint64_t>(plan_.region(t.region).bytes);
   if (bytes > region_bytes) {
@@ -385,7 +406,7 @@ absl::StatusOr<bool> Landing::Signalled(int32_t from_rank, uint32_t id, uint32_t
   RESHARD_ASSIGN_OR_RETURN(*slot, CheckSender(from_rank, id, "signalled"));
   if (landed(*slot)) return false;
   // A round piece lands with its last round (the engine), not with its signal.
-  if (rounds_ != nullptr && rounds_->sender_of_slot[*slot] >= 0) return false;
+  if (InRounds(*slot)) return false;
   const int64_t offset = program_.landing_offset[*slot];
   if (offset >= 0 && program_.delta_elem_bytes[*slot] != 0) {
     // Every segment's stream is in place (the batch's signal follows the piece's puts); those

@@ -72,10 +72,17 @@ class Landing {
   // follows), so that a relay reading it (SendDesc::relay_feed) can forward each run as soon as
   // its bytes are here: with active messages from the data messages, with puts from the
   // sender's progress messages (Progressed; a packed stream is unpacked from the landing area
-  // as far as they say). False, and nothing kept, where that cannot be known before the piece
-  // lands: delta streams (their segments say it), device or staged destinations (data reaches
-  // them on a copy queue).
+  // as far as they say), in landing rounds as each round's scatter completes (RoundDrained).
+  // Host destinations and staged ones' pinned copies (what a relay reads there); device memory
+  // that UCX registered, for landing rounds and plain pieces by puts. False, and nothing kept,
+  // where that cannot be known before the piece lands: delta streams (their segments say it),
+  // data messages and packed streams from the landing area into device memory (the copy queue
+  // moves them).
   bool TrackPrefix(uint32_t slot);
+  // Round piece `slot`'s first `bytes` (region order: a round holds a piece's bytes in run
+  // order) are in place: the rounds up to them were scattered and their event completed. True
+  // when its prefix is kept (TrackPrefix) and grew.
+  bool RoundDrained(uint32_t slot, int64_t bytes);
   // Put delivery: `from_rank` says that the first `bytes` of transfer `id`'s region (region
   // order) are in place (wire::kProgressAm), or, for a delta piece, the streams of its first
   // bytes / delta::SegmentStride segments (then applied here, as at the signal). DataLoss for a
@@ -134,6 +141,11 @@ class Landing {
   // area, to its direct destination on the copy queue (or synchronously without one).
   [[nodiscard]] absl::Status UnpackRound(uint32_t slot, int64_t begin, const uint8_t* from,
                                          int64_t length);
+  // Whether the transfer in `slot` travels in landing rounds (put delivery only).
+  bool InRounds(uint32_t slot) const {
+    return rounds_ != nullptr && slot < rounds_->sender_of_slot.size() &&
+           rounds_->sender_of_slot[slot] >= 0;
+  }
   // Round piece `slot` landed (every byte's copy completed).
   void LandRound(uint32_t slot) { landed_epoch_[slot] = epoch_; }
 

@@ -1905,10 +1905,18 @@ void RefitEngine::Impl::RoundDrained(int32_t i, int32_t r) {
     if (!granted.ok()) return Fail(granted);
   }
   const int64_t end = s.RoundEnd(r);
-  for (uint32_t& p = round_land_piece_[i];
-       p < s.piece_end && rounds_.pieces[p].base + rounds_.pieces[p].bytes <= end; ++p) {
+  uint32_t& p = round_land_piece_[i];
+  for (; p < s.piece_end && rounds_.pieces[p].base + rounds_.pieces[p].bytes <= end; ++p) {
     landing_->LandRound(rounds_.pieces[p].slot);
     FinishLanded(rounds_.pieces[p].slot);
+  }
+  // The piece the round ends in is in place up to the round's end: its relays forward that.
+  if (p < s.piece_end && rounds_.pieces[p].base < end) {
+    const uint32_t slot = rounds_.pieces[p].slot;
+    if (landing_->RoundDrained(slot, end - rounds_.pieces[p].base) &&
+        feeds_early_relay_[slot] != 0 && relays_started_[slot] != epoch_) {
+      StartRelaysEarly(slot);
+    }
   }
 }
 
@@ -1935,8 +1943,9 @@ void RefitEngine::Impl::InitProgress(bool am) {
   if (am) return;  // Every data message says where its bytes landed.
   for (uint32_t di = 0; di < program_.descs.size(); ++di) {
     const SendDesc& d = program_.descs[di];
-    if (d.peer == rank_ || OnRing(di) || round_base_[di] >= 0 ||
-        !plan_.transfers()[d.transfer].feeds_relay) {
+    // Round pieces say it with their rounds. Pieces read through a staging ring (CUDA sources)
+    // say it as any other: their runs are cut at the same steps.
+    if (d.peer == rank_ || round_base_[di] >= 0 || !plan_.transfers()[d.transfer].feeds_relay) {
       continue;
     }
     if (d.delta_elem_bytes != 0) {
@@ -1945,9 +1954,10 @@ void RefitEngine::Impl::InitProgress(bool am) {
       continue;
     }
     if (d.bytes <= wire::kProgressStepBytes) continue;
-    // Where the receiver can use it (Landing::TrackPrefix decides): its landing area, or a
-    // destination in host memory.
-    sends_progress_[di] = d.packed || links_[d.peer]->remote_host(d.to_buffer) ? 1 : 0;
+    // The receiver decides whether it can use it (Landing::TrackPrefix): a packed stream into
+    // its device memory, unpacked from the landing area on a copy queue, is the one case it
+    // cannot (no host field published for the buffer), so this piece goes without.
+    sends_progress_[di] = !d.packed || links_[d.peer]->remote_host(d.to_buffer) ? 1 : 0;
   }
 }
 

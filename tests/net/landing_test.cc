@@ -561,5 +561,115 @@ TEST(LandingPrefix, DataFarAheadOfAGapIsBounded) {
   EXPECT_GT(sent, 65536);
 }
 
+// Relays out of CUDA destinations (devices emulated on the host): the prefix is kept where the
+// landing knows the bytes are in place. A staged destination's pieces land in its pinned copy
+// (what a relay reads): data messages advance the prefix and leave the device buffer alone until
+// the piece lands. With a CUDA-aware UCX a registered destination tracks plain pieces by puts
+// (the sender's progress) and landing rounds (RoundDrained: a round's scatter completed), not
+// data messages or packed streams from the landing area (those reach it on the copy queue); a
+// progress message for a round piece is DataLoss naming the tensor.
+TEST(LandingPrefix, CudaDestinationsKeepThePrefixWhereTheirBytesAreInPlace) {
+  struct Restore {
+    ~Restore() { cuda::EmulateDevicesOnHost(false); }
+  } restore;
+  auto plan = PlanOf(R"json({"tensors": [{"name": "m", "dtype": "fp32",
+      "shape": [64, 64], "src": {"mesh": [0], "placements": ["R"]},
+      "dst": {"mesh": [1], "placements": ["R"], "view": {"strides": [1, 64]}}}]})json");
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  const uint32_t dst = plan->buffer_of(0, plan::Side::kDst);
+  constexpr int64_t kRegion = 64 * 64 * 4;
+  std::vector<uint8_t> values(kRegion);
+  for (size_t i = 0; i < values.size(); ++i) values[i] = static_cast<uint8_t>(i * 13 + 5);
+  HostBuffers device(*plan, 1, 0xA5);
+  for (common::BufferView& v : device.views) v.kind = common::MemoryKind::kCuda;
+  const std::vector<uint8_t> untouched = device.memory[dst];
+  const SendProgram am =
+      BuildSendProgram(*plan, 1, SendProgramOptions{true, 0, wire::kAmChunkBytes});
+  const SendProgram puts = BuildSendProgram(*plan, 1, SendProgramOptions{true, 0, 0});
+  const SendProgram packed = BuildSendProgram(*plan, 1, SendProgramOptions{true, 1 << 20, 0});
+  ASSERT_LT(puts.landing_offset[0], 0);
+  ASSERT_GE(packed.landing_offset[0], 0);
+  {
+    SCOPED_TRACE("staged");
+    cuda::EmulateDevicesOnHost(true, /*ucx_registers_them=*/false);
+    auto runtime = Runtime::Create();
+    ASSERT_TRUE(runtime.ok()) << runtime.status();
+    auto staged = RegisteredMemory::Create(*plan, 1, **runtime, device.views, 0, 0);
+    ASSERT_TRUE(staged.ok()) << staged.status();
+    ASSERT_TRUE((*staged)->staged(dst));
+    Landing landing(*plan, am, **staged, /*data_messages=*/true);
+    ASSERT_TRUE(landing.TrackPrefix(0));
+    landing.StartEpoch(1, 0);
+    // Row 0 (region positions 0-255): element (0, j) at buffer offset j * 256.
+    for (int64_t j = 0; j < 64; ++j) {
+      const wire::DataHeader h{wire::AmHeader{wire::kMagic, 0, 0, 1}, am.received_ids[0], 0,
+                               static_cast<uint64_t>(j * 256), 0};
+      uint32_t slot = 0;
+      auto got = landing.Data(h, values.data() + j * 4, 4, &slot);
+      ASSERT_TRUE(got.ok()) << got.status();
+    }
+    EXPECT_EQ(landing.LandedPrefix(0), 256);
+    EXPECT_EQ(std::memcmp((*staged)->data(dst) + 63 * 256, values.data() + 63 * 4, 4), 0);
+    EXPECT_EQ(device.memory[dst], untouched) << "the device buffer is written when it landed";
+    Landing by_puts(*plan, puts, **staged, /*data_messages=*/false);
+    ASSERT_TRUE(by_puts.TrackPrefix(0));
+    by_puts.StartEpoch(1, 0);
+    uint32_t slot = 0;
+    auto grew = by_puts.Progressed(0, puts.received_ids[0], kRegion / 2, &slot);
+    ASSERT_TRUE(grew.ok()) << grew.status();
+    EXPECT_TRUE(*grew);
+    EXPECT_EQ(by_puts.LandedPrefix(0), kRegion / 2);
+  }
+  SCOPED_TRACE("registered");
+  cuda::EmulateDevicesOnHost(true, /*ucx_registers_them=*/true);
+  auto runtime = Runtime::Create();
+  ASSERT_TRUE(runtime.ok()) << runtime.status();
+  ASSERT_TRUE((*runtime)->supports_cuda_memory());
+  auto registered =
+      RegisteredMemory::Create(*plan, 1, **runtime, device.views, 0, packed.landing_bytes);
+  ASSERT_TRUE(registered.ok()) << registered.status();
+  ASSERT_TRUE((*registered)->device(dst));
+  EXPECT_FALSE(Landing(*plan, am, **registered, /*data_messages=*/true).TrackPrefix(0));
+  EXPECT_FALSE(Landing(*plan, packed, **registered, /*data_messages=*/false).TrackPrefix(0));
+  {
+    Landing landing(*plan, puts, **registered, /*data_messages=*/false);
+    ASSERT_TRUE(landing.TrackPrefix(0));
+    landing.StartEpoch(1, 0);
+    uint32_t slot = 0;
+    auto grew = landing.Progressed(0, puts.received_ids[0], kRegion / 4, &slot);
+    ASSERT_TRUE(grew.ok()) << grew.status();
+    EXPECT_TRUE(*grew);
+    EXPECT_EQ(landing.LandedPrefix(0), kRegion / 4);
+  }
+  // The piece (4,096 runs) into a strided registered destination travels in landing rounds.
+  std::vector<RoundMode> modes(device.views.size(), RoundMode::kNone);
+  modes[dst] = RoundMode::kStrided;
+  auto rounds = PlanLandingRounds(*plan, puts, modes, int64_t{1} << 20);
+  ASSERT_TRUE(rounds.ok()) << rounds.status();
+  Landing landing(*plan, puts, **registered, /*data_messages=*/false);
+  landing.set_rounds(&*rounds);
+  ASSERT_TRUE(landing.InRounds(0));
+  ASSERT_TRUE(landing.TrackPrefix(0));
+  for (uint64_t epoch = 1; epoch <= 2; ++epoch) {  // A second epoch starts from nothing.
+    landing.StartEpoch(epoch, 0);
+    EXPECT_EQ(landing.LandedPrefix(0), 0);
+    EXPECT_TRUE(landing.RoundDrained(0, 4096));
+    EXPECT_FALSE(landing.RoundDrained(0, 1024));  // Never shrinks.
+    EXPECT_EQ(landing.LandedPrefix(0), 4096);
+    uint32_t slot = 0;
+    auto hostile = landing.Progressed(0, puts.received_ids[0], 8192, &slot);
+    ASSERT_FALSE(hostile.ok());
+    EXPECT_EQ(hostile.status().code(), absl::StatusCode::kDataLoss) << hostile.status();
+    EXPECT_NE(hostile.status().message().find("tensor \"m\""), std::string::npos)
+        << hostile.status();
+    EXPECT_NE(hostile.status().message().find("landing rounds"), std::string::npos)
+        << hostile.status();
+    EXPECT_EQ(landing.LandedPrefix(0), 4096);
+    landing.LandRound(0);
+    EXPECT_EQ(landing.LandedPrefix(0), kRegion);
+    EXPECT_FALSE(landing.RoundDrained(0, 8192));
+  }
+}
+
 }  // namespace
 }  // namespace reshard::net

@@ -1041,6 +1041,123 @@ INSTANTIATE_TEST_SUITE_P(Delivery, RefitEngineDeltaRelays,
                                std::get<1>(info.param) ? "Device" : "");
                          });
 
+// Relays stream out of CUDA destinations (docs/data-plane.md, "Relays"): a relay forwards the
+// runs its feed brought before that piece has landed, also when the destinations are CUDA
+// buffers (devices emulated on the host): staged through pinned copies UCX registers (with puts
+// and with data messages: the relay reads the copy the bytes land in), and registered by a
+// CUDA-aware UCX, where a strided feed travels in landing rounds (in place once a round's
+// scatter completed) and a contiguous one or a relayed one by puts (in place once its sender's
+// progress message came). Three tensors relayed through three destination domains (relays of
+// relays among them): "a" in packed streams (runs of 4 KiB), "c" in contiguous pieces and "s"
+// in plain runs of 16 KiB, 1 MiB pieces. The two sources post at a paced rate (a millisecond
+// between progress rounds) so a relay sees each piece arrive in steps. Byte-exact on every rank
+// after each of three refits (destinations poisoned in between), and every rank that relays
+// forwarded bytes before their piece landed.
+constexpr char kCudaRelaySpec[] =
+    R"json({"topology": {"domains": [[0, 1], [2, 3], [4, 5], [6, 7]]}, "tensors": [
+  {"name": "a", "dtype": "fp32", "shape": [512, 2048], "src": {"mesh": [0, 1], "placements": ["S(0)"]},
+   "dst": {"mesh": [[2, 3], [4, 5], [6, 7]], "placements": ["R", "S(1)"]}},
+  {"name": "c", "dtype": "fp32", "shape": [1024, 512], "src": {"mesh": [0, 1], "placements": ["S(0)"]},
+   "dst": {"mesh": [[2, 3], [4, 5], [6, 7]], "placements": ["R", "S(0)"]}},
+  {"name": "s", "dtype": "fp32", "shape": [128, 8192], "src": {"mesh": [0, 1], "placements": ["S(0)"]},
+   "dst": {"mesh": [[2, 3], [4, 5], [6, 7]], "placements": ["R", "S(1)"]}}]})json";
+
+enum class CudaDestinations { kStagedPut, kStagedAm, kRegisteredPut };
+
+class RefitEngineCudaRelays : public ::testing::TestWithParam<CudaDestinations> {};
+
+TEST_P(RefitEngineCudaRelays, RelaysForwardRunsBeforeTheirPieceLanded) {
+  auto parsed = plan::ParseSpecJson(kCudaRelaySpec);
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  auto world = plan::BuildPlan(std::make_shared<const plan::RefitSpec>(*std::move(parsed)));
+  ASSERT_TRUE(world.ok()) << world.status();
+  constexpr int kRanks = 8;
+  // Relays each rank sends, and strided pieces it receives from a source (in landing rounds
+  // into registered destinations).
+  std::vector<int64_t> relays(kRanks, 0), strided(kRanks, 0);
+  int64_t two_hops = 0;
+  for (const plan::Transfer& t : world->transfers()) {
+    relays[t.from_rank] += plan::IsRelay(t);
+    strided[t.to_rank] += t.after < 0 && world->region(t.region).num_runs() > 1;
+    two_hops += plan::IsRelay(t) && plan::IsRelay(world->transfers()[t.after]);
+  }
+  ASSERT_GT(two_hops, 0) << "kCudaRelaySpec has no relay of a relay";
+  const CudaDestinations kind = GetParam();
+  const bool registered = kind == CudaDestinations::kRegisteredPut;
+  const std::string dir = StoreDir(absl::StrCat("cuda-relays-", static_cast<int>(kind)));
+  std::map<int32_t, int> codes = testing::ForkRanks(
+      testing::Ranks(kRanks),
+      [&](int32_t rank) {
+        cuda::EmulateDevicesOnHost(true, registered);
+        RefitEngineOptions options =
+            PathOptions(kind == CudaDestinations::kStagedAm ? Path::kActiveMessage : Path::kUcxPut);
+        // Rounds of 256 KiB: each strided 1 MiB feed lands in four or five (the default 8 MiB
+        // would hold a sender's whole stream here, and a relay then waits for all of it).
+        options.stage_round_bytes = 256 << 10;
+        absl::StatusOr<ChildEngine> child =
+            OpenEngine(kCudaRelaySpec, rank, dir, options, /*share=*/true,
+                       /*shared_destinations=*/false, MemoryKind::kCuda);
+        CHILD_EXPECT(child.ok(), child.status().ToString());
+        RankBuffers& rb = child->rb;
+        RefitEngine& e = *child->engine;
+        const bool source = rank < 2;
+        int64_t early = 0;
+        for (uint64_t epoch = 1; epoch <= 3; ++epoch) {
+          Fill(rb, rank, epoch);
+          if (source) {
+            CHILD_EXPECT(e.Start(epoch).ok());
+            std::vector<uint32_t> landed;
+            const absl::Time until = absl::Now() + absl::Seconds(60);
+            while (e.in_epoch() && e.Progress(&landed).ok() && absl::Now() < until) {
+              absl::SleepFor(absl::Milliseconds(1));
+            }
+          }
+          const absl::Status done = source ? e.Wait(absl::Now() + absl::Seconds(60))
+                                           : e.Execute(absl::Now() + absl::Seconds(60));
+          CHILD_EXPECT(done.ok(),
+                       absl::StrCat("rank ", rank, " epoch ", epoch, ": ", done.ToString()));
+          const absl::Status verified = Verify(rb, rank, epoch);
+          CHILD_EXPECT(verified.ok(),
+                       absl::StrCat("rank ", rank, " epoch ", epoch, ": ", verified.ToString()));
+          const RefitStats& s = e.last_stats();
+          CHILD_EXPECT(registered ? s.cuda_buffers_registered > 0 && s.cuda_buffers_staged == 0
+                                  : s.cuda_buffers_staged > 0 && s.cuda_buffers_registered == 0);
+          // Strided pieces into registered destinations come in landing rounds.
+          if (registered && strided[rank] > 0) CHILD_EXPECT(s.stage_landing_rounds > 0);
+          early += s.relay_early_bytes;
+          // The next refit must write every destination byte again.
+          for (uint32_t t = 0; t < rb.plan.spec().tensors.size(); ++t) {
+            const absl::Span<uint8_t> dst = rb.memory[rb.plan.buffer_of(t, plan::Side::kDst)];
+            if (!dst.empty()) std::memset(dst.data(), 0x5A, dst.size());
+          }
+        }
+        std::printf("rank %d: %lld relays, %lld bytes forwarded before their piece landed\n", rank,
+                    static_cast<long long>(relays[rank]), static_cast<long long>(early));
+        CHILD_EXPECT(relays[rank] == 0 ? early == 0 : early > 0,
+                     absl::StrCat("rank ", rank, " relays ", relays[rank], " pieces and forwarded ",
+                                  early, " bytes before their piece landed"));
+        CHILD_EXPECT(e.Shutdown(absl::Now() + absl::Seconds(10)).ok());
+        return 0;
+      },
+      testing::SharedMemoryUcx());
+  for (int r = 0; r < kRanks; ++r) EXPECT_EQ(codes[r], 0) << "rank " << r;
+}
+
+INSTANTIATE_TEST_SUITE_P(Destinations, RefitEngineCudaRelays,
+                         ::testing::Values(CudaDestinations::kStagedPut,
+                                           CudaDestinations::kStagedAm,
+                                           CudaDestinations::kRegisteredPut),
+                         [](const auto& info) {
+                           switch (info.param) {
+                             case CudaDestinations::kStagedPut:
+                               return std::string("StagedPut");
+                             case CudaDestinations::kStagedAm:
+                               return std::string("StagedAm");
+                             default:
+                               return std::string("RegisteredPut");
+                           }
+                         });
+
 // Issue 10: a process that holds the store token reads a rank's UCX address from the store and
 // sends it messages in the name of other ranks: a data message whose offset would wrap
 // (to_offset = 2^64 - 64), a completion, a grant, an abort and a hello. None may touch memory or
