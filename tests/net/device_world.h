@@ -7,7 +7,8 @@
 // bounded landing rounds). Device memory comes from cuda::AllocDevice, so the same rank runs on
 // a GPU and, with devices emulated on the host (staged or registered), in every build
 // (StagedEmulation.TheGpuWorld*): the expectations a GPU session checks are checked on every
-// machine first.
+// machine first. The same holds for the other worlds here: local copies (LocalWorldRank) and
+// relays that stream out of device buffers (RelayWorldRank).
 #pragma once
 
 #include <algorithm>
@@ -280,6 +281,95 @@ inline int LocalWorldRank(int rank, const std::string& dir, HostSide host_side =
       return 18;
     }
     if (int failed = d.VerifyDestinations(epoch); failed != 0) return failed;
+  }
+  (void)d.engine->Shutdown(absl::Now() + absl::Seconds(10));
+  return 0;
+}
+
+// Three tensors relayed through three destination domains of two ranks, relays of relays
+// among them, from sources 0 and 1: "a" in packed streams (runs of 4 KiB), "c" in contiguous
+// pieces, "s" in plain runs of 16 KiB; pieces of 1 MiB.
+inline constexpr char kRelaySpec[] =
+    R"json({"topology": {"domains": [[0, 1], [2, 3], [4, 5], [6, 7]]}, "tensors": [
+  {"name": "a", "dtype": "fp32", "shape": [512, 2048], "src": {"mesh": [0, 1], "placements": ["S(0)"]},
+   "dst": {"mesh": [[2, 3], [4, 5], [6, 7]], "placements": ["R", "S(1)"]}},
+  {"name": "c", "dtype": "fp32", "shape": [1024, 512], "src": {"mesh": [0, 1], "placements": ["S(0)"]},
+   "dst": {"mesh": [[2, 3], [4, 5], [6, 7]], "placements": ["R", "S(0)"]}},
+  {"name": "s", "dtype": "fp32", "shape": [128, 8192], "src": {"mesh": [0, 1], "placements": ["S(0)"]},
+   "dst": {"mesh": [[2, 3], [4, 5], [6, 7]], "placements": ["R", "S(1)"]}}]})json";
+
+// A rank of kRelaySpec's eight (docs/data-plane.md, "Relays"): relays forward the runs their
+// feed brought out of CUDA destinations before that piece landed. Staged (UCX cannot register
+// CUDA memory), a relay reads the pinned copy its feed lands in, and the sources' pieces, read
+// through their staging ring, tell their progress; registered (a CUDA-aware UCX), a strided
+// feed lands in rounds of 256 KiB (four or five per piece), each in place once its scatter
+// completed, and a contiguous or relayed one by puts, in place once its sender's progress came.
+// The two sources post at a paced rate (a millisecond between progress rounds), so a relay sees
+// each piece arrive in steps. Three refits, each byte-exact, destinations poisoned in between;
+// every rank that relays forwarded bytes before their piece landed, and, registered, every rank
+// that takes a strided piece from a source took landing rounds.
+inline int RelayWorldRank(int rank, const std::string& dir, RefitEngineOptions::Delivery delivery) {
+  DeviceRank d;
+  RefitEngineOptions options;
+  options.delivery = delivery;
+  // The default 8 MiB would hold a source's whole stream to a rank here in one round, which a
+  // relay then waits for whole.
+  options.stage_round_bytes = 256 << 10;
+  if (int failed = d.SetUp(rank, dir, kRelaySpec, options); failed != 0) return failed;
+  int64_t relays = 0, strided = 0;
+  for (const plan::Transfer& t : d.plan->transfers()) {
+    relays += t.from_rank == rank && plan::IsRelay(t);
+    strided += t.to_rank == rank && t.after < 0 && d.plan->region(t.region).num_runs() > 1;
+  }
+  const bool source = rank < 2;
+  int64_t early = 0;
+  for (uint64_t epoch = 1; epoch <= 3; ++epoch) {
+    if (int failed = d.FillSources(epoch); failed != 0) return failed;
+    absl::Status done;
+    if (source) {
+      done = d.engine->Start(epoch);
+      std::vector<uint32_t> landed;
+      const absl::Time until = absl::Now() + absl::Seconds(60);
+      while (done.ok() && d.engine->in_epoch() && absl::Now() < until) {
+        done = d.engine->Progress(&landed);
+        absl::SleepFor(absl::Milliseconds(1));
+      }
+      if (done.ok()) done = d.engine->Wait(absl::Now() + absl::Seconds(60));
+    } else {
+      done = d.engine->Execute(absl::Now() + absl::Seconds(60));
+    }
+    if (!done.ok()) {
+      std::fprintf(stderr, "rank %d: epoch %llu: %s\n", rank,
+                   static_cast<unsigned long long>(epoch), std::string(done.message()).c_str());
+      return 15;
+    }
+    const RefitStats& st = d.engine->last_stats();
+    const bool registered = d.runtime->supports_cuda_memory();
+    if ((registered ? st.cuda_buffers_staged : st.cuda_buffers_registered) != 0 ||
+        (registered && strided > 0 && std::string(d.engine->delivery()) == "put" &&
+         st.stage_landing_rounds == 0)) {
+      std::fprintf(stderr, "rank %d: %lld CUDA buffers registered, %lld staged, %lld rounds\n",
+                   rank, static_cast<long long>(st.cuda_buffers_registered),
+                   static_cast<long long>(st.cuda_buffers_staged),
+                   static_cast<long long>(st.stage_landing_rounds));
+      return 18;
+    }
+    early += st.relay_early_bytes;
+    if (int failed = d.VerifyDestinations(epoch); failed != 0) return failed;
+    // The next refit must write every destination byte again.
+    for (uint32_t t = 0; t < d.tensors(); ++t) {
+      const uint32_t b = d.plan->buffer_of(t, plan::Side::kDst);
+      if (d.bytes[b] == 0) continue;
+      std::fill(d.host[b].begin(), d.host[b].end(), 0x5A);
+      if (!cuda::CudaCopy(d.buffers[b].data, d.host[b].data(), d.bytes[b]).ok()) return 14;
+    }
+  }
+  std::printf("rank %d: %lld relays, %lld bytes forwarded before their piece landed\n", rank,
+              static_cast<long long>(relays), static_cast<long long>(early));
+  if (relays == 0 ? early != 0 : early == 0) {
+    std::fprintf(stderr, "rank %d relays %lld pieces and forwarded %lld bytes before they landed\n",
+                 rank, static_cast<long long>(relays), static_cast<long long>(early));
+    return 25;
   }
   (void)d.engine->Shutdown(absl::Now() + absl::Seconds(10));
   return 0;

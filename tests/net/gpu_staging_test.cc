@@ -210,6 +210,14 @@ TEST(GpuStaging, ActiveMessagesIntoDeviceBuffersByteExact) {
 
 TEST(GpuStaging, DeltaRefitsOfDeviceBuffersByteExact) { RunOnGpu(4, "delta", DeltaRank); }
 
+// Relays out of device buffers forward the runs their feed brought before that piece landed,
+// byte-exact (device_world::RelayWorldRank): staged, or registered with a CUDA-aware UCX.
+TEST(GpuStaging, RelaysStreamOutOfDeviceBuffersByteExact) {
+  RunOnGpu(8, "relays", [](int32_t r, const std::string& dir) {
+    return device_world::RelayWorldRank(r, dir, RefitEngineOptions::Delivery::kPut);
+  });
+}
+
 // Delta refits through relays (docs/delta.md, "Relays forward the stream") between CUDA buffers:
 // the 8 ranks of kRelaySpec (fp32 a and b, 512 x 2048, relays between three destination domains,
 // relays of relays among them). Element k of tensor t in epoch e: a hash of (t, k) and of the

@@ -456,6 +456,30 @@ TEST(StagedEmulation, TheGpuWorldOverActiveMessagesByteExact) {
   RunGpuWorld(true, false, "gpu-world-registered-am", kAm);
 }
 
+// Relays out of CUDA destinations forward the runs their feed brought before that piece landed
+// (device_world::RelayWorldRank): staged with puts and with data messages, registered with
+// puts (landing rounds).
+void RunRelayWorld(bool registered, RefitEngineOptions::Delivery delivery, const std::string& tag) {
+  const std::string dir = testing::ScratchDir(tag);
+  std::map<int32_t, int> codes = testing::ForkRanks(
+      testing::Ranks(8),
+      [&](int32_t r) {
+        cuda::EmulateDevicesOnHost(true, registered);
+        return device_world::RelayWorldRank(r, dir, delivery);
+      },
+      testing::SharedMemoryUcx(absl::Seconds(90)));
+  for (int r = 0; r < 8; ++r) EXPECT_EQ(codes[r], 0) << "rank " << r;
+}
+
+TEST(StagedEmulation, RelaysStreamOutOfStagedDestinationsByteExact) {
+  RunRelayWorld(false, kPut, "relays-staged");
+  RunRelayWorld(false, kAm, "relays-staged-am");
+}
+
+TEST(StagedEmulation, RelaysStreamOutOfRegisteredDestinationsByteExact) {
+  RunRelayWorld(true, kPut, "relays-registered");
+}
+
 TEST(StagedEmulation, DeltaRefitsApplyToStagedCopiesByteExact) {
   RunWorld(World{kPut, true, 0}, "staged-delta");
 }
