@@ -52,6 +52,8 @@ Landing::Landing(const plan::Plan& plan, const SendProgram& program, RegisteredM
   segment_applied_.assign(static_cast<size_t>(segment_begin_.back()), 0);
   tracks_prefix_.assign(program.received.size(), 0);
   prefix_.assign(program.received.size(), 0);
+  unpacked_.assign(program.received.size(), 0);
+  in_place_epoch_.assign(program.received.size(), 0);
   if (!data_messages) return;
   for (uint32_t slot = 0; slot < program.received.size(); ++slot) {
     const plan::Transfer& t = plan.transfers()[program.received[slot]];
@@ -176,7 +178,9 @@ void Landing::StartEpoch(uint64_t epoch, uint64_t version) {
   std::fill(segment_applied_.begin(), segment_applied_.end(), 0);
   std::fill(unpack_queued_.begin(), unpack_queued_.end(), 0);
   std::fill(prefix_.begin(), prefix_.end(), 0);
+  std::fill(unpacked_.begin(), unpacked_.end(), 0);
   ahead_.clear();
+  queued_advance_ = false;
 }
 
 bool Landing::TrackPrefix(uint32_t slot) {
@@ -186,10 +190,11 @@ bool Landing::TrackPrefix(uint32_t slot) {
   if (memory_.device(to_buf)) {
     // Device memory the engine does not write by host code. A landing round's bytes are in
     // place once its scatter completed (RoundDrained); a plain piece's puts, once its sender's
-    // progress message came (the flush before it completed them). Not data messages (they
-    // reach the device on the copy queue) nor a packed stream from the landing area (unpacked
-    // there on the copy queue too).
-    if (!InRounds(slot) && (data_messages_ || program_.landing_offset[slot] >= 0)) return false;
+    // progress message came (the flush before it completed them); data messages and a packed
+    // stream from the landing area reach it on the copy queue, in place once the event after
+    // their copies completed (QueuedAdvance), so only with one.
+    const bool puts_in_place = !data_messages_ && program_.landing_offset[slot] < 0;
+    if (!InRounds(slot) && !puts_in_place && copy_queue_ == nullptr) return false;
   }
   // Host memory, or a staged destination's pinned copy (what a relay reads): written by this
   // rank's host code (data messages, unpacking) or by the sender's puts.
@@ -199,9 +204,30 @@ bool Landing::TrackPrefix(uint32_t slot) {
 
 bool Landing::RoundDrained(uint32_t slot, int64_t bytes) {
   int64_t& prefix = prefix_[slot];
-  if (tracks_prefix_[slot] == 0 || landed(slot) || bytes <= prefix) return false;
+  if (tracks_prefix_[slot] == 0 || in_place(slot) || bytes <= prefix) return false;
   prefix = bytes;
   return true;
+}
+
+bool Landing::QueuedAdvance(int64_t* at, int64_t* length) {
+  if (!queued_advance_) return false;
+  queued_advance_ = false;
+  *at = queued_at_;
+  *length = queued_length_;
+  return true;
+}
+
+bool Landing::AdvanceInPlace(uint32_t slot, int64_t at, int64_t length) {
+  if (tracks_prefix_[slot] == 0 || in_place(slot)) return false;
+  const int64_t before = prefix_[slot];
+  AdvancePrefix(slot, at, length);
+  return prefix_[slot] > before;
+}
+
+void Landing::QueueAdvance(int64_t at, int64_t length) {
+  queued_advance_ = true;
+  queued_at_ = at;
+  queued_length_ = length;
 }
 
 absl::Status Landing::ApplyLandedSegments(uint32_t slot, int64_t count) {
@@ -254,22 +280,34 @@ absl::StatusOr<bool> Landing::Progressed(int32_t from_rank, uint32_t id, uint64_
                                             " (tensor \"", plan_.spec().tensors[t.tensor].name,
                                             "\") are in place, but it has ", region_bytes));
   }
-  int64_t& prefix = prefix_[*slot];
-  if (tracks_prefix_[*slot] == 0 || landed(*slot) || static_cast<int64_t>(bytes) <= prefix) {
+  int64_t& unpacked = unpacked_[*slot];
+  if (tracks_prefix_[*slot] == 0 || landed(*slot) || static_cast<int64_t>(bytes) <= unpacked) {
     return false;
   }
+  const auto until = static_cast<int64_t>(bytes);
   if (const int64_t offset = program_.landing_offset[*slot]; offset >= 0) {
-    // A packed stream: the new part is in the landing area, unpacked into place now (host
-    // memory, TrackPrefix); the piece's signal unpacks the rest.
-    RESHARD_RETURN_IF_ERROR(Unpack(*slot, prefix, memory_.landing() + offset + prefix,
-                                   static_cast<int64_t>(bytes) - prefix, /*may_queue=*/false));
+    // A packed stream: the new part is in the landing area, unpacked into place now; the
+    // piece's signal unpacks the rest. Into device memory on the copy queue: in place once the
+    // event after it completed (QueuedAdvance).
+    const uint32_t to_buf = plan_.buffer_of(t.tensor, t.to_side);
+    const bool device = memory_.device(to_buf);
+    RESHARD_RETURN_IF_ERROR(Unpack(*slot, unpacked, memory_.landing() + offset + unpacked,
+                                   until - unpacked, /*may_queue=*/device));
+    if (device) {
+      QueueAdvance(unpacked, until - unpacked);
+      unpacked = until;
+      return false;
+    }
   }
-  prefix = static_cast<int64_t>(bytes);
+  unpacked = until;
+  prefix_[*slot] = until;
   return true;
 }
 
 int64_t Landing::LandedPrefix(uint32_t slot) const {
-  if (landed(slot)) return plan_.region(plan_.transfers()[program_.received[slot]].region).bytes;
+  if (in_place(slot)) {
+    return plan_.region(plan_.transfers()[program_.received[slot]].region).bytes;
+  }
   return prefix_[slot];
 }
 
@@ -417,7 +455,7 @@ absl::StatusOr<bool> Landing::Signalled(int32_t from_rank, uint32_t id, uint32_t
     const int64_t bytes = plan_.region(plan_.transfers()[program_.received[*slot]].region).bytes;
     // The landing area holds the stream until the next epoch's grant: device copies may queue.
     // Progress messages unpacked its first prefix_ bytes already (host memory).
-    const int64_t done = tracks_prefix_[*slot] != 0 ? prefix_[*slot] : 0;
+    const int64_t done = tracks_prefix_[*slot] != 0 ? unpacked_[*slot] : 0;
     RESHARD_RETURN_IF_ERROR(Unpack(*slot, done, memory_.landing() + offset + done, bytes - done,
                                    /*may_queue=*/true));
   }
@@ -547,7 +585,12 @@ absl::StatusOr<bool> Landing::Data(const wire::DataHeader& h, const void* data, 
     std::memcpy(memory_.data(to_buf) + h.to_offset, data, length);
   }
   if (tracks_prefix_[slot] != 0 && length > 0) {
-    AdvancePrefix(slot, region_at, static_cast<int64_t>(length));  // In place now (host memory).
+    if (memory_.device(to_buf)) {
+      // On the copy queue (the bounce area): in place once the event after it completed.
+      QueueAdvance(region_at, static_cast<int64_t>(length));
+    } else {
+      AdvancePrefix(slot, region_at, static_cast<int64_t>(length));  // In place now.
+    }
   }
   landed_bytes_[slot] += static_cast<int64_t>(length);
   return static_cast<uint64_t>(landed_bytes_[slot]) == region_bytes;
@@ -558,11 +601,15 @@ absl::StatusOr<bool> Landing::Land(uint32_t slot) {
   const plan::Transfer& t = plan_.transfers()[program_.received[slot]];
   const uint32_t to_buf = plan_.buffer_of(t.tensor, t.to_side);
   if (!memory_.staged(to_buf)) {
-    // A packed stream whose unpacking copies into device memory are still queued.
+    // A packed stream whose unpacking copies into device memory are still queued (or data
+    // messages' copies through the bounce area): in place once their event completed (InPlace).
     const bool queued = unpack_queued_[slot] != 0;
     unpack_queued_[slot] = 0;
+    if (!queued) in_place_epoch_[slot] = epoch_;
     return queued;
   }
+  // The pinned copy holds the piece (what a relay reads) while it moves to the device.
+  in_place_epoch_[slot] = epoch_;
   // Staged destination: the piece landed in pinned host memory; move it to the device.
   auto* device = static_cast<uint8_t*>(memory_.buffer(to_buf).data);
   const uint8_t* host = memory_.data(to_buf);

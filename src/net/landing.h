@@ -66,6 +66,10 @@ class Landing {
   void StartEpoch(uint64_t epoch, uint64_t version);
   // Whether the transfer in `slot` (SendProgram::received) landed in this epoch.
   bool landed(uint32_t slot) const { return landed_epoch_[slot] == epoch_; }
+  // Whether all its bytes are where a relay reads them: at Land, except into device memory with
+  // copies still queued (then at InPlace, once their event completed).
+  bool in_place(uint32_t slot) const { return in_place_epoch_[slot] == epoch_; }
+  void InPlace(uint32_t slot) { in_place_epoch_[slot] = epoch_; }
 
   // Keep, for the plain transfer in `slot`, how much of its region has landed in this epoch as
   // a prefix in the region's order (plan::ForEachRun's, which every region of the same box
@@ -73,12 +77,18 @@ class Landing {
   // its bytes are here: with active messages from the data messages, with puts from the
   // sender's progress messages (Progressed; a packed stream is unpacked from the landing area
   // as far as they say), in landing rounds as each round's scatter completes (RoundDrained).
-  // Host destinations and staged ones' pinned copies (what a relay reads there); device memory
-  // that UCX registered, for landing rounds and plain pieces by puts. False, and nothing kept,
-  // where that cannot be known before the piece lands: delta streams (their segments say it),
-  // data messages and packed streams from the landing area into device memory (the copy queue
-  // moves them).
+  // Host destinations and staged ones' pinned copies (what a relay reads there); device memory:
+  // landing rounds, plain pieces by puts, and, with a copy queue, what reaches it there (data
+  // messages through the bounce area, packed streams unpacked from the landing area: each such
+  // call leaves a QueuedAdvance). False, and nothing kept, for delta streams (their segments
+  // say it).
   bool TrackPrefix(uint32_t slot);
+  // After Data or Progressed: true when the bytes it brought into device memory were queued on
+  // the copy queue instead of advancing the prefix; [*at, *at + *length) of the region (region
+  // order) are in place once an event recorded now completed (then AdvanceInPlace).
+  bool QueuedAdvance(int64_t* at, int64_t* length);
+  // Bytes [at, at + length) of tracked `slot`'s region are in place. True when its prefix grew.
+  bool AdvanceInPlace(uint32_t slot, int64_t at, int64_t length);
   // Round piece `slot`'s first `bytes` (region order: a round holds a piece's bytes in run
   // order) are in place: the rounds up to them were scattered and their event completed. True
   // when its prefix is kept (TrackPrefix) and grew.
@@ -88,11 +98,13 @@ class Landing {
   // bytes / delta::SegmentStride segments (then applied here, as at the signal). DataLoss for a
   // transfer it does not send here, more bytes than the region's, or a delta piece's bytes that
   // are not whole segments' places. True when the prefix of its `*slot` is kept (TrackPrefix)
-  // and grew, or segments were applied; a sender may say it of any piece a relay forwards (the
+  // and grew (a packed stream into device memory grows it later: QueuedAdvance), or segments
+  // were applied; a sender may say it of any piece a relay forwards (the
   // receiver decides).
   absl::StatusOr<bool> Progressed(int32_t from_rank, uint32_t id, uint64_t bytes, uint32_t* slot);
-  // The bytes of `slot`'s region, from its start in region order, that have landed in this
-  // epoch: all of them once it landed, else (TrackPrefix) as data messages brought them.
+  // The bytes of `slot`'s region, from its start in region order, that are in place in this
+  // epoch: all of them once in_place, else (TrackPrefix) as data messages, progress messages
+  // and landing rounds brought them.
   int64_t LandedPrefix(uint32_t slot) const;
 
   // Put delivery: `from_rank` signalled that the bytes of the transfer with world index `id`
@@ -147,7 +159,7 @@ class Landing {
            rounds_->sender_of_slot[slot] >= 0;
   }
   // Round piece `slot` landed (every byte's copy completed).
-  void LandRound(uint32_t slot) { landed_epoch_[slot] = epoch_; }
+  void LandRound(uint32_t slot) { landed_epoch_[slot] = in_place_epoch_[slot] = epoch_; }
 
   // Bytes the transfer in `slot` took on the wire in this epoch: its delta stream, or the piece.
   int64_t wire_bytes(uint32_t slot) const;
@@ -228,6 +240,13 @@ class Landing {
   // gap (messages overtaking each other) waits in `ahead_` as (region position, bytes).
   std::vector<uint8_t> tracks_prefix_;
   std::vector<int64_t> prefix_;
+  // By slot: bytes of a tracked packed stream unpacked (or queued to be) by progress messages.
+  std::vector<int64_t> unpacked_;
+  std::vector<uint64_t> in_place_epoch_;  // By slot (in_place).
+  // The advance the last Data or Progressed queued (QueuedAdvance).
+  bool queued_advance_ = false;
+  int64_t queued_at_ = 0, queued_length_ = 0;
+  void QueueAdvance(int64_t at, int64_t length);
   absl::flat_hash_map<uint32_t, std::map<int64_t, int64_t>> ahead_;
   static constexpr size_t kMaxAhead = 65536;  // Per slot: DataLoss past this.
   // Data of `length` bytes landed at region position `at` of tracked `slot`.

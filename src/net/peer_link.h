@@ -253,6 +253,22 @@ class PeerLink {
   // consecutive in its slot, so one put carries them up to the part's or the round's end).
   int64_t round_ahead = 0;
   uint64_t round_remote = 0;
+  // Relays set aside while their feed's next bytes are not in place (docs/data-plane.md,
+  // "Relays"), with where they stood: the link goes on with its other pieces meanwhile, so no
+  // link waits behind a relay whose feed comes over links that wait behind it (relay chains
+  // through the same ranks in both directions would otherwise deadlock). `mark`: how far the
+  // feed had come (RefitEngine's FeedMark); one resumes once it came further.
+  struct Parked {
+    uint32_t desc = 0;
+    uint32_t cursor_run = 0;
+    int64_t region_pos = 0;
+    int64_t progress_next = 0;
+    int64_t encoded_run = -1;
+    int64_t stream_begin = 0, stream_end = 0;
+    uint8_t piece_streams = 0;
+    int64_t mark = 0;
+  };
+  std::vector<Parked> parked;  // Reserved at set-up for every relay to the peer.
   int64_t unsignalled = 0;     // Sends of this epoch not yet remotely complete and signalled.
   int64_t remaining_from = 0;  // Pieces of this epoch not yet landed from the peer.
 

@@ -245,6 +245,9 @@ class RefitEngine::Impl final : public MessageSink, public LinkOwner {
     // the round (-1: a piece's).
     int32_t sender = -1;
     int32_t round = -1;
+    // Or bytes [at, at + length) of a tracked piece's region (Landing::QueuedAdvance; -1: not).
+    int64_t at = -1;
+    int64_t length = 0;
   };
   std::deque<ToDevice> to_device_;
   // Forgets copies of a failed epoch (their events are recycled; the copies still write the
@@ -376,6 +379,16 @@ class RefitEngine::Impl final : public MessageSink, public LinkOwner {
   std::vector<uint8_t> sends_progress_;
   void InitProgress(bool am);
   void StartRelaysEarly(uint32_t slot);
+  // After Landing::Data or Progressed: the bytes it queued into device memory for a relay
+  // (Landing::QueuedAdvance) advance the piece's prefix once an event recorded now completed
+  // (PollToDevice).
+  void QueueAdvance(uint32_t slot);
+  // Relays that wait for their feed (PeerLink::parked): how far `d`'s feed came (bytes in
+  // place, or delta segments applied; INT64_MAX once all of it), setting aside the link's
+  // cursor relay, and resuming a parked relay whose feed came further (true: it is the cursor).
+  int64_t FeedMark(const SendDesc& d) const;
+  void Park(PeerLink& link);
+  bool Resume(PeerLink& link);
   void PollToDevice();
   void PostSends();
   // Delta mode's set-up: shadows (host, and device for CUDA sources), the CUDA codec.
@@ -611,6 +624,14 @@ absl::Status RefitEngine::Impl::Init(rendezvous::Store& store, std::vector<Buffe
     } else {
       links_[d.peer]->initial.push_back(di);
     }
+  }
+  // Every relay to a peer may be set aside at once (PeerLink::parked): no allocation per refit.
+  std::vector<size_t> relays_to(links_.size(), 0);
+  for (const SendDesc& d : program_.descs) {
+    if (d.relay_feed >= 0 && d.peer != rank_) relays_to[static_cast<size_t>(d.peer)]++;
+  }
+  for (size_t r = 0; r < links_.size(); ++r) {
+    if (relays_to[r] > 0) links_[r]->parked.reserve(relays_to[r]);
   }
   RESHARD_RETURN_IF_ERROR(
       Connect(store, options_.key_prefix, rank_, *runtime_, *memory_,
@@ -1218,6 +1239,7 @@ absl::Status RefitEngine::Impl::Start(uint64_t epoch) {
     const int32_t r = link->peer();
     link->started = false;
     link->ready.clear();
+    link->parked.clear();
     link->cursor_desc = -1;
     link->cursor_run = 0;
     link->encoded_run = -1;
@@ -1371,7 +1393,7 @@ void RefitEngine::Impl::PostSends() {
     for (PeerLink* link : peers_) {
       if (!link->started) continue;
       // Post one descriptor's worth of runs (bounded), round-robin over peers.
-      if (link->cursor_desc < 0) {
+      if (link->cursor_desc < 0 && !Resume(*link)) {
         if (link->ready.empty()) {
           absl::Status drained = delivery_->Drained(*link);
           if (!drained.ok()) return Fail(drained);
@@ -1433,6 +1455,11 @@ void RefitEngine::Impl::PostSends() {
                                                  at / stride, &ready);
             if (!encoded.ok()) return Fail(encoded);
             if (!ready) {
+              // A relay's segment still on its way: set aside, as a plain relay's run.
+              if (d.relay_feed >= 0) {
+                Park(*link);
+                any = true;
+              }
               waiting = true;  // The other links go on.
               break;
             }
@@ -1449,9 +1476,11 @@ void RefitEngine::Impl::PostSends() {
           // A plain relay started before its feed landed: each run once its bytes are here.
           const auto feed = static_cast<uint32_t>(d.relay_feed);
           const int64_t end = link->region_pos + program_.runs[link->cursor_run].bytes;
-          if (!landing_->landed(feed)) {
+          if (!landing_->in_place(feed)) {
             if (end > landing_->LandedPrefix(feed)) {
-              waiting = true;  // The other links go on.
+              Park(*link);  // This link goes on with its other pieces, the other links too.
+              any = true;
+              waiting = true;
               break;
             }
             stats_.relay_early_bytes += program_.runs[link->cursor_run].bytes;
@@ -1816,6 +1845,12 @@ void RefitEngine::Impl::PollToDevice() {
     to_device_.pop_front();
     if (front.round >= 0) {
       RoundDrained(front.sender, front.round);
+    } else if (front.at >= 0) {
+      // Bytes of a piece a relay forwards, now in device memory.
+      if (landing_->AdvanceInPlace(front.slot, front.at, front.length) &&
+          feeds_early_relay_[front.slot] != 0 && relays_started_[front.slot] != epoch_) {
+        StartRelaysEarly(front.slot);
+      }
     } else {
       FinishLanded(front.slot);
     }
@@ -1953,12 +1988,56 @@ void RefitEngine::Impl::InitProgress(bool am) {
       sends_progress_[di] = d.segments > 1 ? 1 : 0;
       continue;
     }
-    if (d.bytes <= wire::kProgressStepBytes) continue;
-    // The receiver decides whether it can use it (Landing::TrackPrefix): a packed stream into
-    // its device memory, unpacked from the landing area on a copy queue, is the one case it
-    // cannot (no host field published for the buffer), so this piece goes without.
-    sends_progress_[di] = !d.packed || links_[d.peer]->remote_host(d.to_buffer) ? 1 : 0;
+    // Wherever it lands, the receiver keeps what is in place (Landing::TrackPrefix).
+    sends_progress_[di] = d.bytes > wire::kProgressStepBytes ? 1 : 0;
   }
+}
+
+int64_t RefitEngine::Impl::FeedMark(const SendDesc& d) const {
+  const auto feed = static_cast<uint32_t>(d.relay_feed);
+  if (d.delta_elem_bytes != 0) {
+    return landing_->landed(feed) ? INT64_MAX : landing_->SegmentsApplied(feed);
+  }
+  return landing_->in_place(feed) ? INT64_MAX : landing_->LandedPrefix(feed);
+}
+
+void RefitEngine::Impl::Park(PeerLink& link) {
+  const auto desc = static_cast<uint32_t>(link.cursor_desc);
+  // A relay is neither on a staging ring nor in landing rounds, and waits between runs.
+  RESHARD_CHECK(link.ring_part < 0 && link.run_posted == 0 && link.round_ahead == 0);
+  link.parked.push_back({desc, link.cursor_run, link.region_pos, link.progress_next,
+                         link.encoded_run, link.stream_begin, link.stream_end, link.piece_streams,
+                         FeedMark(program_.descs[desc])});
+  link.cursor_desc = -1;
+}
+
+bool RefitEngine::Impl::Resume(PeerLink& link) {
+  for (size_t i = 0; i < link.parked.size(); ++i) {
+    const PeerLink::Parked p = link.parked[i];
+    if (FeedMark(program_.descs[p.desc]) <= p.mark) continue;
+    link.parked[i] = link.parked.back();
+    link.parked.pop_back();
+    link.cursor_desc = p.desc;
+    link.cursor_run = p.cursor_run;
+    link.region_pos = p.region_pos;
+    link.progress_next = p.progress_next;
+    link.encoded_run = p.encoded_run;
+    link.stream_begin = p.stream_begin;
+    link.stream_end = p.stream_end;
+    link.piece_streams = p.piece_streams;
+    link.gathered = false;
+    link.ring_part = -1;
+    return true;
+  }
+  return false;
+}
+
+void RefitEngine::Impl::QueueAdvance(uint32_t slot) {
+  int64_t at = 0, length = 0;
+  if (!landing_->QueuedAdvance(&at, &length)) return;
+  absl::StatusOr<int32_t> event = copy_queue_->Record();
+  if (!event.ok()) return Fail(event.status());
+  to_device_.push_back({slot, *event, -1, -1, at, length});
 }
 
 void RefitEngine::Impl::StartRelaysEarly(uint32_t slot) {
@@ -1984,6 +2063,7 @@ void RefitEngine::Impl::FinishLanded(uint32_t slot) {
     links_[t.from_rank]->remaining_from--;
   }
   landed_out_.push_back(id);
+  landing_->InPlace(slot);
   for (uint32_t di : program_.dependencies.WaitingOn(id)) {
     if (relay_queued_[di] == epoch_) continue;  // Queued at its feed's first data.
     const SendDesc& d = program_.descs[di];
@@ -2211,6 +2291,7 @@ void RefitEngine::Impl::OnProgress(const wire::AmHeader& h, const wire::Progress
     absl::StatusOr<bool> grew =
         landing_->Progressed(h.from_rank, records[i].transfer, records[i].bytes, &slot);
     if (!grew.ok()) return Fail(grew.status());
+    QueueAdvance(slot);
     // Its relays start forwarding what is in place.
     if (*grew && feeds_early_relay_[slot] != 0 && relays_started_[slot] != epoch_) {
       StartRelaysEarly(slot);
@@ -2235,6 +2316,8 @@ void RefitEngine::Impl::OnData(const wire::DataHeader& h, const void* data, size
   uint32_t slot = 0;
   absl::StatusOr<bool> complete = landing_->Data(h, data, length, &slot);
   if (!complete.ok()) return Fail(complete.status());
+  QueueAdvance(slot);
+  if (!status_.ok()) return;
   stats_.data_messages_received++;
   if (*complete) return MarkLanded(slot);
   // A piece's first data: its relays start forwarding, segment by segment or run by run.

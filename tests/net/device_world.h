@@ -286,9 +286,10 @@ inline int LocalWorldRank(int rank, const std::string& dir, HostSide host_side =
   return 0;
 }
 
-// Three tensors relayed through three destination domains of two ranks, relays of relays
-// among them, from sources 0 and 1: "a" in packed streams (runs of 4 KiB), "c" in contiguous
-// pieces, "s" in plain runs of 16 KiB; pieces of 1 MiB.
+// Four tensors relayed through three destination domains of two ranks, relays of relays among
+// them, from sources 0 and 1: "a" in packed streams (runs of 4 KiB) whose relays are
+// contiguous, "c" in contiguous pieces, "s" in plain runs of 16 KiB, "p" in packed streams of
+// runs of 512 bytes, its relays too; pieces of 1 MiB.
 inline constexpr char kRelaySpec[] =
     R"json({"topology": {"domains": [[0, 1], [2, 3], [4, 5], [6, 7]]}, "tensors": [
   {"name": "a", "dtype": "fp32", "shape": [512, 2048], "src": {"mesh": [0, 1], "placements": ["S(0)"]},
@@ -296,6 +297,8 @@ inline constexpr char kRelaySpec[] =
   {"name": "c", "dtype": "fp32", "shape": [1024, 512], "src": {"mesh": [0, 1], "placements": ["S(0)"]},
    "dst": {"mesh": [[2, 3], [4, 5], [6, 7]], "placements": ["R", "S(0)"]}},
   {"name": "s", "dtype": "fp32", "shape": [128, 8192], "src": {"mesh": [0, 1], "placements": ["S(0)"]},
+   "dst": {"mesh": [[2, 3], [4, 5], [6, 7]], "placements": ["R", "S(1)"]}},
+  {"name": "p", "dtype": "fp32", "shape": [4096, 256], "src": {"mesh": [0, 1], "placements": ["S(0)"]},
    "dst": {"mesh": [[2, 3], [4, 5], [6, 7]], "placements": ["R", "S(1)"]}}]})json";
 
 // A rank of kRelaySpec's eight (docs/data-plane.md, "Relays"): relays forward the runs their
@@ -303,7 +306,10 @@ inline constexpr char kRelaySpec[] =
 // CUDA memory), a relay reads the pinned copy its feed lands in, and the sources' pieces, read
 // through their staging ring, tell their progress; registered (a CUDA-aware UCX), a strided
 // feed lands in rounds of 256 KiB (four or five per piece), each in place once its scatter
-// completed, and a contiguous or relayed one by puts, in place once its sender's progress came.
+// completed, a contiguous or relayed one by puts, in place once its sender's progress came, and
+// a relayed packed stream ("p"'s relays of relays) in place once its part that a progress
+// message announced was unpacked on the copy queue; with data messages, once a message's copy
+// from the bounce area completed.
 // The two sources post at a paced rate (a millisecond between progress rounds), so a relay sees
 // each piece arrive in steps. Three refits, each byte-exact, destinations poisoned in between;
 // every rank that relays forwarded bytes before their piece landed, and, registered, every rank

@@ -565,9 +565,11 @@ TEST(LandingPrefix, DataFarAheadOfAGapIsBounded) {
 // landing knows the bytes are in place. A staged destination's pieces land in its pinned copy
 // (what a relay reads): data messages advance the prefix and leave the device buffer alone until
 // the piece lands. With a CUDA-aware UCX a registered destination tracks plain pieces by puts
-// (the sender's progress) and landing rounds (RoundDrained: a round's scatter completed), not
-// data messages or packed streams from the landing area (those reach it on the copy queue); a
-// progress message for a round piece is DataLoss naming the tensor.
+// (the sender's progress) and landing rounds (RoundDrained: a round's scatter completed), and,
+// with a copy queue, data messages through the bounce area and packed streams unpacked from the
+// landing area, whose bytes count once the queue ran their copies (QueuedAdvance, then
+// AdvanceInPlace; a landed piece is in place only with its copies' event); a progress message
+// for a round piece is DataLoss naming the tensor.
 TEST(LandingPrefix, CudaDestinationsKeepThePrefixWhereTheirBytesAreInPlace) {
   struct Restore {
     ~Restore() { cuda::EmulateDevicesOnHost(false); }
@@ -629,8 +631,95 @@ TEST(LandingPrefix, CudaDestinationsKeepThePrefixWhereTheirBytesAreInPlace) {
       RegisteredMemory::Create(*plan, 1, **runtime, device.views, 0, packed.landing_bytes);
   ASSERT_TRUE(registered.ok()) << registered.status();
   ASSERT_TRUE((*registered)->device(dst));
+  // Without a copy queue nothing moves data messages or landing-area streams to the device.
   EXPECT_FALSE(Landing(*plan, am, **registered, /*data_messages=*/true).TrackPrefix(0));
   EXPECT_FALSE(Landing(*plan, packed, **registered, /*data_messages=*/false).TrackPrefix(0));
+  auto queue = cuda::CopyQueue::Create();
+  ASSERT_TRUE(queue.ok()) << queue.status();
+  // Polls an event recorded now until its copies ran (the emulated queue runs them late).
+  auto run_queue = [&] {
+    auto event = (*queue)->Record();
+    ASSERT_TRUE(event.ok()) << event.status();
+    bool done = false;
+    for (int poll = 0; poll < 3 && !done; ++poll) {
+      auto d = (*queue)->Done(*event);
+      ASSERT_TRUE(d.ok()) << d.status();
+      done = *d;
+    }
+    ASSERT_TRUE(done);
+    (*queue)->Release(*event);
+  };
+  {
+    SCOPED_TRACE("registered, data messages through the bounce area");
+    Landing landing(*plan, am, **registered, /*data_messages=*/true);
+    landing.set_copy_queue(queue->get());
+    ASSERT_TRUE(landing.InitBounce().ok());
+    ASSERT_TRUE(landing.TrackPrefix(0));
+    landing.StartEpoch(1, 0);
+    int64_t at = -1, length = 0;
+    EXPECT_FALSE(landing.QueuedAdvance(&at, &length));
+    // Element (0, 0): region position 0, buffer offset 0.
+    const wire::DataHeader h{wire::AmHeader{wire::kMagic, 0, 0, 1}, am.received_ids[0], 0, 0, 0};
+    uint32_t slot = 0;
+    auto got = landing.Data(h, values.data(), 4, &slot);
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_EQ(landing.LandedPrefix(0), 0) << "in place only once the copy ran";
+    ASSERT_TRUE(landing.QueuedAdvance(&at, &length));
+    EXPECT_EQ(at, 0);
+    EXPECT_EQ(length, 4);
+    EXPECT_FALSE(landing.QueuedAdvance(&at, &length)) << "taken once";
+    run_queue();
+    EXPECT_EQ(std::memcmp(device.memory[dst].data(), values.data(), 4), 0);
+    EXPECT_TRUE(landing.AdvanceInPlace(0, at, length));
+    EXPECT_EQ(landing.LandedPrefix(0), 4);
+  }
+  {
+    SCOPED_TRACE("registered, a packed stream unpacked from the landing area");
+    // The stream is the region in region order: element (i, j) at (i * 64 + j) * 4.
+    std::memcpy((*registered)->landing() + packed.landing_offset[0], values.data(), kRegion);
+    std::fill(device.memory[dst].begin(), device.memory[dst].end(), 0);
+    Landing landing(*plan, packed, **registered, /*data_messages=*/false);
+    landing.set_copy_queue(queue->get());
+    ASSERT_TRUE(landing.TrackPrefix(0));
+    landing.StartEpoch(1, 0);
+    uint32_t slot = 0;
+    auto grew = landing.Progressed(0, packed.received_ids[0], kRegion / 2, &slot);
+    ASSERT_TRUE(grew.ok()) << grew.status();
+    EXPECT_FALSE(*grew) << "queued: grows once the copies ran";
+    int64_t at = -1, length = 0;
+    ASSERT_TRUE(landing.QueuedAdvance(&at, &length));
+    EXPECT_EQ(at, 0);
+    EXPECT_EQ(length, kRegion / 2);
+    EXPECT_EQ(landing.LandedPrefix(0), 0);
+    run_queue();
+    // Row 31 unpacked (element (31, 63) at buffer offset (31 + 63 * 64) * 4), row 32 not.
+    EXPECT_EQ(std::memcmp(device.memory[dst].data() + (31 + 63 * 64) * 4,
+                          values.data() + (31 * 64 + 63) * 4, 4),
+              0);
+    EXPECT_NE(std::memcmp(device.memory[dst].data() + 32 * 4, values.data() + 32 * 64 * 4, 4), 0);
+    EXPECT_TRUE(landing.AdvanceInPlace(0, at, length));
+    EXPECT_EQ(landing.LandedPrefix(0), kRegion / 2);
+    // The signal unpacks the rest (queued too); landed, but in place only with its event.
+    auto fresh = landing.Signalled(0, packed.received_ids[0], &slot);
+    ASSERT_TRUE(fresh.ok() && *fresh) << fresh.status();
+    auto queued = landing.Land(0);
+    ASSERT_TRUE(queued.ok()) << queued.status();
+    EXPECT_TRUE(*queued);
+    EXPECT_TRUE(landing.landed(0));
+    EXPECT_FALSE(landing.in_place(0));
+    EXPECT_EQ(landing.LandedPrefix(0), kRegion / 2);
+    run_queue();
+    landing.InPlace(0);
+    EXPECT_EQ(landing.LandedPrefix(0), kRegion);
+    for (int64_t i = 0; i < 64; ++i) {
+      for (int64_t j = 0; j < 64; ++j) {
+        ASSERT_EQ(std::memcmp(device.memory[dst].data() + (i + j * 64) * 4,
+                              values.data() + (i * 64 + j) * 4, 4),
+                  0)
+            << i << ", " << j;
+      }
+    }
+  }
   {
     Landing landing(*plan, puts, **registered, /*data_messages=*/false);
     ASSERT_TRUE(landing.TrackPrefix(0));

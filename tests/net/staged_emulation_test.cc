@@ -457,8 +457,8 @@ TEST(StagedEmulation, TheGpuWorldOverActiveMessagesByteExact) {
 }
 
 // Relays out of CUDA destinations forward the runs their feed brought before that piece landed
-// (device_world::RelayWorldRank): staged with puts and with data messages, registered with
-// puts (landing rounds).
+// (device_world::RelayWorldRank): staged and registered (landing rounds with puts, the bounce
+// area with data messages), with puts and with data messages.
 void RunRelayWorld(bool registered, RefitEngineOptions::Delivery delivery, const std::string& tag) {
   const std::string dir = testing::ScratchDir(tag);
   std::map<int32_t, int> codes = testing::ForkRanks(
@@ -478,6 +478,7 @@ TEST(StagedEmulation, RelaysStreamOutOfStagedDestinationsByteExact) {
 
 TEST(StagedEmulation, RelaysStreamOutOfRegisteredDestinationsByteExact) {
   RunRelayWorld(true, kPut, "relays-registered");
+  RunRelayWorld(true, kAm, "relays-registered-am");
 }
 
 TEST(StagedEmulation, DeltaRefitsApplyToStagedCopiesByteExact) {
