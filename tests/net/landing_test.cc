@@ -270,6 +270,21 @@ TEST(LandingDelta, ProgressAppliesSegmentsBeforeTheSignal) {
   EXPECT_EQ(landing.wire_bytes(0), 600000 + 3 * 32);
 }
 
+// Records an event after the copies queued so far and polls it until they ran (an emulated
+// queue runs them at the first poll after them, which answers "not yet" once).
+void RunQueuedCopies(cuda::CopyQueue& queue) {
+  auto event = queue.Record();
+  ASSERT_TRUE(event.ok()) << event.status();
+  bool done = false;
+  for (int poll = 0; poll < 3 && !done; ++poll) {
+    auto d = queue.Done(*event);
+    ASSERT_TRUE(d.ok()) << d.status();
+    done = *d;
+  }
+  ASSERT_TRUE(done);
+  queue.Release(*event);
+}
+
 // Data messages into device memory the engine writes (a direct destination, devices emulated on
 // the host) go through the pinned bounce area and the copy queue, one queued copy per message,
 // never a synchronous copy: three messages (two chunks and the rest) of a 600,000-byte piece land
@@ -354,15 +369,7 @@ TEST(LandingBounce, DataMessagesIntoDeviceMemoryGoThroughTheBounceAreaOnly) {
   auto landed = landing.Land(0);
   ASSERT_TRUE(landed.ok()) << landed.status();
   EXPECT_TRUE(*landed) << "the copies are queued: the engine waits for an event";
-  auto event = (*queue)->Record();
-  ASSERT_TRUE(event.ok()) << event.status();
-  bool done = false;
-  for (int poll = 0; poll < 3 && !done; ++poll) {
-    auto d = (*queue)->Done(*event);
-    ASSERT_TRUE(d.ok()) << d.status();
-    done = *d;
-  }
-  EXPECT_TRUE(done);
+  RunQueuedCopies(**queue);
   EXPECT_EQ(device, values);
   EXPECT_EQ(landing.staged_to_device(), 600000);
 }
@@ -636,19 +643,7 @@ TEST(LandingPrefix, CudaDestinationsKeepThePrefixWhereTheirBytesAreInPlace) {
   EXPECT_FALSE(Landing(*plan, packed, **registered, /*data_messages=*/false).TrackPrefix(0));
   auto queue = cuda::CopyQueue::Create();
   ASSERT_TRUE(queue.ok()) << queue.status();
-  // Polls an event recorded now until its copies ran (the emulated queue runs them late).
-  auto run_queue = [&] {
-    auto event = (*queue)->Record();
-    ASSERT_TRUE(event.ok()) << event.status();
-    bool done = false;
-    for (int poll = 0; poll < 3 && !done; ++poll) {
-      auto d = (*queue)->Done(*event);
-      ASSERT_TRUE(d.ok()) << d.status();
-      done = *d;
-    }
-    ASSERT_TRUE(done);
-    (*queue)->Release(*event);
-  };
+  auto run_queue = [&] { RunQueuedCopies(**queue); };
   {
     SCOPED_TRACE("registered, data messages through the bounce area");
     Landing landing(*plan, am, **registered, /*data_messages=*/true);

@@ -14,6 +14,7 @@
 
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -386,6 +387,22 @@ TEST(StagedEmulation, RegisteredDeviceMemoryOverActiveMessagesByteExact) {
   RunWorld(world, "registered-am");
 }
 
+// Runs `rank_main(rank, dir)` in `ranks` forked ranks over UCX shared memory with devices
+// emulated on the host (standing for a CUDA-aware UCX when `registered`), each expected to
+// exit 0.
+void RunEmulated(int ranks, bool registered, const std::string& tag,
+                 const std::function<int(int32_t, const std::string&)>& rank_main) {
+  const std::string dir = testing::ScratchDir(tag);
+  std::map<int32_t, int> codes = testing::ForkRanks(
+      testing::Ranks(ranks),
+      [&](int32_t r) {
+        cuda::EmulateDevicesOnHost(true, registered);
+        return rank_main(r, dir);
+      },
+      testing::SharedMemoryUcx(absl::Seconds(90)));
+  for (int r = 0; r < ranks; ++r) EXPECT_EQ(codes[r], 0) << "rank " << r;
+}
+
 // Ranks that are trainers and inference ranks at once (device_world::kLocalSpec): the local
 // piece is one strided-copy launch on the copy queue (emulated: run late, at the event's first
 // poll) instead of one copy per run, with registered device memory and staged alike: a staged
@@ -393,15 +410,9 @@ TEST(StagedEmulation, RegisteredDeviceMemoryOverActiveMessagesByteExact) {
 // leaves the device. GpuStaging runs the same ranks on a GPU.
 void RunLocalWorld(bool registered, const std::string& tag,
                    device_world::HostSide host_side = device_world::HostSide::kNone) {
-  const std::string dir = testing::ScratchDir(tag);
-  std::map<int32_t, int> codes = testing::ForkRanks(
-      testing::Ranks(2),
-      [&](int32_t r) {
-        cuda::EmulateDevicesOnHost(true, registered);
-        return device_world::LocalWorldRank(r, dir, host_side);
-      },
-      testing::SharedMemoryUcx(absl::Seconds(90)));
-  for (int r = 0; r < 2; ++r) EXPECT_EQ(codes[r], 0) << "rank " << r;
+  RunEmulated(2, registered, tag, [&](int32_t r, const std::string& dir) {
+    return device_world::LocalWorldRank(r, dir, host_side);
+  });
 }
 
 TEST(StagedEmulation, RegisteredDeviceMemoryCopiesALocalPieceInOneLaunchByteExact) {
@@ -426,17 +437,11 @@ TEST(StagedEmulation, StagedLocalPiecesCopyInOneLaunchByteExact) {
 // what a GPU session will check, checked here first.
 void RunGpuWorld(bool registered, bool ring, const std::string& tag,
                  RefitEngineOptions::Delivery delivery = RefitEngineOptions::Delivery::kAuto) {
-  const std::string dir = testing::ScratchDir(tag);
-  std::map<int32_t, int> codes = testing::ForkRanks(
-      testing::Ranks(4),
-      [&](int32_t r) {
-        cuda::EmulateDevicesOnHost(true, registered);
-        return ring ? device_world::DeviceWorldRank(r, dir, device_world::kDeviceRingSpec,
-                                                    int64_t{64} << 10, delivery)
-                    : device_world::DeviceWorldRank(r, dir, device_world::kDeviceSpec, 0, delivery);
-      },
-      testing::SharedMemoryUcx(absl::Seconds(90)));
-  for (int r = 0; r < 4; ++r) EXPECT_EQ(codes[r], 0) << "rank " << r;
+  RunEmulated(4, registered, tag, [&](int32_t r, const std::string& dir) {
+    return ring ? device_world::DeviceWorldRank(r, dir, device_world::kDeviceRingSpec,
+                                                int64_t{64} << 10, delivery)
+                : device_world::DeviceWorldRank(r, dir, device_world::kDeviceSpec, 0, delivery);
+  });
 }
 
 TEST(StagedEmulation, TheGpuWorldStagedByteExact) {
@@ -460,15 +465,9 @@ TEST(StagedEmulation, TheGpuWorldOverActiveMessagesByteExact) {
 // (device_world::RelayWorldRank): staged and registered (landing rounds with puts, the bounce
 // area with data messages), with puts and with data messages.
 void RunRelayWorld(bool registered, RefitEngineOptions::Delivery delivery, const std::string& tag) {
-  const std::string dir = testing::ScratchDir(tag);
-  std::map<int32_t, int> codes = testing::ForkRanks(
-      testing::Ranks(8),
-      [&](int32_t r) {
-        cuda::EmulateDevicesOnHost(true, registered);
-        return device_world::RelayWorldRank(r, dir, delivery);
-      },
-      testing::SharedMemoryUcx(absl::Seconds(90)));
-  for (int r = 0; r < 8; ++r) EXPECT_EQ(codes[r], 0) << "rank " << r;
+  RunEmulated(8, registered, tag, [&](int32_t r, const std::string& dir) {
+    return device_world::RelayWorldRank(r, dir, delivery);
+  });
 }
 
 TEST(StagedEmulation, RelaysStreamOutOfStagedDestinationsByteExact) {
