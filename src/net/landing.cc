@@ -53,6 +53,7 @@ Landing::Landing(const plan::Plan& plan, const SendProgram& program, RegisteredM
   tracks_prefix_.assign(program.received.size(), 0);
   prefix_.assign(program.received.size(), 0);
   unpacked_.assign(program.received.size(), 0);
+  queued_advances_.assign(program.received.size(), 0);
   in_place_epoch_.assign(program.received.size(), 0);
   if (!data_messages) return;
   for (uint32_t slot = 0; slot < program.received.size(); ++slot) {
@@ -179,6 +180,7 @@ void Landing::StartEpoch(uint64_t epoch, uint64_t version) {
   std::fill(unpack_queued_.begin(), unpack_queued_.end(), 0);
   std::fill(prefix_.begin(), prefix_.end(), 0);
   std::fill(unpacked_.begin(), unpacked_.end(), 0);
+  std::fill(queued_advances_.begin(), queued_advances_.end(), 0);
   ahead_.clear();
   queued_advance_ = false;
 }
@@ -218,13 +220,15 @@ bool Landing::QueuedAdvance(int64_t* at, int64_t* length) {
 }
 
 bool Landing::AdvanceInPlace(uint32_t slot, int64_t at, int64_t length) {
+  queued_advances_[slot]--;
   if (tracks_prefix_[slot] == 0 || in_place(slot)) return false;
   const int64_t before = prefix_[slot];
   AdvancePrefix(slot, at, length);
   return prefix_[slot] > before;
 }
 
-void Landing::QueueAdvance(int64_t at, int64_t length) {
+void Landing::QueueAdvance(uint32_t slot, int64_t at, int64_t length) {
+  queued_advances_[slot]++;
   queued_advance_ = true;
   queued_at_ = at;
   queued_length_ = length;
@@ -294,7 +298,7 @@ absl::StatusOr<bool> Landing::Progressed(int32_t from_rank, uint32_t id, uint64_
     RESHARD_RETURN_IF_ERROR(Unpack(*slot, unpacked, memory_.landing() + offset + unpacked,
                                    until - unpacked, /*may_queue=*/device));
     if (device) {
-      QueueAdvance(unpacked, until - unpacked);
+      QueueAdvance(*slot, unpacked, until - unpacked);
       unpacked = until;
       return false;
     }
@@ -551,8 +555,11 @@ absl::StatusOr<bool> Landing::Data(const wire::DataHeader& h, const void* data, 
   const int64_t region_at = static_cast<int64_t>(h.to_offset - start) +
                             (packed ? 0 : run * plan_.region(t.region).run_bytes);
   if (tracks_prefix_[slot] != 0 && region_at > prefix_[slot]) {
+    // Advances still on the copy queue (device memory) may land ahead too: they count.
     auto ahead = ahead_.find(slot);
-    if (ahead != ahead_.end() && ahead->second.size() >= kMaxAhead) {
+    const size_t waiting = (ahead != ahead_.end() ? ahead->second.size() : 0) +
+                           static_cast<size_t>(queued_advances_[slot]);
+    if (waiting >= kMaxAhead) {
       return absl::DataLossError(
           absl::StrCat("rank ", program_.rank, ": rank ", from, " sent more than ", kMaxAhead,
                        " data messages of transfer ", id, " (tensor \"",
@@ -587,7 +594,7 @@ absl::StatusOr<bool> Landing::Data(const wire::DataHeader& h, const void* data, 
   if (tracks_prefix_[slot] != 0 && length > 0) {
     if (memory_.device(to_buf)) {
       // On the copy queue (the bounce area): in place once the event after it completed.
-      QueueAdvance(region_at, static_cast<int64_t>(length));
+      QueueAdvance(slot, region_at, static_cast<int64_t>(length));
     } else {
       AdvancePrefix(slot, region_at, static_cast<int64_t>(length));  // In place now.
     }

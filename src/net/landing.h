@@ -87,7 +87,9 @@ class Landing {
   // the copy queue instead of advancing the prefix; [*at, *at + *length) of the region (region
   // order) are in place once an event recorded now completed (then AdvanceInPlace).
   bool QueuedAdvance(int64_t* at, int64_t* length);
-  // Bytes [at, at + length) of tracked `slot`'s region are in place. True when its prefix grew.
+  // Bytes [at, at + length) of tracked `slot`'s region are in place: once for every
+  // QueuedAdvance of the slot (an epoch's last ones may be dropped: StartEpoch forgets them).
+  // True when its prefix grew.
   bool AdvanceInPlace(uint32_t slot, int64_t at, int64_t length);
   // Round piece `slot`'s first `bytes` (region order: a round holds a piece's bytes in run
   // order) are in place: the rounds up to them were scattered and their event completed. True
@@ -243,10 +245,12 @@ class Landing {
   // By slot: bytes of a tracked packed stream unpacked (or queued to be) by progress messages.
   std::vector<int64_t> unpacked_;
   std::vector<uint64_t> in_place_epoch_;  // By slot (in_place).
-  // The advance the last Data or Progressed queued (QueuedAdvance).
+  // The advance the last Data or Progressed queued (QueuedAdvance), and by slot those not yet
+  // advanced (AdvanceInPlace): they count towards kMaxAhead.
   bool queued_advance_ = false;
   int64_t queued_at_ = 0, queued_length_ = 0;
-  void QueueAdvance(int64_t at, int64_t length);
+  std::vector<int64_t> queued_advances_;
+  void QueueAdvance(uint32_t slot, int64_t at, int64_t length);
   absl::flat_hash_map<uint32_t, std::map<int64_t, int64_t>> ahead_;
   static constexpr size_t kMaxAhead = 65536;  // Per slot: DataLoss past this.
   // Data of `length` bytes landed at region position `at` of tracked `slot`.
