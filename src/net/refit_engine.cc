@@ -2113,8 +2113,11 @@ std::string RefitEngine::Impl::PendingSummary() const {
       }
     }
   }
-  if (!to_device_.empty()) {
-    parts.push_back(absl::StrCat(to_device_.size(), " landed piece(s) still moving to the device"));
+  // Pieces and landing rounds (a relay's prefix advances are neither).
+  const auto moving = std::count_if(to_device_.begin(), to_device_.end(),
+                                    [](const ToDevice& m) { return m.at < 0; });
+  if (moving > 0) {
+    parts.push_back(absl::StrCat(moving, " landed piece(s) still moving to the device"));
   }
   if (ring_enqueued_ < ring_batches()) {
     const int32_t slot = ring_enqueued_ % memory_->ring()->slots();
