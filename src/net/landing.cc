@@ -295,6 +295,13 @@ absl::StatusOr<bool> Landing::Progressed(int32_t from_rank, uint32_t id, uint64_
     // event after it completed (QueuedAdvance).
     const uint32_t to_buf = plan_.buffer_of(t.tensor, t.to_side);
     const bool device = memory_.device(to_buf);
+    if (device && static_cast<size_t>(queued_advances_[*slot]) >= kMaxAhead) {
+      // Each one queues copies and an event: bounded as data ahead of a gap is.
+      return absl::DataLossError(absl::StrCat(
+          "rank ", program_.rank, ": rank ", from_rank, " sent more than ", kMaxAhead,
+          " progress messages for transfer ", id, " (tensor \"",
+          plan_.spec().tensors[t.tensor].name, "\") while the earlier ones were still copied"));
+    }
     RESHARD_RETURN_IF_ERROR(Unpack(*slot, unpacked, memory_.landing() + offset + unpacked,
                                    until - unpacked, /*may_queue=*/device));
     if (device) {
@@ -458,7 +465,7 @@ absl::StatusOr<bool> Landing::Signalled(int32_t from_rank, uint32_t id, uint32_t
   } else if (offset >= 0) {
     const int64_t bytes = plan_.region(plan_.transfers()[program_.received[*slot]].region).bytes;
     // The landing area holds the stream until the next epoch's grant: device copies may queue.
-    // Progress messages unpacked its first prefix_ bytes already (host memory).
+    // Progress messages unpacked (or queued the unpacking of) its first unpacked_ bytes already.
     const int64_t done = tracks_prefix_[*slot] != 0 ? unpacked_[*slot] : 0;
     RESHARD_RETURN_IF_ERROR(Unpack(*slot, done, memory_.landing() + offset + done, bytes - done,
                                    /*may_queue=*/true));

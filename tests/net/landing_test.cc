@@ -755,5 +755,61 @@ TEST(LandingPrefix, CudaDestinationsKeepThePrefixWhereTheirBytesAreInPlace) {
   }
 }
 
+// Progress for a packed stream into registered device memory queues its unpacking and an event
+// each time (devices emulated on the host): a sender saying one byte more each time, never
+// letting the copies run, is refused past Landing::kMaxAhead queued advances with DataLoss
+// naming the tensor (a 512 x 256 u8 matrix into a column-major destination: 131,072 bytes of
+// one-byte runs, so its stream could take twice as many).
+TEST(LandingPrefix, ProgressQueuedIntoDeviceMemoryIsBounded) {
+  struct Restore {
+    ~Restore() { cuda::EmulateDevicesOnHost(false); }
+  } restore;
+  cuda::EmulateDevicesOnHost(true, /*ucx_registers_them=*/true);
+  auto plan = PlanOf(R"json({"tensors": [{"name": "b", "dtype": "u8",
+      "shape": [512, 256], "src": {"mesh": [0], "placements": ["R"]},
+      "dst": {"mesh": [1], "placements": ["R"], "view": {"strides": [1, 512]}}}]})json");
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  auto runtime = Runtime::Create();
+  ASSERT_TRUE(runtime.ok()) << runtime.status();
+  HostBuffers device(*plan, 1, 0);
+  for (common::BufferView& v : device.views) v.kind = common::MemoryKind::kCuda;
+  const SendProgram packed = BuildSendProgram(*plan, 1, SendProgramOptions{true, 1 << 20, 0});
+  ASSERT_GE(packed.landing_offset[0], 0);
+  auto registered =
+      RegisteredMemory::Create(*plan, 1, **runtime, device.views, 0, packed.landing_bytes);
+  ASSERT_TRUE(registered.ok()) << registered.status();
+  auto queue = cuda::CopyQueue::Create();
+  ASSERT_TRUE(queue.ok()) << queue.status();
+  Landing landing(*plan, packed, **registered, /*data_messages=*/false);
+  landing.set_copy_queue(queue->get());
+  ASSERT_TRUE(landing.TrackPrefix(0));
+  landing.StartEpoch(1, 0);
+  absl::Status refused;
+  uint64_t bytes = 0;
+  while (refused.ok() && bytes < 512 * 256) {
+    uint32_t slot = 0;
+    auto grew = landing.Progressed(0, packed.received_ids[0], ++bytes, &slot);
+    if (!grew.ok()) {
+      refused = grew.status();
+      break;
+    }
+    int64_t at = 0, length = 0;
+    ASSERT_TRUE(landing.QueuedAdvance(&at, &length));  // Left queued: no event polled.
+  }
+  ASSERT_FALSE(refused.ok()) << "all " << bytes << " progress messages accepted";
+  EXPECT_EQ(bytes, 65537u);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kDataLoss) << refused;
+  EXPECT_NE(refused.message().find("tensor \"b\""), std::string::npos) << refused;
+  EXPECT_NE(refused.message().find("more than 65536 progress messages"), std::string::npos)
+      << refused;
+  // Once the queue ran them and they advanced, the next one is taken.
+  RunQueuedCopies(**queue);
+  for (uint64_t k = 0; k < 65536; ++k) landing.AdvanceInPlace(0, static_cast<int64_t>(k), 1);
+  EXPECT_EQ(landing.LandedPrefix(0), 65536);
+  uint32_t slot = 0;
+  auto taken = landing.Progressed(0, packed.received_ids[0], 65537, &slot);
+  EXPECT_TRUE(taken.ok()) << taken.status();
+}
+
 }  // namespace
 }  // namespace reshard::net
