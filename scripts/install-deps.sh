@@ -14,6 +14,8 @@ packages=(
   # The sanitizer trees of scripts/sanitizers.sh (and libFuzzer): clang, its sanitizer runtimes
   # (only recommended by clang, so named) and llvm-symbolizer for readable reports.
   clang libclang-rt-14-dev llvm
+  # lld: every tree links with it (cmake/ReshardLinker.cmake), several times faster than ld.bfd.
+  lld
 )
 
 missing=()
