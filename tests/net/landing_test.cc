@@ -527,14 +527,18 @@ TEST(LandingPrefix, DataMessagesAdvanceTheRegionOrderPrefixRelaysForward) {
   }
 }
 
+// A 512 x 256 u8 matrix into a column-major destination: 131,072 one-byte runs, the stream the
+// bounds on data ahead of a gap and on queued advances are tested with.
+constexpr char kColumnMajorBytes[] = R"json({"tensors": [{"name": "b", "dtype": "u8",
+    "shape": [512, 256], "src": {"mesh": [0], "placements": ["R"]},
+    "dst": {"mesh": [1], "placements": ["R"], "view": {"strides": [1, 512]}}}]})json";
+
 // Data ahead of a gap waits in a map bounded per piece (Landing::kMaxAhead, 65,536 messages): a
 // 512 x 256 u8 matrix into a column-major destination, one byte per run, sent column by column,
 // leaves about 510 messages ahead per column; past the bound the next such message is DataLoss
 // naming the tensor, before its byte is written.
 TEST(LandingPrefix, DataFarAheadOfAGapIsBounded) {
-  auto plan = PlanOf(R"json({"tensors": [{"name": "b", "dtype": "u8",
-      "shape": [512, 256], "src": {"mesh": [0], "placements": ["R"]},
-      "dst": {"mesh": [1], "placements": ["R"], "view": {"strides": [1, 512]}}}]})json");
+  auto plan = PlanOf(kColumnMajorBytes);
   ASSERT_TRUE(plan.ok()) << plan.status();
   auto runtime = Runtime::Create();
   ASSERT_TRUE(runtime.ok()) << runtime.status();
@@ -765,9 +769,7 @@ TEST(LandingPrefix, ProgressQueuedIntoDeviceMemoryIsBounded) {
     ~Restore() { cuda::EmulateDevicesOnHost(false); }
   } restore;
   cuda::EmulateDevicesOnHost(true, /*ucx_registers_them=*/true);
-  auto plan = PlanOf(R"json({"tensors": [{"name": "b", "dtype": "u8",
-      "shape": [512, 256], "src": {"mesh": [0], "placements": ["R"]},
-      "dst": {"mesh": [1], "placements": ["R"], "view": {"strides": [1, 512]}}}]})json");
+  auto plan = PlanOf(kColumnMajorBytes);
   ASSERT_TRUE(plan.ok()) << plan.status();
   auto runtime = Runtime::Create();
   ASSERT_TRUE(runtime.ok()) << runtime.status();
