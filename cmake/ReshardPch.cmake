@@ -37,6 +37,10 @@ function(reshard_precompile_targets)
   add_executable(reshard_pch_exe ${source})
   foreach(owner reshard_pch reshard_pch_exe)
     target_precompile_headers(${owner} PRIVATE ${headers})
+    # Abseil's include folder (and definitions), which is not the compiler's own where Abseil
+    # does not lie under /usr (tools/gpu_check.sh builds against an unpacked one).
+    target_link_libraries(${owner} PRIVATE absl::flat_hash_map absl::status absl::statusor
+                          absl::strings absl::str_format absl::time absl::span)
   endforeach()
   set(dirs ${ARGN})
   while(dirs)
