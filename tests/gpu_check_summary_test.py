@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """tools/gpu_check_summary.py on outputs written in the formats its sources print.
 
-The lines below use the printf formats of bench/pack_bench.cc (its per-run table) and
+The lines below use ctest's summary and its list of tests that did not pass, the printf formats
+of bench/pack_bench.cc (its per-run table) and
 bench/put_bench.cc (the --cuda ratio line), and the fields `reshard run --memory cuda --json`
 prints (tools/reshard/cmd_run.cc): when one of them changes, this test says the summary no
 longer reads it. Run by ctest (label unit); exits non-zero on the first mismatch.
@@ -23,6 +24,21 @@ def write(path, text):
 
 def main():
     with tempfile.TemporaryDirectory() as out:
+        # ctest: a skipped test counts as passed in the percentage and is listed as not run.
+        write(os.path.join(out, "ctest.txt"),
+              "1/4 Test #1: GpuStaging.StagingRingPacksSources ....   Passed    1.20 sec\n"
+              "75% tests passed, 1 tests failed out of 4\n\n"
+              "Total Test time (real) =   3.10 sec\n\n"
+              "The following tests did not run:\n"
+              "\t  2 - Backends/Fanout.Exact/Nccl_Tp2  # GetParam() = (Nccl, Tp2) (Skipped)\n\n"
+              "The following tests FAILED:\n"
+              "\t  3 - python_cuda (Subprocess aborted)\n"
+              "Errors while running CTest\n")
+        # Without a device every test skips: more than ten are counted, three named.
+        write(os.path.join(out, "ctest-cuda-aware.txt"),
+              "100% tests passed, 0 tests failed out of 11\n\n"
+              "The following tests did not run:\n" +
+              "".join("\t %2d - Gpu.T%d (Skipped)\n" % (i, i) for i in range(11)))
         # pack_bench: "%10lld %12.1f %12.1f %12.1f %9.0f%% %9.0f%% %6d" per run size, then the
         # strided copy table, whose rows must not be read as pack rows.
         rows = [(4, 50.0, 40.0, 1500.0, 3, 3, 4), (256, 1200.0, 1100.0, 1500.0, 80, 73, 16),
@@ -53,6 +69,10 @@ def main():
         table = subprocess.run([sys.executable, SUMMARY, out], check=True, capture_output=True,
                                text=True).stdout
     expected = [
+        "| gpu tests (ctest -L gpu), system UCX | 2 of 4 passed, skipped: Backends/Fanout.Exact/Nccl_Tp2, "
+        "FAILED: python_cuda (Subprocess aborted) | all pass |",
+        "| gpu tests (ctest -L gpu), CUDA-aware UCX | 0 of 11 passed, 11 skipped (Gpu.T0, Gpu.T1, "
+        "Gpu.T2 and 8 more) | all pass |",
         "| pack / unpack kernels, runs 256 B .. 65536 B | pack at least 80%, unpack at least 73% "
         "of cudaMemcpy | >= 70% of cudaMemcpy |",
         "| put_bench --cuda, 1 GiB rows -> columns, system UCX (staged) | 41.25x cudaMemcpy "
@@ -70,8 +90,8 @@ def main():
         if want not in lines:
             sys.stderr.write("missing row:\n  %s\nin the table:\n%s" % (want, table))
             return 1
-    if len(lines) != 2 + 1 + 2 + 4:
-        sys.stderr.write("expected 9 lines (header, 7 rows), got:\n%s" % table)
+    if len(lines) != 2 + 2 + 1 + 2 + 4:
+        sys.stderr.write("expected 11 lines (header, 9 rows), got:\n%s" % table)
         return 1
     print("gpu_check_summary: %d rows as expected" % (len(lines) - 2))
     return 0

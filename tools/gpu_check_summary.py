@@ -3,7 +3,8 @@
 
     tools/gpu_check_summary.py OUT_DIR
 
-Reads OUT_DIR/pack_bench.txt (the pack/unpack kernels against cudaMemcpy, per run size),
+Reads OUT_DIR/ctest{,-cuda-aware}.txt (`ctest -L gpu` of each build: passed, skipped, failed),
+OUT_DIR/pack_bench.txt (the pack/unpack kernels against cudaMemcpy, per run size),
 OUT_DIR/put_bench-{system,cuda-aware}.txt (the 1 GiB staged rows -> columns refit of put_bench
 --cuda) and OUT_DIR/{system,cuda-aware}-<spec>.json (`reshard run --memory cuda --json` of the
 two 1 GiB specs), and prints one Markdown table, each figure beside its target. A file that is
@@ -21,6 +22,10 @@ PUT_ONE_ROUND = re.compile(r"one round per sender / cudaMemcpy: ([\d.]+)")
 SPECS = [("gpu_rows_to_cols_1gib", "1 GiB rows -> columns, 2 -> 2 ranks"),
          ("gpu_tp4_to_tp2x2_1gib", "1 GiB TP4 -> TP2 x DP2, fan-out")]
 UCX = [("system", "system UCX (staged)"), ("cuda-aware", "CUDA-aware UCX")]
+SKIPPED_NAMED = 10  # more skipped tests than this are counted, not all named
+CTEST_TOTAL = re.compile(r"(\d+)% tests passed, (\d+) tests? failed out of (\d+)")
+# "  95 - Suite/Test.Name/Param  # GetParam() = (a, b) (Skipped)": the name, then the last (...).
+CTEST_LISTED = re.compile(r"^\s*\d+ - (\S+)(?:\s.*)?\s\(([^()]+)\)\s*$")
 
 
 def read(path):
@@ -29,6 +34,33 @@ def read(path):
             return f.read()
     except OSError:
         return None
+
+
+def test_rows(out):
+    rows = []
+    for name, what in [("ctest", "system UCX"), ("ctest-cuda-aware", "CUDA-aware UCX")]:
+        label = "gpu tests (ctest -L gpu), %s" % what
+        text = read(os.path.join(out, "%s.txt" % name))
+        m = CTEST_TOTAL.search(text or "")
+        if not m:
+            rows.append((label, "not run" if text is None else "no ctest summary in the output",
+                          "all pass"))
+            continue
+        failed, total = int(m.group(2)), int(m.group(3))
+        # After its summary ctest lists the tests that did not pass: "  7 - name (Failed)".
+        listed = [m.groups() for m in map(CTEST_LISTED.match, text.splitlines()) if m]
+        skipped = [test for test, why in listed if why == "Skipped"]
+        broken = ["%s (%s)" % (test, why) for test, why in listed if why != "Skipped"]
+        figure = "%d of %d passed" % (total - failed - len(skipped), total)
+        if len(skipped) > SKIPPED_NAMED:  # without a device: every test
+            figure += ", %d skipped (%s and %d more)" % (
+                len(skipped), ", ".join(skipped[:3]), len(skipped) - 3)
+        elif skipped:
+            figure += ", skipped: %s" % ", ".join(skipped)
+        if broken:
+            figure += ", FAILED: %s" % ", ".join(broken)
+        rows.append((label, figure, "all pass"))
+    return rows
 
 
 def pack_rows(out):
@@ -102,7 +134,7 @@ def main():
         sys.stderr.write("usage: gpu_check_summary.py OUT_DIR\n")
         return 2
     out = sys.argv[1]
-    rows = pack_rows(out) + put_rows(out) + run_rows(out)
+    rows = test_rows(out) + pack_rows(out) + put_rows(out) + run_rows(out)
     print("| measure | figure | target |")
     print("|---|---|---|")
     for measure, figure, target in rows:
