@@ -50,7 +50,10 @@
 # On the `device` tool (about 15 minutes of device time in all, machine start included): run
 # tools/gpu_deps.sh here, then this script as one call with `carry: ["build-wheels"]` and
 # timeout_s 600, leaving time for a second try;
-# BUILD_DIR/gpu_check/ (every step's output and summary.md) is copied under $OUT when it is set.
+# after every step BUILD_DIR/gpu_check/ (every step's output and summary.md) is kept as
+# $OUT/gpu_check.tar.gz and $OUT/summary.md when OUT is set (the tool returns at most 8 files).
+# Every step after the build runs within GPU_CHECK_BUDGET_S (540 s from the start by default)
+# and is stopped at it, so the table is printed before the tool's 600 s limit.
 #
 # GPU_CHECK_DRY_RUN=1 on a machine without a GPU goes on past the first build: both builds (the
 # Python extension too) and their gpu tests, which skip, then the summary, and exit 3; it checks
@@ -229,25 +232,61 @@ out="$build/gpu_check"
 rm -rf "$out"
 mkdir -p "$out"
 failed=()
-# step NAME CMD...: runs CMD, its output shown and kept in $out/NAME.txt; returns CMD's status.
+# The device tool stops a command at its timeout_s (600 s at most) and then returns only the end
+# of its output and what lies under $OUT (at most 8 files): every step runs within what is left
+# of GPU_CHECK_BUDGET_S (540 s from the script's start by default) and is stopped at it, and after
+# each the outputs so far are kept as $OUT/gpu_check.tar.gz with the summary so far as
+# $OUT/summary.md, so a run that overruns still ends with its table.
+budget="${GPU_CHECK_BUDGET_S:-540}"
+left() { echo $((budget - ($(date +%s) - t0))); }
+save() {
+  python3 "$here/tools/gpu_check_summary.py" "$out" >"$out/summary.md" 2>&1
+  if [ -n "${OUT:-}" ] && [ -d "$OUT" ]; then
+    tar -czf "$OUT/gpu_check.tar.gz" -C "$(dirname "$out")" "$(basename "$out")"
+    cp "$out/summary.md" "$OUT/summary.md"
+  fi
+}
+# bounded CMD...: runs CMD within what is left of the budget (timeout stops its whole process
+# group): CMD's status, 124 or 137 when stopped, 253 when nothing was left to run it in.
+bounded() {
+  local rest
+  rest=$(left)
+  if [ "$rest" -le 5 ]; then
+    echo "gpu_check: not run: the budget of $budget s is spent"
+    return 253
+  fi
+  timeout -k 5 "$rest" "$@"
+}
+# record NAME STATUS: a failure under NAME unless STATUS is 0.
+record() {
+  case "$2" in
+    0) ;;
+    124 | 137) failed+=("$1 (stopped at the budget of $budget s)") ;;
+    253) failed+=("$1 (not run: the budget of $budget s was spent)") ;;
+    *) failed+=("$1 (exit $2)") ;;
+  esac
+}
+# step NAME CMD...: runs CMD bounded, its output shown and kept in $out/NAME.txt; returns CMD's
+# status.
 step() {
   local name="$1"
   shift
-  "$@" 2>&1 | tee "$out/$name.txt"
+  bounded "$@" 2>&1 | tee "$out/$name.txt"
   local rc=${PIPESTATUS[0]}
-  [ "$rc" -eq 0 ] || failed+=("$name (exit $rc)")
+  record "$name" "$rc"
+  save
   return "$rc"
 }
 # refits BUILD TAG: the two 1 GiB refits of device buffers through the public API (RefitHandle),
 # all ranks sharing GPU 0; each report is kept as $out/TAG-SPEC.json.
 refits() {
-  local b="$1" tag="$2" spec rc
+  local b="$1" tag="$2" spec
   for spec in gpu_rows_to_cols_1gib gpu_tp4_to_tp2x2_1gib; do
-    "$b/bin/reshard" run "$here/bench/specs/$spec.json" --memory cuda --iters 5 \
+    bounded "$b/bin/reshard" run "$here/bench/specs/$spec.json" --memory cuda --iters 5 \
       --timeout-ms 60000 --deadline-s 150 --json >"$out/$tag-$spec.json"
-    rc=$?
+    record "reshard run $spec, $tag UCX" $?
     cat "$out/$tag-$spec.json"
-    [ "$rc" -eq 0 ] || failed+=("reshard run $spec, $tag UCX (exit $rc)")
+    save
   done
 }
 
@@ -262,7 +301,7 @@ python_package() {
 
 python_package "$build" python-build
 log "run (ctest -L gpu)"
-step ctest bash -c "cd '$build' && ctest -L gpu --output-on-failure --timeout 300"
+step ctest bash -c "cd '$build' && ctest -L gpu --output-on-failure --timeout 120"
 
 log "pack/unpack kernels against cudaMemcpy"
 step pack_bench "$build/bin/pack_bench" --mib 256 --iters 20
@@ -313,17 +352,19 @@ else
   ucx_targets=(net_gpu_staging_test api_stream_refit_test run_test reshard reshard_rank put_bench)
   # Its binaries load the wheel's UCX: LD_LIBRARY_PATH without Debian's.
   export LD_LIBRARY_PATH="$dep_libs$base_ld_library_path"
-  if cmake -S "$here" -B "$ucx_build" -DCMAKE_BUILD_TYPE=Release -DUCX_ROOT="$prefix" \
-      "${dep_args[@]}" "${py_args[@]}" >"$ucx_build/gpu_check.configure.log" 2>&1 &&
-    grep -q "reshard: UCX .* from $prefix" "$ucx_build/gpu_check.configure.log" &&
-    cmake --build "$ucx_build" -j"$jobs" --target "${ucx_targets[@]}"; then
+  if ! cmake -S "$here" -B "$ucx_build" -DCMAKE_BUILD_TYPE=Release -DUCX_ROOT="$prefix" \
+    "${dep_args[@]}" "${py_args[@]}" >"$ucx_build/gpu_check.configure.log" 2>&1 ||
+    ! grep -q "reshard: UCX .* from $prefix" "$ucx_build/gpu_check.configure.log"; then
+    tail -30 "$ucx_build/gpu_check.configure.log"
+    failed+=("the configure against the wheel's UCX")
+  elif bounded cmake --build "$ucx_build" -j"$jobs" --target "${ucx_targets[@]}"; then
     "$ucx_build/bin/reshard" info
     python_package "$ucx_build" python-build-cuda-aware
     log "CUDA-aware UCX: gpu tests with UCX_TLS=posix,sysv,cma,self,cuda_copy,cuda_ipc"
     step ctest-cuda-aware bash -c "cd '$ucx_build' && \
       RESHARD_TEST_UCX_TLS=posix,sysv,cma,self,cuda_copy,cuda_ipc ctest -L gpu \
       -R '^((GpuStaging|StreamRefitCudaTest|RunGpuTest)\.|python_cuda$)' --output-on-failure \
-      --timeout 300"
+      --timeout 120"
     if [ $measure = 1 ]; then
       log "CUDA-aware UCX: 1 GiB rows -> columns (put_bench) against cudaMemcpy"
       step put_bench-cuda-aware "$ucx_build/bin/put_bench" --cuda --rows 16384 --cols 32768 \
@@ -332,15 +373,13 @@ else
       refits "$ucx_build" cuda-aware
     fi
   else
-    tail -30 "$ucx_build/gpu_check.configure.log"
-    failed+=("the build against the wheel's UCX")
+    record "the build against the wheel's UCX" $?
   fi
 fi
 
 log "summary (also in $out/summary.md)"
-python3 "$here/tools/gpu_check_summary.py" "$out" | tee "$out/summary.md"
-# On the device tool's machine only what lands under $OUT comes back: every step's output too.
-if [ -n "${OUT:-}" ] && [ -d "$OUT" ]; then cp -r "$out" "$OUT/"; fi
+save
+cat "$out/summary.md"
 log "done"
 if [ "${#failed[@]}" -gt 0 ]; then
   printf 'gpu_check: failed: %s\n' "${failed[@]}" >&2
