@@ -1,5 +1,6 @@
 // The public API across real processes started by the local launcher: a byte-exact refit over
 // shared memory and tcp, a peer killed mid-run, and the trainer/inference example pair.
+#include <cstdio>
 #include <sstream>
 #include <string>
 
