@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <random>
@@ -123,21 +124,26 @@ absl::StatusOr<std::vector<RankResult>> RunWorld(const WorldLaunch& launch) {
     watcher = std::thread([&] {
       auto client =
           rendezvous::TcpStore::Connect("127.0.0.1", port, token, absl::Now() + absl::Seconds(30));
+      // Why on_running was not called, for the test's output (a test that needs it fails).
+      absl::Status missed = client.status();
       if (client.ok()) {
         // Every rank passed its engine's wire-up barrier (reshard-rank's handle is "rank"), the
         // last step of set-up. Not the first refit's barrier: ranks delete a refit barrier's key
         // once they pass the next one, which fast refits do before this thread reads it.
-        bool all = true;
-        for (int r = 0; r < n && all; ++r) {
-          all = (*client)
-                    ->Get(absl::StrCat("reshard/rank/net/wired/", r), absl::Now() + launch.limit)
-                    .ok();
+        for (int r = 0; r < n && missed.ok(); ++r) {
+          missed = (*client)
+                       ->Get(absl::StrCat("reshard/rank/net/wired/", r), absl::Now() + launch.limit)
+                       .status();
         }
-        if (all) {
+        if (missed.ok()) {
           absl::SleepFor(absl::Milliseconds(300));  // Let the refits get going.
           running_at = absl::Now();
           launch.on_running(pids);
         }
+      }
+      if (!missed.ok()) {
+        std::fprintf(stderr, "rank harness: on_running not called: %s\n",
+                     missed.ToString().c_str());
       }
       watcher_done = true;
     });
