@@ -41,12 +41,12 @@ def test_rows(out):
     for name, what in [("ctest", "system UCX"), ("ctest-cuda-aware", "CUDA-aware UCX")]:
         label = "gpu tests (ctest -L gpu), %s" % what
         text = read(os.path.join(out, "%s.txt" % name))
-        m = CTEST_TOTAL.search(text or "")
-        if not m:
+        summary = CTEST_TOTAL.search(text or "")
+        if not summary:
             rows.append((label, "not run" if text is None else "no ctest summary in the output",
                           "all pass"))
             continue
-        failed, total = int(m.group(2)), int(m.group(3))
+        failed, total = int(summary.group(2)), int(summary.group(3))
         # After its summary ctest lists the tests that did not pass: "  7 - name (Failed)".
         listed = [m.groups() for m in map(CTEST_LISTED.match, text.splitlines()) if m]
         skipped = [test for test, why in listed if why == "Skipped"]
