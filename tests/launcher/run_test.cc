@@ -371,13 +371,16 @@ TEST(RunNetnsTest, DeltaRelaysForwardSegmentsBeforeTheirPieceLanded) {
 // forward bytes before their piece landed, and every refit is byte-exact.
 TEST(RunNetnsTest, RelaysForwardRunsBeforeTheirPieceLanded) {
   if (!launcher::CanUseNetns()) GTEST_SKIP() << "network namespaces need root";
-  const std::string spec = ::testing::TempDir() + "/relays-swapped-view.json";
+  // Named per process: other build trees running this test share TempDir().
+  const std::string spec =
+      absl::StrCat(::testing::TempDir(), "/relays-swapped-view-", getpid(), ".json");
   std::ofstream(spec) << R"json({"topology": {"domains": [[0, 1], [2, 3], [4, 5], [6, 7]]},
     "tensors": [{"name": "p", "dtype": "fp32", "shape": [32, 16, 2048],
       "src": {"mesh": [0, 1], "placements": ["S(0)"]},
       "dst": {"mesh": [[2, 3], [4, 5], [6, 7]], "placements": ["R", "S(0)"],
               "view": {"strides": [2048, 32768, 1]}}}]})json";
-  const std::string packed = ::testing::TempDir() + "/relays-column-major.json";
+  const std::string packed =
+      absl::StrCat(::testing::TempDir(), "/relays-column-major-", getpid(), ".json");
   std::ofstream(packed) << R"json({"topology": {"domains": [[0, 1], [2, 3], [4, 5], [6, 7]]},
     "tensors": [{"name": "c", "dtype": "fp32", "shape": [64, 16384],
       "src": {"mesh": [0, 1], "placements": ["S(0)"]},

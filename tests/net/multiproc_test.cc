@@ -40,6 +40,32 @@ std::vector<std::string> ExampleSpecs() {
   return paths;
 }
 
+// Spec files of one test, in a directory of its own process (removed at the end): concurrent
+// tests (ctest -j, other build trees) share TempDir(), and one rewriting a fixed-name spec
+// while another's ranks read it fails the readers with "unexpected end of input".
+class SpecFiles {
+ public:
+  SpecFiles() : dir_(absl::StrCat(::testing::TempDir(), "/reshard-multiproc-", getpid())) {
+    std::filesystem::create_directories(dir_);
+  }
+  ~SpecFiles() {
+    std::error_code ignored;
+    std::filesystem::remove_all(dir_, ignored);
+  }
+  SpecFiles(const SpecFiles&) = delete;
+  SpecFiles& operator=(const SpecFiles&) = delete;
+
+  // Writes `text` to `name` in the directory and returns its path.
+  std::string Write(const std::string& name, const std::string& text) const {
+    const std::string path = absl::StrCat(dir_, "/", name);
+    std::ofstream(path) << text;
+    return path;
+  }
+
+ private:
+  std::string dir_;
+};
+
 // A world of reshard-rank processes over `transport`; `specs` per rank (one: every rank).
 WorldLaunch RankWorld(std::vector<std::string> specs, int world_size, int iters,
                       const Transport& transport, int timeout_ms) {
@@ -193,34 +219,27 @@ std::string RandomSpec(std::mt19937& rng) {
   return plan::ParseSpecJson(text).ok() ? text : "";
 }
 
-std::vector<std::string> WriteRandomSpecs(int count, uint32_t seed) {
+std::vector<std::string> WriteRandomSpecs(SpecFiles& files, int count, uint32_t seed) {
   std::mt19937 rng(seed);
-  // Per process: concurrent runs of this test (other build trees) share TempDir(), and one
-  // rewriting a spec while another's ranks read it fails both with unrelated set-up errors.
-  const std::string dir =
-      absl::StrCat(::testing::TempDir(), "/reshard-random-specs-", seed, "-", getpid());
-  std::filesystem::create_directories(dir);
   std::vector<std::string> paths;
   while (static_cast<int>(paths.size()) < count) {
     const std::string text = RandomSpec(rng);
     if (text.empty()) continue;
-    const std::string path = absl::StrCat(dir, "/spec", paths.size(), ".json");
-    std::ofstream(path) << text;
-    paths.push_back(path);
+    paths.push_back(files.Write(absl::StrCat("spec", paths.size(), ".json"), text));
   }
   return paths;
 }
 
 TEST(MultiprocRefit, FiftyRandomSpecsOverSharedMemory) {
-  const std::vector<std::string> paths = WriteRandomSpecs(50, 20261129);
-  for (const std::string& path : paths) RunAndCheck(path, kSm, "ours");
-  std::filesystem::remove_all(std::filesystem::path(paths.front()).parent_path());
+  SpecFiles files;
+  for (const std::string& path : WriteRandomSpecs(files, 50, 20261129)) {
+    RunAndCheck(path, kSm, "ours");
+  }
 }
 
 TEST(MultiprocRefit, FiftyRandomSpecsOverTcp) {
-  const std::vector<std::string> paths = WriteRandomSpecs(50, 4242);
-  for (const std::string& path : paths) RunAndCheck(path, kTcp, "ours");
-  std::filesystem::remove_all(std::filesystem::path(paths.front()).parent_path());
+  SpecFiles files;
+  for (const std::string& path : WriteRandomSpecs(files, 50, 4242)) RunAndCheck(path, kTcp, "ours");
 }
 
 // A rank SIGKILLed in the middle of a long run of refits: every other rank must report an
@@ -228,11 +247,11 @@ TEST(MultiprocRefit, FiftyRandomSpecsOverTcp) {
 // peer; over shared memory (no UCX peer error handling) the engine watches same-host peers'
 // processes.
 void KilledRankFailsEveryOtherRank(const Transport& transport) {
-  const std::string path = absl::StrCat(::testing::TempDir(), "/reshard-kill-spec.json");
-  std::ofstream(path) << R"json({"tensors": [
+  SpecFiles files;
+  const std::string path = files.Write("kill.json", R"json({"tensors": [
     {"name": "w", "dtype": "fp32", "shape": [512, 512],
      "src": {"mesh": [0, 1], "placements": ["S(0)"]},
-     "dst": {"mesh": [2, 3], "placements": ["S(1)"]}}]})json";
+     "dst": {"mesh": [2, 3], "placements": ["S(1)"]}}]})json");
   WorldLaunch launch = RankWorld({path}, 4, 1000000, transport, 8000);
   bool killed = false;
   launch.on_running = [&](const std::vector<pid_t>& pids) { killed = kill(pids[0], SIGKILL) == 0; };
@@ -261,12 +280,13 @@ TEST(MultiprocRefit, KilledRankFailsEveryOtherRankOverSharedMemory) {
 
 // Two ranks given different specs (same world size): every rank fails before any refit.
 TEST(MultiprocRefit, MismatchedSpecsFailEveryRank) {
-  const std::string a = absl::StrCat(::testing::TempDir(), "/reshard-mismatch-a.json");
-  const std::string b = absl::StrCat(::testing::TempDir(), "/reshard-mismatch-b.json");
-  std::ofstream(a) << R"json({"tensors": [{"name": "w", "dtype": "fp32", "shape": [8, 8],
-     "src": {"mesh": [0, 1], "placements": ["S(0)"]}, "dst": {"mesh": [2, 3], "placements": ["S(1)"]}}]})json";
-  std::ofstream(b) << R"json({"tensors": [{"name": "w", "dtype": "fp32", "shape": [8, 8],
-     "src": {"mesh": [0, 1], "placements": ["S(1)"]}, "dst": {"mesh": [2, 3], "placements": ["S(1)"]}}]})json";
+  SpecFiles files;
+  const std::string a =
+      files.Write("a.json", R"json({"tensors": [{"name": "w", "dtype": "fp32", "shape": [8, 8],
+     "src": {"mesh": [0, 1], "placements": ["S(0)"]}, "dst": {"mesh": [2, 3], "placements": ["S(1)"]}}]})json");
+  const std::string b =
+      files.Write("b.json", R"json({"tensors": [{"name": "w", "dtype": "fp32", "shape": [8, 8],
+     "src": {"mesh": [0, 1], "placements": ["S(1)"]}, "dst": {"mesh": [2, 3], "placements": ["S(1)"]}}]})json");
   WorldLaunch launch = RankWorld({a, b, a, a}, 4, 3, kTcp, 10000);
   auto results = RunWorld(launch);
   ASSERT_TRUE(results.ok()) << results.status();
@@ -282,16 +302,17 @@ TEST(MultiprocRefit, MismatchedSpecsFailEveryRank) {
 // compared before it is built, or mismatched ranks would time out in its set-up instead of
 // failing with the fingerprint error.
 TEST(MultiprocRefit, MismatchedSpecsWithDomainsFailEveryRankWithTheFingerprintError) {
-  const std::string a = absl::StrCat(::testing::TempDir(), "/reshard-mismatch-domains-a.json");
-  const std::string b = absl::StrCat(::testing::TempDir(), "/reshard-mismatch-domains-b.json");
-  std::ofstream(a) << R"json({"topology": {"domains": [[0, 1], [2, 3, 4, 5]]},
+  SpecFiles files;
+  const std::string a =
+      files.Write("a.json", R"json({"topology": {"domains": [[0, 1], [2, 3, 4, 5]]},
      "tensors": [{"name": "w", "dtype": "fp32", "shape": [8, 8],
      "src": {"mesh": [0, 1], "placements": ["S(0)"]},
-     "dst": {"mesh": [[2, 3], [4, 5]], "placements": ["R", "S(1)"]}}]})json";
-  std::ofstream(b) << R"json({"topology": {"domains": [[0, 1], [2, 3, 4, 5]]},
+     "dst": {"mesh": [[2, 3], [4, 5]], "placements": ["R", "S(1)"]}}]})json");
+  const std::string b =
+      files.Write("b.json", R"json({"topology": {"domains": [[0, 1], [2, 3, 4, 5]]},
      "tensors": [{"name": "w", "dtype": "fp32", "shape": [8, 8],
      "src": {"mesh": [0, 1], "placements": ["S(1)"]},
-     "dst": {"mesh": [[2, 3], [4, 5]], "placements": ["R", "S(1)"]}}]})json";
+     "dst": {"mesh": [[2, 3], [4, 5]], "placements": ["R", "S(1)"]}}]})json");
   WorldLaunch launch = RankWorld({a, a, a, b, a, a}, 6, 2, kSm, 20000);
   const absl::Time start = absl::Now();
   auto results = RunWorld(launch);
