@@ -5,7 +5,6 @@
 #pragma once
 
 #include <cstdio>
-#include <random>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -16,11 +15,9 @@
 
 namespace reshard::forked {
 
-// A fresh directory for a file store, per test and process.
+// A fresh directory for a file store, per test and process (removed when the test exits).
 inline std::string StoreDir(const std::string& suite, const std::string& tag) {
-  std::random_device rd;
-  return absl::StrCat(::testing::TempDir(), "/reshard-", suite, "-", tag, "-", getpid(), "-",
-                      rd());
+  return testing::ScratchDir(absl::StrCat(suite, "-", tag));
 }
 
 // The public API's store callbacks over `store`.

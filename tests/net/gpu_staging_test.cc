@@ -15,7 +15,6 @@
 #include <cstdlib>
 #include <functional>
 #include <map>
-#include <random>
 #include <set>
 #include <string>
 #include <vector>
@@ -158,9 +157,7 @@ void RunOnGpu(int ranks, const std::string& tag,
               const std::function<int(int32_t, const std::string&)>& rank_main) {
   std::string why;
   if (testing::ProbeCudaDevices(&why) == 0) GTEST_SKIP() << "no usable GPU: " << why;
-  std::random_device rd;
-  const std::string dir =
-      absl::StrCat(::testing::TempDir(), "/reshard-gpu-", tag, "-", getpid(), "-", rd());
+  const std::string dir = testing::ScratchDir(absl::StrCat("gpu-", tag));
   std::map<int32_t, int> codes = testing::ForkRanks(
       testing::Ranks(ranks), [&](int32_t r) { return rank_main(r, dir); },
       testing::SharedMemoryUcx(absl::Seconds(120)));

@@ -55,8 +55,7 @@ using rendezvous::FileStore;
 constexpr uint8_t kPoison = 0xA5;
 
 std::string StoreDir(const std::string& name) {
-  std::random_device rd;
-  return absl::StrCat(::testing::TempDir(), "/reshard-engine-", name, "-", getpid(), "-", rd());
+  return testing::ScratchDir(absl::StrCat("engine-", name));
 }
 
 struct RankBuffers {

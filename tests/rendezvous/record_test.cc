@@ -1,8 +1,6 @@
 // The one record format and the one barrier of the rendezvous layer (src/rendezvous/record.h).
 #include "src/rendezvous/record.h"
 
-#include <stdlib.h>
-
 #include <atomic>
 #include <memory>
 #include <string>
@@ -13,14 +11,15 @@
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
 #include "src/rendezvous/file_store.h"
+#include "tests/testing/multiprocess.h"
 
 namespace reshard::rendezvous {
 namespace {
 
 std::unique_ptr<FileStore> NewStore() {
-  std::string pattern = "/tmp/reshard-record-test-XXXXXX";
-  EXPECT_NE(mkdtemp(pattern.data()), nullptr);
-  absl::StatusOr<std::unique_ptr<FileStore>> store = FileStore::Open(pattern);
+  const std::string dir = testing::ScratchDir("record-test");
+  EXPECT_NE(dir, "");
+  absl::StatusOr<std::unique_ptr<FileStore>> store = FileStore::Open(dir);
   EXPECT_TRUE(store.ok()) << store.status();
   return *std::move(store);
 }

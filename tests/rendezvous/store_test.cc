@@ -22,6 +22,7 @@
 #include "gtest/gtest.h"
 #include "src/rendezvous/file_store.h"
 #include "src/rendezvous/tcp_store.h"
+#include "tests/testing/multiprocess.h"
 
 namespace reshard::rendezvous {
 namespace {
@@ -29,10 +30,9 @@ namespace {
 constexpr char kToken[] = "s3cret-token";
 
 std::string TempDir() {
-  std::string pattern = "/tmp/reshard-store-test-XXXXXX";
-  char* dir = mkdtemp(pattern.data());
-  EXPECT_NE(dir, nullptr);
-  return pattern;
+  const std::string dir = testing::ScratchDir("store-test");
+  EXPECT_NE(dir, "");
+  return dir;
 }
 
 // One backend under test: owns whatever the clients need (server, directory).

@@ -6,12 +6,13 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "src/cuda/runtime.h"
 #include "src/common/shared_memory.h"
+#include "src/cuda/runtime.h"
 
 namespace reshard::testing {
 
@@ -108,12 +109,43 @@ int ProbeCudaDevices(std::string* why) {
   return std::atoi(msg.c_str());
 }
 
+namespace {
+
+// The scratch directories this process made, removed at its exit by the process that made them.
+struct ScratchDirs {
+  pid_t owner = 0;
+  std::vector<std::string> paths;
+};
+
+ScratchDirs& Scratch() {
+  static ScratchDirs* dirs = new ScratchDirs;  // Never destroyed: read by the atexit handler.
+  return *dirs;
+}
+
+void RemoveScratchDirs() {
+  ScratchDirs& dirs = Scratch();
+  if (dirs.owner != getpid()) return;
+  for (const std::string& path : dirs.paths) {
+    std::error_code ignored;
+    std::filesystem::remove_all(path, ignored);
+  }
+}
+
+}  // namespace
+
 std::string ScratchDir(const std::string& tag) {
   const char* tmp = std::getenv("TMPDIR");
   std::string templ =
       absl::StrCat(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp", "/reshard-", tag, "-XXXXXX");
-  char* d = mkdtemp(templ.data());
-  return d != nullptr ? std::string(d) : std::string();
+  if (mkdtemp(templ.data()) == nullptr) return "";
+  ScratchDirs& dirs = Scratch();
+  if (dirs.owner != getpid()) {  // The first directory of this process (a child's included).
+    dirs.owner = getpid();
+    dirs.paths.clear();
+    std::atexit(RemoveScratchDirs);
+  }
+  dirs.paths.push_back(templ);
+  return templ;
 }
 
 }  // namespace reshard::testing

@@ -48,6 +48,8 @@ std::vector<int32_t> Ranks(int n);
 int ProbeCudaDevices(std::string* why);
 
 // A fresh directory under TMPDIR (or /tmp) whose name contains `tag`; "" when it cannot be made.
+// It is removed, with everything in it, when the process that made it exits normally (forked
+// children that exit leave it alone), so the test suites leave nothing behind in /tmp.
 std::string ScratchDir(const std::string& tag);
 
 }  // namespace reshard::testing
