@@ -5,6 +5,7 @@ every destination element checked against the trainers' full_tensor() after ever
 import os
 import subprocess
 import sys
+import tempfile
 
 import pytest
 
@@ -21,11 +22,14 @@ def test_torchrun_pair_refits_ten_times(comm):
     # from_env under torchrun: the store at MASTER_ADDR:MASTER_PORT+1, served by rank 0; the
     # token from here (torchrun's --rdzv-id is "none" without a rendezvous backend).
     env["RESHARD_STORE_TOKEN"] = "pytest-torchrun"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "6",
-           "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
-           EXAMPLE, "--steps", "10", "--comm", comm]
-    done = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          text=True, timeout=300)
+    # torchrun's log directory: without --log-dir it makes a torchelastic_* directory in /tmp
+    # and leaves it there.
+    with tempfile.TemporaryDirectory(prefix="reshard-torchrun-") as logs:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "6",
+               "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
+               "--log-dir", logs, EXAMPLE, "--steps", "10", "--comm", comm]
+        done = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True, timeout=300)
     assert done.returncode == 0, done.stdout
     for rank in range(6):
         assert "rank %d (" % rank in done.stdout, done.stdout
