@@ -9,6 +9,7 @@ and CUDA do not survive fork, so neither is ever initialised in the server: each
 own, as a rank started from a shell does. A rank runs its worker script as `python script args`
 would (`__name__ == "__main__"`, sys.argv), with fds 1 and 2 in a file of its own, so the
 library's output on stderr is kept as well as Python's."""
+import contextlib
 import multiprocessing
 import os
 import runpy
@@ -32,10 +33,21 @@ def _fork_server():
     return _context
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def free_port(count=1):
+    """A port P of 127.0.0.1 such that P .. P+count-1 were all free (torchrun's store uses
+    MASTER_PORT and reshard's from_env store MASTER_PORT+1)."""
+    for _ in range(100):
+        with contextlib.ExitStack() as held:
+            first = held.enter_context(socket.socket())
+            first.bind(("127.0.0.1", 0))
+            port = first.getsockname()[1]
+            try:
+                for extra in range(1, count):
+                    held.enter_context(socket.socket()).bind(("127.0.0.1", port + extra))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no %d consecutive free ports on 127.0.0.1" % count)
 
 
 def _run_rank(argv, env, output):

@@ -26,7 +26,7 @@ def test_torchrun_pair_refits_ten_times(comm):
     # and leaves it there.
     with tempfile.TemporaryDirectory(prefix="reshard-torchrun-") as logs:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "6",
-               "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
+               "--master-addr", "127.0.0.1", "--master-port", str(free_port(2)),
                "--log-dir", logs, EXAMPLE, "--steps", "10", "--comm", comm]
         done = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                               text=True, timeout=300)
