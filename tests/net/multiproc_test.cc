@@ -14,6 +14,7 @@
 #include "src/plan/plan.h"
 #include "src/plan/spec_json.h"
 #include "tests/net/rank_harness.h"
+#include "tests/testing/multiprocess.h"
 
 namespace reshard::testing {
 namespace {
@@ -40,31 +41,16 @@ std::vector<std::string> ExampleSpecs() {
   return paths;
 }
 
-// Spec files of one test, in a directory of its own process (removed at the end): concurrent
-// tests (ctest -j, other build trees) share TempDir(), and one rewriting a fixed-name spec
-// while another's ranks read it fails the readers with "unexpected end of input".
-class SpecFiles {
- public:
-  SpecFiles() : dir_(absl::StrCat(::testing::TempDir(), "/reshard-multiproc-", getpid())) {
-    std::filesystem::create_directories(dir_);
-  }
-  ~SpecFiles() {
-    std::error_code ignored;
-    std::filesystem::remove_all(dir_, ignored);
-  }
-  SpecFiles(const SpecFiles&) = delete;
-  SpecFiles& operator=(const SpecFiles&) = delete;
-
-  // Writes `text` to `name` in the directory and returns its path.
-  std::string Write(const std::string& name, const std::string& text) const {
-    const std::string path = absl::StrCat(dir_, "/", name);
-    std::ofstream(path) << text;
-    return path;
-  }
-
- private:
-  std::string dir_;
-};
+// Writes `text` to `name` in this process's scratch directory (removed when it exits) and
+// returns its path. Never a fixed name in TempDir(): concurrent tests (ctest -j, other build
+// trees) share it, and one rewriting a spec while another's ranks read it fails the readers with
+// "unexpected end of input".
+std::string WriteSpec(const std::string& name, const std::string& text) {
+  static const std::string dir = testing::ScratchDir("multiproc");
+  const std::string path = absl::StrCat(dir, "/", name);
+  std::ofstream(path) << text;
+  return path;
+}
 
 // A world of reshard-rank processes over `transport`; `specs` per rank (one: every rank).
 WorldLaunch RankWorld(std::vector<std::string> specs, int world_size, int iters,
@@ -219,27 +205,23 @@ std::string RandomSpec(std::mt19937& rng) {
   return plan::ParseSpecJson(text).ok() ? text : "";
 }
 
-std::vector<std::string> WriteRandomSpecs(SpecFiles& files, int count, uint32_t seed) {
+std::vector<std::string> WriteRandomSpecs(int count, uint32_t seed) {
   std::mt19937 rng(seed);
   std::vector<std::string> paths;
   while (static_cast<int>(paths.size()) < count) {
     const std::string text = RandomSpec(rng);
     if (text.empty()) continue;
-    paths.push_back(files.Write(absl::StrCat("spec", paths.size(), ".json"), text));
+    paths.push_back(WriteSpec(absl::StrCat("spec", seed, "-", paths.size(), ".json"), text));
   }
   return paths;
 }
 
 TEST(MultiprocRefit, FiftyRandomSpecsOverSharedMemory) {
-  SpecFiles files;
-  for (const std::string& path : WriteRandomSpecs(files, 50, 20261129)) {
-    RunAndCheck(path, kSm, "ours");
-  }
+  for (const std::string& path : WriteRandomSpecs(50, 20261129)) RunAndCheck(path, kSm, "ours");
 }
 
 TEST(MultiprocRefit, FiftyRandomSpecsOverTcp) {
-  SpecFiles files;
-  for (const std::string& path : WriteRandomSpecs(files, 50, 4242)) RunAndCheck(path, kTcp, "ours");
+  for (const std::string& path : WriteRandomSpecs(50, 4242)) RunAndCheck(path, kTcp, "ours");
 }
 
 // A rank SIGKILLed in the middle of a long run of refits: every other rank must report an
@@ -247,8 +229,7 @@ TEST(MultiprocRefit, FiftyRandomSpecsOverTcp) {
 // peer; over shared memory (no UCX peer error handling) the engine watches same-host peers'
 // processes.
 void KilledRankFailsEveryOtherRank(const Transport& transport) {
-  SpecFiles files;
-  const std::string path = files.Write("kill.json", R"json({"tensors": [
+  const std::string path = WriteSpec("kill.json", R"json({"tensors": [
     {"name": "w", "dtype": "fp32", "shape": [512, 512],
      "src": {"mesh": [0, 1], "placements": ["S(0)"]},
      "dst": {"mesh": [2, 3], "placements": ["S(1)"]}}]})json");
@@ -280,12 +261,11 @@ TEST(MultiprocRefit, KilledRankFailsEveryOtherRankOverSharedMemory) {
 
 // Two ranks given different specs (same world size): every rank fails before any refit.
 TEST(MultiprocRefit, MismatchedSpecsFailEveryRank) {
-  SpecFiles files;
-  const std::string a =
-      files.Write("a.json", R"json({"tensors": [{"name": "w", "dtype": "fp32", "shape": [8, 8],
+  const std::string a = WriteSpec(
+      "mismatch-a.json", R"json({"tensors": [{"name": "w", "dtype": "fp32", "shape": [8, 8],
      "src": {"mesh": [0, 1], "placements": ["S(0)"]}, "dst": {"mesh": [2, 3], "placements": ["S(1)"]}}]})json");
-  const std::string b =
-      files.Write("b.json", R"json({"tensors": [{"name": "w", "dtype": "fp32", "shape": [8, 8],
+  const std::string b = WriteSpec(
+      "mismatch-b.json", R"json({"tensors": [{"name": "w", "dtype": "fp32", "shape": [8, 8],
      "src": {"mesh": [0, 1], "placements": ["S(1)"]}, "dst": {"mesh": [2, 3], "placements": ["S(1)"]}}]})json");
   WorldLaunch launch = RankWorld({a, b, a, a}, 4, 3, kTcp, 10000);
   auto results = RunWorld(launch);
@@ -302,14 +282,13 @@ TEST(MultiprocRefit, MismatchedSpecsFailEveryRank) {
 // compared before it is built, or mismatched ranks would time out in its set-up instead of
 // failing with the fingerprint error.
 TEST(MultiprocRefit, MismatchedSpecsWithDomainsFailEveryRankWithTheFingerprintError) {
-  SpecFiles files;
   const std::string a =
-      files.Write("a.json", R"json({"topology": {"domains": [[0, 1], [2, 3, 4, 5]]},
+      WriteSpec("mismatch-domains-a.json", R"json({"topology": {"domains": [[0, 1], [2, 3, 4, 5]]},
      "tensors": [{"name": "w", "dtype": "fp32", "shape": [8, 8],
      "src": {"mesh": [0, 1], "placements": ["S(0)"]},
      "dst": {"mesh": [[2, 3], [4, 5]], "placements": ["R", "S(1)"]}}]})json");
   const std::string b =
-      files.Write("b.json", R"json({"topology": {"domains": [[0, 1], [2, 3, 4, 5]]},
+      WriteSpec("mismatch-domains-b.json", R"json({"topology": {"domains": [[0, 1], [2, 3, 4, 5]]},
      "tensors": [{"name": "w", "dtype": "fp32", "shape": [8, 8],
      "src": {"mesh": [0, 1], "placements": ["S(1)"]},
      "dst": {"mesh": [[2, 3], [4, 5]], "placements": ["R", "S(1)"]}}]})json");
