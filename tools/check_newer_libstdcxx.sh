@@ -40,7 +40,11 @@ tree="$dir/tree"
 cmake -S . -B "$tree" -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
   -DCMAKE_CXX_FLAGS="$std_flags" -DRESHARD_PCH=OFF -DRESHARD_TEST_PCH=OFF \
   -DRESHARD_WITH_CUDA=OFF -DRESHARD_BUILD_PYTHON=OFF -DCMAKE_EXPORT_COMPILE_COMMANDS=ON \
-  >"$dir/configure.log" 2>&1 || { cat "$dir/configure.log" >&2; exit 1; }
+  >"$dir/configure.log" 2>&1 || {
+  cat "$dir/configure.log" >&2
+  echo "check_newer_libstdcxx: configuring the clang tree against libstdc++ 14 failed (above)" >&2
+  exit 1
+}
 
 python3 - "$tree/compile_commands.json" "$cuda_tree" "$root" "$dir" "$std_flags" <<'EOF'
 import concurrent.futures
